@@ -1,0 +1,410 @@
+"""GPUSwarmSpawner: dockerspawner's SwarmSpawner, with GPUs that are tracked.
+
+The flow of one start: validate the user's options, reserve devices with the
+process-wide allocator, create the service with ``NVIDIA_VISIBLE_DEVICES`` and
+a ``node.hostname`` constraint, wait (with a timeout) for its task to run, and
+on any failure remove the service and give the devices back. ``stop`` and
+``poll`` give them back when the server ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import jinja2
+from dockerspawner import SwarmSpawner
+from jupyterhub.spawner import SpawnException
+from traitlets import Bool, Dict, Integer, List, TraitError, Tuple, Unicode, Union, default, validate
+
+from .allocator import POLICIES, AllocationRefused, Request
+from .cluster import GPUCluster
+from .inventory import InventoryError, load_inventory
+from .options import OptionsError, options_from_form, parse_user_options
+from .service_spec import Holding, build_service, visible_devices
+from .swarm import TASK_FAILED, Swarm, SwarmError
+
+__all__ = ["GPUSwarmSpawner"]
+
+HOST_NETWORK = "host"
+
+
+class GPUSwarmSpawner(SwarmSpawner):
+    """Spawn each server as a swarm service on a host with the GPUs the user chose."""
+
+    gpu_inventory = Union(
+        [Dict(), Unicode()],
+        default_value={},
+        help="""The cluster's GPUs: a dict, or the path of a YAML or JSON file,
+        shaped ``{hostname: [{uuid, model, memory_mib, index?}, ...]}``.
+        ``model`` is the name NVML reports (e.g. ``NVIDIA A100 80GB PCIe``);
+        it is what users see and choose. Empty: CPU-only servers only.""",
+    ).tag(config=True)
+
+    allocation_policy = Unicode(
+        "pack",
+        help=f"""How to pick a host for a request: {', '.join(POLICIES)}.
+        ``pack`` (default) takes the host with the least free room that still
+        fits, keeping whole hosts free for large requests; ``spread`` takes the
+        host with the most free room.""",
+    ).tag(config=True)
+
+    @validate("allocation_policy")
+    def _valid_policy(self, proposal):
+        if proposal.value not in POLICIES:
+            raise TraitError(
+                f"Unknown allocation_policy {proposal.value!r}; choose one of: {', '.join(POLICIES)}"
+            )
+        return proposal.value
+
+    max_gpus_per_user = Integer(
+        1,
+        min=0,
+        help="""The most GPUs one user may hold, counted across all their servers.
+        0 allows CPU-only servers only.""",
+    ).tag(config=True)
+
+    allow_host_choice = Bool(
+        False,
+        help="""Let users pin their server to a host (``gpu_host``). Off by
+        default: the allocator chooses.""",
+    ).tag(config=True)
+
+    nvidia_driver_capabilities = Unicode(
+        "compute,utility",
+        help="""``NVIDIA_DRIVER_CAPABILITIES`` for GPU servers: which driver
+        libraries the NVIDIA container runtime mounts.""",
+    ).tag(config=True)
+
+    task_start_timeout = Integer(
+        50,
+        min=1,
+        help="""Seconds to wait for the service's task to run before giving up,
+        removing the service and releasing its GPUs. Keep it below
+        ``Spawner.start_timeout`` so that users see this clearer message.""",
+    ).tag(config=True)
+
+    host_network_ports = Tuple(
+        Integer(20000),
+        Integer(29999),
+        help="""With ``network_name = "host"``, each server listens on its node's
+        own network at a port picked from this range (inclusive), one per
+        server, so that servers on one node don't collide.""",
+    ).tag(config=True)
+
+    options_form_template = Unicode(
+        "options_form.html",
+        help="Name of the Jinja template of the spawn form, looked up in ``template_paths`` first.",
+    ).tag(config=True)
+
+    template_paths = List(
+        Unicode(),
+        help="Folders with templates that override gpuspawner's own (e.g. options_form.html).",
+    ).tag(config=True)
+
+    # Filled in at start; kept in the hub's state so a restarted hub knows it.
+    gpu_holding: Holding | None = None
+    task_node: str = ""
+
+    @default("options_form")
+    def _default_options_form(self):
+        return GPUSwarmSpawner._render_options_form
+
+    @default("options_from_form")
+    def _default_options_from_form(self):
+        return options_from_form
+
+    # -- shared state ----------------------------------------------------
+
+    @property
+    def swarm(self) -> Swarm:
+        return Swarm(self.client, self.executor)
+
+    @property
+    def holder(self) -> str:
+        return self.service_name
+
+    @property
+    def host_network(self) -> bool:
+        return self.network_name == HOST_NETWORK
+
+    def _cluster_state(self) -> GPUCluster:
+        spec = self.gpu_inventory
+        try:
+            return GPUCluster.shared(spec, lambda: load_inventory(spec) if spec else [], self.allocation_policy)
+        except InventoryError as exc:
+            self.log.error("%s", exc)
+            raise SpawnException(
+                "GPU servers are unavailable: the hub's GPU inventory is invalid. Please tell an admin.",
+                reason="gpu_config",
+                log_message=str(exc),
+                status_code=500,
+            ) from exc
+
+    async def _cluster(self) -> GPUCluster:
+        cluster = self._cluster_state()
+        try:
+            await cluster.refresh(self.swarm, self.log)
+        except SwarmError as exc:
+            raise SpawnException(
+                "The cluster cannot be reached right now; please try again in a minute.",
+                reason="swarm_unreachable",
+                log_message=str(exc),
+                status_code=503,
+            ) from exc
+        return cluster
+
+    # -- the form --------------------------------------------------------
+
+    async def _render_options_form(self) -> str:
+        error = ""
+        try:
+            cluster = await self._cluster()
+        except SpawnException as exc:
+            error, cluster = exc.message, self._cluster_state()
+        allocator = cluster.allocator
+        held = allocator.held_by_owner(self.user.name)
+        summary = allocator.summary()
+        room = max(0, self.max_gpus_per_user - held)
+        hosts = [h for h in allocator.hosts() if h in cluster.nodes and cluster.nodes[h].schedulable]
+        env = jinja2.Environment(
+            loader=jinja2.ChoiceLoader(
+                [jinja2.FileSystemLoader(self.template_paths), jinja2.PackageLoader("gpuspawner", "templates")]
+            ),
+            autoescape=True,
+        )
+        return env.get_template(self.options_form_template).render(
+            models=summary,
+            max_count=min(room, max((m.largest_block for m in summary), default=0)),
+            limit=self.max_gpus_per_user,
+            held=held,
+            hosts=hosts if self.allow_host_choice else [],
+            selected=(self.user_options or {}).get("gpu_model"),
+            error=error,
+        )
+
+    # -- start -------------------------------------------------------------
+
+    def _report(self, message: str, progress: int | None = None) -> None:
+        event = {"message": message}
+        if progress is not None:
+            event["progress"] = progress
+        self._events.append(event)
+
+    async def progress(self):
+        sent = 0
+        while True:
+            events = getattr(self, "_events", [])
+            for event in events[sent:]:
+                yield event
+            sent = len(events)
+            if not self._spawn_pending:
+                return
+            await asyncio.sleep(0.2)
+
+    async def start(self):
+        self._events = []
+        cluster = await self._cluster()
+        try:
+            request = parse_user_options(
+                self.user_options,
+                models=[m.model for m in cluster.allocator.summary()],
+                hosts=cluster.allocator.hosts(),
+                max_count=self.max_gpus_per_user,
+                allow_host_choice=self.allow_host_choice,
+            )
+        except OptionsError as exc:
+            raise SpawnException(str(exc), reason="invalid_options", status_code=400) from exc
+
+        # A holding under this name is left from an earlier run of this server
+        # that the hub no longer tracks; its service is replaced below.
+        cluster.release(self.holder)
+        holding = Holding(
+            user=self.user.name, server=self.name, host=request.host or "", uuids=(), model="", port=None
+        )
+        if not request.cpu_only:
+            try:
+                alloc = cluster.allocate(
+                    self.holder,
+                    Request(model=request.model, count=request.count, host=request.host, owner=self.user.name),
+                    max_per_owner=self.max_gpus_per_user,
+                )
+            except AllocationRefused as exc:
+                reason = "gpu_unavailable" if exc.retry else "gpu_request"
+                raise SpawnException(exc.message, reason=reason, status_code=exc.status) from exc
+            holding = Holding(
+                user=holding.user, server=holding.server, host=alloc.host, uuids=alloc.uuids,
+                model=alloc.model, port=None,
+            )
+            self._report(f"Reserved {len(alloc.devices)} × {alloc.model} on {alloc.host}", 20)
+        try:
+            if self.host_network:
+                self.port = cluster.pick_port(self.holder, *self.host_network_ports)
+                holding = Holding(**{**holding.__dict__, "port": self.port})
+            self.gpu_holding = holding
+            return await super().start()
+        except BaseException:
+            await self._remove_quietly()
+            self._release()
+            raise
+
+    async def _remove_quietly(self) -> None:
+        try:
+            await self.swarm.remove_service(self.object_id or self.service_name)
+        except SwarmError as exc:
+            self.log.error("Could not remove service %s after a failed start: %s", self.service_name, exc)
+        self.object_id = ""
+
+    def _release(self) -> None:
+        released = self._cluster_state().release(self.holder)
+        if released is not None and released.devices:
+            self.log.info("Released %s from %s", ", ".join(released.uuids), self.holder)
+        self.gpu_holding = None
+
+    def get_env(self):
+        env = super().get_env()
+        # Set last, so the admin's `environment` cannot widen what a server sees.
+        uuids = self.gpu_holding.uuids if self.gpu_holding else ()
+        env["NVIDIA_VISIBLE_DEVICES"] = visible_devices(uuids)
+        if uuids:
+            env["NVIDIA_DRIVER_CAPABILITIES"] = self.nvidia_driver_capabilities
+        return env
+
+    async def create_object(self):
+        extra_create = self._eval_if_callable(self.extra_create_kwargs)
+        if inspect.isawaitable(extra_create):
+            extra_create = await extra_create
+        publish = None if (self.use_internal_ip or self.host_network) else self.port
+        kwargs = build_service(
+            name=self.service_name,
+            image=self.image,
+            command=await self.get_command(),
+            env=self.get_env(),
+            holding=self.gpu_holding,
+            network=self.network_name,
+            publish_port=publish,
+            mounts=self.mounts,
+            resources=self._resources(),
+            extra_container=self.extra_container_spec,
+            extra_placement=self.extra_placement_spec,
+            extra_task=self.extra_task_spec,
+            extra_endpoint=self.extra_endpoint_spec,
+            extra_create=self._render_templates(extra_create or {}),
+        )
+        try:
+            service = await self.swarm.create_service(**kwargs)
+        except SwarmError as exc:
+            raise SpawnException(
+                f"The server's service could not be created: {exc}", reason="service_create", status_code=500
+            ) from exc
+        self._report("Service created", 40)
+        return service
+
+    def _resources(self) -> dict:
+        resources = dict(
+            mem_limit=self.mem_limit,
+            mem_reservation=self.mem_guarantee,
+            cpu_limit=int(self.cpu_limit * 1e9) if self.cpu_limit else None,
+            cpu_reservation=int(self.cpu_guarantee * 1e9) if self.cpu_guarantee else None,
+        )
+        resources.update(self.extra_resources_spec)
+        return resources
+
+    async def start_object(self):
+        """Wait for the service's task to run: bounded, and stopping at the
+        first rejected or failed task with the reason the swarm gives."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.task_start_timeout
+        delay, last = 0.1, "no task yet"
+        while True:
+            tasks = await self.swarm.tasks(self.service_name)
+            if tasks:
+                status = tasks[0].get("Status", {})
+                state = status.get("State", "")
+                node = self._hostname_of(tasks[0].get("NodeID", ""))
+                if state == "running":
+                    self.task_node = node
+                    self._report(f"Task running on {node}", 60)
+                    return
+                why = status.get("Err") or status.get("Message") or state
+                if state in TASK_FAILED:
+                    raise SpawnException(
+                        f"The server could not start on {node or 'its node'}: {why} (task {state})",
+                        reason="task_failed",
+                        status_code=500,
+                    )
+                last = f"{state}: {why}"
+            if loop.time() >= deadline:
+                raise SpawnException(
+                    f"The server did not start within {self.task_start_timeout} s (last task state: {last})",
+                    reason="timeout",
+                    status_code=504,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 2.0)
+
+    def _hostname_of(self, node_id: str) -> str:
+        return self._cluster_state().hostname_of(node_id) or node_id[:12]
+
+    async def get_ip_and_port(self):
+        if not self.host_network:
+            return await super().get_ip_and_port()
+        addr = self._cluster_state().node_addr(self.task_node)
+        if not addr:
+            await self._cluster()  # the node may have joined after the last refresh
+            addr = self._cluster_state().node_addr(self.task_node)
+        if not addr:
+            raise SpawnException(
+                f"The address of node {self.task_node} is unknown", reason="node_address", status_code=500
+            )
+        return addr, self.port
+
+    # -- stop / poll / state --------------------------------------------------
+
+    async def remove_object(self):
+        try:
+            removed = await self.swarm.remove_service(self.object_id or self.service_name)
+        except SwarmError as exc:
+            # Keep the devices reserved: the service may still be running.
+            raise SpawnException(
+                f"Could not remove service {self.service_name}: {exc}", reason="service_remove", status_code=503
+            ) from exc
+        if removed:
+            self.log.info("Removed service %s", self.service_name)
+
+    async def stop(self, now=False):
+        await super().stop(now=now)
+        self._release()
+        self.task_node = ""
+
+    async def poll(self):
+        status = await super().poll()
+        if status is not None:
+            self._release()
+        return status
+
+    def get_state(self):
+        state = super().get_state()
+        if self.gpu_holding is not None:
+            h = self.gpu_holding
+            state["gpu"] = {
+                "host": h.host, "uuids": list(h.uuids), "model": h.model, "port": h.port, "node": self.task_node,
+            }
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        gpu = state.get("gpu")
+        if gpu:
+            self.gpu_holding = Holding(
+                user=self.user.name, server=self.name, host=gpu.get("host", ""), uuids=tuple(gpu.get("uuids", ())),
+                model=gpu.get("model", ""), port=gpu.get("port"),
+            )
+            self.task_node = gpu.get("node", "")
+            if gpu.get("port"):
+                self.port = gpu["port"]
+
+    def clear_state(self):
+        super().clear_state()
+        self.gpu_holding = None
+        self.task_node = ""

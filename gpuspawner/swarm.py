@@ -1,0 +1,102 @@
+"""The one seam to the Docker Swarm API.
+
+Every call runs in the spawner's executor (docker-py is blocking) and every
+docker/requests error is translated here into :class:`SwarmError`, so the rest
+of the package deals with plain records and one exception type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+import docker.errors
+import requests
+
+__all__ = ["Node", "Swarm", "SwarmError", "TASK_FAILED", "TASK_WAITING"]
+
+# Task states (docker/api/types/swarm TaskState).
+TASK_WAITING = {"new", "allocated", "pending", "assigned", "accepted", "preparing", "ready", "starting"}
+TASK_FAILED = {"failed", "rejected", "shutdown", "complete", "orphaned", "remove"}
+
+
+class SwarmError(Exception):
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    hostname: str
+    addr: str  # the address the node advertises in the swarm
+    ready: bool
+    availability: str  # active, pause, drain
+
+    @property
+    def schedulable(self) -> bool:
+        return self.ready and self.availability == "active"
+
+
+class Swarm:
+    def __init__(self, client: Any, executor: Executor):
+        self.client = client  # a docker.APIClient talking to a manager
+        self.executor = executor
+
+    async def _call(self, method: str, *args, **kwargs):
+        fn = getattr(self.client, method)
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+        except docker.errors.APIError as exc:
+            status = exc.response.status_code if exc.response is not None else None
+            raise SwarmError(f"swarm {method} failed: {exc.explanation or exc}", status) from exc
+        except (requests.RequestException, docker.errors.DockerException, OSError) as exc:
+            raise SwarmError(f"cannot reach the swarm manager for {method}: {exc}") from exc
+
+    async def nodes(self) -> list[Node]:
+        return [_node(n) for n in await self._call("nodes")]
+
+    async def services(self, label: str) -> list[dict]:
+        return await self._call("services", filters={"label": label})
+
+    async def create_service(self, **kwargs) -> dict:
+        return await self._call("create_service", **kwargs)
+
+    async def remove_service(self, name_or_id: str) -> bool:
+        """Remove a service; False when it was already gone."""
+        try:
+            await self._call("remove_service", name_or_id)
+        except SwarmError as exc:
+            if exc.not_found:
+                return False
+            raise
+        return True
+
+    async def tasks(self, service: str) -> list[dict]:
+        """The service's tasks, newest first."""
+        tasks = await self._call("tasks", filters={"service": service})
+        return sorted(tasks, key=lambda t: t.get("CreatedAt", ""), reverse=True)
+
+
+def _node(raw: dict) -> Node:
+    status = raw.get("Status", {})
+    spec = raw.get("Spec", {})
+    addr = status.get("Addr", "")
+    if addr in ("", "0.0.0.0"):
+        # Some managers report 0.0.0.0; their manager address is the real one.
+        addr = raw.get("ManagerStatus", {}).get("Addr", "").rsplit(":", 1)[0]
+    return Node(
+        id=raw["ID"],
+        hostname=raw.get("Description", {}).get("Hostname", ""),
+        addr=addr,
+        ready=status.get("State") == "ready",
+        availability=spec.get("Availability", "active"),
+    )
