@@ -1,0 +1,64 @@
+"""JupyterHub on the local three-node test swarm, with simulated GPUs.
+
+Used by `make demo` and by the integration tests. The cluster comes from
+tests/harness/swarm.py: a manager on this machine and workers gpu-a and gpu-b,
+on the bridge 10.213.77.0/24. Settings that differ between the demo and the
+tests come from environment variables (GPUSPAWNER_*).
+"""
+
+import os
+
+c = get_config()  # noqa: F821 (provided by JupyterHub)
+here = os.path.dirname(os.path.abspath(__file__))
+state = os.environ.get("GPUSPAWNER_STATE_DIR", os.getcwd())
+
+c.JupyterHub.spawner_class = "gpuswarm"
+c.GPUSwarmSpawner.gpu_inventory = os.environ.get("GPUSPAWNER_INVENTORY", os.path.join(here, "gpus.yaml"))
+
+# Try it with any user name and no password.
+c.JupyterHub.authenticator_class = "dummy"
+c.Authenticator.allow_all = True
+c.Authenticator.admin_users = {"admin"}
+
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = int(os.environ.get("GPUSPAWNER_HUB_PORT", "8000"))
+# Servers on the worker nodes reach the hub's API on the bridge address.
+c.JupyterHub.hub_ip = os.environ.get("GPUSPAWNER_HUB_IP", "10.213.77.1")
+c.JupyterHub.hub_port = int(os.environ.get("GPUSPAWNER_HUB_API_PORT", "8081"))
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:%d" % (c.JupyterHub.port + 1)
+c.JupyterHub.db_url = "sqlite:///" + os.path.join(state, "jupyterhub.sqlite")
+c.JupyterHub.cookie_secret_file = os.path.join(state, "jupyterhub_cookie_secret")
+c.ConfigurableHTTPProxy.pid_file = os.path.join(state, "jupyterhub-proxy.pid")
+# Servers outlive a hub restart; the spawner rebuilds their GPU holdings.
+c.JupyterHub.cleanup_servers = False
+c.JupyterHub.cleanup_proxy = False
+
+c.GPUSwarmSpawner.client_kwargs = {
+    "base_url": os.environ.get("GPUSPAWNER_DOCKER_URL", "unix:///run/gpuspawner-swarm/manager.sock")
+}
+# Servers run in their node's network namespace, each at its own port.
+c.GPUSwarmSpawner.network_name = "host"
+c.GPUSwarmSpawner.image = os.environ.get("GPUSPAWNER_IMAGE", "gpuspawner-test/busybox:latest")
+# The stand-in server: busybox httpd at the port JupyterHub assigned.
+c.GPUSwarmSpawner.cmd = [
+    "/bin/sh",
+    "-c",
+    'port="${JUPYTERHUB_SERVICE_URL##*:}"; port="${port%%/*}"; exec httpd -f -p "$port" -h /',
+]
+c.GPUSwarmSpawner.max_gpus_per_user = 2
+c.GPUSwarmSpawner.extra_placement_spec = {"constraints": ["node.role == worker"]}
+c.GPUSwarmSpawner.task_start_timeout = 30
+c.Spawner.start_timeout = 45
+c.Spawner.http_timeout = 20
+
+# An API token for scripts and tests, when given.
+token = os.environ.get("GPUSPAWNER_API_TOKEN")
+if token:
+    c.JupyterHub.services = [{"name": "gpuspawner-admin", "api_token": token}]
+    c.JupyterHub.load_roles = [
+        {
+            "name": "gpuspawner-admin",
+            "scopes": ["admin:users", "admin:servers", "users", "servers", "read:users"],
+            "services": ["gpuspawner-admin"],
+        }
+    ]

@@ -1,0 +1,145 @@
+"""A real JupyterHub process (with its configurable-http-proxy) for tests and the demo.
+
+It runs examples/local/jupyterhub_config.py, optionally followed by extra
+config lines, in a state folder of its own, and talks to the hub's REST API
+with an admin service token.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL_CONFIG = REPO / "examples" / "local" / "jupyterhub_config.py"
+
+
+class HubError(RuntimeError):
+    pass
+
+
+class Hub:
+    def __init__(self, state_dir: Path, port: int = 8000, extra_config: str = "", env: dict | None = None):
+        self.state_dir = Path(state_dir)
+        self.port = port
+        self.token = secrets.token_hex(16)
+        self.extra_config = extra_config
+        self.env = env or {}
+        self.proc: subprocess.Popen | None = None
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = self.state_dir / "jupyterhub.log"
+
+    def write_config(self) -> Path:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        path = self.state_dir / "jupyterhub_config.py"
+        path.write_text(f"load_subconfig({str(LOCAL_CONFIG)!r})\n{self.extra_config}\n")
+        return path
+
+    def start(self, timeout: float = 60) -> "Hub":
+        config = self.write_config()
+        env = {
+            **os.environ,
+            "GPUSPAWNER_STATE_DIR": str(self.state_dir),
+            "GPUSPAWNER_HUB_PORT": str(self.port),
+            "GPUSPAWNER_HUB_API_PORT": str(self.port + 81),
+            "GPUSPAWNER_API_TOKEN": self.token,
+            **self.env,
+        }
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(config)],
+            cwd=self.state_dir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # the proxy goes with the hub's process group
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise HubError(f"JupyterHub exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/hub/api/", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        raise HubError(f"JupyterHub did not answer within {timeout} s:\n{self.log_tail()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        """Stop the hub and its proxy (the whole process group)."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._kill_group(signal.SIGKILL)
+            return
+        self._kill_group(sig)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._kill_group(signal.SIGKILL)
+            self.proc.wait(10)
+        self._kill_group(signal.SIGTERM)  # a proxy left behind
+
+    def _kill_group(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    # -- REST API ------------------------------------------------------------
+
+    def api(self, method: str, path: str, **kwargs) -> requests.Response:
+        headers = {"Authorization": f"token {self.token}", **kwargs.pop("headers", {})}
+        return requests.request(method, f"{self.url}/hub/api{path}", headers=headers, timeout=60, **kwargs)
+
+    def ensure_user(self, name: str) -> None:
+        r = self.api("POST", f"/users/{name}")
+        if r.status_code not in (201, 409):
+            raise HubError(f"creating user {name}: {r.status_code} {r.text}")
+
+    def spawn(self, user: str, options: dict | None = None, server: str = "") -> requests.Response:
+        self.ensure_user(user)
+        path = f"/users/{user}/server" + (f"s/{server}" if server else "")
+        return self.api("POST", path, json=options or {})
+
+    def server_model(self, user: str, server: str = "") -> dict | None:
+        r = self.api("GET", f"/users/{user}")
+        r.raise_for_status()
+        return r.json().get("servers", {}).get(server)
+
+    def wait_ready(self, user: str, server: str = "", timeout: float = 60) -> dict:
+        deadline = time.monotonic() + timeout
+        model = None
+        while time.monotonic() < deadline:
+            model = self.server_model(user, server)
+            if model and model.get("ready"):
+                return model
+            if model is None:
+                raise HubError(f"{user}'s server is gone (spawn failed?):\n{self.log_tail(20)}")
+            time.sleep(0.2)
+        raise HubError(f"{user}'s server not ready in {timeout} s: {model}\n{self.log_tail(20)}")
+
+    def stop_server(self, user: str, server: str = "", timeout: float = 60) -> None:
+        path = f"/users/{user}/server" + (f"s/{server}" if server else "")
+        r = self.api("DELETE", path)
+        if r.status_code not in (202, 204, 400):  # 400: not running
+            raise HubError(f"stopping {user}'s server: {r.status_code} {r.text}")
+        deadline = time.monotonic() + timeout
+        while self.server_model(user, server) is not None:
+            if time.monotonic() > deadline:
+                raise HubError(f"{user}'s server did not stop in {timeout} s")
+            time.sleep(0.2)
