@@ -2,6 +2,6 @@
 
 __version__ = "0.1.0"
 
-from .spawner import GPUSwarmSpawner  # noqa: E402
+from .spawner import GPUSwarmSpawner, validate_config  # noqa: E402
 
-__all__ = ["GPUSwarmSpawner", "__version__"]
+__all__ = ["GPUSwarmSpawner", "validate_config", "__version__"]

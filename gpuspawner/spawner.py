@@ -408,3 +408,30 @@ class GPUSwarmSpawner(SwarmSpawner):
         super().clear_state()
         self.gpu_holding = None
         self.task_node = ""
+
+
+def validate_config(config) -> None:
+    """Check gpuspawner's settings in a JupyterHub config now, at hub start.
+
+    Call it at the end of jupyterhub_config.py (``validate_config(c)``). A bad
+    inventory or policy then stops the hub with one line naming the file and
+    the problem, instead of failing each spawn later. Settings on
+    ``c.GPUSwarmSpawner`` win over those on ``c.SwarmSpawner``/``c.Spawner``,
+    as traitlets resolves them.
+    """
+    try:
+        spawner_config = {}
+        for section in ("Spawner", "DockerSpawner", "SwarmSpawner", "GPUSwarmSpawner"):
+            if section in config:
+                spawner_config.update(config[section])
+        policy = spawner_config.get("allocation_policy", "pack")
+        if policy not in POLICIES:
+            raise ValueError(f"Unknown allocation_policy {policy!r}; choose one of: {', '.join(POLICIES)}")
+        inventory = spawner_config.get("gpu_inventory")
+        if inventory:
+            load_inventory(inventory)
+        limit = spawner_config.get("max_gpus_per_user", 1)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"max_gpus_per_user must be a whole number ≥ 0, got {limit!r}")
+    except (InventoryError, ValueError) as exc:
+        raise SystemExit(f"gpuspawner configuration error: {exc}") from None

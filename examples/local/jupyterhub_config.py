@@ -62,3 +62,8 @@ if token:
             "services": ["gpuspawner-admin"],
         }
     ]
+
+# Stop at hub start if the inventory or a gpuspawner setting is wrong.
+from gpuspawner import validate_config  # noqa: E402
+
+validate_config(c)

@@ -1,0 +1,57 @@
+"""The example configs load, and validate_config stops a bad one at hub start."""
+
+import pytest
+from traitlets.config import Config
+from traitlets.config.loader import PyFileConfigLoader
+
+from gpuspawner import validate_config
+from gpuspawner.allocator import POLICIES
+from tests.harness.hub import REPO
+
+
+def load_config(path, monkeypatch, **env):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return PyFileConfigLoader(path.name, path=str(path.parent)).load_config()
+
+
+def test_example_config_loads_and_names_the_spawner(monkeypatch):
+    c = load_config(REPO / "examples/jupyterhub_config.py", monkeypatch, GPUSPAWNER_INVENTORY=str(REPO / "examples/gpus.yaml"))
+    assert c.JupyterHub.spawner_class == "gpuswarm"
+    assert c.GPUSwarmSpawner.allocation_policy in POLICIES
+    assert c.JupyterHub.cleanup_servers is False
+
+
+def test_example_config_stops_on_a_missing_inventory(monkeypatch, tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(SystemExit, match=rf"GPU inventory {missing}: cannot read it"):
+        load_config(REPO / "examples/jupyterhub_config.py", monkeypatch, GPUSPAWNER_INVENTORY=str(missing))
+
+
+def test_local_demo_config_loads(monkeypatch):
+    c = load_config(REPO / "examples/local/jupyterhub_config.py", monkeypatch)
+    assert c.GPUSwarmSpawner.network_name == "host"
+    assert c.GPUSwarmSpawner.gpu_inventory.endswith("gpus.yaml")
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"allocation_policy": "best-fit"}, "Unknown allocation_policy 'best-fit'; choose one of: pack, spread"),
+        ({"gpu_inventory": {"gpu-a": [{"uuid": "GPU-1", "model": "T4"}]}}, "gpu-a[0]: missing 'memory_mib'"),
+        ({"max_gpus_per_user": -1}, "max_gpus_per_user must be a whole number"),
+    ],
+)
+def test_validate_config_names_the_problem(settings, message):
+    c = Config()
+    for key, value in settings.items():
+        setattr(c.GPUSwarmSpawner, key, value)
+    with pytest.raises(SystemExit) as info:
+        validate_config(c)
+    assert message in str(info.value)
+
+
+def test_validate_config_accepts_the_example_inventory():
+    c = Config()
+    c.GPUSwarmSpawner.gpu_inventory = str(REPO / "examples/gpus.yaml")
+    validate_config(c)  # raises SystemExit if not
