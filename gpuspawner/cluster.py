@@ -38,6 +38,7 @@ class GPUCluster:
         self.allocator = Allocator(gpus, policy)
         self.nodes: dict[str, Node] = {}
         self.ports: dict[str, int] = {}  # holder -> port, for host networking
+        self._next_port = 0
         self._rebuilt = False
         self._lock = asyncio.Lock()
 
@@ -72,16 +73,22 @@ class GPUCluster:
     def allocate(self, holder: str, request: Request, max_per_owner: int | None) -> Allocation:
         return self.allocator.allocate(holder, request, max_per_owner)
 
-    def pick_port(self, holder: str, first: int, last: int) -> int:
-        """A port no other server of this hub uses, lowest first."""
+    def pick_port(self, holder: str, first: int, last: int) -> int | None:
+        """A port no other server of this hub uses. Ports are handed out in
+        turn through the range, so a port freed by a stopped server (whose
+        process may still be exiting) is not reused at once."""
         if holder in self.ports:
             return self.ports[holder]
         taken = set(self.ports.values())
-        for port in range(first, last + 1):
+        size = last - first + 1
+        start = self._next_port if first <= self._next_port <= last else first
+        for i in range(size):
+            port = first + (start - first + i) % size
             if port not in taken:
                 self.ports[holder] = port
+                self._next_port = port + 1
                 return port
-        raise RuntimeError(f"all ports {first}-{last} for host-network servers are in use")
+        return None  # every port of the range is taken
 
     def release(self, holder: str) -> Allocation | None:
         self.ports.pop(holder, None)

@@ -85,8 +85,9 @@ class GPUSwarmSpawner(SwarmSpawner):
     ).tag(config=True)
 
     host_network_ports = Tuple(
-        Integer(20000),
-        Integer(29999),
+        Integer(min=1, max=65535),
+        Integer(min=1, max=65535),
+        default_value=(20000, 29999),
         help="""With ``network_name = "host"``, each server listens on its node's
         own network at a port picked from this range (inclusive), one per
         server, so that servers on one node don't collide.""",
@@ -239,7 +240,15 @@ class GPUSwarmSpawner(SwarmSpawner):
             self._report(f"Reserved {len(alloc.devices)} × {alloc.model} on {alloc.host}", 20)
         try:
             if self.host_network:
-                self.port = cluster.pick_port(self.holder, *self.host_network_ports)
+                port = cluster.pick_port(self.holder, *self.host_network_ports)
+                if port is None:
+                    raise SpawnException(
+                        "Too many servers are running for the ports configured; please try again later.",
+                        reason="no_port",
+                        log_message=f"all host_network_ports {self.host_network_ports} are in use",
+                        status_code=503,
+                    )
+                self.port = port
                 holding = Holding(**{**holding.__dict__, "port": self.port})
             self.gpu_holding = holding
             return await super().start()

@@ -1,0 +1,50 @@
+"""Fixtures for tests that run against a real multi-node Docker Swarm (tests/harness/swarm.py).
+
+``swarm`` (session scope) brings the cluster up once per test session and tears it down at
+the end. Environment:
+
+* ``GPUSPAWNER_KEEP_SWARM=1``: leave the cluster running after the session (reused by the
+  next session; ``python -m tests.harness.swarm down`` removes it).
+* ``CI=true``: a machine that cannot run the cluster is a failure, not a skip.
+
+Outside CI the tests are skipped only when this machine cannot run a swarm at all (not
+root, no dockerd, ...). A cluster that fails to come up is always an error.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from tests.harness import swarm as harness
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="session")
+def swarm():
+    """The running test cluster (``tests.harness.swarm.Cluster``)."""
+    reason = harness.unavailable_reason()
+    if reason:
+        message = f"the test swarm cannot run on this machine: {reason}"
+        if _env_flag("CI"):
+            pytest.fail(message + " (CI=true: this is a failure, not a skip)", pytrace=False)
+        pytest.skip(message)
+
+    t0 = time.monotonic()
+    try:
+        cluster = harness.up()
+    except harness.HarnessError as e:
+        pytest.fail(f"the test swarm did not come up:\n{e}", pytrace=False)
+    print(f"\ntest swarm ready in {time.monotonic() - t0:.1f}s: {cluster.manager_url}")
+
+    yield cluster
+
+    if _env_flag("GPUSPAWNER_KEEP_SWARM"):
+        print(f"\nGPUSPAWNER_KEEP_SWARM set: leaving the test swarm up ({cluster.manager_url})")
+        return
+    harness.down(cluster.state_dir, cluster.run_dir)

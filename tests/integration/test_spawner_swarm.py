@@ -1,0 +1,223 @@
+"""GPUSwarmSpawner end to end: a real JupyterHub (with its proxy) spawning on the
+real three-node test swarm, driven through the hub's REST API and login form.
+
+What the tests check comes from the swarm itself (service specs, tasks, and the
+environment of the container on its node), never from the spawner's own word.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from tests.harness.hub import REPO, Hub
+
+A100 = "NVIDIA A100 80GB PCIe"
+GTX = "NVIDIA GeForce GTX 1070"
+INVENTORY = yaml.safe_load((REPO / "examples/local/gpus.yaml").read_text())
+UUIDS = {host: [d["uuid"] for d in devices] for host, devices in INVENTORY.items()}
+
+
+def _free_port_block(start: int = 18000) -> int:
+    """A port p with p, p+1 (proxy API) and p+81 (hub API) free on loopback."""
+    for port in range(start, start + 2000, 100):
+        try:
+            for p in (port, port + 1, port + 81):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free ports")
+
+
+@pytest.fixture(scope="module")
+def hub(swarm, tmp_path_factory):
+    h = Hub(tmp_path_factory.mktemp("hub"), port=_free_port_block(), env={"GPUSPAWNER_DOCKER_URL": swarm.manager_url})
+    h.start()
+    yield h
+    h.stop()
+    for service in swarm.client().services.list(filters={"label": "gpuspawner.devices"}):
+        service.remove()
+
+
+def services_of(swarm, user: str) -> list:
+    return swarm.client().services.list(filters={"label": f"gpuspawner.user={user}"})
+
+
+def running_node(swarm, service) -> str:
+    tasks = [t for t in service.tasks() if t["Status"]["State"] == "running"]
+    assert len(tasks) == 1, service.tasks()
+    return swarm.hostname_of(tasks[0]["NodeID"])
+
+
+def container_env(swarm, node: str, service) -> dict[str, str]:
+    """The environment the server's process really has, read inside its container."""
+    client = swarm.client(node)
+    containers = client.containers.list(filters={"label": f"com.docker.swarm.service.id={service.id}"})
+    assert len(containers) == 1
+    out = containers[0].exec_run(["env"]).output.decode()
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def spawn_ready(hub: Hub, user: str, options: dict) -> None:
+    r = hub.spawn(user, options)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready(user)
+
+
+def test_model_request_lands_on_its_node_with_its_uuids(hub, swarm):
+    spawn_ready(hub, "alice", {"gpu_model": A100, "gpu_count": 1})
+    (service,) = services_of(swarm, "alice")
+    assert running_node(swarm, service) == "gpu-b"
+    env = container_env(swarm, "gpu-b", service)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == UUIDS["gpu-b"][0]
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+    spec = service.attrs["Spec"]
+    constraints = spec["TaskTemplate"]["Placement"]["Constraints"]
+    assert "node.role == worker" in constraints  # the admin's own constraint is kept
+    assert "node.hostname==gpu-b" in constraints
+    assert spec["Labels"]["gpuspawner.devices"] == UUIDS["gpu-b"][0]
+    # The hub reaches the server at its node's address, on a port of its own.
+    model = hub.server_model("alice")
+    assert model["url"] == "/user/alice/"
+    hub.stop_server("alice")
+    assert services_of(swarm, "alice") == []
+
+
+def test_cpu_only_server_sees_no_gpu(hub, swarm):
+    spawn_ready(hub, "bob", {})
+    (service,) = services_of(swarm, "bob")
+    node = running_node(swarm, service)
+    assert node in ("gpu-a", "gpu-b")  # the admin's node.role == worker
+    env = container_env(swarm, node, service)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert "NVIDIA_DRIVER_CAPABILITIES" not in env
+    constraints = service.attrs["Spec"]["TaskTemplate"]["Placement"]["Constraints"]
+    assert constraints == ["node.role == worker"]
+    hub.stop_server("bob")
+
+
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        ({"gpu_model": "NVIDIA H100"}, f"choose one of: {A100}, {GTX}"),
+        ({"gpu_model": A100, "gpu_count": -1}, "gpu_count must be a whole number from 0"),
+        ({"gpu_model": A100, "gpu_count": "1"}, "gpu_count must be a whole number"),
+        ({"gpu_model": GTX, "gpu_count": 3}, "the limit is 2 per user"),
+        ({"gpu_model": A100, "image": "evil"}, "Unknown option(s) 'image'"),
+        ({"gpu_model": A100, "gpu_host": "gpu-b"}, "Choosing a host (gpu_host) is not enabled"),
+        ({"gpu_model": ["x"]}, "Unknown GPU model ['x']"),
+    ],
+)
+def test_bad_options_are_refused_and_create_nothing(hub, swarm, options, expected):
+    r = hub.spawn("mallory", options)
+    assert r.status_code == 400, r.text
+    assert expected in r.json()["message"]
+    assert services_of(swarm, "mallory") == []
+    assert hub.server_model("mallory") is None
+
+
+def test_two_users_racing_for_the_last_gpu(hub, swarm):
+    spawn_ready(hub, "carol", {"gpu_model": A100, "gpu_count": 1})
+    for user in ("dave", "erin"):
+        hub.ensure_user(user)
+    results = {}
+
+    def race(user):
+        results[user] = hub.api("POST", f"/users/{user}/server", json={"gpu_model": A100, "gpu_count": 1})
+
+    threads = [threading.Thread(target=race, args=(u,)) for u in ("dave", "erin")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    codes = sorted(r.status_code for r in results.values())
+    assert codes[0] in (201, 202) and codes[1] == 503, {u: r.text for u, r in results.items()}
+    (winner,) = [u for u, r in results.items() if r.status_code in (201, 202)]
+    (loser,) = [u for u, r in results.items() if r.status_code == 503]
+    assert f"No {A100} is free right now (0 of 2 free)" in results[loser].json()["message"]
+    hub.wait_ready(winner)
+    assert services_of(swarm, loser) == []
+    held = [s.attrs["Spec"]["Labels"]["gpuspawner.devices"] for s in services_of(swarm, "carol") + services_of(swarm, winner)]
+    assert sorted(held) == sorted(UUIDS["gpu-b"])
+
+    # Stopping a server frees its GPU for the next user.
+    hub.stop_server(winner)
+    spawn_ready(hub, loser, {"gpu_model": A100, "gpu_count": 1})
+    for user in ("carol", loser):
+        hub.stop_server(user)
+
+
+def test_several_gpus_come_from_one_host(hub, swarm):
+    spawn_ready(hub, "frank", {"gpu_model": GTX, "gpu_count": 2})
+    (service,) = services_of(swarm, "frank")
+    assert running_node(swarm, service) == "gpu-a"
+    env = container_env(swarm, "gpu-a", service)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(UUIDS["gpu-a"][:2])
+    r = hub.spawn("george", {"gpu_model": GTX, "gpu_count": 2})
+    assert r.status_code == 503
+    assert f"2 × {GTX} requested, at most 1 free on any single host" in r.json()["message"]
+    hub.stop_server("frank")
+
+
+def login(hub: Hub, user: str) -> requests.Session:
+    s = requests.Session()
+    s.get(hub.url + "/hub/login", timeout=10)
+    r = s.post(
+        hub.url + "/hub/login",
+        data={"username": user, "password": "x", "_xsrf": s.cookies.get("_xsrf")},
+        timeout=10,
+    )
+    r.raise_for_status()
+    return s
+
+
+def test_spawn_form_shows_free_counts_and_disables_full_models(hub, swarm):
+    spawn_ready(hub, "holly", {"gpu_model": A100, "gpu_count": 2})
+    page = login(hub, "ivan").get(hub.url + "/hub/spawn/ivan", timeout=30).text
+    assert "0 of 2 free now" in page and "3 of 3 free now, up to 3 on one host" in page
+    a100_input = re.search(r"<input[^>]*value=\"%s\"[^>]*>" % re.escape(A100), page, re.S).group(0)
+    gtx_input = re.search(r"<input[^>]*value=\"%s\"[^>]*>" % re.escape(GTX), page, re.S).group(0)
+    assert "disabled" in a100_input and "disabled" not in gtx_input
+    assert "No GPU (CPU only)" in page
+    # The count choice stops at the per-user limit (2), though 3 GTX are free.
+    assert '<option value="2">' in page and '<option value="3">' not in page
+    hub.stop_server("holly")
+
+
+def test_form_submission_spawns_what_was_chosen(hub, swarm):
+    s = login(hub, "judy")
+    r = s.post(
+        hub.url + "/hub/spawn/judy",
+        data={"gpu_model": GTX, "gpu_count": "1", "_xsrf": s.cookies.get("_xsrf")},
+        timeout=60,
+    )
+    assert r.status_code == 200
+    hub.wait_ready("judy")
+    (service,) = services_of(swarm, "judy")
+    assert container_env(swarm, "gpu-a", service)["NVIDIA_VISIBLE_DEVICES"] == UUIDS["gpu-a"][0]
+    hub.stop_server("judy")
+
+
+def test_hub_restart_keeps_existing_allocations(hub, swarm):
+    spawn_ready(hub, "kate", {"gpu_model": A100, "gpu_count": 2})
+    (service,) = services_of(swarm, "kate")
+    hub.stop(signal.SIGTERM)
+    hub.start()
+    # The server survived and the new hub still knows its GPUs are taken.
+    assert hub.server_model("kate")["ready"]
+    assert [s.id for s in services_of(swarm, "kate")] == [service.id]
+    r = hub.spawn("leo", {"gpu_model": A100, "gpu_count": 1})
+    assert r.status_code == 503, r.text
+    assert "0 of 2 free" in r.json()["message"]
+    hub.stop_server("kate")
+    spawn_ready(hub, "leo", {"gpu_model": A100, "gpu_count": 1})
+    hub.stop_server("leo")
