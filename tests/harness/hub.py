@@ -8,8 +8,10 @@ with an admin service token.
 from __future__ import annotations
 
 import os
+import json
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +25,19 @@ LOCAL_CONFIG = REPO / "examples" / "local" / "jupyterhub_config.py"
 
 class HubError(RuntimeError):
     pass
+
+
+def free_port_block(start: int = 18000) -> int:
+    """A port p with p (proxy), p+1 (proxy API) and p+81 (hub API) free on loopback."""
+    for port in range(start, start + 4000, 100):
+        try:
+            for p in (port, port + 1, port + 81):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise HubError("no free ports for a hub")
 
 
 class Hub:
@@ -132,6 +147,23 @@ class Hub:
                 raise HubError(f"{user}'s server is gone (spawn failed?):\n{self.log_tail(20)}")
             time.sleep(0.2)
         raise HubError(f"{user}'s server not ready in {timeout} s: {model}\n{self.log_tail(20)}")
+
+    def progress(self, user: str, timeout: float = 60) -> list[dict]:
+        """The spawn's progress events, read from the hub's event stream until
+        the spawn is ready or has failed."""
+        events = []
+        with self.api("GET", f"/users/{user}/server/progress", stream=True) as r:
+            r.raise_for_status()
+            deadline = time.monotonic() + timeout
+            for line in r.iter_lines(decode_unicode=True):
+                if line and line.startswith("data:"):
+                    event = json.loads(line[5:])
+                    events.append(event)
+                    if event.get("ready") or event.get("failed"):
+                        break
+                if time.monotonic() > deadline:
+                    raise HubError(f"progress of {user}'s spawn did not finish in {timeout} s: {events}")
+        return events
 
     def stop_server(self, user: str, server: str = "", timeout: float = 60) -> None:
         path = f"/users/{user}/server" + (f"s/{server}" if server else "")

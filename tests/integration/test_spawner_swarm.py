@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import threading
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 import requests
 import yaml
 
-from tests.harness.hub import REPO, Hub
+from tests.harness.hub import REPO, Hub, free_port_block
 
 A100 = "NVIDIA A100 80GB PCIe"
 GTX = "NVIDIA GeForce GTX 1070"
@@ -25,22 +24,9 @@ INVENTORY = yaml.safe_load((REPO / "examples/local/gpus.yaml").read_text())
 UUIDS = {host: [d["uuid"] for d in devices] for host, devices in INVENTORY.items()}
 
 
-def _free_port_block(start: int = 18000) -> int:
-    """A port p with p, p+1 (proxy API) and p+81 (hub API) free on loopback."""
-    for port in range(start, start + 2000, 100):
-        try:
-            for p in (port, port + 1, port + 81):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free ports")
-
-
 @pytest.fixture(scope="module")
 def hub(swarm, tmp_path_factory):
-    h = Hub(tmp_path_factory.mktemp("hub"), port=_free_port_block(), env={"GPUSPAWNER_DOCKER_URL": swarm.manager_url})
+    h = Hub(tmp_path_factory.mktemp("hub"), port=free_port_block(), env={"GPUSPAWNER_DOCKER_URL": swarm.manager_url})
     h.start()
     yield h
     h.stop()
@@ -221,3 +207,26 @@ def test_hub_restart_keeps_existing_allocations(hub, swarm):
     hub.stop_server("kate")
     spawn_ready(hub, "leo", {"gpu_model": A100, "gpu_count": 1})
     hub.stop_server("leo")
+
+
+def set_availability(swarm, hostname: str, availability: str) -> None:
+    (node,) = swarm.client().nodes.list(filters={"name": hostname})
+    spec = dict(node.attrs["Spec"], Availability=availability)
+    node.update(spec)
+
+
+@pytest.mark.parametrize("availability", ["drain", "pause"])
+def test_gpus_of_drained_or_paused_nodes_are_not_offered(hub, swarm, availability):
+    set_availability(swarm, "gpu-b", availability)
+    try:
+        r = hub.spawn("nick", {"gpu_model": A100, "gpu_count": 1})
+        assert r.status_code == 503, r.text
+        assert f"No {A100} is free right now (0 of 2 free)" in r.json()["message"]
+        assert services_of(swarm, "nick") == []
+        page = login(hub, "nick").get(hub.url + "/hub/spawn/nick", timeout=30).text
+        assert "0 of 2 free now (2 on hosts that are down, drained or paused)" in page
+    finally:
+        set_availability(swarm, "gpu-b", "active")
+    # Back in service: offered again.
+    spawn_ready(hub, "nick", {"gpu_model": A100, "gpu_count": 1})
+    hub.stop_server("nick")

@@ -1,0 +1,91 @@
+"""What a user sees while a spawn runs, and what is left after one fails.
+
+A real hub on the real swarm, with ``slow_spawn_timeout = 0`` so the REST API
+answers at once and the progress stream shows each step. A pre-spawn hook makes
+some users' servers fail on purpose: an image that no node has (the task is
+rejected) or a constraint no node meets (the task waits until the timeout).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.harness.hub import Hub, free_port_block
+
+A100 = "NVIDIA A100 80GB PCIe"
+
+EXTRA_CONFIG = """
+c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}
+
+def _break_some(spawner):
+    if spawner.user.name.startswith("broken"):
+        spawner.image = "gpuspawner-test/missing:latest"
+    if spawner.user.name.startswith("stuck"):
+        spawner.task_start_timeout = 3
+        spawner.extra_placement_spec = {"constraints": ["node.labels.nowhere == true"]}
+
+c.Spawner.pre_spawn_hook = _break_some
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(swarm, tmp_path_factory):
+    h = Hub(
+        tmp_path_factory.mktemp("hub-progress"),
+        port=free_port_block(18400),
+        extra_config=EXTRA_CONFIG,
+        env={"GPUSPAWNER_DOCKER_URL": swarm.manager_url},
+    )
+    h.start()
+    yield h
+    h.stop()
+    for service in swarm.client().services.list(filters={"label": "gpuspawner.devices"}):
+        service.remove()
+
+
+def services_of(swarm, user):
+    return swarm.client().services.list(filters={"label": f"gpuspawner.user={user}"})
+
+
+def wait_gone(hub: Hub, user: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while hub.server_model(user) is not None:
+        assert time.monotonic() < deadline, f"{user}'s failed server still listed"
+        time.sleep(0.2)
+
+
+def test_progress_shows_the_real_steps(hub, swarm):
+    r = hub.spawn("nina", {"gpu_model": A100, "gpu_count": 1})
+    assert r.status_code == 202, r.text
+    messages = [e.get("message", "") for e in hub.progress("nina")]
+    assert f"Reserved 1 × {A100} on gpu-b" in messages
+    assert "Service created" in messages
+    assert "Task running on gpu-b" in messages
+    assert messages.index(f"Reserved 1 × {A100} on gpu-b") < messages.index("Service created")
+    assert messages[-1].startswith("Server ready at /user/nina/")
+    hub.stop_server("nina")
+
+
+@pytest.mark.parametrize(
+    "user, expected",
+    [
+        ("broken1", "The server could not start on gpu-b"),
+        ("stuck1", "The server did not start within 3 s (last task state: pending"),
+    ],
+)
+def test_failed_start_removes_the_service_and_frees_the_gpus(hub, swarm, user, expected):
+    r = hub.spawn(user, {"gpu_model": A100, "gpu_count": 2})
+    assert r.status_code == 202, r.text
+    events = hub.progress(user)
+    assert events[-1].get("failed"), events
+    assert expected in events[-1]["message"]
+    assert "Traceback" not in events[-1]["message"]
+    wait_gone(hub, user)
+    assert services_of(swarm, user) == []
+    # Both A100s are free again: another user gets both.
+    r = hub.spawn("olga", {"gpu_model": A100, "gpu_count": 2})
+    assert r.status_code == 202, r.text
+    assert hub.progress("olga")[-1].get("ready")
+    hub.stop_server("olga")
