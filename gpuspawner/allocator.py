@@ -173,33 +173,36 @@ class Allocator:
             if holder in self._holders:
                 raise ValueError(f"{holder} already holds an allocation; release it first")
             count = request.count
+            if count != ALL and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+                raise AllocationRefused(f"GPU count must be a whole number ≥ 1 or {ALL!r}, got {count!r}", retry=False)
             if request.model is not None and request.model not in self._index:
                 raise AllocationRefused(
                     f"Unknown GPU model {request.model!r}; choose one of: {', '.join(self._index)}",
                     retry=False,
                 )
-            if max_per_owner is not None and count != ALL:
+            room = None  # how many more the owner may hold
+            if max_per_owner is not None:
                 held = self.held_by_owner(request.owner)
-                if held + count > max_per_owner:
+                room = max_per_owner - held
+                if count != ALL and count > max_per_owner:
+                    raise AllocationRefused(
+                        f"{count} GPUs requested, but the limit is {max_per_owner} per user", retry=False
+                    )
+                if count != ALL and count > room:
                     raise AllocationRefused(
                         f"{count} GPU(s) requested, but the limit is {max_per_owner} per user"
-                        + (f" and you already hold {held} on other servers" if held else ""),
-                        retry=bool(held),
+                        f" and you already hold {held} on other servers",
+                        retry=True,
                     )
             models = [request.model] if request.model is not None else sorted(self._index)
-            found = self._choose(models, count, request.host)
+            found = self._choose(models, count, request.host, room)
             if found is None:
-                raise self._refusal(request)
+                raise self._refusal(request, room)
             model, host = found
             mi = self._index[model]
             free = mi.free[host]
             n_before = len(free)
             take = n_before if count == ALL else count
-            if max_per_owner is not None and take + self.held_by_owner(request.owner) > max_per_owner:
-                raise AllocationRefused(
-                    f"All GPUs of {host} ({take}) exceed the limit of {max_per_owner} per user",
-                    retry=False,
-                )
             devices = tuple(free[:take])
             del free[:take]
             self._move(mi, host, n_before, len(free))
@@ -209,24 +212,27 @@ class Allocator:
                 self._held[d.uuid] = holder
             return alloc
 
-    def _choose(self, models: list[str], count: int | str, host: str | None):
-        """The best (model, host) for the request, or None."""
+    def _choose(self, models: list[str], count: int | str, host: str | None, room: int | None):
+        """The best (model, host) for the request, or None. Ties: hostname, then model."""
         rank = self.policy.rank
-        best = None  # (rank, model, host)
+        best = None  # (rank, host, model)
         for model in models:
             mi = self._index[model]
-            for n, h in self._candidates(mi, count, host):
-                key = (rank(n), model, h)
+            for n, h in self._candidates(mi, count, host, room):
+                key = (rank(n), h, model)
                 if best is None or key < best:
                     best = key
                 break  # candidates come best first within a model
-        return None if best is None else (best[1], best[2])
+        return None if best is None else (best[2], best[1])
 
-    def _candidates(self, mi: _ModelIndex, count: int | str, host: str | None) -> Iterator[tuple[int, str]]:
+    def _candidates(
+        self, mi: _ModelIndex, count: int | str, host: str | None, room: int | None
+    ) -> Iterator[tuple[int, str]]:
         if host is not None:
             if host in mi.free and self._is_available(host):
                 n = len(mi.free[host])
-                if (n == mi.total[host] if count == ALL else n >= count) and n > 0:
+                fits = n == mi.total[host] and (room is None or n <= room) if count == ALL else n >= count
+                if fits and n > 0:
                     yield n, host
             return
         if count == ALL:
@@ -234,9 +240,9 @@ class Allocator:
             whole = sorted(
                 (self.policy.rank(n), h)
                 for h, n in mi.total.items()
-                if self._is_available(h) and len(mi.free[h]) == n
+                if self._is_available(h) and len(mi.free[h]) == n and (room is None or n <= room)
             )
-            for r, h in whole:
+            for _, h in whole:
                 yield mi.total[h], h
             return
         top = len(mi.buckets) - 1
@@ -282,7 +288,9 @@ class Allocator:
             for uuid in uuids:
                 gpu = self._gpus.get(uuid)
                 other = self._held.get(uuid)
-                if gpu is None:
+                if gpu is not None and gpu in devices:
+                    problems.append(f"{uuid} is listed twice")
+                elif gpu is None:
                     problems.append(f"{uuid} is not in the inventory")
                 elif other is not None and other != holder:
                     problems.append(f"{uuid} is also held by {other}")
@@ -338,42 +346,52 @@ class Allocator:
 
     # -- refusals ------------------------------------------------------------
 
-    def _refusal(self, request: Request) -> AllocationRefused:
+    def _refusal(self, request: Request, room: int | None) -> AllocationRefused:
+        """Why nothing fits, in words a user can act on. Requests that can never
+        fit as asked (retry=False) are told apart from those that wait for capacity."""
         summaries = {s.model: s for s in self.summary()}
         host, count = request.host, request.count
+        what = request.model or "GPU"
+        asked = "All GPUs of one host" if count == ALL else f"{count} × {what}"
+        relevant = [request.model] if request.model else list(summaries)
         if host is not None:
             if host not in self.hosts():
                 return AllocationRefused(
                     f"{host} is not a GPU host; choose one of: {', '.join(self.hosts())}", retry=False
                 )
+            has = max((self._index[m].total.get(host, 0) for m in relevant), default=0)
+            if has == 0 or (count != ALL and count > has):
+                return AllocationRefused(f"{asked} requested on {host}, which has {has} of that model", retry=False)
             if not self._is_available(host):
                 return AllocationRefused(
                     f"{host} is not available right now (it is down, drained or paused)", retry=True
                 )
-        what = request.model or "GPU"
-        asked = "all GPUs of one host" if count == ALL else f"{count} × {what}"
-        relevant = [summaries[request.model]] if request.model else list(summaries.values())
-        free = sum(s.free for s in relevant)
-        total = sum(s.total for s in relevant)
-        if free == 0:
-            others = [f"{s.model}: {s.free} free" for s in summaries.values() if s.free and s.model != request.model]
-            tail = "; ".join(others) if others else "no other GPU model is free either"
-            return AllocationRefused(f"No {what} is free right now (0 of {total} free); {tail}", retry=True)
-        if host is not None:
-            there = sum(len(self._index[s.model].free.get(host, ())) for s in relevant)
-            return AllocationRefused(f"{asked} requested on {host}, {there} free there", retry=True)
-        if count == ALL:
-            return AllocationRefused(
-                f"{asked} requested ({what}), but every host has some in use right now", retry=True
-            )
-        biggest_host = max(max(self._index[s.model].total.values()) for s in relevant)
-        if count > biggest_host:
+        biggest_host = max(max(self._index[m].total.values()) for m in relevant)
+        if count != ALL and count > biggest_host:
             return AllocationRefused(
                 f"{asked} requested, but no host has more than {biggest_host}"
                 f"{'' if request.model else ' of one model'}",
                 retry=False,
             )
-        block = max(s.largest_block for s in relevant)
+        if count == ALL and room is not None:
+            smallest = min(min(self._index[m].total.values()) for m in relevant)
+            if smallest > room:
+                return AllocationRefused(
+                    f"{asked} requested, but each host has more than the {room} GPU(s) your limit still allows",
+                    retry=False,
+                )
+        free = sum(summaries[m].free for m in relevant)
+        total = sum(summaries[m].total for m in relevant)
+        if free == 0:
+            others = [f"{s.model}: {s.free} free" for s in summaries.values() if s.free and s.model != request.model]
+            tail = "; ".join(others) if others else "no other GPU model is free either"
+            return AllocationRefused(f"No {what} is free right now (0 of {total} free); {tail}", retry=True)
+        if host is not None:
+            there = sum(len(self._index[m].free.get(host, ())) for m in relevant)
+            return AllocationRefused(f"{asked} requested on {host}, {there} free there", retry=True)
+        if count == ALL:
+            return AllocationRefused(f"{asked} requested ({what}), but every host has some in use right now", retry=True)
+        block = max(summaries[m].largest_block for m in relevant)
         return AllocationRefused(
             f"{asked} requested, at most {block} free on any single host ({free} free in total)",
             retry=True,

@@ -23,17 +23,41 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+import yaml
+
 __all__ = ["GPU", "InventoryError", "load_inventory", "parse_inventory"]
 
 # Hostnames and UUIDs end up in swarm constraints, labels and container env:
 # only accept plain names, never anything that could smuggle syntax in.
-HOSTNAME_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})$")
-UUID_RE = re.compile(r"^(?:GPU|MIG)-[A-Za-z0-9/._-]{1,120}$")
-MODEL_RE = re.compile(r"^[\w .()/+·-]{1,120}$")
+HOSTNAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+UUID_RE = re.compile(r"(?:GPU|MIG)-[A-Za-z0-9/._-]{1,120}")
+MODEL_RE = re.compile(r"[\w .()/+·-]{1,120}")
 
 
 class InventoryError(ValueError):
     """The inventory is malformed; the message names the source and the problem."""
+
+
+# A host listed twice would otherwise silently lose the first list's GPUs.
+class _StrictYAMLLoader(yaml.SafeLoader):
+    def construct_mapping(self, node, deep=False):
+        keys = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in keys:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is listed twice", key_node.start_mark
+                )
+            keys.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [k for k, _ in pairs]
+    for key in keys:
+        if keys.count(key) > 1:
+            raise ValueError(f"{key!r} is listed twice")
+    return dict(pairs)
 
 
 @dataclass(frozen=True, order=True)
@@ -59,11 +83,9 @@ def load_inventory(spec: Mapping | str) -> list[GPU]:
         raise InventoryError(f"GPU inventory {path}: cannot read it ({exc.strerror})") from exc
     try:
         if path.endswith(".json"):
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_json_object)
         else:
-            import yaml  # YAML is a superset of JSON, so this reads both
-
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_StrictYAMLLoader)  # reads JSON too
     except Exception as exc:  # parser errors carry a line and column
         raise InventoryError(f"GPU inventory {path}: not valid YAML/JSON: {exc}") from exc
     return parse_inventory(data, source=f"GPU inventory {path}")
@@ -79,7 +101,7 @@ def parse_inventory(data: Any, source: str = "GPU inventory") -> list[GPU]:
     gpus: list[GPU] = []
     seen_uuids: dict[str, str] = {}
     for host, devices in data.items():
-        if not isinstance(host, str) or not HOSTNAME_RE.match(host):
+        if not isinstance(host, str) or not HOSTNAME_RE.fullmatch(host):
             raise InventoryError(f"{source}: {host!r} is not a valid hostname")
         if not isinstance(devices, list):
             raise InventoryError(f"{source}: {host}: expected a list of GPUs")
@@ -109,9 +131,9 @@ def _parse_device(dev: Any, host: str, pos: int, where: str) -> GPU:
         if key not in dev:
             raise InventoryError(f"{where}: missing {key!r}")
     uuid, model, memory, index = dev["uuid"], dev["model"], dev["memory_mib"], dev.get("index", pos)
-    if not isinstance(uuid, str) or not UUID_RE.match(uuid):
+    if not isinstance(uuid, str) or not UUID_RE.fullmatch(uuid):
         raise InventoryError(f"{where}: uuid {uuid!r} is not a GPU-… or MIG-… UUID")
-    if not isinstance(model, str) or not MODEL_RE.match(model.strip()):
+    if not isinstance(model, str) or not MODEL_RE.fullmatch(model.strip()):
         raise InventoryError(f"{where}: model {model!r} is not a plain model name")
     if not _is_int(memory) or memory <= 0:
         raise InventoryError(f"{where}: memory_mib must be a positive integer, got {memory!r}")

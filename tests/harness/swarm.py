@@ -46,7 +46,7 @@ Files:
   ``cluster.json`` (what is running, and a fingerprint of the daemon configuration: a
   changed harness recreates the cluster), ``daemon.json`` (an empty dockerd config, so
   that /etc/docker/daemon.json is never read), ``resolv.conf``, ``nodes/<name>/`` data
-  roots, ``image-rootfs/`` and ``logs/<name>.log`` (the dockerd logs; kept after ``down``
+  roots and ``logs/<name>.log`` (the dockerd logs; kept after ``down``
   for post-mortems, overwritten on the next start).
 * ``run_dir`` (default ``/run/gpuspawner-swarm``, env ``GPUSPAWNER_SWARM_RUN_DIR``; when a
   non-default ``state_dir`` is given, ``<state_dir>/run``): ``<name>.sock`` (the API
@@ -92,6 +92,7 @@ import re
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tarfile
@@ -101,11 +102,15 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 __all__ = [
+    "DEFAULT_WORKERS",
+    "MANAGER_ADDR",
+    "ROOTFS_LABEL",
+    "TEST_IMAGE",
     "Cluster",
     "DockerAPI",
+    "DockerAPIError",
     "HarnessError",
     "Node",
-    "TEST_IMAGE",
     "build_busybox_rootfs",
     "down",
     "ensure_test_image",
@@ -275,10 +280,6 @@ class _Layout:
     def logs_dir(self) -> Path:
         return self.state_dir / "logs"
 
-    @property
-    def rootfs_dir(self) -> Path:
-        return self.state_dir / "image-rootfs"
-
     def data_root(self, name: str) -> Path:
         return self.state_dir / "nodes" / name
 
@@ -409,9 +410,12 @@ class DockerAPI:
 
 
 def _run(cmd: Sequence[str], *, check: bool = True, timeout: float = CMD_TIMEOUT) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        list(cmd), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, env=_env()
-    )
+    try:
+        proc = subprocess.run(
+            list(cmd), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout, env=_env()
+        )
+    except subprocess.TimeoutExpired as e:
+        raise HarnessError(f"command timed out after {timeout:.0f}s: {' '.join(cmd)}") from e
     if check and proc.returncode != 0:
         raise HarnessError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr.strip()}")
     return proc
@@ -546,8 +550,6 @@ def _find_busybox() -> str | None:
 
 def _is_static_elf(path: str) -> bool:
     """True for an ELF executable without a PT_INTERP (dynamic loader) segment."""
-    import struct  # noqa: PLC0415
-
     try:
         with open(path, "rb") as f:
             ident = f.read(64)
@@ -643,11 +645,18 @@ def _link_exists(name: str) -> bool:
 
 
 def _disable_ipv6(ifname: str, netns: str | None = None) -> None:
-    # Keep the test links IPv4-only (no link-local addresses, no router solicitations).
-    cmd = ["sysctl", "-q", "-w", f"net.ipv6.conf.{ifname}.disable_ipv6=1"]
-    if netns:
-        cmd = ["ip", "netns", "exec", netns] + cmd
-    _run(cmd, check=False)
+    """Keep a test link IPv4-only (no link-local address, no router solicitations).
+
+    Best effort: without IPv6 in the kernel there is nothing to do."""
+    knob = f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6"
+    if netns is None:
+        try:
+            Path(knob).write_text("1")
+        except OSError:
+            pass
+    else:
+        # /proc/sys/net shows the network namespace of the process that opens it.
+        _run(["nsenter", f"--net=/var/run/netns/{netns}", "sh", "-c", f"[ ! -e {knob} ] || echo 1 > {knob}"], check=False)
 
 
 def _setup_network(cluster: Cluster) -> None:
@@ -785,7 +794,7 @@ def _start_daemon(lay: _Layout, node: Node) -> int:
     cmd = prefix + unshare + ["sh", "-c", _NS_SCRIPT, "sh", node.hostname if node.netns else "", str(lay.resolv_conf)] + cmd
     log = lay.log(name)
     log.write_text(f"# {' '.join(cmd)}\n")
-    env = _env()
+    env = {k: v for k, v in _env().items() if k.lower() not in ("http_proxy", "https_proxy", "no_proxy", "all_proxy")}
     env.update(_DOCKERD_ENV)
     # Double fork through sh: dockerd must outlive this Python process (the CLI's `up`
     # returns with the cluster running) and must not be our child (no zombie bookkeeping,
@@ -987,12 +996,44 @@ def _wait_ready(lay: _Layout, cluster: Cluster, timeout: float = READY_TIMEOUT) 
 # --------------------------------------------------------------------------------------
 
 
+_PASSWD = "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
+_GROUP = "root:x:0:\nnogroup:x:65534:\n"
+
+
+def _busybox_entries(busybox: str) -> list[tuple[str, str, Any, int]]:
+    """The busybox root fs as (path, kind, content, mode), kind "dir", "file" (content:
+    bytes, or a source path) or "symlink" (content: target); parents before children."""
+    entries: dict[str, tuple[str, str, Any, int]] = {}
+
+    def add_dir(rel: str, mode: int = 0o755) -> None:
+        parts = rel.split("/")
+        for i in range(1, len(parts) + 1):
+            d = "/".join(parts[:i])
+            if d not in entries:
+                entries[d] = (d, "dir", None, mode if i == len(parts) else 0o755)
+
+    for d in ("bin", "sbin", "usr/bin", "usr/sbin", "etc", "root", "home", "proc", "sys", "dev", "var/www"):
+        add_dir(d)
+    add_dir("tmp", 0o1777)
+    entries["bin/busybox"] = ("bin/busybox", "file", busybox, 0o755)
+    for rel in _run([busybox, "--list-full"]).stdout.split():
+        rel = rel.strip("/")
+        if not rel or "/" not in rel or rel in entries:  # skips e.g. "linuxrc"
+            continue
+        add_dir(rel.rsplit("/", 1)[0])
+        entries[rel] = (rel, "symlink", "/bin/busybox", 0o777)
+    entries["etc/passwd"] = ("etc/passwd", "file", _PASSWD.encode(), 0o644)
+    entries["etc/group"] = ("etc/group", "file", _GROUP.encode(), 0o644)
+    return [entries[k] for k in sorted(entries)]
+
+
 def build_busybox_rootfs(dest: Path | str, busybox: str | None = None) -> Path:
-    """A root file system with a static busybox and its applets as symlinks.
+    """Write a root file system with a static busybox and its applets as symlinks.
 
     ``dest`` is replaced. Layout: /bin/busybox, one symlink per applet where busybox
     installs it (/bin/sh, /usr/sbin/httpd, /usr/bin/env, ...), /etc/passwd and /etc/group
-    (root, nobody), /tmp, /root and the usual mount points.
+    (root, nobody), /tmp, /root, /var/www and the usual mount points. Add files to it and
+    ``import_image`` it to make other test images.
     """
     busybox = busybox or _find_busybox()
     if busybox is None:
@@ -1000,28 +1041,49 @@ def build_busybox_rootfs(dest: Path | str, busybox: str | None = None) -> Path:
     dest = Path(dest)
     if dest.exists():
         shutil.rmtree(dest)
-    for d in ("bin", "sbin", "usr/bin", "usr/sbin", "etc", "root", "home", "proc", "sys", "dev", "var/www"):
-        (dest / d).mkdir(parents=True, exist_ok=True)
-    (dest / "tmp").mkdir(mode=0o1777)
-    os.chmod(dest / "tmp", 0o1777)
-    shutil.copyfile(busybox, dest / "bin/busybox")
-    os.chmod(dest / "bin/busybox", 0o755)
-    listing = _run([busybox, "--list-full"]).stdout.split()
-    for rel in listing:
-        rel = rel.strip("/")
-        if not rel or rel == "bin/busybox" or "/" not in rel:  # skip e.g. "linuxrc"
+    dest.mkdir(parents=True)
+    for rel, kind, content, mode in _busybox_entries(busybox):
+        path = dest / rel
+        if kind == "dir":
+            path.mkdir()
+        elif kind == "symlink":
+            path.symlink_to(content)
             continue
-        link = dest / rel
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if not link.exists() and not link.is_symlink():
-            link.symlink_to("/bin/busybox")
-    (dest / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
-    (dest / "etc/group").write_text("root:x:0:\nnogroup:x:65534:\n")
+        elif isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            shutil.copyfile(content, path)
+        os.chmod(path, mode)
     return dest
 
 
+def _tarinfo(name: str, kind: str, mode: int, size: int = 0, target: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = {"dir": tarfile.DIRTYPE, "file": tarfile.REGTYPE, "symlink": tarfile.SYMTYPE}[kind]
+    info.mode, info.size, info.linkname = mode, size, target
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    info.mtime = 0
+    return info
+
+
+def _busybox_tar(busybox: str) -> bytes:
+    """The same root fs as build_busybox_rootfs, as a tar made in memory (faster than
+    writing ~300 symlinks to disk on every ``up``)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(_tarinfo(".", "dir", 0o755))
+        for rel, kind, content, mode in _busybox_entries(busybox):
+            if kind == "file":
+                data = content if isinstance(content, bytes) else Path(content).read_bytes()
+                tar.addfile(_tarinfo("./" + rel, kind, mode, size=len(data)), io.BytesIO(data))
+            else:
+                tar.addfile(_tarinfo("./" + rel, kind, mode, target=content or ""))
+    return buf.getvalue()
+
+
 def _rootfs_tar(rootfs: Path) -> bytes:
-    """A reproducible tar of rootfs (sorted, owned by root, fixed mtime)."""
+    """A reproducible tar of a directory (sorted, owned by root, fixed mtime)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
 
@@ -1062,13 +1124,19 @@ def import_image(
     cmd: Sequence[str] = ("/bin/sh",),
     force: bool = False,
 ) -> list[str]:
-    """``docker import`` a root fs as ``name`` on every node; return the nodes imported to.
+    """``docker import`` a root fs directory as ``name`` on every node (each daemon has its
+    own image store); return the hostnames it was imported on.
 
     Nodes that already have ``name`` made from the same content are skipped (the content
     hash is kept in the image label ``io.gpuspawner.test.rootfs-sha256``).
     """
+    return _import_tar(cluster, name, _rootfs_tar(Path(rootfs_dir)), cmd=cmd, force=force)
+
+
+def _import_tar(
+    cluster: Cluster, name: str, tar: bytes, *, cmd: Sequence[str] = ("/bin/sh",), force: bool = False
+) -> list[str]:
     repo, _, tag = name.rpartition(":") if ":" in name.rsplit("/", 1)[-1] else (name, "", "latest")
-    tar = _rootfs_tar(Path(rootfs_dir))
     digest = hashlib.sha256(tar).hexdigest()
     changes = [
         "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -1080,14 +1148,15 @@ def import_image(
         api = node.api(timeout=IMPORT_TIMEOUT)
         if not force and _image_label(api, name) == digest:
             return None
-        api.post(
+        # Errors come back as JSON messages in a 200 response: check the result instead.
+        out = api.post(
             "/images/create",
             params=[("fromSrc", "-"), ("repo", repo), ("tag", tag)] + [("changes", c) for c in changes],
             raw=tar,
             content_type="application/x-tar",
         )
         if _image_label(api, name) != digest:
-            raise HarnessError(f"import of {name} on {node.hostname} did not produce the expected image")
+            raise HarnessError(f"import of {name} on {node.hostname} failed: {str(out)[-2000:]}")
         return node.hostname
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(cluster.nodes)) as pool:
@@ -1099,9 +1168,10 @@ def import_image(
 
 def ensure_test_image(cluster: Cluster) -> list[str]:
     """Make sure ``TEST_IMAGE`` (busybox) is on every node; return the nodes imported to."""
-    lay = _Layout(cluster.state_dir, cluster.run_dir)
-    rootfs = build_busybox_rootfs(lay.rootfs_dir)
-    return import_image(cluster, TEST_IMAGE, rootfs)
+    busybox = _find_busybox()
+    if busybox is None:
+        raise HarnessError("no static busybox found (apt-get install busybox-static)")
+    return _import_tar(cluster, TEST_IMAGE, _busybox_tar(busybox))
 
 
 # --------------------------------------------------------------------------------------
@@ -1278,8 +1348,6 @@ def _create(lay: _Layout, cluster: Cluster) -> None:
             f.result()
     _wait_ready(lay, cluster)
     _progress("all nodes Ready")
-    # Recorded before the image import, so that a failure there still leaves a state
-    # file that ``down`` and the next ``up`` understand.
     _save(lay, cluster)
     ensure_test_image(cluster)
 
@@ -1328,7 +1396,7 @@ def _teardown(lay: _Layout, graceful: bool = True) -> None:
     _stop_daemons(lay, graceful=graceful)
     _teardown_network()
     _unmount_under([lay.run_dir, lay.state_dir])
-    for path in [lay.run_dir, lay.state_dir / "nodes", lay.rootfs_dir, lay.state_file, lay.daemon_json, lay.resolv_conf]:
+    for path in [lay.run_dir, lay.state_dir / "nodes", lay.state_file, lay.daemon_json, lay.resolv_conf]:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=False)
         elif path.exists() or path.is_symlink():
@@ -1388,8 +1456,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("cluster down")
         else:
             cluster, problems = status(args.state_dir, args.run_dir)
-            if cluster is not None:
-                print(_summary(cluster))
+            if cluster is None:
+                print("status: down")
+                return 1
+            print(_summary(cluster))
             print("status: " + ("healthy" if not problems else "NOT healthy: " + "; ".join(problems)))
             return 0 if not problems else 1
     except HarnessError as e:

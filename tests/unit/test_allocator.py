@@ -1,8 +1,6 @@
 """Table-driven tests of gpuspawner.allocator: policies, pinning, limits, refusals, adopt.
 
-Tests marked ``xfail(strict=True)`` pin down allocator bugs found while writing
-these tests: they fail today, and turn into an XPASS (a failure, because strict)
-once the bug is fixed, so whoever fixes it removes the marker.
+The edge cases at the end were bugs once; they stay as regression tests.
 """
 
 from __future__ import annotations
@@ -239,7 +237,7 @@ def test_all_refused_while_every_host_has_some_in_use():
     hold(alloc, {"a": 1, "b": 1})
     e = refusal(alloc, Request(GTX, ALL))
     assert e.message == (
-        f"all GPUs of one host requested ({GTX}), but every host has some in use right now"
+        f"All GPUs of one host requested ({GTX}), but every host has some in use right now"
     )
     assert e.status == 503
 
@@ -248,7 +246,7 @@ def test_all_pinned_to_a_partly_used_host():
     alloc = Allocator(gpus({"a": 4, "b": 2}))
     hold(alloc, {"a": 1})
     e = refusal(alloc, Request(GTX, ALL, host="a"))
-    assert e.message == "all GPUs of one host requested on a, 3 free there"
+    assert e.message == "All GPUs of one host requested on a, 3 free there"
     assert e.status == 503
     assert alloc.allocate("s", Request(GTX, ALL, host="b")).host == "b"
 
@@ -256,7 +254,8 @@ def test_all_pinned_to_a_partly_used_host():
 def test_all_bounded_by_max_per_owner():
     alloc = Allocator(gpus({"a": 4}))
     e = refusal(alloc, Request(GTX, ALL, owner="alice"), max_per_owner=2)
-    assert e.message == "All GPUs of a (4) exceed the limit of 2 per user"
+    assert e.message == "All GPUs of one host requested, but each host has more than the 2 GPU(s) your limit still allows"
+    assert e.status == 400
     assert e.status == 400
     assert len(alloc.allocate("s", Request(GTX, ALL, owner="alice"), max_per_owner=4).devices) == 4
 
@@ -358,7 +357,7 @@ def test_max_per_owner_counts_across_the_owners_servers():
 def test_max_per_owner_request_over_the_limit_is_never_satisfiable():
     alloc = Allocator(gpus({"a": 4}))
     e = refusal(alloc, Request(GTX, 2, owner="alice"), max_per_owner=1)
-    assert e.message == "2 GPU(s) requested, but the limit is 1 per user"
+    assert e.message == "2 GPUs requested, but the limit is 1 per user"
     assert e.retry is False and e.status == 400
 
 
@@ -527,68 +526,56 @@ def test_summary_fields():
 
 
 # --------------------------------------------------------------------------
-# Known bugs (strict xfail: they fail today; remove the marker with the fix)
+# Edge cases: each of these was a bug once
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="BUG: any-model ties are broken by model name before hostname "
-                   "(_choose key is (rank, model, host)); module docstring says hostname, then model")
 @pytest.mark.parametrize("policy", ["pack", "spread"])
-def test_bug_any_model_tie_broken_by_hostname_then_model(policy):
+def test_any_model_tie_broken_by_hostname_then_model(policy):
     alloc = Allocator(gpus({"a": [(GTX, 2)], "b": [(A100, 2)]}), policy)
     # Both candidates have 2 free: the documented tie-break picks host a (GTX);
     # the allocator picks b because "NVIDIA A100..." < "NVIDIA GeForce...".
     assert alloc.allocate("s", Request(None, 1)).host == "a"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="BUG: count=0 is not validated; grants an empty allocation "
-                   "(pack takes bucket 0: a host with nothing free)")
-def test_bug_count_zero_is_refused():
+def test_count_zero_is_refused():
     alloc = Allocator(gpus({"a": 2}))
     try:
         got = alloc.allocate("s", Request(GTX, 0))
     except (ValueError, AllocationRefused):
         got = None
-    assert got is None  # today: Allocation(host='a', devices=())
+    assert got is None
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="BUG: a negative count is not validated; count=-1 takes all but "
-                   "one device of the fullest host (free[:-1]) and slips past max_per_owner")
-def test_bug_negative_count_is_refused_and_cannot_bypass_the_limit():
+def test_negative_count_is_refused_and_cannot_bypass_the_limit():
     alloc = Allocator(gpus({"a": 8}))
     try:
         got = alloc.allocate("s", Request(GTX, -1, owner="alice"), max_per_owner=1)
     except (ValueError, AllocationRefused):
         got = None
-    assert alloc.held_by_owner("alice") <= 1  # today: 7 GPUs held under a limit of 1
+    assert alloc.held_by_owner("alice") <= 1
     assert got is None
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="BUG: a request pinned to a host that can never satisfy it "
-                   "(model not on that host, or more than it has) is refused with retry=True/503")
 @pytest.mark.parametrize("request_", [
     Request(A100, 1, host="a"),  # a has no A100 at all
     Request(GTX, 3, host="a"),  # a has only 2 GTX
     Request(None, 3, host="a"),  # a has only 2 devices
 ], ids=["model-not-on-host", "more-than-host-has", "any-model-more-than-host-has"])
-def test_bug_pinned_never_satisfiable_is_400(request_):
+def test_pinned_never_satisfiable_is_400(request_):
     alloc = Allocator(gpus({"a": [(GTX, 2)], "b": [(A100, 4)]}))
     e = refusal(alloc, request_)
     assert e.retry is False and e.status == 400
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="BUG: 'No <model> is free' is checked before 'no host has more "
-                   "than N', so a never-satisfiable count gets retry=True/503 while the model is busy")
-def test_bug_more_than_any_host_has_is_400_even_when_none_free():
+def test_more_than_any_host_has_is_400_even_when_none_free():
     alloc = Allocator(gpus({"a": 4}))
     hold(alloc, {"a": 4})
     e = refusal(alloc, Request(GTX, 8))
     assert e.retry is False and e.status == 400
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="BUG: a count over max_per_owner is never "
-                   "satisfiable, but is refused with retry=True/503 when the owner already holds some")
-def test_bug_count_over_the_limit_is_400_even_when_the_owner_holds_some():
+def test_count_over_the_limit_is_400_even_when_the_owner_holds_some():
     alloc = Allocator(gpus({"a": 4}))
     alloc.allocate("alice-1", Request(GTX, 1, owner="alice"))
     e = refusal(alloc, Request(GTX, 3, owner="alice"), max_per_owner=2)
@@ -596,20 +583,16 @@ def test_bug_count_over_the_limit_is_400_even_when_the_owner_holds_some():
     assert e.retry is False and e.status == 400
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="BUG: count=ALL with max_per_owner picks the host first, then "
-                   "refuses (400) if it is over the limit, though a smaller whole-free host fits")
-def test_bug_all_with_limit_uses_a_host_within_the_limit():
+def test_all_with_limit_uses_a_host_within_the_limit():
     alloc = Allocator(gpus({"big": 8, "small": 2}), "spread")
     try:
         host = alloc.allocate("s", Request(GTX, ALL, owner="alice"), max_per_owner=2).host
     except AllocationRefused as e:
-        host = e.message  # today: "All GPUs of big (8) exceed the limit of 2 per user" (400)
+        host = e.message
     assert host == "small"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="BUG: adopt() with a UUID listed twice records the device twice "
-                   "(held_by_owner counts it twice) and reports no problem")
-def test_bug_adopt_duplicate_uuid():
+def test_adopt_duplicate_uuid():
     alloc = Allocator(gpus({"a": 4}))
     got, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0", "GPU-a-0"])
     assert len(got.devices) == len(set(got.devices)) and alloc.held_by_owner("alice") == 1

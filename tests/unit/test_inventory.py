@@ -207,17 +207,15 @@ def test_malformed_dict_names_the_dict(spec, problem):
 
 
 # --------------------------------------------------------------------------
-# Known bugs (strict xfail: they fail today; remove the marker with the fix)
+# Edge cases: each of these was a bug once
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="BUG: HOSTNAME_RE/UUID_RE end in '$', which also "
-                   "matches before a trailing newline, so 'gpu-a\\n' and 'GPU-1\\n' are accepted (use \\Z or fullmatch)")
 @pytest.mark.parametrize("text", [
     f'"gpu-a\\n":\n  - {{uuid: GPU-1, {DEV}}}\n',  # quoted key with a newline
     f"gpu-a:\n  - uuid: |\n      GPU-1\n    model: {GTX}\n    memory_mib: 8192\n",  # block scalar keeps the newline
 ], ids=["hostname", "uuid"])
-def test_bug_trailing_newline_is_rejected(tmp_path, text):
+def test_trailing_newline_is_rejected(tmp_path, text):
     path = write(tmp_path, "gpus.yaml", text)
     try:
         gpus = load_inventory(path)
@@ -226,9 +224,7 @@ def test_bug_trailing_newline_is_rejected(tmp_path, text):
     assert False, f"accepted {gpus!r}: a newline would reach the swarm constraint / NVIDIA_VISIBLE_DEVICES"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="GAP: a host listed twice in a YAML file is "
-                   "silently merged by PyYAML (the last list wins), so the first list's GPUs vanish")
-def test_bug_host_listed_twice_in_yaml_is_an_error(tmp_path):
+def test_host_listed_twice_in_yaml_is_an_error(tmp_path):
     path = write(tmp_path, "gpus.yaml", f"gpu-a:\n  - {{uuid: GPU-1, {DEV}}}\ngpu-a:\n  - {{uuid: GPU-2, {DEV}}}\n")
     try:
         gpus = load_inventory(path)
