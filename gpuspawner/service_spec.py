@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from docker.types import ContainerSpec, EndpointSpec, Placement, Resources, TaskTemplate
+from docker.types import ContainerSpec, EndpointSpec, Placement, Resources, RestartPolicy, TaskTemplate
 
 __all__ = ["LABEL", "Holding", "build_service", "holding_from_labels", "holding_labels", "visible_devices"]
 
@@ -112,6 +112,9 @@ def build_service(
         resources=Resources(**(resources or {})),
         networks=[network] if network else [],
         placement=Placement(**placement),
+        # The hub decides about restarts: a task that swarm restarted on its own
+        # would run on GPUs the hub released when it saw the server die.
+        restart_policy=RestartPolicy(condition="none"),
     )
     task.update(extra_task or {})
 

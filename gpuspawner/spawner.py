@@ -22,7 +22,7 @@ from .cluster import GPUCluster
 from .inventory import InventoryError, load_inventory
 from .options import OptionsError, options_from_form, parse_user_options
 from .service_spec import Holding, build_service, visible_devices
-from .swarm import TASK_FAILED, Swarm, SwarmError
+from .swarm import TASK_FAILED, TASK_WAITING, Swarm, SwarmError
 
 __all__ = ["GPUSwarmSpawner"]
 
@@ -106,6 +106,11 @@ class GPUSwarmSpawner(SwarmSpawner):
     # Filled in at start; kept in the hub's state so a restarted hub knows it.
     gpu_holding: Holding | None = None
     task_node: str = ""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._events: list[dict] = []  # progress() passes these on to the spawn page
+        self._new_event = asyncio.Event()
 
     @default("options_form")
     def _default_options_form(self):
@@ -191,20 +196,26 @@ class GPUSwarmSpawner(SwarmSpawner):
         if progress is not None:
             event["progress"] = progress
         self._events.append(event)
+        self._new_event.set()
 
     async def progress(self):
+        # JupyterHub stops reading when the spawn finishes, so each event is
+        # passed on as soon as it is reported, not at the next poll.
         sent = 0
         while True:
-            events = getattr(self, "_events", [])
-            for event in events[sent:]:
+            self._new_event.clear()
+            for event in self._events[sent:]:
                 yield event
-            sent = len(events)
+            sent = len(self._events)
             if not self._spawn_pending:
                 return
-            await asyncio.sleep(0.2)
+            try:
+                await asyncio.wait_for(self._new_event.wait(), timeout=1)
+            except asyncio.TimeoutError:
+                pass
 
     async def start(self):
-        self._events = []
+        self._events.clear()
         cluster = await self._cluster()
         try:
             request = parse_user_options(
@@ -261,7 +272,7 @@ class GPUSwarmSpawner(SwarmSpawner):
         try:
             await self.swarm.remove_service(self.object_id or self.service_name)
         except SwarmError as exc:
-            self.log.error("Could not remove service %s after a failed start: %s", self.service_name, exc)
+            self.log.error("Could not remove service %s of a failed server: %s", self.service_name, exc)
         self.object_id = ""
 
     def _release(self) -> None:
@@ -387,10 +398,20 @@ class GPUSwarmSpawner(SwarmSpawner):
         self.task_node = ""
 
     async def poll(self):
-        status = await super().poll()
-        if status is not None:
+        """None while the task runs or is on its way; otherwise the server is
+        over: its service is removed (JupyterHub does not call stop() for a
+        server it found dead) and its GPUs are given back."""
+        task = await self.get_task()
+        if task is None:
             self._release()
-        return status
+            return 0
+        status = task.get("Status", {})
+        state = status.get("State", "")
+        if state == "running" or state in TASK_WAITING:
+            return None
+        await self._remove_quietly()
+        self._release()
+        return f"task {state}: {status.get('Err') or status.get('Message', '')}"
 
     def get_state(self):
         state = super().get_state()

@@ -1,4 +1,4 @@
-"""What a user sees while a spawn runs, and what is left after one fails.
+"""What a user sees while a spawn runs, and what is left after one fails or dies.
 
 A real hub on the real swarm, with ``slow_spawn_timeout = 0`` so the REST API
 answers at once and the progress stream shows each step. A pre-spawn hook makes
@@ -18,6 +18,7 @@ A100 = "NVIDIA A100 80GB PCIe"
 
 EXTRA_CONFIG = """
 c.JupyterHub.tornado_settings = {"slow_spawn_timeout": 0}
+c.Spawner.poll_interval = 1
 
 def _break_some(spawner):
     if spawner.user.name.startswith("broken"):
@@ -85,6 +86,28 @@ def test_failed_start_removes_the_service_and_frees_the_gpus(hub, swarm, user, e
     wait_gone(hub, user)
     assert services_of(swarm, user) == []
     # Both A100s are free again: another user gets both.
+    r = hub.spawn("olga", {"gpu_model": A100, "gpu_count": 2})
+    assert r.status_code == 202, r.text
+    assert hub.progress("olga")[-1].get("ready")
+    hub.stop_server("olga")
+
+
+def test_a_server_that_dies_gives_its_gpus_back(hub, swarm):
+    r = hub.spawn("pete", {"gpu_model": A100, "gpu_count": 2})
+    assert r.status_code == 202, r.text
+    assert hub.progress("pete")[-1].get("ready")
+    (service,) = services_of(swarm, "pete")
+    (container,) = swarm.client("gpu-b").containers.list(
+        filters={"label": f"com.docker.swarm.service.id={service.id}"}
+    )
+    container.kill()
+    # The hub's poll sees it dead, stops the server and removes the service...
+    wait_gone(hub, "pete")
+    deadline = time.monotonic() + 30
+    while services_of(swarm, "pete"):
+        assert time.monotonic() < deadline, "the dead server's service was not removed"
+        time.sleep(0.2)
+    # ...and swarm did not restart it on its own: both A100s are free again.
     r = hub.spawn("olga", {"gpu_model": A100, "gpu_count": 2})
     assert r.status_code == 202, r.text
     assert hub.progress("olga")[-1].get("ready")

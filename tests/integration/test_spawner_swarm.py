@@ -187,7 +187,12 @@ def test_form_submission_spawns_what_was_chosen(hub, swarm):
         timeout=60,
     )
     assert r.status_code == 200
+    assert r.url in (hub.url + "/hub/spawn-pending/judy", hub.url + "/user/judy/")
     hub.wait_ready("judy")
+    # The user reaches the server itself, through the proxy, and it has the GPU.
+    page = s.get(hub.url + "/user/judy/", timeout=30)
+    assert page.status_code == 200
+    assert f"NVIDIA_VISIBLE_DEVICES={UUIDS['gpu-a'][0]}" in page.text
     (service,) = services_of(swarm, "judy")
     assert container_env(swarm, "gpu-a", service)["NVIDIA_VISIBLE_DEVICES"] == UUIDS["gpu-a"][0]
     hub.stop_server("judy")

@@ -58,3 +58,7 @@ def test_network_and_name():
 def test_labels_round_trip():
     assert holding_from_labels(holding_labels(HOLDING)) == HOLDING
     assert holding_from_labels({"other": "x"}) is None
+
+
+def test_swarm_does_not_restart_servers_behind_the_hubs_back():
+    assert spec()["task_template"]["RestartPolicy"] == {"Condition": "none", "Delay": 0, "MaxAttempts": 0, "Window": 0}
