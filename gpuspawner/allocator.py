@@ -128,6 +128,7 @@ class Allocator:
         self._available: set[str] | None = None  # None: every inventory host
         self._holders: dict[str, Allocation] = {}
         self._held: dict[str, str] = {}  # uuid -> holder
+        self._owned: dict[str, int] = {}  # owner -> devices held, kept for O(1) limit checks
         self._index: dict[str, _ModelIndex] = {}
         self.set_inventory(gpus)
 
@@ -207,9 +208,7 @@ class Allocator:
             del free[:take]
             self._move(mi, host, n_before, len(free))
             alloc = Allocation(holder=holder, owner=request.owner, host=host, devices=devices)
-            self._holders[holder] = alloc
-            for d in devices:
-                self._held[d.uuid] = holder
+            self._record(alloc)
             return alloc
 
     def _choose(self, models: list[str], count: int | str, host: str | None, room: int | None):
@@ -251,6 +250,12 @@ class Allocator:
             if bucket:
                 yield n, bucket[0]
 
+    def _record(self, alloc: Allocation) -> None:
+        self._holders[alloc.holder] = alloc
+        self._owned[alloc.owner] = self._owned.get(alloc.owner, 0) + len(alloc.devices)
+        for d in alloc.devices:
+            self._held[d.uuid] = alloc.holder
+
     def _move(self, mi: _ModelIndex, host: str, old: int, new: int) -> None:
         if old == new or not self._is_available(host):
             return
@@ -264,6 +269,11 @@ class Allocator:
             alloc = self._holders.pop(holder, None)
             if alloc is None:
                 return None
+            left = self._owned[alloc.owner] - len(alloc.devices)
+            if left:
+                self._owned[alloc.owner] = left
+            else:
+                del self._owned[alloc.owner]
             for d in alloc.devices:
                 if self._held.get(d.uuid) != holder:
                     continue
@@ -303,9 +313,7 @@ class Allocator:
                 return old, problems
             self.release(holder)
             alloc = Allocation(holder=holder, owner=owner, host=host, devices=tuple(devices))
-            self._holders[holder] = alloc
-            for d in devices:
-                self._held[d.uuid] = holder
+            self._record(alloc)
             self._reindex()
             return alloc, problems
 
@@ -319,7 +327,7 @@ class Allocator:
         return self._held.get(uuid)
 
     def held_by_owner(self, owner: str) -> int:
-        return sum(len(a.devices) for a in self._holders.values() if a.owner == owner)
+        return self._owned.get(owner, 0)
 
     def summary(self) -> list[ModelSummary]:
         """Per model, by name: free and total counts, largest block on one host."""
