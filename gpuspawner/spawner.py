@@ -10,6 +10,7 @@ on any failure remove the service and give the devices back. ``stop`` and
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 
 import jinja2
@@ -27,6 +28,13 @@ from .swarm import TASK_FAILED, TASK_WAITING, Swarm, SwarmError
 __all__ = ["GPUSwarmSpawner"]
 
 HOST_NETWORK = "host"
+
+
+@functools.lru_cache(maxsize=8)
+def _templates(paths: tuple[str, ...]) -> jinja2.Environment:
+    """The admin's template folders first, then gpuspawner's own; autoescaped."""
+    loaders = [jinja2.FileSystemLoader(list(paths)), jinja2.PackageLoader("gpuspawner", "templates")]
+    return jinja2.Environment(loader=jinja2.ChoiceLoader(loaders), autoescape=True)
 
 
 class GPUSwarmSpawner(SwarmSpawner):
@@ -173,13 +181,7 @@ class GPUSwarmSpawner(SwarmSpawner):
         summary = allocator.summary()
         room = max(0, self.max_gpus_per_user - held)
         hosts = [h for h in allocator.hosts() if h in cluster.nodes and cluster.nodes[h].schedulable]
-        env = jinja2.Environment(
-            loader=jinja2.ChoiceLoader(
-                [jinja2.FileSystemLoader(self.template_paths), jinja2.PackageLoader("gpuspawner", "templates")]
-            ),
-            autoescape=True,
-        )
-        return env.get_template(self.options_form_template).render(
+        return _templates(tuple(self.template_paths)).get_template(self.options_form_template).render(
             models=summary,
             max_count=min(room, max((m.largest_block for m in summary), default=0)),
             limit=self.max_gpus_per_user,
@@ -231,9 +233,7 @@ class GPUSwarmSpawner(SwarmSpawner):
         # A holding under this name is left from an earlier run of this server
         # that the hub no longer tracks; its service is replaced below.
         cluster.release(self.holder)
-        holding = Holding(
-            user=self.user.name, server=self.name, host=request.host or "", uuids=(), model="", port=None
-        )
+        host, uuids, model = request.host or "", (), ""
         if not request.cpu_only:
             try:
                 alloc = cluster.allocate(
@@ -244,12 +244,10 @@ class GPUSwarmSpawner(SwarmSpawner):
             except AllocationRefused as exc:
                 reason = "gpu_unavailable" if exc.retry else "gpu_request"
                 raise SpawnException(exc.message, reason=reason, status_code=exc.status) from exc
-            holding = Holding(
-                user=holding.user, server=holding.server, host=alloc.host, uuids=alloc.uuids,
-                model=alloc.model, port=None,
-            )
+            host, uuids, model = alloc.host, alloc.uuids, alloc.model
             self._report(f"Reserved {len(alloc.devices)} × {alloc.model} on {alloc.host}", 20)
         try:
+            port = None
             if self.host_network:
                 port = cluster.pick_port(self.holder, *self.host_network_ports)
                 if port is None:
@@ -260,8 +258,9 @@ class GPUSwarmSpawner(SwarmSpawner):
                         status_code=503,
                     )
                 self.port = port
-                holding = Holding(**{**holding.__dict__, "port": self.port})
-            self.gpu_holding = holding
+            self.gpu_holding = Holding(
+                user=self.user.name, server=self.name, host=host, uuids=uuids, model=model, port=port
+            )
             return await super().start()
         except BaseException:
             await self._remove_quietly()
