@@ -10,7 +10,8 @@ The mix (after an untimed warm-up to 60 % of the devices in use):
   leans up or down to follow a utilisation target that swings between 60 % and
   90 % over the run, so hosts fragment and refill;
 * allocation sizes 1 / 2 / 4 / 8 GPUs weighted toward 1, ~1 % ``count="all"``;
-* ~12 % any-model requests, ~3 % pinned to a random host; owners drawn from a
+* ~12 % any-model requests, ~3 % pinned to a random host (and, 9 times in 10,
+  asking for the model that host has); owners drawn from a
   user population, with ``max_per_owner`` passed on every request as the
   spawner does (``--max-per-owner 0`` for none);
 * refusals happen naturally: a model runs out, large requests find no host with
@@ -170,6 +171,7 @@ class Workload:
         model_weight = {m: w for m, _, w in MODELS}
         self.model_weights = [model_weight.get(m, 1.0) for m in self.models]
         self.hosts = sorted({g.host for g in gpus})
+        self.host_model = {g.host: g.model for g in gpus}
         self.users = [f"user{u:05d}" for u in range(users)]
         self.sizes = [s for s, _ in SIZES]
         self.size_weights = [w for _, w in SIZES]
@@ -181,13 +183,18 @@ class Workload:
         model = None if rng.random() < ANY_MODEL else rng.choices(self.models, self.model_weights)[0]
         count = rng.choices(self.sizes, self.size_weights)[0]
         host = rng.choice(self.hosts) if rng.random() < PINNED else None
-        # A few heavy users, a long tail: owners by a power law over the population.
-        owner = self.users[int(len(self.users) * rng.random() ** 2.5)]
+        if host is not None and model is not None and rng.random() < 0.9:
+            model = self.host_model[host]  # mostly a user who knows what the host has
+        # Some users far busier than others: owners drawn with a power-law skew
+        # (the busiest of 5000 gets ~0.3 % of requests; the form keeps users
+        # within their limit, so limit refusals stay a small share).
+        owner = self.users[int(len(self.users) * rng.random() ** 1.5)]
         return f"{owner}/srv{self.serial}", Request(model=model, count=count, host=host, owner=owner)
 
 
 REASONS = [
-    ("per-user limit", ("per user",)),
+    ("per-user limit", ("per user", "your limit still allows")),
+    ("pinned host lacks it", ("of that model",)),
     ("model none free", ("is free right now",)),
     ("no single host has room", ("free on any single host",)),
     ("never fits one host", ("no host has more than",)),

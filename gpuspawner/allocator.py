@@ -109,11 +109,27 @@ class ModelSummary:
 
 @dataclass
 class _ModelIndex:
-    """Per model: each host's free devices, and hosts bucketed by free count."""
+    """Per model: each host's free devices, hosts bucketed by free count (only
+    available hosts), and the counts a summary needs, all kept up to date."""
 
     free: dict[str, list[GPU]] = field(default_factory=dict)  # host -> free, by index
     total: dict[str, int] = field(default_factory=dict)  # host -> devices
     buckets: list[list[str]] = field(default_factory=lambda: [[]])  # n -> sorted hosts
+    memory_mib: int = 0
+    devices: int = 0
+    smallest_host: int = 0  # fewest devices of this model on one host
+    free_available: int = 0  # free devices on available hosts
+    unavailable: int = 0  # devices on unavailable hosts
+
+    @property
+    def biggest_host(self) -> int:  # most devices of this model on one host
+        return len(self.buckets) - 1
+
+    def largest_block(self) -> int:
+        for n in range(len(self.buckets) - 1, 0, -1):
+            if self.buckets[n]:
+                return n
+        return 0
 
 
 class Allocator:
@@ -129,7 +145,8 @@ class Allocator:
         self._holders: dict[str, Allocation] = {}
         self._held: dict[str, str] = {}  # uuid -> holder
         self._owned: dict[str, int] = {}  # owner -> devices held, kept for O(1) limit checks
-        self._index: dict[str, _ModelIndex] = {}
+        self._index: dict[str, _ModelIndex] = {}  # by model name
+        self._hosts: list[str] = []  # sorted
         self.set_inventory(gpus)
 
     # -- state changes from outside --------------------------------------
@@ -141,27 +158,53 @@ class Allocator:
             self._reindex()
 
     def set_available_hosts(self, hosts: Iterable[str] | None) -> None:
-        """Only these hosts may be chosen (None: all). Cheap when unchanged."""
+        """Only these hosts may be chosen (None: all). Only the hosts whose
+        availability changed are touched."""
         new = None if hosts is None else set(hosts)
         with self._lock:
-            if new != self._available:
-                self._available = new
-                self._reindex()
+            if new == self._available:
+                return
+            before = {h: self._is_available(h) for h in self._hosts}
+            self._available = new
+            for host, was in before.items():
+                if self._is_available(host) != was:
+                    self._set_host_available(host, not was)
+
+    def _set_host_available(self, host: str, available: bool) -> None:
+        sign = 1 if available else -1
+        for mi in self._index.values():
+            if host not in mi.total:
+                continue
+            n = len(mi.free[host])
+            if available:
+                bisect.insort(mi.buckets[n], host)
+            else:
+                bucket = mi.buckets[n]
+                del bucket[bisect.bisect_left(bucket, host)]
+            mi.free_available += sign * n
+            mi.unavailable -= sign * mi.total[host]
 
     def _reindex(self) -> None:
         index: dict[str, _ModelIndex] = {}
         for gpu in sorted(self._gpus.values()):
             mi = index.setdefault(gpu.model, _ModelIndex())
             mi.total[gpu.host] = mi.total.get(gpu.host, 0) + 1
+            mi.memory_mib = max(mi.memory_mib, gpu.memory_mib)
+            mi.devices += 1
             free = mi.free.setdefault(gpu.host, [])
             if gpu.uuid not in self._held:
                 free.append(gpu)
         for mi in index.values():
             mi.buckets = [[] for _ in range(max(mi.total.values()) + 1)]
+            mi.smallest_host = min(mi.total.values())
             for host in sorted(mi.free):
                 if self._is_available(host):
                     mi.buckets[len(mi.free[host])].append(host)
-        self._index = index
+                    mi.free_available += len(mi.free[host])
+                else:
+                    mi.unavailable += mi.total[host]
+        self._index = dict(sorted(index.items()))
+        self._hosts = sorted({g.host for g in self._gpus.values()})
 
     def _is_available(self, host: str) -> bool:
         return self._available is None or host in self._available
@@ -189,16 +232,11 @@ class Allocator:
                     raise AllocationRefused(
                         f"{count} GPUs requested, but the limit is {max_per_owner} per user", retry=False
                     )
-                if count != ALL and count > room:
-                    raise AllocationRefused(
-                        f"{count} GPU(s) requested, but the limit is {max_per_owner} per user"
-                        f" and you already hold {held} on other servers",
-                        retry=True,
-                    )
-            models = [request.model] if request.model is not None else sorted(self._index)
-            found = self._choose(models, count, request.host, room)
+            models = [request.model] if request.model is not None else list(self._index)
+            over_room = room is not None and count != ALL and count > room
+            found = None if over_room else self._choose(models, count, request.host, room)
             if found is None:
-                raise self._refusal(request, room)
+                raise self._refusal(request, max_per_owner, room)
             model, host = found
             mi = self._index[model]
             free = mi.free[host]
@@ -252,13 +290,16 @@ class Allocator:
 
     def _record(self, alloc: Allocation) -> None:
         self._holders[alloc.holder] = alloc
-        self._owned[alloc.owner] = self._owned.get(alloc.owner, 0) + len(alloc.devices)
+        if alloc.devices:
+            self._owned[alloc.owner] = self._owned.get(alloc.owner, 0) + len(alloc.devices)
         for d in alloc.devices:
             self._held[d.uuid] = alloc.holder
 
     def _move(self, mi: _ModelIndex, host: str, old: int, new: int) -> None:
+        """The host's free count of this model went from old to new."""
         if old == new or not self._is_available(host):
             return
+        mi.free_available += new - old
         bucket = mi.buckets[old]
         del bucket[bisect.bisect_left(bucket, host)]
         bisect.insort(mi.buckets[new], host)
@@ -269,11 +310,11 @@ class Allocator:
             alloc = self._holders.pop(holder, None)
             if alloc is None:
                 return None
-            left = self._owned[alloc.owner] - len(alloc.devices)
-            if left:
+            left = self._owned.get(alloc.owner, 0) - len(alloc.devices)
+            if left > 0:
                 self._owned[alloc.owner] = left
             else:
-                del self._owned[alloc.owner]
+                self._owned.pop(alloc.owner, None)
             for d in alloc.devices:
                 if self._held.get(d.uuid) != holder:
                     continue
@@ -314,7 +355,11 @@ class Allocator:
             self.release(holder)
             alloc = Allocation(holder=holder, owner=owner, host=host, devices=tuple(devices))
             self._record(alloc)
-            self._reindex()
+            for gpu in devices:  # out of the free lists, as allocate() would
+                mi = self._index[gpu.model]
+                free = mi.free[gpu.host]
+                del free[bisect.bisect_left(free, gpu)]
+                self._move(mi, gpu.host, len(free) + 1, len(free))
             return alloc, problems
 
     # -- views ---------------------------------------------------------------
@@ -332,62 +377,59 @@ class Allocator:
     def summary(self) -> list[ModelSummary]:
         """Per model, by name: free and total counts, largest block on one host."""
         with self._lock:
-            out = []
-            for model, mi in sorted(self._index.items()):
-                avail_free = [len(f) for h, f in mi.free.items() if self._is_available(h)]
-                unavailable = sum(n for h, n in mi.total.items() if not self._is_available(h))
-                memory = max(g.memory_mib for g in self._gpus.values() if g.model == model)
-                out.append(
-                    ModelSummary(
-                        model=model,
-                        memory_mib=memory,
-                        total=sum(mi.total.values()),
-                        free=sum(avail_free),
-                        largest_block=max(avail_free, default=0),
-                        unavailable=unavailable,
-                    )
+            return [
+                ModelSummary(
+                    model=model,
+                    memory_mib=mi.memory_mib,
+                    total=mi.devices,
+                    free=mi.free_available,
+                    largest_block=mi.largest_block(),
+                    unavailable=mi.unavailable,
                 )
-            return out
+                for model, mi in self._index.items()
+            ]
 
     def hosts(self) -> list[str]:
-        return sorted({g.host for g in self._gpus.values()})
+        return list(self._hosts)
 
     # -- refusals ------------------------------------------------------------
 
-    def _refusal(self, request: Request, room: int | None) -> AllocationRefused:
+    def _refusal(self, request: Request, limit: int | None, room: int | None) -> AllocationRefused:
         """Why nothing fits, in words a user can act on. Requests that can never
-        fit as asked (retry=False) are told apart from those that wait for capacity."""
+        fit as asked (retry=False) are told apart from those that wait for capacity.
+        ``limit``: the per-owner maximum; ``room``: what of it the owner has left."""
         summaries = {s.model: s for s in self.summary()}
         host, count = request.host, request.count
         what = request.model or "GPU"
         asked = "All GPUs of one host" if count == ALL else f"{count} × {what}"
         relevant = [request.model] if request.model else list(summaries)
         if host is not None:
-            if host not in self.hosts():
+            if host not in self._hosts:
                 return AllocationRefused(
-                    f"{host} is not a GPU host; choose one of: {', '.join(self.hosts())}", retry=False
+                    f"{host} is not a GPU host; choose one of: {', '.join(self._hosts)}", retry=False
                 )
             has = max((self._index[m].total.get(host, 0) for m in relevant), default=0)
             if has == 0 or (count != ALL and count > has):
                 return AllocationRefused(f"{asked} requested on {host}, which has {has} of that model", retry=False)
+            if count == ALL and limit is not None and has > room:
+                return self._over_limit(f"All {has} GPUs of {host} requested", has, limit, room)
             if not self._is_available(host):
                 return AllocationRefused(
                     f"{host} is not available right now (it is down, drained or paused)", retry=True
                 )
-        biggest_host = max(max(self._index[m].total.values()) for m in relevant)
+        biggest_host = max(self._index[m].biggest_host for m in relevant)
         if count != ALL and count > biggest_host:
             return AllocationRefused(
                 f"{asked} requested, but no host has more than {biggest_host}"
                 f"{'' if request.model else ' of one model'}",
                 retry=False,
             )
-        if count == ALL and room is not None:
-            smallest = min(min(self._index[m].total.values()) for m in relevant)
+        if count != ALL and limit is not None and count > room:
+            return self._over_limit(f"{count} GPU(s) requested", count, limit, room)
+        if count == ALL and limit is not None:
+            smallest = min(self._index[m].smallest_host for m in relevant)
             if smallest > room:
-                return AllocationRefused(
-                    f"{asked} requested, but each host has more than the {room} GPU(s) your limit still allows",
-                    retry=False,
-                )
+                return self._over_limit(f"{asked} requested (at least {smallest})", smallest, limit, room)
         free = sum(summaries[m].free for m in relevant)
         total = sum(summaries[m].total for m in relevant)
         if free == 0:
@@ -402,5 +444,16 @@ class Allocator:
         block = max(summaries[m].largest_block for m in relevant)
         return AllocationRefused(
             f"{asked} requested, at most {block} free on any single host ({free} free in total)",
+            retry=True,
+        )
+
+    @staticmethod
+    def _over_limit(asked: str, need: int, limit: int, room: int) -> AllocationRefused:
+        """A whole host's GPUs would exceed the per-owner limit: never, or not
+        until the owner's other servers stop."""
+        if need > limit:
+            return AllocationRefused(f"{asked}, but the limit is {limit} per user", retry=False)
+        return AllocationRefused(
+            f"{asked}, but the limit is {limit} per user and you already hold {limit - room} on other servers",
             retry=True,
         )

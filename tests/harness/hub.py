@@ -99,7 +99,18 @@ class Hub:
         except subprocess.TimeoutExpired:
             self._kill_group(signal.SIGKILL)
             self.proc.wait(10)
-        self._kill_group(signal.SIGTERM)  # a proxy left behind
+        self._stop_proxy()
+
+    def _stop_proxy(self) -> None:
+        """The hub leaves its proxy running (cleanup_proxy = False, so routes
+        survive a hub restart); stop it from its pid file."""
+        pid_file = self.state_dir / "jupyterhub-proxy.pid"
+        try:
+            pid = int(pid_file.read_text().strip())
+            os.kill(pid, signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+        pid_file.unlink(missing_ok=True)
 
     def _kill_group(self, sig: int) -> None:
         if self.proc is None:

@@ -47,11 +47,15 @@ Files:
   changed harness recreates the cluster), ``daemon.json`` (an empty dockerd config, so
   that /etc/docker/daemon.json is never read), ``resolv.conf``, ``nodes/<name>/`` data
   roots and ``logs/<name>.log`` (the dockerd logs; kept after ``down``
-  for post-mortems, overwritten on the next start).
+  for post-mortems, overwritten on the next start; when a bring-up attempt failed and
+  was retried, that attempt's logs are ``logs/<name>.attempt<N>.log``).
 * ``run_dir`` (default ``/run/gpuspawner-swarm``, env ``GPUSPAWNER_SWARM_RUN_DIR``; when a
   non-default ``state_dir`` is given, ``<state_dir>/run``): ``<name>.sock`` (the API
   sockets), ``<name>.pid`` and ``<name>/`` exec roots (containerd's socket lives there).
 * ``/run/lock/gpuspawner-swarm.lock``: serializes ``up``/``down`` between processes.
+* ``/run/lock/gpuspawner-swarm.users.lock``: test sessions sharing the cluster (see
+  ``use_shared``, ``exclusive_use`` and ``down_if_unused``): one session neither tears
+  the cluster down nor rebuilds it while another one uses it.
 
 ``<name>`` is ``manager`` for the manager and the hostname for a worker.
 
@@ -113,12 +117,15 @@ __all__ = [
     "Node",
     "build_busybox_rootfs",
     "down",
+    "down_if_unused",
     "ensure_test_image",
+    "exclusive_use",
     "import_image",
     "load",
     "status",
     "unavailable_reason",
     "up",
+    "use_shared",
 ]
 
 DEFAULT_WORKERS: tuple[str, ...] = ("gpu-a", "gpu-b")
@@ -147,10 +154,16 @@ API_VERSION = "v1.41"  # docker.io 20.10
 # Timeouts (seconds). Every wait in this module is bounded.
 DAEMON_START_TIMEOUT = 60.0
 DAEMON_STOP_GRACE = 15.0
-DAEMON_KILL_WAIT = 10.0
+DAEMON_KILL_WAIT = 30.0  # a SIGKILLed process in uninterruptible I/O takes a while on a busy machine
 JOIN_TIMEOUT = 60.0
 READY_TIMEOUT = 60.0
 API_TIMEOUT = 30.0
+# A daemon that is up answers /_ping at once, even on a loaded machine; one that is dead
+# refuses the connection (or its socket is gone) at once. Only a daemon that is up but
+# starved of CPU needs the time, so a generous timeout costs nothing when it is dead.
+HEALTH_PING_TIMEOUT = 10.0
+NODE_HOSTNAME_TIMEOUT = 30.0  # hostname_of(): a node that just joined has no description yet
+BRINGUP_ATTEMPTS = 2  # a bring-up that fails for an environmental reason is retried once, from scratch
 IMPORT_TIMEOUT = 120.0
 CMD_TIMEOUT = 30.0
 
@@ -227,9 +240,13 @@ class Cluster:
         """``docker.DockerClient`` for a node's daemon (default: the manager)."""
         return self.node(hostname).client(timeout=timeout)
 
-    def hostname_of(self, node_id: str) -> str:
-        """Swarm node ID -> hostname."""
-        return self.manager.api().get(f"/nodes/{node_id}")["Description"]["Hostname"]
+    def hostname_of(self, node_id: str, timeout: float = NODE_HOSTNAME_TIMEOUT) -> str:
+        """Swarm node ID -> hostname.
+
+        A node that has just joined is listed before its agent has reported its
+        description: wait (at most ``timeout`` s) for the hostname. An ID the swarm does
+        not know (any more) raises ``HarnessError``."""
+        return _wait_node_hostname(self.manager.api(), node_id, timeout)
 
     def env(self) -> dict[str, str]:
         """Environment for the docker CLI / SDK pointing at the manager."""
@@ -402,6 +419,29 @@ class DockerAPI:
             return self.request("GET", "/_ping", timeout=timeout) == "OK"
         except (OSError, http.client.HTTPException, DockerAPIError):
             return False
+
+
+def _node_hostname(node: dict[str, Any]) -> str | None:
+    """Hostname of a swarm node object; None while the node hasn't reported it yet."""
+    return ((node.get("Description") or {}).get("Hostname")) or None
+
+
+def _wait_node_hostname(api: DockerAPI, node_id: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            node = api.get(f"/nodes/{urllib.parse.quote(node_id, safe='')}")
+        except DockerAPIError as e:
+            if e.status == 404:
+                raise HarnessError(f"swarm node {node_id} is not in the swarm (any more): {e.message}") from e
+            raise
+        host = _node_hostname(node)
+        if host:
+            return host
+        if time.monotonic() >= deadline:
+            state = (node.get("Status") or {}).get("State", "unknown")
+            raise HarnessError(f"swarm node {node_id} ({state}) did not report its hostname within {timeout:.0f}s")
+        time.sleep(0.2)
 
 
 # --------------------------------------------------------------------------------------
@@ -945,31 +985,45 @@ def _swarm_join(lay: _Layout, node: Node, token: str) -> None:
             },
             timeout=JOIN_TIMEOUT,
         )
-    except (OSError, http.client.HTTPException, DockerAPIError) as e:
+    except DockerAPIError as e:
+        if "continue in the background" in e.message:
+            # dockerd gives up waiting for the join after 20 s (slow on a busy machine) but
+            # keeps joining; _wait_ready waits for the node to show up Ready.
+            _progress(f"{node.hostname}: join still in progress in the background")
+            return
+        log = lay.log(_daemon_name(node))
+        raise HarnessError(f"{node.hostname} could not join the swarm: {e}; log {log}:\n{_log_tail(log)}") from e
+    except (OSError, http.client.HTTPException) as e:
         log = lay.log(_daemon_name(node))
         raise HarnessError(f"{node.hostname} could not join the swarm: {e}; log {log}:\n{_log_tail(log)}") from e
 
 
-def _node_problems(cluster: Cluster) -> list[str]:
+def _node_problems(cluster: Cluster, timeout: float = 10.0) -> list[str]:
     """Why the swarm's node list doesn't match the cluster (empty list: all Ready)."""
     try:
-        nodes = cluster.manager.api(timeout=5).get("/nodes")
+        nodes = cluster.manager.api(timeout=timeout).get("/nodes")
     except (OSError, http.client.HTTPException, DockerAPIError) as e:
         return [f"manager: {e}"]
     problems = []
     seen = {}
     for n in nodes:
-        host = n["Description"]["Hostname"]
+        state = (n.get("Status") or {}).get("State", "unknown")
+        host = _node_hostname(n)
+        if host is None:
+            # A node that has just joined is in the list before its agent has reported
+            # its description (hostname, ...): not ready yet, not an error.
+            problems.append(f"node {n.get('ID', '?')[:12]} ({state}) has not reported its hostname yet")
+            continue
         seen[host] = n
         want = cluster.nodes.get(host)
-        state = n["Status"]["State"]
         if want is None:
             problems.append(f"unexpected node {host} ({state})")
             continue
         if state != "ready":
             problems.append(f"{host} is {state}")
-        if n["Spec"]["Role"] != want.role:
-            problems.append(f"{host} has role {n['Spec']['Role']}, expected {want.role}")
+        role = (n.get("Spec") or {}).get("Role")
+        if role != want.role:
+            problems.append(f"{host} has role {role}, expected {want.role}")
     for host in cluster.nodes:
         if host not in seen:
             problems.append(f"{host} not in swarm")
@@ -1204,6 +1258,105 @@ def _lock(timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------------------
+# Sharing the cluster between test sessions
+# --------------------------------------------------------------------------------------
+
+# Several test sessions on one machine (two developers, or a session started while another
+# runs) share the one cluster. A session holds a shared lock on USERS_LOCK_FILE while it
+# uses the cluster; what would pull the cluster from under another session (tearing it
+# down at the end of a session, deliberately crashing and rebuilding it in a test) needs
+# the lock exclusively. The kernel drops the lock when the process dies, so a killed
+# session leaves nothing stale behind.
+USERS_LOCK_FILE = LOCK_FILE.with_name("gpuspawner-swarm.users.lock")
+EXCLUSIVE_USE_TIMEOUT = 900.0
+
+# flock() locks belong to an open file: this process must use one, or it would wait for itself.
+_users_file: io.TextIOWrapper | None = None
+_users_mode = fcntl.LOCK_UN
+
+
+def _users_lock(mode: int, timeout: float, what: str) -> None:
+    """Take USERS_LOCK_FILE in ``mode`` (LOCK_SH or LOCK_EX), waiting at most ``timeout`` s.
+
+    Converting a held lock is not atomic: while it waits, this process holds no lock."""
+    global _users_file, _users_mode
+    if _users_mode == mode:
+        return
+    if _users_file is None:
+        _users_file = open(USERS_LOCK_FILE, "a")  # noqa: SIM115 - kept open for the process's life
+    deadline = time.monotonic() + timeout
+    said = False
+    while True:
+        try:
+            fcntl.flock(_users_file, mode | fcntl.LOCK_NB)
+            _users_mode = mode
+            return
+        except BlockingIOError:
+            _users_mode = fcntl.LOCK_UN  # a failed conversion has dropped the old lock
+            if time.monotonic() >= deadline:
+                raise HarnessError(
+                    f"{what}: other processes kept using the test swarm (lock {USERS_LOCK_FILE}) for "
+                    f"more than {timeout:.0f}s"
+                ) from None
+            if not said:
+                _progress(f"{what}: waiting for other test sessions to finish with the swarm")
+                said = True
+            time.sleep(0.5)
+
+
+def _users_unlock() -> None:
+    global _users_mode
+    if _users_file is not None:
+        fcntl.flock(_users_file, fcntl.LOCK_UN)
+    _users_mode = fcntl.LOCK_UN
+
+
+def use_shared(timeout: float = LOCK_TIMEOUT) -> None:
+    """Mark this process as a user of the cluster, until ``down_if_unused`` or its exit.
+
+    Waits only while another process uses the cluster exclusively (a rebuild or a
+    ``down_if_unused``)."""
+    _users_lock(fcntl.LOCK_SH, timeout, "using the swarm")
+
+
+@contextlib.contextmanager
+def exclusive_use(
+    workers: Sequence[str] = DEFAULT_WORKERS,
+    state_dir: Path | str | None = None,
+    run_dir: Path | str | None = None,
+    timeout: float = EXCLUSIVE_USE_TIMEOUT,
+) -> Iterator[Cluster]:
+    """For a test that breaks the cluster on purpose: wait until no other process uses
+    it, make sure it is up (another session may have taken it down meanwhile), and keep
+    other sessions out until the block ends. Then back to shared use."""
+    had = _users_mode
+    _users_lock(fcntl.LOCK_EX, timeout, "exclusive use of the swarm")
+    try:
+        yield up(workers, state_dir, run_dir)
+    finally:
+        if had == fcntl.LOCK_SH:
+            _users_lock(fcntl.LOCK_SH, LOCK_TIMEOUT, "using the swarm")
+        else:
+            _users_unlock()
+
+
+def down_if_unused(state_dir: Path | str | None = None, run_dir: Path | str | None = None) -> bool:
+    """End this process's use of the cluster and tear it down unless another process
+    still uses it (then it stays up for that one, whose own end takes it down).
+    Returns whether it was torn down."""
+    _users_unlock()
+    try:
+        _users_lock(fcntl.LOCK_EX, 0, "down")
+    except HarnessError:
+        return False
+    try:
+        down(state_dir, run_dir)
+    finally:
+        _users_unlock()
+    return True
+
+
+# --------------------------------------------------------------------------------------
 # State file
 # --------------------------------------------------------------------------------------
 
@@ -1251,13 +1404,13 @@ def _health_problems(lay: _Layout, cluster: Cluster) -> list[str]:
     for node in cluster.nodes.values():
         if node.netns and node.netns not in netns:
             problems.append(f"netns {node.netns} missing")
-        if not node.api().ping():
+        if not node.api().ping(timeout=HEALTH_PING_TIMEOUT):
             problems.append(f"dockerd for {node.hostname} not answering on {node.docker_url}")
     if problems:
         return problems
     for node in cluster.nodes.values():
         try:
-            info = node.api(timeout=5).get("/info")
+            info = node.api().get("/info")
         except (OSError, http.client.HTTPException, DockerAPIError) as e:
             problems.append(f"{node.hostname}: {e}")
             continue
@@ -1312,18 +1465,53 @@ def _up_locked(lay: _Layout, wanted: Cluster) -> Cluster:
 
     # Whatever is there gets replaced, so no need for a graceful stop.
     _teardown(lay, graceful=False)
-    try:
-        _create(lay, wanted)
-    except BaseException:
-        # Don't leave daemons and namespaces behind (the logs stay).
-        _progress("bring-up failed, cleaning up; dockerd logs are in " + str(lay.logs_dir))
+    for old_log in lay.logs_dir.glob("*.attempt*.log") if lay.logs_dir.is_dir() else ():
+        old_log.unlink(missing_ok=True)
+    failures: list[str] = []
+    for attempt in range(1, BRINGUP_ATTEMPTS + 1):
         try:
-            _teardown(lay, graceful=False)
-        except Exception as e:  # noqa: BLE001 - the original error matters more
-            _progress(f"cleanup after the failed bring-up failed too: {e}")
-        raise
+            _create(lay, wanted)
+            break
+        except (HarnessError, OSError, http.client.HTTPException) as e:
+            # Environmental failures (a daemon that died or did not answer in time, ...)
+            # get one more try from scratch. Anything else (a bug here) fails at once.
+            first_line = (str(e).splitlines() or [""])[0] or type(e).__name__
+            failures.append(f"attempt {attempt}: {first_line}")
+            last = attempt == BRINGUP_ATTEMPTS
+            _progress(
+                f"bring-up attempt {attempt}/{BRINGUP_ATTEMPTS} failed ({first_line}); "
+                + ("cleaning up" if last else "tearing down and retrying from scratch")
+                + "; dockerd logs are in " + str(lay.logs_dir)
+            )
+            cleaned = _cleanup_failed_bringup(lay)
+            if last or not cleaned:
+                if len(failures) > 1 and hasattr(e, "add_note"):
+                    e.add_note("earlier bring-up attempts failed too: " + "; ".join(failures[:-1]))
+                raise
+            _keep_logs_of_attempt(lay, attempt)
+        except BaseException:
+            _progress("bring-up failed, cleaning up; dockerd logs are in " + str(lay.logs_dir))
+            _cleanup_failed_bringup(lay)
+            raise
     _progress(f"cluster up ({time.monotonic() - t0:.1f}s)")
     return wanted
+
+
+def _cleanup_failed_bringup(lay: _Layout) -> bool:
+    """Don't leave daemons and namespaces behind (the logs stay); False if that failed."""
+    try:
+        _teardown(lay, graceful=False)
+    except Exception as e:  # noqa: BLE001 - the original error matters more
+        _progress(f"cleanup after the failed bring-up failed too: {e}")
+        return False
+    return True
+
+
+def _keep_logs_of_attempt(lay: _Layout, attempt: int) -> None:
+    """logs/<name>.log -> logs/<name>.attempt<N>.log, before the next attempt overwrites them."""
+    for log in lay.logs_dir.glob("*.log") if lay.logs_dir.is_dir() else ():
+        if ".attempt" not in log.name:
+            log.replace(log.with_name(f"{log.stem}.attempt{attempt}.log"))
 
 
 def _create(lay: _Layout, cluster: Cluster) -> None:

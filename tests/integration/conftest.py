@@ -9,6 +9,9 @@ the end. Environment:
 
 Outside CI the tests are skipped only when this machine cannot run a swarm at all (not
 root, no dockerd, ...). A cluster that fails to come up is always an error.
+
+Several sessions on one machine share the cluster: the last one to finish tears it down,
+and a test that breaks it on purpose waits until it has it to itself.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ def swarm():
 
     t0 = time.monotonic()
     try:
+        # Other test sessions on this machine share the cluster: this one's use of it keeps
+        # them from tearing it down or rebuilding it meanwhile (and the other way round).
+        harness.use_shared()
         cluster = harness.up()
     except harness.HarnessError as e:
         pytest.fail(f"the test swarm did not come up:\n{e}", pytrace=False)
@@ -47,4 +53,5 @@ def swarm():
     if _env_flag("GPUSPAWNER_KEEP_SWARM"):
         print(f"\nGPUSPAWNER_KEEP_SWARM set: leaving the test swarm up ({cluster.manager_url})")
         return
-    harness.down(cluster.state_dir, cluster.run_dir)
+    if not harness.down_if_unused(cluster.state_dir, cluster.run_dir):
+        print(f"\nanother test session still uses the test swarm: leaving it up ({cluster.manager_url})")

@@ -8,11 +8,9 @@ rejected) or a constraint no node meets (the task waits until the timeout).
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from tests.harness.hub import Hub, free_port_block
+from tests.integration.support import hub_on, services_of, wait_until
 
 A100 = "NVIDIA A100 80GB PCIe"
 
@@ -33,28 +31,12 @@ c.Spawner.pre_spawn_hook = _break_some
 
 @pytest.fixture(scope="module")
 def hub(swarm, tmp_path_factory):
-    h = Hub(
-        tmp_path_factory.mktemp("hub-progress"),
-        port=free_port_block(18400),
-        extra_config=EXTRA_CONFIG,
-        env={"GPUSPAWNER_DOCKER_URL": swarm.manager_url},
-    )
-    h.start()
-    yield h
-    h.stop()
-    for service in swarm.client().services.list(filters={"label": "gpuspawner.devices"}):
-        service.remove()
+    with hub_on(swarm, tmp_path_factory.mktemp("hub-progress"), 18400, EXTRA_CONFIG) as h:
+        yield h
 
 
-def services_of(swarm, user):
-    return swarm.client().services.list(filters={"label": f"gpuspawner.user={user}"})
-
-
-def wait_gone(hub: Hub, user: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while hub.server_model(user) is not None:
-        assert time.monotonic() < deadline, f"{user}'s failed server still listed"
-        time.sleep(0.2)
+def wait_gone(hub, user: str) -> None:
+    wait_until(lambda: hub.server_model(user) is None, f"{user}'s failed server still listed")
 
 
 def test_progress_shows_the_real_steps(hub, swarm):
@@ -103,10 +85,7 @@ def test_a_server_that_dies_gives_its_gpus_back(hub, swarm):
     container.kill()
     # The hub's poll sees it dead, stops the server and removes the service...
     wait_gone(hub, "pete")
-    deadline = time.monotonic() + 30
-    while services_of(swarm, "pete"):
-        assert time.monotonic() < deadline, "the dead server's service was not removed"
-        time.sleep(0.2)
+    wait_until(lambda: not services_of(swarm, "pete"), "the dead server's service was not removed")
     # ...and swarm did not restart it on its own: both A100s are free again.
     r = hub.spawn("olga", {"gpu_model": A100, "gpu_count": 2})
     assert r.status_code == 202, r.text

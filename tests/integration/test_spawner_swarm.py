@@ -10,13 +10,13 @@ from __future__ import annotations
 import re
 import signal
 import threading
-from pathlib import Path
 
 import pytest
 import requests
 import yaml
 
-from tests.harness.hub import REPO, Hub, free_port_block
+from tests.harness.hub import REPO, Hub
+from tests.integration.support import hub_on, services_of, spawn_ready
 
 A100 = "NVIDIA A100 80GB PCIe"
 GTX = "NVIDIA GeForce GTX 1070"
@@ -26,16 +26,8 @@ UUIDS = {host: [d["uuid"] for d in devices] for host, devices in INVENTORY.items
 
 @pytest.fixture(scope="module")
 def hub(swarm, tmp_path_factory):
-    h = Hub(tmp_path_factory.mktemp("hub"), port=free_port_block(), env={"GPUSPAWNER_DOCKER_URL": swarm.manager_url})
-    h.start()
-    yield h
-    h.stop()
-    for service in swarm.client().services.list(filters={"label": "gpuspawner.devices"}):
-        service.remove()
-
-
-def services_of(swarm, user: str) -> list:
-    return swarm.client().services.list(filters={"label": f"gpuspawner.user={user}"})
+    with hub_on(swarm, tmp_path_factory.mktemp("hub")) as h:
+        yield h
 
 
 def running_node(swarm, service) -> str:
@@ -51,12 +43,6 @@ def container_env(swarm, node: str, service) -> dict[str, str]:
     assert len(containers) == 1
     out = containers[0].exec_run(["env"]).output.decode()
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-
-
-def spawn_ready(hub: Hub, user: str, options: dict) -> None:
-    r = hub.spawn(user, options)
-    assert r.status_code in (201, 202), r.text
-    hub.wait_ready(user)
 
 
 def test_model_request_lands_on_its_node_with_its_uuids(hub, swarm):

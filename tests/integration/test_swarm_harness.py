@@ -67,13 +67,20 @@ def _connection_refused(addr: str, port: int) -> bool:
         return True
 
 
-def _running(pid: int) -> bool:
-    """The process exists and is not a zombie (killed daemons are reaped by init, later)."""
+def _proc_identity(pid: int) -> tuple[int, str] | None:
+    """(pid, start time) of a live process (not a zombie), else None. The start time tells a
+    process from a later one that got the same pid (pids wrap quickly on a busy machine)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1][0] not in "ZX"
-    except FileNotFoundError:
-        return False
+            fields = f.read().rsplit(") ", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None if fields[0] in "ZX" else (pid, fields[19])
+
+
+def _running(identity: tuple[int, str] | None) -> bool:
+    """That very process still exists and is not a zombie (killed daemons are reaped by init, later)."""
+    return identity is not None and _proc_identity(identity[0]) == identity
 
 
 @pytest.fixture
@@ -204,30 +211,38 @@ def test_up_again_reuses_the_running_cluster(swarm, client):
 
 def test_up_recreates_a_cluster_whose_worker_crashed(swarm, client, services):
     """Kill -9 a worker's dockerd under a running task: up() must clean up and rebuild."""
-    service = _httpd_service(services, "gpu-a", 18083)
-    task = _wait_running_task(service)
-    container_pid = task["Status"]["ContainerStatus"]["PID"]
-    assert container_pid > 0
-    _wait_http("http://10.213.77.2:18083/", timeout=30)
-    old_swarm_id = client.swarm.attrs["ID"]
+    # This breaks the cluster on purpose: wait until no other test session on this machine
+    # uses it, and keep them out until it is rebuilt.
+    with harness.exclusive_use(WORKERS, swarm.state_dir, swarm.run_dir) as cluster:
+        assert cluster == swarm
+        service = _httpd_service(services, "gpu-a", 18083)
+        task = _wait_running_task(service)
+        container_pid = task["Status"]["ContainerStatus"]["PID"]
+        assert container_pid > 0
+        container_proc = _proc_identity(container_pid)
+        assert container_proc is not None, f"container process {container_pid} not found"
+        _wait_http("http://10.213.77.2:18083/", timeout=30)
+        old_swarm_id = client.swarm.attrs["ID"]
 
-    dockerd_pid = int((swarm.run_dir / "gpu-a.pid").read_text())
-    os.kill(dockerd_pid, signal.SIGKILL)
-    cluster, problems = harness.status(swarm.state_dir, swarm.run_dir)
-    assert cluster == swarm
-    assert problems, "status() did not notice the dead dockerd"
+        dockerd_pid = int((swarm.run_dir / "gpu-a.pid").read_text())
+        dockerd_proc = _proc_identity(dockerd_pid)
+        assert dockerd_proc is not None, f"gpu-a's dockerd {dockerd_pid} not found"
+        os.kill(dockerd_pid, signal.SIGKILL)
+        cluster, problems = harness.status(swarm.state_dir, swarm.run_dir)
+        assert cluster == swarm
+        assert problems, "status() did not notice the dead dockerd"
 
-    rebuilt = harness.up(WORKERS, swarm.state_dir, swarm.run_dir)
-    assert rebuilt == swarm
-    _, problems = harness.status(swarm.state_dir, swarm.run_dir)
-    assert problems == []
-    # A fresh swarm, and nothing left of the old one's processes.
-    fresh = swarm.client()
-    try:
-        assert fresh.swarm.attrs["ID"] != old_swarm_id
-        assert fresh.services.list() == []
-    finally:
-        fresh.close()
-    assert not _running(container_pid), "container process of the old cluster survived"
-    assert not _running(dockerd_pid)
-    assert _connection_refused("10.213.77.2", 18083)
+        rebuilt = harness.up(WORKERS, swarm.state_dir, swarm.run_dir)
+        assert rebuilt == swarm
+        _, problems = harness.status(swarm.state_dir, swarm.run_dir)
+        assert problems == []
+        # A fresh swarm, and nothing left of the old one's processes.
+        fresh = swarm.client()
+        try:
+            assert fresh.swarm.attrs["ID"] != old_swarm_id
+            assert fresh.services.list() == []
+        finally:
+            fresh.close()
+        assert not _running(container_proc), "container process of the old cluster survived"
+        assert not _running(dockerd_proc), "gpu-a's killed dockerd is still running"
+        assert _connection_refused("10.213.77.2", 18083)

@@ -254,7 +254,7 @@ def test_all_pinned_to_a_partly_used_host():
 def test_all_bounded_by_max_per_owner():
     alloc = Allocator(gpus({"a": 4}))
     e = refusal(alloc, Request(GTX, ALL, owner="alice"), max_per_owner=2)
-    assert e.message == "All GPUs of one host requested, but each host has more than the 2 GPU(s) your limit still allows"
+    assert e.message == "All GPUs of one host requested (at least 4), but the limit is 2 per user"
     assert e.status == 400
     assert e.status == 400
     assert len(alloc.allocate("s", Request(GTX, ALL, owner="alice"), max_per_owner=4).devices) == 4
@@ -596,3 +596,39 @@ def test_adopt_duplicate_uuid():
     alloc = Allocator(gpus({"a": 4}))
     got, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0", "GPU-a-0"])
     assert len(got.devices) == len(set(got.devices)) and alloc.held_by_owner("alice") == 1
+
+
+def test_release_of_an_adopted_holding_without_devices():
+    alloc = Allocator(gpus({"a": 2}))
+    got, problems = alloc.adopt("alice-old", "alice", "a", ["GPU-gone"])
+    assert got.devices == () and problems == ["GPU-gone is not in the inventory"]
+    alloc.allocate("alice-new", Request(GTX, 1, owner="alice"))
+    alloc.release("alice-new")
+    assert alloc.release("alice-old") == got
+    assert alloc.held_by_owner("alice") == 0
+
+
+def test_all_with_a_limit_waits_when_only_other_servers_are_in_the_way():
+    alloc = Allocator(gpus({"a": 1, "b": 1, "c": 1}))
+    alloc.allocate("alice-1", Request(GTX, 1, owner="alice"))
+    e = refusal(alloc, Request(GTX, ALL, owner="alice"), max_per_owner=1)
+    assert e.retry is True and "you already hold 1 on other servers" in e.message
+    alloc.release("alice-1")
+    assert len(alloc.allocate("alice-2", Request(GTX, ALL, owner="alice"), max_per_owner=1).devices) == 1
+
+
+def test_pinned_all_over_the_limit_is_never():
+    alloc = Allocator(gpus({"a": 2, "b": 1}))
+    e = refusal(alloc, Request(GTX, ALL, host="a", owner="carol"), max_per_owner=1)
+    assert e.retry is False and e.message == "All 2 GPUs of a requested, but the limit is 1 per user"
+
+
+def test_summary_follows_availability_changes_incrementally():
+    alloc = Allocator(gpus({"a": 2, "b": 3}))
+    alloc.allocate("s", Request(GTX, 1))  # pack: a
+    alloc.set_available_hosts(["a"])
+    (s,) = alloc.summary()
+    assert (s.total, s.free, s.largest_block, s.unavailable) == (5, 1, 1, 3)
+    alloc.set_available_hosts(None)
+    (s,) = alloc.summary()
+    assert (s.total, s.free, s.largest_block, s.unavailable) == (5, 4, 3, 0)

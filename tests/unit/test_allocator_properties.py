@@ -5,9 +5,8 @@ The reference model (``Reference``) keeps the holdings as plain data and answers
 every question by scanning every device; the allocator under test keeps indexes
 for speed. After every step they must agree.
 
-Known allocator bugs (each pinned by a strict-xfail test in test_allocator.py)
-are kept out of the random inputs or checks, see KNOWN_BUG_* below; drop an
-exclusion when its bug is fixed.
+A refusal's retry flag is checked both ways: retry=False exactly when brute
+force says the request can never be satisfied as asked.
 """
 
 from __future__ import annotations
@@ -29,19 +28,6 @@ HOSTNAMES = ["gpu-b", "gpu-a", "node-10", "node-02", "node-1", "x", "A-upper"]
 OWNERS = ["alice", "bob", "carol"]
 UNKNOWN_MODEL = "NVIDIA H100 80GB HBM3"
 UNKNOWN_HOST = "gpu-gone"
-
-# test_bug_any_model_tie_broken_by_hostname_then_model: for any-model requests the
-# allocator breaks a cross-model tie by model name before hostname. With this set,
-# such a choice is accepted when it has the best rank and is the hostname-first
-# pick within its own model.
-KNOWN_BUG_ANY_MODEL_TIEBREAK = True
-# test_bug_all_with_limit_uses_a_host_within_the_limit: count=ALL together with
-# max_per_owner is not generated.
-KNOWN_BUG_ALL_WITH_LIMIT = True
-# test_bug_pinned_never_satisfiable_is_400 and friends: a never-satisfiable request
-# may be refused with retry=True, so only "retry=False => never satisfiable" is
-# checked, not the converse.
-KNOWN_BUG_RETRY_ON_NEVER = True
 
 SETTINGS = settings(
     max_examples=80,
@@ -180,8 +166,6 @@ class AllocatorMachine(RuleBasedStateMachine):
                          label="host")
         owner = data.draw(st.sampled_from(OWNERS), label="owner")
         limit = data.draw(st.one_of(st.none(), st.integers(1, 8)), label="max_per_owner")
-        if KNOWN_BUG_ALL_WITH_LIMIT and count == ALL:
-            limit = None
         req = Request(model=model, count=count, host=host, owner=owner)
         self.serial += 1
         holder = f"s{self.serial}"
@@ -203,7 +187,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             assert refused.status == (503 if refused.retry else 400)
             if not refused.retry:
                 assert ref.never_satisfiable(req, limit), f"retry=False for a satisfiable request: {refused.message}"
-            if not KNOWN_BUG_RETRY_ON_NEVER and ref.never_satisfiable(req, limit):
+            if ref.never_satisfiable(req, limit):
                 assert not refused.retry, refused.message
             return
 
@@ -224,12 +208,7 @@ class AllocatorMachine(RuleBasedStateMachine):
             assert len(got.devices) == req.count
         else:
             assert len(got.devices) == len(ref.devices(got.host, got.model))
-        if chosen != best:
-            tie_allowed = KNOWN_BUG_ANY_MODEL_TIEBREAK and req.model is None
-            assert tie_allowed, f"{ref.policy} chose {chosen}, brute force says {best}"
-            assert ref.rank(chosen.free) == ref.rank(best.free), f"{ref.policy} chose {chosen} over {best}"
-            same_model = [c for c in cands if c.model == chosen.model and c.free == chosen.free]
-            assert chosen.host == min(c.host for c in same_model)
+        assert chosen == best, f"{ref.policy} chose {chosen}, brute force says {best}"
         ref.held[holder] = got
 
     @rule(data=st.data())

@@ -1,0 +1,43 @@
+"""Helpers shared by the hub tests: a hub on the test swarm, and what the swarm says."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from tests.harness.hub import Hub, free_port_block
+
+
+@contextlib.contextmanager
+def hub_on(swarm, state_dir, port_from: int = 18000, extra_config: str = ""):
+    """A real hub (examples/local config) on the test swarm; its services go with it."""
+    hub = Hub(
+        state_dir,
+        port=free_port_block(port_from),
+        extra_config=extra_config,
+        env={"GPUSPAWNER_DOCKER_URL": swarm.manager_url},
+    )
+    hub.start()
+    try:
+        yield hub
+    finally:
+        hub.stop()
+        for service in swarm.client().services.list(filters={"label": "gpuspawner.devices"}):
+            service.remove()
+
+
+def services_of(swarm, user: str) -> list:
+    return swarm.client().services.list(filters={"label": f"gpuspawner.user={user}"})
+
+
+def spawn_ready(hub: Hub, user: str, options: dict) -> None:
+    r = hub.spawn(user, options)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready(user)
+
+
+def wait_until(condition, message: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, message
+        time.sleep(0.2)
