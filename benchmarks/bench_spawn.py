@@ -35,7 +35,9 @@ c.JupyterHub.spawner_class = HostNetworkSwarmSpawner
 for key in ("image", "cmd", "network_name", "client_kwargs"):
     setattr(c.SwarmSpawner, key, getattr(c.GPUSwarmSpawner, key))
 c.SwarmSpawner.use_internal_ip = True
-c.SwarmSpawner.port = 29500
+# A fresh port per server (as GPUSwarmSpawner hands out ports in turn): a port
+# reused at once can still be held by the server that just stopped.
+c.SwarmSpawner.pre_spawn_hook = lambda spawner: setattr(spawner, "port", 29000 + int(spawner.user.name[5:]))
 c.SwarmSpawner.extra_placement_spec = {{"constraints": ["node.hostname == gpu-a"]}}
 """
 
