@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 from typing import Callable, Iterable
 
 from .allocator import Allocation, Allocator, Request
@@ -81,7 +82,11 @@ class GPUCluster:
             return self.ports[holder]
         taken = set(self.ports.values())
         size = last - first + 1
-        start = self._next_port if first <= self._next_port <= last else first
+        if not first <= self._next_port <= last:
+            # A restarted hub starts somewhere else in the range than the last
+            # one did, away from ports its stopped servers may still hold.
+            self._next_port = random.randint(first, last)
+        start = self._next_port
         for i in range(size):
             port = first + (start - first + i) % size
             if port not in taken:

@@ -40,13 +40,14 @@ c.GPUSwarmSpawner.client_kwargs = {
 c.GPUSwarmSpawner.network_name = "host"
 c.GPUSwarmSpawner.image = os.environ.get("GPUSPAWNER_IMAGE", "gpuspawner-test/busybox:latest")
 # The stand-in server: busybox httpd at the port and prefix JupyterHub assigned,
-# with a page that shows which GPUs the server was given.
+# with a page that shows which GPUs the server was given. The shell stays PID 1
+# and exits on SIGTERM, so a stopped server frees its port at once.
 c.GPUSwarmSpawner.cmd = [
     "/bin/sh",
     "-c",
     'port="${JUPYTERHUB_SERVICE_URL##*:}"; port="${port%%/*}"; dir="/srv${JUPYTERHUB_SERVICE_PREFIX}"; '
     'mkdir -p "$dir" && echo "<h1>Stand-in server</h1><p>NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES</p>" '
-    '> "$dir/index.html" && exec httpd -f -p "$port" -h /srv',
+    '> "$dir/index.html" || exit 1; trap "exit 0" TERM INT; httpd -f -p "$port" -h /srv & wait $!',
 ]
 c.GPUSwarmSpawner.max_gpus_per_user = 2
 c.GPUSwarmSpawner.extra_placement_spec = {"constraints": ["node.role == worker"]}

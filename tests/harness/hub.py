@@ -159,6 +159,13 @@ class Hub:
             time.sleep(0.2)
         raise HubError(f"{user}'s server not ready in {timeout} s: {model}\n{self.log_tail(20)}")
 
+    def stop_all_servers(self) -> None:
+        """Stop every running server, so that one test's failure leaves no GPU
+        held for the next."""
+        for user in self.api("GET", "/users").json():
+            for server in user.get("servers", {}):
+                self.stop_server(user["name"], server)
+
     def progress(self, user: str, timeout: float = 60) -> list[dict]:
         """The spawn's progress events, read from the hub's event stream until
         the spawn is ready or has failed."""
