@@ -15,7 +15,7 @@ import logging
 import random
 from typing import Callable, Iterable
 
-from .allocator import Allocation, Allocator, Request
+from .allocator import Allocation, Allocator
 from .inventory import GPU
 from .service_spec import LABEL, holding_from_labels
 from .swarm import Node, Swarm
@@ -70,9 +70,6 @@ class GPUCluster:
                 for problem in problems:
                     log.warning("Service %s: %s", name, problem)
         log.info("GPU allocations rebuilt from the swarm: %d services, %d devices held", len(services), held)
-
-    def allocate(self, holder: str, request: Request, max_per_owner: int | None) -> Allocation:
-        return self.allocator.allocate(holder, request, max_per_owner)
 
     def pick_port(self, holder: str, first: int, last: int) -> int | None:
         """A port no other server of this hub uses. Ports are handed out in

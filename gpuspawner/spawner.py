@@ -236,7 +236,7 @@ class GPUSwarmSpawner(SwarmSpawner):
         host, uuids, model = request.host or "", (), ""
         if not request.cpu_only:
             try:
-                alloc = cluster.allocate(
+                alloc = cluster.allocator.allocate(
                     self.holder,
                     Request(model=request.model, count=request.count, host=request.host, owner=self.user.name),
                     max_per_owner=self.max_gpus_per_user,
