@@ -2,7 +2,7 @@
 
 Used by `make demo` and by the integration tests. The cluster comes from
 tests/harness/swarm.py: a manager on this machine and workers gpu-a and gpu-b,
-on the bridge 10.213.77.0/24. Settings that differ between the demo and the
+on the bridge 10.213.77.0/25. Settings that differ between the demo and the
 tests come from environment variables (GPUSPAWNER_*).
 """
 
