@@ -2,6 +2,14 @@
 
 __version__ = "0.1.0"
 
-from .spawner import GPUSwarmSpawner, validate_config  # noqa: E402
-
 __all__ = ["GPUSwarmSpawner", "validate_config", "__version__"]
+
+
+def __getattr__(name):
+    # The spawner (and with it docker and jupyterhub) loads on first use only,
+    # so the node agent runs on GPU nodes that have neither installed.
+    if name in ("GPUSwarmSpawner", "validate_config"):
+        from . import spawner
+
+        return getattr(spawner, name)
+    raise AttributeError(f"module 'gpuspawner' has no attribute {name!r}")

@@ -1,0 +1,99 @@
+"""A fake libnvidia-ml.so.1 for tests on machines without a GPU.
+
+`build(dest)` compiles fakenvml.c with gcc into dest/libnvidia-ml.so.1; put dest on
+LD_LIBRARY_PATH of a *new* process (the dynamic loader reads it at start-up) and the
+real pynvml bindings load the fake. `write_devices(path, devices)` writes the file
+that $FAKE_NVML_DEVICES names. See fakenvml.c for the file format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("fakenvml.c")
+LIBNAME = "libnvidia-ml.so.1"
+
+
+class BuildError(RuntimeError):
+    """gcc is missing or the compile failed."""
+
+
+def build(dest_dir: str | os.PathLike) -> Path:
+    """Compile the fake library into dest_dir and return its path.
+
+    Cached by source hash: a stamp file next to the library records which source it
+    was built from, so repeated calls (and unchanged sources) skip gcc.
+    """
+    dest = Path(dest_dir)
+    dest.mkdir(parents=True, exist_ok=True)
+    lib = dest / LIBNAME
+    stamp = dest / (LIBNAME + ".sha256")
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+    if lib.exists() and stamp.exists() and stamp.read_text() == digest:
+        return lib
+
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        raise BuildError("gcc not found: install gcc to build the fake libnvidia-ml.so.1 (tests/fakenvml)")
+    # Build to a temporary name and rename, so a half-written .so is never loaded.
+    tmp = dest / (LIBNAME + ".tmp")
+    cmd = [gcc, "-Wall", "-O2", "-shared", "-fPIC", f"-Wl,-soname,{LIBNAME}", "-o", str(tmp), str(SOURCE)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BuildError(f"building the fake NVML library failed:\n{' '.join(cmd)}\n{proc.stderr}")
+    tmp.replace(lib)
+    stamp.write_text(digest)
+    return lib
+
+
+# Keys the C side understands, in the order they are written.
+_KEYS = (
+    "index", "uuid", "name", "memory_total_mib", "memory_used_mib", "util_gpu", "util_mem",
+    "temp_c", "ecc_uncorrected", "ecc_corrected", "lost", "mig",
+)
+
+
+def _value(key: str, value) -> str:
+    if value is None:
+        return "na"  # NVML_ERROR_NOT_SUPPORTED for ecc_uncorrected / mig
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    text = str(value)
+    # The C parser splits on whitespace and reads '_' back as a space.
+    if "_" in text or any(c.isspace() and c != " " for c in text) or "#" in text:
+        raise ValueError(f"fake NVML {key}={text!r}: '_', '#', tabs and newlines are not allowed")
+    return text.replace(" ", "_")
+
+
+def write_devices(path: str | os.PathLike, devices: list[dict], *, driver: str | None = None,
+                  cuda: int | None = None) -> Path:
+    """Write a devices file for $FAKE_NVML_DEVICES.
+
+    Each dict uses the keys in _KEYS plus "processes": [{"pid": int, "used_mib": int}].
+    A key that is absent is left out (for ecc_uncorrected / mig: "not supported");
+    None writes "na", which means the same.
+    """
+    lines = []
+    if driver is not None or cuda is not None:
+        system = []
+        if driver is not None:
+            system.append(f"driver={_value('driver', driver)}")
+        if cuda is not None:
+            system.append(f"cuda={int(cuda)}")
+        lines.append(" ".join(system))
+    for dev in devices:
+        unknown = set(dev) - set(_KEYS) - {"processes"}
+        if unknown:
+            raise ValueError(f"unknown fake device keys: {sorted(unknown)}")
+        fields = [f"{k}={_value(k, dev[k])}" for k in _KEYS if k in dev]
+        procs = dev.get("processes") or []
+        if procs:
+            fields.append("procs=" + ",".join(f"{int(p['pid'])}:{int(p['used_mib'])}" for p in procs))
+        lines.append(" ".join(fields))
+    out = Path(path)
+    out.write_text("\n".join(lines) + "\n")
+    return out
