@@ -211,8 +211,11 @@ class Allocator:
 
     # -- decisions ---------------------------------------------------------
 
-    def allocate(self, holder: str, request: Request, max_per_owner: int | None = None) -> Allocation:
-        """Reserve devices for ``holder`` or raise :class:`AllocationRefused`."""
+    def allocate(
+        self, holder: str, request: Request, max_per_owner: int | None = None, policy: str | None = None
+    ) -> Allocation:
+        """Reserve devices for ``holder`` or raise :class:`AllocationRefused`.
+        ``policy`` overrides the allocator's own for this request."""
         with self._lock:
             if holder in self._holders:
                 raise ValueError(f"{holder} already holds an allocation; release it first")
@@ -234,7 +237,8 @@ class Allocator:
                     )
             models = [request.model] if request.model is not None else list(self._index)
             over_room = room is not None and count != ALL and count > room
-            found = None if over_room else self._choose(models, count, request.host, room)
+            pol = self.policy if policy is None else POLICIES[policy]
+            found = None if over_room else self._choose(pol, models, count, request.host, room)
             if found is None:
                 raise self._refusal(request, max_per_owner, room)
             model, host = found
@@ -249,13 +253,13 @@ class Allocator:
             self._record(alloc)
             return alloc
 
-    def _choose(self, models: list[str], count: int | str, host: str | None, room: int | None):
+    def _choose(self, policy: Policy, models: list[str], count: int | str, host: str | None, room: int | None):
         """The best (model, host) for the request, or None. Ties: hostname, then model."""
-        rank = self.policy.rank
+        rank = policy.rank
         best = None  # (rank, host, model)
         for model in models:
             mi = self._index[model]
-            for n, h in self._candidates(mi, count, host, room):
+            for n, h in self._candidates(policy, mi, count, host, room):
                 key = (rank(n), h, model)
                 if best is None or key < best:
                     best = key
@@ -263,7 +267,7 @@ class Allocator:
         return None if best is None else (best[2], best[1])
 
     def _candidates(
-        self, mi: _ModelIndex, count: int | str, host: str | None, room: int | None
+        self, policy: Policy, mi: _ModelIndex, count: int | str, host: str | None, room: int | None
     ) -> Iterator[tuple[int, str]]:
         if host is not None:
             if host in mi.free and self._is_available(host):
@@ -275,7 +279,7 @@ class Allocator:
         if count == ALL:
             # Rare request: a plain scan of the hosts whose devices are all free.
             whole = sorted(
-                (self.policy.rank(n), h)
+                (policy.rank(n), h)
                 for h, n in mi.total.items()
                 if self._is_available(h) and len(mi.free[h]) == n and (room is None or n <= room)
             )
@@ -283,7 +287,7 @@ class Allocator:
                 yield mi.total[h], h
             return
         top = len(mi.buckets) - 1
-        for n in self.policy.sizes(count, top):
+        for n in policy.sizes(count, top):
             bucket = mi.buckets[n]
             if bucket:
                 yield n, bucket[0]
@@ -367,6 +371,9 @@ class Allocator:
     def holdings(self) -> dict[str, Allocation]:
         with self._lock:
             return dict(self._holders)
+
+    def holding(self, holder: str) -> Allocation | None:
+        return self._holders.get(holder)
 
     def holder_of(self, uuid: str) -> str | None:
         return self._held.get(uuid)

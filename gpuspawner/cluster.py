@@ -27,16 +27,17 @@ class GPUCluster:
     _shared: dict[str, "GPUCluster"] = {}
 
     @classmethod
-    def shared(cls, key: object, load: Callable[[], Iterable[GPU]], policy: str) -> "GPUCluster":
-        """The one instance for this configuration in this process; ``load``
-        reads the inventory the first time only."""
-        k = json.dumps([key, policy], sort_keys=True, default=str)
+    def shared(cls, key: object, load: Callable[[], Iterable[GPU]]) -> "GPUCluster":
+        """The one instance for this inventory in this process (spawners that
+        differ in policy still share one allocator); ``load`` reads the
+        inventory the first time only."""
+        k = json.dumps(key, sort_keys=True, default=str)
         if k not in cls._shared:
-            cls._shared[k] = cls(load(), policy)
+            cls._shared[k] = cls(load())
         return cls._shared[k]
 
-    def __init__(self, gpus: Iterable[GPU], policy: str):
-        self.allocator = Allocator(gpus, policy)
+    def __init__(self, gpus: Iterable[GPU]):
+        self.allocator = Allocator(gpus)
         self.nodes: dict[str, Node] = {}
         self.ports: dict[str, int] = {}  # holder -> port, for host networking
         self._next_port = 0

@@ -44,7 +44,7 @@ def options_from_form(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
             continue
         value = values[0].strip()
         if key == "gpu_count":
-            options[key] = int(value) if value.isdigit() else value
+            options[key] = int(value) if value.isascii() and value.isdigit() else value
         elif value or key not in ("gpu_model", "gpu_host"):
             options[key] = value
     if "gpu_model" not in options:

@@ -30,6 +30,15 @@ __all__ = ["GPUSwarmSpawner"]
 HOST_NETWORK = "host"
 
 
+def spawn_error(message: str, *, reason: str, status_code: int, log_message: str = "") -> SpawnException:
+    """A SpawnException whose message is what the user sees, on the form, the
+    progress page and the REST API alike (JupyterHub otherwise shows str(exc),
+    which carries the status and class name)."""
+    exc = SpawnException(message, reason=reason, status_code=status_code, log_message=log_message)
+    exc.jupyterhub_message = message
+    return exc
+
+
 @functools.lru_cache(maxsize=8)
 def _templates(paths: tuple[str, ...]) -> jinja2.Environment:
     """The admin's template folders first, then gpuspawner's own; autoescaped."""
@@ -145,10 +154,10 @@ class GPUSwarmSpawner(SwarmSpawner):
     def _cluster_state(self) -> GPUCluster:
         spec = self.gpu_inventory
         try:
-            return GPUCluster.shared(spec, lambda: load_inventory(spec) if spec else [], self.allocation_policy)
+            return GPUCluster.shared(spec, lambda: load_inventory(spec) if spec else [])
         except InventoryError as exc:
             self.log.error("%s", exc)
-            raise SpawnException(
+            raise spawn_error(
                 "GPU servers are unavailable: the hub's GPU inventory is invalid. Please tell an admin.",
                 reason="gpu_config",
                 log_message=str(exc),
@@ -160,7 +169,7 @@ class GPUSwarmSpawner(SwarmSpawner):
         try:
             await cluster.refresh(self.swarm, self.log)
         except SwarmError as exc:
-            raise SpawnException(
+            raise spawn_error(
                 "The cluster cannot be reached right now; please try again in a minute.",
                 reason="swarm_unreachable",
                 log_message=str(exc),
@@ -181,13 +190,18 @@ class GPUSwarmSpawner(SwarmSpawner):
         summary = allocator.summary()
         room = max(0, self.max_gpus_per_user - held)
         hosts = [h for h in allocator.hosts() if h in cluster.nodes and cluster.nodes[h].schedulable]
+        max_count = min(room, max((m.largest_block for m in summary), default=0))
+        # The last choice is preselected only while it can be had: a disabled
+        # radio is not submitted, and would silently give a CPU-only server.
+        last = (self.user_options or {}).get("gpu_model")
+        selected_free = last if any(m.model == last and m.free for m in summary) and max_count else None
         return _templates(tuple(self.template_paths)).get_template(self.options_form_template).render(
             models=summary,
-            max_count=min(room, max((m.largest_block for m in summary), default=0)),
+            max_count=max_count,
             limit=self.max_gpus_per_user,
             held=held,
             hosts=hosts if self.allow_host_choice else [],
-            selected=(self.user_options or {}).get("gpu_model"),
+            selected_free=selected_free,
             error=error,
         )
 
@@ -228,11 +242,18 @@ class GPUSwarmSpawner(SwarmSpawner):
                 allow_host_choice=self.allow_host_choice,
             )
         except OptionsError as exc:
-            raise SpawnException(str(exc), reason="invalid_options", status_code=400) from exc
+            raise spawn_error(str(exc), reason="invalid_options", status_code=400) from exc
 
-        # A holding under this name is left from an earlier run of this server
-        # that the hub no longer tracks; its service is replaced below.
-        cluster.release(self.holder)
+        if cluster.allocator.holding(self.holder) or self.holder in cluster.ports:
+            # Left from an earlier run of this server that the hub no longer
+            # tracks: its service may still run on those GPUs, so it goes first.
+            if not await self._remove_service():
+                raise spawn_error(
+                    "Your previous server is still being removed; please try again in a minute.",
+                    reason="stale_service",
+                    status_code=503,
+                )
+            cluster.release(self.holder)
         host, uuids, model = request.host or "", (), ""
         if not request.cpu_only:
             try:
@@ -240,10 +261,11 @@ class GPUSwarmSpawner(SwarmSpawner):
                     self.holder,
                     Request(model=request.model, count=request.count, host=request.host, owner=self.user.name),
                     max_per_owner=self.max_gpus_per_user,
+                    policy=self.allocation_policy,
                 )
             except AllocationRefused as exc:
                 reason = "gpu_unavailable" if exc.retry else "gpu_request"
-                raise SpawnException(exc.message, reason=reason, status_code=exc.status) from exc
+                raise spawn_error(exc.message, reason=reason, status_code=exc.status) from exc
             host, uuids, model = alloc.host, alloc.uuids, alloc.model
             self._report(f"Reserved {len(alloc.devices)} × {alloc.model} on {alloc.host}", 20)
         try:
@@ -251,7 +273,7 @@ class GPUSwarmSpawner(SwarmSpawner):
             if self.host_network:
                 port = cluster.pick_port(self.holder, *self.host_network_ports)
                 if port is None:
-                    raise SpawnException(
+                    raise spawn_error(
                         "Too many servers are running for the ports configured; please try again later.",
                         reason="no_port",
                         log_message=f"all host_network_ports {self.host_network_ports} are in use",
@@ -263,16 +285,20 @@ class GPUSwarmSpawner(SwarmSpawner):
             )
             return await super().start()
         except BaseException:
-            await self._remove_quietly()
-            self._release()
+            if await self._remove_service():
+                self._release()
             raise
 
-    async def _remove_quietly(self) -> None:
+    async def _remove_service(self) -> bool:
+        """Remove this server's service. True when it is gone (or already was);
+        False when the swarm could not be asked, so its GPUs stay reserved."""
         try:
             await self.swarm.remove_service(self.object_id or self.service_name)
         except SwarmError as exc:
-            self.log.error("Could not remove service %s of a failed server: %s", self.service_name, exc)
+            self.log.error("Could not remove service %s (its GPUs stay reserved): %s", self.service_name, exc)
+            return False
         self.object_id = ""
+        return True
 
     def _release(self) -> None:
         released = self._cluster_state().release(self.holder)
@@ -313,7 +339,7 @@ class GPUSwarmSpawner(SwarmSpawner):
         try:
             service = await self.swarm.create_service(**kwargs)
         except SwarmError as exc:
-            raise SpawnException(
+            raise spawn_error(
                 f"The server's service could not be created: {exc}", reason="service_create", status_code=500
             ) from exc
         self._report("Service created", 40)
@@ -347,16 +373,16 @@ class GPUSwarmSpawner(SwarmSpawner):
                     return
                 why = status.get("Err") or status.get("Message") or state
                 if state in TASK_FAILED:
-                    raise SpawnException(
+                    raise spawn_error(
                         f"The server could not start on {node or 'its node'}: {why} (task {state})",
                         reason="task_failed",
                         status_code=500,
                     )
                 last = f"{state}: {why}"
             if loop.time() >= deadline:
-                raise SpawnException(
+                raise spawn_error(
                     f"The server did not start within {self.task_start_timeout} s (last task state: {last})",
-                    reason="timeout",
+                    reason="task_timeout",
                     status_code=504,
                 )
             await asyncio.sleep(delay)
@@ -373,7 +399,7 @@ class GPUSwarmSpawner(SwarmSpawner):
             await self._cluster()  # the node may have joined after the last refresh
             addr = self._cluster_state().node_addr(self.task_node)
         if not addr:
-            raise SpawnException(
+            raise spawn_error(
                 f"The address of node {self.task_node} is unknown", reason="node_address", status_code=500
             )
         return addr, self.port
@@ -385,7 +411,7 @@ class GPUSwarmSpawner(SwarmSpawner):
             removed = await self.swarm.remove_service(self.object_id or self.service_name)
         except SwarmError as exc:
             # Keep the devices reserved: the service may still be running.
-            raise SpawnException(
+            raise spawn_error(
                 f"Could not remove service {self.service_name}: {exc}", reason="service_remove", status_code=503
             ) from exc
         if removed:
@@ -402,14 +428,18 @@ class GPUSwarmSpawner(SwarmSpawner):
         server it found dead) and its GPUs are given back."""
         task = await self.get_task()
         if task is None:
+            # Gone, or the manager could not tell (dockerspawner reads a 500 as
+            # gone): only a confirmed removal gives the GPUs back.
+            if not await self._remove_service():
+                return None
             self._release()
             return 0
         status = task.get("Status", {})
         state = status.get("State", "")
         if state == "running" or state in TASK_WAITING:
             return None
-        await self._remove_quietly()
-        self._release()
+        if await self._remove_service():
+            self._release()
         return f"task {state}: {status.get('Err') or status.get('Message', '')}"
 
     def get_state(self):

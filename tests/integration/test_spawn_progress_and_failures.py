@@ -70,7 +70,9 @@ def test_failed_start_removes_the_service_and_frees_the_gpus(hub, swarm, user, e
     events = hub.progress(user)
     assert events[-1].get("failed"), events
     assert expected in events[-1]["message"]
-    assert "Traceback" not in events[-1]["message"]
+    # Exactly the spawner's message: no status code, class name or traceback.
+    assert events[-1]["message"].startswith("Spawn failed: " + expected)
+    assert "SpawnException" not in events[-1]["message"] and "Traceback" not in events[-1]["message"]
     wait_gone(hub, user)
     assert services_of(swarm, user) == []
     # Both A100s are free again: another user gets both.

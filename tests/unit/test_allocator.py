@@ -632,3 +632,11 @@ def test_summary_follows_availability_changes_incrementally():
     alloc.set_available_hosts(None)
     (s,) = alloc.summary()
     assert (s.total, s.free, s.largest_block, s.unavailable) == (5, 4, 3, 0)
+
+
+def test_policy_can_be_chosen_per_request_on_one_shared_allocator():
+    # Spawners with different policies share one allocator, so one booking.
+    alloc = Allocator(gpus({"a": 2, "b": 4}), "pack")
+    assert alloc.allocate("s1", Request(GTX, 1), policy="spread").host == "b"
+    assert alloc.allocate("s2", Request(GTX, 1)).host == "a"
+    assert alloc.holder_of("GPU-b-0") == "s1"

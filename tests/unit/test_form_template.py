@@ -8,7 +8,7 @@ A100 = ModelSummary("NVIDIA A100 80GB PCIe", 81920, total=8, free=3, largest_blo
 
 
 def render(paths=(), **kw):
-    ctx = dict(models=[A100, GTX], max_count=2, limit=2, held=0, hosts=[], selected=None, error="")
+    ctx = dict(models=[A100, GTX], max_count=2, limit=2, held=0, hosts=[], selected_free=None, error="")
     ctx.update(kw)
     return _templates(tuple(paths)).get_template("options_form.html").render(**ctx)
 

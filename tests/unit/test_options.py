@@ -88,4 +88,5 @@ def test_form_conversion():
     assert options_from_form({}) == {"gpu_count": 0}
     # Values it can't convert pass through, to be refused with a message at start.
     assert options_from_form({"gpu_model": [GTX], "gpu_count": ["two"]})["gpu_count"] == "two"
+    assert options_from_form({"gpu_model": [GTX], "gpu_count": ["²"]})["gpu_count"] == "²"
     assert options_from_form({"gpu_model": [GTX], "gpu_host": [""]}) == {"gpu_model": GTX}
