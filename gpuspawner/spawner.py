@@ -101,6 +101,14 @@ class GPUSwarmSpawner(SwarmSpawner):
         ``Spawner.start_timeout`` so that users see this clearer message.""",
     ).tag(config=True)
 
+    server_stop_timeout = Integer(
+        30,
+        min=0,
+        help="""Seconds to wait, after a server's service is removed, for its
+        container to exit (it gets SIGTERM, then SIGKILL after the swarm's grace
+        period). Its GPUs go to the next user only once it has exited.""",
+    ).tag(config=True)
+
     host_network_ports = Tuple(
         Integer(min=1, max=65535),
         Integer(min=1, max=65535),
@@ -290,12 +298,28 @@ class GPUSwarmSpawner(SwarmSpawner):
             raise
 
     async def _remove_service(self) -> bool:
-        """Remove this server's service. True when it is gone (or already was);
-        False when the swarm could not be asked, so its GPUs stay reserved."""
+        """Remove this server's service and wait for its container to exit.
+
+        True when it is gone (or already was). False when the swarm could not
+        be asked, or the container still runs after ``server_stop_timeout``:
+        its GPUs then stay reserved."""
+        name = self.object_id or self.service_name
         try:
-            await self.swarm.remove_service(self.object_id or self.service_name)
+            task_ids = [t["ID"] for t in await self.swarm.tasks(name)]
+            await self.swarm.remove_service(name)
+            # The swarm forgets the service at once, but its container gets
+            # SIGTERM and a grace period: the GPUs are in use until it exits.
+            ended = await self.swarm.wait_tasks_ended(task_ids, self.server_stop_timeout)
         except SwarmError as exc:
-            self.log.error("Could not remove service %s (its GPUs stay reserved): %s", self.service_name, exc)
+            if not exc.not_found:
+                self.log.error("Could not remove service %s (its GPUs stay reserved): %s", self.service_name, exc)
+                return False
+            ended = True  # the service and its tasks were already gone
+        if not ended:
+            self.log.warning(
+                "Service %s still runs %d s after its removal; its GPUs stay reserved",
+                self.service_name, self.server_stop_timeout,
+            )
             return False
         self.object_id = ""
         return True
@@ -407,15 +431,13 @@ class GPUSwarmSpawner(SwarmSpawner):
     # -- stop / poll / state --------------------------------------------------
 
     async def remove_object(self):
-        try:
-            removed = await self.swarm.remove_service(self.object_id or self.service_name)
-        except SwarmError as exc:
-            # Keep the devices reserved: the service may still be running.
+        if not await self._remove_service():
             raise spawn_error(
-                f"Could not remove service {self.service_name}: {exc}", reason="service_remove", status_code=503
-            ) from exc
-        if removed:
-            self.log.info("Removed service %s", self.service_name)
+                f"Your server's service {self.service_name} could not be removed yet; please try again.",
+                reason="service_remove",
+                status_code=503,
+            )
+        self.log.info("Removed service %s", self.service_name)
 
     async def stop(self, now=False):
         await super().stop(now=now)

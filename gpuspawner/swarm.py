@@ -80,6 +80,20 @@ class Swarm:
             raise
         return True
 
+    async def wait_tasks_ended(self, task_ids: list[str], timeout: float) -> bool:
+        """Wait until these tasks' containers have exited (the tasks are gone
+        or in a final state). False if some still run after ``timeout`` s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while task_ids:
+            tasks = await self._call("tasks", filters={"id": task_ids})
+            if all(t.get("Status", {}).get("State") in TASK_FAILED for t in tasks):
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.2)
+        return True
+
     async def tasks(self, service: str) -> list[dict]:
         """The service's tasks, newest first."""
         tasks = await self._call("tasks", filters={"service": service})
