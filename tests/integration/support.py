@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import time
 
+import requests
+
 from tests.harness.hub import Hub, free_port_block
 
 
@@ -41,3 +43,15 @@ def wait_until(condition, message: str, timeout: float = 30) -> None:
     while not condition():
         assert time.monotonic() < deadline, message
         time.sleep(0.2)
+
+
+def login(hub: Hub, user: str) -> requests.Session:
+    s = requests.Session()
+    s.get(hub.url + "/hub/login", timeout=10)
+    r = s.post(
+        hub.url + "/hub/login",
+        data={"username": user, "password": "x", "_xsrf": s.cookies.get("_xsrf")},
+        timeout=10,
+    )
+    r.raise_for_status()
+    return s

@@ -8,9 +8,12 @@ rejected) or a constraint no node meets (the task waits until the timeout).
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
-from tests.integration.support import hub_on, services_of, wait_until
+from tests.integration.support import hub_on, login, services_of, wait_until
 
 A100 = "NVIDIA A100 80GB PCIe"
 
@@ -24,6 +27,11 @@ def _break_some(spawner):
     if spawner.user.name.startswith("stuck"):
         spawner.task_start_timeout = 3
         spawner.extra_placement_spec = {"constraints": ["node.labels.nowhere == true"]}
+
+    if spawner.user.name.startswith("stubborn"):
+        # httpd as PID 1 ignores SIGTERM: the container outlives its service's
+        # removal by the swarm's grace period (10 s).
+        spawner.cmd = ["/bin/sh", "-c", 'p="${JUPYTERHUB_SERVICE_URL##*:}"; exec httpd -f -p "${p%%/*}" -h /']
 
 c.Spawner.pre_spawn_hook = _break_some
 """
@@ -99,3 +107,21 @@ def test_a_server_that_dies_gives_its_gpus_back(hub, swarm):
     assert r.status_code == 202, r.text
     assert hub.progress("olga")[-1].get("ready")
     hub.stop_server("olga")
+
+
+def test_gpus_wait_until_the_old_container_has_exited(hub, swarm):
+    r = hub.spawn("stubborn1", {"gpu_model": A100, "gpu_count": 2})
+    assert r.status_code == 202, r.text
+    assert hub.progress("stubborn1")[-1].get("ready")
+    stopping = threading.Thread(target=hub.stop_server, args=("stubborn1",))
+    started = time.monotonic()
+    stopping.start()
+    time.sleep(2)  # the service is removed by now, its container still runs
+    page = login(hub, "quinn").get(hub.url + "/hub/spawn/quinn", timeout=30).text
+    assert "0 of 2 free now" in page  # the A100s are not offered yet
+    assert services_of(swarm, "stubborn1") == []
+    stopping.join()
+    assert time.monotonic() - started > 8  # the grace period was waited out
+    r = hub.spawn("quinn", {"gpu_model": A100, "gpu_count": 2})
+    assert r.status_code == 202, r.text
+    hub.wait_ready("quinn")

@@ -12,11 +12,10 @@ import signal
 import threading
 
 import pytest
-import requests
 import yaml
 
-from tests.harness.hub import REPO, Hub
-from tests.integration.support import hub_on, services_of, spawn_ready
+from tests.harness.hub import REPO
+from tests.integration.support import hub_on, login, services_of, spawn_ready
 
 A100 = "NVIDIA A100 80GB PCIe"
 GTX = "NVIDIA GeForce GTX 1070"
@@ -144,18 +143,6 @@ def test_several_gpus_come_from_one_host(hub, swarm):
     assert r.status_code == 503
     assert f"2 × {GTX} requested, at most 1 free on any single host" in r.json()["message"]
     hub.stop_server("frank")
-
-
-def login(hub: Hub, user: str) -> requests.Session:
-    s = requests.Session()
-    s.get(hub.url + "/hub/login", timeout=10)
-    r = s.post(
-        hub.url + "/hub/login",
-        data={"username": user, "password": "x", "_xsrf": s.cookies.get("_xsrf")},
-        timeout=10,
-    )
-    r.raise_for_status()
-    return s
 
 
 def test_spawn_form_shows_free_counts_and_disables_full_models(hub, swarm):
