@@ -53,10 +53,15 @@ def wait_gone(hub, user: str) -> None:
     wait_until(lambda: hub.server_model(user) is None, f"{user}'s failed server still listed")
 
 
-def test_progress_shows_the_real_steps(hub, swarm):
-    r = hub.spawn("nina", {"gpu_model": A100, "gpu_count": 1})
+def spawn_events(hub, user: str, options: dict) -> list[dict]:
+    """Ask for a server (the API answers at once) and read its progress to the end."""
+    r = hub.spawn(user, options)
     assert r.status_code == 202, r.text
-    messages = [e.get("message", "") for e in hub.progress("nina")]
+    return hub.progress(user)
+
+
+def test_progress_shows_the_real_steps(hub, swarm):
+    messages = [e.get("message", "") for e in spawn_events(hub, "nina", {"gpu_model": A100, "gpu_count": 1})]
     assert f"Reserved 1 × {A100} on gpu-b" in messages
     assert "Service created" in messages
     assert "Task running on gpu-b" in messages
@@ -73,9 +78,7 @@ def test_progress_shows_the_real_steps(hub, swarm):
     ],
 )
 def test_failed_start_removes_the_service_and_frees_the_gpus(hub, swarm, user, expected):
-    r = hub.spawn(user, {"gpu_model": A100, "gpu_count": 2})
-    assert r.status_code == 202, r.text
-    events = hub.progress(user)
+    events = spawn_events(hub, user, {"gpu_model": A100, "gpu_count": 2})
     assert events[-1].get("failed"), events
     assert expected in events[-1]["message"]
     # Exactly the spawner's message: no status code, class name or traceback.
@@ -84,16 +87,12 @@ def test_failed_start_removes_the_service_and_frees_the_gpus(hub, swarm, user, e
     wait_gone(hub, user)
     assert services_of(swarm, user) == []
     # Both A100s are free again: another user gets both.
-    r = hub.spawn("olga", {"gpu_model": A100, "gpu_count": 2})
-    assert r.status_code == 202, r.text
-    assert hub.progress("olga")[-1].get("ready")
+    assert spawn_events(hub, "olga", {"gpu_model": A100, "gpu_count": 2})[-1].get("ready")
     hub.stop_server("olga")
 
 
 def test_a_server_that_dies_gives_its_gpus_back(hub, swarm):
-    r = hub.spawn("pete", {"gpu_model": A100, "gpu_count": 2})
-    assert r.status_code == 202, r.text
-    assert hub.progress("pete")[-1].get("ready")
+    assert spawn_events(hub, "pete", {"gpu_model": A100, "gpu_count": 2})[-1].get("ready")
     (service,) = services_of(swarm, "pete")
     (container,) = swarm.client("gpu-b").containers.list(
         filters={"label": f"com.docker.swarm.service.id={service.id}"}
@@ -103,16 +102,12 @@ def test_a_server_that_dies_gives_its_gpus_back(hub, swarm):
     wait_gone(hub, "pete")
     wait_until(lambda: not services_of(swarm, "pete"), "the dead server's service was not removed")
     # ...and swarm did not restart it on its own: both A100s are free again.
-    r = hub.spawn("olga", {"gpu_model": A100, "gpu_count": 2})
-    assert r.status_code == 202, r.text
-    assert hub.progress("olga")[-1].get("ready")
+    assert spawn_events(hub, "olga", {"gpu_model": A100, "gpu_count": 2})[-1].get("ready")
     hub.stop_server("olga")
 
 
 def test_gpus_wait_until_the_old_container_has_exited(hub, swarm):
-    r = hub.spawn("stubborn1", {"gpu_model": A100, "gpu_count": 2})
-    assert r.status_code == 202, r.text
-    assert hub.progress("stubborn1")[-1].get("ready")
+    assert spawn_events(hub, "stubborn1", {"gpu_model": A100, "gpu_count": 2})[-1].get("ready")
     stopping = threading.Thread(target=hub.stop_server, args=("stubborn1",))
     started = time.monotonic()
     stopping.start()
