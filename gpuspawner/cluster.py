@@ -40,7 +40,7 @@ class GPUCluster:
         self.allocator = Allocator(gpus)
         self.nodes: dict[str, Node] = {}
         self.ports: dict[str, int] = {}  # holder -> port, for host networking
-        self._next_port = 0
+        self._next_port: int | None = None
         self._rebuilt = False
         self._lock = asyncio.Lock()
 
@@ -80,7 +80,7 @@ class GPUCluster:
             return self.ports[holder]
         taken = set(self.ports.values())
         size = last - first + 1
-        if not first <= self._next_port <= last:
+        if self._next_port is None or not first <= self._next_port <= last:
             # A restarted hub starts somewhere else in the range than the last
             # one did, away from ports its stopped servers may still hold.
             self._next_port = random.randint(first, last)
@@ -89,7 +89,7 @@ class GPUCluster:
             port = first + (start - first + i) % size
             if port not in taken:
                 self.ports[holder] = port
-                self._next_port = port + 1
+                self._next_port = port + 1 if port < last else first
                 return port
         return None  # every port of the range is taken
 

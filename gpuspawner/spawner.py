@@ -136,6 +136,7 @@ class GPUSwarmSpawner(SwarmSpawner):
         super().__init__(**kwargs)
         self._events: list[dict] = []  # progress() passes these on to the spawn page
         self._new_event = asyncio.Event()
+        self._gpu_cluster: GPUCluster | None = None  # the process-wide one, found once
 
     @default("options_form")
     def _default_options_form(self):
@@ -160,9 +161,12 @@ class GPUSwarmSpawner(SwarmSpawner):
         return self.network_name == HOST_NETWORK
 
     def _cluster_state(self) -> GPUCluster:
+        if self._gpu_cluster is not None:
+            return self._gpu_cluster
         spec = self.gpu_inventory
         try:
-            return GPUCluster.shared(spec, lambda: load_inventory(spec) if spec else [])
+            self._gpu_cluster = GPUCluster.shared(spec, lambda: load_inventory(spec) if spec else [])
+            return self._gpu_cluster
         except InventoryError as exc:
             self.log.error("%s", exc)
             raise spawn_error(
@@ -255,13 +259,12 @@ class GPUSwarmSpawner(SwarmSpawner):
         if cluster.allocator.holding(self.holder) or self.holder in cluster.ports:
             # Left from an earlier run of this server that the hub no longer
             # tracks: its service may still run on those GPUs, so it goes first.
-            if not await self._remove_service():
+            if not await self._remove_and_release():
                 raise spawn_error(
                     "Your previous server is still being removed; please try again in a minute.",
                     reason="stale_service",
                     status_code=503,
                 )
-            cluster.release(self.holder)
         host, uuids, model = request.host or "", (), ""
         if not request.cpu_only:
             try:
@@ -293,12 +296,12 @@ class GPUSwarmSpawner(SwarmSpawner):
             )
             return await super().start()
         except BaseException:
-            if await self._remove_service():
-                self._release()
+            await self._remove_and_release()
             raise
 
-    async def _remove_service(self) -> bool:
-        """Remove this server's service and wait for its container to exit.
+    async def _remove_and_release(self) -> bool:
+        """Remove this server's service, wait for its container to exit, then
+        give its GPUs back.
 
         True when it is gone (or already was). False when the swarm could not
         be asked, or the container still runs after ``server_stop_timeout``:
@@ -322,6 +325,7 @@ class GPUSwarmSpawner(SwarmSpawner):
             )
             return False
         self.object_id = ""
+        self._release()
         return True
 
     def _release(self) -> None:
@@ -431,7 +435,7 @@ class GPUSwarmSpawner(SwarmSpawner):
     # -- stop / poll / state --------------------------------------------------
 
     async def remove_object(self):
-        if not await self._remove_service():
+        if not await self._remove_and_release():
             raise spawn_error(
                 f"Your server's service {self.service_name} could not be removed yet; please try again.",
                 reason="service_remove",
@@ -440,8 +444,7 @@ class GPUSwarmSpawner(SwarmSpawner):
         self.log.info("Removed service %s", self.service_name)
 
     async def stop(self, now=False):
-        await super().stop(now=now)
-        self._release()
+        await super().stop(now=now)  # remove_object() gives the GPUs back
         self.task_node = ""
 
     async def poll(self):
@@ -452,16 +455,14 @@ class GPUSwarmSpawner(SwarmSpawner):
         if task is None:
             # Gone, or the manager could not tell (dockerspawner reads a 500 as
             # gone): only a confirmed removal gives the GPUs back.
-            if not await self._remove_service():
+            if not await self._remove_and_release():
                 return None
-            self._release()
             return 0
         status = task.get("Status", {})
         state = status.get("State", "")
         if state == "running" or state in TASK_WAITING:
             return None
-        if await self._remove_service():
-            self._release()
+        await self._remove_and_release()
         return f"task {state}: {status.get('Err') or status.get('Message', '')}"
 
     def get_state(self):
