@@ -12,15 +12,16 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import socket
 
 import jinja2
 from dockerspawner import SwarmSpawner
 from jupyterhub.spawner import SpawnException
-from traitlets import Bool, Dict, Integer, List, TraitError, Tuple, Unicode, Union, default, validate
+from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Tuple, Unicode, Union, default, validate
 
 from .allocator import POLICIES, AllocationRefused, Request
-from .cluster import GPUCluster
-from .inventory import InventoryError, load_inventory
+from .cluster import SOURCES, GPUCluster, InventorySettings
+from .inventory import MODEL_RE, InventoryError, load_inventory
 from .options import OptionsError, options_from_form, parse_user_options
 from .service_spec import Holding, build_service, visible_devices
 from .swarm import TASK_FAILED, TASK_WAITING, Swarm, SwarmError
@@ -57,6 +58,57 @@ class GPUSwarmSpawner(SwarmSpawner):
         ``model`` is the name NVML reports (e.g. ``NVIDIA A100 80GB PCIe``);
         it is what users see and choose. Empty: CPU-only servers only.""",
     ).tag(config=True)
+
+    gpu_inventory_source = List(
+        Enum(list(SOURCES)),
+        default_value=["static"],
+        help="""Where the GPUs come from, one or more of:
+        ``static`` (the ``gpu_inventory`` file or dict), ``agent`` (reports
+        that ``gpuspawner-agent`` posts from each node; see the README), and
+        ``local`` (NVML in the hub's own process, for a hub on a single GPU
+        host). With ``static`` and ``agent`` together, a host listed in the
+        static inventory keeps the devices listed there, and its agent's
+        reports only say whether they are healthy.""",
+    ).tag(config=True)
+
+    gpu_model_aliases = Dict(
+        value_trait=Unicode(),
+        help="""Friendlier names for GPU models, by the name NVML reports:
+        ``{"NVIDIA A100 80GB PCIe": "A100 (80 GB)"}``. A MIG slice is named
+        after its GPU (``"A100 (80 GB) · MIG 1g.10gb"``) unless its full name
+        has an alias of its own.""",
+    ).tag(config=True)
+
+    @validate("gpu_model_aliases")
+    def _valid_aliases(self, proposal):
+        try:
+            _check_aliases(proposal.value)
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None
+        return proposal.value
+
+    gpu_max_temperature = Float(
+        90.0,
+        help="""GPUs reported hotter than this (°C) are not offered until they
+        cool down. Lost GPUs and GPUs with uncorrected ECC errors are never offered.""",
+    ).tag(config=True)
+
+    agent_stale_intervals = Float(
+        3.0,
+        min=1.0,
+        help="""A node whose agent has not reported for this many of its
+        reporting intervals is not offered (its running servers are left
+        alone) until it reports again.""",
+    ).tag(config=True)
+
+    local_gpu_host = Unicode(
+        help="""With ``gpu_inventory_source`` ``local``: the swarm node the
+        hub's own GPUs belong to. Default: this machine's hostname.""",
+    ).tag(config=True)
+
+    @default("local_gpu_host")
+    def _default_local_gpu_host(self):
+        return socket.gethostname()
 
     allocation_policy = Unicode(
         "pack",
@@ -160,12 +212,24 @@ class GPUSwarmSpawner(SwarmSpawner):
     def host_network(self) -> bool:
         return self.network_name == HOST_NETWORK
 
+    def _inventory_settings(self) -> InventorySettings:
+        spec = self.gpu_inventory
+        return InventorySettings(
+            static=tuple(load_inventory(spec)) if spec and "static" in self.gpu_inventory_source else (),
+            sources=tuple(self.gpu_inventory_source),
+            aliases=tuple(sorted(self.gpu_model_aliases.items())),
+            stale_intervals=self.agent_stale_intervals,
+            max_temperature_c=self.gpu_max_temperature,
+            local_host=self.local_gpu_host,
+        )
+
     def _cluster_state(self) -> GPUCluster:
         if self._gpu_cluster is not None:
             return self._gpu_cluster
-        spec = self.gpu_inventory
+        key = [self.gpu_inventory, self.gpu_inventory_source, self.gpu_model_aliases,
+               self.agent_stale_intervals, self.gpu_max_temperature, self.local_gpu_host]
         try:
-            self._gpu_cluster = GPUCluster.shared(spec, lambda: load_inventory(spec) if spec else [])
+            self._gpu_cluster = GPUCluster.shared(key, self._inventory_settings)
             return self._gpu_cluster
         except InventoryError as exc:
             self.log.error("%s", exc)
@@ -245,6 +309,13 @@ class GPUSwarmSpawner(SwarmSpawner):
     async def start(self):
         self._events.clear()
         cluster = await self._cluster()
+        cluster.busy.add(self.holder)  # a rescan must not take what is not running yet
+        try:
+            return await self._start(cluster)
+        finally:
+            cluster.busy.discard(self.holder)
+
+    async def _start(self, cluster: GPUCluster):
         try:
             request = parse_user_options(
                 self.user_options,
@@ -278,6 +349,7 @@ class GPUSwarmSpawner(SwarmSpawner):
                 reason = "gpu_unavailable" if exc.retry else "gpu_request"
                 raise spawn_error(exc.message, reason=reason, status_code=exc.status) from exc
             host, uuids, model = alloc.host, alloc.uuids, alloc.model
+            cluster.servers[self.holder] = (self.user.name, self.name)
             self._report(f"Reserved {len(alloc.devices)} × {alloc.model} on {alloc.host}", 20)
         try:
             port = None
@@ -307,6 +379,14 @@ class GPUSwarmSpawner(SwarmSpawner):
         be asked, or the container still runs after ``server_stop_timeout``:
         its GPUs then stay reserved."""
         name = self.object_id or self.service_name
+        cluster = self._cluster_state()
+        cluster.busy.add(self.holder)
+        try:
+            return await self._remove_and_wait(name)
+        finally:
+            cluster.busy.discard(self.holder)
+
+    async def _remove_and_wait(self, name: str) -> bool:
         try:
             task_ids = [t["ID"] for t in await self.swarm.tasks(name)]
             await self.swarm.remove_service(name)
@@ -492,6 +572,13 @@ class GPUSwarmSpawner(SwarmSpawner):
         self.task_node = ""
 
 
+def _check_aliases(aliases) -> None:
+    """Aliases end up in service labels and the form: plain names only."""
+    for name, alias in dict(aliases).items():
+        if not isinstance(alias, str) or not MODEL_RE.fullmatch(alias):
+            raise ValueError(f"gpu_model_aliases[{name!r}] = {alias!r} is not a plain model name")
+
+
 def validate_config(config) -> None:
     """Check gpuspawner's settings in a JupyterHub config now, at hub start.
 
@@ -512,6 +599,11 @@ def validate_config(config) -> None:
         inventory = spawner_config.get("gpu_inventory")
         if inventory:
             load_inventory(inventory)
+        sources = spawner_config.get("gpu_inventory_source", ["static"])
+        unknown = [s for s in sources if s not in SOURCES] if isinstance(sources, (list, tuple)) else [sources]
+        if unknown or not sources:
+            raise ValueError(f"gpu_inventory_source must be a list of: {', '.join(SOURCES)}; got {sources!r}")
+        _check_aliases(spawner_config.get("gpu_model_aliases", {}))
         limit = spawner_config.get("max_gpus_per_user", 1)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"max_gpus_per_user must be a whole number ≥ 0, got {limit!r}")

@@ -1,0 +1,128 @@
+"""The hub's gpuspawner endpoints, served by JupyterHub itself under /hub/.
+
+* ``POST /hub/api/gpuspawner/report``: node agents post what NVML sees.
+  Needs the custom scope ``custom:gpuspawner:report`` (and nothing else
+  should have it: an agent token can do nothing more).
+* ``GET /hub/api/gpuspawner/alloc-map``: who holds which device, and how
+  healthy each is. ``POST /hub/api/gpuspawner/rescan`` reconciles the
+  holdings with the services the swarm runs, then returns the map.
+  Both need ``admin:servers`` (the admin role has it).
+* ``GET /hub/gpus``: the allocation map as a page, for admins.
+
+They share the process-wide :class:`~gpuspawner.cluster.GPUCluster` with the
+spawners, found through a spawner built from the hub's own configuration (so
+the same ``c.GPUSwarmSpawner`` settings apply). Register them with
+:func:`gpuspawner.hubconfig.configure`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from jupyterhub.apihandlers.base import APIHandler
+from jupyterhub.handlers.base import BaseHandler
+from jupyterhub.scopes import has_scope
+from jupyterhub.spawner import SpawnException
+from tornado import web
+
+from .cluster import GPUCluster
+from .hubconfig import REPORT_SCOPE
+from .reports import MAX_REPORT_BYTES, ReportError, parse_report
+from .swarm import SwarmError
+
+__all__ = ["ADMIN_SCOPE", "REPORT_SCOPE", "handlers"]
+
+ADMIN_SCOPE = "admin:servers"
+NODE_REFRESH_SECONDS = 2.0  # an unknown hostname asks the swarm at most this often
+
+
+class _GPUMixin:
+    """The cluster, and scope checks that work with custom scopes (JupyterHub's
+    ``needs_scope`` decorator checks its scope when the module is imported,
+    before the hub has defined custom scopes)."""
+
+    def require(self, scope: str) -> None:
+        if not self.current_user:
+            raise web.HTTPError(403, "Missing or invalid credentials.")
+        if not has_scope(scope, self.parsed_scopes, db=self.db):
+            raise web.HTTPError(403, f"Action is not authorized with current scopes; requires {scope}")
+
+    def view(self):
+        """A spawner built from the hub's configuration, shared by these handlers."""
+        view = self.settings.get("gpuspawner_view")
+        if view is None:
+            from .spawner import GPUSwarmSpawner
+
+            cls = self.settings.get("spawner_class")
+            if not (isinstance(cls, type) and issubclass(cls, GPUSwarmSpawner)):
+                cls = GPUSwarmSpawner
+            view = self.settings["gpuspawner_view"] = cls(config=self.settings["config"], log=self.log)
+        return view
+
+    async def cluster(self) -> GPUCluster:
+        try:
+            return await self.view()._cluster()
+        except SpawnException as exc:
+            raise web.HTTPError(503, exc.message) from None
+
+
+class ReportHandler(_GPUMixin, APIHandler):
+    async def post(self):
+        self.require(REPORT_SCOPE)
+        body = self.request.body
+        if len(body) > MAX_REPORT_BYTES:
+            raise web.HTTPError(400, f"report is {len(body)} bytes; the limit is {MAX_REPORT_BYTES}")
+        try:
+            report = parse_report(body)
+        except ReportError as exc:
+            raise web.HTTPError(400, str(exc)) from None
+        view = self.view()
+        cluster = view._cluster_state()
+        if report.hostname not in cluster.nodes:
+            # A node that joined since the last look, or not a node at all.
+            last = self.settings.get("gpuspawner_nodes_checked", 0.0)
+            if time.monotonic() - last >= NODE_REFRESH_SECONDS:
+                self.settings["gpuspawner_nodes_checked"] = time.monotonic()
+                await self.cluster()
+            if report.hostname not in cluster.nodes:
+                raise web.HTTPError(400, f"{report.hostname} is not a node of this swarm")
+        cluster.receive(report)
+        self.set_header("Content-Type", "application/json")
+        self.write({"hostname": report.hostname, "devices": len(report.devices), "interval": report.interval})
+
+
+class AllocMapHandler(_GPUMixin, APIHandler):
+    async def get(self):
+        self.require(ADMIN_SCOPE)
+        cluster = await self.cluster()
+        self.set_header("Content-Type", "application/json")
+        self.write(cluster.alloc_map())
+
+
+class RescanHandler(_GPUMixin, APIHandler):
+    async def post(self):
+        self.require(ADMIN_SCOPE)
+        cluster = await self.cluster()
+        try:
+            await cluster.reconcile(self.view().swarm, self.log)
+        except SwarmError as exc:
+            raise web.HTTPError(503, f"The swarm could not be asked: {exc}") from None
+        self.set_header("Content-Type", "application/json")
+        self.write(cluster.alloc_map())
+
+
+class GPUPageHandler(_GPUMixin, BaseHandler):
+    @web.authenticated
+    async def get(self):
+        self.require(ADMIN_SCOPE)
+        cluster = await self.cluster()
+        html = await self.render_template("gpus.html", alloc_map=cluster.alloc_map(), stale=cluster.stale)
+        self.finish(html)
+
+
+handlers = [
+    (r"/api/gpuspawner/report", ReportHandler),
+    (r"/api/gpuspawner/alloc-map", AllocMapHandler),
+    (r"/api/gpuspawner/rescan", RescanHandler),
+    (r"/gpus", GPUPageHandler),
+]

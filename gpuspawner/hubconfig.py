@@ -1,0 +1,37 @@
+"""One call in jupyterhub_config.py that sets the hub up for gpuspawner.
+
+::
+
+    from gpuspawner.hubconfig import configure
+    configure(c)
+
+registers gpuspawner's endpoints and admin page (see ``api.py``), defines the
+``custom:gpuspawner:report`` scope that node agents' tokens get, adds the
+admin page's template folder, and checks gpuspawner's settings at once (see
+:func:`gpuspawner.spawner.validate_config`), so that a wrong setting stops the
+hub at start with one line. Call it at the end of the file, after the
+``c.GPUSwarmSpawner`` settings.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["configure", "REPORT_SCOPE"]
+
+REPORT_SCOPE = "custom:gpuspawner:report"
+TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+
+
+def configure(c) -> None:
+    from . import api
+    from .spawner import validate_config
+
+    # JupyterHub logs that extra_handlers is deprecated in favour of services;
+    # these must run inside the hub, where the allocator lives.
+    c.JupyterHub.extra_handlers.extend(api.handlers)
+    c.JupyterHub.custom_scopes.update(
+        {REPORT_SCOPE: {"description": "Report a GPU node's devices to gpuspawner (node agents only)."}}
+    )
+    c.JupyterHub.template_paths.append(TEMPLATES)
+    validate_config(c)
