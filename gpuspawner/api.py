@@ -18,6 +18,7 @@ the same ``c.GPUSwarmSpawner`` settings apply). Register them with
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.handlers.base import BaseHandler
@@ -56,7 +57,10 @@ class _GPUMixin:
             cls = self.settings.get("spawner_class")
             if not (isinstance(cls, type) and issubclass(cls, GPUSwarmSpawner)):
                 cls = GPUSwarmSpawner
-            view = self.settings["gpuspawner_view"] = cls(config=self.settings["config"], log=self.log)
+            # It never spawns; dockerspawner's name templates only need a user name.
+            nobody = SimpleNamespace(name="gpuspawner-hub", id=0)
+            view = cls(config=self.settings["config"], log=self.log, user=nobody)
+            self.settings["gpuspawner_view"] = view
         return view
 
     async def cluster(self) -> GPUCluster:

@@ -11,13 +11,13 @@ from tests.harness.hub import Hub, free_port_block
 
 
 @contextlib.contextmanager
-def hub_on(swarm, state_dir, port_from: int = 18000, extra_config: str = ""):
+def hub_on(swarm, state_dir, port_from: int = 18000, extra_config: str = "", env: dict | None = None):
     """A real hub (examples/local config) on the test swarm; its services go with it."""
     hub = Hub(
         state_dir,
         port=free_port_block(port_from),
         extra_config=extra_config,
-        env={"GPUSPAWNER_DOCKER_URL": swarm.manager_url},
+        env={"GPUSPAWNER_DOCKER_URL": swarm.manager_url, **(env or {})},
     )
     hub.start()
     try:
