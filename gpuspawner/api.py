@@ -37,6 +37,20 @@ ADMIN_SCOPE = "admin:servers"
 NODE_REFRESH_SECONDS = 2.0  # an unknown hostname asks the swarm at most this often
 
 
+def hub_view(config, spawner_class=None, log=None):
+    """A GPUSwarmSpawner configured like the hub's spawners, to reach the
+    process-wide cluster from outside a spawn. It never spawns itself."""
+    from .spawner import GPUSwarmSpawner
+
+    cls = spawner_class
+    if not (isinstance(cls, type) and issubclass(cls, GPUSwarmSpawner)):
+        cls = GPUSwarmSpawner
+    # dockerspawner's name templates, evaluated on init, only need a user name.
+    nobody = SimpleNamespace(name="gpuspawner-hub", id=0)
+    kwargs = {"log": log} if log is not None else {}
+    return cls(config=config, user=nobody, **kwargs)
+
+
 class _GPUMixin:
     """The cluster, and scope checks that work with custom scopes (JupyterHub's
     ``needs_scope`` decorator checks its scope when the module is imported,
@@ -52,14 +66,7 @@ class _GPUMixin:
         """A spawner built from the hub's configuration, shared by these handlers."""
         view = self.settings.get("gpuspawner_view")
         if view is None:
-            from .spawner import GPUSwarmSpawner
-
-            cls = self.settings.get("spawner_class")
-            if not (isinstance(cls, type) and issubclass(cls, GPUSwarmSpawner)):
-                cls = GPUSwarmSpawner
-            # It never spawns; dockerspawner's name templates only need a user name.
-            nobody = SimpleNamespace(name="gpuspawner-hub", id=0)
-            view = cls(config=self.settings["config"], log=self.log, user=nobody)
+            view = hub_view(self.settings["config"], self.settings.get("spawner_class"), self.log)
             self.settings["gpuspawner_view"] = view
         return view
 

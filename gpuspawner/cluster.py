@@ -86,7 +86,8 @@ class GPUCluster:
         self.nodes: dict[str, Node] = {}
         self.ports: dict[str, int] = {}  # holder -> port, for host networking
         self.reports: dict[str, tuple[NodeReport, float]] = {}  # host -> (report, when received)
-        self.devices: dict[str, DeviceState] = {}  # uuid -> every known device
+        self._states: dict[str, dict[str, DeviceState]] = {}  # host -> uuid -> every known device
+        self._offered_by_host: dict[str, tuple[GPU, ...]] = {}  # host -> its healthy devices
         self.stale: dict[str, str] = {}  # host -> why its devices are not offered
         self._last_uuid: dict[tuple[str, int], str] = {}  # a lost GPU may no longer say its UUID
         self.servers: dict[str, tuple[str, str]] = {}  # holder -> (user, server name)
@@ -108,65 +109,103 @@ class GPUCluster:
 
     def receive(self, report: NodeReport, now: float | None = None) -> None:
         """Take a node's report. A host in the static inventory keeps its
-        listed devices; its report then only says how healthy they are."""
-        self.reports[report.hostname] = (report, time.monotonic() if now is None else now)
-        self.apply(now)
+        listed devices; its report then only says how healthy they are.
+        Only this host is recomputed; the allocator is touched only when the
+        set of devices it may offer changed."""
+        now = time.monotonic() if now is None else now
+        self.reports[report.hostname] = (report, now)
+        changed = self._set_host(report.hostname)
+        if report.hostname in self.stale:
+            changed = self._check_stale(now) or changed
+        if changed:
+            self._offer()
 
     def apply(self, now: float | None = None) -> None:
-        """Recompute every device's state and offer the healthy ones."""
+        """Recompute every host (at start) or only which nodes are late."""
         now = time.monotonic() if now is None else now
-        settings = self.settings
-        devices: dict[str, DeviceState] = {}
-        if "static" in settings.sources:
-            for gpu in settings.static:
-                devices[gpu.uuid] = DeviceState(self._aliased(gpu), "static")
-        self.stale = {}
-        for host, (report, received) in sorted(self.reports.items()):
-            source = "local" if host == settings.local_host and "local" in settings.sources else "agent"
-            late = now - received
-            if host not in self.static_hosts and late > settings.stale_intervals * report.interval:
-                self.stale[host] = f"no report from its agent for {late:.0f} s"
-            self._add_reported(devices, report, source)
-        # A late node's devices stay in the inventory but its host is made
-        # unavailable, so the form can say they exist but cannot be had now.
-        offered = tuple(sorted(s.gpu for s in devices.values() if s.healthy))
-        for state in devices.values():
-            if state.gpu.host in self.stale:
-                state.problems.append(self.stale[state.gpu.host])
-        self.devices = devices
-        if offered != self._offered:
-            self._offered = offered
-            self.allocator.set_inventory(offered)
-            self._adopt_pending()
+        if self._offered is None:
+            for host in {g.host for g in self.settings.static} | set(self.reports):
+                self._set_host(host)
+            self._offer()
+        elif self._check_stale(now):
+            self._update_availability()
+
+    @property
+    def devices(self) -> dict[str, DeviceState]:
+        return {uuid: state for states in self._states.values() for uuid, state in states.items()}
+
+    def _set_host(self, host: str) -> bool:
+        """Recompute one host's devices; True when what it may offer changed."""
+        states = self._host_states(host)
+        offered = tuple(sorted(s.gpu for s in states.values() if s.healthy))
+        self._states[host] = states
+        if offered == self._offered_by_host.get(host, ()):
+            return False
+        self._offered_by_host[host] = offered
+        return True
+
+    def _offer(self) -> None:
+        self._offered = tuple(g for host in sorted(self._offered_by_host) for g in self._offered_by_host[host])
+        self.allocator.set_inventory(self._offered)
+        self._adopt_pending()
         self._update_availability()
+
+    def _check_stale(self, now: float) -> bool:
+        """A node whose agent is late keeps its devices in the inventory, but
+        its host is made unavailable: the form says they exist but cannot be
+        had now. True when the set of late nodes changed."""
+        stale = {}
+        for host, (report, received) in self.reports.items():
+            late = now - received
+            if host not in self.static_hosts and late > self.settings.stale_intervals * report.interval:
+                stale[host] = f"no report from its agent for {late:.0f} s"
+        changed = stale.keys() != self.stale.keys()
+        self.stale = stale
+        return changed
 
     def _aliased(self, gpu: GPU) -> GPU:
         model = self.aliases.get(gpu.model)
         return gpu if model is None else GPU(gpu.host, gpu.index, gpu.uuid, model, gpu.memory_mib)
 
-    def _add_reported(self, devices: dict[str, DeviceState], report: NodeReport, source: str) -> None:
-        host, max_temp = report.hostname, self.settings.max_temperature_c
-        listed = host in self.static_hosts  # the static inventory decides which devices it has
+    def _host_states(self, host: str) -> dict[str, DeviceState]:
+        settings = self.settings
+        states: dict[str, DeviceState] = {}
+        listed = host in self.static_hosts  # then the static inventory decides which devices it has
+        if listed:
+            for gpu in settings.static:
+                if gpu.host == host:
+                    states[gpu.uuid] = DeviceState(self._aliased(gpu), "static")
+        if host not in self.reports:
+            return states
+        report = self.reports[host][0]
+        source = "local" if host == settings.local_host and "local" in settings.sources else "agent"
+        max_temp = settings.max_temperature_c
         for gpu, dev in gpus_of(report, self.aliases):
-            state = devices.get(gpu.uuid)
+            state = states.get(gpu.uuid)
             if state is None:
                 if listed:
                     continue
-                state = devices[gpu.uuid] = DeviceState(gpu, source)
+                state = states[gpu.uuid] = DeviceState(gpu, source)
             state.problems.extend(device_problems(dev.lost, dev.ecc_uncorrected, dev.temperature_c, max_temp))
             state.temperature_c, state.utilization_gpu = dev.temperature_c, dev.utilization_gpu
             state.memory_used_mib, state.processes = dev.memory_used_mib, dev.processes
+        before = self._states.get(host, {})
         for dev in report.devices:
             if dev.uuid is not None:
                 self._last_uuid[(host, dev.index)] = dev.uuid
                 continue
             # Lost before NVML named it: the GPU last seen at that index stays known, marked.
             uuid = self._last_uuid.get((host, dev.index), "")
-            state = devices.get(uuid)
-            if state is None and not listed and uuid in self.devices:
-                state = devices[uuid] = DeviceState(self.devices[uuid].gpu, source)
+            state = states.get(uuid)
+            if state is None and not listed and uuid in before:
+                state = states[uuid] = DeviceState(before[uuid].gpu, source)
             if state is not None:
                 state.problems.extend(device_problems(dev.lost, None, None, max_temp) or ["NVML cannot read it"])
+        return states
+
+    def is_available(self, host: str) -> bool:
+        """The node may get new servers: schedulable in the swarm, and its agent (if any) not late."""
+        return (self._schedulable is None or host in self._schedulable) and host not in self.stale
 
     def _update_availability(self) -> None:
         if self._schedulable is None:
@@ -309,14 +348,15 @@ class GPUCluster:
         for uuid, state in sorted(self.devices.items(), key=lambda kv: kv[1].gpu):
             gpu = state.gpu
             held = holders.get(uuid, [])
-            health = "ok" if state.healthy else ("stale" if gpu.host in self.stale else "unhealthy")
+            problems = state.problems + ([self.stale[gpu.host]] if gpu.host in self.stale else [])
+            health = "unhealthy" if not state.healthy else ("stale" if gpu.host in self.stale else "ok")
             out.setdefault(gpu.host, {})[uuid] = {
                 "model": gpu.model,
                 "index": gpu.index,
                 "memory_mib": gpu.memory_mib,
                 "allocated": round(sum(h["share"] for h in held), 6),
                 "health": health,
-                "problems": list(state.problems),
+                "problems": problems,
                 "holders": held,
                 "source": state.source,
                 "temperature_c": state.temperature_c,

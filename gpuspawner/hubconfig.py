@@ -24,7 +24,7 @@ TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates"
 
 
 def configure(c) -> None:
-    from . import api
+    from . import api, metrics
     from .spawner import validate_config
 
     # JupyterHub logs that extra_handlers is deprecated in favour of services;
@@ -34,4 +34,5 @@ def configure(c) -> None:
         {REPORT_SCOPE: {"description": "Report a GPU node's devices to gpuspawner (node agents only)."}}
     )
     c.JupyterHub.template_paths.append(TEMPLATES)
+    metrics.use_config(c)
     validate_config(c)

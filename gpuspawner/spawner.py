@@ -20,6 +20,7 @@ from jupyterhub.spawner import SpawnException
 from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Tuple, Unicode, Union, default, validate
 
 from .allocator import POLICIES, AllocationRefused, Request
+from . import metrics
 from .cluster import SOURCES, GPUCluster, InventorySettings
 from .inventory import MODEL_RE, InventoryError, load_inventory
 from .options import OptionsError, options_from_form, parse_user_options
@@ -230,6 +231,7 @@ class GPUSwarmSpawner(SwarmSpawner):
                self.agent_stale_intervals, self.gpu_max_temperature, self.local_gpu_host]
         try:
             self._gpu_cluster = GPUCluster.shared(key, self._inventory_settings)
+            metrics.register_cluster(self._gpu_cluster)
             return self._gpu_cluster
         except InventoryError as exc:
             self.log.error("%s", exc)
@@ -339,15 +341,18 @@ class GPUSwarmSpawner(SwarmSpawner):
         host, uuids, model = request.host or "", (), ""
         if not request.cpu_only:
             try:
-                alloc = cluster.allocator.allocate(
-                    self.holder,
-                    Request(model=request.model, count=request.count, host=request.host, owner=self.user.name),
-                    max_per_owner=self.max_gpus_per_user,
-                    policy=self.allocation_policy,
-                )
+                with metrics.ALLOCATION_SECONDS.time():
+                    alloc = cluster.allocator.allocate(
+                        self.holder,
+                        Request(model=request.model, count=request.count, host=request.host, owner=self.user.name),
+                        max_per_owner=self.max_gpus_per_user,
+                        policy=self.allocation_policy,
+                    )
             except AllocationRefused as exc:
+                metrics.REFUSED.labels("capacity" if exc.retry else "request").inc()
                 reason = "gpu_unavailable" if exc.retry else "gpu_request"
                 raise spawn_error(exc.message, reason=reason, status_code=exc.status) from exc
+            metrics.GRANTED.labels(alloc.model).inc()
             host, uuids, model = alloc.host, alloc.uuids, alloc.model
             cluster.servers[self.holder] = (self.user.name, self.name)
             self._report(f"Reserved {len(alloc.devices)} × {alloc.model} on {alloc.host}", 20)

@@ -64,7 +64,7 @@ if token:
     c.JupyterHub.load_roles.append(
         {
             "name": "gpuspawner-admin",
-            "scopes": ["admin:users", "admin:servers", "users", "servers", "read:users"],
+            "scopes": ["admin:users", "admin:servers", "users", "servers", "read:users", "read:metrics"],
             "services": ["gpuspawner-admin"],
         }
     )
