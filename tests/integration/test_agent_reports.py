@@ -6,7 +6,10 @@ test_agents_on_nodes.py runs the agent itself on each node."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import requests
@@ -91,6 +94,16 @@ def test_reports_become_the_form_and_the_allocation_map(hub, swarm):
     (service,) = swarm.client().services.list(filters={"label": "gpuspawner.user=nora"})
     env = service.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]["Env"]
     assert "NVIDIA_VISIBLE_DEVICES=MIG-aaaa-0002" in env
+
+    # The admin CLI shows the same.
+    cli = subprocess.run([sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, "alloc-map"],
+                         env={**os.environ, "JUPYTERHUB_API_TOKEN": hub.token}, capture_output=True, text=True)
+    assert cli.returncode == 0, cli.stderr
+    (line,) = [ln for ln in cli.stdout.splitlines() if "MIG-aaaa-0002" in ln]
+    assert "1.00" in line and line.endswith("nora (1.00)")
+    cli = subprocess.run([sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, "alloc-map", "--json"],
+                         env={**os.environ, "JUPYTERHUB_API_TOKEN": AGENT_TOKEN}, capture_output=True, text=True)
+    assert cli.returncode == 1 and "HTTP 403" in cli.stderr and "admin:servers" in cli.stderr
 
     # Rescan from the swarm's services returns the same holdings.
     again = hub.api("POST", "/gpuspawner/rescan").json()
