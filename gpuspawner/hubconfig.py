@@ -15,6 +15,8 @@ hub at start with one line. Call it at the end of the file, after the
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 
 __all__ = ["configure", "REPORT_SCOPE"]
@@ -36,3 +38,32 @@ def configure(c) -> None:
     c.JupyterHub.template_paths.append(TEMPLATES)
     metrics.use_config(c)
     validate_config(c)
+    try:
+        loop = asyncio.get_running_loop()  # JupyterHub reads its config inside its event loop
+    except RuntimeError:
+        return  # loaded outside a hub (a test, a linter): nothing to run
+    loop.create_task(_keep_reconciling(c))
+
+
+async def _keep_reconciling(config) -> None:
+    """At hub start, and then every ``reconcile_interval`` seconds, make the
+    GPU holdings match the services the swarm runs (see GPUCluster.reconcile)."""
+    from .api import hub_view
+    from .swarm import SwarmError
+
+    log = logging.getLogger("JupyterHub")
+    view = hub_view(config, log=log)
+    first = True
+    while True:
+        try:
+            cluster = await view._cluster()  # the first use rebuilds holdings from the swarm
+            if not first:
+                await cluster.reconcile(view.swarm, log)
+            first = False
+        except SwarmError as exc:
+            log.warning("GPU reconciliation: the swarm could not be asked: %s", exc)
+        except Exception as exc:  # never let the loop die; say what happened in one line
+            log.error("GPU reconciliation failed: %s", getattr(exc, "message", exc))
+        if view.reconcile_interval <= 0:
+            return
+        await asyncio.sleep(view.reconcile_interval)

@@ -111,6 +111,16 @@ class GPUSwarmSpawner(SwarmSpawner):
     def _default_local_gpu_host(self):
         return socket.gethostname()
 
+    reconcile_interval = Integer(
+        60,
+        min=0,
+        help="""Seconds between reconciliations of GPU holdings with the
+        services the swarm runs: a labelled service the hub does not track is
+        adopted, and the devices of a service that is gone are given back.
+        Also done at hub start (with ``gpuspawner.hubconfig.configure``) and by
+        the admin's rescan. 0: only at start and on rescan.""",
+    ).tag(config=True)
+
     allocation_policy = Unicode(
         "pack",
         help=f"""How to pick a host for a request: {', '.join(POLICIES)}.
