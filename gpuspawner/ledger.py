@@ -124,6 +124,19 @@ allocation_devices = sa.Table(
 )
 
 
+# Record field: allocations column, for what is stored one to one.
+_COLUMNS = {
+    "service": "service",
+    "user": "username",
+    "server": "server",
+    "host": "host",
+    "model": "model",
+    "started_at": "started_at",
+    "ended_at": "ended_at",
+    "end_reason": "end_reason",
+}
+
+
 @dataclass(frozen=True)
 class Record:
     """One allocation: a service's devices from ``started_at`` to ``ended_at`` (None: open)."""
@@ -144,11 +157,6 @@ class Record:
     def gpus(self) -> float:
         """How many GPUs' worth the allocation held (the sum of its shares)."""
         return math.fsum(self.shares)
-
-    def gpu_hours(self, since: datetime | None, until: datetime, now: datetime) -> float:
-        """GPU-hours held within [since, until]; an open allocation counts until ``now``."""
-        end = self.ended_at if self.ended_at is not None else now
-        return hours_within(self.started_at, end, since, until) * self.gpus
 
     def _same_as(self, other: Record) -> bool:
         fields = ("user", "server", "host", "model", "devices", "shares")
@@ -324,18 +332,8 @@ class Ledger:
                     wanted.service, current.id, ", ".join(current.devices) or "no GPU", current.host,
                 )
                 self._end(conn, current, max(wanted.started_at, current.started_at), SUPERSEDED)
-            new_id = conn.execute(
-                allocations.insert().values(
-                    service=wanted.service,
-                    username=wanted.user,
-                    server=wanted.server,
-                    host=wanted.host,
-                    model=wanted.model,
-                    started_at=wanted.started_at,
-                    ended_at=None,
-                    end_reason="",
-                )
-            ).inserted_primary_key[0]
+            values = {column: getattr(wanted, field) for field, column in _COLUMNS.items()}
+            new_id = conn.execute(allocations.insert().values(values)).inserted_primary_key[0]
             if wanted.devices:
                 conn.execute(
                     allocation_devices.insert(),
@@ -371,6 +369,8 @@ class Ledger:
     ) -> list[Record]:
         """Close every open allocation whose service is not in ``running`` (e.g. at hub
         start, with the services the swarm runs); return those closed."""
+        if isinstance(running, str):
+            raise ValueError("running must be a collection of service names, not one string")
         running = set(running)
         end = _utc(ended_at, "ended_at") or _now()
         with self._write_lock, self._db("closing the allocations of services that are gone"):
@@ -405,13 +405,9 @@ class Ledger:
         """Allocations that overlap [since, until] (None: unbounded), of ``user`` and
         including ``device`` (a UUID) when given, oldest first."""
         since, until = self._range(since, until, until_default=None)
-        where = []
+        where = self._overlapping(since, until)
         if user is not None:
             where.append(allocations.c.username == user)
-        if since is not None:
-            where.append(sa.or_(allocations.c.ended_at.is_(None), allocations.c.ended_at > since))
-        if until is not None:
-            where.append(allocations.c.started_at < until)
         if device is not None:
             where.append(
                 allocations.c.id.in_(
@@ -428,18 +424,37 @@ class Ledger:
         Each allocation counts (its overlap of [started_at, ended_at or now] with the
         range, in hours) × (the sum of its shares). Largest first; allocations without
         GPUs count nothing and keys without GPU-hours are left out."""
-        keys = {"user": lambda r: r.user, "model": lambda r: r.model}
+        a, d = allocations, allocation_devices
+        keys = {"user": a.c.username, "model": a.c.model}
         if by not in keys:
             raise ValueError(f"usage by {by!r}: use one of {', '.join(keys)}")
         now = _now()
         since, until = self._range(since, until, until_default=now)
+        # One row per allocation with its summed shares (the inner join drops those
+        # without GPUs); the overlap is computed here, alike for every backend.
+        query = (
+            sa.select(keys[by], a.c.started_at, a.c.ended_at, sa.func.sum(d.c.share))
+            .join_from(a, d, d.c.allocation_id == a.c.id)
+            .where(*self._overlapping(since, until))
+            .group_by(a.c.id, keys[by], a.c.started_at, a.c.ended_at)
+        )
         totals: dict[str, float] = {}
-        for record in self.history(since=since, until=until):
-            hours = record.gpu_hours(since, until, now)
-            if hours > 0:
-                key = keys[by](record)
-                totals[key] = totals.get(key, 0.0) + hours
+        with self._db("computing GPU usage"), self.engine.connect() as conn:
+            for key, started, ended, gpus in conn.execute(query):
+                hours = hours_within(started, ended or now, since, until) * gpus
+                if hours > 0:
+                    totals[key] = totals.get(key, 0.0) + hours
         return [Usage(k, h) for k, h in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+    @staticmethod
+    def _overlapping(since: datetime | None, until: datetime | None) -> list:
+        """Conditions for allocations that overlap [since, until] (None: unbounded)."""
+        where = []
+        if since is not None:
+            where.append(sa.or_(allocations.c.ended_at.is_(None), allocations.c.ended_at > since))
+        if until is not None:
+            where.append(allocations.c.started_at < until)
+        return where
 
     @staticmethod
     def _range(since, until, until_default):
@@ -456,7 +471,7 @@ class Ledger:
         try:
             self._ensure_schema()
             yield
-        except (sa_exc.SQLAlchemyError, sa_exc.DBAPIError) as e:
+        except sa_exc.SQLAlchemyError as e:
             raise LedgerError(f"GPU ledger database {self.url}: {doing} failed: {_first_line(e)}") from e
 
     def _ensure_schema(self) -> None:
@@ -492,16 +507,9 @@ class Ledger:
         return [
             Record(
                 id=row.id,
-                service=row.service,
-                user=row.username,
-                server=row.server,
-                host=row.host,
-                model=row.model,
                 devices=tuple(uuids),
                 shares=tuple(shares),
-                started_at=row.started_at,
-                ended_at=row.ended_at,
-                end_reason=row.end_reason,
+                **{field: getattr(row, column) for field, column in _COLUMNS.items()},
             )
             for row, uuids, shares in found.values()
         ]
