@@ -88,7 +88,14 @@ class PostgresServer:
         server = cls(base, _free_port(), secrets.token_urlsafe(16))
         try:
             server._initdb()
-            server.start()
+            for attempt in range(3):
+                try:
+                    server.start()
+                    break
+                except PostgresError:
+                    if attempt == 2:
+                        raise
+                    server.port = _free_port()  # another process took the free port meanwhile
         except BaseException:
             server.destroy()
             raise

@@ -144,31 +144,6 @@ class LedgerContract:
         (record,) = ledger.open_allocations()
         assert (record.devices, record.shares, record.gpus) == ((), (), 0)
 
-    @pytest.mark.parametrize(
-        "change, message",
-        [
-            ({"service": ""}, "service must not be empty"),
-            ({"user": ""}, "user must not be empty"),
-            ({"service": "x" * 256}, "longer than 255"),
-            ({"model": ""}, "model must not be empty"),
-            ({"host": ""}, "host must not be empty"),
-            ({"devices": ["GPU-1", "GPU-2"]}, "2 devices but 1 shares"),
-            ({"devices": "GPU-1"}, "not one string"),
-            ({"devices": ["GPU-1", "GPU-1"], "shares": [0.5, 0.5]}, "listed twice"),
-            ({"shares": [0]}, r"share of GPU-1 must be a number in \(0, 1\]"),
-            ({"shares": [1.5]}, r"share of GPU-1 must be a number in \(0, 1\]"),
-            ({"shares": ["1"]}, r"share of GPU-1 must be a number"),
-            ({"started_at": datetime(2026, 1, 1)}, "started_at must be timezone-aware"),
-            ({"started_at": "2026-01-01"}, "started_at must be a datetime"),
-        ],
-    )
-    def test_bad_input_is_refused_and_changes_nothing(self, ledger, change, message):
-        args = dict(service="svc", user="alice", server="", host="gpu-a", model="A100", devices=["GPU-1"], shares=[1.0])
-        args.update(change)
-        with pytest.raises(ValueError, match=message):
-            ledger.open(**args)
-        assert ledger.history() == []
-
     # --- history and usage --------------------------------------------------------
 
     @pytest.fixture
@@ -351,6 +326,35 @@ class TestLedgerOnSQLite(LedgerContract):
     @pytest.fixture
     def url(self, tmp_path):
         return f"sqlite:///{tmp_path}/gpuspawner.sqlite"
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"service": ""}, "service must not be empty"),
+        ({"user": ""}, "user must not be empty"),
+        ({"service": "x" * 256}, "longer than 255"),
+        ({"model": ""}, "model must not be empty"),
+        ({"host": ""}, "host must not be empty"),
+        ({"devices": ["GPU-1", "GPU-2"]}, "2 devices but 1 shares"),
+        ({"devices": "GPU-1"}, "not one string"),
+        ({"devices": ["GPU-1", "GPU-1"], "shares": [0.5, 0.5]}, "listed twice"),
+        ({"shares": [0]}, r"share of GPU-1 must be a number in \(0, 1\]"),
+        ({"shares": [1.5]}, r"share of GPU-1 must be a number in \(0, 1\]"),
+        ({"shares": ["1"]}, r"share of GPU-1 must be a number"),
+        ({"started_at": datetime(2026, 1, 1)}, "started_at must be timezone-aware"),
+        ({"started_at": "2026-01-01"}, "started_at must be a datetime"),
+    ],
+)
+def test_bad_input_is_refused_and_changes_nothing(tmp_path, change, message):
+    # Checked before the database is touched: alike on every backend, so on SQLite only.
+    ledger = Ledger(f"sqlite:///{tmp_path}/gpuspawner.sqlite")
+    args = dict(service="svc", user="alice", server="", host="gpu-a", model="A100", devices=["GPU-1"], shares=[1.0])
+    args.update(change)
+    with pytest.raises(ValueError, match=message):
+        ledger.open(**args)
+    assert ledger.history() == []
+    ledger.dispose()
 
 
 def test_an_unusable_database_raises_ledger_error_until_it_is_usable(tmp_path):
