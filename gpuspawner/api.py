@@ -6,7 +6,8 @@
 * ``GET /hub/api/gpuspawner/alloc-map``: who holds which device, and how
   healthy each is. ``POST /hub/api/gpuspawner/rescan`` reconciles the
   holdings with the services the swarm runs, then returns the map.
-  Both need ``admin:servers`` (the admin role has it).
+  ``GET /hub/api/gpuspawner/usage?since=&until=&by=user|model``: GPU-hours
+  from the ledger. These need ``admin:servers`` (the admin role has it).
 * ``GET /hub/gpus``: the allocation map as a page, for admins.
 
 They share the process-wide :class:`~gpuspawner.cluster.GPUCluster` with the
@@ -18,6 +19,7 @@ the same ``c.GPUSwarmSpawner`` settings apply). Register them with
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 from types import SimpleNamespace
 
 from jupyterhub.apihandlers.base import APIHandler
@@ -28,6 +30,7 @@ from tornado import web
 
 from .cluster import GPUCluster
 from .hubconfig import REPORT_SCOPE
+from .ledger import LedgerError
 from .reports import MAX_REPORT_BYTES, ReportError, parse_report
 from .swarm import SwarmError
 
@@ -122,6 +125,42 @@ class RescanHandler(_GPUMixin, APIHandler):
         self.write(cluster.alloc_map())
 
 
+class UsageHandler(_GPUMixin, APIHandler):
+    """GPU-hours per user or model: ``?since=ISO&until=ISO&by=user|model``."""
+
+    async def get(self):
+        self.require(ADMIN_SCOPE)
+        since, until = (_time_arg(self.get_argument(k, "")) for k in ("since", "until"))
+        by = self.get_argument("by", "user")
+        if by not in ("user", "model"):
+            raise web.HTTPError(400, f"by={by!r}: use user or model")
+        cluster = await self.cluster()
+        try:
+            rows = await cluster.ledger_call("usage", since, until, by)
+        except LedgerError as exc:
+            raise web.HTTPError(503, str(exc)) from None
+        except ValueError as exc:  # e.g. since after until
+            raise web.HTTPError(400, str(exc)) from None
+        self.set_header("Content-Type", "application/json")
+        self.write({
+            "by": by,
+            "since": since.isoformat() if since else None,
+            "until": until.isoformat() if until else None,
+            "usage": [{"key": u.key, "gpu_hours": round(u.gpu_hours, 6)} for u in rows or []],
+        })
+
+
+def _time_arg(text: str) -> datetime | None:
+    """An ISO 8601 time (UTC when no zone is given), or None when empty."""
+    if not text:
+        return None
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        raise web.HTTPError(400, f"{text[:40]!r} is not an ISO 8601 time such as 2026-11-01T00:00:00Z") from None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
 class GPUPageHandler(_GPUMixin, BaseHandler):
     @web.authenticated
     async def get(self):
@@ -135,5 +174,6 @@ handlers = [
     (r"/api/gpuspawner/report", ReportHandler),
     (r"/api/gpuspawner/alloc-map", AllocMapHandler),
     (r"/api/gpuspawner/rescan", RescanHandler),
+    (r"/api/gpuspawner/usage", UsageHandler),
     (r"/gpus", GPUPageHandler),
 ]

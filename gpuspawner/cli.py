@@ -2,6 +2,7 @@
 
     gpuspawner alloc-map [--json]        who holds which share of which GPU
     gpuspawner rescan [--json]           reconcile with the swarm's services, then the map
+    gpuspawner usage [--since T] [--until T] [--by user|model] [--json]   GPU-hours
 
 The hub is found from ``--hub-url`` or ``$JUPYTERHUB_URL`` (default
 http://127.0.0.1:8000), the token from ``--token-file`` or ``$JUPYTERHUB_API_TOKEN``;
@@ -16,6 +17,7 @@ import json
 import os
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, Sequence
 
@@ -63,6 +65,16 @@ def format_alloc_map(alloc_map: dict) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 
 
+def format_usage(result: dict) -> str:
+    rows = [(result["by"].upper(), "GPU-HOURS")]
+    rows += [(u["key"], f"{u['gpu_hours']:.2f}") for u in result["usage"]]
+    span = f"from {result['since'] or 'the start'} to {result['until'] or 'now'}"
+    if len(rows) == 1:
+        return f"No GPU use {span}."
+    width = max(len(r[0]) for r in rows)
+    return "\n".join([f"GPU use {span}:"] + [f"{a.ljust(width)}  {b.rjust(9)}" for a, b in rows])
+
+
 def _token(args) -> str:
     if args.token_file:
         try:
@@ -87,17 +99,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                             ("rescan", "reconcile with the swarm's services, then show the map")):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p = sub.add_parser("usage", help="GPU-hours per user or per model")
+    p.add_argument("--since", default="", help="ISO 8601 time, e.g. 2026-11-01 (default: the first allocation)")
+    p.add_argument("--until", default="", help="ISO 8601 time (default: now)")
+    p.add_argument("--by", choices=("user", "model"), default="user")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     try:
         token = _token(args)
         if args.command == "alloc-map":
             result = api(args.hub_url, token, "GET", "gpuspawner/alloc-map")
-        else:
+        elif args.command == "rescan":
             result = api(args.hub_url, token, "POST", "gpuspawner/rescan")
+        else:
+            query = urllib.parse.urlencode({"since": args.since, "until": args.until, "by": args.by})
+            result = api(args.hub_url, token, "GET", f"gpuspawner/usage?{query}")
     except CLIError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(result, indent=2) if args.json else format_alloc_map(result))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(format_usage(result) if args.command == "usage" else format_alloc_map(result))
     return 0
 
 

@@ -15,6 +15,7 @@ allocator; the others stay known here, with the reason, for admins.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import random
@@ -24,6 +25,7 @@ from typing import Callable, Iterable, Mapping
 
 from .allocator import Allocation, Allocator
 from .inventory import GPU
+from .ledger import Ledger, LedgerError
 from .reports import NodeReport, device_problems, gpus_of, parse_report
 from .service_spec import LABEL, Holding, holding_from_labels
 from .swarm import Node, Swarm
@@ -91,6 +93,7 @@ class GPUCluster:
         self.stale: dict[str, str] = {}  # host -> why its devices are not offered
         self._last_uuid: dict[tuple[str, int], str] = {}  # a lost GPU may no longer say its UUID
         self.servers: dict[str, tuple[str, str]] = {}  # holder -> (user, server name)
+        self.ledger: Ledger | None = None  # the history of allocations, when configured
         self.busy: set[str] = set()  # holders being started or stopped: their service may come or go
         self._pending: dict[str, Holding] = {}  # adopted holdings of devices not (yet) offered
         self._offered: tuple[GPU, ...] | None = None
@@ -287,14 +290,33 @@ class GPUCluster:
                 self._pending[name] = holding
             for problem in problems:
                 log.warning("Service %s: %s", name, problem)
+            await self._record(log, "open", name, holding.user, holding.server, holding.host, holding.model,
+                               holding.uuids, [1.0] * len(holding.uuids))
         gone = [h for h in self.allocator.holdings() if h not in found and h not in self.busy]
         for holder in gone:
             log.warning("Service %s is gone; releasing its GPUs", holder)
             self.release(holder)
+        # Also closes what a stop could not record while the database was down.
+        await self._record(log, "close_missing", set(found) | self.busy)
         held = sum(len(a.devices) for a in self.allocator.holdings().values())
         log.info("GPU allocations reconciled with the swarm: %d services, %d adopted, %d released, %d devices held",
                  len(found), adopted, len(gone), held)
         return {"services": len(found), "adopted": adopted, "released": len(gone), "held": held}
+
+    async def ledger_call(self, method: str, *args):
+        """A ledger call, off the event loop (database I/O); None without a ledger.
+        Raises LedgerError."""
+        if self.ledger is None:
+            return None
+        call = functools.partial(getattr(self.ledger, method), *args)
+        return await asyncio.get_running_loop().run_in_executor(None, call)
+
+    async def _record(self, log, method: str, *args) -> None:
+        """Reconciliation goes on when the ledger cannot be written: the next one catches up."""
+        try:
+            await self.ledger_call(method, *args)
+        except LedgerError as exc:
+            log.warning("%s", exc)
 
     def pick_port(self, holder: str, first: int, last: int) -> int | None:
         """A port no other server of this hub uses. Ports are handed out in

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import os
 import socket
 
 import jinja2
@@ -23,6 +24,7 @@ from .allocator import POLICIES, AllocationRefused, Request
 from . import metrics
 from .cluster import SOURCES, GPUCluster, InventorySettings
 from .inventory import MODEL_RE, InventoryError, load_inventory
+from .ledger import Ledger, LedgerError, default_db_url
 from .options import OptionsError, options_from_form, parse_user_options
 from .service_spec import Holding, build_service, visible_devices
 from .swarm import TASK_FAILED, TASK_WAITING, Swarm, SwarmError
@@ -110,6 +112,18 @@ class GPUSwarmSpawner(SwarmSpawner):
     @default("local_gpu_host")
     def _default_local_gpu_host(self):
         return socket.gethostname()
+
+    gpu_db_url = Unicode(
+        "",
+        help="""SQLAlchemy URL of the database that keeps the history of GPU
+        allocations (who held which devices, from when to when; see
+        docs/ledger.md), e.g. the hub's own PostgreSQL. Empty (default): the
+        SQLite file ``gpuspawner.sqlite`` beside the hub's SQLite database.""",
+    ).tag(config=True)
+
+    def _ledger_url(self) -> str:
+        hub_db = self.config.JupyterHub.get("db_url", "sqlite:///jupyterhub.sqlite")
+        return self.gpu_db_url or default_db_url(hub_db, os.getcwd())
 
     reconcile_interval = Integer(
         60,
@@ -240,13 +254,16 @@ class GPUSwarmSpawner(SwarmSpawner):
         key = [self.gpu_inventory, self.gpu_inventory_source, self.gpu_model_aliases,
                self.agent_stale_intervals, self.gpu_max_temperature, self.local_gpu_host]
         try:
-            self._gpu_cluster = GPUCluster.shared(key, self._inventory_settings)
-            metrics.register_cluster(self._gpu_cluster)
-            return self._gpu_cluster
-        except InventoryError as exc:
+            cluster = GPUCluster.shared(key, self._inventory_settings)
+            if cluster.ledger is None:
+                cluster.ledger = Ledger(self._ledger_url())
+            metrics.register_cluster(cluster)
+            self._gpu_cluster = cluster
+            return cluster
+        except (InventoryError, LedgerError) as exc:
             self.log.error("%s", exc)
             raise spawn_error(
-                "GPU servers are unavailable: the hub's GPU inventory is invalid. Please tell an admin.",
+                "GPU servers are unavailable: the hub's GPU configuration is invalid. Please tell an admin.",
                 reason="gpu_config",
                 log_message=str(exc),
                 status_code=500,
@@ -381,10 +398,29 @@ class GPUSwarmSpawner(SwarmSpawner):
             self.gpu_holding = Holding(
                 user=self.user.name, server=self.name, host=host, uuids=uuids, model=model, port=port
             )
+            if uuids:
+                await self._record_allocation(cluster)
             return await super().start()
         except BaseException:
             await self._remove_and_release()
             raise
+
+    async def _record_allocation(self, cluster: GPUCluster) -> None:
+        """Into the ledger before the service exists: a booking that cannot be
+        recorded is not made (start's failure path gives the GPUs back)."""
+        h = self.gpu_holding
+        try:
+            await cluster.ledger_call("open", self.holder, h.user, h.server, h.host, h.model, h.uuids,
+                                      [1.0] * len(h.uuids))
+        except LedgerError as exc:
+            self.log.error("%s", exc)
+            raise spawn_error(
+                "GPU bookings cannot be recorded right now (the hub's GPU ledger database is unreachable); "
+                "please try again in a minute.",
+                reason="ledger_unavailable",
+                log_message=str(exc),
+                status_code=503,
+            ) from exc
 
     async def _remove_and_release(self) -> bool:
         """Remove this server's service, wait for its container to exit, then
@@ -421,6 +457,10 @@ class GPUSwarmSpawner(SwarmSpawner):
             return False
         self.object_id = ""
         self._release()
+        try:
+            await self._cluster_state().ledger_call("close", self.holder, None, "server stopped")
+        except LedgerError as exc:  # the next reconciliation closes it
+            self.log.warning("%s", exc)
         return True
 
     def _release(self) -> None:
@@ -611,6 +651,9 @@ def validate_config(config) -> None:
         policy = spawner_config.get("allocation_policy", "pack")
         if policy not in POLICIES:
             raise ValueError(f"Unknown allocation_policy {policy!r}; choose one of: {', '.join(POLICIES)}")
+        db_url = spawner_config.get("gpu_db_url")
+        if db_url:
+            Ledger(db_url)  # checks the URL and its driver; connects only on first use
         inventory = spawner_config.get("gpu_inventory")
         if inventory:
             load_inventory(inventory)
@@ -622,5 +665,5 @@ def validate_config(config) -> None:
         limit = spawner_config.get("max_gpus_per_user", 1)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"max_gpus_per_user must be a whole number ≥ 0, got {limit!r}")
-    except (InventoryError, ValueError) as exc:
+    except (InventoryError, LedgerError, ValueError) as exc:
         raise SystemExit(f"gpuspawner configuration error: {exc}") from None

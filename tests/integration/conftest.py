@@ -21,6 +21,7 @@ import time
 
 import pytest
 
+from tests.harness import postgres
 from tests.harness import swarm as harness
 
 
@@ -55,3 +56,22 @@ def swarm():
         return
     if not harness.down_if_unused(cluster.state_dir, cluster.run_dir):
         print(f"\nanother test session still uses the test swarm: leaving it up ({cluster.manager_url})")
+
+
+@pytest.fixture(scope="module")
+def pg():
+    """A running PostgreSQL server of this module's own."""
+    reason = postgres.unavailable_reason()
+    if reason:
+        message = f"no PostgreSQL server can run on this machine: {reason}"
+        if _env_flag("CI"):
+            pytest.fail(message + " (CI=true: this is a failure, not a skip)", pytrace=False)
+        pytest.skip(message)
+    t0 = time.monotonic()
+    try:
+        server = postgres.PostgresServer.create()
+    except postgres.PostgresError as e:
+        pytest.fail(f"the PostgreSQL test server did not start:\n{e}", pytrace=False)
+    print(f"\nPostgreSQL test server ready in {time.monotonic() - t0:.1f}s on 127.0.0.1:{server.port}")
+    yield server
+    server.destroy()

@@ -9,35 +9,15 @@ Outside CI the tests are skipped when this machine cannot run a server (no
 from __future__ import annotations
 
 import itertools
-import os
-import time
 
 import pytest
 
 from gpuspawner.ledger import Ledger, LedgerError
-from tests.harness import postgres
 from tests.unit.test_ledger import LedgerContract, at, gpu
 
 _databases = itertools.count(1)
 
 
-@pytest.fixture(scope="module")
-def pg():
-    """A running PostgreSQL server of this module's own."""
-    reason = postgres.unavailable_reason()
-    if reason:
-        message = f"no PostgreSQL server can run on this machine: {reason}"
-        if os.environ.get("CI", "").strip().lower() in ("1", "true", "yes"):
-            pytest.fail(message + " (CI=true: this is a failure, not a skip)", pytrace=False)
-        pytest.skip(message)
-    t0 = time.monotonic()
-    try:
-        server = postgres.PostgresServer.create()
-    except postgres.PostgresError as e:
-        pytest.fail(f"the PostgreSQL test server did not start:\n{e}", pytrace=False)
-    print(f"\nPostgreSQL test server ready in {time.monotonic() - t0:.1f}s on 127.0.0.1:{server.port}")
-    yield server
-    server.destroy()
 
 
 class TestLedgerOnPostgres(LedgerContract):
