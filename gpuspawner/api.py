@@ -7,7 +7,8 @@
   healthy each is. ``POST /hub/api/gpuspawner/rescan`` reconciles the
   holdings with the services the swarm runs, then returns the map.
   ``GET /hub/api/gpuspawner/usage?since=&until=&by=user|model``: GPU-hours
-  from the ledger. These need ``admin:servers`` (the admin role has it).
+  from the ledger. ``GET /hub/api/gpuspawner/doctor``: known
+  misconfigurations and their fixes. These need ``admin:servers`` (the admin role has it).
 * ``GET /hub/gpus``: the allocation map as a page, for admins.
 
 They share the process-wide :class:`~gpuspawner.cluster.GPUCluster` with the
@@ -29,6 +30,7 @@ from jupyterhub.spawner import SpawnException
 from tornado import web
 
 from .cluster import GPUCluster
+from .doctor import diagnose
 from .hubconfig import REPORT_SCOPE
 from .ledger import LedgerError
 from .reports import MAX_REPORT_BYTES, ReportError, parse_report
@@ -125,6 +127,17 @@ class RescanHandler(_GPUMixin, APIHandler):
         self.write(cluster.alloc_map())
 
 
+class DoctorHandler(_GPUMixin, APIHandler):
+    async def get(self):
+        self.require(ADMIN_SCOPE)
+        cluster = await self.cluster()
+        reports = {host: report for host, (report, _) in cluster.reports.items()}
+        findings = diagnose(cluster.nodes.values(), cluster.settings.static, reports, cluster.stale,
+                            cluster.settings.sources, cluster.aliases)
+        self.set_header("Content-Type", "application/json")
+        self.write({"findings": [f.as_dict() for f in findings]})
+
+
 class UsageHandler(_GPUMixin, APIHandler):
     """GPU-hours per user or model: ``?since=ISO&until=ISO&by=user|model``."""
 
@@ -175,5 +188,6 @@ handlers = [
     (r"/api/gpuspawner/alloc-map", AllocMapHandler),
     (r"/api/gpuspawner/rescan", RescanHandler),
     (r"/api/gpuspawner/usage", UsageHandler),
+    (r"/api/gpuspawner/doctor", DoctorHandler),
     (r"/gpus", GPUPageHandler),
 ]

@@ -3,6 +3,7 @@
     gpuspawner alloc-map [--json]        who holds which share of which GPU
     gpuspawner rescan [--json]           reconcile with the swarm's services, then the map
     gpuspawner usage [--since T] [--until T] [--by user|model] [--json]   GPU-hours
+    gpuspawner doctor [--json]           known misconfigurations, each with its fix (exit 1 on errors)
 
 The hub is found from ``--hub-url`` or ``$JUPYTERHUB_URL`` (default
 http://127.0.0.1:8000), the token from ``--token-file`` or ``$JUPYTERHUB_API_TOKEN``;
@@ -75,6 +76,16 @@ def format_usage(result: dict) -> str:
     return "\n".join([f"GPU use {span}:"] + [f"{a.ljust(width)}  {b.rjust(9)}" for a, b in rows])
 
 
+def format_findings(findings: list[dict]) -> str:
+    if not findings:
+        return "No known misconfiguration found."
+    lines = []
+    for f in findings:
+        where = f" {f['host']}" if f["host"] else ""
+        lines += [f"{f['severity'].upper()}{where}: {f['problem']}", f"  fix: {f['fix']}"]
+    return "\n".join(lines)
+
+
 def _token(args) -> str:
     if args.token_file:
         try:
@@ -96,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--token-file", help="file with an API token (default: $JUPYTERHUB_API_TOKEN)")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (("alloc-map", "who holds which share of which GPU"),
-                            ("rescan", "reconcile with the swarm's services, then show the map")):
+                            ("rescan", "reconcile with the swarm's services, then show the map"),
+                            ("doctor", "check the cluster for known misconfigurations")):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p = sub.add_parser("usage", help="GPU-hours per user or per model")
@@ -111,16 +123,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = api(args.hub_url, token, "GET", "gpuspawner/alloc-map")
         elif args.command == "rescan":
             result = api(args.hub_url, token, "POST", "gpuspawner/rescan")
+        elif args.command == "doctor":
+            result = api(args.hub_url, token, "GET", "gpuspawner/doctor")
         else:
             query = urllib.parse.urlencode({"since": args.since, "until": args.until, "by": args.by})
             result = api(args.hub_url, token, "GET", f"gpuspawner/usage?{query}")
     except CLIError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(format_usage(result) if args.command == "usage" else format_alloc_map(result))
+    formats = {"usage": format_usage, "doctor": lambda r: format_findings(r["findings"])}
+    print(json.dumps(result, indent=2) if args.json else formats.get(args.command, format_alloc_map)(result))
+    if args.command == "doctor" and any(f["severity"] == "error" for f in result["findings"]):
+        return 1
     return 0
 
 

@@ -78,6 +78,7 @@ class NodeReport:
     cuda_version: str
     agent_version: str
     devices: tuple[ReportedDevice, ...]
+    docker_default_runtime: str | None = None  # from the node's daemon.json; None: not known
 
 
 def device_problems(
@@ -122,6 +123,7 @@ def parse_report(body: bytes | str) -> NodeReport:
         cuda_version=r.text("cuda_version", limit=16, optional=True) or "",
         agent_version=r.text("agent_version", limit=32, optional=True) or "",
         devices=parsed,
+        docker_default_runtime=r.text("docker_default_runtime", limit=64, optional=True),
     )
 
 
