@@ -1,8 +1,9 @@
 """gpuspawner-agent run: real pynvml over the fake library, posting to a real HTTP server.
 
 The agent runs as a subprocess (the fake NVML is found through LD_LIBRARY_PATH at
-process start); the stand-in hub is a small HTTP server on 127.0.0.1 in this process,
-which records every request and answers as each test scripts it.
+process start); the stand-in hub is a small HTTP server on 127.0.0.1 in this process
+(tests/harness/report_sink.py), which records every request and answers as each test
+scripts it.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -24,81 +23,16 @@ import pytest
 import gpuspawner
 from tests import fakenvml
 from tests.fakenvml.nodes import MIXED_NODE
+from tests.harness.report_sink import ReportSink
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "s3cret-agent-token"
 REPORT = "/hub/api/gpuspawner/report"
 
 
-class Hub:
-    """A stand-in hub: records (path, headers, body) of each POST and answers from a script.
-
-    ``answers`` holds what to do with the next requests, in order: an HTTP status with
-    a body, or ("slow", seconds) to answer 200 only after that long; when it runs out,
-    200 with JSON. ``on_request(n)`` runs as the n-th request (1-based) arrives, while
-    the agent waits for the answer.
-    """
-
-    def __init__(self):
-        self.requests: list[tuple[str, dict, bytes]] = []
-        self.answers: list = []
-        self.on_request = None
-        self.arrived = threading.Condition()
-        self.port = 0
-        self.server = None
-        self.start()
-
-    def start(self):
-        hub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                with hub.arrived:
-                    hub.requests.append((self.path, dict(self.headers), body))
-                    n = len(hub.requests)
-                    answer = hub.answers.pop(0) if hub.answers else (200, b'{"status": "ok"}')
-                    hub.arrived.notify_all()
-                if hub.on_request:
-                    hub.on_request(n)
-                if answer[0] == "slow":
-                    time.sleep(answer[1])
-                    answer = (200, b"{}")
-                status, payload = answer
-                try:
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(payload)))
-                    self.end_headers()
-                    self.wfile.write(payload)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the agent gave up waiting, as it should
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self):
-        """Down: the port refuses connections until start()."""
-        self.server.shutdown()
-        self.server.server_close()
-
-    def url(self, base="/"):
-        return f"http://127.0.0.1:{self.port}{base}"
-
-    def wait_for(self, n: int, timeout: float = 20) -> None:
-        with self.arrived:
-            assert self.arrived.wait_for(lambda: len(self.requests) >= n, timeout), \
-                f"only {len(self.requests)} of {n} reports arrived"
-
-
 @pytest.fixture
 def hub():
-    h = Hub()
+    h = ReportSink()
     yield h
     h.stop()
 
