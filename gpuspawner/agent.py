@@ -183,16 +183,31 @@ def _probe_mig_devices(d: _Device, handle, gpu_memory_mib: int | None) -> list[d
     return [] if d.lost else found
 
 
-def _probe_device(nvml, position: int, max_temperature_c: float) -> dict:
+def _identify(d: _Device, position: int):
+    """(handle, index, UUID, name) of the GPU at this position; None for what NVML did not give."""
+    nvml = d.nvml
+    handle = d.call("get handle", nvml.nvmlDeviceGetHandleByIndex, position)
+    if handle is None:
+        return None, position, None, None
+    index = d.call("get index", nvml.nvmlDeviceGetIndex, handle)
+    return (handle, position if index is None else index,
+            d.call("get UUID", nvml.nvmlDeviceGetUUID, handle),
+            d.call("get name", nvml.nvmlDeviceGetName, handle))
+
+
+def _probe_device(nvml, position: int, max_temperature_c: float, known: dict | None = None) -> dict:
+    """One device's record. ``known`` keeps each position's handle, index, UUID and name
+    for as long as NVML stays open: they cannot change meanwhile, and a GPU lost later is
+    still reported under its UUID."""
     d = _Device(nvml, position)
     info = d.info
-    handle = d.call("get handle", nvml.nvmlDeviceGetHandleByIndex, position)
+    identity = (known or {}).get(position)
+    if identity is None:
+        identity = _identify(d, position)
+        if known is not None and not d.lost and not d.problems and None not in identity:
+            known[position] = identity
+    handle, info["index"], info["uuid"], info["name"] = identity
     if handle is not None:
-        index = d.call("get index", nvml.nvmlDeviceGetIndex, handle)
-        if index is not None:
-            info["index"] = index
-        info["uuid"] = d.call("get UUID", nvml.nvmlDeviceGetUUID, handle)
-        info["name"] = d.call("get name", nvml.nvmlDeviceGetName, handle)
         info["memory_total_mib"], info["memory_used_mib"] = d.memory("get memory info", handle)
         util = d.call("get utilization", nvml.nvmlDeviceGetUtilizationRates, handle)
         if util is not None:
@@ -241,6 +256,7 @@ class Nvml:
     def __init__(self):
         self.lib = _import_pynvml()
         self.is_open = False
+        self.known: dict[int, tuple] = {}  # see _probe_device
 
     def open(self) -> None:
         if self.is_open:
@@ -260,6 +276,7 @@ class Nvml:
         if not self.is_open:
             return
         self.is_open = False
+        self.known.clear()  # handles die with the session
         try:
             self.lib.nvmlShutdown()
         except self.lib.NVMLError:
@@ -287,7 +304,7 @@ class Nvml:
         except nvml.NVMLError as e:
             self.close()  # start NVML afresh next time: the driver may have been reloaded
             raise AgentError(f"{PROG}: NVML failed to list the GPUs on this node: {e}") from e
-        devices = [_probe_device(nvml, i, max_temperature_c) for i in range(count)]
+        devices = [_probe_device(nvml, i, max_temperature_c, self.known) for i in range(count)]
         return {
             "driver_version": driver,
             "cuda_version": cuda,

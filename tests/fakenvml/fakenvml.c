@@ -42,7 +42,9 @@
  * $FAKE_NVML_FAIL_ON_COUNT=K makes the K-th nvmlDeviceGetCount of the process
  * fail with NVML_ERROR_UNKNOWN and every later call fail too, until NVML is
  * shut down and initialised again (a driver that went away under a running
- * agent). $FAKE_NVML_CALL_LOG=FILE appends "init" / "shutdown" to FILE on
+ * agent). $FAKE_NVML_LOSE_ON_COUNT=K:P makes the device at position P (file
+ * order) lost from the K-th nvmlDeviceGetCount on (a GPU falling off the bus).
+ * $FAKE_NVML_CALL_LOG=FILE appends "init" / "shutdown" to FILE on
  * each successful nvmlInit / nvmlShutdown, so tests can see how often the
  * caller initialises.
  */
@@ -123,7 +125,7 @@ static int ndevices;
 static struct fake_device migs[MAX_MIG_DEVICES];
 static int nmigs;
 static int init_count;            /* NVML is reference counted: init/shutdown pairs */
-static int count_calls;           /* for $FAKE_NVML_FAIL_ON_COUNT */
+static int count_calls;           /* for $FAKE_NVML_FAIL_ON_COUNT / _LOSE_ON_COUNT */
 static int broken;                /* every call fails until the next fresh init */
 static char driver_version[80] = "550.54.15";
 static int cuda_version = 12040;  /* 12.4, encoded as 1000*major + 10*minor */
@@ -331,10 +333,18 @@ nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) { return nvmlSystemGetCud
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count)
 {
     const char *fail_on = getenv("FAKE_NVML_FAIL_ON_COUNT");
+    const char *lose_on = getenv("FAKE_NVML_LOSE_ON_COUNT");
+    int position;
     GUARD_INIT();
-    if (fail_on && ++count_calls == atoi(fail_on)) {
+    count_calls++;
+    if (fail_on && count_calls == atoi(fail_on)) {
         broken = 1;
         return NVML_ERROR_UNKNOWN;
+    }
+    if (lose_on && count_calls == atoi(lose_on) && strchr(lose_on, ':')) {
+        position = atoi(strchr(lose_on, ':') + 1);
+        if (position >= 0 && position < ndevices)
+            devices[position].lost = 1;
     }
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
     *count = (unsigned int)ndevices;

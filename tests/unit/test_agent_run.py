@@ -207,6 +207,23 @@ def test_nvml_is_initialised_once_and_again_after_it_fails(hub, fake_lib_dir, de
     ]
 
 
+def test_a_gpu_lost_while_running_is_reported_under_its_uuid(hub, fake_lib_dir, devices_file, token_file):
+    proc = start_agent(["--hub-url", hub.url(), "--token-file", str(token_file), "--interval", "0.02",
+                        "--cycles", "3"], fake_lib_dir, devices_file, FAKE_NVML_LOSE_ON_COUNT="2:0")
+    rc, _, err = finish(proc)
+    assert rc == 0, err
+    first, *later = [json.loads(body)["devices"][0] for _, _, body in hub.requests]
+    assert first["lost"] is False and first["healthy"] is True
+    for dev in later:
+        assert dev == {
+            "index": 0, "uuid": "GPU-0a1b2c3d-0000-4000-8000-000000000000", "name": "NVIDIA GeForce GTX 1070",
+            "memory_total_mib": None, "memory_used_mib": None, "utilization_gpu": None,
+            "temperature_c": None, "ecc_uncorrected": None, "lost": True, "processes": [],
+            "mig_mode": None, "mig_devices": [], "healthy": False,
+            "problems": ["GPU is lost (NVML_ERROR_GPU_IS_LOST)"],
+        }
+
+
 # ---- start-up failures: exit 2 with one sentence, nothing sent ----
 
 @pytest.mark.parametrize(
