@@ -387,13 +387,17 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int length)
     return copy_string(uuid, length, d->uuid);
 }
 
-nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *index)
-{
-    GUARD_GPU(d);
-    if (!index) return NVML_ERROR_INVALID_ARGUMENT;
-    *index = d->index;
-    return NVML_SUCCESS;
-}
+/* The many calls that hand back one unsigned int of a device. */
+#define UINT_QUERY(name, guard, value)                                  \
+    nvmlReturn_t name(nvmlDevice_t d, unsigned int *out)                \
+    {                                                                   \
+        guard(d);                                                       \
+        if (!out) return NVML_ERROR_INVALID_ARGUMENT;                   \
+        *out = (value);                                                 \
+        return NVML_SUCCESS;                                            \
+    }
+
+UINT_QUERY(nvmlDeviceGetIndex, GUARD_GPU, d->index)
 
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 {
@@ -484,13 +488,10 @@ nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigne
 /* ---- MIG ---- */
 
 /* Zero while MIG is off or unsupported, as the NVML docs say. */
-nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *count)
-{
-    GUARD_GPU(d);
-    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
-    *count = d->mig_supported && d->mig ? d->max_mig : 0;
-    return NVML_SUCCESS;
-}
+UINT_QUERY(nvmlDeviceGetMaxMigDeviceCount, GUARD_GPU, d->mig_supported && d->mig ? d->max_mig : 0)
+UINT_QUERY(nvmlDeviceIsMigDeviceHandle, GUARD, d->parent != NULL)
+UINT_QUERY(nvmlDeviceGetGpuInstanceId, GUARD_MIG, d->gi_id)
+UINT_QUERY(nvmlDeviceGetComputeInstanceId, GUARD_MIG, d->ci_id)
 
 nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int index, nvmlDevice_t *mig)
 {
@@ -507,35 +508,11 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int in
     return NVML_ERROR_NOT_FOUND;
 }
 
-nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *is_mig)
-{
-    GUARD(d);
-    if (!is_mig) return NVML_ERROR_INVALID_ARGUMENT;
-    *is_mig = d->parent != NULL;
-    return NVML_SUCCESS;
-}
-
 nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(nvmlDevice_t d, nvmlDevice_t *gpu)
 {
     GUARD_MIG(d);
     if (!gpu) return NVML_ERROR_INVALID_ARGUMENT;
     *gpu = d->parent;
-    return NVML_SUCCESS;
-}
-
-nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned int *id)
-{
-    GUARD_MIG(d);
-    if (!id) return NVML_ERROR_INVALID_ARGUMENT;
-    *id = d->gi_id;
-    return NVML_SUCCESS;
-}
-
-nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned int *id)
-{
-    GUARD_MIG(d);
-    if (!id) return NVML_ERROR_INVALID_ARGUMENT;
-    *id = d->ci_id;
     return NVML_SUCCESS;
 }
 
