@@ -1,6 +1,7 @@
 """A stand-in for the hub's agent-report endpoint, for the agent's tests and benchmark.
 
-A real HTTP server on 127.0.0.1 (a free port) in a thread of the calling process; it
+A real HTTP server on 127.0.0.1 (or another address of this machine: the test swarm's
+bridge, for agents in its nodes) on a free port, in a thread of the calling process; it
 does not check what it is sent: the tests do, from what it records.
 """
 
@@ -21,7 +22,8 @@ class ReportSink:
     long runs).
     """
 
-    def __init__(self, record: bool = True):
+    def __init__(self, record: bool = True, host: str = "127.0.0.1"):
+        self.host = host
         self.record = record
         self.count = 0
         self.requests: list[tuple[str, dict, bytes]] = []
@@ -63,7 +65,7 @@ class ReportSink:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server = ThreadingHTTPServer((self.host, self.port), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -74,7 +76,7 @@ class ReportSink:
         self.server.server_close()
 
     def url(self, base="/"):
-        return f"http://127.0.0.1:{self.port}{base}"
+        return f"http://{self.host}:{self.port}{base}"
 
     def wait_for(self, n: int, timeout: float = 20) -> None:
         with self.arrived:
