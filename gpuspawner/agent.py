@@ -407,9 +407,25 @@ class HubClient:
         return f"cannot reach the hub: {_one_line(text)}"
 
 
-def encode_report(report: dict, hostname: str, interval: float) -> bytes:
-    """The request body: the probe's report plus who sends it and how often."""
-    body = dict(report, hostname=hostname, interval=interval, agent_version=__version__)
+def docker_default_runtime(path: str | None) -> str | None:
+    """dockerd's default runtime as the node's daemon.json sets it ("runc" when
+    it sets none), for ``gpuspawner doctor``; None when the file cannot be read
+    (e.g. not mounted into the agent's container): then nothing is judged."""
+    if not path:
+        return None
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    runtime = data.get("default-runtime") if isinstance(data, dict) else None
+    return runtime[:64] if isinstance(runtime, str) and runtime else "runc"
+
+
+def encode_report(report: dict, hostname: str, interval: float, docker_config: str | None = None) -> bytes:
+    """The request body: the probe's report plus who sends it, how often, and
+    what the node's dockerd runs containers with."""
+    body = dict(report, hostname=hostname, interval=interval, agent_version=__version__,
+                docker_default_runtime=docker_default_runtime(docker_config))
     return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -436,7 +452,7 @@ def backoff_delay(failures: int, interval: float) -> float:
 
 
 def report_loop(nvml: Nvml, hub: HubClient, hostname: str, interval: float,
-                max_temperature_c: float, cycles: int | None = None) -> None:
+                max_temperature_c: float, cycles: int | None = None, docker_config: str | None = None) -> None:
     """Report every ``interval`` seconds; through failures, back off and keep going.
 
     One log line per failure and one when reports get through again. Returns after
@@ -447,7 +463,7 @@ def report_loop(nvml: Nvml, hub: HubClient, hostname: str, interval: float,
         started = time.monotonic()
         try:
             report = nvml.read(max_temperature_c)
-            hub.post(encode_report(report, hostname, interval))
+            hub.post(encode_report(report, hostname, interval, docker_config))
         except (AgentError, HubError) as e:
             failures += 1
             delay = backoff_delay(failures, interval)
@@ -480,7 +496,7 @@ def run(args) -> int:
         nvml = Nvml()
         nvml.open()  # no library / no driver: stop now, with the sentence that says which
         log.info("reporting to %s every %g s as %s", hub.url, args.interval, hostname)
-        report_loop(nvml, hub, hostname, args.interval, args.max_temperature, args.cycles)
+        report_loop(nvml, hub, hostname, args.interval, args.max_temperature, args.cycles, args.docker_config)
     except AgentError as e:
         print(e, file=sys.stderr)  # one sentence, no traceback
         return 2
@@ -493,6 +509,9 @@ def run(args) -> int:
 
 
 # ---- command line ----
+
+DEFAULT_DOCKER_CONFIG = "/etc/docker/daemon.json"
+
 
 def _seconds(text: str) -> float:
     try:
@@ -534,6 +553,9 @@ def build_parser() -> argparse.ArgumentParser:
                             f"(default: ${HOSTNAME_ENV}, else this machine's hostname)")
     p_run.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
                        help="seconds to wait for the hub's answer (default: %(default)g)")
+    p_run.add_argument("--docker-config", metavar="FILE", default=DEFAULT_DOCKER_CONFIG,
+                       help="the node's dockerd daemon.json, read to report its default runtime "
+                            "(default: %(default)s; mount it read-only into the agent's container)")
     p_run.add_argument("--cycles", type=_count, default=None, metavar="N",
                        help="stop after N successful reports (for tests and benchmarks; "
                             "default: run until stopped)")

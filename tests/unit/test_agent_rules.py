@@ -154,7 +154,8 @@ def test_report_body_is_the_probe_plus_who_sends_it():
     report = {"driver_version": "550.54.15", "cuda_version": "12.4", "device_count": 0,
               "healthy": True, "devices": []}
     body = json.loads(encode_report(report, "gpu-a", 15.0))
-    assert body == dict(report, hostname="gpu-a", interval=15.0, agent_version=gpuspawner.__version__)
+    assert body == dict(report, hostname="gpu-a", interval=15.0, agent_version=gpuspawner.__version__,
+                        docker_default_runtime=None)
 
 
 def test_run_command_line():
@@ -185,3 +186,16 @@ def test_bad_command_lines_exit_2_with_the_reason(argv, message, capsys):
         build_parser().parse_args(argv)
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_docker_default_runtime_from_daemon_json(tmp_path):
+    from gpuspawner.agent import docker_default_runtime
+
+    f = tmp_path / "daemon.json"
+    assert docker_default_runtime(str(f)) is None  # not there (e.g. not mounted): unknown
+    f.write_text('{"default-runtime": "nvidia"}')
+    assert docker_default_runtime(str(f)) == "nvidia"
+    f.write_text('{"log-driver": "json-file"}')
+    assert docker_default_runtime(str(f)) == "runc"  # dockerd's own default
+    f.write_text("{not json")
+    assert docker_default_runtime(str(f)) is None

@@ -98,16 +98,19 @@ def probe(lib_dir, devices) -> dict:
 
 @pytest.mark.parametrize("base", ["/jhub/", "/jhub"])
 def test_posts_the_probe_report_with_its_token_under_the_hubs_base_path(
-        hub, fake_lib_dir, devices_file, token_file, base):
+        hub, fake_lib_dir, devices_file, token_file, base, tmp_path):
+    daemon_json = tmp_path / "daemon.json"
+    daemon_json.write_text('{"default-runtime": "nvidia", "runtimes": {}}')
     proc = start_agent(["--hub-url", hub.url(base), "--token-file", str(token_file),
-                        "--interval", "0.05", "--hostname", "gpu-node-1", "--cycles", "2"],
+                        "--interval", "0.05", "--hostname", "gpu-node-1", "--cycles", "2",
+                        "--docker-config", str(daemon_json)],
                        fake_lib_dir, devices_file)
     rc, out, err = finish(proc)
     assert rc == 0, err
     assert out == ""
     assert len(hub.requests) == 2
     expected = dict(probe(fake_lib_dir, devices_file), hostname="gpu-node-1", interval=0.05,
-                    agent_version=gpuspawner.__version__)
+                    agent_version=gpuspawner.__version__, docker_default_runtime="nvidia")
     for path, headers, body in hub.requests:
         assert path == "/jhub" + REPORT
         assert headers["Authorization"] == f"token {TOKEN}"
