@@ -44,6 +44,8 @@
  * shut down and initialised again (a driver that went away under a running
  * agent). $FAKE_NVML_LOSE_ON_COUNT=K:P makes the device at position P (file
  * order) lost from the K-th nvmlDeviceGetCount on (a GPU falling off the bus).
+ * $FAKE_NVML_WATCH=1 reads the devices file again whenever it changes, while NVML
+ * stays initialised (live readings for a long-running agent).
  * $FAKE_NVML_CALL_LOG=FILE appends "init" / "shutdown" to FILE on
  * each successful nvmlInit / nvmlShutdown, so tests can see how often the
  * caller initialises.
@@ -51,6 +53,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* Return codes, same values as pynvml.NVML_* */
 #define NVML_SUCCESS 0
@@ -185,17 +188,29 @@ static void set_key(struct fake_device *d, enum record *kind, int *parent, const
     /* unknown keys are ignored so the file format can grow */
 }
 
+/* When the devices file was last read: with $FAKE_NVML_WATCH=1 a changed file is
+ * read again, so a test can change a GPU's state (ECC errors, heat, lost) while a
+ * process keeps NVML open, as a real GPU's state changes under a running agent. */
+static struct timespec loaded_mtime;
+static off_t loaded_size = -1;
+
 /* Read $FAKE_NVML_DEVICES. A missing variable or file means "no GPUs". */
 static void load_devices(void)
 {
     const char *path = getenv("FAKE_NVML_DEVICES");
     char line[4096];
+    struct stat st;
     FILE *f;
 
     ndevices = 0;
     nmigs = 0;
+    loaded_size = -1;
     if (!path || !(f = fopen(path, "r")))
         return;
+    if (fstat(fileno(f), &st) == 0) {
+        loaded_mtime = st.st_mtim;
+        loaded_size = st.st_size;
+    }
     while (fgets(line, sizeof line, f)) {
         struct fake_device d;
         enum record kind = NONE;
@@ -223,11 +238,23 @@ static void load_devices(void)
     fclose(f);
 }
 
+static void reload_if_changed(void)
+{
+    const char *watch = getenv("FAKE_NVML_WATCH"), *path = getenv("FAKE_NVML_DEVICES");
+    struct stat st;
+    if (!watch || strcmp(watch, "1") != 0 || !path || stat(path, &st) != 0)
+        return;
+    if (st.st_size != loaded_size || st.st_mtim.tv_sec != loaded_mtime.tv_sec ||
+        st.st_mtim.tv_nsec != loaded_mtime.tv_nsec)
+        load_devices();  /* handles point into the arrays: they stay valid by position */
+}
+
 /* Guard for calls that need no device. */
 static nvmlReturn_t check_init(void)
 {
     if (init_count <= 0)
         return NVML_ERROR_UNINITIALIZED;
+    reload_if_changed();
     if (broken)
         return NVML_ERROR_UNKNOWN;
     return NVML_SUCCESS;
