@@ -99,3 +99,17 @@ def test_a_node_whose_agent_stops_is_not_offered_after_the_staleness_limit(clust
     finally:
         agent_stack.set_gpu_label(swarm, "gpu-b", "true")
     wait_until(lambda: offered(hub)[A100] == "3 of 3", "gpu-b did not come back", timeout=60)
+
+
+def test_a_single_host_hub_probes_its_own_gpus(swarm, tmp_path):
+    """gpu_inventory_source "local": NVML in the hub's own process (real pynvml over
+    the fake library), for a hub on one GPU host; here its GPUs are gpu-b's."""
+    lib_dir = fakenvml.build(tmp_path / "lib").parent
+    devices = fakenvml.write_devices(tmp_path / "gpus.txt", GPU_B[:1] + [dict(GPU_B[1], temp_c=97)])
+    env = {"GPUSPAWNER_INVENTORY_SOURCE": "local", **fakenvml.process_env(lib_dir, devices)}
+    config = 'c.GPUSwarmSpawner.local_gpu_host = "gpu-b"\n'
+    with hub_on(swarm, tmp_path / "hub", port_from=20200, extra_config=config, env=env) as hub:
+        assert offered(hub) == {A100: "1 of 1"}
+        m = alloc_map(hub)["gpu-b"]
+        assert m[GPU_B[1]["uuid"]]["problems"] == ["temperature 97 C is above 90 C"]
+        assert m[GPU_B[0]["uuid"]]["source"] == "local"
