@@ -28,7 +28,7 @@ from .inventory import GPU
 from .ledger import Ledger, LedgerError
 from .reports import NodeReport, device_problems, gpus_of, parse_report
 from .service_spec import LABEL, Holding, holding_from_labels
-from .swarm import Node, Swarm
+from .swarm import Node, Swarm, SwarmError
 
 __all__ = ["GPUCluster", "DeviceState", "SOURCES", "InventorySettings"]
 
@@ -36,6 +36,7 @@ __all__ = ["GPUCluster", "DeviceState", "SOURCES", "InventorySettings"]
 #: posted by gpuspawner-agent on each node; ``local``: NVML in the hub's own
 #: process (a single-host setup).
 SOURCES = ("static", "agent", "local")
+ORPHAN_STOP_SECONDS = 30  # how long a removed orphan's container may take to exit
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ class GPUCluster:
         self.servers: dict[str, tuple[str, str]] = {}  # holder -> (user, server name)
         self.ledger: Ledger | None = None  # the history of allocations, when configured
         self.busy: set[str] = set()  # holders being started or stopped: their service may come or go
-        self._pending: dict[str, Holding] = {}  # adopted holdings of devices not (yet) offered
+        self._pending: dict[str, Holding] = {}
+        self._orphans: set[str] = set()  # services whose server the hub did not know last time  # adopted holdings of devices not (yet) offered
         self._offered: tuple[GPU, ...] | None = None
         self._schedulable: set[str] | None = None
         self._next_port: int | None = None
@@ -260,14 +262,18 @@ class GPUCluster:
                 await self._reconcile(swarm, log)
                 self._rebuilt = True
 
-    async def reconcile(self, swarm: Swarm, log) -> dict[str, int]:
+    async def reconcile(self, swarm: Swarm, log, untracked: Callable[[str, str], bool] | None = None) -> dict[str, int]:
         """Make the holdings match the services the swarm runs: adopt each
         labelled service's devices, and give back those of services that are
-        gone (except servers being started or stopped right now)."""
-        async with self._lock:
-            return await self._reconcile(swarm, log)
+        gone (except servers being started or stopped right now).
 
-    async def _reconcile(self, swarm: Swarm, log) -> dict[str, int]:
+        ``untracked(user, server)`` says whether the hub has no such server
+        running or starting (e.g. its spawn died with a killed hub): such a
+        service, found so at two reconciliations in a row, is removed."""
+        async with self._lock:
+            return await self._reconcile(swarm, log, untracked)
+
+    async def _reconcile(self, swarm: Swarm, log, untracked=None) -> dict[str, int]:
         services = await swarm.services(f"{LABEL}.devices")
         found: dict[str, Holding] = {}
         adopted = 0
@@ -292,6 +298,7 @@ class GPUCluster:
                 log.warning("Service %s: %s", name, problem)
             await self._record(log, "open", name, holding.user, holding.server, holding.host, holding.model,
                                holding.uuids, [1.0] * len(holding.uuids))
+        removed = await self._remove_orphans(swarm, log, found, untracked)
         gone = [h for h in self.allocator.holdings() if h not in found and h not in self.busy]
         for holder in gone:
             log.warning("Service %s is gone; releasing its GPUs", holder)
@@ -301,7 +308,28 @@ class GPUCluster:
         held = sum(len(a.devices) for a in self.allocator.holdings().values())
         log.info("GPU allocations reconciled with the swarm: %d services, %d adopted, %d released, %d devices held",
                  len(found), adopted, len(gone), held)
-        return {"services": len(found), "adopted": adopted, "released": len(gone), "held": held}
+        return {"services": len(found), "adopted": adopted, "released": len(gone), "held": held, "removed": removed}
+
+    async def _remove_orphans(self, swarm: Swarm, log, found: dict[str, Holding], untracked) -> int:
+        orphans = set()
+        if untracked is not None:
+            orphans = {name for name, h in found.items() if name not in self.busy and untracked(h.user, h.server)}
+        removed = 0
+        for name in sorted(orphans & self._orphans):  # twice in a row: not a spawn about to register
+            h = found[name]
+            log.warning("Service %s runs a server the hub does not know (%s/%s); removing it", name, h.user, h.server)
+            try:
+                task_ids = [t["ID"] for t in await swarm.tasks(name)]
+                await swarm.remove_service(name)
+                if not await swarm.wait_tasks_ended(task_ids, ORPHAN_STOP_SECONDS):
+                    continue  # still running: its GPUs stay held until it has exited
+            except SwarmError as exc:
+                log.warning("Could not remove service %s: %s", name, exc)
+                continue
+            del found[name]
+            removed += 1
+        self._orphans = orphans - {n for n in orphans if n not in found}
+        return removed
 
     async def ledger_call(self, method: str, *args):
         """A ledger call, off the event loop (database I/O); None without a ledger.

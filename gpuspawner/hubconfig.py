@@ -42,7 +42,26 @@ def configure(c) -> None:
         loop = asyncio.get_running_loop()  # JupyterHub reads its config inside its event loop
     except RuntimeError:
         return  # loaded outside a hub (a test, a linter): nothing to run
-    loop.create_task(_keep_reconciling(c))
+    for job in (_keep_reconciling(c), metrics.watch_event_loop()):
+        task = loop.create_task(job)
+        _background.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(_background.discard)
+
+
+_background: set = set()
+
+
+def _untracked(user: str, server: str) -> bool:
+    """True when the running hub has no such server running or starting."""
+    from jupyterhub.app import JupyterHub
+
+    if not JupyterHub.initialized():
+        return False
+    try:
+        spawner = JupyterHub.instance().users[user].spawners.get(server)
+    except KeyError:  # no such user
+        return True
+    return spawner is None or not spawner.active
 
 
 async def _keep_reconciling(config) -> None:
@@ -58,7 +77,7 @@ async def _keep_reconciling(config) -> None:
         try:
             cluster = await view._cluster()  # the first use rebuilds holdings from the swarm
             if not first:
-                await cluster.reconcile(view.swarm, log)
+                await cluster.reconcile(view.swarm, log, _untracked)
             first = False
         except SwarmError as exc:
             log.warning("GPU reconciliation: the swarm could not be asked: %s", exc)

@@ -12,6 +12,7 @@ scrapes. Decisions are counted as they happen.
 ``gpuspawner_allocations_granted_total{model}``   requests that got devices
 ``gpuspawner_allocations_refused_total{reason}``  ``capacity`` (503), ``request`` (400: never fits as asked)
 ``gpuspawner_allocation_seconds``                 time the allocator took to decide
+``gpuspawner_event_loop_lag_seconds``             how late the hub's event loop woke a 50 ms timer
 ================================================  =====================================
 """
 
@@ -29,6 +30,26 @@ ALLOCATION_SECONDS = Histogram(
     "Time the allocator took to decide a request",
     buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1),
 )
+
+EVENT_LOOP_LAG = Histogram(
+    "gpuspawner_event_loop_lag_seconds",
+    "How much later than asked the hub's event loop woke a 50 ms timer: the longest it was blocked",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0),
+)
+LAG_PROBE_SECONDS = 0.05
+
+
+async def watch_event_loop() -> None:
+    """Runs in the hub for its life: anything that blocks the loop (a slow
+    synchronous call in a handler or spawner) shows as lag here."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    while True:
+        start = loop.time()
+        await asyncio.sleep(LAG_PROBE_SECONDS)
+        EVENT_LOOP_LAG.observe(max(0.0, loop.time() - start - LAG_PROBE_SECONDS))
+
 
 _GAUGES = (
     ("gpuspawner_devices", "GPU devices known, healthy or not"),
