@@ -36,7 +36,8 @@ __all__ = ["GPUCluster", "DeviceState", "SOURCES", "InventorySettings"]
 #: posted by gpuspawner-agent on each node; ``local``: NVML in the hub's own
 #: process (a single-host setup).
 SOURCES = ("static", "agent", "local")
-ORPHAN_STOP_SECONDS = 30  # how long a removed orphan's container may take to exit
+ORPHAN_STOP_SECONDS = 30
+NODES_MAX_AGE = 1.0  # seconds a node list is good for  # how long a removed orphan's container may take to exit
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class GPUCluster:
         self._schedulable: set[str] | None = None
         self._next_port: int | None = None
         self._rebuilt = False
+        self._nodes_at = 0.0  # when the node list was last read
         self._local_due = 0.0
         self._lock = asyncio.Lock()
         self.apply()
@@ -250,13 +252,16 @@ class GPUCluster:
     # -- swarm state ---------------------------------------------------------------
 
     async def refresh(self, swarm: Swarm, log: logging.Logger | logging.LoggerAdapter) -> None:
-        """Take node status from the swarm; on first use, rebuild holdings."""
+        """Take node status from the swarm (at most every NODES_MAX_AGE seconds:
+        a burst of spawns asks once); on first use, rebuild holdings."""
         async with self._lock:
-            nodes = await swarm.nodes()
-            self.nodes = {n.hostname: n for n in nodes}
-            self._schedulable = {n.hostname for n in nodes if n.schedulable}
             if "local" in self.settings.sources:
                 await self._probe_local(log)
+            if not self._rebuilt or time.monotonic() - self._nodes_at >= NODES_MAX_AGE:
+                nodes = await swarm.nodes()
+                self._nodes_at = time.monotonic()
+                self.nodes = {n.hostname: n for n in nodes}
+                self._schedulable = {n.hostname for n in nodes if n.schedulable}
             self.apply()
             if not self._rebuilt:
                 await self._reconcile(swarm, log)

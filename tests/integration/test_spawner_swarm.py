@@ -10,10 +10,12 @@ from __future__ import annotations
 import re
 import signal
 import threading
+import time
 
 import pytest
 import yaml
 
+from gpuspawner.cluster import NODES_MAX_AGE
 from tests.harness.hub import REPO
 from tests.integration.support import hub_on, login, services_of, spawn_ready
 
@@ -197,6 +199,7 @@ def set_availability(swarm, hostname: str, availability: str) -> None:
     (node,) = swarm.client().nodes.list(filters={"name": hostname})
     spec = dict(node.attrs["Spec"], Availability=availability)
     node.update(spec)
+    time.sleep(NODES_MAX_AGE)  # the hub reads node status at most this often
 
 
 @pytest.mark.parametrize("availability", ["drain", "pause"])
