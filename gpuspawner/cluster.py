@@ -263,6 +263,7 @@ class GPUCluster:
                 self.nodes = {n.hostname: n for n in nodes}
                 self._schedulable = {n.hostname for n in nodes if n.schedulable}
             self.apply()
+            self._update_availability()
             if not self._rebuilt:
                 await self._reconcile(swarm, log)
                 self._rebuilt = True

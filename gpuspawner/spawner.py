@@ -595,10 +595,28 @@ class GPUSwarmSpawner(SwarmSpawner):
             return 0
         status = task.get("Status", {})
         state = status.get("State", "")
+        down = await self._node_down(task.get("NodeID", ""))
+        if down:
+            # The manager still says "running", but nobody can reach the server. Its
+            # service is removed (the node stops the container when it is back);
+            # its GPUs go back once the swarm confirms it, at the latest at the next
+            # reconciliation, and that node is not offered while it is down.
+            await self._remove_and_release()
+            return f"node {down} is down"
         if state == "running" or state in TASK_WAITING:
             return None
         await self._remove_and_release()
         return f"task {state}: {status.get('Err') or status.get('Message', '')}"
+
+    async def _node_down(self, node_id: str) -> str:
+        """The task's node's hostname if the swarm says the node is down, else ''."""
+        try:
+            cluster = await self._cluster()
+        except SpawnException:
+            return ""  # the manager cannot be asked: that says nothing about the node
+        hostname = cluster.hostname_of(node_id)
+        node = cluster.nodes.get(hostname or "")
+        return hostname if node is not None and not node.ready else ""
 
     def get_state(self):
         state = super().get_state()
