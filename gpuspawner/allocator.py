@@ -553,14 +553,11 @@ class Allocator:
             models = self.sharing.accepting(share, request.model, list(self._index))
         except ValueError as exc:
             raise AllocationRefused(str(exc), retry=False) from None
-        if limit is not None:
-            held = self._owned.get(request.owner, 0)
-            if held + share > limit * UNIT:
-                raise self._over_limit(f"{fmt(share)} × {request.model or 'GPU'} requested", share, limit, held)
+        over_limit = limit is not None and self._owned.get(request.owner, 0) + share > limit * UNIT
         pol = self.policy if policy is None else POLICIES[policy]
-        found = self._choose_share(pol, models, share, request.host)
+        found = None if over_limit else self._choose_share(pol, models, share, request.host)
         if found is None:
-            raise self._share_refusal(request, share, models)
+            raise self._share_refusal(request, share, models, limit)
         model, host, picks = found
         mi = self._index[model]
         devices = tuple(g for g, _ in picks)
@@ -875,12 +872,12 @@ class Allocator:
             retry=True,
         )
 
-    def _share_refusal(self, request: Request, share: int, models: list[str]) -> AllocationRefused:
-        """Why no device takes the share (the policy has accepted it already)."""
+    def _share_refusal(self, request: Request, share: int, models: list[str], limit: int | None) -> AllocationRefused:
+        """Why no device takes the share, the policy having accepted it: first
+        what can never change (retry=False), then what may (retry=True)."""
         host = request.host
-        need = -(-share // UNIT)
-        what = request.model or "GPU"
-        asked = f"{fmt(share)} × {what}"
+        need = -(-share // UNIT)  # fewest devices it can span
+        asked = f"{fmt(share)} × {request.model or 'GPU'}"
         if host is not None:
             if host not in self._hosts:
                 return AllocationRefused(
@@ -889,18 +886,24 @@ class Allocator:
             has = max(self._index[m].total.get(host, 0) for m in models)
             if has < need:
                 return AllocationRefused(f"{asked} requested on {host}, which has {has} of that model", retry=False)
+        else:
+            biggest = max(self._index[m].biggest_host for m in models)
+            if need > biggest:
+                return AllocationRefused(
+                    f"{asked} requested, but no host has more than {biggest}"
+                    f"{'' if request.model else ' of one model'} to split it over",
+                    retry=False,
+                )
+        if limit is not None:
+            held = self._owned.get(request.owner, 0)
+            if held + share > limit * UNIT:
+                return self._over_limit(f"{asked} requested", share, limit, held)
+        if host is not None:
             if not self._is_available(host):
                 return AllocationRefused(
                     f"{host} is not available right now (it is down, drained or paused)", retry=True
                 )
             return AllocationRefused(f"{asked} requested on {host}, not enough free there right now", retry=True)
-        biggest = max(self._index[m].biggest_host for m in models)
-        if need > biggest:
-            return AllocationRefused(
-                f"{asked} requested, but no host has more than {biggest}"
-                f"{'' if request.model else ' of one model'} to split it over",
-                retry=False,
-            )
         room = max(self._index[m].largest_room() for m in models)
         split = any(self.sharing.for_model(m).split for m in models)
         where = "on one device or one host" if split else "on one device"

@@ -50,13 +50,9 @@ def to_milli(value: Any, what: str = "share") -> int:
     refuses bools, strings, NaN, infinities, and anything finer than 0.001."""
     if isinstance(value, bool) or not isinstance(value, (int, float, Fraction, Decimal)):
         raise ValueError(f"{what} must be a number such as 0.5, got {shown(value)}")
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{what} must be a finite number, got {shown(value)}")
-        value = Decimal(repr(value))
-    elif isinstance(value, Decimal) and not value.is_finite():
+    if isinstance(value, float) and not math.isfinite(value) or isinstance(value, Decimal) and not value.is_finite():
         raise ValueError(f"{what} must be a finite number, got {shown(value)}")
-    milli = Fraction(value) * UNIT
+    milli = Fraction(Decimal(repr(value)) if isinstance(value, float) else value) * UNIT
     if milli.denominator != 1:
         raise ValueError(f"{what} must be a multiple of 0.001, got {shown(value)}")
     return int(milli)
@@ -68,14 +64,17 @@ def fraction(milli: int) -> Fraction:
 
 def fmt(milli: int) -> str:
     """Thousandths as the shortest decimal text: 600 -> '0.6', 1000 -> '1', 1650 -> '1.65'."""
+    if milli < 0:
+        return "-" + fmt(-milli)
     whole, part = divmod(milli, UNIT)
     if not part:
         return str(whole)
     return f"{whole}.{part:03d}".rstrip("0")
 
 
-def fmt_list(milli: Iterable[int]) -> str:
-    return ",".join(fmt(m) for m in milli)
+def fmt_list(milli: Iterable[int], sep: str = ",") -> str:
+    """'0.6,0.6' for labels and env; ``sep=", "`` for messages."""
+    return sep.join(fmt(m) for m in milli)
 
 
 def split_evenly(total: int, n: int, quantum: int) -> tuple[int, ...] | None:
@@ -105,7 +104,7 @@ class ModelSharing:
         if share <= 0:
             return "gpu_share must be more than 0"
         if self.allowed is not None and share not in self.allowed:
-            return f"{fmt(share)} of a GPU is not offered for {model}; choose one of: {fmt_list(self.allowed)}"
+            return f"{fmt(share)} of a GPU is not offered for {model}; choose one of: {fmt_list(self.allowed, ', ')}"
         if share % self.quantum:
             return f"{fmt(share)} of a GPU is not offered for {model}; choose a multiple of {fmt(self.quantum)}"
         if share > UNIT and not self.split:
@@ -116,7 +115,7 @@ class ModelSharing:
         return None
 
     def describe(self) -> str:
-        what = f"one of {fmt_list(self.allowed)}" if self.allowed else f"multiples of {fmt(self.quantum)}"
+        what = f"one of {fmt_list(self.allowed, ', ')}" if self.allowed else f"multiples of {fmt(self.quantum)}"
         return what + (", split over devices of one host" if self.split else "")
 
 
