@@ -606,7 +606,9 @@ class Allocator:
                 fit = self._fit_on_host(mi, host, share, sharing.quantum, need, most)
                 if fit is not None:
                     n, room, picks = fit
-                    yield (n, room, 0, host), host, picks
+                    # Only untouched devices: models are ranked as for a whole-GPU request.
+                    rank = policy.rank(len(mi.free[host])) if room == n * UNIT else 0
+                    yield (n, room, rank, host), host, picks
             return
         if need == 1:
             # One device: the shared device with least room that fits, else an
@@ -836,8 +838,10 @@ class Allocator:
             has = max((self._index[m].total.get(host, 0) for m in relevant), default=0)
             if has == 0 or (count != ALL and count > has):
                 return AllocationRefused(f"{asked} requested on {host}, which has {has} of that model", retry=False)
-            if count == ALL and limit is not None and has > room:
-                return self._over_limit(f"All {has} GPUs of {host} requested", has * UNIT, limit, held)
+            if count == ALL and limit is not None:
+                least = min(self._index[m].total[host] for m in relevant if host in self._index[m].total)
+                if least > room:
+                    return self._over_limit(f"All {least} GPUs of {host} requested", least * UNIT, limit, held)
             if not self._is_available(host):
                 return AllocationRefused(
                     f"{host} is not available right now (it is down, drained or paused)", retry=True

@@ -94,6 +94,8 @@ VECTORS = [
     Vector("spread: the untouched device on the host with most untouched", {"a": [0, 0, 0], "b": ["W", 0]},
            0.5, {"GPU-a-0": "0.5"}, policy="spread"),
     Vector("pinned host: least room there", {"a": [0.6, 0], "b": [0.1, 0.2]}, 0.3, {"GPU-b-1": "0.3"}, host="b"),
+    Vector("pinned host, any model, all untouched: ranked as whole GPUs (pack: fewest free)",
+           {"a": [(A100, 0), (A100, 0), (T4, 0)]}, 0.5, {"GPU-a-2": "0.5"}, model=None, host="a"),
     # More than one device has free: split evenly over the fewest devices of one host.
     Vector("1.2 -> 0.6 + 0.6", {"a": [0, 0]}, 1.2, {"GPU-a-0": "0.6", "GPU-a-1": "0.6"}),
     Vector("1.3 -> 0.65 + 0.65 (quantum 0.05)", {"a": [0, 0]}, 1.3, {"GPU-a-0": "0.65", "GPU-a-1": "0.65"}),
