@@ -217,8 +217,9 @@ def build_service(
 
     The admin's ``extra_*`` dicts are applied as in dockerspawner's
     SwarmSpawner, except that the host constraint is *added* to the admin's
-    own constraints, and our env and labels win over theirs, so a GPU
-    server can never be placed or labelled other than the allocator decided.
+    own constraints, and our env and labels win over theirs (labels under
+    ``gpuspawner.`` are ours alone), so a GPU server can never be placed or
+    labelled other than the allocator decided.
     """
     container = dict(image=image, env=dict(env), args=command, mounts=mounts or [])
     container.update(extra_container or {})
@@ -250,5 +251,8 @@ def build_service(
         task_template=TaskTemplate(**task), endpoint_spec=EndpointSpec(**endpoint), name=name
     )
     create.update(extra_create or {})
-    create["labels"] = {**(create.get("labels") or {}), **holding_labels(holding)}
+    # The whole label namespace is ours: an admin's (or a template's) stray
+    # gpuspawner.shares on a whole-GPU server would be read back as a share.
+    theirs = {k: v for k, v in (create.get("labels") or {}).items() if not k.startswith(f"{LABEL}.")}
+    create["labels"] = {**theirs, **holding_labels(holding)}
     return create
