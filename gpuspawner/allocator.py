@@ -95,6 +95,10 @@ class Allocation:
             return (Fraction(1),) * len(self.devices)
         return tuple(fraction(m) for m in self.milli)
 
+    def booking(self) -> dict[GPU, int]:
+        """Device -> milli-shares held (1000: whole), whatever the order."""
+        return dict(zip(self.devices, self.milli or (UNIT,) * len(self.devices)))
+
     @property
     def total_milli(self) -> int:
         return len(self.devices) * UNIT if self.milli is None else sum(self.milli)
@@ -297,7 +301,9 @@ class Allocator:
     def _reindex(self) -> None:
         index: dict[str, _ModelIndex] = {}
         for gpu in sorted(self._gpus.values()):
-            mi = index.setdefault(gpu.model, _ModelIndex())
+            mi = index.get(gpu.model)
+            if mi is None:  # not setdefault: that would build an index per device
+                mi = index[gpu.model] = _ModelIndex()
             mi.total[gpu.host] = mi.total.get(gpu.host, 0) + 1
             mi.memory_mib = max(mi.memory_mib, gpu.memory_mib)
             mi.devices += 1
@@ -491,11 +497,11 @@ class Allocator:
                     milli.append(piece)
             whole = all(m is None for m in milli) or all(m == UNIT for m in milli)
             shared = None if whole else tuple(milli)
+            alloc = Allocation(holder=holder, owner=owner, host=host, devices=tuple(devices), milli=shared)
             old = self._holders.get(holder)
-            if old is not None and set(old.devices) == set(devices) and old.milli == shared:
+            if old is not None and old.booking() == alloc.booking():
                 return old, problems
             self.release(holder)
-            alloc = Allocation(holder=holder, owner=owner, host=host, devices=tuple(devices), milli=shared)
             self._record(alloc)
             for gpu, piece in zip(devices, milli):
                 mi = self._index[gpu.model]

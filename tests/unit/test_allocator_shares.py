@@ -324,6 +324,12 @@ def test_adopt_is_idempotent_with_shares_and_replaces_them():
     first, _ = alloc.adopt("s", "alice", "a", ["GPU-a-0"], [0.25])
     again, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0"], [Decimal("0.25")])
     assert again is first and problems == []
+    pair, _ = alloc.adopt("p", "bob", "a", ["GPU-a-0", "GPU-a-1"], [0.5, 0.25])
+    swapped, _ = alloc.adopt("p", "bob", "a", ["GPU-a-1", "GPU-a-0"], [0.5, 0.25])
+    assert swapped is not pair and swapped.booking() != pair.booking()
+    assert allocated(alloc) == {"GPU-a-0": "0.5", "GPU-a-1": "0.5"}
+    assert alloc.adopt("p", "bob", "a", ["GPU-a-0", "GPU-a-1"], [0.25, 0.5])[0] is swapped
+    alloc.release("p")
     moved, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0"], [0.75])
     assert problems == [] and moved.shares == (Fraction(3, 4),)
     assert allocated(alloc)["GPU-a-0"] == "0.75" and alloc.held_by_owner("alice") == Fraction(3, 4)
