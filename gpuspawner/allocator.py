@@ -735,6 +735,10 @@ class Allocator:
         """Who holds the device whole (None also when it is shared: see :meth:`sharers_of`)."""
         return self._held.get(uuid)
 
+    def device(self, uuid: str) -> GPU | None:
+        """The inventory's record of a device (its model and memory), or None."""
+        return self._gpus.get(uuid)
+
     def sharers_of(self, uuid: str) -> dict[str, Fraction]:
         with self._lock:
             return {h: fraction(m) for h, m in sorted(self._shares.get(uuid, {}).items())}

@@ -31,6 +31,7 @@ __all__ = [
     "build_service",
     "holding_from_labels",
     "holding_labels",
+    "enforcement_mode",
     "share_enforcement",
     "visible_devices",
 ]
@@ -108,6 +109,26 @@ def _shares_label(text: str | None) -> tuple[Fraction | str, ...] | None:
         except (InvalidOperation, ValueError):
             out.append(piece)
     return tuple(out)
+
+
+def enforcement_mode(setting: str | Mapping[str, str], host: str) -> str:
+    """The enforcement mode for a host: ``setting`` is one mode for every node,
+    or ``{hostname: mode, "*": mode for the rest}`` (no "*": "none").
+    ValueError names a mode that is not one of ENFORCEMENT_MODES."""
+    if isinstance(setting, str):
+        mode = setting
+    elif isinstance(setting, Mapping):
+        mode = setting.get(host, setting.get("*", "none"))
+        for key, value in setting.items():
+            if value not in ENFORCEMENT_MODES:
+                raise ValueError(
+                    f"GPU share enforcement for {key!r} is {value!r}; choose one of: {', '.join(ENFORCEMENT_MODES)}"
+                )
+    else:
+        raise ValueError("GPU share enforcement must be a mode or a mapping of hostname (or '*') to mode")
+    if mode not in ENFORCEMENT_MODES:
+        raise ValueError(f"Unknown GPU share enforcement {mode!r}; choose one of: {', '.join(ENFORCEMENT_MODES)}")
+    return mode
 
 
 def share_enforcement(

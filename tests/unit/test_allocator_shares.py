@@ -365,6 +365,7 @@ def test_device_map_and_usage():
         allocated=Fraction(4, 5), whole=False,
         holders=(Sharer("x", "alice", Fraction(1, 5)), Sharer("y", "bob", Fraction(3, 5))),
     )
+    assert alloc.device("GPU-a-2") == GPU("a", 2, "GPU-a-2", T4, 15360) and alloc.device("GPU-x") is None
     assert rows["GPU-a-2"].whole and rows["GPU-a-2"].holders == (Sharer("w", "carol", Fraction(1)),)
     assert rows["GPU-b-0"].allocated == 0 and rows["GPU-b-0"].holders == () and not rows["GPU-b-0"].available
     assert alloc.usage() == [

@@ -9,6 +9,7 @@ from gpuspawner.service_spec import (
     build_service,
     holding_from_labels,
     holding_labels,
+    enforcement_mode,
     share_enforcement,
     visible_devices,
 )
@@ -178,3 +179,16 @@ def test_enforcement_env_goes_into_the_spec():
     container = s["task_template"]["ContainerSpec"]
     assert "LD_PRELOAD=/usr/local/vgpu/libvgpu.so" in container["Env"]
     assert container["Mounts"][0]["Target"] == "/usr/local/vgpu/libvgpu.so"
+
+
+def test_enforcement_mode_per_host():
+    assert enforcement_mode("mps", "gpu-a") == "mps"
+    setting = {"gpu-a": "hami", "*": "mps"}
+    assert (enforcement_mode(setting, "gpu-a"), enforcement_mode(setting, "gpu-b")) == ("hami", "mps")
+    assert enforcement_mode({"gpu-a": "hami"}, "gpu-b") == "none"
+    with pytest.raises(ValueError, match="GPU share enforcement for 'gpu-b' is 'vgpu'; choose one of: none, mps, hami"):
+        enforcement_mode({"gpu-a": "hami", "gpu-b": "vgpu"}, "gpu-a")
+    with pytest.raises(ValueError, match="Unknown GPU share enforcement 'MPS'"):
+        enforcement_mode("MPS", "gpu-a")
+    with pytest.raises(ValueError, match="must be a mode or a mapping"):
+        enforcement_mode(["mps"], "gpu-a")
