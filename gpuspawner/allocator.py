@@ -207,6 +207,7 @@ class _ModelIndex:
     # those with room left on available hosts sorted by (room, host, index).
     used: dict[str, int] = field(default_factory=dict)  # uuid -> milli booked
     partial: dict[str, list[GPU]] = field(default_factory=dict)  # host -> by index
+    partial_room: dict[str, int] = field(default_factory=dict)  # host -> room left on its partial devices
     rooms: list[tuple[int, str, int, str]] = field(default_factory=list)
 
     @property
@@ -312,6 +313,7 @@ class Allocator:
             if sharers:
                 mi.used[gpu.uuid] = used = sum(sharers.values())
                 mi.partial.setdefault(gpu.host, []).append(gpu)
+                mi.partial_room[gpu.host] = mi.partial_room.get(gpu.host, 0) + UNIT - used
                 if used < UNIT and self._is_available(gpu.host):
                     mi.rooms.append((UNIT - used, gpu.host, gpu.index, gpu.uuid))
             elif gpu.uuid not in self._held:
@@ -420,11 +422,15 @@ class Allocator:
         """Book a holding in the holder and owner records; whole devices in
         ``_held`` (shares are booked device by device by ``_book_share``)."""
         self._holders[alloc.holder] = alloc
-        if alloc.devices:
-            self._owned[alloc.owner] = self._owned.get(alloc.owner, 0) + alloc.total_milli
-        if alloc.milli is None:
-            for d in alloc.devices:
+        devices = alloc.devices
+        if not devices:
+            return
+        if alloc.milli is None:  # the whole-GPU path, kept lean
+            self._owned[alloc.owner] = self._owned.get(alloc.owner, 0) + len(devices) * UNIT
+            for d in devices:
                 self._held[d.uuid] = alloc.holder
+        else:
+            self._owned[alloc.owner] = self._owned.get(alloc.owner, 0) + sum(alloc.milli)
 
     def _move(self, mi: _ModelIndex, host: str, old: int, new: int) -> None:
         """The host's free count of this model went from old to new."""
@@ -441,12 +447,13 @@ class Allocator:
             alloc = self._holders.pop(holder, None)
             if alloc is None:
                 return None
-            left = self._owned.get(alloc.owner, 0) - alloc.total_milli
+            milli = alloc.milli
+            left = self._owned.get(alloc.owner, 0) - (len(alloc.devices) * UNIT if milli is None else sum(milli))
             if left > 0:
                 self._owned[alloc.owner] = left
             else:
                 self._owned.pop(alloc.owner, None)
-            if alloc.milli is not None:
+            if milli is not None:
                 for d in alloc.devices:
                     self._unbook_share(d.uuid, holder)
                 return alloc
@@ -637,12 +644,15 @@ class Allocator:
         for n, h in self._candidates(policy, mi, need, None, None) if pieces else ():
             yield (need, need * UNIT, policy.rank(n), h), h, list(zip(mi.free[h], pieces))
             break
-        for h in mi.partial:
-            if self._is_available(h):
-                fit = self._fit_on_host(mi, h, share, sharing.quantum, need, most)
-                if fit is not None and fit[1] < fit[0] * UNIT:  # all untouched: the policy's pick above
-                    n, room, picks = fit
-                    yield (n, room, 0, h), h, picks
+        for h in sorted(mi.partial):
+            if not self._is_available(h) or len(mi.free[h]) * UNIT + mi.partial_room[h] < share:
+                continue
+            fit = self._fit_on_host(mi, h, share, sharing.quantum, need, most)
+            if fit is not None and fit[1] < fit[0] * UNIT:  # all untouched: the policy's pick above
+                n, room, picks = fit
+                yield (n, room, 0, h), h, picks
+                if (n, room) == (need, share):
+                    return  # a perfect fit on the fewest devices: no later host does better
 
     def _fit_on_host(
         self, mi: _ModelIndex, host: str, share: int, quantum: int, first: int, last: int
@@ -650,10 +660,10 @@ class Allocator:
         """The fewest devices (from ``first`` to ``last``) of the host that take
         the share split as evenly as the quantum allows, each piece on the
         device with the least room that fits it: (devices, their room, picks)."""
-        devices = sorted(
-            [(UNIT - mi.used[g.uuid], g) for g in mi.partial.get(host, ()) if mi.used[g.uuid] < UNIT]
-            + [(UNIT, g) for g in mi.free[host]]
-        )
+        used = mi.used
+        devices = [(UNIT - used[g.uuid], g.index, g) for g in mi.partial.get(host, ()) if used[g.uuid] < UNIT]
+        devices += [(UNIT, g.index, g) for g in mi.free[host]]
+        devices.sort()  # by room, then index
         for n in range(first, min(last, len(devices)) + 1):
             pieces = split_evenly(share, n, quantum)
             if pieces is None:
@@ -661,15 +671,19 @@ class Allocator:
                     continue  # pieces too big: try more devices
                 return None  # pieces below the quantum: more devices cannot help
             picks = []
-            left = list(devices)  # by room, then index
+            total = 0
+            left = list(devices)
             for piece in pieces:  # larger pieces first
-                i = next((i for i, (room, _) in enumerate(left) if room >= piece), None)
-                if i is None:
-                    break
-                room, g = left.pop(i)
-                picks.append((room, g, piece))
+                for i, entry in enumerate(left):
+                    if entry[0] >= piece:
+                        break
+                else:
+                    break  # no device left takes this piece
+                del left[i]
+                total += entry[0]
+                picks.append((entry[2], piece))
             else:
-                return n, sum(room for room, _, _ in picks), [(g, piece) for _, g, piece in picks]
+                return n, total, picks
         return None
 
     def _book_share(self, mi: _ModelIndex, gpu: GPU, holder: str, piece: int) -> None:
@@ -680,11 +694,13 @@ class Allocator:
             del free[bisect.bisect_left(free, gpu)]
             self._move(mi, gpu.host, len(free) + 1, len(free))
             bisect.insort(mi.partial.setdefault(gpu.host, []), gpu)
+            mi.partial_room[gpu.host] = mi.partial_room.get(gpu.host, 0) + UNIT
             before = 0
         else:
             sharers[holder] = piece
             before = mi.used[gpu.uuid]
         mi.used[gpu.uuid] = before + piece
+        mi.partial_room[gpu.host] -= piece
         self._set_room(mi, gpu, UNIT - before if before else 0, UNIT - before - piece)
 
     def _unbook_share(self, uuid: str, holder: str) -> None:
@@ -701,14 +717,17 @@ class Allocator:
         before = mi.used[uuid]
         if sharers:
             mi.used[uuid] = before - piece
+            mi.partial_room[gpu.host] += piece
             self._set_room(mi, gpu, UNIT - before, UNIT - before + piece)
             return
         del mi.used[uuid]  # untouched again: back to the free lists
         self._set_room(mi, gpu, UNIT - before, 0)
         partial = mi.partial[gpu.host]
         del partial[bisect.bisect_left(partial, gpu)]
+        mi.partial_room[gpu.host] -= UNIT - before
         if not partial:
             del mi.partial[gpu.host]
+            del mi.partial_room[gpu.host]
         free = mi.free[gpu.host]
         bisect.insort(free, gpu)
         self._move(mi, gpu.host, len(free) - 1, len(free))
