@@ -3,6 +3,7 @@
     python -m benchmarks.bench_allocator                  # 1000 nodes × 8 GPUs, 200k ops, pack and spread
     python -m benchmarks.bench_allocator --json           # the same figures as JSON
     python -m benchmarks.bench_allocator --profile pack   # where the time goes (cProfile, top functions)
+    python -m benchmarks.bench_allocator --shares 0.5     # half of the requests ask for a share of a GPU
 
 The mix (after an untimed warm-up to 60 % of the devices in use):
 
@@ -23,10 +24,16 @@ the wall-clock rate of the whole loop is given too. Memory is what
 ``tracemalloc`` sees allocated while building the allocator from a ready list
 of GPU records (the records themselves are counted apart).
 
+``--shares F`` turns sharing on (every model: quantum 0.05, splitting
+allowed) and makes a fraction F of the allocations share requests: mostly
+0.1-0.5 of a GPU, some 0.75 or 1, a few 1.2-2.5 split over devices of one
+host. Utilisation then counts shares (0.25 in use is a quarter device).
+
 ``--extras`` (on by default) also times the calls the spawner makes around a
 decision: ``summary()`` (every form render and start), ``set_available_hosts``
-with the same hosts (every start) and with one node drained, and rebuilding all
-holdings with ``adopt`` as after a hub restart.
+with the same hosts (every start) and with one node drained, rebuilding all
+holdings with ``adopt`` as after a hub restart, and the allocation map views
+(``device_map()``, ``usage()``).
 """
 
 from __future__ import annotations
@@ -56,6 +63,9 @@ MODELS = [
     ("NVIDIA H100 80GB HBM3", 81920, 0.10),
 ]
 SIZES = [(1, 0.62), (2, 0.20), (4, 0.11), (8, 0.06), (ALL, 0.01)]
+SHARE_SIZES = [(0.1, 0.2), (0.25, 0.25), (0.3, 0.1), (0.5, 0.25), (0.75, 0.06), (1, 0.04),
+               (1.2, 0.05), (1.5, 0.03), (2.5, 0.02)]
+SHARING = {"*": {"quantum": 0.05, "split": True}}
 ANY_MODEL = 0.12
 PINNED = 0.03
 
@@ -119,6 +129,7 @@ class Result:
     ops: int
     seed: int
     max_per_owner: int | None
+    share_mix: float = 0.0
     build_bytes: int = 0
     build_peak_bytes: int = 0
     inventory_bytes: int = 0
@@ -165,8 +176,9 @@ def measure_inventory_bytes(nodes: int, gpus_per_node: int, seed: int) -> int:
 class Workload:
     """Generates the requests; keeps the bookkeeping out of the timed calls."""
 
-    def __init__(self, gpus: list[GPU], seed: int, users: int):
+    def __init__(self, gpus: list[GPU], seed: int, users: int, share_mix: float = 0.0):
         self.rng = random.Random(seed ^ 0x5EED)
+        self.share_mix = share_mix
         self.models = sorted({g.model for g in gpus})
         model_weight = {m: w for m, _, w in MODELS}
         self.model_weights = [model_weight.get(m, 1.0) for m in self.models]
@@ -189,7 +201,10 @@ class Workload:
         # (the busiest of 5000 gets ~0.3 % of requests; the form keeps users
         # within their limit, so limit refusals stay a small share).
         owner = self.users[int(len(self.users) * rng.random() ** 1.5)]
-        return f"{owner}/srv{self.serial}", Request(model=model, count=count, host=host, owner=owner)
+        share = None
+        if self.share_mix and rng.random() < self.share_mix:  # no draw at all without shares
+            share = rng.choices([s for s, _ in SHARE_SIZES], [w for _, w in SHARE_SIZES])[0]
+        return f"{owner}/srv{self.serial}", Request(model=model, count=count, host=host, owner=owner, share=share)
 
 
 REASONS = [
@@ -201,6 +216,7 @@ REASONS = [
     ("no whole host free (ALL)", ("every host has some in use",)),
     ("pinned host busy", ("free there",)),
     ("pinned host unavailable", ("is not available right now",)),
+    ("share: no room on a device or host", ("not that much is free",)),
 ]
 
 
@@ -214,7 +230,7 @@ def refusal_reason(message: str) -> str:
 def run_mix(alloc: Allocator, gpus: list[GPU], ops: int, seed: int, max_per_owner: int | None,
             users: int, result: Result) -> None:
     total = len(gpus)
-    work = Workload(gpus, seed, users)
+    work = Workload(gpus, seed, users, result.share_mix)
     rng = random.Random(seed)
     holders: list[str] = []
     in_use = 0
@@ -236,10 +252,12 @@ def run_mix(alloc: Allocator, gpus: list[GPU], ops: int, seed: int, max_per_owne
         else:
             t1 = pc()
             holders.append(holder)
-            in_use += len(a.devices)
+            in_use += a.total_milli / 1000
             result.granted += timed
             outcome = "granted"
-        if req.count == ALL:
+        if req.share is not None:
+            kind = "allocate share" if req.share <= 1 else "allocate share > 1"
+        elif req.count == ALL:
             kind = "allocate ALL"
         elif req.host is not None:
             kind = "allocate pinned"
@@ -257,7 +275,7 @@ def run_mix(alloc: Allocator, gpus: list[GPU], ops: int, seed: int, max_per_owne
         t0 = pc()
         a = alloc.release(holder)
         t1 = pc()
-        in_use -= len(a.devices)
+        in_use -= a.total_milli / 1000
         result.released += 1
         return t1 - t0
 
@@ -316,18 +334,20 @@ def run_extras(alloc: Allocator, gpus: list[GPU], policy: str, samples: int) -> 
     )
     alloc.set_available_hosts(None)
     holdings = list(alloc.holdings().values())
-    fresh = Allocator(gpus, policy)
+    fresh = Allocator(gpus, policy, sharing=alloc.sharing)
     t0 = pc()
     per = []
     for a in holdings:
         t1 = pc()
-        fresh.adopt(a.holder, a.owner, a.host, a.uuids)
+        fresh.adopt(a.holder, a.owner, a.host, a.uuids, a.shares if a.shared else None)
         per.append(pc() - t1)
     total_s = (pc() - t0) / 1e9
     stats = asdict(Stats.of(per))
     stats["holdings"] = len(holdings)
     stats["total_s"] = total_s
     out["adopt() rebuild of every holding"] = stats
+    out["device_map()"] = time_calls(alloc.device_map, max(1, samples // 20))
+    out["usage()"] = time_calls(alloc.usage, max(1, samples // 20))
     return out
 
 
@@ -335,9 +355,11 @@ def bench(policy: str, args) -> Result:
     gpus = build_inventory(args.nodes, args.gpus_per_node, args.seed)
     limit = args.max_per_owner or None
     result = Result(policy=policy, nodes=args.nodes, gpus=len(gpus), ops=args.ops, seed=args.seed,
-                    max_per_owner=limit)
+                    max_per_owner=limit, share_mix=args.shares)
     result.inventory_bytes = measure_inventory_bytes(args.nodes, args.gpus_per_node, args.seed)
     alloc, result.build_bytes, result.build_peak_bytes, result.build_ms = measure_build(gpus, policy)
+    if args.shares:
+        alloc.set_sharing(SHARING)
     run_mix(alloc, gpus, args.ops, args.seed, limit, args.users, result)
     if args.extras:
         result.extras = run_extras(alloc, gpus, policy, args.extra_samples)
@@ -346,9 +368,9 @@ def bench(policy: str, args) -> Result:
 
 def profile(policy: str, args) -> str:
     gpus = build_inventory(args.nodes, args.gpus_per_node, args.seed)
-    alloc = Allocator(gpus, policy)
+    alloc = Allocator(gpus, policy, sharing=SHARING if args.shares else None)
     result = Result(policy=policy, nodes=args.nodes, gpus=len(gpus), ops=args.ops, seed=args.seed,
-                    max_per_owner=args.max_per_owner or None)
+                    max_per_owner=args.max_per_owner or None, share_mix=args.shares)
     prof = cProfile.Profile()
     prof.enable()
     run_mix(alloc, gpus, args.ops, args.seed, args.max_per_owner or None, args.users, result)
@@ -365,7 +387,8 @@ def fmt_table(results: list[Result], args) -> str:
     r0 = results[0]
     lines.append(
         f"Allocator benchmark: {r0.nodes} nodes, {r0.gpus} GPUs, {r0.ops} timed decisions, seed {r0.seed}, "
-        f"max_per_owner={r0.max_per_owner}, {args.users} users; Python {platform.python_version()}"
+        f"max_per_owner={r0.max_per_owner}, {args.users} users"
+        f"{f', {100 * r0.share_mix:.0f} % share requests' if r0.share_mix else ''}; Python {platform.python_version()}"
     )
     lines.append("")
     head = f"{'policy':<7} {'decisions/s':>12} {'wall ops/s':>11} {'p50 µs':>8} {'p99 µs':>8} {'p99.9 µs':>9} " \
@@ -410,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", choices=["pack", "spread", "both"], default="both")
     ap.add_argument("--max-per-owner", type=int, default=8, help="passed on every allocate; 0: no limit")
     ap.add_argument("--users", type=int, default=5000, help="size of the user population")
+    ap.add_argument("--shares", type=float, default=0.0,
+                    help="fraction of allocations that ask for a share of a GPU (turns sharing on)")
     ap.add_argument("--no-extras", dest="extras", action="store_false",
                     help="skip timing summary()/set_available_hosts()/adopt rebuild")
     ap.add_argument("--extra-samples", type=int, default=200)

@@ -4,18 +4,28 @@ The same keys arrive from both (``POST /hub/api/users/NAME/server`` takes them
 as its JSON body), and stored options are reused on later spawns, so
 :func:`parse_user_options` runs at every start, not only when the form is sent.
 Only values that pass it ever reach service env, constraints or labels.
+
+``gpu_share`` asks for a share of a GPU (0.25, or 1.2 split over devices of
+one host) instead of ``gpu_count`` whole ones, where the admin's sharing
+policy offers it; it counts against the per-user limit as what it is (a
+user with a limit of 2 may hold 1.2 and 0.8).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Mapping
 
 from .allocator import ALL
+from .sharing import OFF, UNIT, SharingPolicy, fmt, fraction, shown, to_milli
 
 __all__ = ["KEYS", "GPURequest", "OptionsError", "options_from_form", "parse_user_options"]
 
-KEYS = ("gpu_model", "gpu_count", "gpu_host")
+KEYS = ("gpu_model", "gpu_count", "gpu_host", "gpu_share")
+_WHOLE_KEYS = KEYS[:3]  # what is offered while no model is shared
+_DECIMAL_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?|\.[0-9]+")
 
 
 class OptionsError(ValueError):
@@ -25,12 +35,13 @@ class OptionsError(ValueError):
 @dataclass(frozen=True)
 class GPURequest:
     model: str | None  # None: any model
-    count: int | str  # 0: CPU-only; ALL: every GPU of one host
+    count: int | str  # 0: CPU-only; ALL: every GPU of one host; 1 with a share
     host: str | None
+    share: Fraction | None = None  # a share of a GPU; None: ``count`` whole GPUs
 
     @property
     def cpu_only(self) -> bool:
-        return self.count == 0
+        return self.count == 0 and self.share is None
 
 
 def options_from_form(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
@@ -45,11 +56,18 @@ def options_from_form(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
         value = values[0].strip()
         if key == "gpu_count":
             options[key] = int(value) if value.isascii() and value.isdigit() else value
+        elif key == "gpu_share":
+            if value:  # empty: whole GPUs
+                options[key] = float(value) if _DECIMAL_RE.fullmatch(value) else value
         elif value or key not in ("gpu_model", "gpu_host"):
             options[key] = value
+    if "gpu_share" in options:
+        # The form always sends its count field; a chosen share replaces it.
+        options.pop("gpu_count", None)
     if "gpu_model" not in options:
         # The form's CPU-only choice sends an empty model: whatever the count
-        # field says, that means no GPU.
+        # or share fields say, that means no GPU.
+        options.pop("gpu_share", None)
         options["gpu_count"] = 0
     return options
 
@@ -61,43 +79,61 @@ def parse_user_options(
     hosts: list[str],
     max_count: int,
     allow_host_choice: bool,
+    sharing: SharingPolicy | Mapping | None = None,
 ) -> GPURequest:
+    """``max_count``: the per-user limit (shares count as such);
+    ``sharing``: the admin's policy (None: whole GPUs only)."""
+    sharing = OFF if sharing is None else SharingPolicy.parse(sharing)
+    offered = KEYS if sharing.enabled else _WHOLE_KEYS
     if options is None:
         options = {}
     if not isinstance(options, Mapping):
-        raise OptionsError("Server options must be a JSON object with keys: " + ", ".join(KEYS))
+        raise OptionsError("Server options must be a JSON object with keys: " + ", ".join(offered))
     unknown = sorted(str(k) for k in options if k not in KEYS)
     if unknown:
-        raise OptionsError(f"Unknown option(s) {', '.join(map(repr, unknown))}; valid options: {', '.join(KEYS)}")
+        raise OptionsError(f"Unknown option(s) {', '.join(map(repr, unknown))}; valid options: {', '.join(offered)}")
 
     model = options.get("gpu_model")
     if model is not None and (not isinstance(model, str) or model not in models):
         raise OptionsError(
-            f"Unknown GPU model {_show(model)}; choose one of: {', '.join(models) or '(none configured)'}"
+            f"Unknown GPU model {shown(model)}; choose one of: {', '.join(models) or '(none configured)'}"
         )
+    host = _host(options, hosts, allow_host_choice)
+    if "gpu_share" in options:
+        return GPURequest(model=model, count=1, host=host, share=_share(options, model, models, max_count, sharing))
 
     count = options.get("gpu_count", 0 if model is None else 1)
     if count == ALL:
         pass
     elif isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise OptionsError(
-            f"gpu_count must be a whole number from 0 (CPU-only) to {max_count}, or {ALL!r}; got {_show(count)}"
+            f"gpu_count must be a whole number from 0 (CPU-only) to {max_count}, or {ALL!r}; got {shown(count)}"
         )
     elif count > max_count:
         raise OptionsError(f"{count} GPUs requested; the limit is {max_count} per user (0 for CPU-only)")
     if count == 0 and model is not None:
         raise OptionsError("gpu_count 0 means CPU-only: leave gpu_model out, or ask for at least 1 GPU")
+    return GPURequest(model=model, count=count, host=host)
 
+
+def _host(options: Mapping, hosts: list[str], allow_host_choice: bool) -> str | None:
     host = options.get("gpu_host")
     if host is not None:
         if not allow_host_choice:
             raise OptionsError("Choosing a host (gpu_host) is not enabled on this hub; leave it out")
         if not isinstance(host, str) or host not in hosts:
-            raise OptionsError(f"Unknown host {_show(host)}; choose one of: {', '.join(hosts)}")
-    return GPURequest(model=model, count=count, host=host)
+            raise OptionsError(f"Unknown host {shown(host)}; choose one of: {', '.join(hosts)}")
+    return host
 
 
-def _show(value: Any) -> str:
-    """A user's value, quoted and cut short for an error message."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+def _share(options: Mapping, model: str | None, models: list[str], max_count: int, sharing: SharingPolicy) -> Fraction:
+    if "gpu_count" in options:
+        raise OptionsError("Give either gpu_count (whole GPUs) or gpu_share (a share of a GPU), not both")
+    try:
+        share = to_milli(options["gpu_share"], "gpu_share")
+        sharing.accepting(share, model, models)
+    except ValueError as exc:
+        raise OptionsError(str(exc)) from None
+    if share > max_count * UNIT:
+        raise OptionsError(f"{fmt(share)} of a GPU requested; the limit is {max_count} per user")
+    return fraction(share)

@@ -1,5 +1,7 @@
 """user_options validation and the form's conversion (pure, no I/O)."""
 
+from fractions import Fraction
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -90,3 +92,112 @@ def test_form_conversion():
     assert options_from_form({"gpu_model": [GTX], "gpu_count": ["two"]})["gpu_count"] == "two"
     assert options_from_form({"gpu_model": [GTX], "gpu_count": ["²"]})["gpu_count"] == "²"
     assert options_from_form({"gpu_model": [GTX], "gpu_host": [""]}) == {"gpu_model": GTX}
+
+
+# --------------------------------------------------------------------------
+# gpu_share
+# --------------------------------------------------------------------------
+
+SHARING = {A100: {"quantum": 0.05, "split": True}, GTX: {"shares": [0.25, 0.5]}}
+
+
+def parse_share(options, max_count=2, sharing=SHARING, **kw):
+    return parse_user_options(options, models=MODELS, hosts=HOSTS, max_count=max_count,
+                              allow_host_choice=kw.get("allow_host_choice", False), sharing=sharing)
+
+
+@pytest.mark.parametrize("options, share", [
+    ({"gpu_model": A100, "gpu_share": 0.25}, Fraction(1, 4)),
+    ({"gpu_model": A100, "gpu_share": 1.2}, Fraction(6, 5)),
+    ({"gpu_model": A100, "gpu_share": 1.3}, Fraction(13, 10)),
+    ({"gpu_model": A100, "gpu_share": 2}, Fraction(2)),
+    ({"gpu_model": GTX, "gpu_share": 0.5}, Fraction(1, 2)),
+    ({"gpu_share": 0.25}, Fraction(1, 4)),  # any model that offers it
+])
+def test_valid_shares(options, share):
+    got = parse_share(options)
+    assert got == GPURequest(model=options.get("gpu_model"), count=1, host=None, share=share)
+    assert not got.cpu_only
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"gpu_model": A100, "gpu_share": 0.5, "gpu_count": 1},
+     "Give either gpu_count (whole GPUs) or gpu_share (a share of a GPU), not both"),
+    ({"gpu_model": A100, "gpu_share": 0.33}, f"0.33 of a GPU is not offered for {A100}; choose a multiple of 0.05"),
+    ({"gpu_model": GTX, "gpu_share": 0.75}, f"0.75 of a GPU is not offered for {GTX}; choose one of: 0.25, 0.5"),
+    ({"gpu_model": GTX, "gpu_share": 1.5}, f"1.5 of a GPU is not offered for {GTX}"),
+    ({"gpu_model": A100, "gpu_share": 0}, "gpu_share must be more than 0"),
+    ({"gpu_model": A100, "gpu_share": -0.5}, "gpu_share must be more than 0"),
+    ({"gpu_model": A100, "gpu_share": float("nan")}, "gpu_share must be a finite number, got nan"),
+    ({"gpu_model": A100, "gpu_share": float("inf")}, "gpu_share must be a finite number, got inf"),
+    ({"gpu_model": A100, "gpu_share": True}, "gpu_share must be a number such as 0.5, got True"),
+    ({"gpu_model": A100, "gpu_share": "0.5"}, "gpu_share must be a number such as 0.5, got '0.5'"),
+    ({"gpu_model": A100, "gpu_share": None}, "gpu_share must be a number such as 0.5, got None"),
+    ({"gpu_model": A100, "gpu_share": 0.0001}, "gpu_share must be a multiple of 0.001, got 0.0001"),
+    ({"gpu_model": A100, "gpu_share": 2.5}, "2.5 of a GPU requested; the limit is 2 per user"),
+    ({"gpu_share": 0.33}, f"0.33 of a GPU is not offered by any model; offered: {A100}: multiples of 0.05, split"),
+    ({"gpu_model": "H100", "gpu_share": 0.5}, "Unknown GPU model 'H100'"),
+    ({"gpu_model": A100, "gpu_share": 0.5, "gpu_host": "gpu-a"}, "Choosing a host (gpu_host) is not enabled"),
+])
+def test_invalid_shares_are_refused_with_a_message(options, message):
+    with pytest.raises(OptionsError) as info:
+        parse_share(options)
+    assert message in str(info.value)
+
+
+def test_share_needs_sharing_enabled():
+    with pytest.raises(OptionsError, match="GPU sharing is not enabled on this hub; ask for whole GPUs"):
+        parse_share({"gpu_share": 0.5}, sharing=None)
+    with pytest.raises(OptionsError, match=f"{GTX} is not shared on this hub"):
+        parse_share({"gpu_model": GTX, "gpu_share": 0.5}, sharing={A100: {"quantum": 0.5}})
+    with pytest.raises(OptionsError, match="splitting over several devices is not enabled"):
+        parse_share({"gpu_model": A100, "gpu_share": 1.5}, sharing={A100: {"quantum": 0.5}})
+
+
+def test_valid_options_are_named_by_what_the_hub_offers():
+    with pytest.raises(OptionsError, match="valid options: gpu_model, gpu_count, gpu_host, gpu_share$"):
+        parse_share({"extra": 1})
+    with pytest.raises(OptionsError, match="valid options: gpu_model, gpu_count, gpu_host$"):
+        parse_share({"extra": 1}, sharing=None)
+
+
+def test_pinned_share():
+    got = parse_share({"gpu_model": A100, "gpu_share": 0.5, "gpu_host": "gpu-b"}, allow_host_choice=True)
+    assert got.host == "gpu-b" and got.share == Fraction(1, 2)
+
+
+def test_form_conversion_of_a_share():
+    # The form sends its count field too: a chosen share replaces it.
+    assert options_from_form({"gpu_model": [A100], "gpu_count": ["1"], "gpu_share": ["0.25"]}) == {
+        "gpu_model": A100, "gpu_share": 0.25,
+    }
+    # An empty share choice means whole GPUs.
+    assert options_from_form({"gpu_model": [A100], "gpu_count": ["2"], "gpu_share": [""]}) == {
+        "gpu_model": A100, "gpu_count": 2,
+    }
+    # The CPU-only choice wins over a share.
+    assert options_from_form({"gpu_model": [""], "gpu_share": ["0.5"]}) == {"gpu_count": 0}
+    # What it can't read passes through, to be refused with a message.
+    assert options_from_form({"gpu_model": [A100], "gpu_share": ["half"]})["gpu_share"] == "half"
+    assert options_from_form({"gpu_model": [A100], "gpu_share": ["nan"]})["gpu_share"] == "nan"
+    form = options_from_form({"gpu_model": [A100], "gpu_share": ["1.3"]})
+    assert parse_share(form).share == Fraction(13, 10)
+
+
+@given(st.dictionaries(
+    st.sampled_from(["gpu_model", "gpu_count", "gpu_host", "gpu_share", "x"]),
+    st.one_of(st.none(), st.booleans(), st.integers(-2, 3), st.floats(), st.text(max_size=8),
+              st.sampled_from([A100, GTX, 0.25, 0.5, 1.2, 0.05])),
+    max_size=4,
+))
+def test_anything_with_shares_is_either_valid_or_a_clear_refusal(options):
+    try:
+        request = parse_share(options)
+    except OptionsError as exc:
+        assert str(exc) and len(str(exc)) < 300
+        return
+    assert request.model in (None, *MODELS) and request.host is None
+    if request.share is not None:
+        assert isinstance(request.share, Fraction) and 0 < request.share <= 2
+        assert "gpu_count" not in options
+        assert (request.share * 1000).denominator == 1

@@ -1,0 +1,389 @@
+"""Fractional GPU shares in the allocator: table-driven vectors (in the style of
+Backend.AI's FractionAllocMap tests), refusals, adopt, release and the views.
+
+Device state in a vector is written per host as a list, one entry per device
+(index 0, 1, ...): a number is the share already booked on it (0: untouched),
+"W" a device held whole. UUIDs are ``GPU-<host>-<index>``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+
+from gpuspawner.allocator import ALL, AllocationRefused, Allocator, DeviceUse, HostUse, Request, Sharer
+from gpuspawner.inventory import GPU
+from gpuspawner.sharing import fmt, to_milli
+
+A100 = "NVIDIA A100 80GB PCIe"
+T4 = "NVIDIA Tesla T4"
+GTX = "NVIDIA GeForce GTX 1070"
+MEMORY = {A100: 81920, T4: 15360, GTX: 8192}
+SPLIT = {"*": {"quantum": 0.05, "split": True}}
+NO_SPLIT = {"*": {"quantum": 0.05}}
+
+
+def inventory(state: dict, model: str = A100) -> list[GPU]:
+    out = []
+    for host, devices in state.items():
+        entries = devices if isinstance(devices, list) else [(model, devices)]
+        index = 0
+        for entry in entries:
+            m, used = entry if isinstance(entry, tuple) else (model, entry)
+            out.append(GPU(host, index, f"GPU-{host}-{index}", m, MEMORY[m]))
+            index += 1
+    return out
+
+
+def booked(state: dict, sharing: dict, policy: str = "pack") -> Allocator:
+    """An allocator with the state's shares and whole devices already held."""
+    alloc = Allocator(inventory(state), policy=policy, sharing=sharing)
+    for host, devices in state.items():
+        for index, entry in enumerate(devices):
+            used = entry[1] if isinstance(entry, tuple) else entry
+            uuid = f"GPU-{host}-{index}"
+            if used == "W":
+                assert alloc.adopt(f"pre-{uuid}", "pre", host, [uuid]) [1] == []
+            elif used:
+                assert alloc.adopt(f"pre-{uuid}", "pre", host, [uuid], [used])[1] == []
+    return alloc
+
+
+def placement(a) -> dict[str, str]:
+    return {d.uuid: fmt(to_milli(s)) for d, s in zip(a.devices, a.shares)}
+
+
+def allocated(alloc: Allocator) -> dict[str, str]:
+    return {d.uuid: fmt(to_milli(d.allocated)) for d in alloc.device_map()}
+
+
+def refusal(alloc: Allocator, request: Request, **kw) -> AllocationRefused:
+    before = (alloc.holdings(), alloc.device_map())
+    with pytest.raises(AllocationRefused) as info:
+        alloc.allocate("refused", request, **kw)
+    assert (alloc.holdings(), alloc.device_map()) == before, "a refused request must change nothing"
+    return info.value
+
+
+@dataclass(frozen=True)
+class Vector:
+    name: str
+    state: dict
+    share: object
+    expect: dict  # uuid -> piece, as text
+    sharing: dict = field(default_factory=lambda: SPLIT)
+    model: str | None = A100
+    host: str | None = None
+    policy: str = "pack"
+
+
+VECTORS = [
+    # Fits on one device: the device with the least room that still fits.
+    Vector("untouched devices: lowest index", {"a": [0, 0]}, 0.5, {"GPU-a-0": "0.5"}),
+    Vector("least room that fits", {"a": [0.3, 0.6, 0]}, 0.3, {"GPU-a-1": "0.3"}),
+    Vector("an exact fit fills the device", {"a": [0.5, 0]}, 0.5, {"GPU-a-0": "0.5"}),
+    Vector("too little room on the shared one: an untouched one", {"a": [0.7, 0]}, 0.5, {"GPU-a-1": "0.5"}),
+    Vector("least room across hosts", {"a": [0.2, 0], "b": [0.6, 0]}, 0.4, {"GPU-b-0": "0.4"}),
+    Vector("equal room: hostname, then index", {"b": [0.5, 0.5], "a": [0, 0.5, 0.5]}, 0.25, {"GPU-a-1": "0.25"}),
+    Vector("never on a device held whole", {"a": ["W", 0]}, 0.5, {"GPU-a-1": "0.5"}),
+    Vector("pack: the untouched device on the host with fewest untouched", {"a": [0, 0, 0], "b": ["W", 0]},
+           0.5, {"GPU-b-1": "0.5"}),
+    Vector("spread: the untouched device on the host with most untouched", {"a": [0, 0, 0], "b": ["W", 0]},
+           0.5, {"GPU-a-0": "0.5"}, policy="spread"),
+    Vector("pinned host: least room there", {"a": [0.6, 0], "b": [0.1, 0.2]}, 0.3, {"GPU-b-1": "0.3"}, host="b"),
+    Vector("pinned host, any model, all untouched: ranked as whole GPUs (pack: fewest free)",
+           {"a": [(A100, 0), (A100, 0), (T4, 0)]}, 0.5, {"GPU-a-2": "0.5"}, model=None, host="a"),
+    # More than one device has free: split evenly over the fewest devices of one host.
+    Vector("1.2 -> 0.6 + 0.6", {"a": [0, 0]}, 1.2, {"GPU-a-0": "0.6", "GPU-a-1": "0.6"}),
+    Vector("1.3 -> 0.65 + 0.65 (quantum 0.05)", {"a": [0, 0]}, 1.3, {"GPU-a-0": "0.65", "GPU-a-1": "0.65"}),
+    Vector("1.3 -> 0.7 + 0.6 (quantum 0.1): the larger piece where least room fits it", {"a": [0.2, 0.3]}, 1.3,
+           {"GPU-a-0": "0.6", "GPU-a-1": "0.7"}, sharing={"*": {"quantum": 0.1, "split": True}}),
+    Vector("seed: 1.2 next to a 0.2 share", {"a": [0.2, 0]}, 1.2, {"GPU-a-0": "0.6", "GPU-a-1": "0.6"}),
+    Vector("no single device has room: 0.8 -> 0.4 + 0.4", {"a": [0.6, 0.6]}, 0.8,
+           {"GPU-a-0": "0.4", "GPU-a-1": "0.4"}),
+    Vector("fewest devices wins over least room", {"a": [0.5, 0.5, 0.5], "b": [0, 0]}, 1.2,
+           {"GPU-b-0": "0.6", "GPU-b-1": "0.6"}),
+    Vector("same number of devices: least room", {"a": [0, 0], "b": [0.3, 0, 0]}, 1.2,
+           {"GPU-b-0": "0.6", "GPU-b-1": "0.6"}),
+    Vector("2.5 over three devices", {"a": [0, 0, 0, 0]}, 2.5,
+           {"GPU-a-0": "0.85", "GPU-a-1": "0.85", "GPU-a-2": "0.8"}),
+    Vector("2 -> two whole devices", {"a": [0.5, 0, 0]}, 2, {"GPU-a-1": "1", "GPU-a-2": "1"}),
+    Vector("one model only on a mixed host", {"a": [(GTX, 0), (A100, 0.5), (A100, 0)]}, 1.1,
+           {"GPU-a-1": "0.5", "GPU-a-2": "0.6"}, sharing={"*": {"quantum": 0.1, "split": True}}),
+    Vector("any model: only shareable models", {"a": [(GTX, 0), (A100, 0)]}, 0.5, {"GPU-a-1": "0.5"},
+           sharing={A100: {"quantum": 0.5}}, model=None),
+    Vector("allowed list", {"a": [0.5, 0]}, 0.5, {"GPU-a-0": "0.5"},
+           sharing={"*": {"shares": [0.25, 0.5]}}),
+    Vector("exact values from floats, Decimals and Fractions", {"a": [0.1, 0]}, Decimal("0.9"),
+           {"GPU-a-0": "0.9"}),
+]
+
+
+@pytest.mark.parametrize("v", VECTORS, ids=[v.name for v in VECTORS])
+def test_vectors(v: Vector):
+    alloc = booked(v.state, v.sharing, v.policy)
+    before = allocated(alloc)
+    got = alloc.allocate("s", Request(v.model, host=v.host, owner="alice", share=v.share))
+    assert placement(got) == v.expect
+    assert got.holder == "s" and got.owner == "alice"
+    assert len({d.host for d in got.devices}) == 1
+    assert sum(to_milli(s) for s in got.shares) == to_milli(v.share)
+    after = allocated(alloc)
+    for uuid, piece in v.expect.items():
+        assert to_milli(Decimal(after[uuid])) == to_milli(Decimal(before[uuid])) + to_milli(Decimal(piece))
+    assert alloc.held_by_owner("alice") == Fraction(to_milli(v.share), 1000)
+
+
+def test_the_seed_example():
+    """Two GPUs of one model; 0.2, then 1.2: both start; the map shows 0.80 and 0.60."""
+    alloc = Allocator(inventory({"gpu-a": [0, 0]}), sharing=SPLIT)
+    first = alloc.allocate("alice", Request(A100, owner="alice", share=0.2))
+    second = alloc.allocate("bob", Request(A100, owner="bob", share=1.2))
+    assert (first.uuids, first.shares) == (("GPU-gpu-a-0",), (Fraction(1, 5),))
+    assert (second.uuids, second.shares) == (("GPU-gpu-a-0", "GPU-gpu-a-1"), (Fraction(3, 5),) * 2)
+    assert [f"{float(d.allocated):.2f}" for d in alloc.device_map()] == ["0.80", "0.60"]
+
+
+# --------------------------------------------------------------------------
+# Refusals: never as asked (400) apart from not now (503)
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("state, sharing, request_, kw, retry, message", [
+    ({"a": [0, 0]}, NO_SPLIT, Request(A100, share=1.2), {}, False,
+     f"1.2 of a GPU requested, but shares of {A100} are at most 1 GPU (splitting over several devices is not enabled)"),
+    ({"a": [0.6, 0.6]}, NO_SPLIT, Request(A100, share=0.5), {}, True,
+     f"0.5 × {A100} requested, but not that much is free on one device right now (at most 0.4 on one device)"),
+    ({"a": [0.6, 0.6]}, SPLIT, Request(A100, share=1), {}, True,
+     f"1 × {A100} requested, but not that much is free on one device or one host right now (at most 0.4 on one device)"),
+    ({"a": [0], "b": [0]}, SPLIT, Request(A100, share=1.2), {}, False,
+     f"1.2 × {A100} requested, but no host has more than 1 to split it over"),
+    ({"a": [0, 0]}, None, Request(A100, share=0.5), {}, False,
+     f"{A100} is not shared on this hub; ask for whole GPUs (gpu_count) instead"),
+    ({"a": [0, 0]}, None, Request(None, share=0.5), {}, False,
+     "GPU sharing is not enabled on this hub; ask for whole GPUs (gpu_count) instead"),
+    ({"a": [0, 0]}, SPLIT, Request(A100, share=0.33), {}, False,
+     f"0.33 of a GPU is not offered for {A100}; choose a multiple of 0.05"),
+    ({"a": [0, 0]}, {"*": {"shares": [0.25, 0.5]}}, Request(A100, share=0.3), {}, False,
+     f"0.3 of a GPU is not offered for {A100}; choose one of: 0.25, 0.5"),
+    ({"a": [0, 0]}, SPLIT, Request(A100, share=0), {}, False, "gpu_share must be more than 0"),
+    ({"a": [0, 0]}, SPLIT, Request(A100, share=float("nan")), {}, False, "gpu_share must be a finite number, got nan"),
+    ({"a": [0, 0]}, SPLIT, Request(A100, share=True), {}, False, "gpu_share must be a number such as 0.5, got True"),
+    ({"a": [0, 0]}, SPLIT, Request(A100, share="0.5"), {}, False, "gpu_share must be a number such as 0.5, got '0.5'"),
+    ({"a": [0, 0]}, SPLIT, Request("NVIDIA H100 80GB HBM3", share=0.5), {}, False, "Unknown GPU model"),
+    ({"a": [0, 0]}, SPLIT, Request(A100, share=1.5, owner="alice"), {"max_per_owner": 1}, False,
+     f"1.5 × {A100} requested, but the limit is 1 per user"),
+    ({"a": [0, 0]}, SPLIT, Request(A100, share=0.5, host="z"), {}, False, "z is not a GPU host; choose one of: a"),
+    ({"a": [0, 0], "b": [0]}, SPLIT, Request(A100, share=1.5, host="b"), {}, False,
+     f"1.5 × {A100} requested on b, which has 1 of that model"),
+    ({"a": [0.9, 0.9], "b": [0]}, SPLIT, Request(A100, share=0.5, host="a"), {}, True,
+     f"0.5 × {A100} requested on a, not enough free there right now"),
+], ids=lambda x: x if isinstance(x, str) and len(x) < 40 else None)
+def test_refusals(state, sharing, request_, kw, retry, message):
+    e = refusal(booked(state, sharing), request_, **kw)
+    assert message in e.message
+    assert e.retry is retry and e.status == (503 if retry else 400)
+
+
+def test_unavailable_pinned_host_may_come_back():
+    alloc = booked({"a": [0], "b": [0]}, SPLIT)
+    alloc.set_available_hosts(["b"])
+    e = refusal(alloc, Request(A100, share=0.5, host="a"))
+    assert e.retry is True and "a is not available right now" in e.message
+    assert placement(alloc.allocate("s", Request(A100, share=0.5))) == {"GPU-b-0": "0.5"}
+    alloc.set_available_hosts(None)
+    assert placement(alloc.allocate("t", Request(A100, share=0.25, host="a"))) == {"GPU-a-0": "0.25"}
+
+
+def test_shared_devices_on_unavailable_hosts_are_not_offered():
+    alloc = booked({"a": [0.5], "b": [0.2]}, SPLIT)
+    alloc.set_available_hosts(["b"])
+    assert placement(alloc.allocate("s", Request(A100, share=0.5))) == {"GPU-b-0": "0.5"}
+    assert refusal(alloc, Request(A100, share=0.4)).retry is True
+    alloc.set_available_hosts(None)
+    assert placement(alloc.allocate("t", Request(A100, share=0.4))) == {"GPU-a-0": "0.4"}
+
+
+# --------------------------------------------------------------------------
+# Whole GPUs and shares side by side
+# --------------------------------------------------------------------------
+
+
+def test_whole_requests_take_only_untouched_devices():
+    alloc = booked({"a": [0.2, 0, 0]}, SPLIT)
+    assert alloc.allocate("w", Request(A100, 2)).uuids == ("GPU-a-1", "GPU-a-2")
+    assert refusal(alloc, Request(A100, 1)).retry is True
+    assert refusal(alloc, Request(A100, ALL)).retry is True
+    alloc.release("pre-GPU-a-0")
+    assert alloc.allocate("w2", Request(A100, 1)).uuids == ("GPU-a-0",)
+
+
+def test_per_owner_limit_counts_shares():
+    alloc = booked({"a": [0, 0, 0]}, SPLIT)
+    alloc.allocate("alice-1", Request(A100, owner="alice", share=0.5), max_per_owner=2)
+    assert alloc.held_by_owner("alice") == Fraction(1, 2)
+    e = refusal(alloc, Request(A100, 2, owner="alice"), max_per_owner=2)
+    assert e.retry is True and e.message.endswith("the limit is 2 per user and you already hold 0.5 on other servers")
+    e = refusal(alloc, Request(A100, owner="alice", share=1.6), max_per_owner=2)
+    assert e.retry is True and "you already hold 0.5 on other servers" in e.message
+    alloc.allocate("alice-2", Request(A100, owner="alice", share=1.5), max_per_owner=2)
+    assert alloc.held_by_owner("alice") == 2 and isinstance(alloc.held_by_owner("alice"), int)
+    alloc.release("alice-1")
+    assert alloc.held_by_owner("alice") == Fraction(3, 2)
+    assert alloc.allocate("alice-3", Request(A100, owner="alice", share=0.5), max_per_owner=2)
+
+
+def test_release_is_idempotent_and_frees_the_share_only():
+    alloc = booked({"a": [0, 0]}, SPLIT)
+    alloc.allocate("x", Request(A100, share=0.2))
+    y = alloc.allocate("y", Request(A100, share=1.2))
+    assert allocated(alloc) == {"GPU-a-0": "0.8", "GPU-a-1": "0.6"}
+    assert alloc.release("y") == y
+    assert alloc.release("y") is None
+    assert allocated(alloc) == {"GPU-a-0": "0.2", "GPU-a-1": "0"}
+    (s,) = alloc.summary()
+    assert (s.free, s.largest_block, s.largest_share) == (1, 1, 1)
+    alloc.release("x")
+    (s,) = alloc.summary()
+    assert (s.free, s.largest_block) == (2, 2)
+    assert alloc.allocate("w", Request(A100, 2)).uuids == ("GPU-a-0", "GPU-a-1")
+
+
+def test_a_share_that_comes_out_whole_is_held_whole():
+    alloc = booked({"a": [0, 0]}, SPLIT)
+    got = alloc.allocate("s", Request(A100, share=2))
+    assert got.milli is None and not got.shared and got.shares == (1, 1)
+    assert alloc.holder_of("GPU-a-0") == "s" and alloc.sharers_of("GPU-a-0") == {}
+    alloc.release("s")
+    assert allocated(alloc) == {"GPU-a-0": "0", "GPU-a-1": "0"}
+
+
+def test_set_inventory_keeps_shares():
+    alloc = booked({"a": [0.5, 0]}, SPLIT)
+    alloc.set_inventory(inventory({"a": [0, 0], "b": [0]}))
+    assert allocated(alloc) == {"GPU-a-0": "0.5", "GPU-a-1": "0", "GPU-b-0": "0"}
+    assert placement(alloc.allocate("s", Request(A100, share=0.5))) == {"GPU-a-0": "0.5"}
+    alloc.set_inventory(inventory({"b": [0]}))  # a's devices leave while shared
+    alloc.release("s")
+    alloc.release("pre-GPU-a-0")
+    assert alloc.holdings() == {} and alloc.sharers_of("GPU-a-0") == {}
+
+
+def test_policy_change_keeps_holdings():
+    alloc = booked({"a": [0.5, 0]}, SPLIT)
+    alloc.set_sharing(None)
+    assert allocated(alloc)["GPU-a-0"] == "0.5"
+    assert refusal(alloc, Request(A100, share=0.5)).retry is False
+    assert alloc.allocate("w", Request(A100, 1)).uuids == ("GPU-a-1",)
+    with pytest.raises(ValueError, match="quantum must divide 1 GPU evenly"):
+        alloc.set_sharing({"*": {"quantum": 0.3}})
+
+
+# --------------------------------------------------------------------------
+# adopt: shares from labels, over-booking found
+# --------------------------------------------------------------------------
+
+
+def test_adopt_shares_and_report_over_booking():
+    alloc = booked({"a": [0, 0, 0]}, SPLIT)
+    got, problems = alloc.adopt("s1", "alice", "a", ["GPU-a-0", "GPU-a-1"], [Fraction(3, 5), "0.6"])
+    assert problems == ["GPU-a-1: share '0.6' is not a share of one GPU; booked whole"]
+    assert got.milli is None  # a share it cannot read books the devices whole
+    alloc.release("s1")
+
+    got, problems = alloc.adopt("s1", "alice", "a", ["GPU-a-0", "GPU-a-1"], [0.6, 0.6])
+    assert problems == [] and got.shares == (Fraction(3, 5),) * 2
+    got, problems = alloc.adopt("s2", "bob", "a", ["GPU-a-0", "GPU-a-2"], [0.5, 0.5])
+    assert problems == ["GPU-a-0 would be booked to 1.1 of 1 (0.6 by s1, 0.5 here)"]
+    assert got.uuids == ("GPU-a-2",) and got.shares == (Fraction(1, 2),)
+    got, problems = alloc.adopt("s3", "carol", "a", ["GPU-a-1"])
+    assert problems == ["GPU-a-1 is shared (0.6 by s1); it cannot also be held whole"] and got.devices == ()
+    got, problems = alloc.adopt("s4", "erin", "a", ["GPU-a-1"], [0.4])
+    assert problems == [] and allocated(alloc) == {"GPU-a-0": "0.6", "GPU-a-1": "1", "GPU-a-2": "0.5"}
+    assert alloc.held_by_owner("bob") == Fraction(1, 2) and alloc.held_by_owner("carol") == 0
+
+
+def test_adopt_share_on_a_device_held_whole():
+    alloc = booked({"a": ["W", 0]}, SPLIT)
+    got, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0", "GPU-a-1"], [0.5, 0.5])
+    assert problems == ["GPU-a-0 is held whole by pre-GPU-a-0"]
+    assert got.uuids == ("GPU-a-1",)
+
+
+def test_adopt_mismatched_shares_book_whole():
+    alloc = booked({"a": [0, 0]}, SPLIT)
+    got, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0", "GPU-a-1"], [0.5])
+    assert problems == ["1 shares for 2 devices; booked whole"] and got.milli is None and len(got.devices) == 2
+
+
+def test_adopt_is_idempotent_with_shares_and_replaces_them():
+    alloc = booked({"a": [0, 0]}, SPLIT)
+    first, _ = alloc.adopt("s", "alice", "a", ["GPU-a-0"], [0.25])
+    again, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0"], [Decimal("0.25")])
+    assert again is first and problems == []
+    pair, _ = alloc.adopt("p", "bob", "a", ["GPU-a-0", "GPU-a-1"], [0.5, 0.25])
+    swapped, _ = alloc.adopt("p", "bob", "a", ["GPU-a-1", "GPU-a-0"], [0.5, 0.25])
+    assert swapped is not pair and swapped.booking() != pair.booking()
+    assert allocated(alloc) == {"GPU-a-0": "0.5", "GPU-a-1": "0.5"}
+    assert alloc.adopt("p", "bob", "a", ["GPU-a-0", "GPU-a-1"], [0.25, 0.5])[0] is swapped
+    alloc.release("p")
+    moved, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0"], [0.75])
+    assert problems == [] and moved.shares == (Fraction(3, 4),)
+    assert allocated(alloc)["GPU-a-0"] == "0.75" and alloc.held_by_owner("alice") == Fraction(3, 4)
+
+
+def test_adopt_rebuilds_the_same_map():
+    """A hub restart: holdings re-adopted from labels give the same allocation map."""
+    alloc = booked({"a": [0, 0, 0], "b": [0, 0]}, SPLIT)
+    for i, share in enumerate([0.2, 1.2, 0.35, 2, 0.5, 0.15]):
+        alloc.allocate(f"s{i}", Request(A100, owner=f"u{i % 2}", share=share))
+    fresh = Allocator(inventory({"a": [0, 0, 0], "b": [0, 0]}), sharing=SPLIT)
+    for a in alloc.holdings().values():
+        assert fresh.adopt(a.holder, a.owner, a.host, a.uuids, None if a.milli is None else a.shares)[1] == []
+    assert fresh.device_map() == alloc.device_map()
+    assert fresh.usage() == alloc.usage() and fresh.summary() == alloc.summary()
+
+
+# --------------------------------------------------------------------------
+# Views for the allocation map, metrics and the form
+# --------------------------------------------------------------------------
+
+
+def test_device_map_and_usage():
+    alloc = Allocator(inventory({"a": [0, 0, (T4, 0)], "b": [(T4, 0)]}), sharing=SPLIT)
+    alloc.allocate("x", Request(A100, owner="alice", share=0.2))
+    alloc.allocate("y", Request(A100, owner="bob", share=1.2))
+    alloc.allocate("w", Request(T4, 1, owner="carol"))
+    alloc.set_available_hosts(["a"])
+    rows = {d.uuid: d for d in alloc.device_map()}
+    assert list(rows) == ["GPU-a-0", "GPU-a-1", "GPU-a-2", "GPU-b-0"]
+    assert rows["GPU-a-0"] == DeviceUse(
+        uuid="GPU-a-0", host="a", index=0, model=A100, memory_mib=81920, available=True,
+        allocated=Fraction(4, 5), whole=False,
+        holders=(Sharer("x", "alice", Fraction(1, 5)), Sharer("y", "bob", Fraction(3, 5))),
+    )
+    assert alloc.device("GPU-a-2") == GPU("a", 2, "GPU-a-2", T4, 15360) and alloc.device("GPU-x") is None
+    assert rows["GPU-a-2"].whole and rows["GPU-a-2"].holders == (Sharer("w", "carol", Fraction(1)),)
+    assert rows["GPU-b-0"].allocated == 0 and rows["GPU-b-0"].holders == () and not rows["GPU-b-0"].available
+    assert alloc.usage() == [
+        HostUse(model=A100, host="a", available=True, total=2, free=0, whole=0, shared=2, allocated=Fraction(7, 5)),
+        HostUse(model=T4, host="a", available=True, total=1, free=0, whole=1, shared=0, allocated=Fraction(1)),
+        HostUse(model=T4, host="b", available=False, total=1, free=1, whole=0, shared=0, allocated=Fraction(0)),
+    ]
+
+
+def test_summary_tells_the_form_what_may_be_shared():
+    alloc = Allocator(inventory({"a": [0, 0, (T4, 0)]}),
+                      sharing={A100: {"quantum": 0.05, "split": True}, T4: {"shares": [0.25, 0.5]}})
+    alloc.allocate("x", Request(A100, share=1.7))
+    by = {s.model: s for s in alloc.summary()}
+    a100, t4 = by[A100], by[T4]
+    assert (a100.shareable, a100.quantum, a100.shares, a100.split) == (True, Fraction(1, 20), None, True)
+    assert (a100.free, a100.largest_block, a100.largest_share) == (0, 0, Fraction(3, 20))
+    assert (t4.shareable, t4.quantum, t4.shares, t4.split, t4.largest_share) == (
+        True, Fraction(1, 4), (Fraction(1, 4), Fraction(1, 2)), False, 1)
+    plain = Allocator(inventory({"a": [0]})).summary()[0]
+    assert (plain.shareable, plain.quantum, plain.shares, plain.split, plain.largest_share) == (False, None, None, False, 0)

@@ -1,0 +1,348 @@
+"""Property tests for shares: random inventories, sharing policies and
+sequences of share and whole-GPU requests, releases, availability changes and
+adopts, checked step by step against brute force.
+
+Invariants after every step: the shares on a device never sum above 1; a
+device held whole is never shared; every holding lies on one host; the views
+(device_map, usage, summary, held_by_owner) agree with a recount of the
+holdings; an allocator fed the inventory in reverse order decides the same.
+
+Each share decision is checked against an exhaustive search over every
+combination of devices of every (model, host): granted exactly when one fits,
+on the fewest devices, with the least room (best fit), or, when only untouched
+devices fit, on the host the policy ranks first; retry=False exactly when no
+state could ever grant it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from fractions import Fraction
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from gpuspawner.allocator import ALL, AllocationRefused, Allocator, Request
+from gpuspawner.inventory import GPU
+from gpuspawner.sharing import UNIT, SharingPolicy, split_evenly, to_milli
+from tests.unit.test_allocator_properties import Reference
+
+MODELS = ["NVIDIA A100 80GB PCIe", "NVIDIA Tesla T4"]
+MEMORY = {MODELS[0]: 81920, MODELS[1]: 15360}
+HOSTNAMES = ["gpu-b", "gpu-a", "node-10", "node-02"]
+OWNERS = ["alice", "bob"]
+QUANTA = [0.05, 0.1, 0.2, 0.25, 0.5]
+# Valid shares of every quantum above, and some that are not.
+SHARES = [round(k * 0.05, 2) for k in range(1, 61)] + [0.33, 0.001, 0, -0.5, float("nan"), True, "0.5"]
+
+SETTINGS = settings(
+    max_examples=60,
+    stateful_step_count=30,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+@st.composite
+def inventories(draw) -> list[GPU]:
+    """1..4 hosts of 1..5 devices, 1..2 models (small: the reference is exhaustive)."""
+    hosts = draw(st.lists(st.sampled_from(HOSTNAMES), min_size=1, max_size=4, unique=True))
+    models = draw(st.lists(st.sampled_from(MODELS), min_size=1, max_size=2, unique=True))
+    out = []
+    for host in hosts:
+        n = draw(st.integers(1, 5))
+        kinds = draw(st.lists(st.sampled_from(models), min_size=n, max_size=n))
+        for index, model in enumerate(kinds):
+            out.append(GPU(host, index, f"GPU-{host}-{index}", model, MEMORY[model]))
+    return out
+
+
+@st.composite
+def policies(draw) -> dict:
+    config = {}
+    for key in ["*", *MODELS]:
+        kind = draw(st.sampled_from(["absent", "off", "quantum", "quantum", "shares"]))
+        split = draw(st.booleans())
+        if kind == "off":
+            config[key] = None
+        elif kind == "quantum":
+            config[key] = {"quantum": draw(st.sampled_from(QUANTA)), "split": split}
+        elif kind == "shares":
+            shares = draw(st.lists(st.sampled_from([0.1, 0.25, 0.5, 0.75, 1, 1.5, 2]), min_size=1, max_size=3))
+            config[key] = {"shares": shares if split else [s for s in shares if s <= 1] or [0.5], "split": split}
+    return config
+
+
+class SharesMachine(RuleBasedStateMachine):
+    @initialize(inventory=inventories(), config=policies(), policy=st.sampled_from(["pack", "spread"]))
+    def setup(self, inventory, config, policy):
+        self.gpus = sorted(inventory)
+        self.by_uuid = {g.uuid: g for g in inventory}
+        self.hosts = sorted({g.host for g in inventory})
+        self.models = sorted({g.model for g in inventory})
+        self.sharing = SharingPolicy.parse(config)
+        self.policy = policy
+        self.alloc = Allocator(inventory, policy, sharing=config)
+        self.mirror = Allocator(list(reversed(inventory)), policy, sharing=config)
+        self.available: set[str] | None = None
+        self.serial = 0
+
+    # -- recount from the holdings ----------------------------------------------
+
+    def booked(self) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
+        """uuid -> whole holder; uuid -> {holder: milli} for shared devices."""
+        whole, shared = {}, {}
+        for a in self.alloc.holdings().values():
+            for d, m in zip(a.devices, a.milli or [None] * len(a.devices)):
+                if m is None:
+                    assert d.uuid not in whole, f"{d.uuid} held whole twice"
+                    whole[d.uuid] = a.holder
+                else:
+                    shared.setdefault(d.uuid, {})[a.holder] = m
+        return whole, shared
+
+    def room(self, gpu: GPU) -> int:
+        whole, shared = self.booked()
+        return 0 if gpu.uuid in whole else UNIT - sum(shared.get(gpu.uuid, {}).values())
+
+    def is_available(self, host: str) -> bool:
+        return self.available is None or host in self.available
+
+    def held(self, owner: str) -> int:
+        return sum(a.total_milli for a in self.alloc.holdings().values() if a.owner == owner)
+
+    # -- operations ---------------------------------------------------------------
+
+    def _decide(self, holder: str, req: Request, limit: int | None):
+        try:
+            got = self.alloc.allocate(holder, req, max_per_owner=limit)
+        except AllocationRefused as e:
+            got, refused = None, e
+        try:
+            mirrored = self.mirror.allocate(holder, req, max_per_owner=limit)
+        except AllocationRefused as e:
+            assert got is None and e.message == refused.message
+        else:
+            assert got == mirrored
+        return (got, None) if got is not None else (None, refused)
+
+    @rule(data=st.data())
+    def allocate_share(self, data):
+        model = data.draw(st.sampled_from(self.models + [None]), label="model")
+        share = data.draw(st.one_of(
+            st.sampled_from(SHARES),
+            st.builds(lambda k, q: round(k * q, 3), st.integers(1, 10), st.sampled_from(QUANTA)),
+            self.valid_shares(model), self.valid_shares(model),
+        ), label="share")
+        host = data.draw(st.one_of(st.none(), st.none(), st.sampled_from(self.hosts + ["gpu-gone"])), label="host")
+        owner = data.draw(st.sampled_from(OWNERS), label="owner")
+        limit = data.draw(st.one_of(st.none(), st.integers(1, 4)), label="limit")
+        self.serial += 1
+        req = Request(model=model, host=host, owner=owner, share=share)
+        rooms_before = {g.uuid: self.room(g) for g in self.gpus}
+        held_before = self.held(owner)
+        got, refused = self._decide(f"s{self.serial}", req, limit)
+
+        try:
+            milli = to_milli(share)
+            ok = self.sharing.accepting(milli, model, self.models)
+        except ValueError:
+            ok = []
+        over = ok and limit is not None and held_before + milli > limit * UNIT
+        cands = [] if not ok or over else self.candidates(ok, milli, host, rooms_before)
+
+        if got is None:
+            assert not cands, f"refused ({refused.message}) although {min(cands)} fits"
+            never = self.never(ok, milli if ok else 0, host, limit)
+            assert refused.retry is (not never), f"retry={refused.retry} for: {refused.message}"
+            return
+        assert cands, f"granted {got} although nothing fits"
+        assert len({d.host for d in got.devices}) == 1 and len({d.model for d in got.devices}) == 1
+        assert self.is_available(got.host) and (host is None or got.host == host)
+        assert sum(to_milli(s) for s in got.shares) == milli
+        assert sorted((to_milli(s) for s in got.shares), reverse=True) == list(
+            split_evenly(milli, len(got.devices), self.sharing.for_model(got.model).quantum)
+        )
+        assert all(rooms_before[d.uuid] >= to_milli(s) for d, s in zip(got.devices, got.shares))
+        n, total = len(got.devices), sum(rooms_before[d.uuid] for d in got.devices)
+        best_n = min(c[0] for c in cands)
+        best_total = min(c[1] for c in cands if c[0] == best_n)
+        assert n == best_n, f"{n} devices used where {best_n} suffice"
+        if best_total < best_n * UNIT:
+            assert total == best_total, f"room {total} where {best_total} fits (best fit)"
+            assert (got.host, got.model) == min((c[2], c[3]) for c in cands if c[:2] == (best_n, best_total))
+        else:  # only untouched devices fit: the policy picks the host, as for whole GPUs
+            untouched = Counter((g.host, g.model) for g in self.gpus if rooms_before[g.uuid] == UNIT)
+            rank = (lambda k: k) if self.policy == "pack" else (lambda k: -k)
+            pick = min((rank(untouched[c[2], c[3]]), c[2], c[3]) for c in cands if c[0] == best_n)
+            assert (got.host, got.model) == pick[1:]
+            lowest = [g for g in self.gpus if (g.host, g.model) == pick[1:] and rooms_before[g.uuid] == UNIT]
+            assert got.devices == tuple(lowest[:n])
+
+    def valid_shares(self, model):
+        """Shares the policy accepts for the model (or for some model)."""
+        options = []
+        for m in [model] if model is not None else self.models:
+            sharing = self.sharing.for_model(m)
+            if sharing is None:
+                continue
+            if sharing.allowed:
+                options += sharing.allowed
+            else:
+                options += range(sharing.quantum, (3 if sharing.split else 1) * UNIT + 1, sharing.quantum)
+        return st.sampled_from(options).map(lambda milli: Fraction(milli, UNIT)) if options else st.just(0.5)
+
+    def candidates(self, models, share, host, rooms) -> list[tuple[int, int, str, str]]:
+        """(devices, room of those devices, host, model) of every fitting placement."""
+        out = []
+        need = -(-share // UNIT)
+        for model in models:
+            sharing = self.sharing.for_model(model)
+            for h in [host] if host is not None else self.hosts:
+                if not self.is_available(h):
+                    continue
+                devices = [g for g in self.gpus if (g.host, g.model) == (h, model) and rooms[g.uuid] > 0]
+                for n in range(need, (len(devices) if sharing.split else 1) + 1):
+                    pieces = split_evenly(share, n, sharing.quantum)
+                    for combo in itertools.combinations(devices, n) if pieces else ():
+                        have = sorted((rooms[g.uuid] for g in combo), reverse=True)
+                        if all(r >= p for r, p in zip(have, pieces)):
+                            out.append((n, sum(have), h, model))
+        return out
+
+    def never(self, models, share, host, limit) -> bool:
+        if not models or (limit is not None and share > limit * UNIT):
+            return True
+        if host is not None and host not in self.hosts:
+            return True
+        need = -(-share // UNIT)
+        for model in models:
+            for h in [host] if host is not None else self.hosts:
+                if sum(1 for g in self.gpus if (g.host, g.model) == (h, model)) >= need:
+                    return False
+        return True
+
+    @rule(data=st.data())
+    def allocate_whole(self, data):
+        model = data.draw(st.sampled_from(self.models + [None]), label="model")
+        count = data.draw(st.one_of(st.integers(1, 3), st.just(ALL)), label="count")
+        host = data.draw(st.one_of(st.none(), st.sampled_from(self.hosts)), label="host")
+        owner = data.draw(st.sampled_from(OWNERS), label="owner")
+        limit = data.draw(st.one_of(st.none(), st.integers(1, 4)), label="limit")
+        self.serial += 1
+        req = Request(model=model, count=count, host=host, owner=owner)
+        # The whole-GPU reference, with "free" meaning untouched and owners
+        # holding what their shares add up to.
+        ref = Reference(self.gpus, self.policy)
+        ref.available = self.available
+        ref.held = self.alloc.holdings()
+        ref.held_by_owner = lambda o: Fraction(self.held(o), UNIT)
+        cands = ref.candidates(req, limit)
+        got, refused = self._decide(f"w{self.serial}", req, limit)
+        if got is None:
+            assert not cands, f"refused ({refused.message}) although {cands[0]} fits"
+            assert refused.retry is (not ref.never_satisfiable(req, limit)), refused.message
+            return
+        best = ref.best(cands)
+        assert got.milli is None and (got.host, got.model, got.devices) == (best.host, best.model, best.devices)
+
+    @rule(data=st.data())
+    def release(self, data):
+        holders = sorted(self.alloc.holdings())
+        holder = data.draw(st.sampled_from(holders + ["nobody"]), label="holder")
+        expected = self.alloc.holdings().get(holder)
+        assert self.alloc.release(holder) == expected
+        assert self.mirror.release(holder) == expected
+        assert self.alloc.release(holder) is None
+
+    @rule(data=st.data())
+    def set_available_hosts(self, data):
+        hosts = data.draw(st.one_of(st.none(), st.sets(st.sampled_from(self.hosts))), label="available")
+        self.available = hosts
+        self.alloc.set_available_hosts(hosts)
+        self.mirror.set_available_hosts(None if hosts is None else sorted(hosts, reverse=True))
+
+    @rule(data=st.data())
+    def adopt(self, data):
+        host = data.draw(st.sampled_from(self.hosts), label="host")
+        on_host = [g.uuid for g in self.gpus if g.host == host]
+        uuids = data.draw(st.lists(st.sampled_from(on_host), min_size=1, max_size=3, unique=True), label="uuids")
+        shares = data.draw(st.one_of(st.none(), st.lists(st.sampled_from([0.1, 0.25, 0.5, 0.6, 1]),
+                                                         min_size=len(uuids), max_size=len(uuids))), label="shares")
+        holder = data.draw(st.sampled_from(sorted(self.alloc.holdings()) + [f"adopted-{self.serial}"]), label="holder")
+        owner = data.draw(st.sampled_from(OWNERS), label="owner")
+        self.serial += 1
+        got, problems = self.alloc.adopt(holder, owner, host, uuids, shares)
+        assert self.mirror.adopt(holder, owner, host, uuids, shares) == (got, problems)
+        # What was refused is named; what was taken is all that was not refused.
+        refused = {p.split()[0] for p in problems}
+        assert set(got.uuids) == set(uuids) - refused
+
+    # -- invariants ----------------------------------------------------------------
+
+    @invariant()
+    def mirror_agrees(self):
+        assert self.alloc.holdings() == self.mirror.holdings()
+
+    @invariant()
+    def sums_never_above_one_and_whole_never_shared(self):
+        whole, shared = self.booked()  # asserts no device held whole twice
+        assert not set(whole) & set(shared), "a device held whole is also shared"
+        for uuid, holders in shared.items():
+            assert 0 < sum(holders.values()) <= UNIT, f"{uuid} booked to {sum(holders.values())}"
+        for a in self.alloc.holdings().values():
+            assert {d.host for d in a.devices} <= {a.host}, "a holding spans hosts"
+
+    @invariant()
+    def views_match_a_recount(self):
+        whole, shared = self.booked()
+        for d in self.alloc.device_map():
+            sharers = {s.holder: to_milli(s.share) for s in d.holders}
+            if d.uuid in whole:
+                assert d.whole and sharers == {whole[d.uuid]: UNIT} and d.allocated == 1
+            else:
+                assert not d.whole and sharers == shared.get(d.uuid, {})
+                assert d.allocated == Fraction(sum(sharers.values()), UNIT)
+        assert [(d.host, d.index) for d in self.alloc.device_map()] == [(g.host, g.index) for g in self.gpus]
+        for row in self.alloc.usage():
+            mine = [g for g in self.gpus if (g.host, g.model) == (row.host, row.model)]
+            assert row.total == len(mine)
+            assert row.whole == sum(1 for g in mine if g.uuid in whole)
+            assert row.shared == sum(1 for g in mine if g.uuid in shared)
+            assert row.free == row.total - row.whole - row.shared
+            assert row.allocated == Fraction(sum(UNIT - self.room(g) for g in mine), UNIT)
+        for s in self.alloc.summary():
+            avail = [g for g in self.gpus if g.model == s.model and self.is_available(g.host)]
+            free = [g for g in avail if self.room(g) == UNIT]
+            assert s.free == len(free)
+            assert s.largest_block == max(Counter(g.host for g in free).values(), default=0)
+            if s.shareable:
+                assert s.largest_share == Fraction(max((self.room(g) for g in avail), default=0), UNIT)
+        for owner in OWNERS:
+            assert self.alloc.held_by_owner(owner) == Fraction(self.held(owner), UNIT)
+
+
+SharesMachine.TestCase.settings = SETTINGS
+TestSharesStateMachine = SharesMachine.TestCase
+
+
+@SETTINGS
+@given(inventory=inventories(), shares=st.lists(st.sampled_from([0.1, 0.2, 0.25, 0.5, 0.6, 1.2, 1.5]), max_size=12))
+def test_adopting_every_holding_rebuilds_the_same_state(inventory, shares):
+    """After a hub restart, the holdings read back from labels give the same map."""
+    config = {"*": {"quantum": 0.05, "split": True}}
+    alloc = Allocator(inventory, sharing=config)
+    for i, share in enumerate(shares):
+        try:
+            alloc.allocate(f"s{i}", Request(share=share, owner=OWNERS[i % 2]))
+        except AllocationRefused:
+            pass
+    fresh = Allocator(list(reversed(inventory)), sharing=config)
+    for a in alloc.holdings().values():
+        assert fresh.adopt(a.holder, a.owner, a.host, a.uuids, a.shares if a.shared else None)[1] == []
+    assert fresh.device_map() == alloc.device_map()
+    assert fresh.usage() == alloc.usage()
+    assert fresh.summary() == alloc.summary()
