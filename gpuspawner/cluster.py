@@ -227,7 +227,7 @@ class GPUCluster:
         unhealthy) are taken the moment those devices are offered, before any
         request can see them free."""
         for holder, h in list(self._pending.items()):
-            alloc, problems = self.allocator.adopt(holder, h.user, h.host, h.uuids)
+            alloc, problems = self.allocator.adopt(holder, h.user, h.host, h.uuids, h.shares)
             if len(alloc.devices) == len(h.uuids):
                 del self._pending[holder]
 
@@ -296,14 +296,14 @@ class GPUCluster:
             current = self.allocator.holding(name)
             if not holding.uuids or (current is not None and current.uuids == holding.uuids):
                 continue
-            alloc, problems = self.allocator.adopt(name, holding.user, holding.host, holding.uuids)
+            alloc, problems = self.allocator.adopt(name, holding.user, holding.host, holding.uuids, holding.shares)
             adopted += 1
             if len(alloc.devices) < len(holding.uuids):
                 self._pending[name] = holding
             for problem in problems:
                 log.warning("Service %s: %s", name, problem)
             await self._record(log, "open", name, holding.user, holding.server, holding.host, holding.model,
-                               holding.uuids, [1.0] * len(holding.uuids))
+                               holding.uuids, [float(s) for s in alloc.shares])
         removed = await self._remove_orphans(swarm, log, found, untracked)
         gone = [h for h in self.allocator.holdings() if h not in found and h not in self.busy]
         for holder in gone:
@@ -394,12 +394,11 @@ class GPUCluster:
     def alloc_map(self) -> dict[str, dict[str, dict]]:
         """Every known device by host, with who holds it and how healthy it is:
         ``{host: {uuid: {model, allocated, health, problems, holders, ...}}}``."""
-        holdings = self.allocator.holdings()
         holders: dict[str, list[dict]] = {}
-        for holder, alloc in sorted(holdings.items()):
+        for holder, alloc in sorted(self.allocator.holdings().items()):
             user, server = self.servers.get(holder, (alloc.owner, ""))
-            for gpu in alloc.devices:
-                holders.setdefault(gpu.uuid, []).append({"user": user, "server": server, "share": 1.0})
+            for gpu, share in zip(alloc.devices, alloc.shares):
+                holders.setdefault(gpu.uuid, []).append({"user": user, "server": server, "share": float(share)})
         out: dict[str, dict[str, dict]] = {}
         for uuid, state in sorted(self.devices.items(), key=lambda kv: kv[1].gpu):
             gpu = state.gpu

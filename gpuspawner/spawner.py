@@ -14,6 +14,7 @@ import functools
 import inspect
 import os
 import socket
+from fractions import Fraction
 
 import jinja2
 from dockerspawner import SwarmSpawner
@@ -26,7 +27,17 @@ from .cluster import SOURCES, GPUCluster, InventorySettings
 from .inventory import MODEL_RE, InventoryError, load_inventory
 from .ledger import Ledger, LedgerError, default_db_url
 from .options import OptionsError, options_from_form, parse_user_options
-from .service_spec import Holding, build_service, visible_devices
+from .service_spec import (
+    ENFORCEMENT_MODES,
+    HAMI_LIBRARY,
+    MPS_PIPE_DIR,
+    Holding,
+    build_service,
+    enforcement_mode,
+    share_enforcement,
+    visible_devices,
+)
+from .sharing import SharingPolicy, fmt_list, to_milli
 from .swarm import TASK_FAILED, TASK_WAITING, Swarm, SwarmError
 
 __all__ = ["GPUSwarmSpawner"]
@@ -133,6 +144,43 @@ class GPUSwarmSpawner(SwarmSpawner):
         adopted, and the devices of a service that is gone are given back.
         Also done at hub start (with ``gpuspawner.hubconfig.configure``) and by
         the admin's rescan. 0: only at start and on rescan.""",
+    ).tag(config=True)
+
+    gpu_sharing = Dict(
+        help="""Which GPU models users may ask a share of (``gpu_share``), by
+        model name, ``"*"`` for the rest: ``{"NVIDIA A100 80GB PCIe":
+        {"quantum": 0.05, "split": True}, "Tesla T4": {"shares": [0.25, 0.5]}}``.
+        ``quantum``: shares are multiples of it; ``shares``: the only ones
+        offered; ``split``: a share larger than one device has free may span
+        devices of one host. Empty (default): whole GPUs only. What a share
+        means on the GPU depends on ``gpu_share_enforcement``.""",
+    ).tag(config=True)
+
+    @validate("gpu_sharing")
+    def _valid_sharing(self, proposal):
+        try:
+            SharingPolicy.parse(proposal.value)
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None
+        return proposal.value
+
+    gpu_share_enforcement = Union(
+        [Enum(list(ENFORCEMENT_MODES)), Dict()],
+        default_value="none",
+        help="""What enforces a server's share of a GPU on its node: ``none``
+        (bookkeeping and framework hints only: a process can still use the whole
+        GPU), ``mps`` (the node runs the CUDA MPS control daemon: memory and SM
+        limits per client), ``hami`` (HAMi-core's libvgpu.so is on the node:
+        memory and SM limits enforced in the container). One mode, or
+        ``{hostname: mode, "*": mode}``. See docs/sharing.md.""",
+    ).tag(config=True)
+
+    mps_pipe_directory = Unicode(
+        MPS_PIPE_DIR, help="With ``mps``: the MPS control daemon's pipe directory on the nodes."
+    ).tag(config=True)
+
+    hami_core_library = Unicode(
+        HAMI_LIBRARY, help="With ``hami``: the path of HAMi-core's libvgpu.so on the nodes."
     ).tag(config=True)
 
     allocation_policy = Unicode(
@@ -252,11 +300,12 @@ class GPUSwarmSpawner(SwarmSpawner):
         if self._gpu_cluster is not None:
             return self._gpu_cluster
         key = [self.gpu_inventory, self.gpu_inventory_source, self.gpu_model_aliases,
-               self.agent_stale_intervals, self.gpu_max_temperature, self.local_gpu_host]
+               self.agent_stale_intervals, self.gpu_max_temperature, self.local_gpu_host, self.gpu_sharing]
         try:
             cluster = GPUCluster.shared(key, self._inventory_settings)
             if cluster.ledger is None:
                 cluster.ledger = Ledger(self._ledger_url())
+                cluster.allocator.set_sharing(self.gpu_sharing)
             metrics.register_cluster(cluster)
             self._gpu_cluster = cluster
             return cluster
@@ -352,6 +401,7 @@ class GPUSwarmSpawner(SwarmSpawner):
                 hosts=cluster.allocator.hosts(),
                 max_count=self.max_gpus_per_user,
                 allow_host_choice=self.allow_host_choice,
+                sharing=self.gpu_sharing,
             )
         except OptionsError as exc:
             raise spawn_error(str(exc), reason="invalid_options", status_code=400) from exc
@@ -365,13 +415,14 @@ class GPUSwarmSpawner(SwarmSpawner):
                     reason="stale_service",
                     status_code=503,
                 )
-        host, uuids, model = request.host or "", (), ""
+        host, uuids, model, shares = request.host or "", (), "", None
         if not request.cpu_only:
             try:
                 with metrics.ALLOCATION_SECONDS.time():
                     alloc = cluster.allocator.allocate(
                         self.holder,
-                        Request(model=request.model, count=request.count, host=request.host, owner=self.user.name),
+                        Request(model=request.model, count=request.count, host=request.host,
+                                owner=self.user.name, share=request.share),
                         max_per_owner=self.max_gpus_per_user,
                         policy=self.allocation_policy,
                     )
@@ -381,8 +432,10 @@ class GPUSwarmSpawner(SwarmSpawner):
                 raise spawn_error(exc.message, reason=reason, status_code=exc.status) from exc
             metrics.GRANTED.labels(alloc.model).inc()
             host, uuids, model = alloc.host, alloc.uuids, alloc.model
+            shares = alloc.shares if alloc.shared else None
             cluster.servers[self.holder] = (self.user.name, self.name)
-            self._report(f"Reserved {len(alloc.devices)} × {alloc.model} on {alloc.host}", 20)
+            what = f"{fmt_list((to_milli(x) for x in shares), ' + ')} of" if shares else f"{len(alloc.devices)} ×"
+            self._report(f"Reserved {what} {alloc.model} on {alloc.host}", 20)
         try:
             port = None
             if self.host_network:
@@ -396,7 +449,8 @@ class GPUSwarmSpawner(SwarmSpawner):
                     )
                 self.port = port
             self.gpu_holding = Holding(
-                user=self.user.name, server=self.name, host=host, uuids=uuids, model=model, port=port
+                user=self.user.name, server=self.name, host=host, uuids=uuids, model=model, port=port,
+                shares=shares,
             )
             if uuids:
                 await self._record_allocation(cluster)
@@ -411,7 +465,7 @@ class GPUSwarmSpawner(SwarmSpawner):
         h = self.gpu_holding
         try:
             await cluster.ledger_call("open", self.holder, h.user, h.server, h.host, h.model, h.uuids,
-                                      [1.0] * len(h.uuids))
+                                      [float(x) for x in h.shares] if h.shares else [1.0] * len(h.uuids))
         except LedgerError as exc:
             self.log.error("%s", exc)
             raise spawn_error(
@@ -476,7 +530,20 @@ class GPUSwarmSpawner(SwarmSpawner):
         env["NVIDIA_VISIBLE_DEVICES"] = visible_devices(uuids)
         if uuids:
             env["NVIDIA_DRIVER_CAPABILITIES"] = self.nvidia_driver_capabilities
+            env.update(self._share_enforcement()[0])
         return env
+
+    def _share_enforcement(self) -> tuple[dict, list]:
+        """Env and mounts that carry this server's shares (none for whole GPUs)."""
+        h = self.gpu_holding
+        if not h or not h.uuids or not h.shares:
+            return {}, []
+        allocator = self._cluster_state().allocator
+        memory = [(allocator.device(u).memory_mib if allocator.device(u) else 0) for u in h.uuids]
+        return share_enforcement(
+            enforcement_mode(self.gpu_share_enforcement, h.host), h.shares, memory,
+            hami_library=self.hami_core_library, mps_pipe_dir=self.mps_pipe_directory,
+        )
 
     async def create_object(self):
         extra_create = self._eval_if_callable(self.extra_create_kwargs)
@@ -491,7 +558,7 @@ class GPUSwarmSpawner(SwarmSpawner):
             holding=self.gpu_holding,
             network=self.network_name,
             publish_port=publish,
-            mounts=self.mounts,
+            mounts=self.mounts + self._share_enforcement()[1],
             resources=self._resources(),
             extra_container=self.extra_container_spec,
             extra_placement=self.extra_placement_spec,
@@ -624,6 +691,7 @@ class GPUSwarmSpawner(SwarmSpawner):
             h = self.gpu_holding
             state["gpu"] = {
                 "host": h.host, "uuids": list(h.uuids), "model": h.model, "port": h.port, "node": self.task_node,
+                "shares": None if h.shares is None else [str(x) for x in h.shares],
             }
         return state
 
@@ -634,6 +702,7 @@ class GPUSwarmSpawner(SwarmSpawner):
             self.gpu_holding = Holding(
                 user=self.user.name, server=self.name, host=gpu.get("host", ""), uuids=tuple(gpu.get("uuids", ())),
                 model=gpu.get("model", ""), port=gpu.get("port"),
+                shares=None if gpu.get("shares") is None else tuple(Fraction(x) for x in gpu["shares"]),
             )
             self.task_node = gpu.get("node", "")
             if gpu.get("port"):
@@ -680,6 +749,8 @@ def validate_config(config) -> None:
         if unknown or not sources:
             raise ValueError(f"gpu_inventory_source must be a list of: {', '.join(SOURCES)}; got {sources!r}")
         _check_aliases(spawner_config.get("gpu_model_aliases", {}))
+        SharingPolicy.parse(spawner_config.get("gpu_sharing") or None)
+        enforcement_mode(spawner_config.get("gpu_share_enforcement", "none"), "*")
         limit = spawner_config.get("max_gpus_per_user", 1)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"max_gpus_per_user must be a whole number ≥ 0, got {limit!r}")
