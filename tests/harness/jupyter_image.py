@@ -67,14 +67,14 @@ IMAGE_CHANGES = (
     f"WORKDIR /home/{USER}",
 )
 IMAGE_CMD = ("jupyterhub-singleuser",)
-# Removed from the base: nobody reads them in a container, and every spawn copies the
-# image (the test swarm's storage driver is vfs).
+# Removed from the base: nobody reads them in a container, and with the vfs storage
+# driver every spawn copies the whole image.
 TRIM = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "var/cache/apt", "var/lib/apt/lists")
 
 # Bump when a step changes in a way the values above don't show (its commands, what it
 # removes): the cache keys include them.
 BASE_RECIPE = 1
-IMAGE_RECIPE = 1
+IMAGE_RECIPE = 2
 
 STEP_TIMEOUT = 900.0  # one debootstrap, download or install; each prints progress meanwhile
 IMPORT_TIMEOUT = 600.0
@@ -299,6 +299,12 @@ def build(cache_dir: Path | str | None = None) -> BuiltImage:
                 "pip install",
             )
             shutil.rmtree(inside)
+            # Not needed by a running server: pip and setuptools (the nodes have no route to
+            # an index), and the hub's own web pages (jupyterhub-singleuser serves its
+            # templates from the package).
+            _stream(_chroot(root, f"{VENV}/bin/python", "-m", "pip", "uninstall", "--yes", "pip", "setuptools"),
+                    "pip uninstall")
+            shutil.rmtree(root / VENV.lstrip("/") / "share" / "jupyterhub")
             _stream(_chroot(root, "useradd", "--uid", str(UID), "--gid", str(GID), "--create-home",
                             "--shell", "/bin/bash", USER), "useradd")
             (root / ".complete").unlink(missing_ok=True)
