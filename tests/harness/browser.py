@@ -35,6 +35,9 @@ _FLAGS = (
     "--disable-client-side-phishing-detection",
     "--disable-features=Translate,OptimizationHints,MediaRouter,AutofillServerCommunication",
     "--metrics-recording-only",
+    # Bootstrap scrolls smoothly unless motion is reduced: Selenium would click an element
+    # that is still on its way into view.
+    "--force-prefers-reduced-motion",
     "--proxy-server=http://127.0.0.1:9",
     "--proxy-bypass-list=127.0.0.1;10.213.77.0/24",
     "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
