@@ -34,6 +34,7 @@ demo-down: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PYTHON) -m benchmarks.bench_allocator
+	$(PYTHON) -m benchmarks.bench_agent
 
 clean: demo-down
 	rm -rf $(VENV) $(STATE)

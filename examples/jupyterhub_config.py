@@ -5,7 +5,7 @@ Run the hub on a swarm manager. Adapt the image, the network and the inventory.
 
 import os
 
-from gpuspawner import validate_config
+from gpuspawner.hubconfig import configure
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
 
@@ -34,5 +34,6 @@ c.JupyterHub.cleanup_servers = False
 c.Spawner.start_timeout = 120
 c.GPUSwarmSpawner.task_start_timeout = 100
 
-# Fail at hub start, with the file and the problem, if the inventory or a setting is wrong.
-validate_config(c)
+# gpuspawner's endpoints, admin page and metrics; fail at hub start, with the file and
+# the problem, if the inventory or a setting is wrong.
+configure(c)

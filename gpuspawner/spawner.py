@@ -12,15 +12,19 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import os
+import socket
 
 import jinja2
 from dockerspawner import SwarmSpawner
 from jupyterhub.spawner import SpawnException
-from traitlets import Bool, Dict, Integer, List, TraitError, Tuple, Unicode, Union, default, validate
+from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Tuple, Unicode, Union, default, validate
 
 from .allocator import POLICIES, AllocationRefused, Request
-from .cluster import GPUCluster
-from .inventory import InventoryError, load_inventory
+from . import metrics
+from .cluster import SOURCES, GPUCluster, InventorySettings
+from .inventory import MODEL_RE, InventoryError, load_inventory
+from .ledger import Ledger, LedgerError, default_db_url
 from .options import OptionsError, options_from_form, parse_user_options
 from .service_spec import Holding, build_service, visible_devices
 from .swarm import TASK_FAILED, TASK_WAITING, Swarm, SwarmError
@@ -56,6 +60,79 @@ class GPUSwarmSpawner(SwarmSpawner):
         shaped ``{hostname: [{uuid, model, memory_mib, index?}, ...]}``.
         ``model`` is the name NVML reports (e.g. ``NVIDIA A100 80GB PCIe``);
         it is what users see and choose. Empty: CPU-only servers only.""",
+    ).tag(config=True)
+
+    gpu_inventory_source = List(
+        Enum(list(SOURCES)),
+        default_value=["static"],
+        help="""Where the GPUs come from, one or more of:
+        ``static`` (the ``gpu_inventory`` file or dict), ``agent`` (reports
+        that ``gpuspawner-agent`` posts from each node; see the README), and
+        ``local`` (NVML in the hub's own process, for a hub on a single GPU
+        host). With ``static`` and ``agent`` together, a host listed in the
+        static inventory keeps the devices listed there, and its agent's
+        reports only say whether they are healthy.""",
+    ).tag(config=True)
+
+    gpu_model_aliases = Dict(
+        value_trait=Unicode(),
+        help="""Friendlier names for GPU models, by the name NVML reports:
+        ``{"NVIDIA A100 80GB PCIe": "A100 (80 GB)"}``. A MIG slice is named
+        after its GPU (``"A100 (80 GB) · MIG 1g.10gb"``) unless its full name
+        has an alias of its own.""",
+    ).tag(config=True)
+
+    @validate("gpu_model_aliases")
+    def _valid_aliases(self, proposal):
+        try:
+            _check_aliases(proposal.value)
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None
+        return proposal.value
+
+    gpu_max_temperature = Float(
+        90.0,
+        help="""GPUs reported hotter than this (°C) are not offered until they
+        cool down. Lost GPUs and GPUs with uncorrected ECC errors are never offered.""",
+    ).tag(config=True)
+
+    agent_stale_intervals = Float(
+        3.0,
+        min=1.0,
+        help="""A node whose agent has not reported for this many of its
+        reporting intervals is not offered (its running servers are left
+        alone) until it reports again.""",
+    ).tag(config=True)
+
+    local_gpu_host = Unicode(
+        help="""With ``gpu_inventory_source`` ``local``: the swarm node the
+        hub's own GPUs belong to. Default: this machine's hostname.""",
+    ).tag(config=True)
+
+    @default("local_gpu_host")
+    def _default_local_gpu_host(self):
+        return socket.gethostname()
+
+    gpu_db_url = Unicode(
+        "",
+        help="""SQLAlchemy URL of the database that keeps the history of GPU
+        allocations (who held which devices, from when to when; see
+        docs/ledger.md), e.g. the hub's own PostgreSQL. Empty (default): the
+        SQLite file ``gpuspawner.sqlite`` beside the hub's SQLite database.""",
+    ).tag(config=True)
+
+    def _ledger_url(self) -> str:
+        hub_db = self.config.JupyterHub.get("db_url", "sqlite:///jupyterhub.sqlite")
+        return self.gpu_db_url or default_db_url(hub_db, os.getcwd())
+
+    reconcile_interval = Integer(
+        60,
+        min=0,
+        help="""Seconds between reconciliations of GPU holdings with the
+        services the swarm runs: a labelled service the hub does not track is
+        adopted, and the devices of a service that is gone are given back.
+        Also done at hub start (with ``gpuspawner.hubconfig.configure``) and by
+        the admin's rescan. 0: only at start and on rescan.""",
     ).tag(config=True)
 
     allocation_policy = Unicode(
@@ -160,17 +237,33 @@ class GPUSwarmSpawner(SwarmSpawner):
     def host_network(self) -> bool:
         return self.network_name == HOST_NETWORK
 
+    def _inventory_settings(self) -> InventorySettings:
+        spec = self.gpu_inventory
+        return InventorySettings(
+            static=tuple(load_inventory(spec)) if spec and "static" in self.gpu_inventory_source else (),
+            sources=tuple(self.gpu_inventory_source),
+            aliases=tuple(sorted(self.gpu_model_aliases.items())),
+            stale_intervals=self.agent_stale_intervals,
+            max_temperature_c=self.gpu_max_temperature,
+            local_host=self.local_gpu_host,
+        )
+
     def _cluster_state(self) -> GPUCluster:
         if self._gpu_cluster is not None:
             return self._gpu_cluster
-        spec = self.gpu_inventory
+        key = [self.gpu_inventory, self.gpu_inventory_source, self.gpu_model_aliases,
+               self.agent_stale_intervals, self.gpu_max_temperature, self.local_gpu_host]
         try:
-            self._gpu_cluster = GPUCluster.shared(spec, lambda: load_inventory(spec) if spec else [])
-            return self._gpu_cluster
-        except InventoryError as exc:
+            cluster = GPUCluster.shared(key, self._inventory_settings)
+            if cluster.ledger is None:
+                cluster.ledger = Ledger(self._ledger_url())
+            metrics.register_cluster(cluster)
+            self._gpu_cluster = cluster
+            return cluster
+        except (InventoryError, LedgerError) as exc:
             self.log.error("%s", exc)
             raise spawn_error(
-                "GPU servers are unavailable: the hub's GPU inventory is invalid. Please tell an admin.",
+                "GPU servers are unavailable: the hub's GPU configuration is invalid. Please tell an admin.",
                 reason="gpu_config",
                 log_message=str(exc),
                 status_code=500,
@@ -245,6 +338,13 @@ class GPUSwarmSpawner(SwarmSpawner):
     async def start(self):
         self._events.clear()
         cluster = await self._cluster()
+        cluster.busy.add(self.holder)  # a rescan must not take what is not running yet
+        try:
+            return await self._start(cluster)
+        finally:
+            cluster.busy.discard(self.holder)
+
+    async def _start(self, cluster: GPUCluster):
         try:
             request = parse_user_options(
                 self.user_options,
@@ -268,16 +368,20 @@ class GPUSwarmSpawner(SwarmSpawner):
         host, uuids, model = request.host or "", (), ""
         if not request.cpu_only:
             try:
-                alloc = cluster.allocator.allocate(
-                    self.holder,
-                    Request(model=request.model, count=request.count, host=request.host, owner=self.user.name),
-                    max_per_owner=self.max_gpus_per_user,
-                    policy=self.allocation_policy,
-                )
+                with metrics.ALLOCATION_SECONDS.time():
+                    alloc = cluster.allocator.allocate(
+                        self.holder,
+                        Request(model=request.model, count=request.count, host=request.host, owner=self.user.name),
+                        max_per_owner=self.max_gpus_per_user,
+                        policy=self.allocation_policy,
+                    )
             except AllocationRefused as exc:
+                metrics.REFUSED.labels("capacity" if exc.retry else "request").inc()
                 reason = "gpu_unavailable" if exc.retry else "gpu_request"
                 raise spawn_error(exc.message, reason=reason, status_code=exc.status) from exc
+            metrics.GRANTED.labels(alloc.model).inc()
             host, uuids, model = alloc.host, alloc.uuids, alloc.model
+            cluster.servers[self.holder] = (self.user.name, self.name)
             self._report(f"Reserved {len(alloc.devices)} × {alloc.model} on {alloc.host}", 20)
         try:
             port = None
@@ -294,10 +398,29 @@ class GPUSwarmSpawner(SwarmSpawner):
             self.gpu_holding = Holding(
                 user=self.user.name, server=self.name, host=host, uuids=uuids, model=model, port=port
             )
+            if uuids:
+                await self._record_allocation(cluster)
             return await super().start()
         except BaseException:
             await self._remove_and_release()
             raise
+
+    async def _record_allocation(self, cluster: GPUCluster) -> None:
+        """Into the ledger before the service exists: a booking that cannot be
+        recorded is not made (start's failure path gives the GPUs back)."""
+        h = self.gpu_holding
+        try:
+            await cluster.ledger_call("open", self.holder, h.user, h.server, h.host, h.model, h.uuids,
+                                      [1.0] * len(h.uuids))
+        except LedgerError as exc:
+            self.log.error("%s", exc)
+            raise spawn_error(
+                "GPU bookings cannot be recorded right now (the hub's GPU ledger database is unreachable); "
+                "please try again in a minute.",
+                reason="ledger_unavailable",
+                log_message=str(exc),
+                status_code=503,
+            ) from exc
 
     async def _remove_and_release(self) -> bool:
         """Remove this server's service, wait for its container to exit, then
@@ -307,6 +430,14 @@ class GPUSwarmSpawner(SwarmSpawner):
         be asked, or the container still runs after ``server_stop_timeout``:
         its GPUs then stay reserved."""
         name = self.object_id or self.service_name
+        cluster = self._cluster_state()
+        cluster.busy.add(self.holder)
+        try:
+            return await self._remove_and_wait(name)
+        finally:
+            cluster.busy.discard(self.holder)
+
+    async def _remove_and_wait(self, name: str) -> bool:
         try:
             task_ids = [t["ID"] for t in await self.swarm.tasks(name)]
             await self.swarm.remove_service(name)
@@ -326,6 +457,10 @@ class GPUSwarmSpawner(SwarmSpawner):
             return False
         self.object_id = ""
         self._release()
+        try:
+            await self._cluster_state().ledger_call("close", self.holder, None, "server stopped")
+        except LedgerError as exc:  # the next reconciliation closes it
+            self.log.warning("%s", exc)
         return True
 
     def _release(self) -> None:
@@ -492,6 +627,13 @@ class GPUSwarmSpawner(SwarmSpawner):
         self.task_node = ""
 
 
+def _check_aliases(aliases) -> None:
+    """Aliases end up in service labels and the form: plain names only."""
+    for name, alias in dict(aliases).items():
+        if not isinstance(alias, str) or not MODEL_RE.fullmatch(alias):
+            raise ValueError(f"gpu_model_aliases[{name!r}] = {alias!r} is not a plain model name")
+
+
 def validate_config(config) -> None:
     """Check gpuspawner's settings in a JupyterHub config now, at hub start.
 
@@ -509,11 +651,19 @@ def validate_config(config) -> None:
         policy = spawner_config.get("allocation_policy", "pack")
         if policy not in POLICIES:
             raise ValueError(f"Unknown allocation_policy {policy!r}; choose one of: {', '.join(POLICIES)}")
+        db_url = spawner_config.get("gpu_db_url")
+        if db_url:
+            Ledger(db_url)  # checks the URL and its driver; connects only on first use
         inventory = spawner_config.get("gpu_inventory")
         if inventory:
             load_inventory(inventory)
+        sources = spawner_config.get("gpu_inventory_source", ["static"])
+        unknown = [s for s in sources if s not in SOURCES] if isinstance(sources, (list, tuple)) else [sources]
+        if unknown or not sources:
+            raise ValueError(f"gpu_inventory_source must be a list of: {', '.join(SOURCES)}; got {sources!r}")
+        _check_aliases(spawner_config.get("gpu_model_aliases", {}))
         limit = spawner_config.get("max_gpus_per_user", 1)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"max_gpus_per_user must be a whole number ≥ 0, got {limit!r}")
-    except (InventoryError, ValueError) as exc:
+    except (InventoryError, LedgerError, ValueError) as exc:
         raise SystemExit(f"gpuspawner configuration error: {exc}") from None

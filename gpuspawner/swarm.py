@@ -39,6 +39,7 @@ class Node:
     addr: str  # the address the node advertises in the swarm
     ready: bool
     availability: str  # active, pause, drain
+    generic_resources: tuple[str, ...] = ()  # kinds of swarm generic resources the node offers
 
     @property
     def schedulable(self) -> bool:
@@ -113,4 +114,9 @@ def _node(raw: dict) -> Node:
         addr=addr,
         ready=status.get("State") == "ready",
         availability=spec.get("Availability", "active"),
+        generic_resources=tuple(sorted({
+            kind
+            for r in raw.get("Description", {}).get("Resources", {}).get("GenericResources") or []
+            for v in r.values() if isinstance(v, dict) and (kind := v.get("Kind"))
+        })),
     )

@@ -14,6 +14,8 @@ state = os.environ.get("GPUSPAWNER_STATE_DIR", os.getcwd())
 
 c.JupyterHub.spawner_class = "gpuswarm"
 c.GPUSwarmSpawner.gpu_inventory = os.environ.get("GPUSPAWNER_INVENTORY", os.path.join(here, "gpus.yaml"))
+# "static" (gpus.yaml), or "agent": gpuspawner-agent on each node reports its GPUs.
+c.GPUSwarmSpawner.gpu_inventory_source = os.environ.get("GPUSPAWNER_INVENTORY_SOURCE", "static").split(",")
 
 # Try it with any user name and no password.
 c.JupyterHub.authenticator_class = "dummy"
@@ -72,17 +74,25 @@ if c.GPUSwarmSpawner.image != STANDIN_IMAGE:
 # An API token for scripts and tests, when given.
 token = os.environ.get("GPUSPAWNER_API_TOKEN")
 if token:
-    c.JupyterHub.services = [{"name": "gpuspawner-admin", "api_token": token}]
-    c.JupyterHub.load_roles = [
+    c.JupyterHub.services.append({"name": "gpuspawner-admin", "api_token": token})
+    c.JupyterHub.load_roles.append(
         {
             "name": "gpuspawner-admin",
             # access:servers: the tests talk to users' Jupyter servers with this token.
-            "scopes": ["admin:users", "admin:servers", "users", "servers", "read:users", "access:servers"],
+            "scopes": ["admin:users", "admin:servers", "users", "servers", "read:users", "read:metrics", "access:servers"],
             "services": ["gpuspawner-admin"],
         }
-    ]
+    )
 
-# Stop at hub start if the inventory or a gpuspawner setting is wrong.
-from gpuspawner import validate_config  # noqa: E402
+# Node agents report with a token whose role allows only that.
+agent_token = os.environ.get("GPUSPAWNER_AGENT_TOKEN")
+if agent_token:
+    c.JupyterHub.services.append({"name": "gpuspawner-agent", "api_token": agent_token})
+    c.JupyterHub.load_roles.append(
+        {"name": "gpuspawner-agent", "scopes": ["custom:gpuspawner:report"], "services": ["gpuspawner-agent"]}
+    )
 
-validate_config(c)
+# gpuspawner's endpoints and admin page; stops the hub at start if a setting is wrong.
+from gpuspawner.hubconfig import configure  # noqa: E402
+
+configure(c)

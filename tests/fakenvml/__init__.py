@@ -2,8 +2,10 @@
 
 `build(dest)` compiles fakenvml.c with gcc into dest/libnvidia-ml.so.1; put dest on
 LD_LIBRARY_PATH of a *new* process (the dynamic loader reads it at start-up) and the
-real pynvml bindings load the fake. `write_devices(path, devices)` writes the file
-that $FAKE_NVML_DEVICES names. See fakenvml.c for the file format.
+real pynvml bindings load the fake; `process_env` makes such an environment.
+`write_devices(path, devices)` writes the file that $FAKE_NVML_DEVICES names. See
+fakenvml.c for the file format and the other $FAKE_NVML_* switches, nodes.py for a
+sample node.
 """
 
 from __future__ import annotations
@@ -50,10 +52,34 @@ def build(dest_dir: str | os.PathLike) -> Path:
     return lib
 
 
+def process_env(lib_dir: str | os.PathLike, devices: str | os.PathLike | None = None,
+                **extra: str) -> dict[str, str]:
+    """Environment for a new process that loads the fake from lib_dir.
+
+    This process's own $FAKE_NVML_* settings are dropped, and so are proxy settings
+    (the agent's HTTP must stay on loopback in tests); ``extra`` is added last.
+    """
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("FAKE_NVML_") and k.lower() not in _PROXY_VARS}
+    env["LD_LIBRARY_PATH"] = str(lib_dir)
+    if devices is not None:
+        env["FAKE_NVML_DEVICES"] = str(devices)
+    env.update(extra)
+    return env
+
+
+_PROXY_VARS = {"http_proxy", "https_proxy", "all_proxy", "no_proxy"}
+
+
 # Keys the C side understands, in the order they are written.
 _KEYS = (
     "index", "uuid", "name", "memory_total_mib", "memory_used_mib", "util_gpu", "util_mem",
-    "temp_c", "ecc_uncorrected", "ecc_corrected", "lost", "mig",
+    "temp_c", "ecc_uncorrected", "ecc_corrected", "lost", "mig", "max_mig",
+)
+# Keys of one MIG device (a "parent=P" line on the C side).
+_MIG_KEYS = (
+    "slot", "uuid", "name", "memory_total_mib", "memory_used_mib", "gi_slices", "ci_slices",
+    "memory_size_mb", "gi_id", "ci_id",
 )
 
 
@@ -73,9 +99,10 @@ def write_devices(path: str | os.PathLike, devices: list[dict], *, driver: str |
                   cuda: int | None = None) -> Path:
     """Write a devices file for $FAKE_NVML_DEVICES.
 
-    Each dict uses the keys in _KEYS plus "processes": [{"pid": int, "used_mib": int}].
-    A key that is absent is left out (for ecc_uncorrected / mig: "not supported");
-    None writes "na", which means the same.
+    Each dict uses the keys in _KEYS plus "processes": [{"pid": int, "used_mib": int}]
+    and "mig_devices": [{key: value for keys in _MIG_KEYS}] (the MIG devices carved
+    out of it; give it mig=True too). A key that is absent is left out (for
+    ecc_uncorrected / mig: "not supported"); None writes "na", which means the same.
     """
     lines = []
     if driver is not None or cuda is not None:
@@ -85,8 +112,8 @@ def write_devices(path: str | os.PathLike, devices: list[dict], *, driver: str |
         if cuda is not None:
             system.append(f"cuda={int(cuda)}")
         lines.append(" ".join(system))
-    for dev in devices:
-        unknown = set(dev) - set(_KEYS) - {"processes"}
+    for position, dev in enumerate(devices):
+        unknown = set(dev) - set(_KEYS) - {"processes", "mig_devices"}
         if unknown:
             raise ValueError(f"unknown fake device keys: {sorted(unknown)}")
         fields = [f"{k}={_value(k, dev[k])}" for k in _KEYS if k in dev]
@@ -94,6 +121,12 @@ def write_devices(path: str | os.PathLike, devices: list[dict], *, driver: str |
         if procs:
             fields.append("procs=" + ",".join(f"{int(p['pid'])}:{int(p['used_mib'])}" for p in procs))
         lines.append(" ".join(fields))
+        for mig in dev.get("mig_devices") or []:
+            unknown = set(mig) - set(_MIG_KEYS)
+            if unknown:
+                raise ValueError(f"unknown fake MIG device keys: {sorted(unknown)}")
+            lines.append(" ".join([f"parent={position}"]
+                                  + [f"{k}={_value(k, mig[k])}" for k in _MIG_KEYS if k in mig]))
     out = Path(path)
     out.write_text("\n".join(lines) + "\n")
     return out

@@ -21,6 +21,7 @@ import time
 import pytest
 
 from tests.harness import jupyter_image as image_harness
+from tests.harness import postgres
 from tests.harness import swarm as harness
 from tests.integration.support import env_flag, skip_or_fail
 
@@ -62,3 +63,19 @@ def jupyter_image(swarm):
         return image_harness.ensure_on(swarm)
     except harness.HarnessError as e:
         pytest.fail(f"the Jupyter server image could not be built or imported:\n{e}", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def pg():
+    """A running PostgreSQL server of this module's own."""
+    reason = postgres.unavailable_reason()
+    if reason:
+        skip_or_fail(f"no PostgreSQL server can run on this machine: {reason}")
+    t0 = time.monotonic()
+    try:
+        server = postgres.PostgresServer.create()
+    except postgres.PostgresError as e:
+        pytest.fail(f"the PostgreSQL test server did not start:\n{e}", pytrace=False)
+    print(f"\nPostgreSQL test server ready in {time.monotonic() - t0:.1f}s on 127.0.0.1:{server.port}")
+    yield server
+    server.destroy()

@@ -25,13 +25,14 @@ def skip_or_fail(message: str) -> None:
 
 
 @contextlib.contextmanager
-def hub_on(swarm, state_dir, port_from: int = 18000, extra_config: str = "", image: str | None = None):
-    """A real hub (examples/local config) on the test swarm; its services go with it.
-    ``image``: the servers' image (default: the busybox stand-in)."""
-    env = {"GPUSPAWNER_DOCKER_URL": swarm.manager_url}
-    if image:
-        env["GPUSPAWNER_IMAGE"] = image
-    hub = Hub(state_dir, port=free_port_block(port_from), extra_config=extra_config, env=env)
+def hub_on(swarm, state_dir, port_from: int = 18000, extra_config: str = "", env: dict | None = None):
+    """A real hub (examples/local config) on the test swarm; its services go with it."""
+    hub = Hub(
+        state_dir,
+        port=free_port_block(port_from),
+        extra_config=extra_config,
+        env={"GPUSPAWNER_DOCKER_URL": swarm.manager_url, **(env or {})},
+    )
     hub.start()
     try:
         yield hub

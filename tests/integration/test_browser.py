@@ -42,7 +42,7 @@ def browsers():
 
 @pytest.fixture(scope="module")
 def hub(browsers, swarm, jupyter_image, tmp_path_factory):
-    with hub_on(swarm, tmp_path_factory.mktemp("hub-browser"), 18600, image=jupyter_image) as h:
+    with hub_on(swarm, tmp_path_factory.mktemp("hub-browser"), 21200, env={"GPUSPAWNER_IMAGE": jupyter_image}) as h:
         yield h
 
 

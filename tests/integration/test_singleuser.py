@@ -20,7 +20,7 @@ UUIDS = {host: [d["uuid"] for d in devices] for host, devices in INVENTORY.items
 
 @pytest.fixture(scope="module")
 def hub(swarm, jupyter_image, tmp_path_factory):
-    with hub_on(swarm, tmp_path_factory.mktemp("hub-jupyter"), 18500, image=jupyter_image) as h:
+    with hub_on(swarm, tmp_path_factory.mktemp("hub-jupyter"), 21000, env={"GPUSPAWNER_IMAGE": jupyter_image}) as h:
         yield h
 
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 import re
 import signal
 import threading
+import time
 
 import pytest
 import yaml
 
+from gpuspawner.cluster import NODES_MAX_AGE
 from tests.harness.hub import REPO
 from tests.integration.support import hub_on, login, services_of, spawn_ready
 
@@ -197,6 +199,7 @@ def set_availability(swarm, hostname: str, availability: str) -> None:
     (node,) = swarm.client().nodes.list(filters={"name": hostname})
     spec = dict(node.attrs["Spec"], Availability=availability)
     node.update(spec)
+    time.sleep(NODES_MAX_AGE)  # the hub reads node status at most this often
 
 
 @pytest.mark.parametrize("availability", ["drain", "pause"])
@@ -214,3 +217,31 @@ def test_gpus_of_drained_or_paused_nodes_are_not_offered(hub, swarm, availabilit
     # Back in service: offered again.
     spawn_ready(hub, "nick", {"gpu_model": A100, "gpu_count": 1})
     hub.stop_server("nick")
+
+
+def metric(hub, name: str, **labels) -> float:
+    """One sample from the hub's /metrics (Prometheus text format)."""
+    text = hub.api("GET", "/../metrics").text
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{want}}} ") or (not labels and line.startswith(f"{name} ")):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_metrics_follow_spawns_and_refusals(hub, swarm):
+    free_before = metric(hub, "gpuspawner_devices_free", host="gpu-b", model=A100)
+    granted = metric(hub, "gpuspawner_allocations_granted_total", model=A100)
+    refused = metric(hub, "gpuspawner_allocations_refused_total", reason="capacity")
+    decisions = metric(hub, "gpuspawner_allocation_seconds_count")
+    assert free_before == 2 and metric(hub, "gpuspawner_devices", host="gpu-b", model=A100) == 2
+    spawn_ready(hub, "quinn", {"gpu_model": A100, "gpu_count": 2})
+    assert metric(hub, "gpuspawner_devices_free", host="gpu-b", model=A100) == 0
+    assert metric(hub, "gpuspawner_allocated_share", host="gpu-b", model=A100) == 2
+    assert metric(hub, "gpuspawner_allocations_granted_total", model=A100) == granted + 1
+    r = hub.spawn("rita", {"gpu_model": A100})
+    assert r.status_code == 503
+    assert metric(hub, "gpuspawner_allocations_refused_total", reason="capacity") == refused + 1
+    assert metric(hub, "gpuspawner_allocation_seconds_count") == decisions + 2
+    hub.stop_server("quinn")
+    assert metric(hub, "gpuspawner_devices_free", host="gpu-b", model=A100) == 2

@@ -18,40 +18,11 @@ from pathlib import Path
 import pytest
 
 from tests import fakenvml
+from tests.fakenvml.nodes import A100, GTX, MIXED_NODE, T4
 
 REPO = Path(__file__).resolve().parents[2]
 
-GTX = "NVIDIA GeForce GTX 1070"
-A100 = "NVIDIA A100 80GB PCIe"
-T4 = "Tesla T4"
-
-# 8 GPUs of three models. GeForce cards have no ECC and no MIG ("not supported"),
-# A100s have both, the T4 has ECC but no MIG.
-DEVICES = [
-    dict(index=0, uuid="GPU-0a1b2c3d-0000-4000-8000-000000000000", name=GTX,
-         memory_total_mib=8192, memory_used_mib=2048, util_gpu=63, temp_c=71,
-         processes=[{"pid": 4242, "used_mib": 1900}]),
-    dict(index=1, uuid="GPU-0a1b2c3d-0000-4000-8000-000000000001", name=GTX,
-         memory_total_mib=8192, memory_used_mib=0, util_gpu=0, temp_c=35),
-    dict(index=2, uuid="GPU-0a1b2c3d-0000-4000-8000-000000000002", name=GTX,   # lost
-         memory_total_mib=8192, memory_used_mib=0, util_gpu=0, temp_c=0, lost=True),
-    dict(index=3, uuid="GPU-0a1b2c3d-0000-4000-8000-000000000003", name=GTX,   # hot
-         memory_total_mib=8192, memory_used_mib=512, util_gpu=100, temp_c=93,
-         processes=[{"pid": 777, "used_mib": 500}]),
-    dict(index=4, uuid="GPU-a100a100-0000-4000-8000-000000000004", name=A100,
-         memory_total_mib=81920, memory_used_mib=40960, util_gpu=88, temp_c=60,
-         ecc_uncorrected=0, mig=False,
-         processes=[{"pid": 1001, "used_mib": 30720}, {"pid": 1002, "used_mib": 10240}]),
-    dict(index=5, uuid="GPU-a100a100-0000-4000-8000-000000000005", name=A100,  # ECC errors
-         memory_total_mib=81920, memory_used_mib=0, util_gpu=0, temp_c=42,
-         ecc_uncorrected=2, mig=False),
-    dict(index=6, uuid="GPU-a100a100-0000-4000-8000-000000000006", name=A100,  # MIG on
-         memory_total_mib=81920, memory_used_mib=0, util_gpu=0, temp_c=38,
-         ecc_uncorrected=0, mig=True),
-    dict(index=7, uuid="GPU-7e57a7e5-0000-4000-8000-000000000007", name=T4,
-         memory_total_mib=15360, memory_used_mib=300, util_gpu=12, temp_c=55,
-         ecc_uncorrected=0, mig=None, processes=[{"pid": 31337, "used_mib": 290}]),
-]
+DEVICES = MIXED_NODE
 
 # Written out by hand, not derived with the agent's own rules.
 EXPECTED_PROBLEMS = {
@@ -59,6 +30,16 @@ EXPECTED_PROBLEMS = {
     3: ["temperature 93 C is above 90 C"],
     5: ["2 uncorrected ECC errors"],
 }
+# Device 6's MIG devices; slot 2 is empty. Slot 3's name lacks the profile, which
+# comes from its attributes instead.
+EXPECTED_MIG = [
+    {"index": 0, "uuid": "MIG-1d89abd8-d10a-5361-bd06-77a807048470", "profile": "1g.10gb",
+     "name": "NVIDIA A100 80GB PCIe MIG 1g.10gb", "memory_total_mib": 9728, "memory_used_mib": 1024},
+    {"index": 1, "uuid": "MIG-1d89abd8-d10a-5361-bd06-77a807048471", "profile": "3g.40gb",
+     "name": "NVIDIA A100 80GB PCIe MIG 3g.40gb", "memory_total_mib": 40192, "memory_used_mib": 0},
+    {"index": 3, "uuid": "MIG-1d89abd8-d10a-5361-bd06-77a807048473", "profile": "1c.2g.20gb",
+     "name": "NVIDIA A100 80GB PCIe", "memory_total_mib": 19968, "memory_used_mib": 0},
+]
 
 
 def expected_device(dev: dict) -> dict:
@@ -69,7 +50,7 @@ def expected_device(dev: dict) -> dict:
             "index": i, "uuid": None, "name": None, "memory_total_mib": None,
             "memory_used_mib": None, "utilization_gpu": None, "temperature_c": None,
             "ecc_uncorrected": None, "lost": True, "processes": [], "mig_mode": None,
-            "healthy": False, "problems": EXPECTED_PROBLEMS[i],
+            "mig_devices": [], "healthy": False, "problems": EXPECTED_PROBLEMS[i],
         }
     return {
         "index": i,
@@ -83,6 +64,7 @@ def expected_device(dev: dict) -> dict:
         "lost": False,
         "processes": dev.get("processes", []),
         "mig_mode": dev.get("mig"),
+        "mig_devices": EXPECTED_MIG if dev.get("mig") else [],
         "healthy": i not in EXPECTED_PROBLEMS,
         "problems": EXPECTED_PROBLEMS.get(i, []),
     }
@@ -105,12 +87,8 @@ def devices_file(tmp_path_factory) -> Path:
 
 
 def run_agent(args, lib_dir, devices=None, **extra_env) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_NVML_")}
-    env["LD_LIBRARY_PATH"] = str(lib_dir)
-    env["PYTHONPATH"] = str(REPO)  # works without `pip install -e .` too
-    if devices is not None:
-        env["FAKE_NVML_DEVICES"] = str(devices)
-    env.update(extra_env)
+    # PYTHONPATH: works without `pip install -e .` too
+    env = fakenvml.process_env(lib_dir, devices, PYTHONPATH=str(REPO), **extra_env)
     return subprocess.run([sys.executable, "-m", "gpuspawner.agent", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
 
@@ -181,7 +159,7 @@ def test_library_but_no_driver(fake_lib_dir, devices_file):
 
 def test_fake_matches_the_bindings_struct_layouts(fake_lib_dir, devices_file):
     """Calls the agent does not make, straight through pynvml: v2 memory struct,
-    the process list's two-call protocol, ECC counters of both kinds."""
+    the process list's two-call protocol, ECC counters of both kinds, MIG handles."""
     code = """
 import json, pynvml as n
 n.nvmlInit()
@@ -196,6 +174,26 @@ out = dict(
     mig=n.nvmlDeviceGetMigMode(n.nvmlDeviceGetHandleByIndex(6)),
     cuda_v1=n.nvmlSystemGetCudaDriverVersion(),
 )
+gpu = n.nvmlDeviceGetHandleByIndex(6)
+mig = n.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 3)
+a = n.nvmlDeviceGetAttributes(mig)
+m2 = n.nvmlDeviceGetMemoryInfo(mig, version=n.nvmlMemory_v2)
+out.update(
+    max_mig=[n.nvmlDeviceGetMaxMigDeviceCount(n.nvmlDeviceGetHandleByIndex(i)) for i in (4, 6)],
+    attrs=[a.gpuInstanceSliceCount, a.computeInstanceSliceCount, a.memorySizeMB,
+           a.multiprocessorCount],
+    is_mig=[n.nvmlDeviceIsMigDeviceHandle(gpu).value, n.nvmlDeviceIsMigDeviceHandle(mig).value],
+    parent=n.nvmlDeviceGetIndex(n.nvmlDeviceGetDeviceHandleFromMigDeviceHandle(mig)),
+    ids=[n.nvmlDeviceGetGpuInstanceId(mig), n.nvmlDeviceGetComputeInstanceId(mig)],
+    mig_v2=[m2.total, m2.used],
+)
+for what, call in [("slot 2", lambda: n.nvmlDeviceGetMigDeviceHandleByIndex(gpu, 2)),
+                   ("temperature of a MIG device", lambda: n.nvmlDeviceGetTemperature(mig, 0)),
+                   ("attributes of a whole GPU", lambda: n.nvmlDeviceGetAttributes(gpu))]:
+    try:
+        call()
+    except n.NVMLError as e:
+        out[what] = type(e).__name__
 try:
     n.nvmlDeviceGetPciInfo_v3(h)
 except n.NVMLError_FunctionNotFound:
@@ -203,8 +201,7 @@ except n.NVMLError_FunctionNotFound:
 n.nvmlShutdown()
 print(json.dumps(out))
 """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_NVML_")}
-    env.update(LD_LIBRARY_PATH=str(fake_lib_dir), FAKE_NVML_DEVICES=str(devices_file))
+    env = fakenvml.process_env(fake_lib_dir, devices_file)
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -216,6 +213,15 @@ print(json.dumps(out))
         "mig": [1, 1],
         "cuda_v1": 12040,
         "pci": "function not found",
+        "max_mig": [0, 7],
+        "attrs": [2, 1, 19968, 0],
+        "is_mig": [0, 1],
+        "parent": 6,
+        "ids": [5, 1],
+        "mig_v2": [19968 * mib, 0],
+        "slot 2": "NVMLError_NotFound",
+        "temperature of a MIG device": "NVMLError_NotSupported",
+        "attributes of a whole GPU": "NVMLError_NotSupported",
     }
 
 

@@ -1,0 +1,193 @@
+"""The hub's gpuspawner endpoints, served by JupyterHub itself under /hub/.
+
+* ``POST /hub/api/gpuspawner/report``: node agents post what NVML sees.
+  Needs the custom scope ``custom:gpuspawner:report`` (and nothing else
+  should have it: an agent token can do nothing more).
+* ``GET /hub/api/gpuspawner/alloc-map``: who holds which device, and how
+  healthy each is. ``POST /hub/api/gpuspawner/rescan`` reconciles the
+  holdings with the services the swarm runs, then returns the map.
+  ``GET /hub/api/gpuspawner/usage?since=&until=&by=user|model``: GPU-hours
+  from the ledger. ``GET /hub/api/gpuspawner/doctor``: known
+  misconfigurations and their fixes. These need ``admin:servers`` (the admin role has it).
+* ``GET /hub/gpus``: the allocation map as a page, for admins.
+
+They share the process-wide :class:`~gpuspawner.cluster.GPUCluster` with the
+spawners, found through a spawner built from the hub's own configuration (so
+the same ``c.GPUSwarmSpawner`` settings apply). Register them with
+:func:`gpuspawner.hubconfig.configure`.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from types import SimpleNamespace
+
+from jupyterhub.apihandlers.base import APIHandler
+from jupyterhub.handlers.base import BaseHandler
+from jupyterhub.scopes import has_scope
+from jupyterhub.spawner import SpawnException
+from tornado import web
+
+from .cluster import GPUCluster
+from .doctor import diagnose
+from .hubconfig import REPORT_SCOPE
+from .ledger import LedgerError
+from .reports import MAX_REPORT_BYTES, ReportError, parse_report
+from .swarm import SwarmError
+
+__all__ = ["ADMIN_SCOPE", "REPORT_SCOPE", "handlers"]
+
+ADMIN_SCOPE = "admin:servers"
+NODE_REFRESH_SECONDS = 2.0  # an unknown hostname asks the swarm at most this often
+
+
+def hub_view(config, spawner_class=None, log=None):
+    """A GPUSwarmSpawner configured like the hub's spawners, to reach the
+    process-wide cluster from outside a spawn. It never spawns itself."""
+    from .spawner import GPUSwarmSpawner
+
+    cls = spawner_class
+    if not (isinstance(cls, type) and issubclass(cls, GPUSwarmSpawner)):
+        cls = GPUSwarmSpawner
+    # dockerspawner's name templates, evaluated on init, only need a user name.
+    nobody = SimpleNamespace(name="gpuspawner-hub", id=0)
+    kwargs = {"log": log} if log is not None else {}
+    return cls(config=config, user=nobody, **kwargs)
+
+
+class _GPUMixin:
+    """The cluster, and scope checks that work with custom scopes (JupyterHub's
+    ``needs_scope`` decorator checks its scope when the module is imported,
+    before the hub has defined custom scopes)."""
+
+    def require(self, scope: str) -> None:
+        if not self.current_user:
+            raise web.HTTPError(403, "Missing or invalid credentials.")
+        if not has_scope(scope, self.parsed_scopes, db=self.db):
+            raise web.HTTPError(403, f"Action is not authorized with current scopes; requires {scope}")
+
+    def view(self):
+        """A spawner built from the hub's configuration, shared by these handlers."""
+        view = self.settings.get("gpuspawner_view")
+        if view is None:
+            view = hub_view(self.settings["config"], self.settings.get("spawner_class"), self.log)
+            self.settings["gpuspawner_view"] = view
+        return view
+
+    async def cluster(self) -> GPUCluster:
+        try:
+            return await self.view()._cluster()
+        except SpawnException as exc:
+            raise web.HTTPError(503, exc.message) from None
+
+
+class ReportHandler(_GPUMixin, APIHandler):
+    async def post(self):
+        self.require(REPORT_SCOPE)
+        body = self.request.body
+        if len(body) > MAX_REPORT_BYTES:
+            raise web.HTTPError(400, f"report is {len(body)} bytes; the limit is {MAX_REPORT_BYTES}")
+        try:
+            report = parse_report(body)
+        except ReportError as exc:
+            raise web.HTTPError(400, str(exc)) from None
+        view = self.view()
+        cluster = view._cluster_state()
+        if report.hostname not in cluster.nodes:
+            # A node that joined since the last look, or not a node at all.
+            last = self.settings.get("gpuspawner_nodes_checked", 0.0)
+            if time.monotonic() - last >= NODE_REFRESH_SECONDS:
+                self.settings["gpuspawner_nodes_checked"] = time.monotonic()
+                await self.cluster()
+            if report.hostname not in cluster.nodes:
+                raise web.HTTPError(400, f"{report.hostname} is not a node of this swarm")
+        cluster.receive(report)
+        self.set_header("Content-Type", "application/json")
+        self.write({"hostname": report.hostname, "devices": len(report.devices), "interval": report.interval})
+
+
+class AllocMapHandler(_GPUMixin, APIHandler):
+    async def get(self):
+        self.require(ADMIN_SCOPE)
+        cluster = await self.cluster()
+        self.set_header("Content-Type", "application/json")
+        self.write(cluster.alloc_map())
+
+
+class RescanHandler(_GPUMixin, APIHandler):
+    async def post(self):
+        self.require(ADMIN_SCOPE)
+        cluster = await self.cluster()
+        try:
+            await cluster.reconcile(self.view().swarm, self.log)
+        except SwarmError as exc:
+            raise web.HTTPError(503, f"The swarm could not be asked: {exc}") from None
+        self.set_header("Content-Type", "application/json")
+        self.write(cluster.alloc_map())
+
+
+class DoctorHandler(_GPUMixin, APIHandler):
+    async def get(self):
+        self.require(ADMIN_SCOPE)
+        cluster = await self.cluster()
+        reports = {host: report for host, (report, _) in cluster.reports.items()}
+        findings = diagnose(cluster.nodes.values(), cluster.settings.static, reports, cluster.stale,
+                            cluster.settings.sources, cluster.aliases)
+        self.set_header("Content-Type", "application/json")
+        self.write({"findings": [f.as_dict() for f in findings]})
+
+
+class UsageHandler(_GPUMixin, APIHandler):
+    """GPU-hours per user or model: ``?since=ISO&until=ISO&by=user|model``."""
+
+    async def get(self):
+        self.require(ADMIN_SCOPE)
+        since, until = (_time_arg(self.get_argument(k, "")) for k in ("since", "until"))
+        by = self.get_argument("by", "user")
+        if by not in ("user", "model"):
+            raise web.HTTPError(400, f"by={by!r}: use user or model")
+        cluster = await self.cluster()
+        try:
+            rows = await cluster.ledger_call("usage", since, until, by)
+        except LedgerError as exc:
+            raise web.HTTPError(503, str(exc)) from None
+        except ValueError as exc:  # e.g. since after until
+            raise web.HTTPError(400, str(exc)) from None
+        self.set_header("Content-Type", "application/json")
+        self.write({
+            "by": by,
+            "since": since.isoformat() if since else None,
+            "until": until.isoformat() if until else None,
+            "usage": [{"key": u.key, "gpu_hours": round(u.gpu_hours, 6)} for u in rows or []],
+        })
+
+
+def _time_arg(text: str) -> datetime | None:
+    """An ISO 8601 time (UTC when no zone is given), or None when empty."""
+    if not text:
+        return None
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        raise web.HTTPError(400, f"{text[:40]!r} is not an ISO 8601 time such as 2026-11-01T00:00:00Z") from None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+class GPUPageHandler(_GPUMixin, BaseHandler):
+    @web.authenticated
+    async def get(self):
+        self.require(ADMIN_SCOPE)
+        cluster = await self.cluster()
+        html = await self.render_template("gpus.html", alloc_map=cluster.alloc_map(), stale=cluster.stale)
+        self.finish(html)
+
+
+handlers = [
+    (r"/api/gpuspawner/report", ReportHandler),
+    (r"/api/gpuspawner/alloc-map", AllocMapHandler),
+    (r"/api/gpuspawner/rescan", RescanHandler),
+    (r"/api/gpuspawner/usage", UsageHandler),
+    (r"/api/gpuspawner/doctor", DoctorHandler),
+    (r"/gpus", GPUPageHandler),
+]

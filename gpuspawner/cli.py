@@ -1,0 +1,142 @@
+"""``gpuspawner``: the admin's command line, talking to a running hub's API.
+
+    gpuspawner alloc-map [--json]        who holds which share of which GPU
+    gpuspawner rescan [--json]           reconcile with the swarm's services, then the map
+    gpuspawner usage [--since T] [--until T] [--by user|model] [--json]   GPU-hours
+    gpuspawner doctor [--json]           known misconfigurations, each with its fix (exit 1 on errors)
+
+The hub is found from ``--hub-url`` or ``$JUPYTERHUB_URL`` (default
+http://127.0.0.1:8000), the token from ``--token-file`` or ``$JUPYTERHUB_API_TOKEN``;
+the token needs the ``admin:servers`` scope. Errors are one line on stderr and
+exit status 1 (usage errors: 2), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any, Sequence
+
+PROG = "gpuspawner"
+DEFAULT_HUB_URL = "http://127.0.0.1:8000"
+
+
+class CLIError(Exception):
+    """What went wrong, in one line for the admin."""
+
+
+def api(hub_url: str, token: str, method: str, path: str, timeout: float = 30) -> Any:
+    url = hub_url.rstrip("/") + "/hub/api/" + path.lstrip("/")
+    req = urllib.request.Request(url, method=method, headers={"Authorization": f"token {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.load(resp)
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.load(exc).get("message") or exc.reason
+        except (ValueError, AttributeError):
+            message = exc.reason
+        hint = " (does the token have the admin:servers scope?)" if exc.code == 403 else ""
+        raise CLIError(f"{url}: HTTP {exc.code}: {message}{hint}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise CLIError(f"cannot reach the hub at {hub_url}: {reason}") from None
+    except ValueError:
+        raise CLIError(f"{url}: the answer is not JSON (is this a JupyterHub?)") from None
+
+
+def format_alloc_map(alloc_map: dict) -> str:
+    """The map as a table, one line per device, by host."""
+    rows = [("HOST", "#", "DEVICE", "MODEL", "ALLOCATED", "HEALTH", "HOLDERS")]
+    for host, devices in sorted(alloc_map.items()):
+        for uuid, d in devices.items():
+            holders = ", ".join(
+                f"{h['user']}{'/' + h['server'] if h['server'] else ''} ({h['share']:.2f})" for h in d["holders"]
+            )
+            health = d["health"] if d["health"] == "ok" else f"{d['health']}: {'; '.join(d['problems'])}"
+            rows.append((host, str(d.get("index", "")), uuid, d["model"], f"{d['allocated']:.2f}", health, holders or "-"))
+    if len(rows) == 1:
+        return "No GPUs are known to the hub."
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
+
+
+def format_usage(result: dict) -> str:
+    rows = [(result["by"].upper(), "GPU-HOURS")]
+    rows += [(u["key"], f"{u['gpu_hours']:.2f}") for u in result["usage"]]
+    span = f"from {result['since'] or 'the start'} to {result['until'] or 'now'}"
+    if len(rows) == 1:
+        return f"No GPU use {span}."
+    width = max(len(r[0]) for r in rows)
+    return "\n".join([f"GPU use {span}:"] + [f"{a.ljust(width)}  {b.rjust(9)}" for a, b in rows])
+
+
+def format_findings(findings: list[dict]) -> str:
+    if not findings:
+        return "No known misconfiguration found."
+    lines = []
+    for f in findings:
+        where = f" {f['host']}" if f["host"] else ""
+        lines += [f"{f['severity'].upper()}{where}: {f['problem']}", f"  fix: {f['fix']}"]
+    return "\n".join(lines)
+
+
+def _token(args) -> str:
+    if args.token_file:
+        try:
+            with open(args.token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as exc:
+            raise CLIError(f"cannot read the token file {args.token_file}: {exc.strerror}") from None
+    else:
+        token = os.environ.get("JUPYTERHUB_API_TOKEN", "").strip()
+    if not token:
+        raise CLIError("no API token: pass --token-file FILE or set JUPYTERHUB_API_TOKEN")
+    return token
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description="Admin commands for gpuspawner on a running hub.")
+    parser.add_argument("--hub-url", default=os.environ.get("JUPYTERHUB_URL", DEFAULT_HUB_URL),
+                        help="the hub's public URL (default: $JUPYTERHUB_URL or %(default)s)")
+    parser.add_argument("--token-file", help="file with an API token (default: $JUPYTERHUB_API_TOKEN)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in (("alloc-map", "who holds which share of which GPU"),
+                            ("rescan", "reconcile with the swarm's services, then show the map"),
+                            ("doctor", "check the cluster for known misconfigurations")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p = sub.add_parser("usage", help="GPU-hours per user or per model")
+    p.add_argument("--since", default="", help="ISO 8601 time, e.g. 2026-11-01 (default: the first allocation)")
+    p.add_argument("--until", default="", help="ISO 8601 time (default: now)")
+    p.add_argument("--by", choices=("user", "model"), default="user")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args(argv)
+    try:
+        token = _token(args)
+        if args.command == "alloc-map":
+            result = api(args.hub_url, token, "GET", "gpuspawner/alloc-map")
+        elif args.command == "rescan":
+            result = api(args.hub_url, token, "POST", "gpuspawner/rescan")
+        elif args.command == "doctor":
+            result = api(args.hub_url, token, "GET", "gpuspawner/doctor")
+        else:
+            query = urllib.parse.urlencode({"since": args.since, "until": args.until, "by": args.by})
+            result = api(args.hub_url, token, "GET", f"gpuspawner/usage?{query}")
+    except CLIError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    formats = {"usage": format_usage, "doctor": lambda r: format_findings(r["findings"])}
+    print(json.dumps(result, indent=2) if args.json else formats.get(args.command, format_alloc_map)(result))
+    if args.command == "doctor" and any(f["severity"] == "error" for f in result["findings"]):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

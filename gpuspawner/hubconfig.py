@@ -1,0 +1,88 @@
+"""One call in jupyterhub_config.py that sets the hub up for gpuspawner.
+
+::
+
+    from gpuspawner.hubconfig import configure
+    configure(c)
+
+registers gpuspawner's endpoints and admin page (see ``api.py``), defines the
+``custom:gpuspawner:report`` scope that node agents' tokens get, adds the
+admin page's template folder, and checks gpuspawner's settings at once (see
+:func:`gpuspawner.spawner.validate_config`), so that a wrong setting stops the
+hub at start with one line. Call it at the end of the file, after the
+``c.GPUSwarmSpawner`` settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+__all__ = ["configure", "REPORT_SCOPE"]
+
+REPORT_SCOPE = "custom:gpuspawner:report"
+TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+
+
+def configure(c) -> None:
+    from . import api, metrics
+    from .spawner import validate_config
+
+    # JupyterHub logs that extra_handlers is deprecated in favour of services;
+    # these must run inside the hub, where the allocator lives.
+    c.JupyterHub.extra_handlers.extend(api.handlers)
+    c.JupyterHub.custom_scopes.update(
+        {REPORT_SCOPE: {"description": "Report a GPU node's devices to gpuspawner (node agents only)."}}
+    )
+    c.JupyterHub.template_paths.append(TEMPLATES)
+    metrics.use_config(c)
+    validate_config(c)
+    try:
+        loop = asyncio.get_running_loop()  # JupyterHub reads its config inside its event loop
+    except RuntimeError:
+        return  # loaded outside a hub (a test, a linter): nothing to run
+    for job in (_keep_reconciling(c), metrics.watch_event_loop()):
+        task = loop.create_task(job)
+        _background.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(_background.discard)
+
+
+_background: set = set()
+
+
+def _untracked(user: str, server: str) -> bool:
+    """True when the running hub has no such server running or starting."""
+    from jupyterhub.app import JupyterHub
+
+    if not JupyterHub.initialized():
+        return False
+    try:
+        spawner = JupyterHub.instance().users[user].spawners.get(server)
+    except KeyError:  # no such user
+        return True
+    return spawner is None or not spawner.active
+
+
+async def _keep_reconciling(config) -> None:
+    """At hub start, and then every ``reconcile_interval`` seconds, make the
+    GPU holdings match the services the swarm runs (see GPUCluster.reconcile)."""
+    from .api import hub_view
+    from .swarm import SwarmError
+
+    log = logging.getLogger("JupyterHub")
+    view = hub_view(config, log=log)
+    first = True
+    while True:
+        try:
+            cluster = await view._cluster()  # the first use rebuilds holdings from the swarm
+            if not first:
+                await cluster.reconcile(view.swarm, log, _untracked)
+            first = False
+        except SwarmError as exc:
+            log.warning("GPU reconciliation: the swarm could not be asked: %s", exc)
+        except Exception as exc:  # never let the loop die; say what happened in one line
+            log.error("GPU reconciliation failed: %s", getattr(exc, "message", exc))
+        if view.reconcile_interval <= 0:
+            return
+        await asyncio.sleep(view.reconcile_interval)

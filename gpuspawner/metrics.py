@@ -1,0 +1,101 @@
+"""Prometheus metrics, in the hub's own registry (they show at the hub's /metrics).
+
+Device counts and allocated shares are read from the cluster when Prometheus
+scrapes (a collector), so they are never out of date and cost nothing between
+scrapes. Decisions are counted as they happen.
+
+================================================  =====================================
+``gpuspawner_devices{host,model}``                devices known (healthy or not)
+``gpuspawner_devices_free{host,model}``           healthy devices nobody holds, on an available node
+``gpuspawner_devices_unhealthy{host,model}``      lost, ECC errors, too hot, or a late node
+``gpuspawner_allocated_share{host,model}``        sum of the shares held (a whole GPU is 1)
+``gpuspawner_allocations_granted_total{model}``   requests that got devices
+``gpuspawner_allocations_refused_total{reason}``  ``capacity`` (503), ``request`` (400: never fits as asked)
+``gpuspawner_allocation_seconds``                 time the allocator took to decide
+``gpuspawner_event_loop_lag_seconds``             how late the hub's event loop woke a 50 ms timer
+================================================  =====================================
+"""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+__all__ = ["ALLOCATION_SECONDS", "GRANTED", "REFUSED", "register_cluster", "use_config"]
+
+GRANTED = Counter("gpuspawner_allocations_granted", "GPU requests that got devices", ["model"])
+REFUSED = Counter("gpuspawner_allocations_refused", "GPU requests refused, by reason", ["reason"])
+ALLOCATION_SECONDS = Histogram(
+    "gpuspawner_allocation_seconds",
+    "Time the allocator took to decide a request",
+    buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1),
+)
+
+EVENT_LOOP_LAG = Histogram(
+    "gpuspawner_event_loop_lag_seconds",
+    "How much later than asked the hub's event loop woke a 50 ms timer: the longest it was blocked",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0),
+)
+LAG_PROBE_SECONDS = 0.05
+
+
+async def watch_event_loop() -> None:
+    """Runs in the hub for its life: anything that blocks the loop (a slow
+    synchronous call in a handler or spawner) shows as lag here."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    while True:
+        start = loop.time()
+        await asyncio.sleep(LAG_PROBE_SECONDS)
+        EVENT_LOOP_LAG.observe(max(0.0, loop.time() - start - LAG_PROBE_SECONDS))
+
+
+_GAUGES = (
+    ("gpuspawner_devices", "GPU devices known, healthy or not"),
+    ("gpuspawner_devices_free", "Healthy GPU devices nobody holds, on available nodes"),
+    ("gpuspawner_devices_unhealthy", "GPU devices not offered: lost, ECC errors, too hot, or a late node"),
+    ("gpuspawner_allocated_share", "Sum of the GPU shares held (a whole GPU counts 1)"),
+)
+
+
+class _ClusterCollector:
+    def __init__(self):
+        self.clusters: list = []
+        self.config = None  # the hub's, from hubconfig.configure: metrics before the first spawn
+
+    def collect(self):
+        if not self.clusters and self.config is not None:
+            from .api import hub_view
+
+            register_cluster(hub_view(self.config)._cluster_state())
+        families = [GaugeMetricFamily(name, doc, labels=["host", "model"]) for name, doc in _GAUGES]
+        counts: dict[tuple[str, str], list[float]] = {}
+        for cluster in self.clusters:
+            available = cluster.is_available
+            for host, devices in cluster.alloc_map().items():
+                for d in devices.values():
+                    c = counts.setdefault((host, d["model"]), [0, 0, 0, 0.0])
+                    c[0] += 1
+                    c[1] += d["health"] == "ok" and not d["holders"] and available(host)
+                    c[2] += d["health"] != "ok"
+                    c[3] += d["allocated"]
+        for (host, model), values in sorted(counts.items()):
+            for family, value in zip(families, values):
+                family.add_metric([host, model], value)
+        yield from families
+
+
+_collector = _ClusterCollector()
+REGISTRY.register(_collector)
+
+
+def use_config(config) -> None:
+    """Show the devices from hub start, before any spawner has run."""
+    _collector.config = config
+
+
+def register_cluster(cluster) -> None:
+    """Count this cluster's devices in the hub's metrics."""
+    if cluster not in _collector.clusters:
+        _collector.clusters.append(cluster)

@@ -1,0 +1,84 @@
+"""examples/agent-stack.yml on the test swarm, with this machine's stand-ins.
+
+What the test machine lacks is swapped in, and only that: the test image (busybox)
+with this machine's Python and the repository bind-mounted instead of an image with
+gpuspawner, and the fake libnvidia-ml.so.1 instead of the NVIDIA runtime's. The rest
+is the stack file as users get it: a global service placed by a node label, the host
+network, the token as a swarm secret, the node's hostname through a swarm template.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+STACK = REPO / "examples" / "agent-stack.yml"
+STACK_NAME = "gpuspawner-agent-test"
+SECRET = "gpuspawner_agent_token"
+
+
+def docker(swarm, *args, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], env={"PATH": "/usr/local/bin:/usr/bin:/bin", **swarm.env()},
+                          input=input, capture_output=True, text=True, timeout=60, check=check)
+
+
+def set_gpu_label(swarm, hostname: str, value: str | None) -> None:
+    node = next(n for n in swarm.client().nodes.list() if n.attrs["Description"]["Hostname"] == hostname)
+    spec = node.attrs["Spec"]
+    labels = dict(spec.get("Labels") or {})
+    if value is None:
+        labels.pop("gpu", None)
+    else:
+        labels["gpu"] = value
+    node.update(dict(spec, Labels=labels))
+
+
+def local_stack(hub_url: str, lib_dir: Path, devices: str, image: str, interval: float = 1) -> dict:
+    """The example stack with this machine's stand-ins for the image and the driver.
+    ``devices`` may use swarm templates, e.g. ``/x/{{.Node.Hostname}}.txt``."""
+    stack = yaml.safe_load(STACK.read_text())
+    [service] = stack["services"].values()
+    service["image"] = image
+    folder = str(Path(devices).parent)
+    mounts = {"/usr", "/lib", "/lib64", sys.base_prefix, sys.prefix, str(REPO), str(lib_dir), folder}
+    service["volumes"] = [{"type": "bind", "source": m, "target": m, "read_only": True}
+                          for m in sorted(mounts) if Path(m).exists()]
+    # Live readings: a test changes a node's file while its agent runs.
+    service["environment"].update(LD_LIBRARY_PATH=str(lib_dir), FAKE_NVML_DEVICES=devices,
+                                  FAKE_NVML_WATCH="1", PYTHONPATH=str(REPO))
+    command = service["command"]
+    assert command[0] == "gpuspawner-agent"
+    command[:1] = [sys.executable, "-m", "gpuspawner.agent"]
+    command[command.index("--hub-url") + 1] = hub_url
+    command[command.index("--interval") + 1] = str(interval)
+    return stack
+
+
+@contextlib.contextmanager
+def deployed(swarm, stack: dict, token: str, labels: dict[str, str], workdir: Path):
+    """The stack deployed, with the token as its secret and these gpu= node labels."""
+    stack_file = workdir / "agent-stack.yml"
+    stack_file.write_text(yaml.safe_dump(stack))
+    docker(swarm, "stack", "rm", STACK_NAME, check=False)
+    docker(swarm, "secret", "rm", SECRET, check=False)
+    docker(swarm, "secret", "create", SECRET, "-", input=token)
+    for hostname, value in labels.items():
+        set_gpu_label(swarm, hostname, value)
+    try:
+        docker(swarm, "stack", "deploy", "-c", str(stack_file), STACK_NAME)
+        yield
+    finally:
+        docker(swarm, "stack", "rm", STACK_NAME, check=False)
+        for hostname in labels:
+            set_gpu_label(swarm, hostname, None)
+        deadline = time.monotonic() + 60
+        while docker(swarm, "secret", "rm", SECRET, check=False).returncode != 0:
+            if time.monotonic() > deadline:  # still in use by a task that is going away
+                break
+            time.sleep(1)

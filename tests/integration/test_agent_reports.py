@@ -1,0 +1,156 @@
+"""Agent reports into a real hub on the real test swarm: who may report, what
+is refused (always a clean 4xx), and what the form and the allocation map then
+show. Reports are posted here over HTTP exactly as gpuspawner-agent posts them;
+test_agents_on_nodes.py runs the agent itself on each node."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import requests
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.integration.support import hub_on, login, spawn_ready
+from tests.unit.test_reports import A100, MIG, device, report
+
+AGENT_TOKEN = "agent-token-for-tests-0123456789"
+GTX = "NVIDIA GeForce GTX 1070"
+
+
+@pytest.fixture(scope="module")
+def hub(swarm, tmp_path_factory):
+    env = {"GPUSPAWNER_INVENTORY_SOURCE": "agent", "GPUSPAWNER_AGENT_TOKEN": AGENT_TOKEN}
+    with hub_on(swarm, tmp_path_factory.mktemp("hub"), port_from=18500, env=env) as h:
+        yield h
+
+
+def post(hub, body, token=AGENT_TOKEN, raw: bytes | None = None) -> requests.Response:
+    headers = {"Authorization": f"token {token}"} if token else {}
+    data = raw if raw is not None else json.dumps(body)
+    return requests.post(hub.url + "/hub/api/gpuspawner/report", data=data, headers=headers, timeout=30)
+
+
+def form(hub, user) -> str:
+    # JupyterHub's pages say charset=utf-8 in a meta tag, not in the header.
+    return login(hub, user).get(hub.url + f"/hub/spawn/{user}", timeout=30).content.decode()
+
+
+def gpu_a(*devices):
+    return report(*devices, hostname="gpu-a")
+
+
+def test_only_the_agent_token_may_report(hub):
+    body = gpu_a(device(0, "GPU-gtx-a0", GTX, 8192))
+    assert post(hub, body, token=None).status_code == 403
+    assert post(hub, body, token="wrong").status_code == 403
+    assert post(hub, body, token=hub.token).status_code == 403  # an admin token lacks the report scope
+    r = post(hub, body)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"hostname": "gpu-a", "devices": 1, "interval": 15.0}
+
+
+def test_the_agent_token_can_do_nothing_else(hub):
+    h = {"Authorization": f"token {AGENT_TOKEN}"}
+    assert requests.get(hub.url + "/hub/api/gpuspawner/alloc-map", headers=h, timeout=30).status_code == 403
+    assert requests.get(hub.url + "/hub/api/users", headers=h, timeout=30).status_code == 403
+    assert requests.post(hub.url + "/hub/api/users/mallory/server", headers=h, timeout=30).status_code == 403
+
+
+@pytest.mark.parametrize(
+    "body, raw, status, message",
+    [
+        (report(device(0, "GPU-x"), hostname="not-a-node"), None, 400, "not-a-node is not a node of this swarm"),
+        (None, b"{not json", 400, "not valid JSON"),
+        (report(device(0, "GPU-x,GPU-y"), hostname="gpu-a"), None, 400, "devices[0].uuid"),
+        (None, b" " * (256 * 1024 + 1), 400, "limit"),
+    ],
+)
+def test_bad_reports_get_a_clear_400(hub, body, raw, status, message):
+    r = post(hub, body, raw=raw)
+    assert r.status_code == status
+    assert message in r.json()["message"]
+
+
+def test_reports_become_the_form_and_the_allocation_map(hub, swarm):
+    assert post(hub, gpu_a(*[device(i, f"GPU-gtx-a{i}", GTX, 8192) for i in range(3)])).status_code == 200
+    assert post(hub, report(device(0, "GPU-a100-b0"), MIG)).status_code == 200
+    page = form(hub, "nora")
+    assert "3 of 3 free now" in page
+    for model in (A100, A100 + " · MIG 1g.10gb", A100 + " · MIG 3g.40gb"):
+        assert re.search(r'value="%s"' % re.escape(model), page), model
+
+    spawn_ready(hub, "nora", {"gpu_model": A100 + " · MIG 1g.10gb"})
+    m = hub.api("GET", "/gpuspawner/alloc-map").json()
+    assert m["gpu-b"]["MIG-aaaa-0002"]["holders"] == [{"user": "nora", "server": "", "share": 1.0}]
+    assert m["gpu-b"]["MIG-aaaa-0002"]["allocated"] == 1.0
+    assert m["gpu-a"]["GPU-gtx-a0"]["allocated"] == 0 and m["gpu-a"]["GPU-gtx-a0"]["health"] == "ok"
+    # The server really got the MIG device, by its MIG UUID.
+    (service,) = swarm.client().services.list(filters={"label": "gpuspawner.user=nora"})
+    env = service.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]["Env"]
+    assert "NVIDIA_VISIBLE_DEVICES=MIG-aaaa-0002" in env
+
+    # The admin CLI shows the same.
+    cli = subprocess.run([sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, "alloc-map"],
+                         env={**os.environ, "JUPYTERHUB_API_TOKEN": hub.token}, capture_output=True, text=True)
+    assert cli.returncode == 0, cli.stderr
+    (line,) = [ln for ln in cli.stdout.splitlines() if "MIG-aaaa-0002" in ln]
+    assert "1.00" in line and line.endswith("nora (1.00)")
+    cli = subprocess.run([sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, "alloc-map", "--json"],
+                         env={**os.environ, "JUPYTERHUB_API_TOKEN": AGENT_TOKEN}, capture_output=True, text=True)
+    assert cli.returncode == 1 and "HTTP 403" in cli.stderr and "admin:servers" in cli.stderr
+
+    # Rescan from the swarm's services returns the same holdings.
+    again = hub.api("POST", "/gpuspawner/rescan").json()
+    assert again["gpu-b"]["MIG-aaaa-0002"]["holders"] == m["gpu-b"]["MIG-aaaa-0002"]["holders"]
+    hub.stop_server("nora")
+
+
+def test_an_unhealthy_gpu_leaves_the_form_at_once_and_the_map_says_why(hub):
+    assert post(hub, gpu_a(*[device(i, f"GPU-gtx-a{i}", GTX, 8192) for i in range(3)])).status_code == 200
+    sick = gpu_a(device(0, "GPU-gtx-a0", GTX, 8192, ecc_uncorrected=4),
+                 *[device(i, f"GPU-gtx-a{i}", GTX, 8192) for i in (1, 2)])
+    assert post(hub, sick).status_code == 200
+    page = form(hub, "olga")
+    assert "2 of 2 free now" in page
+    m = hub.api("GET", "/gpuspawner/alloc-map").json()
+    assert m["gpu-a"]["GPU-gtx-a0"]["health"] == "unhealthy"
+    assert m["gpu-a"]["GPU-gtx-a0"]["problems"] == ["4 uncorrected ECC errors"]
+    assert post(hub, gpu_a(*[device(i, f"GPU-gtx-a{i}", GTX, 8192) for i in range(3)])).status_code == 200
+    assert "3 of 3 free now" in form(hub, "olga")
+
+
+def test_the_admin_page_draws_the_map_and_is_for_admins_only(hub):
+    assert post(hub, gpu_a(device(0, "GPU-gtx-a0", GTX, 8192, temperature_c=99))).status_code == 200
+    page = login(hub, "admin").get(hub.url + "/hub/gpus", timeout=30)
+    assert page.status_code == 200
+    assert "GPU allocation" in page.text and "GPU-gtx-a0" in page.text and "temperature 99 C is above 90 C" in page.text
+    assert login(hub, "peter").get(hub.url + "/hub/gpus", timeout=30).status_code == 403
+    s = login(hub, "peter")
+    assert s.get(hub.url + "/hub/api/gpuspawner/alloc-map", timeout=30).status_code == 403
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.one_of(
+    st.binary(max_size=200),
+    st.dictionaries(st.sampled_from(["hostname", "interval", "devices", "x"]), json_values).map(json.dumps).map(str.encode),
+    st.lists(st.dictionaries(st.sampled_from(["index", "uuid", "name", "memory_total_mib", "lost", "mig_mode",
+                                              "mig_devices", "temperature_c"]), json_values), max_size=3)
+    .map(lambda ds: json.dumps(report(*ds, hostname="gpu-a")).encode()),
+))
+def test_fuzzed_reports_only_ever_get_a_clean_answer(hub, body):
+    r = post(hub, None, raw=body)
+    assert r.status_code in (200, 400), r.text
+    assert set(r.json()) >= ({"status", "message"} if r.status_code == 400 else {"hostname"})

@@ -1,0 +1,52 @@
+"""examples/agent-stack.yml deployed with `docker stack deploy` on the real test swarm.
+
+What the test machine lacks is swapped in, and only that: the test image (busybox) with
+this machine's Python and the repository bind-mounted instead of an image with
+gpuspawner, and the fake libnvidia-ml.so.1 instead of the NVIDIA runtime's. The rest is
+the stack file as users get it: a global service placed by a node label, the host
+network, the token as a swarm secret, the node's hostname through a swarm template.
+The stand-in hub listens on the manager's bridge address, which the nodes reach.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests import fakenvml
+from tests.fakenvml.nodes import MIXED_NODE
+from tests.harness import agent_stack
+from tests.harness.report_sink import ReportSink
+
+TOKEN = "swarm-agent-token"
+
+
+@pytest.fixture
+def deployed(swarm, tmp_path):
+    lib_dir = fakenvml.build(tmp_path / "lib").parent
+    (tmp_path / "gpus").mkdir()
+    devices = fakenvml.write_devices(tmp_path / "gpus" / "devices.txt", MIXED_NODE)
+    sink = ReportSink(host=swarm.manager_addr)
+    stack = agent_stack.local_stack(sink.url("/jhub/"), lib_dir, str(devices), swarm.image)
+    try:
+        with agent_stack.deployed(swarm, stack, TOKEN, {"gpu-a": "true", "gpu-b": "false"}, tmp_path):
+            yield sink
+    finally:
+        sink.stop()
+
+
+def test_the_example_stack_reports_each_labelled_node_under_its_swarm_hostname(swarm, deployed):
+    sink = deployed
+    sink.wait_for(3, timeout=90)  # the first report at start, then one a second
+    time.sleep(2)                 # time for a wrongly placed agent to show up too
+    bodies = [json.loads(body) for _, _, body in sink.requests]
+    assert {b["hostname"] for b in bodies} == {"gpu-a"}  # gpu-b is labelled gpu=false
+    for path, headers, _ in sink.requests:
+        assert path == "/jhub/hub/api/gpuspawner/report"
+        assert headers["Authorization"] == f"token {TOKEN}"  # read from /run/secrets
+    report = bodies[-1]
+    assert report["device_count"] == len(MIXED_NODE) and report["interval"] == 1
+    assert [d["uuid"] for d in report["devices"] if not d["lost"]] == \
+        [d["uuid"] for d in MIXED_NODE if not d.get("lost")]

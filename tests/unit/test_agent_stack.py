@@ -1,0 +1,44 @@
+"""examples/agent-stack.yml: a stack file swarm accepts, running a command the agent accepts."""
+
+from pathlib import Path
+
+import yaml
+
+from gpuspawner.agent import HOSTNAME_ENV, build_parser, report_url
+
+STACK = Path(__file__).resolve().parents[2] / "examples" / "agent-stack.yml"
+
+
+def load():
+    return yaml.safe_load(STACK.read_text())
+
+
+def test_the_stack_runs_one_agent_on_each_labelled_gpu_node_on_the_host_network():
+    stack = load()
+    [(name, service)] = stack["services"].items()
+    deploy = service["deploy"]
+    assert deploy["mode"] == "global"
+    assert deploy["placement"]["constraints"] == ["node.labels.gpu == true"]
+    assert deploy["restart_policy"]["condition"] == "on-failure"
+    env = service["environment"]
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert "utility" in env["NVIDIA_DRIVER_CAPABILITIES"].split(",")
+    assert env[HOSTNAME_ENV] == "{{.Node.Hostname}}"  # swarm fills templates in env
+    [net] = service["networks"]
+    assert stack["networks"][net] == {"external": True, "name": "host"}
+    [secret] = service["secrets"]
+    assert stack["secrets"][secret] == {"external": True}
+
+
+def test_the_stacks_command_line_is_accepted_by_the_agent():
+    stack = load()
+    [service] = stack["services"].values()
+    command = service["command"]
+    assert command[0] == "gpuspawner-agent"
+    args = build_parser().parse_args(command[1:])
+    assert args.command == "run"
+    [secret] = service["secrets"]
+    assert args.token_file == f"/run/secrets/{secret}"
+    assert report_url(args.hub_url).endswith("/hub/api/gpuspawner/report")
+    assert args.hostname is None  # left to the environment's template
+    assert args.interval == 15

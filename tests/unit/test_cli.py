@@ -1,0 +1,46 @@
+"""The admin CLI without a hub: its table, and one-line errors (pure, plus a closed loopback port)."""
+
+from __future__ import annotations
+
+import socket
+
+from gpuspawner.cli import format_alloc_map, main
+
+MAP = {
+    "gpu-b": {
+        "GPU-b0": {"model": "A100", "index": 0, "allocated": 0.8, "health": "ok", "problems": [],
+                   "holders": [{"user": "ann", "server": "", "share": 0.2}, {"user": "bob", "server": "big", "share": 0.6}]},
+        "GPU-b1": {"model": "A100", "index": 1, "allocated": 0, "health": "unhealthy",
+                   "problems": ["2 uncorrected ECC errors"], "holders": []},
+    }
+}
+
+
+def test_the_table_has_a_line_per_device_with_holders_and_health():
+    lines = format_alloc_map(MAP).splitlines()
+    assert lines[0].split() == ["HOST", "#", "DEVICE", "MODEL", "ALLOCATED", "HEALTH", "HOLDERS"]
+    assert lines[1].split()[:6] == ["gpu-b", "0", "GPU-b0", "A100", "0.80", "ok"]
+    assert lines[1].endswith("ann (0.20), bob/big (0.60)")
+    assert "unhealthy: 2 uncorrected ECC errors" in lines[2] and lines[2].endswith("-")
+    assert format_alloc_map({}) == "No GPUs are known to the hub."
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_hub_is_one_line_and_status_1(capsys, monkeypatch):
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "x")
+    assert main(["--hub-url", f"http://127.0.0.1:{closed_port()}", "alloc-map"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("gpuspawner: cannot reach the hub at http://127.0.0.1:") and err.count("\n") == 1
+
+
+def test_no_token_says_how_to_give_one(capsys, monkeypatch, tmp_path):
+    monkeypatch.delenv("JUPYTERHUB_API_TOKEN", raising=False)
+    assert main(["alloc-map"]) == 1
+    assert "pass --token-file FILE or set JUPYTERHUB_API_TOKEN" in capsys.readouterr().err
+    assert main(["--token-file", str(tmp_path / "missing"), "alloc-map"]) == 1
+    assert "cannot read the token file" in capsys.readouterr().err

@@ -1,0 +1,61 @@
+"""gpuspawner doctor's checks over plain data (pure)."""
+
+from __future__ import annotations
+
+import json
+
+from gpuspawner.doctor import diagnose
+from gpuspawner.inventory import GPU
+from gpuspawner.reports import parse_report
+from gpuspawner.swarm import Node
+from tests.unit.test_reports import A100, device, report
+
+
+def node(host, kinds=()):
+    return Node(id=host, hostname=host, addr="10.0.0.1", ready=True, availability="active", generic_resources=kinds)
+
+
+def parsed(body) -> dict:
+    r = parse_report(json.dumps(body))
+    return {r.hostname: r}
+
+
+def problems(findings):
+    return [(f.severity, f.host, f.problem.split(":")[0]) for f in findings]
+
+
+def test_a_clean_cluster_has_no_findings():
+    reports = parsed({**report(device(0, "GPU-b0")), "docker_default_runtime": "nvidia"})
+    static = [GPU("gpu-b", 0, "GPU-b0", A100, 81920)]
+    assert diagnose([node("gpu-a"), node("gpu-b")], static, reports, {}, ["static", "agent"]) == []
+
+
+def test_generic_gpu_resources_are_an_error_with_the_fix():
+    (f,) = diagnose([node("gpu-a", ("NVIDIA-GPU",)), node("gpu-b", ("ssd",))], [GPU("gpu-a", 0, "GPU-a0", "x", 1)],
+                    {}, {}, ["static"])
+    assert (f.severity, f.host) == ("error", "gpu-a") and "NVIDIA-GPU" in f.problem
+    assert "node-generic-resources" in f.fix
+
+
+def test_gpus_without_the_nvidia_default_runtime_are_an_error():
+    reports = parsed({**report(device(0, "GPU-b0")), "docker_default_runtime": "runc"})
+    (f,) = diagnose([node("gpu-b")], [], reports, {}, ["agent"])
+    assert f.severity == "error" and "'runc'" in f.problem and '"default-runtime": "nvidia"' in f.fix
+    unknown = parsed(report(device(0, "GPU-b0")))  # no daemon.json readable: not judged
+    assert diagnose([node("gpu-b")], [], unknown, {}, ["agent"]) == []
+
+
+def test_inventory_disagreeing_with_the_nodes():
+    static = [GPU("gpu-b", 0, "GPU-b0", "A100 (old name)", 81920), GPU("gpu-b", 1, "GPU-gone", A100, 81920),
+              GPU("gpu-z", 0, "GPU-z0", A100, 81920)]
+    reports = parsed(report(device(0, "GPU-b0"), device(2, "GPU-new")))
+    found = problems(diagnose([node("gpu-b")], static, reports, {}, ["static", "agent"]))
+    assert ("error", "gpu-z", "the GPU inventory lists this host, but it is not a node of this swarm") in found
+    assert ("error", "gpu-b", "the inventory lists GPU-gone, but the node's agent does not see it") in found
+    assert ("warning", "gpu-b", f"the agent sees GPU-new ({A100}), not in the inventory") in found
+    assert ("warning", "gpu-b", f"GPU-b0 is listed as 'A100 (old name)' but NVML names it {A100!r}") in found
+
+
+def test_stale_agents_and_an_empty_cluster_are_warnings():
+    found = diagnose([node("gpu-a")], [], {}, {"gpu-a": "no report from its agent for 50 s"}, ["agent"])
+    assert [(f.severity, f.host) for f in found] == [("warning", "gpu-a"), ("warning", "")]

@@ -1,0 +1,423 @@
+"""The allocation ledger (gpuspawner.ledger) on a real SQLite file.
+
+``LedgerContract`` holds the behaviour every backend must show; it runs here on SQLite
+and in tests/integration/test_ledger_postgres.py on a real PostgreSQL server.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+
+from gpuspawner import ledger_migrations
+from gpuspawner.ledger import (
+    SUPERSEDED,
+    VERSION_TABLE,
+    Ledger,
+    LedgerError,
+    Usage,
+    default_db_url,
+    hours_within,
+    metadata,
+)
+
+UTC = timezone.utc
+# A fixed past day, so every range below is exact; "now" is well after it.
+T0 = (datetime.now(UTC) - timedelta(days=30)).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def at(hours: float) -> datetime:
+    return T0 + timedelta(hours=hours)
+
+
+def gpu(ledger: Ledger, service: str, user: str = "alice", *, devices=("GPU-1",), shares=None, start=0.0, **kw) -> int:
+    """Open an allocation with the given (or plain) fields, started ``start`` hours after T0."""
+    fields = {"server": "", "host": "gpu-a", "model": "NVIDIA A100 80GB PCIe"}
+    fields.update(kw)
+    shares = [1.0] * len(devices) if shares is None else shares
+    return ledger.open(service, user, devices=list(devices), shares=list(shares), started_at=at(start), **fields)
+
+
+def assert_usable(url: str) -> None:
+    """A new Ledger on ``url`` records an allocation and reads it back."""
+    ledger = Ledger(url)
+    try:
+        gpu(ledger, "svc")
+        assert [r.service for r in ledger.open_allocations()] == ["svc"]
+    finally:
+        ledger.dispose()
+
+
+def ledger_tables(engine: sa.Engine) -> set[str]:
+    return {t for t in sa.inspect(engine).get_table_names() if t.startswith("gpuspawner_")}
+
+
+class LedgerContract:
+    """Behaviour of the ledger on any backend; a subclass provides the ``url`` fixture
+    (a fresh, empty database for each test)."""
+
+    @pytest.fixture
+    def ledger(self, url):
+        ledger = Ledger(url)
+        yield ledger
+        ledger.dispose()
+
+    # --- open / close -------------------------------------------------------------
+
+    def test_open_records_every_field_in_utc(self, ledger):
+        cet = timezone(timedelta(hours=1))
+        started = datetime(2026, 3, 1, 13, 30, 15, 250000, tzinfo=cet)
+        new_id = ledger.open("jupyter-alice-big", "alice", "big", "gpu-b", "A100", ["GPU-b1", "GPU-a0"], [1, 0.5], started)
+
+        (record,) = ledger.open_allocations()
+        assert record.id == new_id
+        assert (record.service, record.user, record.server, record.host, record.model) == (
+            "jupyter-alice-big", "alice", "big", "gpu-b", "A100",
+        )
+        assert record.devices == ("GPU-b1", "GPU-a0")  # the order given, not sorted
+        assert record.shares == (1.0, 0.5)
+        assert record.gpus == 1.5
+        assert record.started_at == started and record.started_at.tzinfo == UTC
+        assert record.started_at.hour == 12  # 13:30 at +01:00
+        assert record.ended_at is None and record.end_reason == ""
+
+    def test_open_without_a_start_time_starts_now(self, ledger):
+        before = datetime.now(UTC)
+        ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1"], [1])
+        (record,) = ledger.open_allocations()
+        assert before <= record.started_at <= datetime.now(UTC)
+
+    def test_opening_the_same_allocation_again_returns_the_open_one(self, ledger):
+        first = gpu(ledger, "svc", devices=["GPU-1", "GPU-2"], shares=[0.5, 0.5])
+        again = gpu(ledger, "svc", devices=["GPU-1", "GPU-2"], shares=[0.5, 0.5], start=3)
+        assert again == first
+        (record,) = ledger.history()
+        assert record.started_at == at(0)  # the first start counts, not the retry's
+
+    def test_opening_a_different_allocation_supersedes_the_open_one(self, ledger):
+        first = gpu(ledger, "svc", devices=["GPU-1"])
+        second = gpu(ledger, "svc", devices=["GPU-2"], start=2)
+        assert second != first
+        old, new = ledger.history()
+        assert (old.id, old.ended_at, old.end_reason) == (first, at(2), SUPERSEDED)
+        assert (new.id, new.devices, new.ended_at) == (second, ("GPU-2",), None)
+        assert [r.id for r in ledger.open_allocations()] == [second]
+
+    def test_close_ends_the_allocation_and_is_idempotent(self, ledger):
+        gpu(ledger, "svc")
+        closed = ledger.close("svc", at(5), reason="stopped")
+        assert (closed.ended_at, closed.end_reason) == (at(5), "stopped")
+        assert ledger.close("svc", at(9)) is None
+        assert ledger.close("never-opened") is None
+        (record,) = ledger.history()
+        assert (record.ended_at, record.end_reason) == (at(5), "stopped")
+        assert ledger.open_allocations() == []
+
+    def test_a_closed_service_can_be_opened_again(self, ledger):
+        first = gpu(ledger, "svc")
+        ledger.close("svc", at(1))
+        second = gpu(ledger, "svc", start=2)
+        assert second != first
+        assert [(r.id, r.ended_at) for r in ledger.history()] == [(first, at(1)), (second, None)]
+
+    def test_close_before_the_start_is_refused_and_changes_nothing(self, ledger):
+        gpu(ledger, "svc", start=4)
+        with pytest.raises(ValueError, match="before svc's allocation started"):
+            ledger.close("svc", at(3))
+        assert len(ledger.open_allocations()) == 1
+
+    def test_close_missing_closes_only_services_that_are_gone(self, ledger):
+        gpu(ledger, "kept", devices=["GPU-1"])
+        gpu(ledger, "gone", devices=["GPU-2"], start=1)
+        closed = ledger.close_missing({"kept"}, at(6), reason="service gone at hub start")
+        assert [(r.service, r.ended_at, r.end_reason) for r in closed] == [("gone", at(6), "service gone at hub start")]
+        assert [r.service for r in ledger.open_allocations()] == ["kept"]
+        assert ledger.close_missing({"kept"}) == []
+
+    def test_an_allocation_without_gpus_is_recorded(self, ledger):
+        ledger.open("cpu-svc", "carol", "", "", "", [], [], at(0))
+        (record,) = ledger.open_allocations()
+        assert (record.devices, record.shares, record.gpus) == ((), (), 0)
+
+    # --- history and usage --------------------------------------------------------
+
+    @pytest.fixture
+    def day(self, ledger):
+        """alice: A100 × 1 from 0h to 4h and GTX 0.5 + 0.25 from 2h to 3h; bob: A100 × 1
+        from 3h, still open; carol: no GPU from 1h to 5h."""
+        gpu(ledger, "a", "alice", devices=["GPU-1"], start=0)
+        gpu(ledger, "b", "alice", devices=["GPU-2", "GPU-3"], shares=[0.5, 0.25], model="GTX 1070", host="gpu-b", start=2)
+        gpu(ledger, "c", "bob", devices=["GPU-4"], start=3)
+        ledger.open("d", "carol", "", "", "", [], [], at(1))
+        ledger.close("a", at(4))
+        ledger.close("b", at(3))
+        ledger.close("d", at(5))
+        return ledger
+
+    def test_history_holds_allocations_overlapping_the_range(self, day):
+        def services(**kw):
+            return [r.service for r in day.history(**kw)]
+
+        assert services() == ["a", "d", "b", "c"]  # by start
+        assert services(user="alice") == ["a", "b"]
+        assert services(since=at(4)) == ["d", "c"]  # "a" ended exactly at 4h
+        assert services(until=at(2)) == ["a", "d"]  # "b" started exactly at 2h
+        assert services(since=at(2.5), until=at(2.6)) == ["a", "d", "b"]
+        assert services(user="bob", since=at(100)) == ["c"]  # still open
+        assert services(device="GPU-3") == ["b"]
+        assert services(device="GPU-3", until=at(1)) == []
+        assert services(user="nobody") == []
+
+    def test_usage_sums_overlaps_times_shares(self, day):
+        # 1h..6h: alice 3h × 1 (a) + 1h × 0.75 (b); bob 3h × 1 (c, open: counted until 6h)
+        assert day.usage(at(1), at(6)) == [Usage("alice", pytest.approx(3.75)), Usage("bob", pytest.approx(3.0))]
+        assert day.usage(at(1), at(6), by="model") == [
+            Usage("NVIDIA A100 80GB PCIe", pytest.approx(6.0)),
+            Usage("GTX 1070", pytest.approx(0.75)),
+        ]
+        # from the beginning to 2.5h: alice 2.5h × 1 + 0.5h × 0.75; bob had not started
+        assert day.usage(None, at(2.5)) == [Usage("alice", pytest.approx(2.875))]
+        assert day.usage(at(-10), at(-1)) == []  # before everything
+        assert day.usage(at(2.5), at(2.5)) == []  # an empty range
+
+    def test_usage_counts_an_open_allocation_until_now(self, ledger):
+        now = datetime.now(UTC)
+        ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1", "GPU-2"], [1, 0.5], now - timedelta(hours=2))
+        ((user, hours),) = ledger.usage(now - timedelta(hours=3))  # until defaults to now
+        assert user == "alice" and hours == pytest.approx(3.0, abs=0.01)  # 2h × 1.5 GPUs
+        ((_, hours),) = ledger.usage(now - timedelta(hours=1), now + timedelta(days=1))  # not into the future
+        assert hours == pytest.approx(1.5, abs=0.01)
+
+    def test_usage_refuses_bad_arguments(self, ledger):
+        with pytest.raises(ValueError, match="usage by 'host': use one of user, model"):
+            ledger.usage(by="host")
+        with pytest.raises(ValueError, match="is after until"):
+            ledger.usage(at(2), at(1))
+        with pytest.raises(ValueError, match="since must be timezone-aware"):
+            ledger.usage(datetime(2026, 1, 1))
+
+    # --- concurrency ----------------------------------------------------------------
+
+    @staticmethod
+    def _race(count, open_one):
+        """Run ``open_one(i)`` in ``count`` threads released at once; their results."""
+        barrier = threading.Barrier(count)
+        results, errors = [None] * count, []
+
+        def run(i):
+            try:
+                barrier.wait()
+                results[i] = open_one(i)
+            except Exception as e:  # reported below, with the thread's index
+                errors.append((i, e))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+        return results
+
+    def test_concurrent_opens_of_one_service_give_one_allocation(self, ledger):
+        ids = self._race(8, lambda i: gpu(ledger, "svc", devices=["GPU-1"]))
+        assert len(set(ids)) == 1
+        assert len(ledger.history()) == 1
+
+    def test_concurrent_opens_through_separate_ledgers_give_one_allocation(self, ledger, url):
+        # Two Ledger objects on one database behave like two processes: only the
+        # database's unique index stops a second open allocation.
+        other = Ledger(url)
+        ledger.open_allocations()  # the schema is in place before the race
+        try:
+            ids = self._race(8, lambda i: gpu((ledger, other)[i % 2], "svc", devices=["GPU-1"]))
+            assert len(set(ids)) == 1
+            different = self._race(8, lambda i: gpu((ledger, other)[i % 2], "svc2", devices=[f"GPU-{i}"]))
+        finally:
+            other.dispose()
+        assert len(set(different)) == 8
+        open_now = [r for r in ledger.open_allocations() if r.service == "svc2"]
+        assert len(open_now) == 1
+        assert sum(r.end_reason == SUPERSEDED for r in ledger.history()) == 7
+
+    def test_the_database_refuses_a_second_open_allocation_for_a_service(self, ledger):
+        gpu(ledger, "svc")
+        from gpuspawner.ledger import allocations
+
+        row = dict(service="svc", username="x", server="", host="h", model="m", started_at=at(1), end_reason="")
+        with pytest.raises(sa.exc.IntegrityError), ledger.engine.begin() as conn:
+            conn.execute(allocations.insert().values(**row))
+        with ledger.engine.begin() as conn:  # a closed one is fine
+            conn.execute(allocations.insert().values(**row, ended_at=at(2)))
+
+    # --- schema ---------------------------------------------------------------------
+
+    def test_the_schema_is_created_on_first_use_with_its_own_version_table(self, ledger):
+        assert ledger_tables(ledger.engine) == set()  # nothing before first use
+        ledger.open_allocations()
+        assert ledger_tables(ledger.engine) == {
+            "gpuspawner_allocations", "gpuspawner_allocation_devices", VERSION_TABLE,
+        }
+        assert ledger_migrations.current(ledger.engine) == (ledger_migrations.head(),)
+        assert "alembic_version" not in sa.inspect(ledger.engine).get_table_names()
+
+    def test_migrations_build_exactly_the_tables_the_code_uses(self, ledger):
+        ledger.open_allocations()
+        with ledger.engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+            assert compare_metadata(context, metadata) == []
+
+    def test_every_revision_upgrades_and_downgrades_in_turn(self, url):
+        engine = sa.create_engine(url)
+        try:
+            assert ledger_migrations.current(engine) == ()  # an empty database
+            for revision in ledger_migrations.revisions():
+                ledger_migrations.upgrade(engine, revision=revision)
+                assert ledger_migrations.current(engine) == (revision,)
+            ledger_migrations.downgrade(engine, "base")
+            assert ledger_tables(engine) == {VERSION_TABLE}
+            assert ledger_migrations.current(engine) == ()
+        finally:
+            engine.dispose()
+        assert_usable(url)  # a Ledger on the emptied database builds it again
+
+    def test_tables_from_a_newer_gpuspawner_are_refused_with_a_clear_message(self, ledger, url):
+        ledger.open_allocations()
+        with ledger.engine.begin() as conn:
+            conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '9999'"))
+        newer = Ledger(url)
+        try:
+            with pytest.raises(LedgerError, match="schema revision 9999, which this gpuspawner does not know") as e:
+                newer.open_allocations()
+            assert "upgrade gpuspawner" in str(e.value)
+        finally:
+            newer.dispose()
+
+    def test_the_hubs_own_tables_and_version_are_left_alone(self, url):
+        from alembic.script import ScriptDirectory
+        from jupyterhub import dbutil, orm
+
+        # The hub's database as orm.new_session_factory leaves it: its tables, stamped with
+        # its head revision in alembic_version (stamped here directly: the hub's alembic
+        # env.py takes seconds to import).
+        hub_engine = sa.create_engine(url)
+        hub_revision = ScriptDirectory(dbutil.ALEMBIC_DIR).get_current_head()
+        orm.Base.metadata.create_all(hub_engine)
+        with hub_engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE alembic_version (version_num VARCHAR(32) PRIMARY KEY)"))
+            conn.execute(sa.text("INSERT INTO alembic_version VALUES (:v)"), {"v": hub_revision})
+        orm.check_db_revision(hub_engine)
+
+        assert_usable(url)
+
+        with hub_engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalars().all() == [hub_revision]
+        orm.check_db_revision(hub_engine)  # the hub still accepts its database
+        assert {"users", "spawners"} <= set(sa.inspect(hub_engine).get_table_names())
+        hub_engine.dispose()
+
+
+class TestLedgerOnSQLite(LedgerContract):
+    @pytest.fixture
+    def url(self, tmp_path):
+        return f"sqlite:///{tmp_path}/gpuspawner.sqlite"
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"service": ""}, "service must not be empty"),
+        ({"user": ""}, "user must not be empty"),
+        ({"service": "x" * 256}, "longer than 255"),
+        ({"model": ""}, "model must not be empty"),
+        ({"host": ""}, "host must not be empty"),
+        ({"devices": ["GPU-1", "GPU-2"]}, "2 devices but 1 shares"),
+        ({"devices": "GPU-1"}, "not one string"),
+        ({"devices": ["GPU-1", "GPU-1"], "shares": [0.5, 0.5]}, "listed twice"),
+        ({"shares": [0]}, r"share of GPU-1 must be a number in \(0, 1\]"),
+        ({"shares": [1.5]}, r"share of GPU-1 must be a number in \(0, 1\]"),
+        ({"shares": ["1"]}, r"share of GPU-1 must be a number"),
+        ({"started_at": datetime(2026, 1, 1)}, "started_at must be timezone-aware"),
+        ({"started_at": "2026-01-01"}, "started_at must be a datetime"),
+    ],
+)
+def test_bad_input_is_refused_and_changes_nothing(tmp_path, change, message):
+    # Checked before the database is touched: alike on every backend, so on SQLite only.
+    ledger = Ledger(f"sqlite:///{tmp_path}/gpuspawner.sqlite")
+    args = dict(service="svc", user="alice", server="", host="gpu-a", model="A100", devices=["GPU-1"], shares=[1.0])
+    args.update(change)
+    with pytest.raises(ValueError, match=message):
+        ledger.open(**args)
+    assert ledger.history() == []
+    ledger.dispose()
+
+
+def test_an_unusable_database_raises_ledger_error_until_it_is_usable(tmp_path):
+    folder = tmp_path / "not-yet"
+    ledger = Ledger(f"sqlite:///{folder}/gpuspawner.sqlite")
+    with pytest.raises(LedgerError) as e:
+        ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1"], [1])
+    message = str(e.value)
+    assert message.startswith(f"GPU ledger database sqlite:///{folder}/gpuspawner.sqlite: ")
+    assert "unable to open database file" in message and "\n" not in message
+
+    folder.mkdir()  # the database becomes usable: the same Ledger works
+    ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1"], [1])
+    assert [r.service for r in ledger.open_allocations()] == ["svc"]
+    ledger.dispose()
+
+
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("not a url", "cannot be used: Could not parse"),
+        ("nosuchdb://x/y", "cannot be used: Can't load plugin"),
+        ("postgresql+nosuchdriver://u:secret@h/db", r"u:\*\*\*@h/db cannot be used"),
+    ],
+)
+def test_an_unusable_url_is_refused_at_once(url, message):
+    with pytest.raises(LedgerError, match=message) as e:
+        Ledger(url)
+    assert "secret" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "hub_url, cwd, expected",
+    [
+        ("sqlite:///jupyterhub.sqlite", "/srv/jupyterhub", "/srv/jupyterhub/gpuspawner.sqlite"),
+        ("sqlite:///data/jupyterhub.sqlite", "/srv/jupyterhub", "/srv/jupyterhub/data/gpuspawner.sqlite"),
+        ("sqlite:////var/lib/hub/jupyterhub.sqlite", "/srv/jupyterhub", "/var/lib/hub/gpuspawner.sqlite"),
+        ("sqlite://", "/srv/jupyterhub", "/srv/jupyterhub/gpuspawner.sqlite"),
+        ("sqlite:///:memory:", "/srv/jupyterhub", "/srv/jupyterhub/gpuspawner.sqlite"),
+        ("postgresql://hub:pw@db/jupyterhub", "/srv/jupyterhub", "/srv/jupyterhub/gpuspawner.sqlite"),
+        ("not a url", "/srv/jupyterhub", "/srv/jupyterhub/gpuspawner.sqlite"),
+    ],
+)
+def test_default_db_url_is_beside_the_hubs_sqlite_file(hub_url, cwd, expected):
+    assert default_db_url(hub_url, cwd) == f"sqlite:///{expected}"
+
+
+def test_default_db_url_makes_a_relative_cwd_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert default_db_url("sqlite:///jupyterhub.sqlite", ".") == f"sqlite:///{tmp_path}/gpuspawner.sqlite"
+
+
+@pytest.mark.parametrize(
+    "start, end, since, until, hours",
+    [
+        (0, 4, 1, 6, 3),  # starts before the range
+        (2, 3, 1, 6, 1),  # inside
+        (3, 9, 1, 6, 3),  # ends after
+        (0, 9, 1, 6, 5),  # covers it
+        (0, 1, 1, 6, 0),  # touches it
+        (7, 9, 1, 6, 0),  # after it
+        (0, 4, None, 2, 2),  # no lower bound
+    ],
+)
+def test_hours_within(start, end, since, until, hours):
+    assert hours_within(at(start), at(end), None if since is None else at(since), at(until)) == hours
