@@ -1219,6 +1219,8 @@ def _import_tar(
     if not targets:
         return []
     data = tar if isinstance(tar, bytes) else Path(tar).read_bytes()
+    if len(data) > 50 << 20:  # a big one takes a while: say so first
+        _progress(f"importing {name} ({len(data) >> 20} MiB) on {', '.join(n.hostname for n in targets)}")
 
     def one(node: Node) -> str:
         api = node.api(timeout=timeout)
