@@ -232,18 +232,25 @@ def _build_base(cache: Path) -> Path:
     return base
 
 
+def platforms(glibc: str, machine: str) -> list[str]:
+    """The wheel platforms an interpreter on this glibc and machine can use, newest
+    first: pip takes ``--platform`` values literally, without the older ones they imply."""
+    major, minor = (int(x) for x in glibc.split(".")[:2])
+    if major != 2:
+        raise ImageError(f"unexpected glibc version {glibc}")
+    plats = [f"manylinux_2_{m}_{machine}" for m in range(minor, 4, -1)]
+    plats += [f"manylinux{alias}_{machine}" for alias, m in (("2014", 17), ("2010", 12), ("1", 5)) if m <= minor]
+    return plats + ["any"]
+
+
 def _platform_tags(root: Path) -> tuple[str, list[str]]:
-    """(python version, manylinux platforms) of the image's interpreter, for pip download."""
-    out = subprocess.run(
+    """(python version, wheel platforms) of the image's interpreter, for pip download."""
+    version, glibc, machine = subprocess.run(
         _chroot(root, "/usr/bin/python3", "-c",
                 "import platform, sys; print('%d.%d' % sys.version_info[:2], platform.libc_ver()[1], platform.machine())"),
         capture_output=True, text=True, check=True, env=swarm._env(),
     ).stdout.split()
-    version, glibc, machine = out
-    major, minor = (int(x) for x in glibc.split("."))
-    plats = [f"manylinux_{major}_{m}_{machine}" for m in range(minor, 4, -1)]
-    plats += [f"manylinux{alias}_{machine}" for alias, m in (("2014", 17), ("2010", 12), ("1", 5)) if m <= minor]
-    return version, plats + ["any"]
+    return version, platforms(glibc, machine)
 
 
 def _download_wheels(root: Path, cache: Path) -> Path:
@@ -267,9 +274,6 @@ def _tree_copy(src: Path, dest: Path) -> None:
 
 def build(cache_dir: Path | str | None = None) -> BuiltImage:
     """The image as a tar, from the cache or built now (printing progress)."""
-    reason = unavailable_reason()
-    if reason:
-        raise ImageError(f"cannot build {JUPYTER_IMAGE}: {reason}")
     cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE
     t0 = time.monotonic()
     with _cache_lock(cache):
@@ -281,6 +285,9 @@ def build(cache_dir: Path | str | None = None) -> BuiltImage:
                 return BuiltImage(tar, info["digest"], time.monotonic() - t0, cached=True)
         except (OSError, ValueError, KeyError):
             pass
+        reason = unavailable_reason()
+        if reason:
+            raise ImageError(f"cannot build {JUPYTER_IMAGE}: {reason}")
         _say(f"building {JUPYTER_IMAGE} ({', '.join(requirements())}); cached in {cache} for later runs")
         base = _build_base(cache)
         _say(f"base ready ({time.monotonic() - t0:.0f} s)")
