@@ -17,14 +17,15 @@ The server runs as ``jovyan`` (uid 1000): Jupyter refuses to run as root.
 
 Cache (``cache_dir``, default /var/cache/gpuspawner-image, env ``GPUSPAWNER_IMAGE_CACHE``)::
 
-    base-<key>/        debootstrap output, docs and apt lists removed   (cold: about 1 min)
-    wheels/            downloaded wheels, reused by later builds         (cold: about 30 s)
+    base-<key>/        debootstrap output, docs and apt lists removed   (cold: 1.5-2 min)
+    wheels/            downloaded wheels, reused by later builds         (about 30 s)
     image-<key>.tar    base + venv + user, ready for ``docker import``   (about 1 min)
     image-<key>.json   the tar's digest, the inputs, the build time
 
-Each key is a sha256 of that step's inputs (Debian suite and packages, requirements, the
-image settings, and a recipe number bumped when the steps change). A second run with the same inputs builds nothing, and
-a node that already holds the image (same digest in its label) gets no import.
+Each key is a sha256 of that step's inputs (Debian suite and packages, requirements,
+the image settings, and a recipe number bumped when the steps change). A second run with
+the same inputs builds nothing, and a node that already holds the image (same digest in
+its label) gets no import.
 """
 
 from __future__ import annotations
