@@ -5,13 +5,16 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 STATE := $(CURDIR)/demo-state
 
-.PHONY: deps test unit demo demo-down bench clean
+.PHONY: deps test unit demo demo-down screenshots bench clean
 
-# System packages (Debian) and the Python environment. Safe to run again.
-deps: $(VENV)/.installed
+# System packages (Debian) first (the venv needs python3-venv), then the Python
+# environment. Safe to run again.
+deps:
 	@bash .ci/install-system-deps
+	@$(MAKE) --no-print-directory $(VENV)/.installed
 
 $(VENV)/.installed: setup.cfg pyproject.toml
+	@echo "Installing gpuspawner and its test tools into $(VENV) (first time: a minute or two)"
 	$(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
 	$(PYTHON) -m pip install -q -e '.[test]'
@@ -25,16 +28,25 @@ test: deps
 unit: $(VENV)/.installed
 	$(PYTHON) -m pytest -ra tests/unit
 
-# A real hub at http://127.0.0.1:8000 on a local three-node swarm with simulated GPUs.
-demo: deps
-	$(PYTHON) -m tests.harness.demo --state-dir $(STATE)
+# A real hub at http://127.0.0.1:8000 on a local three-node swarm with simulated GPUs,
+# spawning real JupyterLab servers (DEMO_SERVER=standin: the fast busybox stand-in).
+# Everything it builds is reused by the next run; demo-down stops and removes it all.
+DEMO_SERVER ?= jupyter
+demo:
+	@bash .ci/install-system-deps demo
+	@$(MAKE) --no-print-directory $(VENV)/.installed
+	$(PYTHON) -m tests.harness.demo --state-dir $(STATE) --server $(DEMO_SERVER)
 
 demo-down: $(VENV)/.installed
 	$(PYTHON) -m tests.harness.demo --state-dir $(STATE) --down
+
+# The README's screenshots (docs/screenshots), taken by the browser tests.
+screenshots: deps
+	GPUSPAWNER_SCREENSHOT_DIR=$(CURDIR)/docs/screenshots $(PYTHON) -m pytest -ra tests/integration/test_browser.py
 
 bench: $(VENV)/.installed
 	$(PYTHON) -m benchmarks.bench_allocator
 	$(PYTHON) -m benchmarks.bench_agent
 
 clean: demo-down
-	rm -rf $(VENV) $(STATE)
+	rm -rf $(VENV) $(STATE) /var/cache/gpuspawner-image

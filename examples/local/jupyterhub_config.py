@@ -40,7 +40,10 @@ c.GPUSwarmSpawner.client_kwargs = {
 }
 # Servers run in their node's network namespace, each at its own port.
 c.GPUSwarmSpawner.network_name = "host"
-c.GPUSwarmSpawner.image = os.environ.get("GPUSPAWNER_IMAGE", "gpuspawner-test/busybox:latest")
+# The server image (GPUSPAWNER_IMAGE): by default the busybox stand-in below, which starts
+# in about a second (for the many plumbing tests); see "A real Jupyter server" further down.
+STANDIN_IMAGE = "gpuspawner-test/busybox:latest"
+c.GPUSwarmSpawner.image = os.environ.get("GPUSPAWNER_IMAGE", STANDIN_IMAGE)
 # The stand-in server: busybox httpd at the port and prefix JupyterHub assigned,
 # with a page that shows which GPUs the server was given. The shell stays PID 1
 # and exits on SIGTERM, so a stopped server frees its port at once.
@@ -57,6 +60,17 @@ c.GPUSwarmSpawner.task_start_timeout = 30
 c.Spawner.start_timeout = 45
 c.Spawner.http_timeout = 20
 
+# A real Jupyter server: any other image runs jupyterhub-singleuser (as Jupyter's own
+# images do), e.g. the image of tests/harness/jupyter_image.py that `make demo` and the
+# browser tests use; users land in JupyterLab. Python starts slowly on a small machine,
+# and where dockerd falls back to the vfs storage driver every start copies the image.
+if c.GPUSwarmSpawner.image != STANDIN_IMAGE:
+    c.GPUSwarmSpawner.cmd = ["jupyterhub-singleuser"]
+    c.Spawner.default_url = "/lab"
+    c.GPUSwarmSpawner.task_start_timeout = 90
+    c.Spawner.start_timeout = 150
+    c.Spawner.http_timeout = 90
+
 # An API token for scripts and tests, when given.
 token = os.environ.get("GPUSPAWNER_API_TOKEN")
 if token:
@@ -64,7 +78,8 @@ if token:
     c.JupyterHub.load_roles.append(
         {
             "name": "gpuspawner-admin",
-            "scopes": ["admin:users", "admin:servers", "users", "servers", "read:users", "read:metrics"],
+            # access:servers: the tests talk to users' Jupyter servers with this token.
+            "scopes": ["admin:users", "admin:servers", "users", "servers", "read:users", "read:metrics", "access:servers"],
             "services": ["gpuspawner-admin"],
         }
     )

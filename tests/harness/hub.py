@@ -50,6 +50,7 @@ class Hub:
         self.proc: subprocess.Popen | None = None
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = self.state_dir / "jupyterhub.log"
+        self.pid_file = self.state_dir / "jupyterhub.pid"
 
     def write_config(self) -> Path:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -76,6 +77,7 @@ class Hub:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # the proxy goes with the hub's process group
         )
+        self.pid_file.write_text(f"{self.proc.pid}\n")
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -100,6 +102,31 @@ class Hub:
             self._kill_group(signal.SIGKILL)
             self.proc.wait(10)
         self._stop_proxy()
+        self.pid_file.unlink(missing_ok=True)
+
+    def leftover_pid(self) -> int | None:
+        """The pid of a hub that an earlier run started in this state folder and that
+        still runs (its runner was killed, or runs elsewhere), else None."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            return None
+        return pid if b"jupyterhub" in cmdline else None
+
+    def stop_leftover(self, timeout: float = 30) -> bool:
+        """Stop such a hub (its process group) and its proxy; True if a hub ran."""
+        pid = self.leftover_pid()
+        if pid is not None:
+            os.killpg(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if Path(f"/proc/{pid}").exists():
+                os.killpg(pid, signal.SIGKILL)
+        self._stop_proxy()
+        self.pid_file.unlink(missing_ok=True)
+        return pid is not None
 
     def _stop_proxy(self) -> None:
         """The hub leaves its proxy running (cleanup_proxy = False, so routes

@@ -179,8 +179,8 @@ class HarnessError(RuntimeError):
     """The test cluster could not be brought up (or torn down) as asked."""
 
 
-def _progress(msg: str) -> None:
-    print(f"[swarm +{time.monotonic() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+def _progress(msg: str, tag: str = "swarm") -> None:
+    print(f"[{tag} +{time.monotonic() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------------------
@@ -794,7 +794,9 @@ def _dockerd_args(lay: _Layout, name: str, manager: bool) -> list[str]:
         f"--exec-root={lay.exec_root(name)}",
         f"--pidfile={lay.pidfile(name)}",
         f"--host=unix://{lay.sock(name)}",
-        "--storage-driver=vfs",
+        # No --storage-driver: dockerd takes overlay2 where the data root's file system
+        # allows it (a container starts at once) and falls back to vfs elsewhere (every
+        # container start copies its whole image: ~15 s for the Jupyter image).
         # No iptables rules, no NAT, no ip_forward sysctl: the manager shares the host's
         # network namespace, and the workers don't need any of it.
         "--iptables=false",
@@ -1188,35 +1190,54 @@ def import_image(
 
 
 def _import_tar(
-    cluster: Cluster, name: str, tar: bytes, *, cmd: Sequence[str] = ("/bin/sh",), force: bool = False
+    cluster: Cluster,
+    name: str,
+    tar: bytes | Path,
+    *,
+    cmd: Sequence[str] = ("/bin/sh",),
+    force: bool = False,
+    digest: str | None = None,
+    changes: Sequence[str] = (),
+    nodes: Sequence[Node] | None = None,
+    timeout: float = IMPORT_TIMEOUT,
 ) -> list[str]:
+    """Import ``tar`` (bytes, or the path of a tar file, read only if a node needs it) as
+    ``name`` on ``nodes`` (default: every node). ``digest`` (default: the tar's sha256)
+    is kept in the image label; a node whose image has it already is skipped.
+    ``changes`` are Dockerfile instructions added to the default ENV PATH and CMD."""
     repo, _, tag = name.rpartition(":") if ":" in name.rsplit("/", 1)[-1] else (name, "", "latest")
-    digest = hashlib.sha256(tar).hexdigest()
+    if digest is None:
+        digest = hashlib.sha256(tar if isinstance(tar, bytes) else Path(tar).read_bytes()).hexdigest()
     changes = [
         "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         f"CMD {json.dumps(list(cmd))}",
+        *changes,
         f"LABEL {ROOTFS_LABEL}={digest}",
     ]
+    targets = [n for n in (nodes if nodes is not None else cluster.nodes.values())
+               if force or _image_label(n.api(), name) != digest]
+    if not targets:
+        return []
+    data = tar if isinstance(tar, bytes) else Path(tar).read_bytes()
+    if len(data) > 50 << 20:  # a big one takes a while: say so first
+        _progress(f"importing {name} ({len(data) >> 20} MiB) on {', '.join(n.hostname for n in targets)}")
 
-    def one(node: Node) -> str | None:
-        api = node.api(timeout=IMPORT_TIMEOUT)
-        if not force and _image_label(api, name) == digest:
-            return None
+    def one(node: Node) -> str:
+        api = node.api(timeout=timeout)
         # Errors come back as JSON messages in a 200 response: check the result instead.
         out = api.post(
             "/images/create",
             params=[("fromSrc", "-"), ("repo", repo), ("tag", tag)] + [("changes", c) for c in changes],
-            raw=tar,
+            raw=data,
             content_type="application/x-tar",
         )
         if _image_label(api, name) != digest:
             raise HarnessError(f"import of {name} on {node.hostname} failed: {str(out)[-2000:]}")
         return node.hostname
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(cluster.nodes)) as pool:
-        done = [h for h in pool.map(one, cluster.nodes.values()) if h]
-    if done:
-        _progress(f"imported {name} ({len(tar) // 1024} KiB) on {', '.join(done)}")
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(targets)) as pool:
+        done = list(pool.map(one, targets))
+    _progress(f"imported {name} ({len(data) // 1024} KiB) on {', '.join(done)}")
     return done
 
 

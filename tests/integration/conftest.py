@@ -16,17 +16,14 @@ and a test that breaks it on purpose waits until it has it to itself.
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 
+from tests.harness import jupyter_image as image_harness
 from tests.harness import postgres
 from tests.harness import swarm as harness
-
-
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+from tests.integration.support import env_flag, skip_or_fail
 
 
 @pytest.fixture(scope="session")
@@ -34,10 +31,7 @@ def swarm():
     """The running test cluster (``tests.harness.swarm.Cluster``)."""
     reason = harness.unavailable_reason()
     if reason:
-        message = f"the test swarm cannot run on this machine: {reason}"
-        if _env_flag("CI"):
-            pytest.fail(message + " (CI=true: this is a failure, not a skip)", pytrace=False)
-        pytest.skip(message)
+        skip_or_fail(f"the test swarm cannot run on this machine: {reason}")
 
     t0 = time.monotonic()
     try:
@@ -51,11 +45,24 @@ def swarm():
 
     yield cluster
 
-    if _env_flag("GPUSPAWNER_KEEP_SWARM"):
+    if env_flag("GPUSPAWNER_KEEP_SWARM"):
         print(f"\nGPUSPAWNER_KEEP_SWARM set: leaving the test swarm up ({cluster.manager_url})")
         return
     if not harness.down_if_unused(cluster.state_dir, cluster.run_dir):
         print(f"\nanother test session still uses the test swarm: leaving it up ({cluster.manager_url})")
+
+
+@pytest.fixture(scope="session")
+def jupyter_image(swarm):
+    """The real jupyterhub-singleuser image (tests/harness/jupyter_image.py), on every
+    worker; built once and cached between sessions."""
+    reason = image_harness.unavailable_reason()
+    if reason:
+        skip_or_fail(f"the Jupyter server image cannot be built here: {reason}")
+    try:
+        return image_harness.ensure_on(swarm)
+    except harness.HarnessError as e:
+        pytest.fail(f"the Jupyter server image could not be built or imported:\n{e}", pytrace=False)
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +70,7 @@ def pg():
     """A running PostgreSQL server of this module's own."""
     reason = postgres.unavailable_reason()
     if reason:
-        message = f"no PostgreSQL server can run on this machine: {reason}"
-        if _env_flag("CI"):
-            pytest.fail(message + " (CI=true: this is a failure, not a skip)", pytrace=False)
-        pytest.skip(message)
+        skip_or_fail(f"no PostgreSQL server can run on this machine: {reason}")
     t0 = time.monotonic()
     try:
         server = postgres.PostgresServer.create()

@@ -1,4 +1,11 @@
-"""The spawn form template: what it shows for a given summary (pure rendering)."""
+"""The spawn form template: what it shows for a given summary (pure rendering),
+read back through a small HTML tree (stdlib parser) rather than by substrings."""
+
+from __future__ import annotations
+
+from html.parser import HTMLParser
+
+import pytest
 
 from gpuspawner.allocator import ModelSummary
 from gpuspawner.spawner import _templates
@@ -6,38 +13,199 @@ from gpuspawner.spawner import _templates
 GTX = ModelSummary("NVIDIA GeForce GTX 1070", 8192, total=4, free=0, largest_block=0, unavailable=0)
 A100 = ModelSummary("NVIDIA A100 80GB PCIe", 81920, total=8, free=3, largest_block=2, unavailable=2)
 
+VOID = {"input", "br", "img", "meta", "link", "hr"}
 
-def render(paths=(), **kw):
+
+class Node:
+    def __init__(self, tag: str, attrs: dict, parent: "Node | None"):
+        self.tag, self.attrs, self.parent, self.children, self.own_text = tag, attrs, parent, [], []
+
+    @property
+    def text(self) -> str:
+        """The visible text, whitespace collapsed (scripts left out)."""
+        parts = list(self.own_text)
+        for child in self.children:
+            if child.tag != "script":
+                parts.append(child.text)
+        return " ".join(" ".join(parts).split())
+
+    def iter(self):
+        for child in self.children:
+            yield child
+            yield from child.iter()
+
+    def find_all(self, tag: str | None = None, **attrs) -> list["Node"]:
+        return [n for n in self.iter() if (tag is None or n.tag == tag)
+                and all(n.attrs.get(k.rstrip("_")) == v for k, v in attrs.items())]
+
+    def by_id(self, id_: str) -> "Node":
+        (node,) = self.find_all(id=id_)
+        return node
+
+    def classes(self) -> set[str]:
+        return set((self.attrs.get("class") or "").split())
+
+
+class _TreeBuilder(HTMLParser):
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.root = self.current = Node("#root", {}, None)
+
+    def handle_starttag(self, tag, attrs):
+        node = Node(tag, {k: ("" if v is None else v) for k, v in attrs}, self.current)
+        self.current.children.append(node)
+        if tag not in VOID:
+            self.current = node
+
+    def handle_endtag(self, tag):
+        node = self.current
+        while node is not None and node.tag != tag:
+            node = node.parent
+        assert node is not None and node.parent is not None, f"unbalanced </{tag}>"
+        self.current = node.parent
+
+    def handle_data(self, data):
+        self.current.own_text.append(data)
+
+
+def render_html(paths=(), **kw) -> str:
     ctx = dict(models=[A100, GTX], max_count=2, limit=2, held=0, hosts=[], selected_free=None, error="")
     ctx.update(kw)
     return _templates(tuple(paths)).get_template("options_form.html").render(**ctx)
 
 
-def test_models_with_counts_and_full_ones_disabled():
-    html = render()
-    assert "NVIDIA A100 80GB PCIe" in html and "80.0 GiB" in html
-    assert "3 of 8 free now, up to 2 on one host (2 on hosts that are down, drained or paused)" in html
-    assert "0 of 4 free now" in html
-    gtx_input = html[html.index('value="NVIDIA GeForce GTX 1070"') - 200 : html.index('value="NVIDIA GeForce GTX 1070"') + 200]
-    assert "disabled" in gtx_input
-    assert 'id="gpu-model-none"' in html and "No GPU (CPU only)" in html
-    assert '<option value="2">' in html and '<option value="3">' not in html
-    assert 'name="gpu_host"' not in html  # host choice is off
+def render(**kw) -> Node:
+    builder = _TreeBuilder()
+    builder.feed(render_html(**kw))
+    builder.close()
+    assert builder.current is builder.root, "an element was left open"
+    return builder.root
 
 
-def test_labels_are_tied_to_inputs():
-    html = render()
-    for i in (1, 2):
-        assert f'id="gpu-model-{i}"' in html and f'for="gpu-model-{i}"' in html
-    assert 'for="gpu-count"' in html and 'id="gpu-count"' in html
+def radio(form: Node, model: str) -> Node:
+    (node,) = form.find_all("input", name="gpu_model", value=model)
+    return node
+
+
+def label_of(form: Node, control: Node) -> Node:
+    (label,) = form.find_all("label", for_=control.attrs["id"])
+    return label
+
+
+def help_of(form: Node, control: Node) -> str:
+    return " ".join(form.by_id(i).text for i in control.attrs["aria-describedby"].split())
+
+
+def test_each_model_shows_its_memory_and_what_is_free_now():
+    form = render()
+    a100, gtx = radio(form, A100.model), radio(form, GTX.model)
+    assert label_of(form, a100).text == A100.model
+    assert help_of(form, a100) == "80 GiB memory · 3 of 8 free now, up to 2 on one host (2 on hosts that are down, drained or paused)"
+    assert help_of(form, gtx) == "8 GiB memory · 0 of 4 free now"
+
+
+@pytest.mark.parametrize("mib, shown", [(8192, "8 GiB"), (12800, "12.5 GiB"), (11178, "10.9 GiB"), (81920, "80 GiB")])
+def test_memory_in_gib_without_needless_decimals(mib, shown):
+    model = ModelSummary("X", mib, total=1, free=1, largest_block=1, unavailable=0)
+    form = render(models=[model])
+    assert help_of(form, radio(form, "X")).startswith(shown + " memory ·")
+
+
+def test_a_model_with_none_free_is_disabled_and_says_so():
+    form = render()
+    gtx, a100 = radio(form, GTX.model), radio(form, A100.model)
+    assert "disabled" in gtx.attrs and "disabled" not in a100.attrs
+    badges = [b.text for b in form.find_all("span") if "badge" in b.classes()]
+    assert badges == ["3 free", "none free"]
+
+
+def test_no_model_is_offered_when_the_user_may_hold_no_more():
+    form = render(models=[A100], max_count=0, held=2)
+    assert "disabled" in radio(form, A100.model).attrs
+    assert form.find_all("select") == []
+    assert form.by_id("gpu-count-help").text == "You hold 2 GPUs, your limit: stop one of your other servers to use a GPU here."
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"limit": 0, "max_count": 0}, "Your servers here are CPU-only."),
+        ({"models": [GTX], "max_count": 0}, "No GPU is free right now; you can start a CPU-only server."),
+    ],
+)
+def test_why_no_count_can_be_chosen(kw, message):
+    form = render(**kw)
+    assert form.by_id("gpu-count-help").text == message
+    assert "checked" in radio(form, "").attrs  # CPU-only still starts
+
+
+def test_every_control_has_a_label_and_ids_are_unique():
+    form = render(hosts=["gpu-a"])
+    ids = [n.attrs["id"] for n in form.iter() if "id" in n.attrs]
+    assert len(ids) == len(set(ids))
+    controls = form.find_all("input") + form.find_all("select")
+    assert len(controls) == 5  # no GPU, two models, count, host
+    for control in controls:
+        assert label_of(form, control).text, control.attrs
+        for ref in control.attrs.get("aria-describedby", "").split():
+            assert form.by_id(ref).text
+    assert label_of(form, form.by_id("gpu-count")).text == "Number of GPUs"
+    assert label_of(form, form.by_id("gpu-host")).text == "Host"
+
+
+def test_the_choices_are_one_named_group_in_a_fieldset_with_a_legend():
+    # A radio group in a fieldset: arrow keys move between models, Tab to the count.
+    form = render()
+    (fieldset,) = form.find_all("fieldset")
+    assert [n.text for n in fieldset.find_all("legend")] == ["GPU"]
+    radios = fieldset.find_all("input", type="radio")
+    assert {r.attrs["name"] for r in radios} == {"gpu_model"}
+    assert [r.attrs["value"] for r in radios] == ["", A100.model, GTX.model]
+
+
+def test_works_without_javascript():
+    # Everything the hub needs is in plain form fields: a radio is checked, the count
+    # offers every number up to the limit, and nothing starts hidden or disabled by script.
+    form = render()
+    assert "checked" in radio(form, "").attrs
+    count = form.by_id("gpu-count")
+    assert count.attrs["name"] == "gpu_count" and "disabled" not in count.attrs
+    assert [o.attrs["value"] for o in count.find_all("option")] == ["1", "2"]
+    assert radio(form, A100.model).attrs["data-max"] == "2"  # what the script narrows to
+
+
+def test_the_last_choice_is_preselected_while_it_is_free():
+    form = render(selected_free=A100.model)
+    assert "checked" in radio(form, A100.model).attrs and "checked" not in radio(form, "").attrs
+
+
+def test_jupyterhub_bootstrap_classes():
+    form = render(hosts=["gpu-a"])
+    assert all("form-check-input" in r.classes() for r in form.find_all("input"))
+    assert all("form-select" in s.classes() for s in form.find_all("select"))
+    assert "list-group" in form.find_all("fieldset")[0].children[2].classes()
 
 
 def test_host_choice_and_error_are_shown_escaped():
-    html = render(hosts=["gpu-a"], error="<b>cluster</b> unreachable")
+    html = render_html(hosts=["gpu-a"], error="<b>cluster</b> unreachable")
     assert '<option value="gpu-a">gpu-a</option>' in html
     assert "&lt;b&gt;cluster&lt;/b&gt; unreachable" in html
+    form = render(hosts=["gpu-a"], error="<b>cluster</b> unreachable")
+    (alert,) = [d for d in form.find_all("div") if "alert" in d.classes()]
+    assert alert.attrs["role"] == "alert" and alert.text == "<b>cluster</b> unreachable"
+
+
+def test_model_names_are_escaped():
+    odd = ModelSummary('GPU "<x>"', 1024, total=1, free=1, largest_block=1, unavailable=0)
+    html = render_html(models=[odd])
+    assert "<x>" not in html
+    assert radio(render(models=[odd]), 'GPU "<x>"')
+
+
+def test_host_choice_is_off_by_default():
+    assert render().find_all("select", name="gpu_host") == []
 
 
 def test_admin_template_folder_overrides_the_form(tmp_path):
     (tmp_path / "options_form.html").write_text("<p>{{ models | length }} models, limit {{ limit }}</p>")
-    assert render(paths=[str(tmp_path)]) == "<p>2 models, limit 2</p>"
+    assert render_html(paths=[str(tmp_path)]) == "<p>2 models, limit 2</p>"
