@@ -37,12 +37,39 @@ from .service_spec import (
     share_enforcement,
     visible_devices,
 )
-from .sharing import SharingPolicy, fmt_list, to_milli
+from .sharing import SharingPolicy, fmt, fmt_list, to_milli
 from .swarm import TASK_FAILED, TASK_WAITING, Swarm, SwarmError
 
 __all__ = ["GPUSwarmSpawner"]
 
 HOST_NETWORK = "host"
+
+
+# What a share means on the GPU, in the form, by enforcement mode (see docs/sharing.md).
+SHARE_NOTES = {
+    "none": "A share is shared with other users' servers without isolation: "
+            "each server can still use all of the GPU's memory and compute, so keep to your share.",
+    "mps": "Your share's memory and compute are enforced by CUDA MPS on the GPU.",
+    "hami": "Your share's memory and compute are enforced on the GPU (HAMi-core).",
+}
+MAX_SHARE_CHOICES = 20
+
+
+def _share_choices(summary, room) -> list[str]:
+    """The shares the form offers: each shareable model's list, or multiples of
+    its quantum up to what one device (or, with split, the user's limit) allows."""
+    out: set[int] = set()
+    for m in summary:
+        if not m.shareable or m.largest_share <= 0 or room <= 0:
+            continue
+        if m.shares:
+            out.update(to_milli(x) for x in m.shares if x <= room)
+            continue
+        top = min(room, m.largest_share if not m.split else room)
+        n = int(top / m.quantum)
+        step = max(1, -(-n // MAX_SHARE_CHOICES))
+        out.update(to_milli(m.quantum * k) for k in range(step, n + 1, step))
+    return [fmt(x) for x in sorted(out)]
 
 
 def spawn_error(message: str, *, reason: str, status_code: int, log_message: str = "") -> SpawnException:
@@ -342,9 +369,9 @@ class GPUSwarmSpawner(SwarmSpawner):
         allocator = cluster.allocator
         held = allocator.held_by_owner(self.user.name)
         summary = allocator.summary()
-        room = max(0, self.max_gpus_per_user - held)
+        room = max(0, self.max_gpus_per_user - held)  # a Fraction when the user holds shares
         hosts = [h for h in allocator.hosts() if h in cluster.nodes and cluster.nodes[h].schedulable]
-        max_count = min(room, max((m.largest_block for m in summary), default=0))
+        max_count = int(min(room, max((m.largest_block for m in summary), default=0)))
         # The last choice is preselected only while it can be had: a disabled
         # radio is not submitted, and would silently give a CPU-only server.
         last = (self.user_options or {}).get("gpu_model")
@@ -357,6 +384,9 @@ class GPUSwarmSpawner(SwarmSpawner):
             hosts=hosts if self.allow_host_choice else [],
             selected_free=selected_free,
             error=error,
+            room=room,
+            share_choices=_share_choices(summary, room),
+            share_note=SHARE_NOTES[enforcement_mode(self.gpu_share_enforcement, "*")],
         )
 
     # -- start -------------------------------------------------------------

@@ -73,3 +73,17 @@ def test_bad_shares_are_refused_and_create_nothing(hub, swarm, options, message)
     assert r.status_code == 400, r.text
     assert message in r.json()["message"]
     assert services_of(swarm, "dave") == []
+
+
+def test_the_form_offers_shares_and_a_chosen_share_is_what_the_server_gets(hub, swarm):
+    s = login(hub, "erin")
+    page = s.get(hub.url + "/hub/spawn/erin", timeout=30).content.decode()
+    assert 'name="gpu_share"' in page and '<option value="0.5">0.5 GPU</option>' in page
+    assert "without isolation" in page
+    r = s.post(hub.url + "/hub/spawn/erin", data={"gpu_model": A100, "gpu_count": "1", "gpu_share": "0.5",
+                                                    "_xsrf": s.cookies.get("_xsrf")}, timeout=60)
+    assert r.status_code == 200
+    hub.wait_ready("erin")
+    env, labels = spec_of(swarm, "erin")
+    assert env["GPUSPAWNER_GPU_SHARES"] == "0.5" and labels["gpuspawner.shares"] == "0.5"
+    hub.stop_server("erin")

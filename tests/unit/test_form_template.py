@@ -209,3 +209,26 @@ def test_host_choice_is_off_by_default():
 def test_admin_template_folder_overrides_the_form(tmp_path):
     (tmp_path / "options_form.html").write_text("<p>{{ models | length }} models, limit {{ limit }}</p>")
     assert render_html(paths=[str(tmp_path)]) == "<p>2 models, limit 2</p>"
+
+
+def test_shares_are_offered_for_shareable_models_with_what_they_mean():
+    from fractions import Fraction
+
+    from gpuspawner.spawner import SHARE_NOTES, _share_choices
+
+    full_but_shareable = ModelSummary("NVIDIA A100 80GB PCIe", 81920, total=2, free=0, largest_block=0, unavailable=0,
+                                      shareable=True, quantum=Fraction(1, 4), split=False,
+                                      largest_share=Fraction(1, 2))
+    choices = _share_choices([full_but_shareable, GTX], Fraction(2))
+    assert choices == ["0.25", "0.5"]  # no more than one device has free, without split
+    form = render(models=[full_but_shareable, GTX], max_count=0, room=Fraction(2), share_choices=choices,
+                  share_note=SHARE_NOTES["none"])
+    a100 = radio(form, full_but_shareable.model)
+    assert "disabled" not in a100.attrs  # no whole GPU free, but a share is
+    assert "can be shared: up to 0.5 of one GPU free" in help_of(form, a100)
+    assert "disabled" in radio(form, GTX.model).attrs
+    select = form.by_id("gpu-share")
+    assert label_of(form, select).text == "Or a share of a GPU"
+    assert [o.attrs["value"] for o in select.find_all("option")] == ["", "0.25", "0.5"]
+    assert "without isolation" in help_of(form, select)
+    assert render(share_choices=[]).find_all(id="gpu-share") == []  # no sharing: no share control
