@@ -202,11 +202,11 @@ class GPUSwarmSpawner(SwarmSpawner):
         ``{hostname: mode, "*": mode}``. See docs/sharing.md.""",
     ).tag(config=True)
 
-    mps_pipe_directory = Unicode(
+    gpu_share_mps_pipe_dir = Unicode(
         MPS_PIPE_DIR, help="With ``mps``: the MPS control daemon's pipe directory on the nodes."
     ).tag(config=True)
 
-    hami_core_library = Unicode(
+    gpu_share_hami_library = Unicode(
         HAMI_LIBRARY, help="With ``hami``: the path of HAMi-core's libvgpu.so on the nodes."
     ).tag(config=True)
 
@@ -572,7 +572,7 @@ class GPUSwarmSpawner(SwarmSpawner):
         memory = [(allocator.device(u).memory_mib if allocator.device(u) else 0) for u in h.uuids]
         return share_enforcement(
             enforcement_mode(self.gpu_share_enforcement, h.host), h.shares, memory,
-            hami_library=self.hami_core_library, mps_pipe_dir=self.mps_pipe_directory,
+            hami_library=self.gpu_share_hami_library, mps_pipe_dir=self.gpu_share_mps_pipe_dir,
         )
 
     async def create_object(self):
