@@ -36,7 +36,6 @@ __all__ = ["GPUCluster", "DeviceState", "SOURCES", "InventorySettings"]
 #: posted by gpuspawner-agent on each node; ``local``: NVML in the hub's own
 #: process (a single-host setup).
 SOURCES = ("static", "agent", "local")
-ORPHAN_STOP_SECONDS = 30
 NODES_MAX_AGE = 1.0  # seconds a node list is good for  # how long a removed orphan's container may take to exit
 
 
@@ -302,8 +301,9 @@ class GPUCluster:
                 self._pending[name] = holding
             for problem in problems:
                 log.warning("Service %s: %s", name, problem)
-            await self._record(log, "open", name, holding.user, holding.server, holding.host, holding.model,
-                               holding.uuids, [float(s) for s in alloc.shares])
+            if alloc.devices:  # what was adopted: devices the inventory knows
+                await self._record(log, "open", name, holding.user, holding.server, holding.host, holding.model,
+                                   alloc.uuids, [float(s) for s in alloc.shares])
         removed = await self._remove_orphans(swarm, log, found, untracked)
         gone = [h for h in self.allocator.holdings() if h not in found and h not in self.busy]
         for holder in gone:
@@ -317,24 +317,23 @@ class GPUCluster:
         return {"services": len(found), "adopted": adopted, "released": len(gone), "held": held, "removed": removed}
 
     async def _remove_orphans(self, swarm: Swarm, log, found: dict[str, Holding], untracked) -> int:
+        """Remove services of servers the hub does not know, found so twice in a
+        row (not a spawn about to register). Their GPUs stay held until a later
+        round finds the service gone, which gives the container time to exit;
+        nothing here waits, so spawns are never held up behind a slow node."""
         orphans = set()
         if untracked is not None:
             orphans = {name for name, h in found.items() if name not in self.busy and untracked(h.user, h.server)}
         removed = 0
-        for name in sorted(orphans & self._orphans):  # twice in a row: not a spawn about to register
+        for name in sorted(orphans & self._orphans):
             h = found[name]
             log.warning("Service %s runs a server the hub does not know (%s/%s); removing it", name, h.user, h.server)
             try:
-                task_ids = [t["ID"] for t in await swarm.tasks(name)]
                 await swarm.remove_service(name)
-                if not await swarm.wait_tasks_ended(task_ids, ORPHAN_STOP_SECONDS):
-                    continue  # still running: its GPUs stay held until it has exited
+                removed += 1
             except SwarmError as exc:
                 log.warning("Could not remove service %s: %s", name, exc)
-                continue
-            del found[name]
-            removed += 1
-        self._orphans = orphans - {n for n in orphans if n not in found}
+        self._orphans = orphans
         return removed
 
     async def ledger_call(self, method: str, *args):

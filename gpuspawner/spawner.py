@@ -515,6 +515,10 @@ class GPUSwarmSpawner(SwarmSpawner):
         its GPUs then stay reserved."""
         name = self.object_id or self.service_name
         cluster = self._cluster_state()
+        if not self.object_id and cluster.allocator.holding(self.holder) is None and self.holder not in cluster.ports:
+            # Nothing was made or booked (e.g. the request was refused): nothing to undo.
+            self.gpu_holding = None
+            return True
         cluster.busy.add(self.holder)
         try:
             return await self._remove_and_wait(name)
@@ -540,18 +544,21 @@ class GPUSwarmSpawner(SwarmSpawner):
             )
             return False
         self.object_id = ""
-        self._release()
-        try:
-            await self._cluster_state().ledger_call("close", self.holder, None, "server stopped")
-        except LedgerError as exc:  # the next reconciliation closes it
-            self.log.warning("%s", exc)
+        if self._release():
+            try:
+                await self._cluster_state().ledger_call("close", self.holder, None, "server stopped")
+            except LedgerError as exc:  # the next reconciliation closes it
+                self.log.warning("%s", exc)
         return True
 
-    def _release(self) -> None:
+    def _release(self) -> bool:
+        """Give this server's GPUs back; True when it held any."""
         released = self._cluster_state().release(self.holder)
-        if released is not None and released.devices:
-            self.log.info("Released %s from %s", ", ".join(released.uuids), self.holder)
         self.gpu_holding = None
+        if released is None or not released.devices:
+            return False
+        self.log.info("Released %s from %s", ", ".join(released.uuids), self.holder)
+        return True
 
     def get_env(self):
         env = super().get_env()

@@ -152,6 +152,16 @@ def test_from_the_form_to_jupyterlab_and_the_next_user_sees_one_less(hub, swarm,
     (service,) = services_of(swarm, "anna")
     assert service.attrs["Spec"]["Labels"]["gpuspawner.model"] == GTX
 
+    # An admin sees who holds what on the GPU page.
+    admin = browsers(width=1000, height=900).driver
+    log_in(admin, hub, "admin")
+    admin.get(hub.url + "/hub/gpus")
+    cards = wait(admin, lambda d: d.find_elements(B.CSS_SELECTOR, ".gpu-device"), "no devices on the GPU page")
+    assert len(cards) == 5  # 3 GTX on gpu-a, 2 A100 on gpu-b
+    text = admin.find_element(B.TAG_NAME, "main").text if admin.find_elements(B.TAG_NAME, "main") else admin.page_source
+    assert "anna (1.00)" in text and "holder (1.00)" in text
+    admin.save_screenshot(str(shots / "admin-gpus.png"))
+
     # The next user sees one GTX fewer, asks for two, and is refused when a third user
     # takes one meanwhile: the refusal is on the page, with what is free now.
     ben = browsers(width=1000, height=860).driver
