@@ -4,7 +4,9 @@
     python -m tests.harness.demo --state-dir DIR --down   # stop the hub, remove servers and the swarm
 
 The swarm (a manager on this machine, workers gpu-a and gpu-b) comes from
-tests.harness.swarm; its GPUs are simulated by examples/local/gpus.yaml. Servers are
+tests.harness.swarm. Its GPUs are those of examples/local/gpus.yaml, simulated by a
+fake libnvidia-ml.so.1 on each worker and reported to the hub by gpuspawner-agent,
+deployed as examples/agent-stack.yml (``--gpus static`` reads the file directly). Servers are
 real JupyterLab servers (tests.harness.jupyter_image), or with ``--server standin`` the
 busybox stand-in that starts in a second. A second run reuses the swarm, the image and
 the hub's database.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import signal
 import sys
 import time
@@ -21,7 +24,11 @@ from pathlib import Path
 
 import yaml
 
-from . import jupyter_image
+import secrets
+
+from tests import fakenvml
+
+from . import agent_stack, jupyter_image
 from . import swarm as swarm_harness
 from .hub import LOCAL_CONFIG, Hub, HubError
 
@@ -29,7 +36,21 @@ INVENTORY = LOCAL_CONFIG.parent / "gpus.yaml"
 
 
 def _step(n: int, text: str) -> None:
-    print(f"\n[{n}/3] {text}", flush=True)
+    print(f"\n[{n}/4] {text}", flush=True)
+
+
+def _agent_files(state_dir: Path) -> tuple[Path, Path]:
+    """The fake NVML library, and one devices file per worker with the inventory's GPUs."""
+    lib_dir = fakenvml.build(state_dir / "fakenvml").parent
+    gpus = state_dir / "gpus"
+    gpus.mkdir(parents=True, exist_ok=True)
+    for host, devices in yaml.safe_load(INVENTORY.read_text()).items():
+        fakenvml.write_devices(gpus / f"{host}.txt", [
+            dict(index=d.get("index", i), uuid=d["uuid"], name=d["model"], memory_total_mib=d["memory_mib"],
+                 memory_used_mib=0, util_gpu=0, temp_c=40)
+            for i, d in enumerate(devices)
+        ])
+    return lib_dir, gpus
 
 
 def _gpu_summary() -> str:
@@ -56,6 +77,8 @@ def main(argv=None) -> int:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--server", choices=["jupyter", "standin"], default="jupyter",
                         help="real JupyterLab servers (default), or the busybox stand-in")
+    parser.add_argument("--gpus", choices=["agent", "static"], default="agent",
+                        help="GPUs reported by node agents over a fake NVML (default), or read from the inventory file")
     parser.add_argument("--down", action="store_true", help="tear everything down")
     args = parser.parse_args(argv)
     state_dir = args.state_dir.resolve()
@@ -83,22 +106,49 @@ def main(argv=None) -> int:
         return 1
 
     _step(3, f"JupyterHub on http://127.0.0.1:{args.port}")
-    hub = Hub(state_dir, port=args.port, env={"GPUSPAWNER_DOCKER_URL": cluster.manager_url, "GPUSPAWNER_IMAGE": image})
+    env = {"GPUSPAWNER_DOCKER_URL": cluster.manager_url, "GPUSPAWNER_IMAGE": image}
+    token = secrets.token_hex(16)
+    if args.gpus == "agent":
+        env.update(GPUSPAWNER_INVENTORY_SOURCE="agent", GPUSPAWNER_AGENT_TOKEN=token)
+    hub = Hub(state_dir, port=args.port, env=env)
     try:
         hub.start()
     except HubError as exc:
         print(f"JupyterHub did not start: {exc}", file=sys.stderr)
         return 1
+    with contextlib.ExitStack() as stack:
+        if args.gpus == "agent":
+            _step(4, "GPU agents: gpuspawner-agent on gpu-a and gpu-b (examples/agent-stack.yml, fake NVML)")
+            lib_dir, gpus = _agent_files(state_dir)
+            hub_api = f"http://{cluster.manager_addr}:{hub.port + 81}/"
+            spec = agent_stack.local_stack(hub_api, lib_dir, str(gpus / "{{.Node.Hostname}}.txt"), cluster.image,
+                                           interval=5)
+            stack.enter_context(agent_stack.deployed(cluster, spec, token, {"gpu-a": "true", "gpu-b": "true"},
+                                                     state_dir))
+            known = lambda: set(hub.api("GET", "/gpuspawner/alloc-map").json())  # noqa: E731
+            deadline = time.monotonic() + 90
+            while known() != {"gpu-a", "gpu-b"} and time.monotonic() < deadline:
+                time.sleep(1)
+            print(f"   reported: {', '.join(sorted(known())) or 'nothing yet'}", flush=True)
+        else:
+            _step(4, f"GPUs from {INVENTORY.name} (no agents)")
+        return _serve(hub, cluster, servers, args.gpus)
+
+
+def _serve(hub: Hub, cluster, servers: str, gpus: str) -> int:
+    source = ("reported by gpuspawner-agent on each worker over a fake NVML, simulating"
+              if gpus == "agent" else "read from")
     print(
         f"""
 ================================================================================
  Open {hub.url}/ and log in with any user name and any password
  ("admin" is an admin).
 
- The spawn form offers the simulated GPUs of {INVENTORY.relative_to(LOCAL_CONFIG.parents[2])}:
+ The spawn form offers the GPUs {source} {INVENTORY.relative_to(LOCAL_CONFIG.parents[2])}:
    {_gpu_summary()}
  Servers: {servers}.
  In a server's terminal, `echo $NVIDIA_VISIBLE_DEVICES` shows the GPUs it was given.
+ Admins: {hub.url}/hub/gpus shows who holds which GPU.
 
  Hub log:         {hub.log_path}
  What runs where: DOCKER_HOST={cluster.manager_url} docker service ls

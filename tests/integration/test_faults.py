@@ -1,11 +1,10 @@
 """Faults and load on the real test swarm, judged from the swarm's own services:
-a spawn storm, a hub killed in the middle of a spawn, a worker's daemon stopped.
-Results: docs/reliability.md."""
+a spawn storm, a hub killed in the middle of a spawn (a worker's daemon stopped:
+test_worker_daemon_stopped.py). Results: docs/reliability.md."""
 
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import signal
 import time
 from collections import Counter
@@ -13,7 +12,6 @@ from collections import Counter
 import pytest
 import yaml
 
-from gpuspawner.cluster import NODES_MAX_AGE
 from tests.integration.support import hub_on, wait_until
 
 MODEL = "NVIDIA A100 80GB PCIe"
@@ -142,42 +140,3 @@ def test_hub_killed_mid_spawn_leaks_nothing_and_double_books_nothing(hub, swarm)
     assert len(devices) == 16 and len(set(devices)) == 16
     assert hub.spawn("one-too-many", {"gpu_model": MODEL}).status_code == 503
     hub.stop_all_servers()
-
-
-@pytest.fixture
-def quick_heartbeats(swarm):
-    """Nodes found down within seconds instead of the default ~15 s."""
-    client = swarm.client()
-    client.swarm.update(dispatcher_heartbeat_period=1_000_000_000)
-    yield
-    client.swarm.update(dispatcher_heartbeat_period=5_000_000_000)
-
-
-def test_a_worker_whose_daemon_stops_is_not_offered_its_servers_end_and_it_comes_back(
-        swarm, tmp_path, quick_heartbeats):
-    config = ("c.Spawner.poll_interval = 2\n"
-              "c.GPUSwarmSpawner.reconcile_interval = 2\n"
-              "c.GPUSwarmSpawner.server_stop_timeout = 3\n")
-    with hub_on(swarm, tmp_path / "hub", port_from=20600, extra_config=config) as hub:
-        r = hub.spawn("mike", {"gpu_model": MODEL})
-        assert r.status_code in (201, 202), r.text
-        hub.wait_ready("mike")
-        pid = int((swarm.run_dir / "gpu-b.pid").read_text())
-        os.kill(pid, signal.SIGSTOP)  # gpu-b's dockerd stops answering
-        try:
-            node_down = lambda: swarm.client().nodes.list(filters={"name": "gpu-b"})[0].attrs["Status"]["State"] == "down"
-            wait_until(node_down, "the swarm did not notice gpu-b is down", timeout=60)
-            # Its server is reported dead and gone from the hub; its GPUs are not offered.
-            wait_until(lambda: hub.server_model("mike") is None, "mike's server was not reported dead", timeout=60)
-            r = hub.spawn("nina", {"gpu_model": MODEL, "gpu_count": 2})
-            assert r.status_code == 503 and "(0 of 2 free)" in r.json()["message"], r.text
-            held = lambda: [h for d in hub.api("GET", "/gpuspawner/alloc-map").json()["gpu-b"].values() for h in d["holders"]]
-            wait_until(lambda: held() == [], "mike's GPU was not released", timeout=30)
-        finally:
-            os.kill(pid, signal.SIGCONT)
-        wait_until(lambda: not node_down(), "gpu-b did not come back", timeout=60)
-        time.sleep(NODES_MAX_AGE)
-        r = hub.spawn("nina", {"gpu_model": MODEL, "gpu_count": 2})
-        assert r.status_code in (201, 202), r.text
-        hub.wait_ready("nina")
-        hub.stop_server("nina")
