@@ -29,13 +29,15 @@ unit: $(VENV)/.installed
 	$(PYTHON) -m pytest -ra tests/unit
 
 # A real hub at http://127.0.0.1:8000 on a local three-node swarm with simulated GPUs,
-# spawning real JupyterLab servers (DEMO_SERVER=standin: the fast busybox stand-in).
+# spawning real JupyterLab servers (DEMO_SERVER=standin: the fast busybox stand-in),
+# GPUs reported by node agents over a fake NVML (DEMO_GPUS=static: from the file).
 # Everything it builds is reused by the next run; demo-down stops and removes it all.
 DEMO_SERVER ?= jupyter
+DEMO_GPUS ?= agent
 demo:
 	@bash .ci/install-system-deps demo
 	@$(MAKE) --no-print-directory $(VENV)/.installed
-	$(PYTHON) -m tests.harness.demo --state-dir $(STATE) --server $(DEMO_SERVER)
+	$(PYTHON) -m tests.harness.demo --state-dir $(STATE) --server $(DEMO_SERVER) --gpus $(DEMO_GPUS)
 
 demo-down: $(VENV)/.installed
 	$(PYTHON) -m tests.harness.demo --state-dir $(STATE) --down
