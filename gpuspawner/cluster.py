@@ -19,10 +19,12 @@ import functools
 import json
 import logging
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
+from . import metrics
 from .allocator import Allocation, Allocator
 from .inventory import GPU
 from .ledger import Ledger, LedgerError
@@ -36,6 +38,8 @@ __all__ = ["GPUCluster", "DeviceState", "SOURCES", "InventorySettings"]
 #: posted by gpuspawner-agent on each node; ``local``: NVML in the hub's own
 #: process (a single-host setup).
 SOURCES = ("static", "agent", "local")
+# Allocator.adopt's words for a device that two services book.
+DOUBLE_BOOKED = re.compile(r"also held by|held whole by|is shared \(|would be booked to")
 NODES_MAX_AGE = 1.0  # seconds a node list is good for  # how long a removed orphan's container may take to exit
 
 
@@ -301,6 +305,8 @@ class GPUCluster:
                 self._pending[name] = holding
             for problem in problems:
                 log.warning("Service %s: %s", name, problem)
+                if DOUBLE_BOOKED.search(problem):
+                    metrics.DOUBLE_BOOKINGS.inc()
             if alloc.devices:  # what was adopted: devices the inventory knows
                 await self._record(log, "open", name, holding.user, holding.server, holding.host, holding.model,
                                    alloc.uuids, [float(s) for s in alloc.shares])

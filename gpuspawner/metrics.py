@@ -13,6 +13,7 @@ scrapes. Decisions are counted as they happen.
 ``gpuspawner_allocations_refused_total{reason}``  ``capacity`` (503), ``request`` (400: never fits as asked)
 ``gpuspawner_allocation_seconds``                 time the allocator took to decide
 ``gpuspawner_event_loop_lag_seconds``             how late the hub's event loop woke a 50 ms timer
+``gpuspawner_double_bookings_total``              devices reconciliation found booked by two services
 ================================================  =====================================
 """
 
@@ -24,6 +25,9 @@ from prometheus_client.core import GaugeMetricFamily
 __all__ = ["ALLOCATION_SECONDS", "GRANTED", "REFUSED", "register_cluster", "use_config"]
 
 GRANTED = Counter("gpuspawner_allocations_granted", "GPU requests that got devices", ["model"])
+DOUBLE_BOOKINGS = Counter(
+    "gpuspawner_double_bookings", "Devices that reconciliation found booked by two services (or above 1 in shares)"
+)
 REFUSED = Counter("gpuspawner_allocations_refused", "GPU requests refused, by reason", ["reason"])
 ALLOCATION_SECONDS = Histogram(
     "gpuspawner_allocation_seconds",

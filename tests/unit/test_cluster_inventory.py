@@ -121,3 +121,21 @@ def test_alloc_map_lists_every_device_with_its_holders():
     assert m["gpu-b"]["GPU-a100-0"]["allocated"] == 1.0
     assert m["gpu-b"]["GPU-a100-0"]["holders"] == [{"user": "ann", "server": "", "share": 1.0}]
     assert m["gpu-b"]["GPU-a100-1"]["allocated"] == 0 and m["gpu-b"]["GPU-a100-1"]["holders"] == []
+
+
+async def test_reconciliation_counts_a_device_booked_by_two_services():
+    import logging
+
+    from gpuspawner import metrics
+
+    class FakeSwarm:  # small fake: the two services' labels are all reconcile() reads
+        async def services(self, label):
+            return [{"Spec": {"Name": name, "Labels": {"gpuspawner.user": name, "gpuspawner.host": "gpu-b",
+                                                       "gpuspawner.devices": "GPU-a100-0"}}} for name in ("s1", "s2")]
+
+    c = agent_cluster()
+    send(c, report(device(0, "GPU-a100-0")))
+    before = metrics.DOUBLE_BOOKINGS._value.get()
+    await c.reconcile(FakeSwarm(), logging.getLogger("test"))
+    assert metrics.DOUBLE_BOOKINGS._value.get() == before + 1
+    assert c.allocator.holder_of("GPU-a100-0") == "s1"  # the first keeps it; the second is logged and counted
