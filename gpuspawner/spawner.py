@@ -629,7 +629,13 @@ class GPUSwarmSpawner(SwarmSpawner):
         deadline = loop.time() + self.task_start_timeout
         delay, last = 0.1, "no task yet"
         while True:
-            tasks = await self.swarm.tasks(self.service_name)
+            try:
+                tasks = await self.swarm.tasks(self.service_name)
+            except SwarmError as exc:
+                raise spawn_error(
+                    "The server's service could not be followed while it started; please try again.",
+                    reason="task_lookup", log_message=str(exc), status_code=503,
+                ) from exc
             if tasks:
                 status = tasks[0].get("Status", {})
                 state = status.get("State", "")
