@@ -20,6 +20,7 @@ No entry (the default) means whole GPUs only.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from decimal import Decimal
@@ -58,6 +59,7 @@ def to_milli(value: Any, what: str = "share") -> int:
     return int(milli)
 
 
+@functools.lru_cache(maxsize=4096)  # Fractions are immutable; views build thousands of the same few
 def fraction(milli: int) -> Fraction:
     return Fraction(milli, UNIT)
 
