@@ -29,6 +29,7 @@ from typing import Any, Iterable, Mapping
 
 __all__ = [
     "ANY_MODEL",
+    "OFF",
     "UNIT",
     "ModelSharing",
     "SharingPolicy",
@@ -186,7 +187,7 @@ class SharingPolicy:
         return f"SharingPolicy({entries!r})"
 
 
-OFF = SharingPolicy()
+OFF = SharingPolicy()  # whole GPUs only: the default
 
 _ENTRY_KEYS = ("quantum", "shares", "split")
 
