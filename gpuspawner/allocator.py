@@ -37,7 +37,7 @@ from fractions import Fraction
 from typing import Any, Callable, Iterable, Iterator
 
 from .inventory import GPU
-from .sharing import OFF, UNIT, ModelSharing, SharingPolicy, fmt, fmt_list, fraction, split_evenly, to_milli
+from .sharing import OFF, UNIT, ModelSharing, SharingPolicy, fmt, fraction, split_evenly, to_milli
 
 __all__ = [
     "ALL",

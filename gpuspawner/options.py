@@ -19,7 +19,7 @@ from fractions import Fraction
 from typing import Any, Mapping
 
 from .allocator import ALL
-from .sharing import OFF, UNIT, SharingPolicy, fmt, fraction, shown, to_milli
+from .sharing import UNIT, SharingPolicy, fmt, fraction, shown, to_milli
 
 __all__ = ["KEYS", "GPURequest", "OptionsError", "options_from_form", "parse_user_options"]
 
@@ -83,7 +83,7 @@ def parse_user_options(
 ) -> GPURequest:
     """``max_count``: the per-user limit (shares count as such);
     ``sharing``: the admin's policy (None: whole GPUs only)."""
-    sharing = OFF if sharing is None else SharingPolicy.parse(sharing)
+    sharing = SharingPolicy.parse(sharing)
     offered = KEYS if sharing.enabled else _WHOLE_KEYS
     if options is None:
         options = {}

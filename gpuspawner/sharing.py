@@ -20,6 +20,7 @@ No entry (the default) means whole GPUs only.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from decimal import Decimal
@@ -28,6 +29,7 @@ from typing import Any, Iterable, Mapping
 
 __all__ = [
     "ANY_MODEL",
+    "OFF",
     "UNIT",
     "ModelSharing",
     "SharingPolicy",
@@ -58,6 +60,7 @@ def to_milli(value: Any, what: str = "share") -> int:
     return int(milli)
 
 
+@functools.lru_cache(maxsize=4096)  # Fractions are immutable; views build thousands of the same few
 def fraction(milli: int) -> Fraction:
     return Fraction(milli, UNIT)
 
@@ -184,7 +187,7 @@ class SharingPolicy:
         return f"SharingPolicy({entries!r})"
 
 
-OFF = SharingPolicy()
+OFF = SharingPolicy()  # whole GPUs only: the default
 
 _ENTRY_KEYS = ("quantum", "shares", "split")
 

@@ -1,5 +1,5 @@
-"""Property tests for shares: random inventories, sharing policies and
-sequences of share and whole-GPU requests, releases, availability changes and
+"""Property tests for shares: random inventories (those of the whole-GPU
+property tests), sharing policies and sequences of share and whole-GPU requests, releases, availability changes and
 adopts, checked step by step against brute force.
 
 Invariants after every step: the shares on a device never sum above 1; a
@@ -20,44 +20,21 @@ import itertools
 from collections import Counter
 from fractions import Fraction
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from gpuspawner.allocator import ALL, AllocationRefused, Allocator, Request
 from gpuspawner.inventory import GPU
 from gpuspawner.sharing import UNIT, SharingPolicy, split_evenly, to_milli
-from tests.unit.test_allocator_properties import Reference
+from tests.unit.test_allocator_properties import MODELS, OWNERS, Reference, inventories
+from tests.unit.test_allocator_properties import SETTINGS as WHOLE_SETTINGS
 
-MODELS = ["NVIDIA A100 80GB PCIe", "NVIDIA Tesla T4"]
-MEMORY = {MODELS[0]: 81920, MODELS[1]: 15360}
-HOSTNAMES = ["gpu-b", "gpu-a", "node-10", "node-02"]
-OWNERS = ["alice", "bob"]
 QUANTA = [0.05, 0.1, 0.2, 0.25, 0.5]
 # Valid shares of every quantum above, and some that are not.
 SHARES = [round(k * 0.05, 2) for k in range(1, 61)] + [0.33, 0.001, 0, -0.5, float("nan"), True, "0.5"]
 
-SETTINGS = settings(
-    max_examples=60,
-    stateful_step_count=30,
-    deadline=None,
-    database=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
-
-
-@st.composite
-def inventories(draw) -> list[GPU]:
-    """1..4 hosts of 1..5 devices, 1..2 models (small: the reference is exhaustive)."""
-    hosts = draw(st.lists(st.sampled_from(HOSTNAMES), min_size=1, max_size=4, unique=True))
-    models = draw(st.lists(st.sampled_from(MODELS), min_size=1, max_size=2, unique=True))
-    out = []
-    for host in hosts:
-        n = draw(st.integers(1, 5))
-        kinds = draw(st.lists(st.sampled_from(models), min_size=n, max_size=n))
-        for index, model in enumerate(kinds):
-            out.append(GPU(host, index, f"GPU-{host}-{index}", model, MEMORY[model]))
-    return out
+SETTINGS = settings(WHOLE_SETTINGS, max_examples=60)  # the reference below is exhaustive: fewer examples
 
 
 @st.composite
