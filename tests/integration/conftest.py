@@ -23,7 +23,15 @@ import pytest
 from tests.harness import jupyter_image as image_harness
 from tests.harness import postgres
 from tests.harness import swarm as harness
-from tests.integration.support import env_flag, skip_or_fail
+from tests.ci import env_flag, skip_or_fail
+
+
+@pytest.fixture(autouse=True)
+def no_servers_left(request):
+    """A test with a hub leaves no server behind, and so no GPU held for the next one."""
+    yield
+    if "hub" in request.fixturenames:
+        request.getfixturevalue("hub").stop_all_servers()
 
 
 @pytest.fixture(scope="session")

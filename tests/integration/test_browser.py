@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.harness import browser as browser_harness
-from tests.integration.support import hub_on, services_of, skip_or_fail
+from tests.ci import skip_or_fail
+from tests.integration.support import hub_on, services_of
 
 A100 = "NVIDIA A100 80GB PCIe"
 GTX = "NVIDIA GeForce GTX 1070"
@@ -44,12 +45,6 @@ def browsers():
 def hub(browsers, swarm, jupyter_image, tmp_path_factory):
     with hub_on(swarm, tmp_path_factory.mktemp("hub-browser"), 21200, env={"GPUSPAWNER_IMAGE": jupyter_image}) as h:
         yield h
-
-
-@pytest.fixture(autouse=True)
-def no_servers_left(hub):
-    yield
-    hub.stop_all_servers()
 
 
 @pytest.fixture(scope="module")

@@ -22,13 +22,6 @@ def uuid(host: str, i: int) -> str:
     return f"GPU-{'aaaa' if host == 'gpu-a' else 'bbbb'}0000-0000-4000-8000-00000000000{i}"
 
 
-@pytest.fixture(autouse=True)
-def no_servers_left(request):
-    yield
-    if "hub" in request.fixturenames:
-        request.getfixturevalue("hub").stop_all_servers()
-
-
 @pytest.fixture(scope="module")
 def hub(swarm, tmp_path_factory):
     state = tmp_path_factory.mktemp("hub")

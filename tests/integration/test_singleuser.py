@@ -24,12 +24,6 @@ def hub(swarm, jupyter_image, tmp_path_factory):
         yield h
 
 
-@pytest.fixture(autouse=True)
-def no_servers_left(hub):
-    yield
-    hub.stop_all_servers()
-
-
 def test_user_lands_in_jupyterlab_whose_kernel_and_terminal_see_the_gpus(hub, swarm):
     spawn_ready(hub, "alice", {"gpu_model": GTX, "gpu_count": 2})
     (service,) = services_of(swarm, "alice")

@@ -43,12 +43,6 @@ def hub(swarm, tmp_path_factory):
         yield h
 
 
-@pytest.fixture(autouse=True)
-def no_servers_left(hub):
-    yield
-    hub.stop_all_servers()
-
-
 def wait_gone(hub, user: str) -> None:
     wait_until(lambda: hub.server_model(user) is None, f"{user}'s failed server still listed")
 

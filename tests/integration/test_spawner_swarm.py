@@ -31,12 +31,6 @@ def hub(swarm, tmp_path_factory):
         yield h
 
 
-@pytest.fixture(autouse=True)
-def no_servers_left(hub):
-    yield
-    hub.stop_all_servers()
-
-
 def running_node(swarm, service) -> str:
     tasks = [t for t in service.tasks() if t["Status"]["State"] == "running"]
     assert len(tasks) == 1, service.tasks()

@@ -9,9 +9,7 @@ scripts it.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +20,7 @@ import pytest
 
 import gpuspawner
 from tests import fakenvml
+from tests.ci import skip_or_fail
 from tests.fakenvml.nodes import MIXED_NODE
 from tests.harness.report_sink import ReportSink
 
@@ -35,16 +34,6 @@ def hub():
     h = ReportSink()
     yield h
     h.stop()
-
-
-@pytest.fixture(scope="module")
-def fake_lib_dir(tmp_path_factory) -> Path:
-    if shutil.which("gcc") is None and shutil.which("cc") is None:
-        msg = "gcc is required to build the fake libnvidia-ml.so.1 (apt-get install gcc)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return fakenvml.build(tmp_path_factory.mktemp("fakenvml")).parent
 
 
 @pytest.fixture(scope="module")
@@ -258,10 +247,7 @@ def test_no_library_exits_2(hub, tmp_path, token_file):
     proc = start_agent(["--hub-url", hub.url(), "--token-file", str(token_file), "--cycles", "1"], empty)
     rc, out, err = finish(proc)
     if rc == 0:  # a real driver on this machine shadows the test
-        msg = "a real libnvidia-ml.so.1 is installed system-wide, so the no-library case cannot be made"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(msg)
-        pytest.skip(msg)
+        skip_or_fail("a real libnvidia-ml.so.1 is installed system-wide, so the no-library case cannot be made")
     assert (rc, out, err) == (
         2, "", "gpuspawner-agent: no NVIDIA driver library (libnvidia-ml.so.1) found on this node\n")
     assert hub.requests == []

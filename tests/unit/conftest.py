@@ -1,0 +1,19 @@
+"""Fixtures shared by the unit tests."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests import fakenvml
+from tests.ci import skip_or_fail
+
+
+@pytest.fixture(scope="module")
+def fake_lib_dir(tmp_path_factory) -> Path:
+    """The fake libnvidia-ml.so.1, built with gcc (cached by source hash)."""
+    if shutil.which("gcc") is None and shutil.which("cc") is None:
+        skip_or_fail("gcc is required to build the fake libnvidia-ml.so.1 (apt-get install gcc)")
+    return fakenvml.build(tmp_path_factory.mktemp("fakenvml")).parent
