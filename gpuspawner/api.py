@@ -11,10 +11,9 @@
   misconfigurations and their fixes. These need ``admin:servers`` (the admin role has it).
 * ``GET /hub/gpus``: the allocation map as a page, for admins.
 
-They share the process-wide :class:`~gpuspawner.cluster.GPUCluster` with the
-spawners, found through a spawner built from the hub's own configuration (so
-the same ``c.GPUSwarmSpawner`` settings apply). Register them with
-:func:`gpuspawner.hubconfig.configure`.
+They use the hub's one :class:`~gpuspawner.holdings.Holdings`, the same the
+spawners use, built from the hub's own ``c.GPUSwarmSpawner`` settings.
+Register them with :func:`gpuspawner.hubconfig.configure`.
 """
 
 from __future__ import annotations
@@ -29,8 +28,8 @@ from jupyterhub.scopes import has_scope
 from jupyterhub.spawner import SpawnException
 from tornado import web
 
-from .cluster import GPUCluster
 from .doctor import diagnose
+from .holdings import Holdings
 from .hubconfig import REPORT_SCOPE
 from .ledger import LedgerError
 from .reports import MAX_REPORT_BYTES, ReportError, parse_report
@@ -43,8 +42,8 @@ NODE_REFRESH_SECONDS = 2.0  # an unknown hostname asks the swarm at most this of
 
 
 def hub_view(config, spawner_class=None, log=None):
-    """A GPUSwarmSpawner configured like the hub's spawners, to reach the
-    process-wide cluster from outside a spawn. It never spawns itself."""
+    """The hub's spawner settings (a GPUSwarmSpawner configured like the hub's
+    spawners, which never spawns), from which the hub's holdings are built."""
     from .spawner import GPUSwarmSpawner
 
     cls = spawner_class
@@ -68,16 +67,17 @@ class _GPUMixin:
             raise web.HTTPError(403, f"Action is not authorized with current scopes; requires {scope}")
 
     def view(self):
-        """A spawner built from the hub's configuration, shared by these handlers."""
+        """The hub's spawner settings, shared by these handlers."""
         view = self.settings.get("gpuspawner_view")
         if view is None:
             view = hub_view(self.settings["config"], self.settings.get("spawner_class"), self.log)
             self.settings["gpuspawner_view"] = view
         return view
 
-    async def cluster(self) -> GPUCluster:
+    async def holdings(self) -> Holdings:
+        """The hub's holdings, with fresh node status."""
         try:
-            return await self.view()._cluster()
+            return await self.view()._up_to_date()
         except SpawnException as exc:
             raise web.HTTPError(503, exc.message) from None
 
@@ -92,14 +92,16 @@ class ReportHandler(_GPUMixin, APIHandler):
             report = parse_report(body)
         except ReportError as exc:
             raise web.HTTPError(400, str(exc)) from None
-        view = self.view()
-        cluster = view._cluster_state()
+        try:
+            cluster = self.view().holdings().cluster
+        except SpawnException as exc:
+            raise web.HTTPError(503, exc.message) from None
         if report.hostname not in cluster.nodes:
             # A node that joined since the last look, or not a node at all.
             last = self.settings.get("gpuspawner_nodes_checked", 0.0)
             if time.monotonic() - last >= NODE_REFRESH_SECONDS:
                 self.settings["gpuspawner_nodes_checked"] = time.monotonic()
-                await self.cluster()
+                await self.holdings()
             if report.hostname not in cluster.nodes:
                 raise web.HTTPError(400, f"{report.hostname} is not a node of this swarm")
         cluster.receive(report)
@@ -110,30 +112,31 @@ class ReportHandler(_GPUMixin, APIHandler):
 class AllocMapHandler(_GPUMixin, APIHandler):
     async def get(self):
         self.require(ADMIN_SCOPE)
-        cluster = await self.cluster()
+        owner = await self.holdings()
         self.set_header("Content-Type", "application/json")
-        self.write(cluster.alloc_map())
+        self.write(owner.cluster.alloc_map())
 
 
 class RescanHandler(_GPUMixin, APIHandler):
     async def post(self):
         self.require(ADMIN_SCOPE)
-        cluster = await self.cluster()
+        owner = await self.holdings()
         try:
-            await cluster.reconcile(self.view().swarm, self.log)
+            await owner.reconcile()
         except SwarmError as exc:
             raise web.HTTPError(503, f"The swarm could not be asked: {exc}") from None
         self.set_header("Content-Type", "application/json")
-        self.write(cluster.alloc_map())
+        self.write(owner.cluster.alloc_map())
 
 
 class DoctorHandler(_GPUMixin, APIHandler):
     async def get(self):
         self.require(ADMIN_SCOPE)
-        cluster = await self.cluster()
+        owner = await self.holdings()
+        cluster = owner.cluster
         reports = {host: report for host, (report, _) in cluster.reports.items()}
         findings = diagnose(cluster.nodes.values(), cluster.settings.static, reports, cluster.stale,
-                            cluster.settings.sources, cluster.aliases)
+                            cluster.settings.sources, cluster.aliases, foreign=owner.foreign)
         self.set_header("Content-Type", "application/json")
         self.write({"findings": [f.as_dict() for f in findings]})
 
@@ -147,9 +150,9 @@ class UsageHandler(_GPUMixin, APIHandler):
         by = self.get_argument("by", "user")
         if by not in ("user", "model"):
             raise web.HTTPError(400, f"by={by!r}: use user or model")
-        cluster = await self.cluster()
+        owner = await self.holdings()
         try:
-            rows = await cluster.ledger_call("usage", since, until, by)
+            rows = await owner.ledger_call(lambda db: db.usage(since, until, by))
         except LedgerError as exc:
             raise web.HTTPError(503, str(exc)) from None
         except ValueError as exc:  # e.g. since after until
@@ -178,7 +181,7 @@ class GPUPageHandler(_GPUMixin, BaseHandler):
     @web.authenticated
     async def get(self):
         self.require(ADMIN_SCOPE)
-        cluster = await self.cluster()
+        cluster = (await self.holdings()).cluster
         html = await self.render_template("gpus.html", alloc_map=cluster.alloc_map(), stale=cluster.stale)
         self.finish(html)
 

@@ -1,12 +1,10 @@
-"""Process-wide state of the GPU cluster, shared by every spawner of a hub.
+"""The GPU cluster as the hub sees it: which devices exist, how healthy they
+are, and which nodes may get servers.
 
-JupyterHub drops a Spawner object after each stop, so what must outlive one
-server lives here: the allocator (who holds which device), the ports taken by
-host-network servers, the nodes' last known status, and the GPUs as the
-inventory sources describe them (a static file, node agents' reports, an
-NVML probe in the hub itself). At first use it is rebuilt from the labels of
-the services the swarm actually runs, so a restarted hub neither forgets a
-running server's GPUs nor hands them out twice.
+It holds the nodes' last known status and the GPUs as the inventory sources
+describe them (a static file, node agents' reports, an NVML probe in the hub
+itself), and feeds the allocator the devices it may offer. Who holds which
+device is :mod:`gpuspawner.holdings`' concern.
 
 Only healthy devices on nodes that report in time are given to the
 allocator; the others stay known here, with the reason, for admins.
@@ -15,22 +13,18 @@ allocator; the others stay known here, with the reason, for admins.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
-import random
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
-from . import metrics
-from .allocator import Allocation, Allocator
+from .allocator import Allocator
 from .inventory import GPU
-from .ledger import Ledger, LedgerError
+from .labels import ServerLabels
 from .reports import NodeReport, device_problems, gpus_of, parse_report
-from .service_spec import LABEL, Holding, holding_from_labels
-from .swarm import Node, Swarm, SwarmError
+from .sharing import fraction
+from .swarm import Node, Swarm
 
 __all__ = ["GPUCluster", "DeviceState", "SOURCES", "InventorySettings"]
 
@@ -38,9 +32,7 @@ __all__ = ["GPUCluster", "DeviceState", "SOURCES", "InventorySettings"]
 #: posted by gpuspawner-agent on each node; ``local``: NVML in the hub's own
 #: process (a single-host setup).
 SOURCES = ("static", "agent", "local")
-# Allocator.adopt's words for a device that two services book.
-DOUBLE_BOOKED = re.compile(r"also held by|held whole by|is shared \(|would be booked to")
-NODES_MAX_AGE = 1.0  # seconds a node list is good for  # how long a removed orphan's container may take to exit
+NODES_MAX_AGE = 1.0  # seconds a node list is good for
 
 
 @dataclass(frozen=True)
@@ -91,21 +83,18 @@ class GPUCluster:
         self.aliases: Mapping[str, str] = dict(settings.aliases)
         self.allocator = Allocator()
         self.nodes: dict[str, Node] = {}
-        self.ports: dict[str, int] = {}  # holder -> port, for host networking
         self.reports: dict[str, tuple[NodeReport, float]] = {}  # host -> (report, when received)
         self._states: dict[str, dict[str, DeviceState]] = {}  # host -> uuid -> every known device
         self._offered_by_host: dict[str, tuple[GPU, ...]] = {}  # host -> its healthy devices
         self.stale: dict[str, str] = {}  # host -> why its devices are not offered
         self._last_uuid: dict[tuple[str, int], str] = {}  # a lost GPU may no longer say its UUID
-        self.servers: dict[str, tuple[str, str]] = {}  # holder -> (user, server name)
-        self.ledger: Ledger | None = None  # the history of allocations, when configured
-        self.busy: set[str] = set()  # holders being started or stopped: their service may come or go
-        self._pending: dict[str, Holding] = {}
-        self._orphans: set[str] = set()  # services whose server the hub did not know last time  # adopted holdings of devices not (yet) offered
+        # Holdings found in the swarm on devices not offered yet, by service name.
+        self.pending: dict[str, ServerLabels] = {}
+        # uuid -> its holders, for the map: set by the owner of holdings.
+        self.holders_of: Callable[[], dict[str, list[dict]]] = dict
         self._offered: tuple[GPU, ...] | None = None
         self._schedulable: set[str] | None = None
-        self._next_port: int | None = None
-        self._rebuilt = False
+        self._nodes_read = False
         self._nodes_at = 0.0  # when the node list was last read
         self._local_due = 0.0
         self._lock = asyncio.Lock()
@@ -229,10 +218,11 @@ class GPUCluster:
         hub rebuilt them (an agent had not reported yet, or the device was
         unhealthy) are taken the moment those devices are offered, before any
         request can see them free."""
-        for holder, h in list(self._pending.items()):
-            alloc, problems = self.allocator.adopt(holder, h.user, h.host, h.uuids, h.shares)
+        for holder, h in list(self.pending.items()):
+            shares = None if h.milli is None else [fraction(m) for m in h.milli]
+            alloc, problems = self.allocator.adopt(holder, h.user, h.host, h.uuids, shares)
             if len(alloc.devices) == len(h.uuids):
-                del self._pending[holder]
+                del self.pending[holder]
 
     async def _probe_local(self, log) -> None:
         """NVML in the hub's own process, at most once per interval."""
@@ -256,133 +246,18 @@ class GPUCluster:
 
     async def refresh(self, swarm: Swarm, log: logging.Logger | logging.LoggerAdapter) -> None:
         """Take node status from the swarm (at most every NODES_MAX_AGE seconds:
-        a burst of spawns asks once); on first use, rebuild holdings."""
+        a burst of spawns asks once)."""
         async with self._lock:
             if "local" in self.settings.sources:
                 await self._probe_local(log)
-            if not self._rebuilt or time.monotonic() - self._nodes_at >= NODES_MAX_AGE:
+            if not self._nodes_read or time.monotonic() - self._nodes_at >= NODES_MAX_AGE:
                 nodes = await swarm.nodes()
                 self._nodes_at = time.monotonic()
                 self.nodes = {n.hostname: n for n in nodes}
                 self._schedulable = {n.hostname for n in nodes if n.schedulable}
             self.apply()
             self._update_availability()
-            if not self._rebuilt:
-                await self._reconcile(swarm, log)
-                self._rebuilt = True
-
-    async def reconcile(self, swarm: Swarm, log, untracked: Callable[[str, str], bool] | None = None) -> dict[str, int]:
-        """Make the holdings match the services the swarm runs: adopt each
-        labelled service's devices, and give back those of services that are
-        gone (except servers being started or stopped right now).
-
-        ``untracked(user, server)`` says whether the hub has no such server
-        running or starting (e.g. its spawn died with a killed hub): such a
-        service, found so at two reconciliations in a row, is removed."""
-        async with self._lock:
-            return await self._reconcile(swarm, log, untracked)
-
-    async def _reconcile(self, swarm: Swarm, log, untracked=None) -> dict[str, int]:
-        services = await swarm.services(f"{LABEL}.devices")
-        found: dict[str, Holding] = {}
-        adopted = 0
-        for service in services:
-            spec = service.get("Spec", {})
-            holding = holding_from_labels(spec.get("Labels") or {})
-            name = spec.get("Name", "")
-            if holding is None or not name:
-                continue
-            found[name] = holding
-            self.servers[name] = (holding.user, holding.server)
-            if holding.port is not None:
-                self.ports.setdefault(name, holding.port)
-            current = self.allocator.holding(name)
-            if not holding.uuids or (current is not None and current.uuids == holding.uuids):
-                continue
-            alloc, problems = self.allocator.adopt(name, holding.user, holding.host, holding.uuids, holding.shares)
-            adopted += 1
-            if len(alloc.devices) < len(holding.uuids):
-                self._pending[name] = holding
-            for problem in problems:
-                log.warning("Service %s: %s", name, problem)
-                if DOUBLE_BOOKED.search(problem):
-                    metrics.DOUBLE_BOOKINGS.inc()
-            if alloc.devices:  # what was adopted: devices the inventory knows
-                await self._record(log, "open", name, holding.user, holding.server, holding.host, holding.model,
-                                   alloc.uuids, [float(s) for s in alloc.shares])
-        removed = await self._remove_orphans(swarm, log, found, untracked)
-        gone = [h for h in self.allocator.holdings() if h not in found and h not in self.busy]
-        for holder in gone:
-            log.warning("Service %s is gone; releasing its GPUs", holder)
-            self.release(holder)
-        # Also closes what a stop could not record while the database was down.
-        await self._record(log, "close_missing", set(found) | self.busy)
-        held = sum(len(a.devices) for a in self.allocator.holdings().values())
-        log.info("GPU allocations reconciled with the swarm: %d services, %d adopted, %d released, %d devices held",
-                 len(found), adopted, len(gone), held)
-        return {"services": len(found), "adopted": adopted, "released": len(gone), "held": held, "removed": removed}
-
-    async def _remove_orphans(self, swarm: Swarm, log, found: dict[str, Holding], untracked) -> int:
-        """Remove services of servers the hub does not know, found so twice in a
-        row (not a spawn about to register). Their GPUs stay held until a later
-        round finds the service gone, which gives the container time to exit;
-        nothing here waits, so spawns are never held up behind a slow node."""
-        orphans = set()
-        if untracked is not None:
-            orphans = {name for name, h in found.items() if name not in self.busy and untracked(h.user, h.server)}
-        removed = 0
-        for name in sorted(orphans & self._orphans):
-            h = found[name]
-            log.warning("Service %s runs a server the hub does not know (%s/%s); removing it", name, h.user, h.server)
-            try:
-                await swarm.remove_service(name)
-                removed += 1
-            except SwarmError as exc:
-                log.warning("Could not remove service %s: %s", name, exc)
-        self._orphans = orphans
-        return removed
-
-    async def ledger_call(self, method: str, *args):
-        """A ledger call, off the event loop (database I/O); None without a ledger.
-        Raises LedgerError."""
-        if self.ledger is None:
-            return None
-        call = functools.partial(getattr(self.ledger, method), *args)
-        return await asyncio.get_running_loop().run_in_executor(None, call)
-
-    async def _record(self, log, method: str, *args) -> None:
-        """Reconciliation goes on when the ledger cannot be written: the next one catches up."""
-        try:
-            await self.ledger_call(method, *args)
-        except LedgerError as exc:
-            log.warning("%s", exc)
-
-    def pick_port(self, holder: str, first: int, last: int) -> int | None:
-        """A port no other server of this hub uses. Ports are handed out in
-        turn through the range, so a port freed by a stopped server (whose
-        process may still be exiting) is not reused at once."""
-        if holder in self.ports:
-            return self.ports[holder]
-        taken = set(self.ports.values())
-        size = last - first + 1
-        if self._next_port is None or not first <= self._next_port <= last:
-            # A restarted hub starts somewhere else in the range than the last
-            # one did, away from ports its stopped servers may still hold.
-            self._next_port = random.randint(first, last)
-        start = self._next_port
-        for i in range(size):
-            port = first + (start - first + i) % size
-            if port not in taken:
-                self.ports[holder] = port
-                self._next_port = port + 1 if port < last else first
-                return port
-        return None  # every port of the range is taken
-
-    def release(self, holder: str) -> Allocation | None:
-        self.ports.pop(holder, None)
-        self._pending.pop(holder, None)
-        self.servers.pop(holder, None)
-        return self.allocator.release(holder)
+            self._nodes_read = True
 
     def node_addr(self, hostname: str) -> str | None:
         node = self.nodes.get(hostname)
@@ -399,11 +274,7 @@ class GPUCluster:
     def alloc_map(self) -> dict[str, dict[str, dict]]:
         """Every known device by host, with who holds it and how healthy it is:
         ``{host: {uuid: {model, allocated, health, problems, holders, ...}}}``."""
-        holders: dict[str, list[dict]] = {}
-        for holder, alloc in sorted(self.allocator.holdings().items()):
-            user, server = self.servers.get(holder, (alloc.owner, ""))
-            for gpu, share in zip(alloc.devices, alloc.shares):
-                holders.setdefault(gpu.uuid, []).append({"user": user, "server": server, "share": float(share)})
+        holders = self.holders_of()
         out: dict[str, dict[str, dict]] = {}
         for uuid, state in sorted(self.devices.items(), key=lambda kv: kv[1].gpu):
             gpu = state.gpu
@@ -424,9 +295,4 @@ class GPUCluster:
             }
         return out
 
-    def unhealthy_by_model(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for state in self.devices.values():
-            if not state.healthy:
-                counts[state.gpu.model] = counts.get(state.gpu.model, 0) + 1
-        return counts
+

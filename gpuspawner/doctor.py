@@ -33,7 +33,9 @@ def diagnose(
     stale: Mapping[str, str],
     sources: Iterable[str],
     aliases: Mapping[str, str] | None = None,
+    foreign: Mapping[str, str] | None = None,
 ) -> list[Finding]:
+    """``foreign``: labelled services the hub does not take as its servers, with why."""
     nodes = {n.hostname: n for n in nodes}
     sources = set(sources)
     static = list(static) if "static" in sources else []
@@ -88,6 +90,9 @@ def diagnose(
                     f"{uuid} is listed as {gpus[uuid].model!r} but NVML names it {seen[uuid].model!r}",
                     "use NVML's name in the inventory, or give it a friendlier one with gpu_model_aliases",
                 ))
+    for service, why in sorted((foreign or {}).items()):
+        out.append(Finding("warning", service, f"a service labelled as a gpuspawner server is not one: {why}",
+                           "remove it (docker service rm) if nothing needs it; the hub leaves it alone"))
     if not static and not reports:
         out.append(Finding("warning", "", "no GPU is known: no static inventory and no agent report",
                            "set gpu_inventory, or run gpuspawner-agent on the GPU nodes (see the README)"))

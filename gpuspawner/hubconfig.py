@@ -66,7 +66,7 @@ def _untracked(user: str, server: str) -> bool:
 
 async def _keep_reconciling(config) -> None:
     """At hub start, and then every ``reconcile_interval`` seconds, make the
-    GPU holdings match the services the swarm runs (see GPUCluster.reconcile)."""
+    GPU holdings match the services the swarm runs (see Holdings.reconcile)."""
     from .api import hub_view
     from .swarm import SwarmError
 
@@ -75,9 +75,9 @@ async def _keep_reconciling(config) -> None:
     first = True
     while True:
         try:
-            cluster = await view._cluster()  # the first use rebuilds holdings from the swarm
+            owner = await view._up_to_date()  # the first use rebuilds holdings from the swarm
             if not first:
-                await cluster.reconcile(view.swarm, log, _untracked)
+                await owner.reconcile(_untracked)
             first = False
         except SwarmError as exc:
             log.warning("GPU reconciliation: the swarm could not be asked: %s", exc)

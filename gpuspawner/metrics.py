@@ -72,7 +72,7 @@ class _ClusterCollector:
         if not self.clusters and self.config is not None:
             from .api import hub_view
 
-            register_cluster(hub_view(self.config)._cluster_state())
+            register_cluster(hub_view(self.config).holdings().cluster)
         families = [GaugeMetricFamily(name, doc, labels=["host", "model"]) for name, doc in _GAUGES]
         counts: dict[tuple[str, str], list[float]] = {}
         for cluster in self.clusters:

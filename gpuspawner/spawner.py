@@ -12,26 +12,29 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import json
 import os
 import socket
-from fractions import Fraction
+from types import SimpleNamespace
+from typing import Callable
 
 import jinja2
 from dockerspawner import SwarmSpawner
 from jupyterhub.spawner import SpawnException
 from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Tuple, Unicode, Union, default, validate
 
-from .allocator import POLICIES, AllocationRefused, Request
 from . import metrics
+from .allocator import POLICIES, AllocationRefused, Request
 from .cluster import SOURCES, GPUCluster, InventorySettings
+from .holdings import Holding, HoldingBusy, Holdings
 from .inventory import MODEL_RE, InventoryError, load_inventory
+from .labels import ServerLabels
 from .ledger import Ledger, LedgerError, default_db_url
 from .options import OptionsError, options_from_form, parse_user_options
 from .service_spec import (
     ENFORCEMENT_MODES,
     HAMI_LIBRARY,
     MPS_PIPE_DIR,
-    Holding,
     build_service,
     enforcement_mode,
     share_enforcement,
@@ -280,15 +283,12 @@ class GPUSwarmSpawner(SwarmSpawner):
         help="Folders with templates that override gpuspawner's own (e.g. options_form.html).",
     ).tag(config=True)
 
-    # Filled in at start; kept in the hub's state so a restarted hub knows it.
-    gpu_holding: Holding | None = None
-    task_node: str = ""
+    task_node: str = ""  # the node the server's task runs on
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._events: list[dict] = []  # progress() passes these on to the spawn page
         self._new_event = asyncio.Event()
-        self._gpu_cluster: GPUCluster | None = None  # the process-wide one, found once
 
     @default("options_form")
     def _default_options_form(self):
@@ -298,15 +298,7 @@ class GPUSwarmSpawner(SwarmSpawner):
     def _default_options_from_form(self):
         return options_from_form
 
-    # -- shared state ----------------------------------------------------
-
-    @property
-    def swarm(self) -> Swarm:
-        return Swarm(self.client, self.executor)
-
-    @property
-    def holder(self) -> str:
-        return self.service_name
+    # -- the hub's holdings ---------------------------------------------------
 
     @property
     def host_network(self) -> bool:
@@ -323,50 +315,59 @@ class GPUSwarmSpawner(SwarmSpawner):
             local_host=self.local_gpu_host,
         )
 
-    def _cluster_state(self) -> GPUCluster:
-        if self._gpu_cluster is not None:
-            return self._gpu_cluster
-        key = [self.gpu_inventory, self.gpu_inventory_source, self.gpu_model_aliases,
-               self.agent_stale_intervals, self.gpu_max_temperature, self.local_gpu_host, self.gpu_sharing]
+    def holdings(self) -> Holdings:
+        """The hub's one owner of GPU holdings, built at first use from these
+        settings (every spawner and endpoint of the hub gets the same one)."""
+        key = json.dumps([self.gpu_inventory, self.gpu_inventory_source, self.gpu_model_aliases,
+                          self.agent_stale_intervals, self.gpu_max_temperature, self.local_gpu_host,
+                          self.gpu_sharing, self._ledger_url()], sort_keys=True, default=str)
+        owner = _OWNERS.get(key)
+        if owner is not None:
+            return owner
         try:
-            cluster = GPUCluster.shared(key, self._inventory_settings)
-            if cluster.ledger is None:
-                cluster.ledger = Ledger(self._ledger_url())
-                cluster.allocator.set_sharing(self.gpu_sharing)
-            metrics.register_cluster(cluster)
-            self._gpu_cluster = cluster
-            return cluster
+            cluster = GPUCluster(self._inventory_settings())
+            cluster.allocator.set_sharing(self.gpu_sharing)
+            ledger = Ledger(self._ledger_url())
         except (InventoryError, LedgerError) as exc:
             self.log.error("%s", exc)
             raise spawn_error(
                 "GPU servers are unavailable: the hub's GPU configuration is invalid. Please tell an admin.",
-                reason="gpu_config",
-                log_message=str(exc),
-                status_code=500,
+                reason="gpu_config", log_message=str(exc), status_code=500,
             ) from exc
+        owner = _OWNERS[key] = Holdings(
+            cluster, Swarm(self.client, self.executor), ledger=ledger,
+            name_for=_service_names(type(self), self.config), stop_timeout=self.server_stop_timeout,
+        )
+        metrics.register_cluster(cluster)
+        return owner
 
-    async def _cluster(self) -> GPUCluster:
-        cluster = self._cluster_state()
+    async def _up_to_date(self) -> Holdings:
+        """The holdings with fresh node status; at the hub's first use, rebuilt
+        from what the swarm runs and what the ledger has open."""
+        owner = self.holdings()
         try:
-            await cluster.refresh(self.swarm, self.log)
+            await owner.cluster.refresh(owner.swarm, self.log)
+            if not owner.rebuilt:
+                await owner.reconcile()
         except SwarmError as exc:
             raise spawn_error(
                 "The cluster cannot be reached right now; please try again in a minute.",
-                reason="swarm_unreachable",
-                log_message=str(exc),
-                status_code=503,
+                reason="swarm_unreachable", log_message=str(exc), status_code=503,
             ) from exc
-        return cluster
+        return owner
+
+    def _holding(self) -> Holding | None:
+        return self.holdings().get(self.service_name)
 
     # -- the form --------------------------------------------------------
 
     async def _render_options_form(self) -> str:
         error = ""
         try:
-            cluster = await self._cluster()
+            owner = await self._up_to_date()
         except SpawnException as exc:
-            error, cluster = exc.message, self._cluster_state()
-        allocator = cluster.allocator
+            error, owner = exc.message, self.holdings()
+        cluster, allocator = owner.cluster, owner.allocator
         held = allocator.held_by_owner(self.user.name)
         summary = allocator.summary()
         room = max(0, self.max_gpus_per_user - held)  # a Fraction when the user holds shares
@@ -414,188 +415,137 @@ class GPUSwarmSpawner(SwarmSpawner):
             except asyncio.TimeoutError:
                 pass
 
-    async def start(self):
-        self._events.clear()
-        cluster = await self._cluster()
-        cluster.busy.add(self.holder)  # a rescan must not take what is not running yet
+    def _request(self, owner: Holdings) -> Request | None:
+        """The user's options as an allocator request (None: CPU-only); 400 when invalid."""
         try:
-            return await self._start(cluster)
-        finally:
-            cluster.busy.discard(self.holder)
-
-    async def _start(self, cluster: GPUCluster):
-        try:
-            request = parse_user_options(
+            options = parse_user_options(
                 self.user_options,
-                models=[m.model for m in cluster.allocator.summary()],
-                hosts=cluster.allocator.hosts(),
+                models=[m.model for m in owner.allocator.summary()],
+                hosts=owner.allocator.hosts(),
                 max_count=self.max_gpus_per_user,
                 allow_host_choice=self.allow_host_choice,
                 sharing=self.gpu_sharing,
             )
         except OptionsError as exc:
             raise spawn_error(str(exc), reason="invalid_options", status_code=400) from exc
+        if options.cpu_only:
+            return None
+        return Request(model=options.model, count=options.count, host=options.host,
+                       owner=self.user.name, share=options.share)
 
-        if cluster.allocator.holding(self.holder) or self.holder in cluster.ports:
-            # Left from an earlier run of this server that the hub no longer
-            # tracks: its service may still run on those GPUs, so it goes first.
-            if not await self._remove_and_release():
-                raise spawn_error(
-                    "Your previous server is still being removed; please try again in a minute.",
-                    reason="stale_service",
-                    status_code=503,
-                )
-        host, uuids, model, shares = request.host or "", (), "", None
-        if not request.cpu_only:
-            try:
-                with metrics.ALLOCATION_SECONDS.time():
-                    alloc = cluster.allocator.allocate(
-                        self.holder,
-                        Request(model=request.model, count=request.count, host=request.host,
-                                owner=self.user.name, share=request.share),
-                        max_per_owner=self.max_gpus_per_user,
-                        policy=self.allocation_policy,
-                    )
-            except AllocationRefused as exc:
-                metrics.REFUSED.labels("capacity" if exc.retry else "request").inc()
-                reason = "gpu_unavailable" if exc.retry else "gpu_request"
-                raise spawn_error(exc.message, reason=reason, status_code=exc.status) from exc
-            metrics.GRANTED.labels(alloc.model).inc()
-            host, uuids, model = alloc.host, alloc.uuids, alloc.model
-            shares = alloc.shares if alloc.shared else None
-            cluster.servers[self.holder] = (self.user.name, self.name)
-            what = f"{fmt_list((to_milli(x) for x in shares), ' + ')} of" if shares else f"{len(alloc.devices)} ×"
-            self._report(f"Reserved {what} {alloc.model} on {alloc.host}", 20)
-        try:
-            port = None
-            if self.host_network:
-                port = cluster.pick_port(self.holder, *self.host_network_ports)
-                if port is None:
-                    raise spawn_error(
-                        "Too many servers are running for the ports configured; please try again later.",
-                        reason="no_port",
-                        log_message=f"all host_network_ports {self.host_network_ports} are in use",
-                        status_code=503,
-                    )
-                self.port = port
-            self.gpu_holding = Holding(
-                user=self.user.name, server=self.name, host=host, uuids=uuids, model=model, port=port,
-                shares=shares,
+    async def start(self):
+        self._events.clear()
+        owner = await self._up_to_date()
+        request = self._request(owner)
+        name = self.service_name
+        # A service left by an earlier run of this server (a killed hub, a
+        # failed stop) may still run on its GPUs: it goes first.
+        if not await self._remove(owner):
+            raise spawn_error(
+                "Your previous server is still being removed; please try again in a minute.",
+                reason="stale_service", status_code=503,
             )
-            if uuids:
-                await self._record_allocation(cluster)
-            return await super().start()
+        holding = await self._reserve(owner, request)
+        try:
+            if holding.labels.port is not None:
+                self.port = holding.labels.port
+            try:
+                service = await owner.create(name, await self._service_spec(holding))
+            except SwarmError as exc:
+                raise spawn_error(
+                    f"The server's service could not be created: {exc}", reason="service_create", status_code=500
+                ) from exc
+            self.object_id = service.get("ID", "")
+            self._report("Service created", 40)
+            await self.start_object()
+            return await self.get_ip_and_port()
         except BaseException:
-            await self._remove_and_release()
+            # Shielded: a cancelled spawn (JupyterHub's DELETE on a pending
+            # server) still gives its GPUs back once its task has ended.
+            await asyncio.shield(self._remove(owner))
             raise
 
-    async def _record_allocation(self, cluster: GPUCluster) -> None:
-        """Into the ledger before the service exists: a booking that cannot be
-        recorded is not made (start's failure path gives the GPUs back)."""
-        h = self.gpu_holding
+    async def _reserve(self, owner: Holdings, request: Request | None) -> Holding:
         try:
-            await cluster.ledger_call("open", self.holder, h.user, h.server, h.host, h.model, h.uuids,
-                                      [float(x) for x in h.shares] if h.shares else [1.0] * len(h.uuids))
+            with metrics.ALLOCATION_SECONDS.time():
+                holding = await owner.reserve(
+                    self.service_name, self.user.name, self.name, request,
+                    max_per_owner=self.max_gpus_per_user, policy=self.allocation_policy,
+                    port_range=self.host_network_ports if self.host_network else None,
+                )
+        except AllocationRefused as exc:
+            metrics.REFUSED.labels("capacity" if exc.retry else "request").inc()
+            reason = "gpu_unavailable" if exc.retry else "gpu_request"
+            raise spawn_error(exc.message, reason=reason, status_code=exc.status) from exc
+        except HoldingBusy as exc:
+            raise spawn_error(
+                "Your previous server is still being removed; please try again in a minute.",
+                reason="stale_service", status_code=503,
+            ) from exc
+        except ValueError as exc:  # no port left in host_network_ports
+            raise spawn_error(
+                "Too many servers are running for the ports configured; please try again later.",
+                reason="no_port", log_message=str(exc), status_code=503,
+            ) from exc
         except LedgerError as exc:
             self.log.error("%s", exc)
             raise spawn_error(
                 "GPU bookings cannot be recorded right now (the hub's GPU ledger database is unreachable); "
                 "please try again in a minute.",
-                reason="ledger_unavailable",
-                log_message=str(exc),
-                status_code=503,
+                reason="ledger_unavailable", log_message=str(exc), status_code=503,
             ) from exc
+        c = holding.labels
+        if c.uuids:
+            metrics.GRANTED.labels(c.model).inc()
+            what = f"{fmt_list(c.milli, ' + ')} of" if c.milli else f"{len(c.uuids)} ×"
+            self._report(f"Reserved {what} {c.model} on {c.host}", 20)
+        return holding
 
-    async def _remove_and_release(self) -> bool:
-        """Remove this server's service, wait for its container to exit, then
-        give its GPUs back.
-
-        True when it is gone (or already was). False when the swarm could not
-        be asked, or the container still runs after ``server_stop_timeout``:
-        its GPUs then stay reserved."""
-        name = self.object_id or self.service_name
-        cluster = self._cluster_state()
-        if not self.object_id and cluster.allocator.holding(self.holder) is None and self.holder not in cluster.ports:
-            # Nothing was made or booked (e.g. the request was refused): nothing to undo.
-            self.gpu_holding = None
-            return True
-        cluster.busy.add(self.holder)
+    async def _remove(self, owner: Holdings) -> bool:
+        """Remove this server's service; True once no task of it can run
+        (its GPUs are then back). False: it stays reserved, and says why."""
         try:
-            return await self._remove_and_wait(name)
-        finally:
-            cluster.busy.discard(self.holder)
-
-    async def _remove_and_wait(self, name: str) -> bool:
-        try:
-            task_ids = [t["ID"] for t in await self.swarm.tasks(name)]
-            await self.swarm.remove_service(name)
-            # The swarm forgets the service at once, but its container gets
-            # SIGTERM and a grace period: the GPUs are in use until it exits.
-            ended = await self.swarm.wait_tasks_ended(task_ids, self.server_stop_timeout)
+            return await owner.remove(self.service_name)
         except SwarmError as exc:
-            if not exc.not_found:
-                self.log.error("Could not remove service %s (its GPUs stay reserved): %s", self.service_name, exc)
-                return False
-            ended = True  # the service and its tasks were already gone
-        if not ended:
-            self.log.warning(
-                "Service %s still runs %d s after its removal; its GPUs stay reserved",
-                self.service_name, self.server_stop_timeout,
-            )
+            self.log.error("Could not remove service %s: %s", self.service_name, exc)
             return False
-        self.object_id = ""
-        if self._release():
-            try:
-                await self._cluster_state().ledger_call("close", self.holder, None, "server stopped")
-            except LedgerError as exc:  # the next reconciliation closes it
-                self.log.warning("%s", exc)
-        return True
-
-    def _release(self) -> bool:
-        """Give this server's GPUs back; True when it held any."""
-        released = self._cluster_state().release(self.holder)
-        self.gpu_holding = None
-        if released is None or not released.devices:
-            return False
-        self.log.info("Released %s from %s", ", ".join(released.uuids), self.holder)
-        return True
 
     def get_env(self):
         env = super().get_env()
         # Set last, so the admin's `environment` cannot widen what a server sees.
-        uuids = self.gpu_holding.uuids if self.gpu_holding else ()
+        h = self._holding()
+        uuids = h.labels.uuids if h else ()
         env["NVIDIA_VISIBLE_DEVICES"] = visible_devices(uuids)
         if uuids:
             env["NVIDIA_DRIVER_CAPABILITIES"] = self.nvidia_driver_capabilities
-            env.update(self._share_enforcement()[0])
         return env
 
-    def _share_enforcement(self) -> tuple[dict, list]:
+    def _share_enforcement(self, c: ServerLabels) -> tuple[dict, list]:
         """Env and mounts that carry this server's shares (none for whole GPUs)."""
-        h = self.gpu_holding
-        if not h or not h.uuids or not h.shares:
+        if not c.uuids or not c.milli:
             return {}, []
-        allocator = self._cluster_state().allocator
-        memory = [(allocator.device(u).memory_mib if allocator.device(u) else 0) for u in h.uuids]
+        allocator = self.holdings().allocator
+        memory = [(allocator.device(u).memory_mib if allocator.device(u) else 0) for u in c.uuids]
         return share_enforcement(
-            enforcement_mode(self.gpu_share_enforcement, h.host), h.shares, memory,
+            enforcement_mode(self.gpu_share_enforcement, c.host), c.milli, memory,
             hami_library=self.gpu_share_hami_library, mps_pipe_dir=self.gpu_share_mps_pipe_dir,
         )
 
-    async def create_object(self):
+    async def _service_spec(self, holding: Holding) -> dict:
         extra_create = self._eval_if_callable(self.extra_create_kwargs)
         if inspect.isawaitable(extra_create):
             extra_create = await extra_create
+        env, mounts = self._share_enforcement(holding.labels)
         publish = None if (self.use_internal_ip or self.host_network) else self.port
-        kwargs = build_service(
+        return build_service(
             name=self.service_name,
             image=self.image,
             command=await self.get_command(),
-            env=self.get_env(),
-            holding=self.gpu_holding,
+            env={**self.get_env(), **env},
+            holding=holding.labels,
             network=self.network_name,
             publish_port=publish,
-            mounts=self.mounts + self._share_enforcement()[1],
+            mounts=self.mounts + mounts,
             resources=self._resources(),
             extra_container=self.extra_container_spec,
             extra_placement=self.extra_placement_spec,
@@ -603,14 +553,6 @@ class GPUSwarmSpawner(SwarmSpawner):
             extra_endpoint=self.extra_endpoint_spec,
             extra_create=self._render_templates(extra_create or {}),
         )
-        try:
-            service = await self.swarm.create_service(**kwargs)
-        except SwarmError as exc:
-            raise spawn_error(
-                f"The server's service could not be created: {exc}", reason="service_create", status_code=500
-            ) from exc
-        self._report("Service created", 40)
-        return service
 
     def _resources(self) -> dict:
         resources = dict(
@@ -624,19 +566,22 @@ class GPUSwarmSpawner(SwarmSpawner):
 
     async def start_object(self):
         """Wait for the service's task to run: bounded, and stopping at the
-        first rejected or failed task with the reason the swarm gives."""
+        first rejected or failed task with the reason the swarm gives. Every
+        task seen is remembered: the GPUs are free only once it has ended."""
+        owner = self.holdings()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.task_start_timeout
         delay, last = 0.1, "no task yet"
         while True:
             try:
-                tasks = await self.swarm.tasks(self.service_name)
+                tasks = await owner.swarm.tasks(self.service_name)
             except SwarmError as exc:
                 raise spawn_error(
                     "The server's service could not be followed while it started; please try again.",
                     reason="task_lookup", log_message=str(exc), status_code=503,
                 ) from exc
             if tasks:
+                await owner.note_tasks(self.service_name, [t["ID"] for t in tasks])
                 status = tasks[0].get("Status", {})
                 state = status.get("State", "")
                 node = self._hostname_of(tasks[0].get("NodeID", ""))
@@ -648,80 +593,98 @@ class GPUSwarmSpawner(SwarmSpawner):
                 if state in TASK_FAILED:
                     raise spawn_error(
                         f"The server could not start on {node or 'its node'}: {why} (task {state})",
-                        reason="task_failed",
-                        status_code=500,
+                        reason="task_failed", status_code=500,
                     )
                 last = f"{state}: {why}"
             if loop.time() >= deadline:
                 raise spawn_error(
                     f"The server did not start within {self.task_start_timeout} s (last task state: {last})",
-                    reason="task_timeout",
-                    status_code=504,
+                    reason="task_timeout", status_code=504,
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 2.0)
 
     def _hostname_of(self, node_id: str) -> str:
-        return self._cluster_state().hostname_of(node_id) or node_id[:12]
+        return self.holdings().cluster.hostname_of(node_id) or node_id[:12]
+
+    async def _node_addr(self, hostname: str) -> str:
+        cluster = self.holdings().cluster
+        addr = cluster.node_addr(hostname)
+        if not addr:
+            await self._up_to_date()  # the node may have joined after the last refresh
+            addr = cluster.node_addr(hostname)
+        if not addr:
+            raise spawn_error(f"The address of node {hostname} is unknown", reason="node_address", status_code=500)
+        return addr
 
     async def get_ip_and_port(self):
         if not self.host_network:
             return await super().get_ip_and_port()
-        addr = self._cluster_state().node_addr(self.task_node)
-        if not addr:
-            await self._cluster()  # the node may have joined after the last refresh
-            addr = self._cluster_state().node_addr(self.task_node)
-        if not addr:
-            raise spawn_error(
-                f"The address of node {self.task_node} is unknown", reason="node_address", status_code=500
-            )
-        return addr, self.port
+        return await self._node_addr(self.task_node), self.port
+
+    async def get_url(self):
+        """Where the server really listens. With host networking that is its
+        node's address and the port in its labels, which a hub killed
+        mid-spawn never recorded: a restarted hub checks this URL."""
+        if not self.host_network:
+            return await super().get_url()
+        owner = await self._up_to_date()
+        h = owner.get(self.service_name)
+        if h is None or h.labels.port is None:
+            return await super().get_url()
+        if not self.task_node:
+            tasks = await owner.swarm.tasks(self.service_name)
+            self.task_node = self._hostname_of(tasks[0].get("NodeID", "")) if tasks else h.labels.host
+        self.port = h.labels.port
+        addr = await self._node_addr(self.task_node)
+        return f"{self.server.proto}://{addr}:{h.labels.port}{self.server.base_url}"
 
     # -- stop / poll / state --------------------------------------------------
 
-    async def remove_object(self):
-        if not await self._remove_and_release():
+    async def stop(self, now=False):
+        if not await self._remove(self.holdings()):
             raise spawn_error(
                 f"Your server's service {self.service_name} could not be removed yet; please try again.",
-                reason="service_remove",
-                status_code=503,
+                reason="service_remove", status_code=503,
             )
         self.log.info("Removed service %s", self.service_name)
-
-    async def stop(self, now=False):
-        await super().stop(now=now)  # remove_object() gives the GPUs back
-        self.task_node = ""
+        self.object_id = ""
+        self.clear_state()
 
     async def poll(self):
         """None while the task runs or is on its way; otherwise the server is
         over: its service is removed (JupyterHub does not call stop() for a
-        server it found dead) and its GPUs are given back."""
-        task = await self.get_task()
-        if task is None:
-            # Gone, or the manager could not tell (dockerspawner reads a 500 as
-            # gone): only a confirmed removal gives the GPUs back.
-            if not await self._remove_and_release():
-                return None
+        server it found dead) and its GPUs come back once its task has ended."""
+        owner = self.holdings()
+        try:
+            tasks = await owner.swarm.tasks(self.service_name)
+        except SwarmError as exc:
+            if not exc.not_found:
+                return None  # the manager cannot tell: that says nothing about the server
+            await self._remove(owner)
             return 0
-        status = task.get("Status", {})
+        if not tasks:
+            return None  # created, no task yet
+        await owner.note_tasks(self.service_name, [t["ID"] for t in tasks])
+        status = tasks[0].get("Status", {})
         state = status.get("State", "")
-        down = await self._node_down(task.get("NodeID", ""))
+        down = await self._node_down(tasks[0].get("NodeID", ""))
         if down:
-            # The manager still says "running", but nobody can reach the server. Its
-            # service is removed (the node stops the container when it is back);
-            # its GPUs go back once the swarm confirms it, at the latest at the next
-            # reconciliation, and that node is not offered while it is down.
-            await self._remove_and_release()
+            # The manager may still say "running", but nobody can reach the
+            # server. Its service is removed (the node stops the container
+            # when it is back); its GPUs stay reserved until the swarm
+            # confirms the task ended, and that node is not offered meanwhile.
+            await self._remove(owner)
             return f"node {down} is down"
         if state == "running" or state in TASK_WAITING:
             return None
-        await self._remove_and_release()
+        await self._remove(owner)
         return f"task {state}: {status.get('Err') or status.get('Message', '')}"
 
     async def _node_down(self, node_id: str) -> str:
         """The task's node's hostname if the swarm says the node is down, else ''."""
         try:
-            cluster = await self._cluster()
+            cluster = (await self._up_to_date()).cluster
         except SpawnException:
             return ""  # the manager cannot be asked: that says nothing about the node
         hostname = cluster.hostname_of(node_id)
@@ -730,31 +693,32 @@ class GPUSwarmSpawner(SwarmSpawner):
 
     def get_state(self):
         state = super().get_state()
-        if self.gpu_holding is not None:
-            h = self.gpu_holding
-            state["gpu"] = {
-                "host": h.host, "uuids": list(h.uuids), "model": h.model, "port": h.port, "node": self.task_node,
-                "shares": None if h.shares is None else [str(x) for x in h.shares],
-            }
+        if self.task_node:
+            state["gpu_node"] = self.task_node
         return state
 
     def load_state(self, state):
         super().load_state(state)
-        gpu = state.get("gpu")
-        if gpu:
-            self.gpu_holding = Holding(
-                user=self.user.name, server=self.name, host=gpu.get("host", ""), uuids=tuple(gpu.get("uuids", ())),
-                model=gpu.get("model", ""), port=gpu.get("port"),
-                shares=None if gpu.get("shares") is None else tuple(Fraction(x) for x in gpu["shares"]),
-            )
-            self.task_node = gpu.get("node", "")
-            if gpu.get("port"):
-                self.port = gpu["port"]
+        self.task_node = state.get("gpu_node", "")
 
     def clear_state(self):
         super().clear_state()
-        self.gpu_holding = None
         self.task_node = ""
+
+
+#: The hub's owners of holdings, by the settings they were built from.
+_OWNERS: dict[str, Holdings] = {}
+
+
+def _service_names(cls: type, config) -> Callable[[str, str], str]:
+    """The service name the hub gives a user's server, as its spawners
+    render dockerspawner's ``name_template``."""
+
+    @functools.lru_cache(maxsize=4096)
+    def name_for(user: str, server: str) -> str:
+        return cls(config=config, user=SimpleNamespace(name=user, id=0), name=server).service_name
+
+    return name_for
 
 
 def _check_aliases(aliases) -> None:

@@ -10,7 +10,7 @@ from gpuspawner.allocator import AllocationRefused, Request
 from gpuspawner.cluster import GPUCluster, InventorySettings
 from gpuspawner.inventory import GPU
 from gpuspawner.reports import parse_report
-from gpuspawner.service_spec import Holding
+from gpuspawner.labels import ServerLabels
 from tests.unit.test_reports import A100, MIG, device, report
 
 import pytest
@@ -66,7 +66,7 @@ def test_a_running_server_on_a_gpu_that_turns_unhealthy_keeps_it_and_it_is_not_o
     assert c.allocator.holding("s1") == alloc
     send(c, report(device(0, "GPU-a100-0"), device(1, "GPU-a100-1")), now=2)
     assert free(c) == {A100: 1}  # the held one stays held when it comes back
-    c.release("s1")
+    c.allocator.release("s1")
     assert free(c) == {A100: 2}
 
 
@@ -101,41 +101,12 @@ def test_static_inventory_overrides_the_agent_for_its_hosts_and_takes_health_fro
 
 def test_a_holding_rebuilt_before_its_node_reported_takes_its_devices_the_moment_they_appear():
     c = agent_cluster()
-    holding = Holding(user="ann", server="", host="gpu-b", uuids=("GPU-a100-1",), model=A100, port=None)
+    holding = ServerLabels(user="ann", server="", host="gpu-b", uuids=("GPU-a100-1",), model=A100, port=None)
     alloc, problems = c.allocator.adopt("jupyter-ann", "ann", "gpu-b", holding.uuids)
     assert problems and not alloc.devices
-    c._pending["jupyter-ann"] = holding  # as reconcile() records it
+    c.pending["jupyter-ann"] = holding  # as Holdings records it when it adopts
     send(c, report(device(0, "GPU-a100-0"), device(1, "GPU-a100-1")))
     assert c.allocator.holder_of("GPU-a100-1") == "jupyter-ann"
     assert c.allocator.allocate("s2", Request(model=A100, count=1)).uuids == ("GPU-a100-0",)
     with pytest.raises(AllocationRefused):
         c.allocator.allocate("s3", Request(model=A100, count=1))
-
-
-def test_alloc_map_lists_every_device_with_its_holders():
-    c = agent_cluster()
-    send(c, report(device(0, "GPU-a100-0"), device(1, "GPU-a100-1")))
-    c.allocator.allocate("jupyter-ann", Request(model=A100, owner="ann"))
-    c.servers["jupyter-ann"] = ("ann", "")
-    m = c.alloc_map()
-    assert m["gpu-b"]["GPU-a100-0"]["allocated"] == 1.0
-    assert m["gpu-b"]["GPU-a100-0"]["holders"] == [{"user": "ann", "server": "", "share": 1.0}]
-    assert m["gpu-b"]["GPU-a100-1"]["allocated"] == 0 and m["gpu-b"]["GPU-a100-1"]["holders"] == []
-
-
-async def test_reconciliation_counts_a_device_booked_by_two_services():
-    import logging
-
-    from gpuspawner import metrics
-
-    class FakeSwarm:  # small fake: the two services' labels are all reconcile() reads
-        async def services(self, label):
-            return [{"Spec": {"Name": name, "Labels": {"gpuspawner.user": name, "gpuspawner.host": "gpu-b",
-                                                       "gpuspawner.devices": "GPU-a100-0"}}} for name in ("s1", "s2")]
-
-    c = agent_cluster()
-    send(c, report(device(0, "GPU-a100-0")))
-    before = metrics.DOUBLE_BOOKINGS._value.get()
-    await c.reconcile(FakeSwarm(), logging.getLogger("test"))
-    assert metrics.DOUBLE_BOOKINGS._value.get() == before + 1
-    assert c.allocator.holder_of("GPU-a100-0") == "s1"  # the first keeps it; the second is logged and counted
