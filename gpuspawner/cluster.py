@@ -27,9 +27,10 @@ from typing import Callable, Iterable, Mapping
 from . import metrics
 from .allocator import Allocation, Allocator
 from .inventory import GPU
+from .labels import LABEL, LabelError, ServerLabels, parse_labels
 from .ledger import Ledger, LedgerError
 from .reports import NodeReport, device_problems, gpus_of, parse_report
-from .service_spec import LABEL, Holding, holding_from_labels
+from .sharing import fraction
 from .swarm import Node, Swarm, SwarmError
 
 __all__ = ["GPUCluster", "DeviceState", "SOURCES", "InventorySettings"]
@@ -100,7 +101,7 @@ class GPUCluster:
         self.servers: dict[str, tuple[str, str]] = {}  # holder -> (user, server name)
         self.ledger: Ledger | None = None  # the history of allocations, when configured
         self.busy: set[str] = set()  # holders being started or stopped: their service may come or go
-        self._pending: dict[str, Holding] = {}
+        self._pending: dict[str, ServerLabels] = {}
         self._orphans: set[str] = set()  # services whose server the hub did not know last time  # adopted holdings of devices not (yet) offered
         self._offered: tuple[GPU, ...] | None = None
         self._schedulable: set[str] | None = None
@@ -230,7 +231,7 @@ class GPUCluster:
         unhealthy) are taken the moment those devices are offered, before any
         request can see them free."""
         for holder, h in list(self._pending.items()):
-            alloc, problems = self.allocator.adopt(holder, h.user, h.host, h.uuids, h.shares)
+            alloc, problems = self.allocator.adopt(holder, h.user, h.host, h.uuids, _shares(h))
             if len(alloc.devices) == len(h.uuids):
                 del self._pending[holder]
 
@@ -284,12 +285,16 @@ class GPUCluster:
 
     async def _reconcile(self, swarm: Swarm, log, untracked=None) -> dict[str, int]:
         services = await swarm.services(f"{LABEL}.devices")
-        found: dict[str, Holding] = {}
+        found: dict[str, ServerLabels] = {}
         adopted = 0
         for service in services:
             spec = service.get("Spec", {})
-            holding = holding_from_labels(spec.get("Labels") or {})
             name = spec.get("Name", "")
+            try:
+                holding = parse_labels(spec.get("Labels") or {})
+            except LabelError as exc:
+                log.warning("Service %s is skipped: %s", name or service.get("ID", "?"), exc)
+                continue
             if holding is None or not name:
                 continue
             found[name] = holding
@@ -299,7 +304,7 @@ class GPUCluster:
             current = self.allocator.holding(name)
             if not holding.uuids or (current is not None and current.uuids == holding.uuids):
                 continue
-            alloc, problems = self.allocator.adopt(name, holding.user, holding.host, holding.uuids, holding.shares)
+            alloc, problems = self.allocator.adopt(name, holding.user, holding.host, holding.uuids, _shares(holding))
             adopted += 1
             if len(alloc.devices) < len(holding.uuids):
                 self._pending[name] = holding
@@ -322,7 +327,7 @@ class GPUCluster:
                  len(found), adopted, len(gone), held)
         return {"services": len(found), "adopted": adopted, "released": len(gone), "held": held, "removed": removed}
 
-    async def _remove_orphans(self, swarm: Swarm, log, found: dict[str, Holding], untracked) -> int:
+    async def _remove_orphans(self, swarm: Swarm, log, found: dict[str, ServerLabels], untracked) -> int:
         """Remove services of servers the hub does not know, found so twice in a
         row (not a spawn about to register). Their GPUs stay held until a later
         round finds the service gone, which gives the container time to exit;
@@ -430,3 +435,8 @@ class GPUCluster:
             if not state.healthy:
                 counts[state.gpu.model] = counts.get(state.gpu.model, 0) + 1
         return counts
+
+
+def _shares(h: ServerLabels) -> tuple | None:
+    """The shares a service's labels say, as Allocator.adopt() takes them (None: whole)."""
+    return None if h.milli is None else tuple(fraction(m) for m in h.milli)

@@ -14,7 +14,6 @@ import functools
 import inspect
 import os
 import socket
-from fractions import Fraction
 
 import jinja2
 from dockerspawner import SwarmSpawner
@@ -25,19 +24,19 @@ from .allocator import POLICIES, AllocationRefused, Request
 from . import metrics
 from .cluster import SOURCES, GPUCluster, InventorySettings
 from .inventory import MODEL_RE, InventoryError, load_inventory
+from .labels import ServerLabels, parse_share
 from .ledger import Ledger, LedgerError, default_db_url
 from .options import OptionsError, options_from_form, parse_user_options
 from .service_spec import (
     ENFORCEMENT_MODES,
     HAMI_LIBRARY,
     MPS_PIPE_DIR,
-    Holding,
     build_service,
     enforcement_mode,
     share_enforcement,
     visible_devices,
 )
-from .sharing import SharingPolicy, fmt, fmt_list, to_milli
+from .sharing import UNIT, SharingPolicy, fmt, fmt_list, to_milli
 from .swarm import TASK_FAILED, TASK_WAITING, Swarm, SwarmError
 
 __all__ = ["GPUSwarmSpawner"]
@@ -281,7 +280,7 @@ class GPUSwarmSpawner(SwarmSpawner):
     ).tag(config=True)
 
     # Filled in at start; kept in the hub's state so a restarted hub knows it.
-    gpu_holding: Holding | None = None
+    gpu_holding: ServerLabels | None = None
     task_node: str = ""
 
     def __init__(self, **kwargs):
@@ -445,7 +444,7 @@ class GPUSwarmSpawner(SwarmSpawner):
                     reason="stale_service",
                     status_code=503,
                 )
-        host, uuids, model, shares = request.host or "", (), "", None
+        host, uuids, model, milli = request.host or "", (), "", None
         if not request.cpu_only:
             try:
                 with metrics.ALLOCATION_SECONDS.time():
@@ -462,9 +461,9 @@ class GPUSwarmSpawner(SwarmSpawner):
                 raise spawn_error(exc.message, reason=reason, status_code=exc.status) from exc
             metrics.GRANTED.labels(alloc.model).inc()
             host, uuids, model = alloc.host, alloc.uuids, alloc.model
-            shares = alloc.shares if alloc.shared else None
+            milli = alloc.milli
             cluster.servers[self.holder] = (self.user.name, self.name)
-            what = f"{fmt_list((to_milli(x) for x in shares), ' + ')} of" if shares else f"{len(alloc.devices)} ×"
+            what = f"{fmt_list(milli, ' + ')} of" if milli else f"{len(alloc.devices)} ×"
             self._report(f"Reserved {what} {alloc.model} on {alloc.host}", 20)
         try:
             port = None
@@ -478,9 +477,9 @@ class GPUSwarmSpawner(SwarmSpawner):
                         status_code=503,
                     )
                 self.port = port
-            self.gpu_holding = Holding(
+            self.gpu_holding = ServerLabels(
                 user=self.user.name, server=self.name, host=host, uuids=uuids, model=model, port=port,
-                shares=shares,
+                milli=milli,
             )
             if uuids:
                 await self._record_allocation(cluster)
@@ -495,7 +494,7 @@ class GPUSwarmSpawner(SwarmSpawner):
         h = self.gpu_holding
         try:
             await cluster.ledger_call("open", self.holder, h.user, h.server, h.host, h.model, h.uuids,
-                                      [float(x) for x in h.shares] if h.shares else [1.0] * len(h.uuids))
+                                      [m / UNIT for m in h.milli] if h.milli else [1.0] * len(h.uuids))
         except LedgerError as exc:
             self.log.error("%s", exc)
             raise spawn_error(
@@ -573,12 +572,12 @@ class GPUSwarmSpawner(SwarmSpawner):
     def _share_enforcement(self) -> tuple[dict, list]:
         """Env and mounts that carry this server's shares (none for whole GPUs)."""
         h = self.gpu_holding
-        if not h or not h.uuids or not h.shares:
+        if not h or not h.uuids or not h.milli:
             return {}, []
         allocator = self._cluster_state().allocator
         memory = [(allocator.device(u).memory_mib if allocator.device(u) else 0) for u in h.uuids]
         return share_enforcement(
-            enforcement_mode(self.gpu_share_enforcement, h.host), h.shares, memory,
+            enforcement_mode(self.gpu_share_enforcement, h.host), h.milli, memory,
             hami_library=self.gpu_share_hami_library, mps_pipe_dir=self.gpu_share_mps_pipe_dir,
         )
 
@@ -734,7 +733,7 @@ class GPUSwarmSpawner(SwarmSpawner):
             h = self.gpu_holding
             state["gpu"] = {
                 "host": h.host, "uuids": list(h.uuids), "model": h.model, "port": h.port, "node": self.task_node,
-                "shares": None if h.shares is None else [str(x) for x in h.shares],
+                "shares": None if h.milli is None else [fmt(m) for m in h.milli],
             }
         return state
 
@@ -742,10 +741,10 @@ class GPUSwarmSpawner(SwarmSpawner):
         super().load_state(state)
         gpu = state.get("gpu")
         if gpu:
-            self.gpu_holding = Holding(
+            self.gpu_holding = ServerLabels(
                 user=self.user.name, server=self.name, host=gpu.get("host", ""), uuids=tuple(gpu.get("uuids", ())),
                 model=gpu.get("model", ""), port=gpu.get("port"),
-                shares=None if gpu.get("shares") is None else tuple(Fraction(x) for x in gpu["shares"]),
+                milli=None if gpu.get("shares") is None else tuple(parse_share(x) for x in gpu["shares"]),
             )
             self.task_node = gpu.get("node", "")
             if gpu.get("port"):

@@ -10,7 +10,7 @@ from gpuspawner.allocator import AllocationRefused, Request
 from gpuspawner.cluster import GPUCluster, InventorySettings
 from gpuspawner.inventory import GPU
 from gpuspawner.reports import parse_report
-from gpuspawner.service_spec import Holding
+from gpuspawner.labels import ServerLabels
 from tests.unit.test_reports import A100, MIG, device, report
 
 import pytest
@@ -101,7 +101,7 @@ def test_static_inventory_overrides_the_agent_for_its_hosts_and_takes_health_fro
 
 def test_a_holding_rebuilt_before_its_node_reported_takes_its_devices_the_moment_they_appear():
     c = agent_cluster()
-    holding = Holding(user="ann", server="", host="gpu-b", uuids=("GPU-a100-1",), model=A100, port=None)
+    holding = ServerLabels(user="ann", server="", host="gpu-b", uuids=("GPU-a100-1",), model=A100, port=None)
     alloc, problems = c.allocator.adopt("jupyter-ann", "ann", "gpu-b", holding.uuids)
     assert problems and not alloc.devices
     c._pending["jupyter-ann"] = holding  # as reconcile() records it
@@ -131,7 +131,8 @@ async def test_reconciliation_counts_a_device_booked_by_two_services():
     class FakeSwarm:  # small fake: the two services' labels are all reconcile() reads
         async def services(self, label):
             return [{"Spec": {"Name": name, "Labels": {"gpuspawner.user": name, "gpuspawner.host": "gpu-b",
-                                                       "gpuspawner.devices": "GPU-a100-0"}}} for name in ("s1", "s2")]
+                                                       "gpuspawner.devices": "GPU-a100-0", "gpuspawner.model": A100}}}
+                    for name in ("s1", "s2")]
 
     c = agent_cluster()
     send(c, report(device(0, "GPU-a100-0")))
@@ -139,3 +140,4 @@ async def test_reconciliation_counts_a_device_booked_by_two_services():
     await c.reconcile(FakeSwarm(), logging.getLogger("test"))
     assert metrics.DOUBLE_BOOKINGS._value.get() == before + 1
     assert c.allocator.holder_of("GPU-a100-0") == "s1"  # the first keeps it; the second is logged and counted
+
