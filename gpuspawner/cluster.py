@@ -286,6 +286,7 @@ class GPUCluster:
     async def _reconcile(self, swarm: Swarm, log, untracked=None) -> dict[str, int]:
         services = await swarm.services(f"{LABEL}.devices")
         found: dict[str, ServerLabels] = {}
+        unreadable: set[str] = set()  # still there: what the hub holds for them stays held
         adopted = 0
         for service in services:
             spec = service.get("Spec", {})
@@ -294,6 +295,7 @@ class GPUCluster:
                 holding = parse_labels(spec.get("Labels") or {})
             except LabelError as exc:
                 log.warning("Service %s is skipped: %s", name or service.get("ID", "?"), exc)
+                unreadable.add(name)
                 continue
             if holding is None or not name:
                 continue
@@ -316,12 +318,12 @@ class GPUCluster:
                 await self._record(log, "open", name, holding.user, holding.server, holding.host, holding.model,
                                    alloc.uuids, [float(s) for s in alloc.shares])
         removed = await self._remove_orphans(swarm, log, found, untracked)
-        gone = [h for h in self.allocator.holdings() if h not in found and h not in self.busy]
+        gone = [h for h in self.allocator.holdings() if h not in found and h not in self.busy and h not in unreadable]
         for holder in gone:
             log.warning("Service %s is gone; releasing its GPUs", holder)
             self.release(holder)
         # Also closes what a stop could not record while the database was down.
-        await self._record(log, "close_missing", set(found) | self.busy)
+        await self._record(log, "close_missing", set(found) | self.busy | unreadable)
         held = sum(len(a.devices) for a in self.allocator.holdings().values())
         log.info("GPU allocations reconciled with the swarm: %d services, %d adopted, %d released, %d devices held",
                  len(found), adopted, len(gone), held)

@@ -141,3 +141,29 @@ async def test_reconciliation_counts_a_device_booked_by_two_services():
     assert metrics.DOUBLE_BOOKINGS._value.get() == before + 1
     assert c.allocator.holder_of("GPU-a100-0") == "s1"  # the first keeps it; the second is logged and counted
 
+
+async def test_reconciliation_skips_a_service_with_malformed_labels_and_keeps_what_it_held(caplog):
+    import logging
+
+    c = agent_cluster()
+    send(c, report(*(device(i, f"GPU-a100-{i}") for i in range(3))))
+    held = c.allocator.allocate("s3", Request(model=A100, count=1))  # this hub started s3; then its labels changed
+    good = {"gpuspawner.user": "ann", "gpuspawner.host": "gpu-b", "gpuspawner.devices": "GPU-a100-1",
+            "gpuspawner.model": A100}
+    services = {"s1": good, "s2": {**good, "gpuspawner.devices": "GPU-a100-2", "gpuspawner.shares": "inf"},
+                "s3": {**good, "gpuspawner.devices": held.uuids[0], "gpuspawner.port": "٨٠٨٠"}}
+
+    class FakeSwarm:
+        async def services(self, label):
+            return [{"Spec": {"Name": name, "Labels": labels}} for name, labels in services.items()]
+
+    with caplog.at_level(logging.WARNING):
+        result = await c.reconcile(FakeSwarm(), logging.getLogger("test"))
+    assert result["services"] == 1 and result["released"] == 0
+    assert c.allocator.holder_of("GPU-a100-1") == "s1"
+    assert c.allocator.holder_of("GPU-a100-2") is None  # s2's claim is not booked
+    assert c.allocator.holding("s3") == held  # still held: its service is still there
+    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(skipped) == 2
+    assert "Service s2 is skipped: label gpuspawner.shares" in skipped[0]
+    assert "Service s3 is skipped: label gpuspawner.port" in skipped[1]
