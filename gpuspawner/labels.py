@@ -117,7 +117,9 @@ def parse_labels(labels: Mapping[str, str]) -> ServerLabels | None:
 def parse_share(text: str, label: str = SHARES) -> int:
     """One share as :func:`~gpuspawner.sharing.fmt` writes it ('0.6', '1'),
     in thousandths: more than 0 and at most 1. LabelError otherwise."""
-    if not isinstance(text, str) or len(text) > _SHARE_READ:
+    if not isinstance(text, str):
+        _fail(label, text, "has a share that is not text")
+    if len(text) > _SHARE_READ:
         _fail(label, text, f"has a share longer than {_SHARE_READ} characters")
     match = _SHARE_RE.fullmatch(text)
     if match is None:
