@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
-from .allocator import Allocator
+from .allocator import Allocation, Allocator
 from .inventory import GPU
 from .labels import ServerLabels
 from .reports import NodeReport, device_problems, gpus_of, parse_report
@@ -213,16 +213,22 @@ class GPUCluster:
             hosts = self._schedulable - set(self.stale)
         self.allocator.set_available_hosts(hosts)
 
+    def adopt(self, name: str, claim: ServerLabels) -> tuple[Allocation, list[str]]:
+        """Book what a running service holds (its labels, read strictly).
+        Devices not offered yet (an agent has not reported, or the device is
+        unhealthy) are taken the moment they are, before any request can see
+        them free."""
+        shares = None if claim.milli is None else [fraction(m) for m in claim.milli]
+        alloc, problems = self.allocator.adopt(name, claim.user, claim.host, claim.uuids, shares)
+        if len(alloc.devices) < len(claim.uuids):
+            self.pending[name] = claim
+        else:
+            self.pending.pop(name, None)
+        return alloc, problems
+
     def _adopt_pending(self) -> None:
-        """Holdings found in the swarm whose devices were not offered when the
-        hub rebuilt them (an agent had not reported yet, or the device was
-        unhealthy) are taken the moment those devices are offered, before any
-        request can see them free."""
-        for holder, h in list(self.pending.items()):
-            shares = None if h.milli is None else [fraction(m) for m in h.milli]
-            alloc, problems = self.allocator.adopt(holder, h.user, h.host, h.uuids, shares)
-            if len(alloc.devices) == len(h.uuids):
-                del self.pending[holder]
+        for name, claim in list(self.pending.items()):
+            self.adopt(name, claim)
 
     async def _probe_local(self, log) -> None:
         """NVML in the hub's own process, at most once per interval."""

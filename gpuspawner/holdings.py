@@ -47,7 +47,7 @@ from .cluster import GPUCluster
 from .labels import LABEL, LabelError, ServerLabels, parse_labels
 from .ledger import Ledger, LedgerError
 from . import metrics
-from .sharing import UNIT, fraction
+from .sharing import UNIT
 from .swarm import TASK_FAILED, Swarm, SwarmError
 
 __all__ = ["Holding", "Holdings", "HoldingBusy", "Phase"]
@@ -310,8 +310,10 @@ class Holdings:
         version = self._version
         services = await self.swarm.services(f"{LABEL}.devices")
         found: dict[str, ServerLabels] = {}
+        present = set()  # every labelled service, also those not taken as hub servers
         for service in services:
             spec = service.get("Spec", {})
+            present.add(spec.get("Name", ""))
             claim = self._claim(spec.get("Name", ""), spec.get("Labels") or {})
             if claim is not None:
                 found[spec["Name"]] = claim
@@ -329,7 +331,7 @@ class Holdings:
         # failed, or whose container still ran): removed again, given back
         # once their tasks have ended.
         ending = [h for h in list(self._holdings.values())
-                  if (h.phase is Phase.REMOVING or h.phase is Phase.RUNNING and h.name not in found)
+                  if (h.phase is Phase.REMOVING or h.phase is Phase.RUNNING and h.name not in present)
                   and not h.lock.locked() and self._changed.get(h.name, 0) <= version]
         released = 0
         for h in ending:
@@ -379,16 +381,11 @@ class Holdings:
         return None
 
     async def _adopt(self, name: str, claim: ServerLabels, phase: Phase = Phase.RUNNING) -> Holding:
-        milli = None if claim.milli is None else [fraction(m) for m in claim.milli]
-        alloc, problems = self.allocator.adopt(name, claim.user, claim.host, claim.uuids, milli)
+        alloc, problems = self.cluster.adopt(name, claim)
         for problem in problems:
             log.warning("Service %s: %s", name, problem)
             if DOUBLE_BOOKED.search(problem):
                 metrics.DOUBLE_BOOKINGS.inc()
-        if len(alloc.devices) < len(claim.uuids):
-            # Devices not offered yet (an agent has not reported): taken the
-            # moment they are, before any request can see them free.
-            self.cluster.pending[name] = claim
         h = self._holdings[name] = Holding(name, claim, phase, created=True)
         self._touch(name)
         if claim.port is not None:

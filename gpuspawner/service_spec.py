@@ -2,7 +2,8 @@
 
 No I/O here: :func:`build_service` returns the keyword arguments for
 ``docker.APIClient.create_service`` and is tested as data. The labels written
-here are what :func:`holding_from_labels` reads back when the hub rebuilds who
+here (:func:`gpuspawner.labels.to_labels`) are what
+:func:`gpuspawner.labels.parse_labels` reads back when the hub rebuilds who
 holds what from the services the swarm runs.
 
 A server that holds shares of GPUs carries them in a label and in
@@ -14,29 +15,22 @@ hints where nothing enforces it (docs/sharing.md says what each mode does).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
-from fractions import Fraction
 from typing import Any, Mapping, Sequence
 
 from docker.types import ContainerSpec, EndpointSpec, Mount, Placement, Resources, RestartPolicy, TaskTemplate
 
-from .sharing import UNIT, fmt, fmt_list, to_milli
+from .labels import LABEL, ServerLabels, to_labels
+from .sharing import UNIT, fmt, fmt_list
 
 __all__ = [
     "ENFORCEMENT_MODES",
-    "LABEL",
     "SHARES_ENV",
-    "Holding",
     "build_service",
-    "holding_from_labels",
-    "holding_labels",
     "enforcement_mode",
     "share_enforcement",
     "visible_devices",
 ]
 
-LABEL = "gpuspawner"  # label prefix; a service with f"{LABEL}.devices" is one of ours
 SHARES_ENV = "GPUSPAWNER_GPU_SHARES"  # per device, in NVIDIA_VISIBLE_DEVICES order: "0.6,0.6"
 ISOLATION_ENV = "GPUSPAWNER_GPU_ISOLATION"  # what enforces the shares: none, mps or hami
 ENFORCEMENT_MODES = ("none", "mps", "hami")
@@ -45,70 +39,10 @@ HAMI_LOCK_DIR = "/tmp/vgpulock"  # HAMi-core's lock files, shared by the node's 
 MPS_PIPE_DIR = "/tmp/nvidia-mps"  # the MPS control daemon's default
 
 
-@dataclass(frozen=True)
-class Holding:
-    """What a service holds, as its labels say."""
-
-    user: str
-    server: str
-    host: str  # "" when not pinned (CPU-only)
-    uuids: tuple[str, ...]
-    model: str
-    port: int | None
-    # Per device, aligned with ``uuids``; None: every device whole. Read back
-    # from labels, a piece that is not a number stays text, for
-    # Allocator.adopt() to report (and book the devices whole).
-    shares: tuple[Fraction | str, ...] | None = None
-
-
 def visible_devices(uuids: tuple[str, ...] | list[str]) -> str:
     """NVIDIA_VISIBLE_DEVICES: the UUIDs, or 'void' so that a CPU-only server
     sees no GPU even when its image (e.g. a CUDA base image) says 'all'."""
     return ",".join(uuids) if uuids else "void"
-
-
-def holding_labels(h: Holding) -> dict[str, str]:
-    labels = {
-        f"{LABEL}.user": h.user,
-        f"{LABEL}.server": h.server,
-        f"{LABEL}.host": h.host,
-        f"{LABEL}.devices": ",".join(h.uuids),
-        f"{LABEL}.model": h.model,
-    }
-    if h.port is not None:
-        labels[f"{LABEL}.port"] = str(h.port)
-    if h.shares is not None:
-        labels[f"{LABEL}.shares"] = fmt_list(to_milli(s) for s in h.shares)
-    return labels
-
-
-def holding_from_labels(labels: Mapping[str, str]) -> Holding | None:
-    """The holding a service's labels record, or None if it is not ours."""
-    if f"{LABEL}.devices" not in labels:
-        return None
-    port = labels.get(f"{LABEL}.port", "")
-    return Holding(
-        user=labels.get(f"{LABEL}.user", ""),
-        server=labels.get(f"{LABEL}.server", ""),
-        host=labels.get(f"{LABEL}.host", ""),
-        uuids=tuple(u for u in labels[f"{LABEL}.devices"].split(",") if u),
-        model=labels.get(f"{LABEL}.model", ""),
-        port=int(port) if port.isdigit() else None,
-        shares=_shares_label(labels.get(f"{LABEL}.shares")),
-    )
-
-
-def _shares_label(text: str | None) -> tuple[Fraction | str, ...] | None:
-    """'0.6,0.6' -> (3/5, 3/5); no label (a whole-GPU or older service) -> None."""
-    if text is None:
-        return None
-    out: list[Fraction | str] = []
-    for piece in text.split(","):
-        try:
-            out.append(Fraction(Decimal(piece.strip())))
-        except (InvalidOperation, ValueError):
-            out.append(piece)
-    return tuple(out)
 
 
 def enforcement_mode(setting: str | Mapping[str, str], host: str) -> str:
@@ -133,7 +67,7 @@ def enforcement_mode(setting: str | Mapping[str, str], host: str) -> str:
 
 def share_enforcement(
     mode: str,
-    shares: Sequence[Fraction],
+    milli: Sequence[int],
     memory_mib: Sequence[int],
     *,
     hami_library: str = HAMI_LIBRARY,
@@ -143,7 +77,8 @@ def share_enforcement(
 ) -> tuple[dict[str, str], list[Mount]]:
     """Env and mounts that carry a server's shares into its container.
 
-    ``shares`` and ``memory_mib``: per device, in the order of
+    ``milli`` (each device's share in thousandths, 1000: whole) and
+    ``memory_mib``: per device, in the order of
     NVIDIA_VISIBLE_DEVICES (by index on the host, which with
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` is also CUDA's ordinal order). Whole
     devices get only ``GPUSPAWNER_GPU_SHARES``; shared ones get, by ``mode``:
@@ -162,11 +97,10 @@ def share_enforcement(
     from validated numbers, never from user input."""
     if mode not in ENFORCEMENT_MODES:
         raise ValueError(f"Unknown GPU share enforcement {mode!r}; choose one of: {', '.join(ENFORCEMENT_MODES)}")
-    if len(shares) != len(memory_mib):
-        raise ValueError(f"{len(shares)} shares for {len(memory_mib)} devices")
-    if not shares:
+    if len(milli) != len(memory_mib):
+        raise ValueError(f"{len(milli)} shares for {len(memory_mib)} devices")
+    if not milli:
         return {}, []
-    milli = [to_milli(s) for s in shares]
     env = {SHARES_ENV: fmt_list(milli)}
     if all(m == UNIT for m in milli):
         return env, []
@@ -223,7 +157,7 @@ def build_service(
     image: str,
     command: list[str] | None,
     env: Mapping[str, str],
-    holding: Holding,
+    holding: ServerLabels,
     network: str = "",
     publish_port: int | None = None,
     mounts: list | None = None,
@@ -275,5 +209,5 @@ def build_service(
     # The whole label namespace is ours: an admin's (or a template's) stray
     # gpuspawner.shares on a whole-GPU server would be read back as a share.
     theirs = {k: v for k, v in (create.get("labels") or {}).items() if not k.startswith(f"{LABEL}.")}
-    create["labels"] = {**theirs, **holding_labels(holding)}
+    create["labels"] = {**theirs, **to_labels(holding)}
     return create

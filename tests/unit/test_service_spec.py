@@ -1,20 +1,11 @@
 """The swarm service spec as data (pure, no I/O)."""
 
-from fractions import Fraction
-
 import pytest
 
-from gpuspawner.service_spec import (
-    Holding,
-    build_service,
-    holding_from_labels,
-    holding_labels,
-    enforcement_mode,
-    share_enforcement,
-    visible_devices,
-)
+from gpuspawner.labels import LabelError, ServerLabels, parse_labels
+from gpuspawner.service_spec import build_service, enforcement_mode, share_enforcement, visible_devices
 
-HOLDING = Holding(
+HOLDING = ServerLabels(
     user="alice", server="", host="gpu-b", uuids=("GPU-1", "GPU-2"), model="NVIDIA A100 80GB PCIe", port=20001
 )
 
@@ -36,7 +27,7 @@ def test_host_constraint_is_added_to_the_admins_own():
 
 
 def test_no_host_no_constraint():
-    cpu = Holding(user="bob", server="", host="", uuids=(), model="", port=None)
+    cpu = ServerLabels(user="bob", server="", host="", uuids=(), model="", port=None)
     s = spec(holding=cpu)
     assert "Constraints" not in s["task_template"].get("Placement", {})
     assert s["labels"]["gpuspawner.devices"] == ""
@@ -67,9 +58,14 @@ def test_network_and_name():
     assert s["name"] == "jupyter-alice"
 
 
-def test_labels_round_trip():
-    assert holding_from_labels(holding_labels(HOLDING)) == HOLDING
-    assert holding_from_labels({"other": "x"}) is None
+def test_the_labels_read_back_as_the_holding():
+    assert parse_labels(spec()["labels"]) == HOLDING
+    assert parse_labels(spec(holding=SHARED)["labels"]) == SHARED
+
+
+def test_a_holding_whose_labels_would_not_read_back_makes_no_service():
+    with pytest.raises(LabelError, match="gpuspawner.user"):
+        spec(holding=ServerLabels(user="", server="", host="", uuids=(), model="", port=None))
 
 
 def test_swarm_does_not_restart_servers_behind_the_hubs_back():
@@ -80,48 +76,33 @@ def test_swarm_does_not_restart_servers_behind_the_hubs_back():
 # Shares: labels, env and what enforces them
 # --------------------------------------------------------------------------
 
-SHARED = Holding(
+SHARED = ServerLabels(
     user="bob", server="", host="gpu-a", uuids=("GPU-1", "GPU-2"), model="NVIDIA A100 80GB PCIe", port=None,
-    shares=(Fraction(3, 5), Fraction(3, 5)),
+    milli=(600, 600),
 )
 
 
-def test_shares_label_round_trip():
-    labels = holding_labels(SHARED)
-    assert labels["gpuspawner.shares"] == "0.6,0.6"
-    assert labels["gpuspawner.devices"] == "GPU-1,GPU-2"
-    assert holding_from_labels(labels) == SHARED
+def test_shares_label():
     assert spec(holding=SHARED)["labels"]["gpuspawner.shares"] == "0.6,0.6"
-
-
-def test_whole_holdings_and_older_services_have_no_shares_label():
-    assert "gpuspawner.shares" not in holding_labels(HOLDING)
-    old = {"gpuspawner.devices": "GPU-1", "gpuspawner.host": "gpu-a"}
-    assert holding_from_labels(old).shares is None
-
-
-def test_an_unreadable_shares_label_is_kept_for_adopt_to_report():
-    labels = {**holding_labels(SHARED), "gpuspawner.shares": "0.6,lots"}
-    assert holding_from_labels(labels).shares == (Fraction(3, 5), "lots")
-    assert holding_from_labels({**labels, "gpuspawner.shares": "0.6"}).shares == (Fraction(3, 5),)
+    assert "gpuspawner.shares" not in spec()["labels"]
 
 
 def test_admin_labels_cannot_fake_shares():
     s = spec(holding=HOLDING, extra_create={"labels": {"gpuspawner.shares": "0.1", "team": "ml"}})
     assert "gpuspawner.shares" not in s["labels"] and s["labels"]["team"] == "ml"
-    assert holding_from_labels(s["labels"]).shares is None  # read back whole, as it is
+    assert parse_labels(s["labels"]).milli is None  # read back whole, as it is
     s = spec(holding=SHARED, extra_create={"labels": {"gpuspawner.shares": "0.1,0.1"}})
     assert s["labels"]["gpuspawner.shares"] == "0.6,0.6"
 
 
 def test_whole_devices_carry_only_the_shares_env():
-    env, mounts = share_enforcement("mps", (Fraction(1), Fraction(1)), (81920, 81920))
+    env, mounts = share_enforcement("mps", (1000, 1000), (81920, 81920))
     assert env == {"GPUSPAWNER_GPU_SHARES": "1,1"} and mounts == []
     assert share_enforcement("hami", (), ()) == ({}, [])
 
 
 def test_no_enforcement_gives_hints_only():
-    env, mounts = share_enforcement("none", (Fraction(7, 10), Fraction(3, 5)), (81920, 81920))
+    env, mounts = share_enforcement("none", (700, 600), (81920, 81920))
     assert env == {
         "GPUSPAWNER_GPU_SHARES": "0.7,0.6",
         "GPUSPAWNER_GPU_ISOLATION": "none",
@@ -133,18 +114,17 @@ def test_no_enforcement_gives_hints_only():
 
 
 def test_mps_limits_per_device():
-    env, mounts = share_enforcement("mps", (Fraction(7, 10), Fraction(3, 5)), (81920, 40960), mps_pipe_dir="/run/mps")
+    env, mounts = share_enforcement("mps", (700, 600), (81920, 40960), mps_pipe_dir="/run/mps")
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=57344MB,1=24576MB"
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "60"  # one value per client: its smallest share
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/mps" and env["GPUSPAWNER_GPU_ISOLATION"] == "mps"
     assert mounts == [{"Target": "/run/mps", "Source": "/run/mps", "Type": "bind", "ReadOnly": False}]
-    _, mounts = share_enforcement("mps", (Fraction(1, 2),), (8192,), mps_shm_dir="/run/mps-shm")
+    _, mounts = share_enforcement("mps", (500,), (8192,), mps_shm_dir="/run/mps-shm")
     assert {"Target": "/dev/shm", "Source": "/run/mps-shm", "Type": "bind", "ReadOnly": False} in mounts
 
 
 def test_hami_limits_per_device():
-    env, mounts = share_enforcement("hami", (Fraction(13, 20), Fraction(13, 20)), (81920, 81920),
-                                    hami_library="/opt/hami/libvgpu.so")
+    env, mounts = share_enforcement("hami", (650, 650), (81920, 81920), hami_library="/opt/hami/libvgpu.so")
     assert env["LD_PRELOAD"] == "/usr/local/vgpu/libvgpu.so"
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == env["CUDA_DEVICE_MEMORY_LIMIT_1"] == "53248m"
     assert env["CUDA_DEVICE_SM_LIMIT_0"] == env["CUDA_DEVICE_SM_LIMIT"] == "65"
@@ -156,16 +136,16 @@ def test_hami_limits_per_device():
 
 
 def test_small_shares_round_down_but_never_to_zero():
-    env, _ = share_enforcement("hami", (Fraction(1, 200), Fraction(333, 1000)), (8192, 8192))
+    env, _ = share_enforcement("hami", (5, 333), (8192, 8192))
     assert (env["CUDA_DEVICE_SM_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT_1"]) == ("1", "33")
     assert (env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_MEMORY_LIMIT_1"]) == ("40m", "2727m")
 
 
 @pytest.mark.parametrize("args, kw, message", [
-    (("vgpu", (Fraction(1, 2),), (8192,)), {}, "Unknown GPU share enforcement 'vgpu'; choose one of: none, mps, hami"),
-    (("mps", (Fraction(1, 2),), ()), {}, "1 shares for 0 devices"),
-    (("hami", (Fraction(1, 2),), (8192,)), {"hami_library": "libvgpu.so"}, "must be an absolute path"),
-    (("mps", (Fraction(1, 2),), (8192,)), {"mps_pipe_dir": "mps"}, "must be an absolute path"),
+    (("vgpu", (500,), (8192,)), {}, "Unknown GPU share enforcement 'vgpu'; choose one of: none, mps, hami"),
+    (("mps", (500,), ()), {}, "1 shares for 0 devices"),
+    (("hami", (500,), (8192,)), {"hami_library": "libvgpu.so"}, "must be an absolute path"),
+    (("mps", (500,), (8192,)), {"mps_pipe_dir": "mps"}, "must be an absolute path"),
 ])
 def test_bad_enforcement_settings(args, kw, message):
     with pytest.raises(ValueError) as info:
@@ -174,7 +154,7 @@ def test_bad_enforcement_settings(args, kw, message):
 
 
 def test_enforcement_env_goes_into_the_spec():
-    env, mounts = share_enforcement("hami", SHARED.shares, (81920, 81920))
+    env, mounts = share_enforcement("hami", SHARED.milli, (81920, 81920))
     s = spec(holding=SHARED, env=env, mounts=mounts, extra_container={"env": {"LD_PRELOAD": "/evil.so"}})
     container = s["task_template"]["ContainerSpec"]
     assert "LD_PRELOAD=/usr/local/vgpu/libvgpu.so" in container["Env"]
