@@ -309,7 +309,7 @@ class GPUCluster:
                     metrics.DOUBLE_BOOKINGS.inc()
             if alloc.devices:  # what was adopted: devices the inventory knows
                 await self._record(log, "open", name, holding.user, holding.server, holding.host, holding.model,
-                                   alloc.uuids, [float(s) for s in alloc.shares])
+                                   alloc.uuids, alloc.milli or (1000,) * len(alloc.uuids))
         removed = await self._remove_orphans(swarm, log, found, untracked)
         gone = [h for h in self.allocator.holdings() if h not in found and h not in self.busy]
         for holder in gone:

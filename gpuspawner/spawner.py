@@ -495,7 +495,7 @@ class GPUSwarmSpawner(SwarmSpawner):
         h = self.gpu_holding
         try:
             await cluster.ledger_call("open", self.holder, h.user, h.server, h.host, h.model, h.uuids,
-                                      [float(x) for x in h.shares] if h.shares else [1.0] * len(h.uuids))
+                                      [to_milli(x) for x in h.shares] if h.shares else [1000] * len(h.uuids))
         except LedgerError as exc:
             self.log.error("%s", exc)
             raise spawn_error(

@@ -35,12 +35,12 @@ def at(hours: float) -> datetime:
     return T0 + timedelta(hours=hours)
 
 
-def gpu(ledger: Ledger, service: str, user: str = "alice", *, devices=("GPU-1",), shares=None, start=0.0, **kw) -> int:
+def gpu(ledger: Ledger, service: str, user: str = "alice", *, devices=("GPU-1",), milli=None, start=0.0, **kw) -> int:
     """Open an allocation with the given (or plain) fields, started ``start`` hours after T0."""
     fields = {"server": "", "host": "gpu-a", "model": "NVIDIA A100 80GB PCIe"}
     fields.update(kw)
-    shares = [1.0] * len(devices) if shares is None else shares
-    return ledger.open(service, user, devices=list(devices), shares=list(shares), started_at=at(start), **fields)
+    milli = [1000] * len(devices) if milli is None else milli
+    return ledger.open(service, user, devices=list(devices), milli=list(milli), started_at=at(start), **fields)
 
 
 def assert_usable(url: str) -> None:
@@ -55,6 +55,49 @@ def assert_usable(url: str) -> None:
 
 def ledger_tables(engine: sa.Engine) -> set[str]:
     return {t for t in sa.inspect(engine).get_table_names() if t.startswith("gpuspawner_")}
+
+
+def columns(engine: sa.Engine, table: str) -> list[str]:
+    return [c["name"] for c in sa.inspect(engine).get_columns(table)]
+
+
+def write_0001(engine: sa.Engine, allocations: list[tuple]) -> None:
+    """Rows as revision 0001 stored them: (id, user, model, start, end or None, float
+    shares) per allocation, service ``svc-<user>``, devices GPU-0, GPU-1, ..."""
+    with engine.begin() as conn:
+        for id_, user, model, start, end, shares in allocations:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO gpuspawner_allocations (id, service, username, server, host, model,"
+                    " started_at, ended_at, end_reason) VALUES (:id, :service, :user, '', 'gpu-a', :model,"
+                    " :start, :end, '')"
+                ),
+                dict(id=id_, service=f"svc-{user}", user=user, model=model, start=naive(at(start)),
+                     end=None if end is None else naive(at(end))),
+            )
+            for position, share in enumerate(shares):
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO gpuspawner_allocation_devices (allocation_id, position, uuid, share)"
+                        " VALUES (:id, :position, :uuid, :share)"
+                    ),
+                    dict(id=id_, position=position, uuid=f"GPU-{position}", share=share),
+                )
+
+
+def naive(moment: datetime) -> datetime:
+    """As the ledger stores times: naive UTC."""
+    return moment.astimezone(UTC).replace(tzinfo=None)
+
+
+def device_rows(conn: sa.Connection, column: str) -> list[tuple]:
+    return [
+        tuple(row)
+        for row in conn.execute(
+            sa.text(f"SELECT allocation_id, position, uuid, {column} FROM gpuspawner_allocation_devices"
+                    " ORDER BY allocation_id, position")
+        )
+    ]
 
 
 class LedgerContract:
@@ -72,7 +115,7 @@ class LedgerContract:
     def test_open_records_every_field_in_utc(self, ledger):
         cet = timezone(timedelta(hours=1))
         started = datetime(2026, 3, 1, 13, 30, 15, 250000, tzinfo=cet)
-        new_id = ledger.open("jupyter-alice-big", "alice", "big", "gpu-b", "A100", ["GPU-b1", "GPU-a0"], [1, 0.5], started)
+        new_id = ledger.open("jupyter-alice-big", "alice", "big", "gpu-b", "A100", ["GPU-b1", "GPU-a0"], [1000, 500], started)
 
         (record,) = ledger.open_allocations()
         assert record.id == new_id
@@ -80,21 +123,22 @@ class LedgerContract:
             "jupyter-alice-big", "alice", "big", "gpu-b", "A100",
         )
         assert record.devices == ("GPU-b1", "GPU-a0")  # the order given, not sorted
-        assert record.shares == (1.0, 0.5)
+        assert record.milli == (1000, 500)
         assert record.gpus == 1.5
+        assert record.tasks == ()
         assert record.started_at == started and record.started_at.tzinfo == UTC
         assert record.started_at.hour == 12  # 13:30 at +01:00
         assert record.ended_at is None and record.end_reason == ""
 
     def test_open_without_a_start_time_starts_now(self, ledger):
         before = datetime.now(UTC)
-        ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1"], [1])
+        ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1"], [1000])
         (record,) = ledger.open_allocations()
         assert before <= record.started_at <= datetime.now(UTC)
 
     def test_opening_the_same_allocation_again_returns_the_open_one(self, ledger):
-        first = gpu(ledger, "svc", devices=["GPU-1", "GPU-2"], shares=[0.5, 0.5])
-        again = gpu(ledger, "svc", devices=["GPU-1", "GPU-2"], shares=[0.5, 0.5], start=3)
+        first = gpu(ledger, "svc", devices=["GPU-1", "GPU-2"], milli=[500, 500])
+        again = gpu(ledger, "svc", devices=["GPU-1", "GPU-2"], milli=[500, 500], start=3)
         assert again == first
         (record,) = ledger.history()
         assert record.started_at == at(0)  # the first start counts, not the retry's
@@ -142,7 +186,7 @@ class LedgerContract:
     def test_an_allocation_without_gpus_is_recorded(self, ledger):
         ledger.open("cpu-svc", "carol", "", "", "", [], [], at(0))
         (record,) = ledger.open_allocations()
-        assert (record.devices, record.shares, record.gpus) == ((), (), 0)
+        assert (record.devices, record.milli, record.gpus) == ((), (), 0)
 
     # --- history and usage --------------------------------------------------------
 
@@ -151,7 +195,7 @@ class LedgerContract:
         """alice: A100 × 1 from 0h to 4h and GTX 0.5 + 0.25 from 2h to 3h; bob: A100 × 1
         from 3h, still open; carol: no GPU from 1h to 5h."""
         gpu(ledger, "a", "alice", devices=["GPU-1"], start=0)
-        gpu(ledger, "b", "alice", devices=["GPU-2", "GPU-3"], shares=[0.5, 0.25], model="GTX 1070", host="gpu-b", start=2)
+        gpu(ledger, "b", "alice", devices=["GPU-2", "GPU-3"], milli=[500, 250], model="GTX 1070", host="gpu-b", start=2)
         gpu(ledger, "c", "bob", devices=["GPU-4"], start=3)
         ledger.open("d", "carol", "", "", "", [], [], at(1))
         ledger.close("a", at(4))
@@ -185,9 +229,44 @@ class LedgerContract:
         assert day.usage(at(-10), at(-1)) == []  # before everything
         assert day.usage(at(2.5), at(2.5)) == []  # an empty range
 
+    def test_usage_of_allocations_written_as_float_shares_is_the_same_after_the_upgrade(self, url):
+        # An older gpuspawner (revision 0001) stored shares as floats; usage then was
+        # hours × the sum of the floats, computed here by hand.
+        engine = sa.create_engine(url)
+        try:
+            ledger_migrations.upgrade(engine, revision="0001")
+            write_0001(engine, [
+                (1, "alice", "A100", 0, 2.5, [0.6, 0.6]),
+                (2, "bob", "A100", 1, 4, [0.333]),
+                (3, "carol", "T4", 0, 4, [1.0, 0.125]),
+                (4, "alice", "T4", 3, 5, [0.25]),
+            ])
+        finally:
+            engine.dispose()
+        ledger = Ledger(url)  # upgrades to milli on first use
+        try:
+            # alice: 2.5h × 1.2 + 2h × 0.25; bob: 3h × 0.333; carol: 4h × 1.125
+            assert ledger.usage(at(0), at(10)) == [
+                Usage("carol", pytest.approx(4.5)),
+                Usage("alice", pytest.approx(3.5)),
+                Usage("bob", pytest.approx(0.999)),
+            ]
+            assert ledger.usage(at(0), at(10), by="model") == [
+                Usage("T4", pytest.approx(5.0)),
+                Usage("A100", pytest.approx(3.999)),
+            ]
+            # 1h..3h: carol 2h × 1.125; alice 1.5h × 1.2 (alice's T4 starts at 3h); bob 2h × 0.333
+            assert ledger.usage(at(1), at(3)) == [
+                Usage("carol", pytest.approx(2.25)),
+                Usage("alice", pytest.approx(1.8)),
+                Usage("bob", pytest.approx(0.666)),
+            ]
+        finally:
+            ledger.dispose()
+
     def test_usage_counts_an_open_allocation_until_now(self, ledger):
         now = datetime.now(UTC)
-        ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1", "GPU-2"], [1, 0.5], now - timedelta(hours=2))
+        ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1", "GPU-2"], [1000, 500], now - timedelta(hours=2))
         ((user, hours),) = ledger.usage(now - timedelta(hours=3))  # until defaults to now
         assert user == "alice" and hours == pytest.approx(3.0, abs=0.01)  # 2h × 1.5 GPUs
         ((_, hours),) = ledger.usage(now - timedelta(hours=1), now + timedelta(days=1))  # not into the future
@@ -286,6 +365,35 @@ class LedgerContract:
             engine.dispose()
         assert_usable(url)  # a Ledger on the emptied database builds it again
 
+    def test_0002_turns_float_shares_into_milli_and_back(self, url):
+        engine = sa.create_engine(url)
+        try:
+            ledger_migrations.upgrade(engine, revision="0001")
+            write_0001(engine, [(7, "alice", "A100", 0, None, [0.6, 0.25, 1.0])])
+
+            ledger_migrations.upgrade(engine, revision="0002")
+            assert columns(engine, "gpuspawner_allocation_devices") == ["allocation_id", "position", "uuid", "milli"]
+            with engine.connect() as conn:
+                assert device_rows(conn, "milli") == [(7, 0, "GPU-0", 600), (7, 1, "GPU-1", 250), (7, 2, "GPU-2", 1000)]
+                assert conn.execute(sa.text("SELECT tasks FROM gpuspawner_allocations")).scalars().all() == [""]
+            ledger = Ledger(url)
+            try:
+                (record,) = ledger.open_allocations()
+                assert (record.milli, record.tasks, record.gpus) == ((600, 250, 1000), (), 1.85)
+            finally:
+                ledger.dispose()
+
+            ledger_migrations.downgrade(engine, "0001")
+            assert "tasks" not in columns(engine, "gpuspawner_allocations")
+            assert columns(engine, "gpuspawner_allocation_devices") == ["allocation_id", "position", "uuid", "share"]
+            with engine.connect() as conn:
+                assert device_rows(conn, "share") == [(7, 0, "GPU-0", 0.6), (7, 1, "GPU-1", 0.25), (7, 2, "GPU-2", 1.0)]
+            # The rebuilt tables keep the rule of one open allocation per service.
+            with pytest.raises(sa.exc.IntegrityError):
+                write_0001(engine, [(8, "alice", "A100", 1, None, [])])
+        finally:
+            engine.dispose()
+
     def test_tables_from_a_newer_gpuspawner_are_refused_with_a_clear_message(self, ledger, url):
         ledger.open_allocations()
         with ledger.engine.begin() as conn:
@@ -338,10 +446,14 @@ class TestLedgerOnSQLite(LedgerContract):
         ({"host": ""}, "host must not be empty"),
         ({"devices": ["GPU-1", "GPU-2"]}, "2 devices but 1 shares"),
         ({"devices": "GPU-1"}, "not one string"),
-        ({"devices": ["GPU-1", "GPU-1"], "shares": [0.5, 0.5]}, "listed twice"),
-        ({"shares": [0]}, r"share of GPU-1 must be a number in \(0, 1\]"),
-        ({"shares": [1.5]}, r"share of GPU-1 must be a number in \(0, 1\]"),
-        ({"shares": ["1"]}, r"share of GPU-1 must be a number"),
+        ({"devices": ["GPU-1", "GPU-1"], "milli": [500, 500]}, "listed twice"),
+        ({"milli": [0]}, "share of GPU-1 must be an integer number of thousandths in 1..1000"),
+        ({"milli": [1001]}, "in 1..1000 .*got 1001"),
+        ({"milli": [0.5]}, "in 1..1000 .*got 0.5"),
+        ({"milli": [1000.0]}, "in 1..1000 .*got 1000.0"),
+        ({"milli": [True]}, "in 1..1000 .*got True"),
+        ({"milli": ["1000"]}, "in 1..1000 .*got '1000'"),
+        ({"devices": ["GPU-1", "GPU-2"], "milli": [500, -1]}, "share of GPU-2 .*got -1"),
         ({"started_at": datetime(2026, 1, 1)}, "started_at must be timezone-aware"),
         ({"started_at": "2026-01-01"}, "started_at must be a datetime"),
     ],
@@ -349,7 +461,7 @@ class TestLedgerOnSQLite(LedgerContract):
 def test_bad_input_is_refused_and_changes_nothing(tmp_path, change, message):
     # Checked before the database is touched: alike on every backend, so on SQLite only.
     ledger = Ledger(f"sqlite:///{tmp_path}/gpuspawner.sqlite")
-    args = dict(service="svc", user="alice", server="", host="gpu-a", model="A100", devices=["GPU-1"], shares=[1.0])
+    args = dict(service="svc", user="alice", server="", host="gpu-a", model="A100", devices=["GPU-1"], milli=[1000])
     args.update(change)
     with pytest.raises(ValueError, match=message):
         ledger.open(**args)
@@ -361,13 +473,13 @@ def test_an_unusable_database_raises_ledger_error_until_it_is_usable(tmp_path):
     folder = tmp_path / "not-yet"
     ledger = Ledger(f"sqlite:///{folder}/gpuspawner.sqlite")
     with pytest.raises(LedgerError) as e:
-        ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1"], [1])
+        ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1"], [1000])
     message = str(e.value)
     assert message.startswith(f"GPU ledger database sqlite:///{folder}/gpuspawner.sqlite: ")
     assert "unable to open database file" in message and "\n" not in message
 
     folder.mkdir()  # the database becomes usable: the same Ledger works
-    ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1"], [1])
+    ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1"], [1000])
     assert [r.service for r in ledger.open_allocations()] == ["svc"]
     ledger.dispose()
 
