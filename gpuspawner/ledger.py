@@ -15,6 +15,9 @@ Rules:
 * ``close`` is idempotent: closing a service with nothing open changes nothing.
 * shares are integer thousandths of a device ("milli", as in :mod:`gpuspawner.sharing`:
   1000 is the whole device).
+* an allocation remembers the ids of its service's swarm tasks (``note_tasks``), so that
+  after its close, even across a hub restart, the hub can tell whether a task (container)
+  of its holder may still run on its devices.
 * times are timezone-aware UTC in Python and naive UTC in the database (the same on
   every backend); naive datetimes are refused.
 * any failure of the database raises :class:`LedgerError`, whose message says which
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -64,7 +68,9 @@ VERSION_TABLE = "gpuspawner_alembic_version"
 MIGRATIONS = Path(__file__).with_name("ledger_migrations")
 SUPERSEDED = "superseded by a new allocation for the same service"
 _NAME_MAX = 255
-_OPEN_ATTEMPTS = 20  # tries of open() against other processes opening the same service
+_ATTEMPTS = 20  # tries of a write against other processes writing the same service
+TASK_ID = re.compile(r"[A-Za-z0-9]{1,64}")  # a swarm task id (25 lowercase letters and digits)
+TASKS_MAX = 64  # task ids kept per allocation (the newest)
 
 
 class LedgerError(Exception):
@@ -255,6 +261,22 @@ def _devices_and_milli(devices: Sequence[str], milli: Sequence[int]) -> tuple[tu
     return devices, tuple(int(m) for m in milli)
 
 
+def _task_ids(task_ids: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(task_ids, str):
+        raise ValueError("task_ids must be a collection of swarm task ids, not one string")
+    task_ids = tuple(task_ids)
+    for task in task_ids:
+        if not isinstance(task, str) or not TASK_ID.fullmatch(task):
+            raise ValueError(f"a swarm task id is 1 to 64 letters and digits, got {task!r}")
+    return task_ids
+
+
+def _join_tasks(old: Sequence[str], new: Sequence[str]) -> tuple[str, ...]:
+    """``old`` then the ids of ``new`` not in it, in order, without repeats; at most
+    :data:`TASKS_MAX`, dropping the oldest (those replaced longest ago) first."""
+    return tuple(dict.fromkeys((*old, *new)))[-TASKS_MAX:]
+
+
 def _split_tasks(text: str) -> tuple[str, ...]:
     """The ``tasks`` column's text as ids."""
     return tuple(text.split(",")) if text else ()
@@ -327,13 +349,13 @@ class Ledger:
             end_reason="",
         )
         with self._write_lock, self._db(f"recording the allocation of {service}"):
-            for attempt in range(_OPEN_ATTEMPTS):
+            for attempt in range(_ATTEMPTS):
                 try:
                     return self._open_once(wanted)
                 except sa_exc.IntegrityError:
                     # Another process opened one for this service meanwhile (each such
                     # conflict is someone else's success): decide again against theirs.
-                    if attempt == _OPEN_ATTEMPTS - 1:
+                    if attempt == _ATTEMPTS - 1:
                         raise
 
     def _open_once(self, wanted: Record) -> int:
@@ -359,6 +381,38 @@ class Ledger:
                     ],
                 )
             return new_id
+
+    def note_tasks(self, service: str, task_ids: Iterable[str]) -> bool:
+        """Add the swarm task ids ``task_ids`` to ``service``'s open allocation (those it
+        has stay first; none twice; the newest :data:`TASKS_MAX` are kept). False when the
+        service has nothing open. Noting the same ids again changes nothing."""
+        _name(service, "service", required=True)
+        new = _task_ids(task_ids)
+        a = allocations
+        with self._write_lock, self._db(f"noting the tasks of {service}"):
+            for _ in range(_ATTEMPTS):
+                with self.engine.begin() as conn:
+                    row = conn.execute(
+                        sa.select(a.c.id, a.c.tasks).where(a.c.service == service, a.c.ended_at.is_(None))
+                    ).first()
+                    if row is None:
+                        return False
+                    tasks = ",".join(_join_tasks(_split_tasks(row.tasks), new))
+                    if tasks == row.tasks:
+                        return True
+                    # Written only if no other process changed the ids since they were read
+                    # (SQLite does not lock what a transaction reads); else read them again.
+                    written = conn.execute(
+                        a.update()
+                        .where(a.c.id == row.id, a.c.ended_at.is_(None), a.c.tasks == row.tasks)
+                        .values(tasks=tasks)
+                    ).rowcount
+                    if written:
+                        return True
+        raise LedgerError(
+            f"GPU ledger database {self.url}: noting the tasks of {service} failed: "
+            f"other writers changed them {_ATTEMPTS} times in a row"
+        )
 
     def close(self, service: str, ended_at: datetime | None = None, reason: str = "") -> Record | None:
         """End ``service``'s open allocation at ``ended_at`` (default: now) and return it as

@@ -17,6 +17,7 @@ from alembic.runtime.migration import MigrationContext
 from gpuspawner import ledger_migrations
 from gpuspawner.ledger import (
     SUPERSEDED,
+    TASKS_MAX,
     VERSION_TABLE,
     Ledger,
     LedgerError,
@@ -188,6 +189,99 @@ class LedgerContract:
         (record,) = ledger.open_allocations()
         assert (record.devices, record.milli, record.gpus) == ((), (), 0)
 
+    # --- swarm tasks ----------------------------------------------------------------
+
+    def test_note_tasks_adds_ids_in_order_without_repeats(self, ledger):
+        gpu(ledger, "svc")
+        assert ledger.note_tasks("svc", ["t1", "t2"]) is True
+        assert ledger.note_tasks("svc", iter(["t2", "t3", "t1", "t3"])) is True
+        assert ledger.note_tasks("svc", []) is True
+        (record,) = ledger.open_allocations()
+        assert record.tasks == ("t1", "t2", "t3")
+
+    def test_noting_the_same_tasks_again_writes_nothing(self, ledger):
+        gpu(ledger, "svc")
+        ledger.note_tasks("svc", ["t1", "t2"])
+        before = ledger.open_allocations()
+        updates = []
+
+        def count_updates(conn, cursor, statement, *args):
+            if statement.lstrip().upper().startswith("UPDATE"):
+                updates.append(statement)
+
+        sa.event.listen(ledger.engine, "before_cursor_execute", count_updates)
+        try:
+            assert ledger.note_tasks("svc", ("t2", "t1", "t2")) is True
+        finally:
+            sa.event.remove(ledger.engine, "before_cursor_execute", count_updates)
+        assert updates == []
+        assert ledger.open_allocations() == before
+
+    def test_note_tasks_without_an_open_allocation_returns_false(self, ledger):
+        assert ledger.note_tasks("never-opened", ["t1"]) is False
+        gpu(ledger, "svc")
+        ledger.note_tasks("svc", ["t1"])
+        ledger.close("svc", at(1))
+        assert ledger.note_tasks("svc", ["t2"]) is False
+        (record,) = ledger.history()
+        assert record.tasks == ("t1",)  # a closed allocation keeps its tasks
+
+    def test_tasks_belong_to_one_allocation(self, ledger):
+        gpu(ledger, "svc", devices=["GPU-1"])
+        ledger.note_tasks("svc", ["t1"])
+        gpu(ledger, "svc", devices=["GPU-1"], start=1)  # the same again: still the open one
+        assert [r.tasks for r in ledger.open_allocations()] == [("t1",)]
+        gpu(ledger, "svc", devices=["GPU-2"], start=2)  # a different one supersedes it
+        ledger.note_tasks("svc", ["t2"])
+        old, new = ledger.history()
+        assert (old.end_reason, old.tasks) == (SUPERSEDED, ("t1",))
+        assert (new.ended_at, new.tasks) == (None, ("t2",))
+
+    def test_tasks_survive_a_hub_restart(self, ledger, url):
+        gpu(ledger, "svc")
+        ledger.note_tasks("svc", ["k3f9x0q2m1", "ABC123"])
+        ledger.dispose()
+        restarted = Ledger(url)  # a new hub process on the same database
+        try:
+            (record,) = restarted.open_allocations()
+            assert record.tasks == ("k3f9x0q2m1", "ABC123")
+            assert restarted.note_tasks("svc", ["ABC123", "z9"]) is True
+            closed = restarted.close("svc", at(1))
+            assert closed.tasks == ("k3f9x0q2m1", "ABC123", "z9")
+        finally:
+            restarted.dispose()
+        assert [r.tasks for r in ledger.history()] == [("k3f9x0q2m1", "ABC123", "z9")]
+
+    def test_only_the_newest_tasks_are_kept(self, ledger):
+        gpu(ledger, "svc")
+        ids = [f"task{i}" for i in range(70)]
+        ledger.note_tasks("svc", ids[:40])
+        ledger.note_tasks("svc", ids[30:])
+        (record,) = ledger.open_allocations()
+        assert record.tasks == tuple(ids[-TASKS_MAX:]) and TASKS_MAX == 64
+
+    def test_tasks_noted_by_another_process_meanwhile_are_kept(self, ledger, url):
+        # Another Ledger (another process) adds an id between this one's read and write.
+        other = Ledger(url)
+        gpu(ledger, "svc")
+        ledger.note_tasks("svc", ["t1"])
+        other.open_allocations()  # its schema check done before the race
+        sneaked = []
+
+        def note_first(conn, cursor, statement, *args):
+            if statement.lstrip().upper().startswith("UPDATE") and not sneaked:
+                sneaked.append(other.note_tasks("svc", ["t2"]))
+
+        sa.event.listen(ledger.engine, "before_cursor_execute", note_first)
+        try:
+            assert ledger.note_tasks("svc", ["t3"]) is True
+        finally:
+            sa.event.remove(ledger.engine, "before_cursor_execute", note_first)
+            other.dispose()
+        assert sneaked == [True]
+        (record,) = ledger.open_allocations()
+        assert record.tasks == ("t1", "t2", "t3")
+
     # --- history and usage --------------------------------------------------------
 
     @pytest.fixture
@@ -323,6 +417,18 @@ class LedgerContract:
         open_now = [r for r in ledger.open_allocations() if r.service == "svc2"]
         assert len(open_now) == 1
         assert sum(r.end_reason == SUPERSEDED for r in ledger.history()) == 7
+
+    def test_concurrent_task_notes_are_all_kept(self, ledger, url):
+        gpu(ledger, "svc")
+        other = Ledger(url)
+        other.open_allocations()
+        try:
+            noted = self._race(8, lambda i: (ledger, other)[i % 2].note_tasks("svc", [f"t{i}", "shared"]))
+        finally:
+            other.dispose()
+        assert noted == [True] * 8
+        (record,) = ledger.open_allocations()
+        assert sorted(record.tasks) == sorted([f"t{i}" for i in range(8)] + ["shared"])
 
     def test_the_database_refuses_a_second_open_allocation_for_a_service(self, ledger):
         gpu(ledger, "svc")
@@ -466,6 +572,30 @@ def test_bad_input_is_refused_and_changes_nothing(tmp_path, change, message):
     with pytest.raises(ValueError, match=message):
         ledger.open(**args)
     assert ledger.history() == []
+    ledger.dispose()
+
+
+@pytest.mark.parametrize(
+    "service, task_ids, message",
+    [
+        ("svc", "abc", "not one string"),
+        ("svc", [""], "1 to 64 letters and digits, got ''"),
+        ("svc", ["ok1", "a-b"], "got 'a-b'"),
+        ("svc", ["x" * 65], "1 to 64 letters and digits"),
+        ("svc", ["t1,t2"], "got 't1,t2'"),
+        ("svc", ["tâche"], "got 'tâche'"),
+        ("svc", [5], "got 5"),
+        ("svc", [b"abc"], "got b'abc'"),
+        ("", ["t2"], "service must not be empty"),
+    ],
+)
+def test_bad_task_ids_are_refused_and_change_nothing(tmp_path, service, task_ids, message):
+    ledger = Ledger(f"sqlite:///{tmp_path}/gpuspawner.sqlite")
+    gpu(ledger, "svc")
+    ledger.note_tasks("svc", ["t1"])
+    with pytest.raises(ValueError, match=message):
+        ledger.note_tasks(service, task_ids)
+    assert [r.tasks for r in ledger.history()] == [("t1",)]
     ledger.dispose()
 
 
