@@ -27,12 +27,12 @@ from gpuspawner.ledger import Ledger, allocation_devices, allocations
 MODELS = ["NVIDIA GeForce GTX 1070", "NVIDIA A100 80GB PCIe", "NVIDIA Tesla T4", "NVIDIA H100 80GB HBM3"]
 
 
-def _devices(rng: random.Random) -> tuple[list[str], list[float]]:
+def _devices(rng: random.Random) -> tuple[list[str], list[int]]:
     count = rng.choice([1, 1, 1, 2, 4])
     devices = [f"GPU-{rng.randrange(8000):05d}" for _ in range(count)]
     devices = list(dict.fromkeys(devices))
-    shares = [rng.choice([1.0, 1.0, 0.5, 0.25]) if len(devices) == 1 else 1.0 for _ in devices]
-    return devices, shares
+    milli = [rng.choice([1000, 1000, 500, 250]) if len(devices) == 1 else 1000 for _ in devices]
+    return devices, milli
 
 
 def _ms(samples: list[float]) -> dict:
@@ -47,9 +47,9 @@ def bench_open_close(ledger: Ledger, ops: int, rng: random.Random) -> dict:
     ledger.open_allocations()  # schema in place before timing
     opens, closes = [], []
     for i in range(ops):
-        devices, shares = _devices(rng)
+        devices, milli = _devices(rng)
         t = time.perf_counter()
-        ledger.open(f"bench-open-{i}", f"user{rng.randrange(500)}", "", "gpu-a", rng.choice(MODELS), devices, shares)
+        ledger.open(f"bench-open-{i}", f"user{rng.randrange(500)}", "", "gpu-a", rng.choice(MODELS), devices, milli)
         opens.append(time.perf_counter() - t)
         t = time.perf_counter()
         ledger.close(f"bench-open-{i}")
@@ -62,7 +62,7 @@ def fill_history(ledger: Ledger, count: int, rng: random.Random, end: datetime) 
     rows, device_rows = [], []
     for i in range(count):
         begun = start + timedelta(seconds=rng.uniform(0, 365 * 86400))
-        devices, shares = _devices(rng)
+        devices, milli = _devices(rng)
         rows.append(
             dict(
                 id=1_000_000 + i, service=f"bench-{i}", username=f"user{rng.randrange(500)}", server="",
@@ -71,7 +71,7 @@ def fill_history(ledger: Ledger, count: int, rng: random.Random, end: datetime) 
             )
         )
         device_rows += [
-            dict(allocation_id=1_000_000 + i, position=p, uuid=u, share=s) for p, (u, s) in enumerate(zip(devices, shares))
+            dict(allocation_id=1_000_000 + i, position=p, uuid=u, milli=m) for p, (u, m) in enumerate(zip(devices, milli))
         ]
     with ledger.engine.begin() as conn:
         conn.execute(allocations.insert(), rows)

@@ -13,6 +13,11 @@ Rules:
   must not block the next spawn). A partial unique index enforces this across
   processes on SQLite and PostgreSQL; a lock enforces it within one.
 * ``close`` is idempotent: closing a service with nothing open changes nothing.
+* shares are integer thousandths of a device ("milli", as in :mod:`gpuspawner.sharing`:
+  1000 is the whole device).
+* an allocation remembers the ids of its service's swarm tasks (``note_tasks``), so that
+  after its close, even across a hub restart, the hub can tell whether a task (container)
+  of its holder may still run on its devices.
 * times are timezone-aware UTC in Python and naive UTC in the database (the same on
   every backend); naive datetimes are refused.
 * any failure of the database raises :class:`LedgerError`, whose message says which
@@ -30,8 +35,8 @@ The API is synchronous and thread-safe; the hub calls it from an executor.
 from __future__ import annotations
 
 import logging
-import math
 import os
+import re
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -41,6 +46,8 @@ from typing import Iterable, Iterator, NamedTuple, Sequence
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
+
+from .sharing import UNIT
 
 __all__ = [
     "DEFAULT_FILENAME",
@@ -61,7 +68,9 @@ VERSION_TABLE = "gpuspawner_alembic_version"
 MIGRATIONS = Path(__file__).with_name("ledger_migrations")
 SUPERSEDED = "superseded by a new allocation for the same service"
 _NAME_MAX = 255
-_OPEN_ATTEMPTS = 20  # tries of open() against other processes opening the same service
+_ATTEMPTS = 20  # tries of a write against other processes writing the same service
+TASK_ID = re.compile(r"[A-Za-z0-9]{1,64}")  # a swarm task id (25 lowercase letters and digits)
+TASKS_MAX = 64  # task ids kept per allocation (the newest)
 
 
 class LedgerError(Exception):
@@ -95,6 +104,7 @@ allocations = sa.Table(
     sa.Column("started_at", UTCDateTime, nullable=False),
     sa.Column("ended_at", UTCDateTime, nullable=True),  # NULL: still open
     sa.Column("end_reason", sa.Text, nullable=False),
+    sa.Column("tasks", sa.Text, nullable=False, server_default=""),  # swarm task ids, comma-separated
     # At most one open allocation per service (created as such on SQLite and PostgreSQL).
     sa.Index(
         "gpuspawner_allocations_open_service",
@@ -119,7 +129,7 @@ allocation_devices = sa.Table(
     ),
     sa.Column("position", sa.Integer, primary_key=True),  # order as given
     sa.Column("uuid", sa.String(_NAME_MAX), nullable=False),
-    sa.Column("share", sa.Float, nullable=False),  # 1.0: the whole device
+    sa.Column("milli", sa.Integer, nullable=False),  # thousandths: 1000 is the whole device
     sa.Index("gpuspawner_allocation_devices_uuid", "uuid"),
 )
 
@@ -148,18 +158,19 @@ class Record:
     host: str
     model: str
     devices: tuple[str, ...]
-    shares: tuple[float, ...]
+    milli: tuple[int, ...]  # each device's share in thousandths (1000: whole), aligned with devices
+    tasks: tuple[str, ...]  # the ids of the service's swarm tasks noted so far, oldest first
     started_at: datetime
     ended_at: datetime | None
     end_reason: str
 
     @property
     def gpus(self) -> float:
-        """How many GPUs' worth the allocation held (the sum of its shares)."""
-        return math.fsum(self.shares)
+        """How many GPUs' worth the allocation held (the sum of its shares), for reports."""
+        return sum(self.milli) / UNIT
 
     def _same_as(self, other: Record) -> bool:
-        fields = ("user", "server", "host", "model", "devices", "shares")
+        fields = ("user", "server", "host", "model", "devices", "milli")
         return all(getattr(self, f) == getattr(other, f) for f in fields)
 
 
@@ -232,19 +243,43 @@ def _name(value: str, what: str, *, required: bool) -> str:
     return value
 
 
-def _devices_and_shares(devices: Sequence[str], shares: Sequence[float]) -> tuple[tuple[str, ...], tuple[float, ...]]:
+def _devices_and_milli(devices: Sequence[str], milli: Sequence[int]) -> tuple[tuple[str, ...], tuple[int, ...]]:
     if isinstance(devices, str):
         raise ValueError("devices must be a list of device UUIDs, not one string")
     devices = tuple(_name(d, "a device UUID", required=True) for d in devices)
-    shares = tuple(shares)
-    if len(devices) != len(shares):
-        raise ValueError(f"{len(devices)} devices but {len(shares)} shares: give one share per device")
+    milli = tuple(milli)
+    if len(devices) != len(milli):
+        raise ValueError(f"{len(devices)} devices but {len(milli)} shares: give one share per device")
     if len(set(devices)) != len(devices):
         raise ValueError(f"a device is listed twice: {', '.join(devices)}")
-    for uuid, share in zip(devices, shares):
-        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
-            raise ValueError(f"the share of {uuid} must be a number in (0, 1], got {share!r}")
-    return devices, tuple(float(s) for s in shares)
+    for uuid, share in zip(devices, milli):
+        if isinstance(share, bool) or not isinstance(share, int) or not 0 < share <= UNIT:
+            raise ValueError(
+                f"the share of {uuid} must be an integer number of thousandths in 1..{UNIT} "
+                f"({UNIT}: the whole device), got {share!r}"
+            )
+    return devices, tuple(int(m) for m in milli)
+
+
+def _task_ids(task_ids: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(task_ids, str):
+        raise ValueError("task_ids must be a collection of swarm task ids, not one string")
+    task_ids = tuple(task_ids)
+    for task in task_ids:
+        if not isinstance(task, str) or not TASK_ID.fullmatch(task):
+            raise ValueError(f"a swarm task id is 1 to 64 letters and digits, got {task!r}")
+    return task_ids
+
+
+def _join_tasks(old: Sequence[str], new: Sequence[str]) -> tuple[str, ...]:
+    """``old`` then the ids of ``new`` not in it, in order, without repeats; at most
+    :data:`TASKS_MAX`, dropping the oldest (those replaced longest ago) first."""
+    return tuple(dict.fromkeys((*old, *new)))[-TASKS_MAX:]
+
+
+def _split_tasks(text: str) -> tuple[str, ...]:
+    """The ``tasks`` column's text as ids."""
+    return tuple(text.split(",")) if text else ()
 
 
 class Ledger:
@@ -291,13 +326,14 @@ class Ledger:
         host: str,
         model: str,
         devices: Sequence[str],
-        shares: Sequence[float],
+        milli: Sequence[int],
         started_at: datetime | None = None,
     ) -> int:
-        """Record that ``service`` holds ``devices`` (with ``shares``) from ``started_at``
-        (default: now); return the allocation's id. See the module's rules for a service
-        that already has an open allocation."""
-        devices, shares = _devices_and_shares(devices, shares)
+        """Record that ``service`` holds ``devices`` from ``started_at`` (default: now),
+        ``milli`` thousandths of each (an int in 1..1000 per device, 1000 the whole
+        device); return the allocation's id. See the module's rules for a service that
+        already has an open allocation."""
+        devices, milli = _devices_and_milli(devices, milli)
         wanted = Record(
             id=0,
             service=_name(service, "service", required=True),
@@ -306,19 +342,20 @@ class Ledger:
             host=_name(host, "host", required=bool(devices)),
             model=_name(model, "model", required=bool(devices)),
             devices=devices,
-            shares=shares,
+            milli=milli,
+            tasks=(),
             started_at=_utc(started_at, "started_at") or _now(),
             ended_at=None,
             end_reason="",
         )
         with self._write_lock, self._db(f"recording the allocation of {service}"):
-            for attempt in range(_OPEN_ATTEMPTS):
+            for attempt in range(_ATTEMPTS):
                 try:
                     return self._open_once(wanted)
                 except sa_exc.IntegrityError:
                     # Another process opened one for this service meanwhile (each such
                     # conflict is someone else's success): decide again against theirs.
-                    if attempt == _OPEN_ATTEMPTS - 1:
+                    if attempt == _ATTEMPTS - 1:
                         raise
 
     def _open_once(self, wanted: Record) -> int:
@@ -333,16 +370,49 @@ class Ledger:
                 )
                 self._end(conn, current, max(wanted.started_at, current.started_at), SUPERSEDED)
             values = {column: getattr(wanted, field) for field, column in _COLUMNS.items()}
+            values["tasks"] = ",".join(wanted.tasks)
             new_id = conn.execute(allocations.insert().values(values)).inserted_primary_key[0]
             if wanted.devices:
                 conn.execute(
                     allocation_devices.insert(),
                     [
-                        {"allocation_id": new_id, "position": i, "uuid": uuid, "share": share}
-                        for i, (uuid, share) in enumerate(zip(wanted.devices, wanted.shares))
+                        {"allocation_id": new_id, "position": i, "uuid": uuid, "milli": milli}
+                        for i, (uuid, milli) in enumerate(zip(wanted.devices, wanted.milli))
                     ],
                 )
             return new_id
+
+    def note_tasks(self, service: str, task_ids: Iterable[str]) -> bool:
+        """Add the swarm task ids ``task_ids`` to ``service``'s open allocation (those it
+        has stay first; none twice; the newest :data:`TASKS_MAX` are kept). False when the
+        service has nothing open. Noting the same ids again changes nothing."""
+        _name(service, "service", required=True)
+        new = _task_ids(task_ids)
+        a = allocations
+        with self._write_lock, self._db(f"noting the tasks of {service}"):
+            for _ in range(_ATTEMPTS):
+                with self.engine.begin() as conn:
+                    row = conn.execute(
+                        sa.select(a.c.id, a.c.tasks).where(a.c.service == service, a.c.ended_at.is_(None))
+                    ).first()
+                    if row is None:
+                        return False
+                    tasks = ",".join(_join_tasks(_split_tasks(row.tasks), new))
+                    if tasks == row.tasks:
+                        return True
+                    # Written only if no other process changed the ids since they were read
+                    # (SQLite does not lock what a transaction reads); else read them again.
+                    written = conn.execute(
+                        a.update()
+                        .where(a.c.id == row.id, a.c.ended_at.is_(None), a.c.tasks == row.tasks)
+                        .values(tasks=tasks)
+                    ).rowcount
+                    if written:
+                        return True
+        raise LedgerError(
+            f"GPU ledger database {self.url}: noting the tasks of {service} failed: "
+            f"other writers changed them {_ATTEMPTS} times in a row"
+        )
 
     def close(self, service: str, ended_at: datetime | None = None, reason: str = "") -> Record | None:
         """End ``service``'s open allocation at ``ended_at`` (default: now) and return it as
@@ -422,7 +492,7 @@ class Ledger:
         [since, until] (since None: from the first allocation; until None: now).
 
         Each allocation counts (its overlap of [started_at, ended_at or now] with the
-        range, in hours) × (the sum of its shares). Largest first; allocations without
+        range, in hours) × (the sum of its shares, in GPUs). Largest first; allocations without
         GPUs count nothing and keys without GPU-hours are left out."""
         a, d = allocations, allocation_devices
         keys = {"user": a.c.username, "model": a.c.model}
@@ -433,15 +503,15 @@ class Ledger:
         # One row per allocation with its summed shares (the inner join drops those
         # without GPUs); the overlap is computed here, alike for every backend.
         query = (
-            sa.select(keys[by], a.c.started_at, a.c.ended_at, sa.func.sum(d.c.share))
+            sa.select(keys[by], a.c.started_at, a.c.ended_at, sa.func.sum(d.c.milli))
             .join_from(a, d, d.c.allocation_id == a.c.id)
             .where(*self._overlapping(since, until))
             .group_by(a.c.id, keys[by], a.c.started_at, a.c.ended_at)
         )
         totals: dict[str, float] = {}
         with self._db("computing GPU usage"), self.engine.connect() as conn:
-            for key, started, ended, gpus in conn.execute(query):
-                hours = hours_within(started, ended or now, since, until) * gpus
+            for key, started, ended, milli in conn.execute(query):
+                hours = hours_within(started, ended or now, since, until) * (milli / UNIT)
                 if hours > 0:
                     totals[key] = totals.get(key, 0.0) + hours
         return [Usage(k, h) for k, h in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))]
@@ -493,23 +563,25 @@ class Ledger:
     def _select(conn: sa.Connection, *where) -> list[Record]:
         a, d = allocations, allocation_devices
         rows = conn.execute(
-            sa.select(a, d.c.uuid, d.c.share)
+            sa.select(a, d.c.uuid, d.c.milli)
             .select_from(a.outerjoin(d, d.c.allocation_id == a.c.id))
             .where(*where)
             .order_by(a.c.started_at, a.c.id, d.c.position)
         )
         found: dict[int, tuple] = {}  # id: (row, its devices, their shares)
         for row in rows:
-            _, uuids, shares = found.setdefault(row.id, (row, [], []))
+            _, uuids, milli = found.setdefault(row.id, (row, [], []))
             if row.uuid is not None:  # an allocation without GPUs has no device rows
                 uuids.append(row.uuid)
-                shares.append(row.share)
+                milli.append(row.milli)
         return [
             Record(
                 id=row.id,
                 devices=tuple(uuids),
-                shares=tuple(shares),
+                milli=tuple(milli),
+                tasks=_split_tasks(row.tasks),
                 **{field: getattr(row, column) for field, column in _COLUMNS.items()},
             )
-            for row, uuids, shares in found.values()
+            for row, uuids, milli in found.values()
         ]
+

@@ -36,7 +36,7 @@ def held(hub, host="gpu-b") -> list[str]:
 def test_a_spawn_and_its_stop_are_recorded_and_usage_counts_them(hub, db_url):
     spawn_ready(hub, "uma", {"gpu_model": A100, "gpu_count": 2})
     (record,) = [r for r in Ledger(db_url).open_allocations() if r.user == "uma"]
-    assert record.host == "gpu-b" and len(record.devices) == 2 and record.shares == (1.0, 1.0)
+    assert record.host == "gpu-b" and len(record.devices) == 2 and record.milli == (1000, 1000)
     hub.stop_server("uma")
     assert not [r for r in Ledger(db_url).open_allocations() if r.user == "uma"]
     (closed,) = Ledger(db_url).history(user="uma")

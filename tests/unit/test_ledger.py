@@ -17,6 +17,7 @@ from alembic.runtime.migration import MigrationContext
 from gpuspawner import ledger_migrations
 from gpuspawner.ledger import (
     SUPERSEDED,
+    TASKS_MAX,
     VERSION_TABLE,
     Ledger,
     LedgerError,
@@ -35,12 +36,12 @@ def at(hours: float) -> datetime:
     return T0 + timedelta(hours=hours)
 
 
-def gpu(ledger: Ledger, service: str, user: str = "alice", *, devices=("GPU-1",), shares=None, start=0.0, **kw) -> int:
+def gpu(ledger: Ledger, service: str, user: str = "alice", *, devices=("GPU-1",), milli=None, start=0.0, **kw) -> int:
     """Open an allocation with the given (or plain) fields, started ``start`` hours after T0."""
     fields = {"server": "", "host": "gpu-a", "model": "NVIDIA A100 80GB PCIe"}
     fields.update(kw)
-    shares = [1.0] * len(devices) if shares is None else shares
-    return ledger.open(service, user, devices=list(devices), shares=list(shares), started_at=at(start), **fields)
+    milli = [1000] * len(devices) if milli is None else milli
+    return ledger.open(service, user, devices=list(devices), milli=list(milli), started_at=at(start), **fields)
 
 
 def assert_usable(url: str) -> None:
@@ -55,6 +56,49 @@ def assert_usable(url: str) -> None:
 
 def ledger_tables(engine: sa.Engine) -> set[str]:
     return {t for t in sa.inspect(engine).get_table_names() if t.startswith("gpuspawner_")}
+
+
+def columns(engine: sa.Engine, table: str) -> list[str]:
+    return [c["name"] for c in sa.inspect(engine).get_columns(table)]
+
+
+def write_0001(engine: sa.Engine, allocations: list[tuple]) -> None:
+    """Rows as revision 0001 stored them: (id, user, model, start, end or None, float
+    shares) per allocation, service ``svc-<user>``, devices GPU-0, GPU-1, ..."""
+    with engine.begin() as conn:
+        for id_, user, model, start, end, shares in allocations:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO gpuspawner_allocations (id, service, username, server, host, model,"
+                    " started_at, ended_at, end_reason) VALUES (:id, :service, :user, '', 'gpu-a', :model,"
+                    " :start, :end, '')"
+                ),
+                dict(id=id_, service=f"svc-{user}", user=user, model=model, start=naive(at(start)),
+                     end=None if end is None else naive(at(end))),
+            )
+            for position, share in enumerate(shares):
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO gpuspawner_allocation_devices (allocation_id, position, uuid, share)"
+                        " VALUES (:id, :position, :uuid, :share)"
+                    ),
+                    dict(id=id_, position=position, uuid=f"GPU-{position}", share=share),
+                )
+
+
+def naive(moment: datetime) -> datetime:
+    """As the ledger stores times: naive UTC."""
+    return moment.astimezone(UTC).replace(tzinfo=None)
+
+
+def device_rows(conn: sa.Connection, column: str) -> list[tuple]:
+    return [
+        tuple(row)
+        for row in conn.execute(
+            sa.text(f"SELECT allocation_id, position, uuid, {column} FROM gpuspawner_allocation_devices"
+                    " ORDER BY allocation_id, position")
+        )
+    ]
 
 
 class LedgerContract:
@@ -72,7 +116,7 @@ class LedgerContract:
     def test_open_records_every_field_in_utc(self, ledger):
         cet = timezone(timedelta(hours=1))
         started = datetime(2026, 3, 1, 13, 30, 15, 250000, tzinfo=cet)
-        new_id = ledger.open("jupyter-alice-big", "alice", "big", "gpu-b", "A100", ["GPU-b1", "GPU-a0"], [1, 0.5], started)
+        new_id = ledger.open("jupyter-alice-big", "alice", "big", "gpu-b", "A100", ["GPU-b1", "GPU-a0"], [1000, 500], started)
 
         (record,) = ledger.open_allocations()
         assert record.id == new_id
@@ -80,21 +124,22 @@ class LedgerContract:
             "jupyter-alice-big", "alice", "big", "gpu-b", "A100",
         )
         assert record.devices == ("GPU-b1", "GPU-a0")  # the order given, not sorted
-        assert record.shares == (1.0, 0.5)
+        assert record.milli == (1000, 500)
         assert record.gpus == 1.5
+        assert record.tasks == ()
         assert record.started_at == started and record.started_at.tzinfo == UTC
         assert record.started_at.hour == 12  # 13:30 at +01:00
         assert record.ended_at is None and record.end_reason == ""
 
     def test_open_without_a_start_time_starts_now(self, ledger):
         before = datetime.now(UTC)
-        ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1"], [1])
+        ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1"], [1000])
         (record,) = ledger.open_allocations()
         assert before <= record.started_at <= datetime.now(UTC)
 
     def test_opening_the_same_allocation_again_returns_the_open_one(self, ledger):
-        first = gpu(ledger, "svc", devices=["GPU-1", "GPU-2"], shares=[0.5, 0.5])
-        again = gpu(ledger, "svc", devices=["GPU-1", "GPU-2"], shares=[0.5, 0.5], start=3)
+        first = gpu(ledger, "svc", devices=["GPU-1", "GPU-2"], milli=[500, 500])
+        again = gpu(ledger, "svc", devices=["GPU-1", "GPU-2"], milli=[500, 500], start=3)
         assert again == first
         (record,) = ledger.history()
         assert record.started_at == at(0)  # the first start counts, not the retry's
@@ -142,7 +187,100 @@ class LedgerContract:
     def test_an_allocation_without_gpus_is_recorded(self, ledger):
         ledger.open("cpu-svc", "carol", "", "", "", [], [], at(0))
         (record,) = ledger.open_allocations()
-        assert (record.devices, record.shares, record.gpus) == ((), (), 0)
+        assert (record.devices, record.milli, record.gpus) == ((), (), 0)
+
+    # --- swarm tasks ----------------------------------------------------------------
+
+    def test_note_tasks_adds_ids_in_order_without_repeats(self, ledger):
+        gpu(ledger, "svc")
+        assert ledger.note_tasks("svc", ["t1", "t2"]) is True
+        assert ledger.note_tasks("svc", iter(["t2", "t3", "t1", "t3"])) is True
+        assert ledger.note_tasks("svc", []) is True
+        (record,) = ledger.open_allocations()
+        assert record.tasks == ("t1", "t2", "t3")
+
+    def test_noting_the_same_tasks_again_writes_nothing(self, ledger):
+        gpu(ledger, "svc")
+        ledger.note_tasks("svc", ["t1", "t2"])
+        before = ledger.open_allocations()
+        updates = []
+
+        def count_updates(conn, cursor, statement, *args):
+            if statement.lstrip().upper().startswith("UPDATE"):
+                updates.append(statement)
+
+        sa.event.listen(ledger.engine, "before_cursor_execute", count_updates)
+        try:
+            assert ledger.note_tasks("svc", ("t2", "t1", "t2")) is True
+        finally:
+            sa.event.remove(ledger.engine, "before_cursor_execute", count_updates)
+        assert updates == []
+        assert ledger.open_allocations() == before
+
+    def test_note_tasks_without_an_open_allocation_returns_false(self, ledger):
+        assert ledger.note_tasks("never-opened", ["t1"]) is False
+        gpu(ledger, "svc")
+        ledger.note_tasks("svc", ["t1"])
+        ledger.close("svc", at(1))
+        assert ledger.note_tasks("svc", ["t2"]) is False
+        (record,) = ledger.history()
+        assert record.tasks == ("t1",)  # a closed allocation keeps its tasks
+
+    def test_tasks_belong_to_one_allocation(self, ledger):
+        gpu(ledger, "svc", devices=["GPU-1"])
+        ledger.note_tasks("svc", ["t1"])
+        gpu(ledger, "svc", devices=["GPU-1"], start=1)  # the same again: still the open one
+        assert [r.tasks for r in ledger.open_allocations()] == [("t1",)]
+        gpu(ledger, "svc", devices=["GPU-2"], start=2)  # a different one supersedes it
+        ledger.note_tasks("svc", ["t2"])
+        old, new = ledger.history()
+        assert (old.end_reason, old.tasks) == (SUPERSEDED, ("t1",))
+        assert (new.ended_at, new.tasks) == (None, ("t2",))
+
+    def test_tasks_survive_a_hub_restart(self, ledger, url):
+        gpu(ledger, "svc")
+        ledger.note_tasks("svc", ["k3f9x0q2m1", "ABC123"])
+        ledger.dispose()
+        restarted = Ledger(url)  # a new hub process on the same database
+        try:
+            (record,) = restarted.open_allocations()
+            assert record.tasks == ("k3f9x0q2m1", "ABC123")
+            assert restarted.note_tasks("svc", ["ABC123", "z9"]) is True
+            closed = restarted.close("svc", at(1))
+            assert closed.tasks == ("k3f9x0q2m1", "ABC123", "z9")
+        finally:
+            restarted.dispose()
+        assert [r.tasks for r in ledger.history()] == [("k3f9x0q2m1", "ABC123", "z9")]
+
+    def test_only_the_newest_tasks_are_kept(self, ledger):
+        gpu(ledger, "svc")
+        ids = [f"task{i}" for i in range(70)]
+        ledger.note_tasks("svc", ids[:40])
+        ledger.note_tasks("svc", ids[30:])
+        (record,) = ledger.open_allocations()
+        assert record.tasks == tuple(ids[-TASKS_MAX:]) and TASKS_MAX == 64
+
+    def test_tasks_noted_by_another_process_meanwhile_are_kept(self, ledger, url):
+        # Another Ledger (another process) adds an id between this one's read and write.
+        other = Ledger(url)
+        gpu(ledger, "svc")
+        ledger.note_tasks("svc", ["t1"])
+        other.open_allocations()  # its schema check done before the race
+        sneaked = []
+
+        def note_first(conn, cursor, statement, *args):
+            if statement.lstrip().upper().startswith("UPDATE") and not sneaked:
+                sneaked.append(other.note_tasks("svc", ["t2"]))
+
+        sa.event.listen(ledger.engine, "before_cursor_execute", note_first)
+        try:
+            assert ledger.note_tasks("svc", ["t3"]) is True
+        finally:
+            sa.event.remove(ledger.engine, "before_cursor_execute", note_first)
+            other.dispose()
+        assert sneaked == [True]
+        (record,) = ledger.open_allocations()
+        assert record.tasks == ("t1", "t2", "t3")
 
     # --- history and usage --------------------------------------------------------
 
@@ -151,7 +289,7 @@ class LedgerContract:
         """alice: A100 × 1 from 0h to 4h and GTX 0.5 + 0.25 from 2h to 3h; bob: A100 × 1
         from 3h, still open; carol: no GPU from 1h to 5h."""
         gpu(ledger, "a", "alice", devices=["GPU-1"], start=0)
-        gpu(ledger, "b", "alice", devices=["GPU-2", "GPU-3"], shares=[0.5, 0.25], model="GTX 1070", host="gpu-b", start=2)
+        gpu(ledger, "b", "alice", devices=["GPU-2", "GPU-3"], milli=[500, 250], model="GTX 1070", host="gpu-b", start=2)
         gpu(ledger, "c", "bob", devices=["GPU-4"], start=3)
         ledger.open("d", "carol", "", "", "", [], [], at(1))
         ledger.close("a", at(4))
@@ -185,9 +323,44 @@ class LedgerContract:
         assert day.usage(at(-10), at(-1)) == []  # before everything
         assert day.usage(at(2.5), at(2.5)) == []  # an empty range
 
+    def test_usage_of_allocations_written_as_float_shares_is_the_same_after_the_upgrade(self, url):
+        # An older gpuspawner (revision 0001) stored shares as floats; usage then was
+        # hours × the sum of the floats, computed here by hand.
+        engine = sa.create_engine(url)
+        try:
+            ledger_migrations.upgrade(engine, revision="0001")
+            write_0001(engine, [
+                (1, "alice", "A100", 0, 2.5, [0.6, 0.6]),
+                (2, "bob", "A100", 1, 4, [0.333]),
+                (3, "carol", "T4", 0, 4, [1.0, 0.125]),
+                (4, "alice", "T4", 3, 5, [0.25]),
+            ])
+        finally:
+            engine.dispose()
+        ledger = Ledger(url)  # upgrades to milli on first use
+        try:
+            # alice: 2.5h × 1.2 + 2h × 0.25; bob: 3h × 0.333; carol: 4h × 1.125
+            assert ledger.usage(at(0), at(10)) == [
+                Usage("carol", pytest.approx(4.5)),
+                Usage("alice", pytest.approx(3.5)),
+                Usage("bob", pytest.approx(0.999)),
+            ]
+            assert ledger.usage(at(0), at(10), by="model") == [
+                Usage("T4", pytest.approx(5.0)),
+                Usage("A100", pytest.approx(3.999)),
+            ]
+            # 1h..3h: carol 2h × 1.125; alice 1.5h × 1.2 (alice's T4 starts at 3h); bob 2h × 0.333
+            assert ledger.usage(at(1), at(3)) == [
+                Usage("carol", pytest.approx(2.25)),
+                Usage("alice", pytest.approx(1.8)),
+                Usage("bob", pytest.approx(0.666)),
+            ]
+        finally:
+            ledger.dispose()
+
     def test_usage_counts_an_open_allocation_until_now(self, ledger):
         now = datetime.now(UTC)
-        ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1", "GPU-2"], [1, 0.5], now - timedelta(hours=2))
+        ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1", "GPU-2"], [1000, 500], now - timedelta(hours=2))
         ((user, hours),) = ledger.usage(now - timedelta(hours=3))  # until defaults to now
         assert user == "alice" and hours == pytest.approx(3.0, abs=0.01)  # 2h × 1.5 GPUs
         ((_, hours),) = ledger.usage(now - timedelta(hours=1), now + timedelta(days=1))  # not into the future
@@ -245,6 +418,18 @@ class LedgerContract:
         assert len(open_now) == 1
         assert sum(r.end_reason == SUPERSEDED for r in ledger.history()) == 7
 
+    def test_concurrent_task_notes_are_all_kept(self, ledger, url):
+        gpu(ledger, "svc")
+        other = Ledger(url)
+        other.open_allocations()
+        try:
+            noted = self._race(8, lambda i: (ledger, other)[i % 2].note_tasks("svc", [f"t{i}", "shared"]))
+        finally:
+            other.dispose()
+        assert noted == [True] * 8
+        (record,) = ledger.open_allocations()
+        assert sorted(record.tasks) == sorted([f"t{i}" for i in range(8)] + ["shared"])
+
     def test_the_database_refuses_a_second_open_allocation_for_a_service(self, ledger):
         gpu(ledger, "svc")
         from gpuspawner.ledger import allocations
@@ -285,6 +470,35 @@ class LedgerContract:
         finally:
             engine.dispose()
         assert_usable(url)  # a Ledger on the emptied database builds it again
+
+    def test_0002_turns_float_shares_into_milli_and_back(self, url):
+        engine = sa.create_engine(url)
+        try:
+            ledger_migrations.upgrade(engine, revision="0001")
+            write_0001(engine, [(7, "alice", "A100", 0, None, [0.6, 0.25, 1.0])])
+
+            ledger_migrations.upgrade(engine, revision="0002")
+            assert columns(engine, "gpuspawner_allocation_devices") == ["allocation_id", "position", "uuid", "milli"]
+            with engine.connect() as conn:
+                assert device_rows(conn, "milli") == [(7, 0, "GPU-0", 600), (7, 1, "GPU-1", 250), (7, 2, "GPU-2", 1000)]
+                assert conn.execute(sa.text("SELECT tasks FROM gpuspawner_allocations")).scalars().all() == [""]
+            ledger = Ledger(url)
+            try:
+                (record,) = ledger.open_allocations()
+                assert (record.milli, record.tasks, record.gpus) == ((600, 250, 1000), (), 1.85)
+            finally:
+                ledger.dispose()
+
+            ledger_migrations.downgrade(engine, "0001")
+            assert "tasks" not in columns(engine, "gpuspawner_allocations")
+            assert columns(engine, "gpuspawner_allocation_devices") == ["allocation_id", "position", "uuid", "share"]
+            with engine.connect() as conn:
+                assert device_rows(conn, "share") == [(7, 0, "GPU-0", 0.6), (7, 1, "GPU-1", 0.25), (7, 2, "GPU-2", 1.0)]
+            # The rebuilt tables keep the rule of one open allocation per service.
+            with pytest.raises(sa.exc.IntegrityError):
+                write_0001(engine, [(8, "alice", "A100", 1, None, [])])
+        finally:
+            engine.dispose()
 
     def test_tables_from_a_newer_gpuspawner_are_refused_with_a_clear_message(self, ledger, url):
         ledger.open_allocations()
@@ -338,10 +552,14 @@ class TestLedgerOnSQLite(LedgerContract):
         ({"host": ""}, "host must not be empty"),
         ({"devices": ["GPU-1", "GPU-2"]}, "2 devices but 1 shares"),
         ({"devices": "GPU-1"}, "not one string"),
-        ({"devices": ["GPU-1", "GPU-1"], "shares": [0.5, 0.5]}, "listed twice"),
-        ({"shares": [0]}, r"share of GPU-1 must be a number in \(0, 1\]"),
-        ({"shares": [1.5]}, r"share of GPU-1 must be a number in \(0, 1\]"),
-        ({"shares": ["1"]}, r"share of GPU-1 must be a number"),
+        ({"devices": ["GPU-1", "GPU-1"], "milli": [500, 500]}, "listed twice"),
+        ({"milli": [0]}, "share of GPU-1 must be an integer number of thousandths in 1..1000"),
+        ({"milli": [1001]}, "in 1..1000 .*got 1001"),
+        ({"milli": [0.5]}, "in 1..1000 .*got 0.5"),
+        ({"milli": [1000.0]}, "in 1..1000 .*got 1000.0"),
+        ({"milli": [True]}, "in 1..1000 .*got True"),
+        ({"milli": ["1000"]}, "in 1..1000 .*got '1000'"),
+        ({"devices": ["GPU-1", "GPU-2"], "milli": [500, -1]}, "share of GPU-2 .*got -1"),
         ({"started_at": datetime(2026, 1, 1)}, "started_at must be timezone-aware"),
         ({"started_at": "2026-01-01"}, "started_at must be a datetime"),
     ],
@@ -349,7 +567,7 @@ class TestLedgerOnSQLite(LedgerContract):
 def test_bad_input_is_refused_and_changes_nothing(tmp_path, change, message):
     # Checked before the database is touched: alike on every backend, so on SQLite only.
     ledger = Ledger(f"sqlite:///{tmp_path}/gpuspawner.sqlite")
-    args = dict(service="svc", user="alice", server="", host="gpu-a", model="A100", devices=["GPU-1"], shares=[1.0])
+    args = dict(service="svc", user="alice", server="", host="gpu-a", model="A100", devices=["GPU-1"], milli=[1000])
     args.update(change)
     with pytest.raises(ValueError, match=message):
         ledger.open(**args)
@@ -357,17 +575,41 @@ def test_bad_input_is_refused_and_changes_nothing(tmp_path, change, message):
     ledger.dispose()
 
 
+@pytest.mark.parametrize(
+    "service, task_ids, message",
+    [
+        ("svc", "abc", "not one string"),
+        ("svc", [""], "1 to 64 letters and digits, got ''"),
+        ("svc", ["ok1", "a-b"], "got 'a-b'"),
+        ("svc", ["x" * 65], "1 to 64 letters and digits"),
+        ("svc", ["t1,t2"], "got 't1,t2'"),
+        ("svc", ["tâche"], "got 'tâche'"),
+        ("svc", [5], "got 5"),
+        ("svc", [b"abc"], "got b'abc'"),
+        ("", ["t2"], "service must not be empty"),
+    ],
+)
+def test_bad_task_ids_are_refused_and_change_nothing(tmp_path, service, task_ids, message):
+    ledger = Ledger(f"sqlite:///{tmp_path}/gpuspawner.sqlite")
+    gpu(ledger, "svc")
+    ledger.note_tasks("svc", ["t1"])
+    with pytest.raises(ValueError, match=message):
+        ledger.note_tasks(service, task_ids)
+    assert [r.tasks for r in ledger.history()] == [("t1",)]
+    ledger.dispose()
+
+
 def test_an_unusable_database_raises_ledger_error_until_it_is_usable(tmp_path):
     folder = tmp_path / "not-yet"
     ledger = Ledger(f"sqlite:///{folder}/gpuspawner.sqlite")
     with pytest.raises(LedgerError) as e:
-        ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1"], [1])
+        ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1"], [1000])
     message = str(e.value)
     assert message.startswith(f"GPU ledger database sqlite:///{folder}/gpuspawner.sqlite: ")
     assert "unable to open database file" in message and "\n" not in message
 
     folder.mkdir()  # the database becomes usable: the same Ledger works
-    ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1"], [1])
+    ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1"], [1000])
     assert [r.service for r in ledger.open_allocations()] == ["svc"]
     ledger.dispose()
 
