@@ -196,7 +196,9 @@ class Holdings:
     async def create(self, name: str, spec: dict) -> dict:
         """Create the holding's service from ``spec`` (build_service's kwargs).
         On failure the holding is left *creating*: the caller removes it."""
-        h = self._holdings[name]
+        h = self._holdings.get(name)
+        if h is None or h.phase is not Phase.RESERVED:
+            raise SwarmError(f"{name} was stopped before its service was created")
         self._set(h, Phase.CREATING)
         h.created = True
         h.creating = asyncio.ensure_future(self.swarm.create_service(**spec))

@@ -626,7 +626,7 @@ class GPUSwarmSpawner(SwarmSpawner):
         """Where the server really listens. With host networking that is its
         node's address and the port in its labels, which a hub killed
         mid-spawn never recorded: a restarted hub checks this URL."""
-        if not self.host_network:
+        if not self.host_network or self.server is None:
             return await super().get_url()
         owner = await self._up_to_date()
         h = owner.get(self.service_name)
@@ -642,7 +642,7 @@ class GPUSwarmSpawner(SwarmSpawner):
     # -- stop / poll / state --------------------------------------------------
 
     async def stop(self, now=False):
-        if not await self._remove(self.holdings()):
+        if not await self._remove(await self._up_to_date()):
             raise spawn_error(
                 f"Your server's service {self.service_name} could not be removed yet; please try again.",
                 reason="service_remove", status_code=503,
@@ -655,9 +655,11 @@ class GPUSwarmSpawner(SwarmSpawner):
         """None while the task runs or is on its way; otherwise the server is
         over: its service is removed (JupyterHub does not call stop() for a
         server it found dead) and its GPUs come back once its task has ended."""
-        owner = self.holdings()
         try:
+            owner = await self._up_to_date()  # a restarted hub polls before anything else
             tasks = await owner.swarm.tasks(self.service_name)
+        except SpawnException:
+            return None  # the manager cannot be asked: that says nothing about the server
         except SwarmError as exc:
             if not exc.not_found:
                 return None  # the manager cannot tell: that says nothing about the server
@@ -716,7 +718,8 @@ def _service_names(cls: type, config) -> Callable[[str, str], str]:
 
     @functools.lru_cache(maxsize=4096)
     def name_for(user: str, server: str) -> str:
-        return cls(config=config, user=SimpleNamespace(name=user, id=0), name=server).service_name
+        named = SimpleNamespace(name=server, display_name=server, server=None, state=None)
+        return cls(config=config, user=SimpleNamespace(name=user, id=0), orm_spawner=named).service_name
 
     return name_for
 

@@ -1,0 +1,304 @@
+"""Holdings under every interleaving: the real spawner, owner, allocator and
+SQLite ledger over an in-process fake of the Docker API (tests/fakedocker.py),
+driven by a deterministic scheduler (tests/interleave.py) that chooses, at
+every point where a Docker or database call is pending, which coroutine goes
+next, and when containers exit, tasks start, a spawn is cancelled or time
+passes.
+
+After every step the invariants are checked:
+
+* no GPU is booked to two holdings (whole, or shares above 1);
+* no GPU is free while a container of its last holder may still run: every
+  container that may run has each device in its NVIDIA_VISIBLE_DEVICES booked
+  to its own service;
+
+and at the end of every schedule, the ledger's open entries are exactly the
+live holdings with GPUs, and no operation failed with anything but a clean
+SpawnException.
+
+The named regression tests below are the defects this owner was built to
+close; each failed on the code before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+from jupyterhub import orm
+from jupyterhub.spawner import SpawnException
+from traitlets.config import Config
+
+from gpuspawner import spawner as spawner_module
+from gpuspawner.holdings import Phase
+from gpuspawner.labels import ServerLabels, to_labels
+from gpuspawner.ledger import Ledger
+from tests.fakedocker import FakeDocker
+from tests.interleave import Run, Scenario, explore, random_schedules
+
+A100 = "NVIDIA A100 80GB PCIe"
+NODES = ["manager", "gpu-a", "gpu-b"]
+ONE_GPU = {"gpu-b": [{"uuid": "GPU-b0", "model": A100, "memory_mib": 81920}]}
+HUB = SimpleNamespace(api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/", url="http://127.0.0.1:8081/hub/",
+                      public_host="")
+
+
+class World:
+    """One hub (its config, a fresh owner) over one fake swarm."""
+
+    def __init__(self, tmp_path, executor=None, inventory=ONE_GPU, **settings):
+        self.fake = FakeDocker(nodes=NODES)
+        self.db_url = f"sqlite:///{tmp_path}/ledger-{time.monotonic_ns()}.sqlite"
+        config = Config()
+        config.GPUSwarmSpawner.gpu_inventory = inventory
+        config.GPUSwarmSpawner.gpu_db_url = self.db_url
+        config.GPUSwarmSpawner.image = "busybox"
+        config.GPUSwarmSpawner.cmd = ["jupyterhub-singleuser"]
+        config.GPUSwarmSpawner.server_stop_timeout = 5
+        config.GPUSwarmSpawner.task_start_timeout = 20
+        for key, value in settings.items():
+            setattr(config.GPUSwarmSpawner, key, value)
+        self.config = config
+        self.cls = type("FakeSwarmSpawner", (spawner_module.GPUSwarmSpawner,),
+                        {"_client": self.fake, "_executor": executor})
+        spawner_module._OWNERS.clear()
+
+    def spawner(self, user: str, options=None, server: str = ""):
+        named = SimpleNamespace(name=server, display_name=server, server=None, state=None)
+        s = self.cls(config=self.config, user=SimpleNamespace(name=user, id=hash(user) % 1000, url=f"/user/{user}/"),
+                     orm_spawner=named, hub=HUB)
+        s.api_token = "token"
+        s.user_options = dict(options or {})
+        return s
+
+    @property
+    def owner(self):
+        return self.spawner("nobody").holdings()
+
+    def leftover(self, user: str, uuids=("GPU-b0",), name=None, run=True, **labels):
+        """A service left by an earlier hub (labels as that hub wrote them)."""
+        claim = ServerLabels(user=user, server="", host="gpu-b" if uuids else "", uuids=tuple(uuids),
+                             model=A100 if uuids else "", port=None)
+        env = [f"NVIDIA_VISIBLE_DEVICES={','.join(uuids) or 'void'}"]
+        template = {"ContainerSpec": {"Image": "busybox", "Env": env},
+                    "Placement": {"Constraints": ["node.hostname==gpu-b"]}}
+        self.fake.create_service(template, name=name or f"jupyter-{user}", labels={**to_labels(claim), **labels})
+        if run:
+            self.fake.run_all()
+
+    # -- invariants -----------------------------------------------------------------
+
+    def invariant(self) -> None:
+        owner = spawner_module._OWNERS and next(iter(spawner_module._OWNERS.values()))
+        if not owner or not owner.rebuilt:
+            return  # what an earlier hub left is the rebuild's to find
+        booked: dict[str, set[str]] = {}  # uuid -> services booked on it
+        if owner:
+            for uuid, holders in owner.holders_of().items():
+                assert sum(h["share"] for h in holders) <= 1.0, f"{uuid} booked above 1: {holders}"
+            booked = {uuid: {name for name, a in owner.allocator.holdings().items() if uuid in a.uuids}
+                      for uuid in owner.holders_of()}
+        for task, (service, node, visible) in self.fake.running_containers().items():
+            for uuid in filter(None, visible.split(",")):
+                if uuid == "void":
+                    continue
+                assert service in booked.get(uuid, set()), (
+                    f"{uuid} is not booked to {service}, whose task {task} may still run on it (booked: {booked})")
+
+    def ledger_matches(self) -> None:
+        owner = next(iter(spawner_module._OWNERS.values()))
+        open_ = {r.service for r in Ledger(self.db_url).open_allocations()}
+        live = {name for name, h in owner.all().items() if h.labels.uuids}
+        assert open_ == live, f"ledger open {open_} but holdings {live}"
+
+
+def clean(outcome) -> None:
+    """Operations may be refused or fail, but only with a message for the user."""
+    for name, exc in outcome.errors.items():
+        assert isinstance(exc, (SpawnException, asyncio.CancelledError)), f"{name} raised {exc!r}"
+
+
+def check_all(world: World):
+    def check(outcome):
+        clean(outcome)
+        world.ledger_matches()
+    return check
+
+
+# -- the six defects, as named regressions ----------------------------------------------
+
+
+def test_defect1_a_restart_with_a_leftover_never_books_its_gpu_twice(tmp_path):
+    """A server started again while its earlier service is left over; a
+    reconciliation between the new allocation and the service's creation used
+    to release the new allocation, and the next user got the same GPU."""
+
+    def scenario(run: Run) -> Scenario:
+        world = World(tmp_path, run.executor)
+        world.leftover("alice")
+        alice, bob = world.spawner("alice", {"gpu_model": A100}), world.spawner("bob", {"gpu_model": A100})
+        return Scenario(
+            ops={"alice": alice.start, "reconcile": lambda: world.owner.reconcile(), "bob": bob.start},
+            events={"exit_all": world.fake.exit_all, "run_all": world.fake.run_all},
+            invariant=world.invariant, check=check_all(world),
+        )
+
+    stats = random_schedules(scenario, seed=1, n=300)
+    assert stats.schedules == 300 and stats.choice_points > 300
+
+
+def test_defect2_a_failed_stop_keeps_the_gpu_until_the_container_is_gone(tmp_path):
+    """A stop whose removal failed left the GPU reserved only until the next
+    reconciliation, which released it without waiting for the task."""
+
+    def scenario(run: Run) -> Scenario:
+        world = World(tmp_path, run.executor)
+        world.leftover("alice")
+        world.fake.fail_next("remove_service", status=500)
+        alice, bob = world.spawner("alice"), world.spawner("bob", {"gpu_model": A100})
+
+        async def stop_alice():
+            try:
+                await alice.stop()
+            except SpawnException:
+                pass  # JupyterHub reports it; the GPU must stay reserved
+
+        return Scenario(
+            ops={"stop": stop_alice, "reconcile": lambda: world.owner.reconcile(), "bob": bob.start},
+            events={"exit_all": world.fake.exit_all, "run_all": world.fake.run_all},
+            invariant=world.invariant, check=lambda outcome: clean(outcome),
+        )
+
+    stats = random_schedules(scenario, seed=2, n=300)
+    assert stats.schedules == 300
+
+
+def test_defect2_a_cancelled_spawn_gives_its_gpu_back_only_after_its_task_ended(tmp_path):
+    """JupyterHub's DELETE on a pending spawn cancels it, then stops it: the
+    holding was released while the task was still starting."""
+
+    def scenario(run: Run) -> Scenario:
+        world = World(tmp_path, run.executor)
+        alice, bob = world.spawner("alice", {"gpu_model": A100}), world.spawner("bob", {"gpu_model": A100})
+
+        async def stop_alice():
+            try:
+                await alice.stop()
+            except SpawnException:
+                pass
+
+        return Scenario(
+            ops={"alice": alice.start, "bob": bob.start, "reconcile": lambda: world.owner.reconcile()},
+            events={"exit_all": world.fake.exit_all, "run_all": world.fake.run_all, "stop_alice": stop_alice},
+            cancellable=("alice",),
+            invariant=world.invariant, check=lambda outcome: clean(outcome),
+        )
+
+    stats = random_schedules(scenario, seed=3, n=300)
+    assert stats.schedules == 300
+
+
+async def test_defect3_a_leftover_cpu_only_service_of_the_same_name_is_removed_first(tmp_path):
+    world = World(tmp_path)
+    world.leftover("alice", uuids=())
+    (old,) = world.fake.task_ids("jupyter-alice")
+    alice = world.spawner("alice", {"gpu_model": A100})
+    start = asyncio.ensure_future(alice.start())
+    while not start.done():
+        if old and "jupyter-alice" not in world.fake.service_names():  # removed: its container exits
+            world.fake.exit_container(old)
+            old = None
+        world.fake.run_all()
+        await asyncio.sleep(0.01)
+    await start
+    env = world.fake.running_containers()
+    assert [visible for _, _, visible in env.values()] == ["GPU-b0"]
+
+
+async def test_defect4_hostile_labels_never_stop_the_rebuild(tmp_path):
+    world = World(tmp_path)
+    for i, bad in enumerate([{"gpuspawner.shares": "inf"}, {"gpuspawner.shares": "1e10000000"},
+                             {"gpuspawner.port": "٨٠٨٠"}, {"gpuspawner.user": ""}]):
+        world.leftover(f"x{i}", name=f"jupyter-x{i}", **bad)
+    began = time.perf_counter()
+    result = await world.owner.reconcile()
+    assert time.perf_counter() - began < 1.0
+    assert result["services"] == 0 and len(world.owner.foreign) == 4
+    alice = world.spawner("alice", {"gpu_model": A100})
+    start = asyncio.ensure_future(alice.start())
+    while not start.done():
+        world.fake.run_all()
+        await asyncio.sleep(0.01)
+    await start
+
+
+async def test_defect5_a_service_by_another_name_is_not_charged_to_the_user(tmp_path):
+    world = World(tmp_path, max_gpus_per_user=1,
+                  inventory={"gpu-b": [{"uuid": f"GPU-b{i}", "model": A100, "memory_mib": 81920} for i in range(2)]})
+    world.leftover("alice", name="evil")  # labelled as alice's running server
+    await world.owner.reconcile()
+    assert world.owner.get("evil") is None and "evil" in world.owner.foreign
+    alice = world.spawner("alice", {"gpu_model": A100})
+    start = asyncio.ensure_future(alice.start())
+    while not start.done():
+        world.fake.run_all()
+        await asyncio.sleep(0.01)
+    await start  # not refused for her limit
+    assert world.owner.get("jupyter-alice").labels.uuids
+
+
+async def test_defect6_a_restarted_hub_checks_the_url_where_the_server_listens(tmp_path):
+    world = World(tmp_path, network_name="host")
+    world.leftover("alice", **{"gpuspawner.port": "20005"})
+    alice = world.spawner("alice")
+    # What the hub recorded before it was killed: the manager's name and a random port.
+    alice.orm_spawner.server = orm.Server(proto="http", ip="vm", port=54487, base_url="/user/alice/", cookie_name="c")
+    assert await alice.poll() is None
+    gpu_b = next(n for n in world.fake.nodes() if n["Description"]["Hostname"] == "gpu-b")["Status"]["Addr"]
+    assert await alice.get_url() == f"http://{gpu_b}:20005/user/alice/"
+
+
+# -- systematic exploration ----------------------------------------------------------------
+
+
+def test_start_stop_and_reconcile_of_two_users_on_one_gpu_every_interleaving(tmp_path):
+    """Depth-first over every schedule of a start racing a reconciliation
+    and another user's start, for the one GPU."""
+
+    def scenario(run: Run) -> Scenario:
+        world = World(tmp_path, run.executor)
+        alice, bob = world.spawner("alice", {"gpu_model": A100}), world.spawner("bob", {"gpu_model": A100})
+        world.fake.run_all()
+        return Scenario(
+            ops={"alice": alice.start, "bob": bob.start, "reconcile": lambda: world.owner.reconcile()},
+            events={"run_all": world.fake.run_all},
+            invariant=world.invariant, check=check_all(world),
+        )
+
+    stats = explore(scenario, max_schedules=400)
+    assert stats.schedules >= 100
+    print(f"explored {stats.schedules} schedules, {stats.choice_points} choice points, depth {stats.max_depth}")
+
+
+def test_a_stop_whose_container_lingers_keeps_the_gpu_reserved_and_says_so(tmp_path):
+    async def body():
+        world = World(tmp_path)
+        world.leftover("alice")
+        owner = world.owner
+        await owner.reconcile()
+        assert not await owner.remove("jupyter-alice", wait=0)
+        h = owner.get("jupyter-alice")
+        assert h.phase is Phase.REMOVING and "still running" in h.problem
+        holders = owner.cluster.alloc_map()["gpu-b"]["GPU-b0"]["holders"]
+        assert holders[0]["phase"] == "removing" and "still running" in holders[0]["problem"]
+        bob = world.spawner("bob", {"gpu_model": A100})
+        with pytest.raises(SpawnException) as refused:
+            await bob.start()
+        assert refused.value.status_code == 503
+        world.fake.exit_all()
+        await owner.reconcile()
+        assert owner.get("jupyter-alice") is None
+
+    asyncio.run(body())
