@@ -18,14 +18,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import itertools
 import random
 import re
 from asyncio import events
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterator
 
-__all__ = ["Outcome", "Run", "Scenario", "ScheduleFailure", "Stats", "StepExecutor", "explore",
+__all__ = ["Nondeterminism", "Outcome", "Run", "Scenario", "ScheduleFailure", "Stats", "StepExecutor", "explore",
            "random_schedules", "replay"]
 
 
@@ -33,6 +34,7 @@ __all__ = ["Outcome", "Run", "Scenario", "ScheduleFailure", "Stats", "StepExecut
 class Step:
     """One call submitted to the executor, not run yet."""
 
+    seq: int  # submission order, across the run's executors
     label: str
     fn: Callable
     args: tuple
@@ -42,17 +44,31 @@ class Step:
 
 class StepExecutor(concurrent.futures.Executor):
     """An executor that only records calls: the scheduler runs them, one at a
-    time, in the order it chooses, in its own thread."""
+    time, in the order it chooses, in its own thread.
 
-    def __init__(self):
+    ``serial``: like ThreadPoolExecutor(1) (dockerspawner's), calls run in the
+    order they were submitted, and a queued call whose caller gave up is
+    skipped; the default is a pool of many threads: any order."""
+
+    def __init__(self, serial: bool = False, seq: Iterator[int] | None = None):
+        self.serial = serial
         self.pending: list[Step] = []
+        self._seq = seq if seq is not None else itertools.count()
 
     def submit(self, fn, /, *args, **kwargs):
         task = _current_task()
         who = f"{task.get_name()}: " if task else ""
         future = concurrent.futures.Future()
-        self.pending.append(Step(who + _describe(fn, args, kwargs), fn, args, kwargs, future))
+        self.pending.append(Step(next(self._seq), who + _describe(fn, args, kwargs), fn, args, kwargs, future))
         return future
+
+    def runnable(self) -> list[Step]:
+        """The steps that may run next."""
+        if not self.serial:
+            return list(self.pending)
+        # The first call is at the worker already; the queued ones were never sent if their caller gave up.
+        self.pending[1:] = [s for s in self.pending[1:] if not s.future.cancelled()]
+        return self.pending[:1]
 
     def run(self, step: Step) -> None:
         """Run a step. One whose caller gave up waiting (its future cancelled)
@@ -90,15 +106,28 @@ class Scenario:
 
 @dataclass
 class Run:
-    """Handed to the scenario factory: the run's executor (also the loop's
-    default one), loop, and the ops' tasks once started."""
+    """Handed to the scenario factory: the run's loop, its executor (also the
+    loop's default one), and the ops' tasks once started."""
 
     loop: asyncio.AbstractEventLoop
     executor: StepExecutor
     tasks: dict[str, asyncio.Task] = field(default_factory=dict)
+    executors: list[StepExecutor] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.executors.append(self.executor)
+
+    def serial_executor(self) -> StepExecutor:
+        """Another executor of the run, with one worker (see StepExecutor)."""
+        executor = StepExecutor(serial=True, seq=self.executor._seq)
+        self.executors.append(executor)
+        return executor
 
     def task(self, name: str) -> asyncio.Task:
         return self.tasks[name]
+
+    def runnable(self) -> list[tuple[StepExecutor, Step]]:
+        return sorted(((e, s) for e in self.executors for s in e.runnable()), key=lambda es: es[1].seq)
 
 
 @dataclass
@@ -191,23 +220,14 @@ def _run(factory: Callable[[Run], Scenario], choose: Callable[[int, list[str]], 
         for name, op in ops.items():
             run.tasks[name] = loop.create_task(op(), name=name)
         fired: set[str] = set()
-        cancelled: set[str] = set()
         while True:
             _guard(loop.settle, "the loop raised", outcome)
             if scenario.invariant:
                 _guard(scenario.invariant, "invariant failed", outcome)
             waiting = [n for n, t in run.tasks.items() if not t.done()]
-            if not waiting:
+            choices = _choices(run, scenario, waiting, fired)
+            if not waiting and not choices:
                 break
-            choices = [(s.label + (" (abandoned)" if s.future.cancelled() else ""), functools.partial(executor.run, s))
-                       for s in executor.pending]
-            choices += [(f"event {n}", functools.partial(_fire, run, n, fn, fired))
-                        for n, fn in scenario.events.items() if n not in fired]
-            choices += [(f"cancel {n}", functools.partial(_cancel, run, n, cancelled))
-                        for n in scenario.cancellable if n in waiting and n not in cancelled]
-            due = loop.next_timer()
-            if due is not None:
-                choices.append((f"time +{due - loop._now:g}s", functools.partial(setattr, loop, "_now", due)))
             if not choices or len(outcome.schedule) >= max_depth:
                 why = "nothing can happen (deadlock)" if not choices else f"no end after {max_depth} choices"
                 outcome.unfinished = {n: f"{why}; waits {_where(run.tasks[n])}" for n in waiting}
@@ -216,15 +236,10 @@ def _run(factory: Callable[[Run], Scenario], choose: Callable[[int, list[str]], 
             index = choose(len(outcome.schedule), labels)
             outcome.schedule.append(index)
             outcome.labels.append(labels[index])
+            if choices[index][1] is None:
+                break
             _guard(choices[index][1], f"choice {labels[index]!r} raised", outcome)
-        outcome.time = loop.time()
-        for name, task in run.tasks.items():
-            if task.done() and task.cancelled():
-                outcome.errors[name] = asyncio.CancelledError()
-            elif task.done() and task.exception() is not None:
-                outcome.errors[name] = task.exception()
-            elif task.done():
-                outcome.results[name] = task.result()
+        _collect(run, outcome)
         if outcome.unfinished and fail_on_unfinished:
             raise ScheduleFailure("operations did not finish:\n" + "\n".join(
                 f"  {n}: {w}" for n, w in outcome.unfinished.items()), outcome.schedule, outcome.labels, outcome)
@@ -232,9 +247,41 @@ def _run(factory: Callable[[Run], Scenario], choose: Callable[[int, list[str]], 
             _guard(functools.partial(scenario.check, outcome), "check failed", outcome)
         return outcome
     finally:
-        _wind_down(loop, executor)
+        _wind_down(loop, run.executors)
         events._set_running_loop(previous)
         loop.close()
+
+
+def _choices(run: Run, scenario: Scenario, waiting: list[str], fired: set[str]) -> list[tuple[str, Callable | None]]:
+    """What may happen next, in a fixed order: steps (oldest first), events,
+    cancels, time. Once every op is over, only the calls their callers gave up
+    on, which may still arrive late, or never ("end")."""
+    steps = [(e, s) for e, s in run.runnable() if waiting or s.future.cancelled()]
+    choices: list[tuple[str, Callable | None]] = [
+        (s.label + (" (abandoned)" if s.future.cancelled() else ""), functools.partial(e.run, s)) for e, s in steps]
+    if not waiting:
+        return choices + [("end", None)] if choices else []
+    choices += [(f"event {n}", functools.partial(_fire, run, n, fn, fired))
+                for n, fn in scenario.events.items() if n not in fired]
+    choices += [(f"cancel {n}", functools.partial(_cancel, run, n, fired))
+                for n in scenario.cancellable if n in waiting and f"cancel {n}" not in fired]
+    due = run.loop.next_timer()
+    if due is not None:
+        choices.append((f"time +{due - run.loop.time():g}s", functools.partial(setattr, run.loop, "_now", due)))
+    return choices
+
+
+def _collect(run: Run, outcome: Outcome) -> None:
+    outcome.time = run.loop.time()
+    for name, task in run.tasks.items():
+        if not task.done():
+            continue
+        if task.cancelled():
+            outcome.errors[name] = asyncio.CancelledError()
+        elif task.exception() is not None:
+            outcome.errors[name] = task.exception()
+        else:
+            outcome.results[name] = task.result()
 
 
 def _guard(fn: Callable[[], Any], what: str, outcome: Outcome) -> None:
@@ -255,22 +302,23 @@ def _fire(run: Run, name: str, fn: Callable, fired: set) -> None:
         run.tasks[name].set_name(name)
 
 
-def _cancel(run: Run, name: str, cancelled: set) -> None:
-    cancelled.add(name)
+def _cancel(run: Run, name: str, fired: set) -> None:
+    fired.add(f"cancel {name}")
     run.tasks[name].cancel()
 
 
-def _wind_down(loop: _VirtualLoop, executor: StepExecutor) -> None:
+def _wind_down(loop: _VirtualLoop, executors: list[StepExecutor]) -> None:
     """Cancel what is left so that no coroutine outlives its loop."""
     for _ in range(50):
         tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
-        if not tasks and not executor.pending:
+        if not tasks and not any(e.pending for e in executors):
             return
         for task in tasks:
             task.cancel()
-        for step in list(executor.pending):
-            executor.pending.remove(step)
-            step.future.cancel()
+        for executor in executors:
+            for step in executor.pending:
+                step.future.cancel()
+            executor.pending.clear()
         try:
             loop.settle()
             if loop.next_timer() is not None:
@@ -335,27 +383,25 @@ def explore(scenario: Callable[[Run], Scenario], *, max_schedules: int = 10_000,
     first failing schedule."""
     stats = Stats()
     prefix: list[int] = []
-    expected: list[str] = []
+    expected: list[list[str]] = []  # the choices offered along the prefix, last time
     while stats.schedules < max_schedules:
-        widths: list[int] = []
+        offered: list[list[str]] = []
 
         def choose(depth: int, labels: list[str]) -> int:
-            if depth < len(prefix) and (prefix[depth] >= len(labels) or
-                                        depth < len(expected) and labels[prefix[depth]] != expected[depth]):
-                want = expected[depth] if depth < len(expected) else f"alternative {prefix[depth]}"
-                raise Nondeterminism(f"choice {depth}: expected {want!r} among {labels}")
-            widths.append(len(labels))
+            if depth < len(prefix) and labels != expected[depth]:
+                raise Nondeterminism(f"choice {depth}: expected {expected[depth]}, got {labels}")
+            offered.append(labels)
             return prefix[depth] if depth < len(prefix) else 0
 
         outcome = _run(scenario, choose, max_depth, fail_on_unfinished)
         _count(stats, outcome, new_points=len(outcome.schedule) - len(prefix))
         path = outcome.schedule
-        while path and path[-1] + 1 >= widths[len(path) - 1]:
+        while path and path[-1] + 1 >= len(offered[len(path) - 1]):
             path = path[:-1]
         if not path:
             stats.complete = True
             break
-        prefix, expected = path[:-1] + [path[-1] + 1], outcome.labels[:len(path) - 1]
+        prefix, expected = path[:-1] + [path[-1] + 1], offered[:len(path)]
     return stats
 
 
