@@ -9,11 +9,12 @@ import docker.errors
 import pytest
 import requests
 
-from gpuspawner.service_spec import Holding, build_service, visible_devices
+from gpuspawner.labels import ServerLabels
+from gpuspawner.service_spec import build_service, visible_devices
 from gpuspawner.swarm import TASK_FAILED, Swarm, SwarmError
 from tests.fakedocker import FakeDocker, api_error
 
-HOLDING = Holding(user="alice", server="", host="gpu-b", uuids=("GPU-1", "GPU-2"), model="A100", port=None)
+HOLDING = ServerLabels(user="alice", server="", host="gpu-b", uuids=("GPU-1", "GPU-2"), model="A100", port=None)
 
 
 def service(name="jupyter-alice", holding=HOLDING, **kw):
@@ -109,7 +110,7 @@ def test_a_second_service_of_the_same_name_is_a_409(fake):
 
 
 def test_without_a_host_the_first_worker_runs_it_and_without_a_node_it_waits(fake):
-    cpu = Holding(user="bob", server="", host="", uuids=(), model="", port=None)
+    cpu = ServerLabels(user="bob", server="", host="", uuids=(), model="", port=None)
     fake.create_service(**service("jupyter-bob", cpu))
     assert fake.running_containers()[fake.task_ids("jupyter-bob")[0]] == ("jupyter-bob", "gpu-a", "void")
 

@@ -9,7 +9,8 @@ from math import comb, factorial
 
 import pytest
 
-from gpuspawner.service_spec import Holding, build_service
+from gpuspawner.labels import ServerLabels
+from gpuspawner.service_spec import build_service
 from gpuspawner.swarm import Swarm, SwarmError
 from tests.fakedocker import FakeDocker
 from tests.interleave import (
@@ -282,7 +283,7 @@ def test_an_event_can_start_an_op_that_cancels_another():
 
 
 def test_steps_name_the_docker_calls_of_swarm():
-    holding = Holding(user="alice", server="", host="gpu-a", uuids=("GPU-1",), model="A100", port=None)
+    holding = ServerLabels(user="alice", server="", host="gpu-a", uuids=("GPU-1",), model="A100", port=None)
     kwargs = build_service(name="jupyter-alice", image="img", command=None, env={}, holding=holding)
 
     def scenario(run: Run) -> Scenario:
@@ -304,7 +305,7 @@ def test_steps_name_the_docker_calls_of_swarm():
 def test_a_stop_waits_for_the_container_in_every_interleaving():
     """The real Swarm seam against the fake: removing a service, then waiting
     for its task, never reports it ended while its container runs."""
-    holding = Holding(user="alice", server="", host="gpu-a", uuids=("GPU-1",), model="A100", port=None)
+    holding = ServerLabels(user="alice", server="", host="gpu-a", uuids=("GPU-1",), model="A100", port=None)
 
     def scenario(run: Run) -> Scenario:
         fake = FakeDocker(nodes=["manager", "gpu-a"])
