@@ -302,3 +302,29 @@ def test_a_stop_whose_container_lingers_keeps_the_gpu_reserved_and_says_so(tmp_p
         assert owner.get("jupyter-alice") is None
 
     asyncio.run(body())
+
+
+def test_a_restarted_hub_keeps_the_gpus_of_a_gone_service_until_its_recorded_tasks_end(tmp_path):
+    """The hub was killed after the service was removed but before its
+    container exited: the ledger still has the allocation open, with its task."""
+
+    async def body():
+        world = World(tmp_path)
+        world.leftover("alice")
+        owner = world.owner
+        await owner.reconcile()
+        (task,) = world.fake.task_ids("jupyter-alice")
+        await owner.note_tasks("jupyter-alice", [task])
+        world.fake.remove_service("jupyter-alice")  # gone behind the hub's back; the container lingers
+        spawner_module._OWNERS.clear()  # the hub restarts
+        restarted = world.owner
+        await restarted.reconcile()
+        h = restarted.get("jupyter-alice")
+        assert h is not None and h.phase is Phase.REMOVING and h.tasks == {task}
+        world.invariant()
+        world.fake.exit_container(task)
+        await restarted.reconcile()
+        assert restarted.get("jupyter-alice") is None
+        assert Ledger(world.db_url).open_allocations() == []
+
+    asyncio.run(body())
