@@ -170,7 +170,8 @@ class Holdings:
             raise HoldingBusy(name)
         alloc: Allocation | None = None
         if request is not None:
-            alloc = self.allocator.allocate(name, request, max_per_owner=max_per_owner, policy=policy)
+            with metrics.ALLOCATION_SECONDS.time():  # the decision alone, not the ledger's write
+                alloc = self.allocator.allocate(name, request, max_per_owner=max_per_owner, policy=policy)
         port = None
         if port_range is not None:
             port = self._pick_port(name, *port_range)

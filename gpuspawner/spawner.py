@@ -467,12 +467,11 @@ class GPUSwarmSpawner(SwarmSpawner):
 
     async def _reserve(self, owner: Holdings, request: Request | None) -> Holding:
         try:
-            with metrics.ALLOCATION_SECONDS.time():
-                holding = await owner.reserve(
-                    self.service_name, self.user.name, self.name, request,
-                    max_per_owner=self.max_gpus_per_user, policy=self.allocation_policy,
-                    port_range=self.host_network_ports if self.host_network else None,
-                )
+            holding = await owner.reserve(
+                self.service_name, self.user.name, self.name, request,
+                max_per_owner=self.max_gpus_per_user, policy=self.allocation_policy,
+                port_range=self.host_network_ports if self.host_network else None,
+            )
         except AllocationRefused as exc:
             metrics.REFUSED.labels("capacity" if exc.retry else "request").inc()
             reason = "gpu_unavailable" if exc.retry else "gpu_request"
