@@ -1,6 +1,6 @@
 """gpuspawner: a JupyterHub spawner for Docker Swarm clusters with GPUs of several models."""
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = ["GPUSwarmSpawner", "validate_config", "__version__"]
 

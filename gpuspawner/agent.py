@@ -26,7 +26,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from . import __version__
+from ._version import __version__
 from .reports import device_problems as health_rule
 
 PROG = "gpuspawner-agent"

@@ -30,7 +30,6 @@ from tornado import web
 
 from .doctor import diagnose
 from .holdings import Holdings
-from .hubconfig import REPORT_SCOPE
 from .ledger import LedgerError
 from .reports import MAX_REPORT_BYTES, ReportError, parse_report
 from .swarm import SwarmError
@@ -38,6 +37,7 @@ from .swarm import SwarmError
 __all__ = ["ADMIN_SCOPE", "REPORT_SCOPE", "handlers"]
 
 ADMIN_SCOPE = "admin:servers"
+REPORT_SCOPE = "custom:gpuspawner:report"  # node agents' tokens: report, nothing else
 NODE_REFRESH_SECONDS = 2.0  # an unknown hostname asks the swarm at most this often
 
 

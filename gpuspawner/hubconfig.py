@@ -19,9 +19,8 @@ import asyncio
 import logging
 import os
 
-__all__ = ["configure", "REPORT_SCOPE"]
+__all__ = ["configure"]
 
-REPORT_SCOPE = "custom:gpuspawner:report"
 TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
 
 
@@ -33,10 +32,10 @@ def configure(c) -> None:
     # these must run inside the hub, where the allocator lives.
     c.JupyterHub.extra_handlers.extend(api.handlers)
     c.JupyterHub.custom_scopes.update(
-        {REPORT_SCOPE: {"description": "Report a GPU node's devices to gpuspawner (node agents only)."}}
+        {api.REPORT_SCOPE: {"description": "Report a GPU node's devices to gpuspawner (node agents only)."}}
     )
     c.JupyterHub.template_paths.append(TEMPLATES)
-    metrics.use_config(c)
+    metrics.use_cluster(lambda: api.hub_view(c).holdings().cluster)
     validate_config(c)
     try:
         loop = asyncio.get_running_loop()  # JupyterHub reads its config inside its event loop

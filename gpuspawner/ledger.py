@@ -63,9 +63,6 @@ log = logging.getLogger(__name__)
 
 #: The default ledger file, beside the hub's own database.
 DEFAULT_FILENAME = "gpuspawner.sqlite"
-#: Alembic's version table for the ledger: JupyterHub's own is ``alembic_version``.
-VERSION_TABLE = "gpuspawner_alembic_version"
-MIGRATIONS = Path(__file__).with_name("ledger_migrations")
 SUPERSEDED = "superseded by a new allocation for the same service"
 _NAME_MAX = 255
 _ATTEMPTS = 20  # tries of a write against other processes writing the same service
@@ -549,9 +546,12 @@ class Ledger:
             return
         with self._schema_lock:
             if not self._schema_ready:
-                from .ledger_migrations import upgrade  # alembic loads only when needed
+                from .ledger_migrations import MigrationError, upgrade  # alembic loads only when needed
 
-                upgrade(self.engine, self.url)
+                try:
+                    upgrade(self.engine, self.url)
+                except MigrationError as e:
+                    raise LedgerError(str(e)) from e
                 self._schema_ready = True
 
     @staticmethod

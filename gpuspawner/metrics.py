@@ -22,7 +22,7 @@ from __future__ import annotations
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-__all__ = ["ALLOCATION_SECONDS", "GRANTED", "REFUSED", "register_cluster", "use_config"]
+__all__ = ["ALLOCATION_SECONDS", "GRANTED", "REFUSED", "register_cluster", "use_cluster"]
 
 GRANTED = Counter("gpuspawner_allocations_granted", "GPU requests that got devices", ["model"])
 DOUBLE_BOOKINGS = Counter(
@@ -66,13 +66,11 @@ _GAUGES = (
 class _ClusterCollector:
     def __init__(self):
         self.clusters: list = []
-        self.config = None  # the hub's, from hubconfig.configure: metrics before the first spawn
+        self.find = None  # the hub's cluster, from hubconfig.configure: metrics before the first spawn
 
     def collect(self):
-        if not self.clusters and self.config is not None:
-            from .api import hub_view
-
-            register_cluster(hub_view(self.config).holdings().cluster)
+        if not self.clusters and self.find is not None:
+            register_cluster(self.find())
         families = [GaugeMetricFamily(name, doc, labels=["host", "model"]) for name, doc in _GAUGES]
         counts: dict[tuple[str, str], list[float]] = {}
         for cluster in self.clusters:
@@ -94,9 +92,10 @@ _collector = _ClusterCollector()
 REGISTRY.register(_collector)
 
 
-def use_config(config) -> None:
-    """Show the devices from hub start, before any spawner has run."""
-    _collector.config = config
+def use_cluster(find) -> None:
+    """Show the devices from hub start, before any spawner has run:
+    ``find()`` returns the hub's cluster."""
+    _collector.find = find
 
 
 def register_cluster(cluster) -> None:

@@ -24,9 +24,16 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 
-from ..ledger import VERSION_TABLE, LedgerError
 
-__all__ = ["config", "current", "downgrade", "head", "revisions", "upgrade"]
+__all__ = ["MigrationError", "VERSION_TABLE", "config", "current", "downgrade", "head", "revisions", "upgrade"]
+
+#: Alembic's version table for the ledger: JupyterHub's own is ``alembic_version``.
+VERSION_TABLE = "gpuspawner_alembic_version"
+
+
+class MigrationError(Exception):
+    """A migration could not run; the message says which database and why
+    (the Ledger passes it on as a LedgerError)."""
 
 
 def config() -> Config:
@@ -56,7 +63,7 @@ def upgrade(engine: sa.Engine, url: str = "", revision: str = "head") -> None:
     known = revisions()
     unknown = [r for r in current(engine) if r not in known]
     if unknown:
-        raise LedgerError(
+        raise MigrationError(
             f"GPU ledger database {url or engine.url}: its tables are at schema revision "
             f"{', '.join(unknown)}, which this gpuspawner does not know (it knows up to {known[-1]}). "
             "A newer gpuspawner wrote them: upgrade gpuspawner, or point gpu_db_url at another database."
@@ -77,4 +84,4 @@ def _run(step, engine: sa.Engine, revision: str) -> None:
             cfg.attributes["connection"] = conn  # env.py runs the migrations on it
             step(cfg, revision)
     except CommandError as e:
-        raise LedgerError(f"GPU ledger database {engine.url}: schema migration to {revision} failed: {e}") from e
+        raise MigrationError(f"GPU ledger database {engine.url}: schema migration to {revision} failed: {e}") from e

@@ -3,7 +3,7 @@
 
 from alembic import context
 
-from gpuspawner.ledger import VERSION_TABLE
+from gpuspawner.ledger_migrations import VERSION_TABLE
 
 connection = context.config.attributes.get("connection")
 if connection is None or context.is_offline_mode():

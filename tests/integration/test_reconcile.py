@@ -30,17 +30,38 @@ def test_a_labelled_service_of_a_server_the_hub_does_not_know_is_adopted_then_re
     it is never handed out twice), and the service is removed at the next round."""
     labels = {"gpuspawner.user": "ghost", "gpuspawner.server": "", "gpuspawner.host": "gpu-b",
               "gpuspawner.devices": A100_1, "gpuspawner.model": "NVIDIA A100 80GB PCIe"}
-    service = swarm.client().services.create(
-        "gpuspawner-test/busybox:latest", ["sleep", "600"], name="orphan-ghost", labels=labels,
+    service = swarm.client().services.create(  # named as the hub names ghost's server
+        "gpuspawner-test/busybox:latest", ["sleep", "600"], name="jupyter-ghost", labels=labels,
         constraints=["node.hostname==gpu-b"])
     try:
         wait_until(lambda: holders(hub, A100_1) == ["ghost"], "the orphan service was not adopted", timeout=20)
-        wait_until(lambda: not swarm.client().services.list(filters={"name": "orphan-ghost"}),
+        wait_until(lambda: not swarm.client().services.list(filters={"name": "jupyter-ghost"}),
                    "the orphan service was not removed", timeout=30)
-        wait_until(lambda: holders(hub, A100_1) == [], "the orphan's GPU was not released", timeout=20)
+        wait_until(lambda: holders(hub, A100_1) == [], "the orphan's GPU was not released", timeout=30)
     finally:
-        if swarm.client().services.list(filters={"name": "orphan-ghost"}):
+        if swarm.client().services.list(filters={"name": "jupyter-ghost"}):
             service.remove()
+
+
+def test_a_labelled_service_under_another_name_is_left_alone_and_shown_by_doctor(hub, swarm):
+    """Labels are claims: a service that says it is ghost's server but is not
+    named as the hub names it is neither charged to ghost nor removed."""
+    labels = {"gpuspawner.user": "ghost", "gpuspawner.server": "", "gpuspawner.host": "gpu-b",
+              "gpuspawner.devices": A100_1, "gpuspawner.model": "NVIDIA A100 80GB PCIe"}
+    service = swarm.client().services.create(
+        "gpuspawner-test/busybox:latest", ["sleep", "600"], name="not-ghosts", labels=labels,
+        constraints=["node.hostname==gpu-b"])
+    try:
+        def flagged():
+            findings = hub.api("GET", "/gpuspawner/doctor").json()["findings"]
+            return [f for f in findings if f["host"] == "not-ghosts"]
+
+        wait_until(flagged, "doctor does not list the foreign service", timeout=20)
+        assert "jupyter-ghost" in flagged()[0]["problem"]
+        assert holders(hub, A100_1) == []
+        assert swarm.client().services.list(filters={"name": "not-ghosts"})  # left alone
+    finally:
+        service.remove()
 
 
 def test_a_server_whose_service_vanished_behind_the_hubs_back_gives_its_gpu_back(hub, swarm):

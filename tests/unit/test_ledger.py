@@ -15,10 +15,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from gpuspawner import ledger_migrations
+from gpuspawner.ledger_migrations import VERSION_TABLE
 from gpuspawner.ledger import (
     SUPERSEDED,
     TASKS_MAX,
-    VERSION_TABLE,
     Ledger,
     LedgerError,
     Usage,
