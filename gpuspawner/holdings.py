@@ -39,16 +39,16 @@ import logging
 import random
 import re
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, TypeVar
 
-from .allocator import Allocation, AllocationRefused, Request
+from .allocator import Allocation, Request
 from .cluster import GPUCluster
 from .labels import LABEL, LabelError, ServerLabels, parse_labels
 from .ledger import Ledger, LedgerError
 from . import metrics
 from .sharing import UNIT
-from .swarm import TASK_FAILED, Swarm, SwarmError
+from .swarm import Swarm, SwarmError
 
 __all__ = ["Holding", "Holdings", "HoldingBusy", "Phase"]
 

@@ -8,7 +8,7 @@
 registers gpuspawner's endpoints and admin page (see ``api.py``), defines the
 ``custom:gpuspawner:report`` scope that node agents' tokens get, adds the
 admin page's template folder, and checks gpuspawner's settings at once (see
-:func:`gpuspawner.spawner.validate_config`), so that a wrong setting stops the
+:func:`gpuspawner.settings.validate_config`), so that a wrong setting stops the
 hub at start with one line. Call it at the end of the file, after the
 ``c.GPUSwarmSpawner`` settings.
 """
@@ -26,7 +26,7 @@ TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates"
 
 def configure(c) -> None:
     from . import api, metrics
-    from .spawner import validate_config
+    from .settings import validate_config
 
     # JupyterHub logs that extra_handlers is deprecated in favour of services;
     # these must run inside the hub, where the allocator lives.

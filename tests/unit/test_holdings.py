@@ -31,6 +31,7 @@ from jupyterhub import orm
 from jupyterhub.spawner import SpawnException
 from traitlets.config import Config
 
+from gpuspawner import settings as settings_module
 from gpuspawner import spawner as spawner_module
 from gpuspawner.holdings import Phase
 from gpuspawner.labels import ServerLabels, to_labels
@@ -63,7 +64,7 @@ class World:
         self.config = config
         self.cls = type("FakeSwarmSpawner", (spawner_module.GPUSwarmSpawner,),
                         {"_client": self.fake, "_executor": executor})
-        spawner_module._OWNERS.clear()
+        settings_module._OWNERS.clear()
 
     def spawner(self, user: str, options=None, server: str = ""):
         named = SimpleNamespace(name=server, display_name=server, server=None, state=None)
@@ -91,7 +92,7 @@ class World:
     # -- invariants -----------------------------------------------------------------
 
     def invariant(self) -> None:
-        owner = spawner_module._OWNERS and next(iter(spawner_module._OWNERS.values()))
+        owner = settings_module._OWNERS and next(iter(settings_module._OWNERS.values()))
         if not owner or not owner.rebuilt:
             return  # what an earlier hub left is the rebuild's to find
         booked: dict[str, set[str]] = {}  # uuid -> services booked on it
@@ -108,7 +109,7 @@ class World:
                     f"{uuid} is not booked to {service}, whose task {task} may still run on it (booked: {booked})")
 
     def ledger_matches(self) -> None:
-        owner = next(iter(spawner_module._OWNERS.values()))
+        owner = next(iter(settings_module._OWNERS.values()))
         open_ = {r.service for r in Ledger(self.db_url).open_allocations()}
         live = {name for name, h in owner.all().items() if h.labels.uuids}
         assert open_ == live, f"ledger open {open_} but holdings {live}"
@@ -316,7 +317,7 @@ def test_a_restarted_hub_keeps_the_gpus_of_a_gone_service_until_its_recorded_tas
         (task,) = world.fake.task_ids("jupyter-alice")
         await owner.note_tasks("jupyter-alice", [task])
         world.fake.remove_service("jupyter-alice")  # gone behind the hub's back; the container lingers
-        spawner_module._OWNERS.clear()  # the hub restarts
+        settings_module._OWNERS.clear()  # the hub restarts
         restarted = world.owner
         await restarted.reconcile()
         h = restarted.get("jupyter-alice")
