@@ -43,11 +43,17 @@ def test_a_worker_whose_daemon_stops_is_not_offered_its_servers_end_and_it_comes
             wait_until(lambda: hub.server_model("mike") is None, "mike's server was not reported dead", timeout=60)
             r = hub.spawn("nina", {"gpu_model": MODEL, "gpu_count": 2})
             assert r.status_code == 503 and "(0 of 2 free)" in r.json()["message"], r.text
+            # Its container may still run on the stopped node: the GPU stays reserved,
+            # shown as being removed, until the swarm can say the task ended.
             held = lambda: [h for d in hub.api("GET", "/gpuspawner/alloc-map").json()["gpu-b"].values() for h in d["holders"]]
-            wait_until(lambda: held() == [], "mike's GPU was not released", timeout=30)
+            wait_until(lambda: [h["phase"] for h in held()] == ["removing"], "mike's GPU is not being removed",
+                       timeout=30)
+            time.sleep(5)  # several reconciliations while the node is down
+            assert [(h["user"], h["phase"]) for h in held()] == [("mike", "removing")]
         finally:
             os.kill(pid, signal.SIGCONT)
         wait_until(lambda: not node_down(), "gpu-b did not come back", timeout=60)
+        wait_until(lambda: held() == [], "mike's GPU was not released once gpu-b was back", timeout=60)
         time.sleep(NODES_MAX_AGE)
         r = hub.spawn("nina", {"gpu_model": MODEL, "gpu_count": 2})
         assert r.status_code in (201, 202), r.text
