@@ -164,7 +164,11 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
             self.object_id = service.get("ID", "")
             self._report("Service created", 40)
             await self.start_object()
-            return await self.get_ip_and_port()
+            try:
+                return await self.get_ip_and_port()
+            except SwarmError as exc:
+                raise spawn_error("The server's address could not be found; please try again.",
+                                  reason="service_address", log_message=str(exc), status_code=503) from exc
         except BaseException:
             # Shielded: a cancelled spawn (JupyterHub's DELETE on a pending
             # server) still gives its GPUs back once its task has ended.
@@ -298,10 +302,21 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
             raise spawn_error(f"The address of node {hostname} is unknown", reason="node_address", status_code=500)
         return addr
 
+    async def get_command(self):
+        cmd = self.cmd or await self.holdings().swarm.image_command(self.image)
+        return cmd + self.get_args()
+
     async def get_ip_and_port(self):
-        if not self.host_network:
-            return await super().get_ip_and_port()
-        return await self._node_addr(self.task_node), self.port
+        if self.host_network:
+            return await self._node_addr(self.task_node), self.port
+        if self.use_internal_hostname or self.use_internal_ip:
+            return self.service_name, self.port
+        service = await self.holdings().swarm.service(self.service_name)  # the port swarm published
+        for port in service.get("Endpoint", {}).get("Ports") or []:
+            if port.get("TargetPort") == self.port:
+                return self.host_ip, port["PublishedPort"]
+        raise spawn_error(f"The server's published port {self.port} was not found", reason="service_port",
+                          status_code=500)
 
     async def get_url(self):
         """Where the server really listens. With host networking that is its

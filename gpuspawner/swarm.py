@@ -95,6 +95,13 @@ class Swarm:
             await asyncio.sleep(0.2)
         return True
 
+    async def service(self, name: str) -> dict:
+        return await self._call("inspect_service", name)
+
+    async def image_command(self, image: str) -> list[str]:
+        """The image's own command (its Cmd), for servers without ``cmd``."""
+        return list((await self._call("inspect_image", image)).get("Config", {}).get("Cmd") or [])
+
     async def tasks(self, service: str) -> list[dict]:
         """The service's tasks, newest first."""
         tasks = await self._call("tasks", filters={"service": service})

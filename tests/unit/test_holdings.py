@@ -329,3 +329,16 @@ def test_a_restarted_hub_keeps_the_gpus_of_a_gone_service_until_its_recorded_tas
         assert Ledger(world.db_url).open_allocations() == []
 
     asyncio.run(body())
+
+
+async def test_a_server_with_a_published_port_is_reached_at_the_port_swarm_published(tmp_path):
+    world = World(tmp_path, use_internal_ip=False)
+    alice = world.spawner("alice", {"gpu_model": A100})
+    start = asyncio.ensure_future(alice.start())
+    while not start.done():
+        world.fake.run_all()
+        await asyncio.sleep(0.01)
+    ip, port = await start
+    published = world.fake.inspect_service("jupyter-alice")["Endpoint"]["Ports"]
+    assert (ip, port) == (alice.host_ip, published[0]["PublishedPort"]) and published[0]["TargetPort"] == alice.port
+    assert not world.fake.calls_to("inspect_image")  # cmd is set: the image is not asked
