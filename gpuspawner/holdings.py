@@ -203,6 +203,7 @@ class Holdings:
         self._set(h, Phase.CREATING)
         h.created = True
         h.creating = asyncio.ensure_future(self.swarm.create_service(**spec))
+        h.creating.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen, also if nobody awaits it
         service = await asyncio.shield(h.creating)
         if h.phase is Phase.CREATING:
             self._set(h, Phase.RUNNING)
