@@ -102,7 +102,7 @@ class GPUCluster:
         self.busy: set[str] = set()  # holders being started or stopped: their service may come or go
         self._pending: dict[str, Holding] = {}
         self._orphans: set[str] = set()  # services whose server the hub did not know last time  # adopted holdings of devices not (yet) offered
-        self._offered: tuple[GPU, ...] | None = None
+        self._offered = False  # the allocator has had a first inventory
         self._schedulable: set[str] | None = None
         self._next_port: int | None = None
         self._rebuilt = False
@@ -125,15 +125,14 @@ class GPUCluster:
         now = time.monotonic() if now is None else now
         self.reports[report.hostname] = (report, now)
         changed = self._set_host(report.hostname)
-        if report.hostname in self.stale:
-            changed = self._check_stale(now) or changed
-        if changed:
-            self._offer()
+        back = report.hostname in self.stale and self._check_stale(now)
+        if changed or back:
+            self._offer([report.hostname] if changed else [])
 
     def apply(self, now: float | None = None) -> None:
         """Recompute every host (at start) or only which nodes are late."""
         now = time.monotonic() if now is None else now
-        if self._offered is None:
+        if not self._offered:
             for host in {g.host for g in self.settings.static} | set(self.reports):
                 self._set_host(host)
             self._offer()
@@ -154,9 +153,17 @@ class GPUCluster:
         self._offered_by_host[host] = offered
         return True
 
-    def _offer(self) -> None:
-        self._offered = tuple(g for host in sorted(self._offered_by_host) for g in self._offered_by_host[host])
-        self.allocator.set_inventory(self._offered)
+    def _offer(self, hosts: Iterable[str] = ()) -> None:
+        """Give the allocator what these hosts may offer now, one host at a time
+        (the first time: every host's, in one build)."""
+        if self._offered:
+            for host in hosts:
+                self.allocator.set_host_devices(host, self._offered_by_host.get(host, ()))
+        else:
+            self.allocator.set_inventory(
+                g for host in sorted(self._offered_by_host) for g in self._offered_by_host[host]
+            )
+            self._offered = True
         self._adopt_pending()
         self._update_availability()
 
