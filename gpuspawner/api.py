@@ -112,7 +112,7 @@ class AllocMapHandler(_GPUMixin, APIHandler):
         self.require(ADMIN_SCOPE)
         cluster = await self.cluster()
         self.set_header("Content-Type", "application/json")
-        self.write(cluster.alloc_map())
+        self.write(await cluster.alloc_map_json())
 
 
 class RescanHandler(_GPUMixin, APIHandler):
@@ -124,7 +124,7 @@ class RescanHandler(_GPUMixin, APIHandler):
         except SwarmError as exc:
             raise web.HTTPError(503, f"The swarm could not be asked: {exc}") from None
         self.set_header("Content-Type", "application/json")
-        self.write(cluster.alloc_map())
+        self.write(await cluster.alloc_map_json())
 
 
 class DoctorHandler(_GPUMixin, APIHandler):
