@@ -6,19 +6,24 @@ hub's endpoint hands them over)."""
 from __future__ import annotations
 
 import json
+import os
 
+import jinja2
 from tornado.escape import json_encode
 
 from gpuspawner import metrics
 from gpuspawner.allocator import Request
+from gpuspawner.api import gpu_page
 from gpuspawner.cluster import GPUCluster, InventorySettings
 from gpuspawner.reports import parse_report
 from gpuspawner.views import batches, host_json, join_json
+from tests.unit.test_form_template import Node, _TreeBuilder
 from tests.unit.test_reports import A100, device, report
 
 GTX = "NVIDIA GeForce GTX 1070"
 HOSTS = ["gpu-a", "gpu-b", "gpu-c", "gpu-d"]
 SHARING = {"*": {"quantum": 0.05, "split": True}}
+TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(metrics.__file__)), "templates")
 
 
 def devices_of(host: str, sick: int | None = None, n: int = 2, **extra) -> list[dict]:
@@ -35,6 +40,14 @@ def fleet(**settings) -> GPUCluster:
     for host in HOSTS:
         send(c, host, devices_of(host))
     return c
+
+
+def parse(html: str) -> Node:
+    builder = _TreeBuilder()
+    builder.feed(html)
+    builder.close()
+    assert builder.current is builder.root, "an element was left open"
+    return builder.root
 
 
 def book(c: GPUCluster, holder: str, request: Request) -> None:
@@ -236,3 +249,35 @@ def test_alloc_map_gives_the_caller_its_own_dicts():
     m["gpu-a"]["GPU-gpu-a-0"]["problems"].append("x")
     assert c.alloc_map()["gpu-a"]["GPU-gpu-a-0"]["holders"][0]["user"] == "ann"
     assert c.alloc_map()["gpu-a"]["GPU-gpu-a-0"]["problems"] == []
+
+
+async def test_the_gpu_page_shows_each_host_card_and_what_changed():
+    loader = jinja2.ChoiceLoader([
+        jinja2.DictLoader({"page.html": "<html><body><main>{% block main %}{% endblock %}</main></body></html>"}),
+        jinja2.FileSystemLoader(TEMPLATES),
+    ])
+    page_env = jinja2.Environment(loader=loader, autoescape=True, enable_async=True)
+    card = jinja2.Environment(loader=loader, autoescape=True).get_template("gpus_host.html")
+
+    async def render(c):
+        def render_page(**ns):
+            return page_env.get_template("gpus.html").render_async(base_url="/hub/", **ns)
+
+        head, cards, tail = await gpu_page(c, render_page, card)
+        return parse(b"".join([head.encode(), *cards, tail.encode()]).decode())
+
+    empty = await render(GPUCluster(InventorySettings(sources=("agent",))))
+    assert "No GPUs are known" in empty.text
+
+    c = fleet(stale_intervals=3)
+    book(c, "jupyter-ann", Request(model=A100, host="gpu-a", owner="ann"))
+    page = await render(c)
+    assert "No GPUs are known" not in page.text
+    assert [n.attrs["data-uuid"] for n in page.find_all("li")] == [f"GPU-{h}-{i}" for h in HOSTS for i in (0, 1)]
+    assert [n.attrs["id"] for n in page.find_all("h2")] == [f"host-{h}" for h in HOSTS]
+    assert "ann/lab (1.00)" in page.find_all("li")[0].text
+    send(c, "gpu-d", devices_of("gpu-d", sick=1), now=-100)
+    c.apply(now=0)
+    page = await render(c)
+    assert "no report from its agent for 100 s" in page.find_all("h2")[3].text
+    assert "unhealthy: 3 uncorrected ECC errors; no report from its agent for 100 s" in page.find_all("li")[7].text
