@@ -479,7 +479,11 @@ class GPUCluster:
         kept = self._holders_kept.get(host)
         if kept is not None and kept[0] == key:
             return kept[1]
-        holders = {uuid: holders_of(uuid) for uuid in self._states.get(host, ())}
+        holders = {}  # only the held: fewer objects for the garbage collector to walk
+        for uuid in self._states.get(host, ()):
+            held = holders_of(uuid)
+            if held:
+                holders[uuid] = held
         self._holders_kept[host] = (key, holders)
         return holders
 
