@@ -21,24 +21,32 @@ Operations, each timed with ``perf_counter_ns`` around what runs on the loop:
 * release: a random holder's devices given back (booked again untimed);
 * metrics scrape: ``prometheus_client.generate_latest`` over a registry with
   gpuspawner's cluster collector (JupyterHub's /hub/metrics does this over its own);
-* alloc-map: the work of ``GET /hub/api/gpuspawner/alloc-map``: the map, JSON-encoded;
-* /hub/gpus: the page's work: gpus.html rendered by an async Jinja environment set up
-  as JupyterHub's, under a stub page.html (JupyterHub's own page.html costs the same
-  whatever the map holds).
+  "collect only": the collector's own part, without prometheus_client writing text;
+* alloc-map: the work of ``GET /hub/api/gpuspawner/alloc-map``: the map as JSON bytes;
+* /hub/gpus: the page's work (``api.gpu_page`` as GPUPageHandler calls it, and the
+  pieces it writes): gpus.html rendered by an async Jinja environment set up as
+  JupyterHub's, under a stub page.html (JupyterHub's own page.html costs the same
+  whatever the map holds), with the hosts' cards from gpus_host.html.
 
 The three views are timed after "an interval" of untimed activity: every node reported
 once (one report in a hundred changing a GPU's health), 10 servers started and 10
-stopped, as between two scrapes 15 s apart on a busy hub. The map is also timed right
-after a single report ("warm"). A view that awaits (that hands work to a thread) is
-stepped by hand: its figure is the longest stretch it ran between two awaits, and
-``lag`` is how late a 1 ms timer on the same loop fired meanwhile (a thread holds the
-GIL for up to 5 ms at a time, so the loop may still wait on it).
+stopped, as between two scrapes 15 s apart on a busy hub; the map also right after a
+single report ("warm"). Each view's first request after start-up ("first": nothing
+kept yet, templates not compiled) is timed once. A view that awaits (that hands work
+to a thread, or gives way between hosts) is stepped by hand: its figure is the longest
+stretch it ran between two awaits, and ``lag`` the most a 1 ms timer on the same loop
+fired late meanwhile (a thread holds the GIL for up to 5 ms at a time, so the loop may
+still wait on it). ``gc``: how many of the timed runs had a garbage collection of 1 ms or
+more inside them (whatever code triggers it, it stops the loop: a collection of the
+older generations takes ~10 ms at this size, a full one ~80 ms).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import json
 import os
 import platform
@@ -48,12 +56,13 @@ import time
 
 import jinja2
 from prometheus_client import CollectorRegistry, generate_latest
-from tornado.escape import json_encode
 
 from gpuspawner import metrics
 from gpuspawner.allocator import AllocationRefused, Request
+from gpuspawner.api import gpu_page
 from gpuspawner.cluster import GPUCluster, InventorySettings
 from gpuspawner.reports import parse_report
+from gpuspawner.views import batches
 
 from .bench_allocator import MODELS, SHARING
 
@@ -121,7 +130,7 @@ class Hub:
         self.requests: dict[str, Request] = {}  # holder -> what it asked for
         self.serial = 0
         gpus = nodes * 8
-        whole = shared = 0
+        whole = 0
         while whole < gpus * HELD * (1 - SHARED):
             alloc = self.start(Request(count=self.rng.choice(WHOLE_SIZES)))
             whole += len(alloc.devices) if alloc else 0
@@ -160,6 +169,10 @@ class Hub:
         for _ in range(10):
             self.stop(self.rng.choice(list(self.requests)))
             self.start(Request(count=1) if self.rng.random() < 0.75 else Request(share=0.25))
+        # 15 s of reports arrive here in a fraction of a second: what the young
+        # generations' collections would have done in passing, they do now, so
+        # that the next timed request does not pay for the burst.
+        gc.collect(1)
 
 
 class Stepped:
@@ -206,18 +219,40 @@ async def stepped(coro) -> tuple[int, float]:
     return step.longest, max(lags) * 1000
 
 
-def stats(ns: list[int], lags: list[float] | None = None) -> dict:
+@contextlib.contextmanager
+def gc_watch():
+    """The garbage collections of 1 ms or more that ran meanwhile: (generation, ms) each."""
+    found: list[tuple[int, float]] = []
+    began = [0]
+
+    def watch(phase, info):
+        if phase == "start":
+            began[0] = pc()
+        elif pc() - began[0] >= 1_000_000:
+            found.append((info["generation"], (pc() - began[0]) / 1e6))
+
+    gc.callbacks.append(watch)
+    try:
+        yield found
+    finally:
+        gc.callbacks.remove(watch)
+
+
+def stats(ns: list[int], lags: list[float] | None = None, gcs: list[list] | None = None) -> dict:
     s = sorted(ns)
     out = {"runs": len(s), "p50_ms": s[len(s) // 2] / 1e6, "p99_ms": s[min(len(s) - 1, int(0.99 * len(s)))] / 1e6,
-           "max_ms": s[-1] / 1e6}
+           "max_ms": s[-1] / 1e6, "runs_with_gc": sum(1 for found in gcs or () if found),
+           "gc_pauses_ms": [[gen, round(ms, 1)] for found in gcs or () for gen, ms in found]}
     if lags:
         out["lag_max_ms"] = max(lags)
     return out
 
 
-def page_environment() -> jinja2.Environment:
+def page_environments() -> tuple[jinja2.Environment, jinja2.Environment]:
+    """An async and a sync environment, as JupyterHub sets them up."""
     loader = jinja2.ChoiceLoader([jinja2.DictLoader({"page.html": STUB_PAGE}), jinja2.FileSystemLoader(TEMPLATES)])
-    return jinja2.Environment(loader=loader, autoescape=True, enable_async=True)
+    return (jinja2.Environment(loader=loader, autoescape=True, enable_async=True),
+            jinja2.Environment(loader=loader, autoescape=True))
 
 
 # -- what the views do on the loop -------------------------------------------------------
@@ -228,13 +263,22 @@ def scrape(registry) -> bytes:
 
 
 async def alloc_map_body(cluster: GPUCluster) -> bytes:
-    return json_encode(cluster.alloc_map()).encode()
+    return await cluster.alloc_map_json()
 
 
-async def gpus_page(cluster: GPUCluster, env: jinja2.Environment) -> str:
-    return await env.get_template("gpus.html").render_async(
-        alloc_map=cluster.alloc_map(), stale=cluster.stale, base_url="/hub/"
-    )
+async def gpus_page(cluster: GPUCluster, envs: tuple[jinja2.Environment, jinja2.Environment]) -> int:
+    """What GPUPageHandler does, with an await for each piece it flushes; the bytes sent."""
+    env, sync = envs
+
+    def render_page(**namespace):
+        return env.get_template("gpus.html").render_async(base_url="/hub/", **namespace)
+
+    head, cards, tail = await gpu_page(cluster, render_page, sync.get_template("gpus_host.html"))
+    sent = 0
+    for piece in batches([head.encode(), *cards, tail.encode()]):
+        sent += len(piece)
+        await asyncio.sleep(0)
+    return sent
 
 
 # -- the runs --------------------------------------------------------------------------------
@@ -250,70 +294,90 @@ async def run(nodes: int, reports: int, decisions: int, views: int, seed: int) -
     out: dict = {"nodes": nodes, "gpus": nodes * 8, "held": held, "held_as_shares": shared,
                  "holders": len(holdings), "setup_s": round(time.monotonic() - t0, 1), "ops": {}}
 
-    def timed_reports(change) -> list[int]:
-        times = []
+    def timed_reports(change) -> dict:
+        times, gcs = [], []
         for _ in range(reports):
             host = rng.choice(fleet.hosts)
             change(host)
             body = fleet.body(host)
-            t = pc()
-            cluster.receive(parse_report(body), now=0.0)
-            times.append(pc() - t)
-        return times
+            with gc_watch() as collected:
+                t = pc()
+                cluster.receive(parse_report(body), now=0.0)
+                times.append(pc() - t)
+            gcs.append(collected)
+        return stats(times, gcs=gcs)
 
-    out["ops"]["report, no change"] = stats(timed_reports(lambda host: None))
-    out["ops"]["report, health change"] = stats(timed_reports(fleet.flip_health))
-    out["ops"]["report, device gone/back"] = stats(timed_reports(fleet.flip_device))
+    out["ops"]["report, no change"] = timed_reports(lambda host: None)
+    out["ops"]["report, health change"] = timed_reports(fleet.flip_health)
+    out["ops"]["report, device gone/back"] = timed_reports(fleet.flip_device)
 
     for name, shape in (("allocate whole", Request(count=1)), ("allocate share", Request(share=0.25))):
-        times = []
+        times, gcs = [], []
         for _ in range(decisions):
             holder = f"bench-{hub.serial}"
-            t = pc()
-            hub.start(shape, holder)
-            times.append(pc() - t)
+            with gc_watch() as collected:
+                t = pc()
+                hub.start(shape, holder)
+                times.append(pc() - t)
+            gcs.append(collected)
             hub.stop(holder)
-        out["ops"][name] = stats(times)
+        out["ops"][name] = stats(times, gcs=gcs)
 
-    times = []
+    times, gcs = [], []
     for _ in range(decisions):
         holder = rng.choice(list(hub.requests))
         shape = hub.requests[holder]
-        t = pc()
-        cluster.release(holder)
-        times.append(pc() - t)
+        with gc_watch() as collected:
+            t = pc()
+            cluster.release(holder)
+            times.append(pc() - t)
+        gcs.append(collected)
         hub.requests.pop(holder)
         hub.start(shape)
-    out["ops"]["release"] = stats(times)
+    out["ops"]["release"] = stats(times, gcs=gcs)
 
     registry = CollectorRegistry()
     collector = metrics._ClusterCollector()
     collector.clusters.append(cluster)
     registry.register(collector)
-    env = page_environment()
-    size = {}
-    for name, warm in (("metrics scrape", False), ("alloc-map", False), ("alloc-map, warm", True),
-                       ("/hub/gpus page", False)):
-        times, lags = [], []
+    env = page_environments()
+
+    async def view(name: str):
+        """One request of a view: (longest synchronous stretch in ns, timer lag in ms or None, bytes)."""
+        if name.startswith("metrics"):
+            t = pc()
+            body = scrape(registry) if name.startswith("metrics scrape") else list(collector.collect())
+            return pc() - t, None, len(body)
+        coro = gpus_page(cluster, env) if name.startswith("/hub/gpus") else alloc_map_body(cluster)
+        size = []
+
+        async def sized():
+            body = await coro
+            size.append(body if isinstance(body, int) else len(body))
+
+        longest, lag = await stepped(sized())
+        return longest, lag, size[0]
+
+    sizes = {}
+    for name in ("metrics scrape", "alloc-map", "/hub/gpus page"):  # the first request after start-up
+        with gc_watch() as found:
+            longest, lag, _ = await view(name)
+        out["ops"][f"{name}, first"] = stats([longest], [lag] if lag is not None else None, [found])
+    for name in ("metrics scrape", "metrics, collect only", "alloc-map", "alloc-map, warm", "/hub/gpus page"):
+        times, lags, gcs = [], [], []
         for _ in range(views):
-            if warm:
+            if name.endswith("warm"):
                 hub.report(rng.choice(fleet.hosts))
             else:
                 hub.interval()
-            if name == "metrics scrape":
-                t = pc()
-                body = scrape(registry)
-                times.append(pc() - t)
-                continue
-            coro = alloc_map_body(cluster) if name.startswith("alloc-map") else gpus_page(cluster, env)
-            longest, lag = await stepped(coro)
+            with gc_watch() as collected:
+                longest, lag, sizes[name.split(",")[0]] = await view(name)
             times.append(longest)
-            lags.append(lag)
-        if name == "metrics scrape":
-            size[name] = len(body)
-        out["ops"][name] = stats(times, lags)
-    out["bytes"] = {"alloc-map": len(await alloc_map_body(cluster)), "/hub/gpus page": len(await gpus_page(cluster, env)),
-                    "metrics scrape": size["metrics scrape"]}
+            gcs.append(collected)
+            if lag is not None:
+                lags.append(lag)
+        out["ops"][name] = stats(times, lags, gcs)
+    out["bytes"] = {k: v for k, v in sizes.items() if k != "metrics"}
     return out
 
 
@@ -334,10 +398,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"{result['nodes']} nodes × 8 GPUs: {result['held']} devices held by {result['holders']} servers "
           f"({result['held_as_shares']} as shares); set up in {result['setup_s']} s")
-    print(f"  {'operation':26} {'runs':>5} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9} {'lag ms':>9}")
+    print(f"  {'operation':28} {'runs':>5} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9} {'lag ms':>9} {'gc':>5}")
     for name, r in result["ops"].items():
         lag = f"{r['lag_max_ms']:9.2f}" if "lag_max_ms" in r else f"{'':9}"
-        print(f"  {name:26} {r['runs']:5} {r['p50_ms']:9.3f} {r['p99_ms']:9.3f} {r['max_ms']:9.3f} {lag}")
+        print(f"  {name:28} {r['runs']:5} {r['p50_ms']:9.3f} {r['p99_ms']:9.3f} {r['max_ms']:9.3f} {lag}"
+              f" {r['runs_with_gc']:5}")
     print("  bytes: " + ", ".join(f"{k} {v:,}" for k, v in result["bytes"].items()))
     return 0
 
