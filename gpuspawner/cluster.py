@@ -22,7 +22,6 @@ import random
 import re
 import time
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Callable, Hashable, Iterable, Mapping
 
 from . import metrics, views
@@ -445,7 +444,7 @@ class GPUCluster:
         giving back devices in the allocator calls :meth:`holders_changed`."""
         allocator = self.allocator
         whole = allocator.holder_of(uuid)
-        shares = {whole: Fraction(1)} if whole is not None else allocator.sharers_of(uuid)
+        shares = {whole: 1} if whole is not None else allocator.sharers_of(uuid)
         out = []
         for holder, share in shares.items():
             alloc = allocator.holding(holder)
