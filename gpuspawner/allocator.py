@@ -209,6 +209,10 @@ class _ModelIndex:
     partial: dict[str, list[GPU]] = field(default_factory=dict)  # host -> by index
     partial_room: dict[str, int] = field(default_factory=dict)  # host -> room left on its partial devices
     rooms: list[tuple[int, str, int, str]] = field(default_factory=list)
+    # For updates one host at a time: how many hosts have n devices of this
+    # model (n -> hosts), and how many devices have each memory size.
+    sizes: dict[int, int] = field(default_factory=dict)
+    memories: dict[int, int] = field(default_factory=dict)
 
     @property
     def biggest_host(self) -> int:  # most devices of this model on one host
@@ -245,6 +249,8 @@ class Allocator:
         self._owned: dict[str, int] = {}  # owner -> milli-shares held (whole = 1000), for O(1) limit checks
         self._index: dict[str, _ModelIndex] = {}  # by model name
         self._hosts: list[str] = []  # sorted
+        self._by_host: dict[str, list[GPU]] = {}  # host -> its inventory devices, sorted
+        self._versions: dict[str, int] = {}  # host -> changes to the holdings on it
         self.set_sharing(sharing)
         self.set_inventory(gpus)
 
@@ -263,6 +269,47 @@ class Allocator:
         with self._lock:
             self._gpus = {g.uuid: g for g in gpus}
             self._reindex()
+
+    def set_host_devices(self, host: str, gpus: Iterable[GPU]) -> bool:
+        """Replace one host's devices (none: the host leaves the inventory),
+        touching only that host's entries in the index. The state is the same
+        as after :meth:`set_inventory` with the whole new inventory: holdings
+        are kept, also of devices that left, and a device that comes back is
+        still held. A UUID the inventory has on another host moves to this one.
+        True when the host's devices changed. Raises ValueError for a device
+        of another host."""
+        new = sorted({g.uuid: g for g in gpus}.values())
+        for gpu in new:
+            if gpu.host != host:
+                raise ValueError(f"{gpu.uuid} is on {gpu.host}, not on {host}")
+        with self._lock:
+            if new == self._by_host.get(host, []):
+                return False
+            touched: set[str] = set()
+            uuids = {g.uuid for g in new}
+            others = {self._gpus[u].host for u in uuids if u in self._gpus} - {host}
+            for other in sorted(others):  # devices that moved here leave their old host first
+                touched |= self._replace_host(other, [g for g in self._by_host[other] if g.uuid not in uuids])
+            touched |= self._replace_host(host, new)
+            self._finish_models(touched)
+            return True
+
+    def _replace_host(self, host: str, gpus: list[GPU]) -> set[str]:
+        """Take the host's devices out of the index and put ``gpus`` (sorted) in;
+        the models touched, for :meth:`_finish_models`."""
+        old = self._by_host.pop(host, [])
+        touched = self._unindex_host(host, old)
+        for gpu in old:
+            del self._gpus[gpu.uuid]
+        if not gpus:
+            del self._hosts[bisect.bisect_left(self._hosts, host)]
+            return touched
+        if not old:
+            bisect.insort(self._hosts, host)
+        self._by_host[host] = gpus
+        for gpu in gpus:
+            self._gpus[gpu.uuid] = gpu
+        return touched | self._index_host(host, gpus)
 
     def set_available_hosts(self, hosts: Iterable[str] | None) -> None:
         """Only these hosts may be chosen (None: all). Only the hosts whose
@@ -300,36 +347,103 @@ class Allocator:
                         del mi.rooms[bisect.bisect_left(mi.rooms, entry)]
 
     def _reindex(self) -> None:
-        index: dict[str, _ModelIndex] = {}
+        self._index = {}
+        self._by_host = {}
         for gpu in sorted(self._gpus.values()):
-            mi = index.get(gpu.model)
-            if mi is None:  # not setdefault: that would build an index per device
-                mi = index[gpu.model] = _ModelIndex()
-            mi.total[gpu.host] = mi.total.get(gpu.host, 0) + 1
-            mi.memory_mib = max(mi.memory_mib, gpu.memory_mib)
-            mi.devices += 1
-            free = mi.free.setdefault(gpu.host, [])
-            sharers = self._shares.get(gpu.uuid)
-            if sharers:
-                mi.used[gpu.uuid] = used = sum(sharers.values())
-                mi.partial.setdefault(gpu.host, []).append(gpu)
-                mi.partial_room[gpu.host] = mi.partial_room.get(gpu.host, 0) + UNIT - used
-                if used < UNIT and self._is_available(gpu.host):
-                    mi.rooms.append((UNIT - used, gpu.host, gpu.index, gpu.uuid))
-            elif gpu.uuid not in self._held:
-                free.append(gpu)
-        for mi in index.values():
-            mi.rooms.sort()
-            mi.buckets = [[] for _ in range(max(mi.total.values()) + 1)]
-            mi.smallest_host = min(mi.total.values())
-            for host in sorted(mi.free):
-                if self._is_available(host):
-                    mi.buckets[len(mi.free[host])].append(host)
-                    mi.free_available += len(mi.free[host])
-                else:
-                    mi.unavailable += mi.total[host]
-        self._index = dict(sorted(index.items()))
-        self._hosts = sorted({g.host for g in self._gpus.values()})
+            devices = self._by_host.get(gpu.host)
+            if devices is None:  # not setdefault: that would build a list per device
+                devices = self._by_host[gpu.host] = []
+            devices.append(gpu)
+        for host, devices in self._by_host.items():  # by hostname: the buckets are filled in order
+            self._index_host(host, devices)
+        self._finish_models(set(self._index))
+        self._hosts = list(self._by_host)
+
+    def _index_host(self, host: str, gpus: list[GPU]) -> set[str]:
+        """Put a host's devices (sorted, in ``_gpus``) into the index; the models touched."""
+        available = self._is_available(host)
+        by_model: dict[str, list[GPU]] = {}
+        for gpu in gpus:
+            devices = by_model.get(gpu.model)
+            if devices is None:
+                devices = by_model[gpu.model] = []
+            devices.append(gpu)
+        for model, devices in by_model.items():
+            mi = self._index.get(model)
+            if mi is None:
+                mi = self._index[model] = _ModelIndex()
+            n = len(devices)
+            mi.total[host] = n
+            mi.sizes[n] = mi.sizes.get(n, 0) + 1
+            mi.devices += n
+            free = []
+            for gpu in devices:
+                mi.memories[gpu.memory_mib] = mi.memories.get(gpu.memory_mib, 0) + 1
+                sharers = self._shares.get(gpu.uuid)
+                if sharers:
+                    mi.used[gpu.uuid] = used = sum(sharers.values())
+                    mi.partial.setdefault(host, []).append(gpu)
+                    mi.partial_room[host] = mi.partial_room.get(host, 0) + UNIT - used
+                    if used < UNIT and available:
+                        bisect.insort(mi.rooms, (UNIT - used, host, gpu.index, gpu.uuid))
+                elif gpu.uuid not in self._held:
+                    free.append(gpu)
+            mi.free[host] = free
+            while len(mi.buckets) <= n:
+                mi.buckets.append([])
+            if available:
+                bisect.insort(mi.buckets[len(free)], host)
+                mi.free_available += len(free)
+            else:
+                mi.unavailable += n
+        return set(by_model)
+
+    def _unindex_host(self, host: str, gpus: list[GPU]) -> set[str]:
+        """Take a host's devices (as indexed) out of the index; the models touched."""
+        available = self._is_available(host)
+        touched = {g.model for g in gpus}
+        for model in touched:
+            mi = self._index[model]
+            n = mi.total.pop(host)
+            mi.sizes[n] -= 1
+            if not mi.sizes[n]:
+                del mi.sizes[n]
+            mi.devices -= n
+            free = mi.free.pop(host)
+            if available:
+                bucket = mi.buckets[len(free)]
+                del bucket[bisect.bisect_left(bucket, host)]
+                mi.free_available -= len(free)
+            else:
+                mi.unavailable -= n
+            for gpu in mi.partial.pop(host, ()):
+                used = mi.used.pop(gpu.uuid)
+                if used < UNIT and available:
+                    del mi.rooms[bisect.bisect_left(mi.rooms, (UNIT - used, host, gpu.index, gpu.uuid))]
+            mi.partial_room.pop(host, None)
+        for gpu in gpus:
+            memories = self._index[gpu.model].memories
+            memories[gpu.memory_mib] -= 1
+            if not memories[gpu.memory_mib]:
+                del memories[gpu.memory_mib]
+        return touched
+
+    def _finish_models(self, models: set[str]) -> None:
+        """What depends on every host of a model, for the models touched: the
+        largest memory, the smallest and largest host (as many buckets as the
+        largest has devices, plus one); a model without devices leaves."""
+        for model in models:
+            mi = self._index.get(model)
+            if mi is None:
+                continue
+            if not mi.devices:
+                del self._index[model]
+                continue
+            mi.memory_mib = max(mi.memories)
+            mi.smallest_host = min(mi.sizes)
+            del mi.buckets[max(mi.sizes) + 1:]  # hosts that large left: those buckets are empty
+        if list(self._index) != sorted(self._index):
+            self._index = dict(sorted(self._index.items()))
 
     def _is_available(self, host: str) -> bool:
         return self._available is None or host in self._available
@@ -422,6 +536,7 @@ class Allocator:
         """Book a holding in the holder and owner records; whole devices in
         ``_held`` (shares are booked device by device by ``_book_share``)."""
         self._holders[alloc.holder] = alloc
+        self._versions[alloc.host] = self._versions.get(alloc.host, 0) + 1
         devices = alloc.devices
         if not devices:
             return
@@ -447,6 +562,7 @@ class Allocator:
             alloc = self._holders.pop(holder, None)
             if alloc is None:
                 return None
+            self._versions[alloc.host] = self._versions.get(alloc.host, 0) + 1
             milli = alloc.milli
             left = self._owned.get(alloc.owner, 0) - (len(alloc.devices) * UNIT if milli is None else sum(milli))
             if left > 0:
@@ -758,9 +874,10 @@ class Allocator:
         """The inventory's record of a device (its model and memory), or None."""
         return self._gpus.get(uuid)
 
-    def sharers_of(self, uuid: str) -> dict[str, Fraction]:
+    def sharers_of(self, uuid: str) -> dict[str, int]:
+        """Who shares the device, with each one's share in thousandths."""
         with self._lock:
-            return {h: fraction(m) for h, m in sorted(self._shares.get(uuid, {}).items())}
+            return dict(sorted(self._shares.get(uuid, {}).items()))
 
     def held_by_owner(self, owner: str) -> int | Fraction:
         """What the owner holds, shares counted as such (0.5 + 1 = 1.5): an int
@@ -841,6 +958,12 @@ class Allocator:
 
     def hosts(self) -> list[str]:
         return list(self._hosts)
+
+    def version(self, host: str) -> int:
+        """A number that changes whenever a holding on the host is booked,
+        changed or given back (a view of who holds what there may be reused
+        while it stays the same)."""
+        return self._versions.get(host, 0)
 
     # -- refusals ------------------------------------------------------------
 

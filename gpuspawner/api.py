@@ -18,6 +18,7 @@ Register them with :func:`gpuspawner.hubconfig.configure`.
 
 from __future__ import annotations
 
+import functools
 import time
 from datetime import datetime, timezone
 from types import SimpleNamespace
@@ -26,13 +27,16 @@ from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.scopes import has_scope
 from jupyterhub.spawner import SpawnException
+from markupsafe import Markup
 from tornado import web
 
+from .cluster import GPUCluster
 from .doctor import diagnose
 from .holdings import Holdings
 from .ledger import LedgerError
 from .reports import MAX_REPORT_BYTES, ReportError, parse_report
 from .swarm import SwarmError
+from .views import batches
 
 __all__ = ["ADMIN_SCOPE", "REPORT_SCOPE", "handlers"]
 
@@ -114,7 +118,7 @@ class AllocMapHandler(_GPUMixin, APIHandler):
         self.require(ADMIN_SCOPE)
         owner = await self.holdings()
         self.set_header("Content-Type", "application/json")
-        self.write(owner.cluster.alloc_map())
+        self.write(await owner.cluster.alloc_map_json())
 
 
 class RescanHandler(_GPUMixin, APIHandler):
@@ -126,7 +130,7 @@ class RescanHandler(_GPUMixin, APIHandler):
         except SwarmError as exc:
             raise web.HTTPError(503, f"The swarm could not be asked: {exc}") from None
         self.set_header("Content-Type", "application/json")
-        self.write(owner.cluster.alloc_map())
+        self.write(await owner.cluster.alloc_map_json())
 
 
 class DoctorHandler(_GPUMixin, APIHandler):
@@ -177,13 +181,50 @@ def _time_arg(text: str) -> datetime | None:
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
+class HostCard:
+    """One host's card on the GPU page, UTF-8, from the (synchronous) template
+    gpus_host.html; safe to call from a thread. Equal for the same template, so
+    the cards the cluster keeps are reused until the template changes."""
+
+    def __init__(self, template):
+        self.template = template
+
+    def __call__(self, host: str, devices: dict[str, dict], stale: str | None) -> bytes:
+        return self.template.render(host=host, devices=devices, stale=stale).encode()
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, HostCard) and other.template is self.template
+
+    __hash__ = None
+
+
+CARDS = "<!-- gpuspawner: the hosts' cards -->"
+
+
+async def gpu_page(cluster: GPUCluster, render_page, card_template) -> tuple[str, list[bytes], str]:
+    """The GPU page as what comes before the hosts' cards, the cards, and what
+    comes after. ``render_page(**namespace)`` renders gpus.html (awaitable);
+    ``card_template`` is gpus_host.html, synchronous. Each card is kept by the
+    cluster until its host changes, as UTF-8: a page of 8,000 devices is ~6 MB,
+    written as it is rather than copied through the page template."""
+    cards = await cluster.host_views("html", HostCard(card_template), inline=2)
+    page = await render_page(hosts=Markup(CARDS) if cards else Markup(""), stale=cluster.stale)
+    head, _, tail = page.partition(CARDS)
+    return head, cards, tail
+
+
 class GPUPageHandler(_GPUMixin, BaseHandler):
     @web.authenticated
     async def get(self):
         self.require(ADMIN_SCOPE)
         cluster = (await self.holdings()).cluster
-        html = await self.render_template("gpus.html", alloc_map=cluster.alloc_map(), stale=cluster.stale)
-        self.finish(html)
+        render = functools.partial(self.render_template, "gpus.html")
+        head, cards, tail = await gpu_page(cluster, render, self.get_template("gpus_host.html", sync=True))
+        # Sent a piece at a time: one copy of megabytes would hold up the event loop for milliseconds.
+        for piece in batches([head.encode(), *cards, tail.encode()]):
+            self.write(piece)
+            await self.flush()
+        self.finish()
 
 
 handlers = [

@@ -133,19 +133,21 @@ class Holdings:
     def all(self) -> dict[str, Holding]:
         return dict(self._holdings)
 
-    def holders_of(self) -> dict[str, list[dict]]:
-        """uuid -> who holds it, for the allocation map."""
-        out: dict[str, list[dict]] = {}
-        for name, alloc in sorted(self.allocator.holdings().items()):
+    def holders_of(self, uuid: str) -> list[dict]:
+        """Who holds the device, for the allocation map: each holder's user,
+        server, share and phase (and why a device being removed is still held)."""
+        allocator = self.allocator
+        whole = allocator.holder_of(uuid)
+        shares = {whole: UNIT} if whole is not None else allocator.sharers_of(uuid)
+        out = []
+        for name, milli in shares.items():
             h = self._holdings.get(name)
-            user, server = (h.labels.user, h.labels.server) if h else (alloc.owner, "")
-            phase = h.phase.value if h else Phase.RUNNING.value
-            pieces = alloc.milli or (UNIT,) * len(alloc.devices)
-            for gpu, milli in zip(alloc.devices, pieces):
-                holder = {"user": user, "server": server, "share": milli / UNIT, "phase": phase}
-                if h is not None and h.problem:
-                    holder["problem"] = h.problem
-                out.setdefault(gpu.uuid, []).append(holder)
+            holder = {"user": h.labels.user if h else getattr(allocator.holding(name), "owner", ""),
+                      "server": h.labels.server if h else "", "share": milli / UNIT,
+                      "phase": (h.phase if h else Phase.RUNNING).value}
+            if h is not None and h.problem:
+                holder["problem"] = h.problem
+            out.append(holder)
         return out
 
     # -- transitions ---------------------------------------------------------------
@@ -153,6 +155,8 @@ class Holdings:
     def _set(self, h: Holding, phase: Phase, problem: str = "") -> None:
         h.phase, h.problem = phase, problem
         self._touch(h.name)
+        if h.labels.uuids:
+            self.cluster.holders_changed(h.labels.host)  # the map shows phase and problem
 
     def _touch(self, name: str) -> None:
         self._version += 1
@@ -249,11 +253,11 @@ class Holdings:
             try:
                 ended = await self._remove_service(name, h.tasks, wait, h)
             except SwarmError as exc:
-                h.problem = f"its service could not be removed: {exc}"
+                self._set(h, Phase.REMOVING, f"its service could not be removed: {exc}")
                 log.error("Could not remove service %s (its GPUs stay reserved): %s", name, exc)
                 return False
             if not ended:
-                h.problem = "its container is still running"
+                self._set(h, Phase.REMOVING, "its container is still running")
                 log.warning("Service %s still runs after its removal; its GPUs stay reserved", name)
                 return False
             await self._release(h, reason)

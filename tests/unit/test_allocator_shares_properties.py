@@ -7,6 +7,12 @@ device held whole is never shared; every holding lies on one host; the views
 (device_map, usage, summary, held_by_owner) agree with a recount of the
 holdings; an allocator fed the inventory in reverse order decides the same.
 
+Hosts' devices also change as the steps go (some leave, come back, change
+model; hosts come and go): the allocator under test takes each change one host
+at a time (``set_host_devices``), the mirror rebuilds its index from the whole
+new inventory (``set_inventory``); their decisions, holdings and indexes must
+stay identical.
+
 Each share decision is checked against an exhaustive search over every
 combination of devices of every (model, host): granted exactly when one fits,
 on the fewest devices, with the least room (best fit), or, when only untouched
@@ -27,7 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from gpuspawner.allocator import ALL, AllocationRefused, Allocator, Request
 from gpuspawner.inventory import GPU
 from gpuspawner.sharing import UNIT, SharingPolicy, split_evenly, to_milli
-from tests.unit.test_allocator_properties import MODELS, OWNERS, Reference, inventories
+from tests.unit.test_allocator_properties import HOSTNAMES, MEMORY, MODELS, OWNERS, Reference, inventories
 from tests.unit.test_allocator_properties import SETTINGS as WHOLE_SETTINGS
 
 QUANTA = [0.05, 0.1, 0.2, 0.25, 0.5]
@@ -66,6 +72,9 @@ class SharesMachine(RuleBasedStateMachine):
         self.mirror = Allocator(list(reversed(inventory)), policy, sharing=config)
         self.available: set[str] | None = None
         self.serial = 0
+        self.ever: dict[str, dict[str, GPU]] = {}  # host -> every device it has had, by UUID
+        for gpu in self.gpus:
+            self.ever.setdefault(gpu.host, {})[gpu.uuid] = gpu
 
     # -- recount from the holdings ----------------------------------------------
 
@@ -258,11 +267,49 @@ class SharesMachine(RuleBasedStateMachine):
         refused = {p.split()[0] for p in problems}
         assert set(got.uuids) == set(uuids) - refused
 
+    @rule(data=st.data())
+    def replace_host(self, data):
+        """A host's devices change, as an agent's report says: some leave (held
+        or not), some come back (still held), one changes model, a new one
+        appears; or a host comes or goes."""
+        host = data.draw(st.sampled_from(sorted(set(HOSTNAMES) | set(self.hosts))), label="host")
+        known = sorted(self.ever.get(host, {}).values())
+        kept = data.draw(st.lists(st.sampled_from(known), unique=True, max_size=8), label="kept") if known else []
+        if kept and data.draw(st.integers(0, 3), label="remodel") == 0:
+            model = data.draw(st.sampled_from(MODELS), label="model")
+            gpu = kept.pop(0)
+            kept.append(GPU(host, gpu.index, gpu.uuid, model, MEMORY[model]))
+        for n in range(data.draw(st.integers(0, 2), label="new")):
+            model = data.draw(st.sampled_from(MODELS), label="new model")
+            self.serial += 1
+            kept.append(GPU(host, len(known) + n, f"GPU-{host}-n{self.serial}", model, MEMORY[model]))
+        inventory = [g for g in self.gpus if g.host != host] + kept
+        if not inventory:
+            return  # an allocator without devices has nothing to decide
+        assert self.alloc.set_host_devices(host, reversed(kept)) == (sorted(kept) != [g for g in self.gpus
+                                                                                      if g.host == host])
+        self.mirror.set_inventory(list(reversed(inventory)))
+        for gpu in kept:
+            self.ever.setdefault(host, {})[gpu.uuid] = gpu
+        self.gpus = sorted(inventory)
+        self.by_uuid = {g.uuid: g for g in inventory}
+        self.hosts = sorted({g.host for g in inventory})
+        self.models = sorted({g.model for g in inventory})
+
     # -- invariants ----------------------------------------------------------------
 
     @invariant()
     def mirror_agrees(self):
         assert self.alloc.holdings() == self.mirror.holdings()
+
+    @invariant()
+    def index_is_the_one_a_full_rebuild_makes(self):
+        alloc, mirror = self.alloc, self.mirror
+        assert alloc._gpus == mirror._gpus and alloc._by_host == mirror._by_host
+        assert alloc._hosts == mirror._hosts == self.hosts
+        assert list(alloc._index) == list(mirror._index) == self.models
+        for model, mi in alloc._index.items():
+            assert mi == mirror._index[model], model
 
     @invariant()
     def sums_never_above_one_and_whole_never_shared(self):

@@ -1,12 +1,14 @@
 """The cluster's inventory from its sources: agent reports, health, staleness,
-static overrides, and holdings adopted before their devices are reported (pure:
-no swarm; reports go in as the hub's endpoint hands them over)."""
+static overrides, holdings adopted before their devices are reported, and the
+allocator fed one host at a time (pure: no swarm; reports go in as the hub's
+endpoint hands them over)."""
 
 from __future__ import annotations
 
 import json
+import random
 
-from gpuspawner.allocator import AllocationRefused, Request
+from gpuspawner.allocator import AllocationRefused, Allocator, Request
 from gpuspawner.cluster import GPUCluster, InventorySettings
 from gpuspawner.inventory import GPU
 from gpuspawner.reports import parse_report
@@ -16,6 +18,7 @@ from tests.unit.test_reports import A100, MIG, device, report
 import pytest
 
 GTX = "NVIDIA GeForce GTX 1070"
+SHARING = {"*": {"quantum": 0.05, "split": True}}
 
 
 def agent_cluster(**kw) -> GPUCluster:
@@ -110,3 +113,62 @@ def test_a_holding_rebuilt_before_its_node_reported_takes_its_devices_the_moment
     assert c.allocator.allocate("s2", Request(model=A100, count=1)).uuids == ("GPU-a100-0",)
     with pytest.raises(AllocationRefused):
         c.allocator.allocate("s3", Request(model=A100, count=1))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_host_at_a_time_gives_the_allocator_a_full_rebuild_gives(seed):
+    """Reports that change health, drop devices, bring them back or rename them,
+    with allocations and releases between: the cluster's allocator (fed one host
+    at a time) and one rebuilt from every offered device each time decide alike
+    and end with the same index."""
+    rng = random.Random(seed)
+    hosts = [f"node-{i}" for i in range(6)]
+    c = GPUCluster(InventorySettings(sources=("agent",), aliases=(("renamed", GTX),)))
+    c.allocator.set_sharing(SHARING)
+    full = Allocator(sharing=SHARING)
+    state = {h: {"sick": None, "gone": set(), "name": A100 if i % 2 else GTX} for i, h in enumerate(hosts)}
+
+    def body(h):
+        s = state[h]
+        return [device(i, f"GPU-{h}-{i}", s["name"], ecc_uncorrected=int(i == s["sick"]))
+                for i in range(4) if i not in s["gone"]]
+
+    def decide(name, request):
+        got = []
+        for allocator in (c.allocator, full):
+            try:
+                got.append(allocator.allocate(name, request).uuids)
+            except AllocationRefused as exc:
+                got.append(exc.message)
+        assert got[0] == got[1]
+
+    def offered():
+        return [g for host in sorted(c._offered_by_host) for g in c._offered_by_host[host]]
+
+    for h in hosts:
+        send(c, report(*body(h), hostname=h))
+    full.set_inventory(offered())
+    for step in range(300):
+        h = rng.choice(hosts)
+        kind = rng.random()
+        if kind < 0.25:
+            state[h]["sick"] = rng.choice([None, 0, 1, 2, 3])
+        elif kind < 0.5:
+            state[h]["gone"] ^= {rng.randrange(4)}
+        elif kind < 0.55:
+            state[h]["name"] = rng.choice([A100, GTX, "renamed"])
+        elif kind < 0.8:
+            share = rng.choice([None, 0.25, 0.5, 1.5])
+            decide(f"s{step}", Request(share=share) if share else Request(count=rng.choice([1, 2, 4])))
+            continue
+        else:
+            holders = sorted(c.allocator.holdings())
+            if holders:
+                holder = rng.choice(holders)
+                assert c.allocator.release(holder) == full.release(holder)
+            continue
+        send(c, report(*body(h), hostname=h))
+        full.set_inventory(offered())
+        assert c.allocator.holdings() == full.holdings()
+        assert c.allocator._index == full._index and list(c.allocator._index) == list(full._index)
+        assert c.allocator._hosts == full._hosts and c.allocator._gpus == full._gpus

@@ -96,11 +96,12 @@ class World:
         if not owner or not owner.rebuilt:
             return  # what an earlier hub left is the rebuild's to find
         booked: dict[str, set[str]] = {}  # uuid -> services booked on it
-        if owner:
-            for uuid, holders in owner.holders_of().items():
-                assert sum(h["share"] for h in holders) <= 1.0, f"{uuid} booked above 1: {holders}"
-            booked = {uuid: {name for name, a in owner.allocator.holdings().items() if uuid in a.uuids}
-                      for uuid in owner.holders_of()}
+        total: dict[str, int] = {}  # uuid -> thousandths booked
+        for name, alloc in owner.allocator.holdings().items():
+            for gpu, milli in zip(alloc.devices, alloc.milli or (1000,) * len(alloc.devices)):
+                booked.setdefault(gpu.uuid, set()).add(name)
+                total[gpu.uuid] = total.get(gpu.uuid, 0) + milli
+        assert all(t <= 1000 for t in total.values()), f"booked above 1: {total}"
         for task, (service, node, visible) in self.fake.running_containers().items():
             for uuid in filter(None, visible.split(",")):
                 if uuid == "void":
@@ -342,3 +343,23 @@ async def test_a_server_with_a_published_port_is_reached_at_the_port_swarm_publi
     published = world.fake.inspect_service("jupyter-alice")["Endpoint"]["Ports"]
     assert (ip, port) == (alice.host_ip, published[0]["PublishedPort"]) and published[0]["TargetPort"] == alice.port
     assert not world.fake.calls_to("inspect_image")  # cmd is set: the image is not asked
+
+
+def test_the_admin_page_says_a_gpu_is_kept_while_its_container_still_runs(tmp_path):
+    import jinja2
+
+    from gpuspawner.api import HostCard
+    from tests.unit.test_cluster_views import TEMPLATES
+
+    async def body():
+        world = World(tmp_path)
+        world.leftover("alice")
+        owner = world.owner
+        await owner.reconcile()
+        assert not await owner.remove("jupyter-alice", wait=0)
+        card = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True).get_template(
+            "gpus_host.html")
+        (html,) = await owner.cluster.host_views("html", HostCard(card))
+        assert "alice" in html.decode() and "removing: its container is still running" in html.decode()
+
+    asyncio.run(body())
