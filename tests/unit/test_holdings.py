@@ -89,6 +89,23 @@ class World:
         if run:
             self.fake.run_all()
 
+    async def started(self, spawner):
+        """The spawner's start, with the swarm starting tasks as it goes."""
+        start = asyncio.ensure_future(spawner.start())
+        while not start.done():
+            self.fake.run_all()
+            await asyncio.sleep(0.01)
+        return await start
+
+    async def lingering(self, user: str = "alice"):
+        """The hub's holdings, with a leftover of ``user`` adopted and then
+        removed while its container still runs."""
+        self.leftover(user)
+        owner = self.owner
+        await owner.reconcile()
+        assert not await owner.remove(f"jupyter-{user}", wait=0)
+        return owner
+
     # -- invariants -----------------------------------------------------------------
 
     def invariant(self) -> None:
@@ -228,12 +245,7 @@ async def test_defect4_hostile_labels_never_stop_the_rebuild(tmp_path):
     result = await world.owner.reconcile()
     assert time.perf_counter() - began < 1.0
     assert result["services"] == 0 and len(world.owner.foreign) == 4
-    alice = world.spawner("alice", {"gpu_model": A100})
-    start = asyncio.ensure_future(alice.start())
-    while not start.done():
-        world.fake.run_all()
-        await asyncio.sleep(0.01)
-    await start
+    await world.started(world.spawner("alice", {"gpu_model": A100}))
 
 
 async def test_defect5_a_service_by_another_name_is_not_charged_to_the_user(tmp_path):
@@ -242,12 +254,7 @@ async def test_defect5_a_service_by_another_name_is_not_charged_to_the_user(tmp_
     world.leftover("alice", name="evil")  # labelled as alice's running server
     await world.owner.reconcile()
     assert world.owner.get("evil") is None and "evil" in world.owner.foreign
-    alice = world.spawner("alice", {"gpu_model": A100})
-    start = asyncio.ensure_future(alice.start())
-    while not start.done():
-        world.fake.run_all()
-        await asyncio.sleep(0.01)
-    await start  # not refused for her limit
+    await world.started(world.spawner("alice", {"gpu_model": A100}))  # not refused for her limit
     assert world.owner.get("jupyter-alice").labels.uuids
 
 
@@ -287,10 +294,7 @@ def test_start_stop_and_reconcile_of_two_users_on_one_gpu_every_interleaving(tmp
 def test_a_stop_whose_container_lingers_keeps_the_gpu_reserved_and_says_so(tmp_path):
     async def body():
         world = World(tmp_path)
-        world.leftover("alice")
-        owner = world.owner
-        await owner.reconcile()
-        assert not await owner.remove("jupyter-alice", wait=0)
+        owner = await world.lingering()
         h = owner.get("jupyter-alice")
         assert h.phase is Phase.REMOVING and "still running" in h.problem
         holders = owner.cluster.alloc_map()["gpu-b"]["GPU-b0"]["holders"]
@@ -335,11 +339,7 @@ def test_a_restarted_hub_keeps_the_gpus_of_a_gone_service_until_its_recorded_tas
 async def test_a_server_with_a_published_port_is_reached_at_the_port_swarm_published(tmp_path):
     world = World(tmp_path, use_internal_ip=False)
     alice = world.spawner("alice", {"gpu_model": A100})
-    start = asyncio.ensure_future(alice.start())
-    while not start.done():
-        world.fake.run_all()
-        await asyncio.sleep(0.01)
-    ip, port = await start
+    ip, port = await world.started(alice)
     published = world.fake.inspect_service("jupyter-alice")["Endpoint"]["Ports"]
     assert (ip, port) == (alice.host_ip, published[0]["PublishedPort"]) and published[0]["TargetPort"] == alice.port
     assert not world.fake.calls_to("inspect_image")  # cmd is set: the image is not asked
@@ -353,10 +353,7 @@ def test_the_admin_page_says_a_gpu_is_kept_while_its_container_still_runs(tmp_pa
 
     async def body():
         world = World(tmp_path)
-        world.leftover("alice")
-        owner = world.owner
-        await owner.reconcile()
-        assert not await owner.remove("jupyter-alice", wait=0)
+        owner = await world.lingering()
         card = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True).get_template(
             "gpus_host.html")
         (html,) = await owner.cluster.host_views("html", HostCard(card))
