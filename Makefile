@@ -49,6 +49,7 @@ screenshots: deps
 bench: $(VENV)/.installed
 	$(PYTHON) -m benchmarks.bench_allocator
 	$(PYTHON) -m benchmarks.bench_agent
+	$(PYTHON) -m benchmarks.bench_loop
 
 clean: demo-down
 	rm -rf $(VENV) $(STATE) /var/cache/gpuspawner-image
