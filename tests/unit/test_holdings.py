@@ -360,3 +360,23 @@ def test_the_admin_page_says_a_gpu_is_kept_while_its_container_still_runs(tmp_pa
         assert "alice" in html.decode() and "removing: its container is still running" in html.decode()
 
     asyncio.run(body())
+
+
+async def test_defect2_a_stop_that_timed_out_keeps_the_gpu_through_reconciliation(tmp_path):
+    """The stop removed the service but its container still ran after
+    server_stop_timeout; the next reconciliation used to release the GPU
+    (the service was gone) and the next user's server ran on it too."""
+    world = World(tmp_path, server_stop_timeout=1)
+    alice = world.spawner("alice", {"gpu_model": A100})
+    await world.started(alice)
+    with pytest.raises(SpawnException):
+        await alice.stop()  # the container does not exit
+    await world.owner.reconcile()
+    with pytest.raises(SpawnException) as refused:
+        await world.started(world.spawner("bob", {"gpu_model": A100}))
+    assert refused.value.status_code == 503
+    world.invariant()
+    world.fake.exit_all()
+    await world.owner.reconcile()
+    await world.started(world.spawner("bob", {"gpu_model": A100}))
+    assert [v for _, _, v in world.fake.running_containers().values()] == ["GPU-b0"]
