@@ -108,7 +108,10 @@ class ReportHandler(_GPUMixin, APIHandler):
                 await self.holdings()
             if report.hostname not in cluster.nodes:
                 raise web.HTTPError(400, f"{report.hostname} is not a node of this swarm")
-        cluster.receive(report)
+        try:
+            cluster.receive(report)
+        except ReportError as exc:  # it names a UUID another node has: nothing of it is taken
+            raise web.HTTPError(400, str(exc)) from None
         self.set_header("Content-Type", "application/json")
         self.write({"hostname": report.hostname, "devices": len(report.devices), "interval": report.interval})
 
@@ -140,7 +143,8 @@ class DoctorHandler(_GPUMixin, APIHandler):
         cluster = owner.cluster
         reports = {host: report for host, (report, _) in cluster.reports.items()}
         findings = diagnose(cluster.nodes.values(), cluster.settings.static, reports, cluster.stale,
-                            cluster.settings.sources, cluster.aliases, foreign=owner.foreign)
+                            cluster.settings.sources, cluster.aliases, foreign=owner.foreign,
+                            conflicts=cluster.uuid_conflicts)
         self.set_header("Content-Type", "application/json")
         self.write({"findings": [f.as_dict() for f in findings]})
 

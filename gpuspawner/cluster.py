@@ -8,6 +8,12 @@ device is :mod:`gpuspawner.holdings`' concern; it tells the views here.
 
 Only healthy devices on nodes that report in time are given to the
 allocator; the others stay known here, with the reason, for admins.
+
+A UUID belongs to one host at a time: the one the static inventory lists it
+for, or else the one whose accepted report named it first. A report that
+names a UUID another host has is refused as a whole (see :meth:`GPUCluster.receive`),
+unless that host's claim rests only on its agent and its agent is late: then
+the device moves to the reporting host.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from . import views
 from .allocator import Allocation, Allocator
 from .inventory import GPU
 from .labels import ServerLabels
-from .reports import NodeReport, device_problems, gpus_of, parse_report
+from .reports import Conflict, NodeReport, UUIDConflict, device_problems, gpus_of, parse_report, report_uuids
 from .sharing import UNIT, fraction
 from .swarm import Node, Swarm
 from .views import HoldersOf, HostCache, Maker
@@ -93,6 +99,11 @@ class GPUCluster:
         self._offered_by_host: dict[str, tuple[GPU, ...]] = {}  # host -> its healthy devices
         self.stale: dict[str, str] = {}  # host -> why its devices are not offered
         self._last_uuid: dict[tuple[str, int], str] = {}  # a lost GPU may no longer say its UUID
+        # Who has each UUID, kept as reports come in (never rebuilt from all hosts).
+        self._listed: dict[str, str] = {}  # uuid -> host, from the static inventory (when it is a source)
+        self._owner: dict[str, str] = {}  # uuid -> host: listed for it, or named by its accepted report
+        self._claims: dict[str, frozenset[str]] = {}  # host -> the UUIDs its accepted report named, less those moved
+        self.conflicts: dict[str, dict[str, Conflict]] = {}  # refused host -> uuid -> who has it; replaced, not changed
         # Holdings found in the swarm on devices not offered yet, by service name.
         self.pending: dict[str, ServerLabels] = {}
         self._offered = False  # the allocator has had a first inventory
@@ -112,6 +123,9 @@ class GPUCluster:
         self._nodes_at = 0.0  # when the node list was last read
         self._local_due = 0.0
         self._lock = asyncio.Lock()
+        if "static" in settings.sources:
+            for gpu in settings.static:
+                self._listed[gpu.uuid] = self._owner[gpu.uuid] = gpu.host
         self.apply()
 
     # -- inventory sources -------------------------------------------------------
@@ -124,13 +138,84 @@ class GPUCluster:
         """Take a node's report. A host in the static inventory keeps its
         listed devices; its report then only says how healthy they are.
         Only this host is recomputed; the allocator is touched only when the
-        set of devices it may offer changed."""
+        set of devices it may offer changed.
+
+        Raises :class:`UUIDConflict` (nothing of the report is taken: the host
+        keeps its previous report) when the report names a UUID (of a GPU or a
+        MIG device) that another host has: listed for it in the static
+        inventory, or named by its accepted report while its agent is not
+        late. A device whose old host's agent is late, or whose old host's
+        report no longer names it, moves to the reporting host. The refusal is
+        kept in :attr:`conflicts` until the host's next accepted report, or
+        until the other host no longer has the UUID."""
         now = time.monotonic() if now is None else now
-        self.reports[report.hostname] = (report, now)
-        changed = self._set_host(report.hostname)
-        back = report.hostname in self.stale and self._check_stale(now)
-        if changed or back:
-            self._offer([report.hostname] if changed else [])
+        host = report.hostname
+        uuids = report_uuids(report)
+        before = self._claims.get(host, frozenset())
+        moved: dict[str, str] = {}  # uuid -> the host it is taken from
+        if uuids != before:  # the same UUIDs as last time are this host's already
+            refused = []
+            for uuid in uuids - before:
+                owner = self._owner.get(uuid, host)
+                if owner == host:
+                    continue
+                if uuid not in self._listed and self._agent_late(owner, now):
+                    moved[uuid] = owner
+                else:
+                    refused.append((uuid, owner))
+            if refused:
+                raise self._refuse(host, refused)
+            self._claim(host, before, uuids, moved)
+        if host in self.conflicts:
+            del self.conflicts[host]
+        self.reports[host] = (report, now)
+        losers = [other for other in sorted(set(moved.values())) if self._set_host(other)]
+        changed = self._set_host(host)
+        back = host in self.stale and self._check_stale(now)
+        if changed or losers or back:
+            self._offer(losers + ([host] if changed else []))
+
+    def _agent_late(self, host: str, now: float) -> bool:
+        got = self.reports.get(host)
+        if got is None:
+            return False
+        report, received = got
+        return now - received > self.settings.stale_intervals * report.interval
+
+    def _refuse(self, host: str, refused: list[tuple[str, str]]) -> UUIDConflict:
+        """Remember why the host's report is refused (replacing what its last refusal said)."""
+        wall = time.time()
+        old = self.conflicts.get(host, {})
+        records = {}
+        for uuid, owner in sorted(refused):
+            prev = old.get(uuid)
+            since = prev.since if prev is not None and prev.owner == owner else wall
+            records[uuid] = Conflict(host, uuid, owner, uuid in self._listed, since, wall)
+        self.conflicts[host] = records
+        return UUIDConflict(tuple(records.values()))
+
+    def _claim(self, host: str, before: frozenset[str], uuids: frozenset[str], moved: Mapping[str, str]) -> None:
+        """The index after the host's report naming ``uuids`` (``before``: its last one's) is accepted."""
+        for uuid, owner in moved.items():
+            self._claims[owner] = self._claims[owner] - {uuid}
+        for uuid in before - uuids:
+            if self._owner.get(uuid) == host and uuid not in self._listed:
+                del self._owner[uuid]
+        for uuid in uuids - before:
+            self._owner[uuid] = host
+        self._claims[host] = uuids
+        if self.conflicts:  # a refusal whose UUID the other host no longer has is settled
+            for refused, records in list(self.conflicts.items()):
+                kept = {u: c for u, c in records.items() if self._owner.get(u) == c.owner}
+                if not kept:
+                    del self.conflicts[refused]
+                elif len(kept) != len(records):
+                    self.conflicts[refused] = kept
+
+    @property
+    def uuid_conflicts(self) -> list[Conflict]:
+        """The refusals still standing, by host and UUID."""
+        return [c for host in sorted(self.conflicts) for _, c in sorted(self.conflicts[host].items())]
 
     def apply(self, now: float | None = None) -> None:
         """Recompute every host (at start) or only which nodes are late."""
@@ -215,7 +300,10 @@ class GPUCluster:
         report = self.reports[host][0]
         source = "local" if host == settings.local_host and "local" in settings.sources else "agent"
         max_temp = settings.max_temperature_c
+        owner = self._owner
         for gpu, dev in gpus_of(report, self.aliases):
+            if owner.get(gpu.uuid, host) != host:
+                continue  # moved to another host while this one's agent was late
             state = states.get(gpu.uuid)
             if state is None:
                 if listed:
@@ -231,6 +319,8 @@ class GPUCluster:
                 continue
             # Lost before NVML named it: the GPU last seen at that index stays known, marked.
             uuid = self._last_uuid.get((host, dev.index), "")
+            if owner.get(uuid, host) != host:
+                continue
             state = states.get(uuid)
             if state is None and not listed and uuid in before:
                 state = states[uuid] = DeviceState(before[uuid].gpu, source)

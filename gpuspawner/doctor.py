@@ -6,10 +6,11 @@ how to fix it. Pure: the hub endpoint and ``gpuspawner doctor`` feed it.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from typing import Iterable, Mapping
 
 from .inventory import GPU
-from .reports import NodeReport, gpus_of
+from .reports import Conflict, NodeReport, gpus_of
 from .swarm import Node
 
 __all__ = ["Finding", "diagnose"]
@@ -34,8 +35,10 @@ def diagnose(
     sources: Iterable[str],
     aliases: Mapping[str, str] | None = None,
     foreign: Mapping[str, str] | None = None,
+    conflicts: Iterable[Conflict] = (),
 ) -> list[Finding]:
-    """``foreign``: labelled services the hub does not take as its servers, with why."""
+    """``foreign``: labelled services the hub does not take as its servers, with why;
+    ``conflicts``: reports refused because they name a UUID another host has."""
     nodes = {n.hostname: n for n in nodes}
     sources = set(sources)
     static = list(static) if "static" in sources else []
@@ -90,6 +93,13 @@ def diagnose(
                     f"{uuid} is listed as {gpus[uuid].model!r} but NVML names it {seen[uuid].model!r}",
                     "use NVML's name in the inventory, or give it a friendlier one with gpu_model_aliases",
                 ))
+    for c in conflicts:
+        since = datetime.fromtimestamp(c.since, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        out.append(Finding(
+            "error", c.host,
+            f"its agent's reports are refused since {since}: {c.sentence()}",
+            "the same UUID on two nodes: a copied inventory or a spoofed agent; check nvidia-smi -L on both",
+        ))
     for service, why in sorted((foreign or {}).items()):
         out.append(Finding("warning", service, f"a service labelled as a gpuspawner server is not one: {why}",
                            "remove it (docker service rm) if nothing needs it; the hub leaves it alone"))

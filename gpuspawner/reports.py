@@ -23,13 +23,16 @@ from .inventory import GPU, HOSTNAME_RE, MODEL_RE, UUID_RE
 
 __all__ = [
     "MAX_REPORT_BYTES",
+    "Conflict",
     "NodeReport",
     "ReportError",
     "ReportedDevice",
+    "UUIDConflict",
     "device_problems",
     "gpus_of",
     "mig_model",
     "parse_report",
+    "report_uuids",
 ]
 
 MAX_REPORT_BYTES = 256 * 1024  # a node with 64 MIG-split GPUs reports ~100 KiB
@@ -42,6 +45,35 @@ MIG_SEPARATOR = " · MIG "
 
 class ReportError(ValueError):
     """The report is malformed; the message names the field."""
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A report refused because it names a UUID another host has."""
+
+    host: str  # the host whose report was refused
+    uuid: str
+    owner: str  # the host that has it
+    listed: bool  # the owner has it in the static inventory (else: by its agent's report)
+    since: float  # wall-clock time of the first refused report that named it
+    last: float  # wall-clock time of the latest one
+
+    def sentence(self) -> str:
+        where = "in the static inventory" if self.listed else "by its agent's report"
+        return f"{self.uuid} is on {self.owner} ({where}), not on {self.host}"
+
+
+class UUIDConflict(ReportError):
+    """The report names UUIDs other hosts have; it was refused as a whole."""
+
+    def __init__(self, conflicts: tuple[Conflict, ...]):
+        self.conflicts = conflicts
+        first = conflicts[0]
+        more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
+        super().__init__(
+            f"report refused: {first.sentence()}{more}; the same UUID on two nodes is a copied inventory or "
+            "a spoofed agent: check nvidia-smi -L on both"
+        )
 
 
 @dataclass(frozen=True)
@@ -239,6 +271,11 @@ class _Fields:
 def mig_model(parent_model: str, profile: str) -> str:
     """The model name users see for a MIG slice, e.g. 'NVIDIA A100 80GB PCIe · MIG 1g.10gb'."""
     return f"{parent_model}{MIG_SEPARATOR}{profile}"
+
+
+def report_uuids(report: NodeReport) -> frozenset[str]:
+    """Every UUID the report names: its GPUs' and their MIG devices'."""
+    return frozenset(u for d in report.devices for u in (d.uuid, *(m.uuid for m in d.mig_devices)) if u)
 
 
 def gpus_of(report: NodeReport, aliases: Mapping[str, str] | None = None) -> Iterable[tuple[GPU, ReportedDevice]]:
