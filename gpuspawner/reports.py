@@ -71,8 +71,8 @@ class UUIDConflict(ReportError):
         first = conflicts[0]
         more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
         super().__init__(
-            f"report refused: {first.sentence()}{more}; the same UUID on two nodes is a copied inventory or "
-            "a spoofed agent: check nvidia-smi -L on both"
+            f"report refused: {first.sentence()}{more}: a copied inventory or a spoofed agent; "
+            "check nvidia-smi -L on both"
         )
 
 

@@ -54,8 +54,8 @@ def test_a_report_naming_another_hosts_uuid_is_refused_and_takes_nothing():
         send(c, report(device(0, "GPU-a0"), device(1, "GPU-b1"), device(2, "GPU-a2"), hostname="gpu-a"), now=1)
     assert isinstance(refused.value, ReportError)  # the endpoint answers 400
     assert str(refused.value) == (
-        "report refused: GPU-b1 is on gpu-b (by its agent's report), not on gpu-a; the same UUID on two nodes "
-        "is a copied inventory or a spoofed agent: check nvidia-smi -L on both")
+        "report refused: GPU-b1 is on gpu-b (by its agent's report), not on gpu-a: a copied inventory or "
+        "a spoofed agent; check nvidia-smi -L on both")
     # Nothing of it is taken: gpu-a keeps its previous report (and its time), GPU-a2 is not offered.
     assert c.reports["gpu-a"] is a_before
     assert hosts_of(c) == {"GPU-a0": "gpu-a", "GPU-b0": "gpu-b", "GPU-b1": "gpu-b"}
@@ -219,4 +219,5 @@ def test_the_endpoint_answers_400_with_the_sentence():
     with pytest.raises(web.HTTPError) as answer:
         asyncio.run(bad.post())
     assert answer.value.status_code == 400
-    assert answer.value.log_message.startswith("report refused: GPU-b0 is on gpu-b (by its agent's report), not on gpu-a")
+    assert answer.value.log_message.startswith(
+        "report refused: GPU-b0 is on gpu-b (by its agent's report), not on gpu-a")

@@ -59,3 +59,15 @@ def test_inventory_disagreeing_with_the_nodes():
 def test_stale_agents_and_an_empty_cluster_are_warnings():
     found = diagnose([node("gpu-a")], [], {}, {"gpu-a": "no report from its agent for 50 s"}, ["agent"])
     assert [(f.severity, f.host) for f in found] == [("warning", "gpu-a"), ("warning", "")]
+
+
+def test_a_refused_report_naming_another_nodes_uuid_is_an_error_with_the_fix():
+    from gpuspawner.reports import Conflict
+
+    refused = Conflict("gpu-a", "GPU-b0", "gpu-b", True, since=0.0, last=5.0)
+    (f,) = diagnose([node("gpu-a"), node("gpu-b")], [GPU("gpu-b", 0, "GPU-b0", A100, 81920)], {}, {}, ["static"],
+                    conflicts=[refused])
+    assert (f.severity, f.host) == ("error", "gpu-a")
+    assert f.problem == ("its agent's reports are refused since 1970-01-01T00:00:00Z: "
+                         "GPU-b0 is on gpu-b (in the static inventory), not on gpu-a")
+    assert f.fix == "the same UUID on two nodes: a copied inventory or a spoofed agent; check nvidia-smi -L on both"
