@@ -154,3 +154,25 @@ def test_fuzzed_reports_only_ever_get_a_clean_answer(hub, body):
     r = post(hub, None, raw=body)
     assert r.status_code in (200, 400), r.text
     assert set(r.json()) >= ({"status", "message"} if r.status_code == 400 else {"hostname"})
+
+
+def test_a_report_naming_another_nodes_gpu_is_refused_and_the_gpu_stays_on_its_node(hub, swarm):
+    """One node's agent cannot move another node's GPU to itself by naming its UUID."""
+    assert post(hub, report(device(0, "GPU-b-only-0"), hostname="gpu-b")).status_code == 200
+    own = gpu_a(*[device(i, f"GPU-gtx-a{i}", GTX, 8192) for i in range(3)])
+    assert post(hub, own).status_code == 200
+    r = post(hub, gpu_a(*own["devices"], device(3, "GPU-b-only-0")))
+    assert r.status_code == 400 and "GPU-b-only-0 is on gpu-b" in r.json()["message"], r.text
+    findings = [f for f in hub.api("GET", "/gpuspawner/doctor").json()["findings"] if f["host"] == "gpu-a"]
+    assert any("GPU-b-only-0" in f["problem"] and f["severity"] == "error" for f in findings), findings
+    m = hub.api("GET", "/gpuspawner/alloc-map").json()
+    assert "GPU-b-only-0" in m["gpu-b"] and "GPU-b-only-0" not in m["gpu-a"]
+    spawn_ready(hub, "ursa", {"gpu_model": A100})  # the only A100: still on gpu-b, under its own id
+    (service,) = swarm.client().services.list(filters={"label": "gpuspawner.user=ursa"})
+    spec = service.attrs["Spec"]["TaskTemplate"]
+    assert "node.hostname==gpu-b" in spec["Placement"]["Constraints"]
+    assert "NVIDIA_VISIBLE_DEVICES=GPU-b-only-0" in spec["ContainerSpec"]["Env"]
+    hub.stop_server("ursa")
+    assert post(hub, own).status_code == 200  # a clean report from gpu-a clears the finding
+    findings = [f for f in hub.api("GET", "/gpuspawner/doctor").json()["findings"] if f["host"] == "gpu-a"]
+    assert not any("GPU-b-only-0" in f["problem"] for f in findings), findings
