@@ -167,12 +167,14 @@ def _as_built(cls: type, spec: Any, **required: Any) -> dict[str, Any]:
     """``spec`` in docker-py's built form (``Env``, ``Constraints``: the keys
     the API takes), whether the admin wrote ``cls``'s keyword arguments
     (``env``, ``constraints``), the built form, or both. Only what ``spec``
-    sets comes back: ``required`` fills ``cls``'s mandatory arguments."""
+    sets comes back (a built ``ContainerSpec`` has ``Args: None``: not set);
+    ``required`` fills ``cls``'s mandatory arguments."""
     spec = dict(spec or {})
     kwargs = {key: spec.pop(key) for key in list(spec) if key in _parameters(cls)}
     unset = cls(**required)
     built = cls(**{**required, **kwargs})
-    return {**spec, **{k: v for k, v in built.items() if k not in unset or unset[k] != v}}
+    given = {**spec, **{k: v for k, v in built.items() if k not in unset or unset[k] != v}}
+    return {k: v for k, v in given.items() if v is not None}
 
 
 @functools.lru_cache(maxsize=None)

@@ -286,6 +286,13 @@ def test_admin_settings_merge_into_ours():
     assert s["labels"]["team"] == "ml"
 
 
+def test_an_admins_whole_container_spec_keeps_our_command_and_a_cpu_server_sees_no_gpu():
+    s = spec(holding=CPU, extra_task={"container_spec": ContainerSpec(image="cuda", env={"KEEP": "yes"})})
+    container = s["task_template"]["ContainerSpec"]
+    assert (container["Image"], container["Args"]) == ("cuda", ["run"])
+    assert {"KEEP=yes", "NVIDIA_VISIBLE_DEVICES=void", "A=1"} <= set(container["Env"])
+
+
 ADMIN_ENV = st.dictionaries(
     st.sampled_from(["NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_CONFIG_DEVICES",
                      "GPUSPAWNER_GPU_SHARES", "LD_PRELOAD", "CUDA_DEVICE_MEMORY_LIMIT_0", "KEEP"]),
