@@ -14,19 +14,26 @@ hints where nothing enforces it (docs/sharing.md says what each mode does).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
+import re
 from typing import Any, Mapping, Sequence
 
 from docker.types import ContainerSpec, EndpointSpec, Mount, Placement, Resources, RestartPolicy, TaskTemplate
+from docker.utils import format_environment
 
 from .labels import LABEL, ServerLabels, to_labels
 from .sharing import UNIT, fmt, fmt_list
 
 __all__ = [
     "ENFORCEMENT_MODES",
+    "GUARDED_ENV",
     "SHARES_ENV",
+    "admin_conflicts",
     "build_service",
     "enforcement_mode",
+    "guarded_env",
     "share_enforcement",
     "visible_devices",
 ]
@@ -151,6 +158,99 @@ def _env_dict(env: Any) -> dict[str, str]:
     return dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
 
 
+# --------------------------------------------------------------------------
+# The admin's extra_* settings, in either spelling
+# --------------------------------------------------------------------------
+
+
+def _as_built(cls: type, spec: Any, **required: Any) -> dict[str, Any]:
+    """``spec`` in docker-py's built form (``Env``, ``Constraints``: the keys
+    the API takes), whether the admin wrote ``cls``'s keyword arguments
+    (``env``, ``constraints``), the built form, or both. Only what ``spec``
+    sets comes back (a built ``ContainerSpec`` has ``Args: None``: not set);
+    ``required`` fills ``cls``'s mandatory arguments."""
+    spec = dict(spec or {})
+    kwargs = {key: spec.pop(key) for key in list(spec) if key in _parameters(cls)}
+    unset = cls(**required)
+    built = cls(**{**required, **kwargs})
+    given = {**spec, **{k: v for k, v in built.items() if k not in unset or unset[k] != v}}
+    return {k: v for k, v in given.items() if v is not None}
+
+
+@functools.lru_cache(maxsize=None)
+def _parameters(cls: type) -> frozenset[str]:
+    return frozenset(inspect.signature(cls).parameters)
+
+
+def _container_spec(spec: Any) -> dict[str, Any]:
+    return _as_built(ContainerSpec, spec, image=None)
+
+
+def _placement(spec: Any) -> dict[str, Any]:
+    """A placement; TaskTemplate also takes a bare list of constraints."""
+    return {"Constraints": list(spec)} if isinstance(spec, (list, tuple)) else _as_built(Placement, spec)
+
+
+def _task_template(spec: Any) -> dict[str, Any]:
+    """A task template with its container spec and placement in the built form too."""
+    task = _as_built(TaskTemplate, spec, container_spec=None)
+    for key, normal in (("ContainerSpec", _container_spec), ("Placement", _placement)):
+        if task.get(key) is not None:
+            task[key] = normal(task[key])
+    return task
+
+
+# --------------------------------------------------------------------------
+# What no admin setting changes
+# --------------------------------------------------------------------------
+
+#: Env names that are gpuspawner's alone: the NVIDIA container runtime's
+#: (which devices, which driver libraries, MIG access) and gpuspawner's own.
+GUARDED_ENV = ("NVIDIA_", "GPUSPAWNER_")
+#: A constraint that pins a node: the node is the allocator's choice.
+PINS_A_NODE = re.compile(r"\s*node\.(hostname|id)\s*==", re.IGNORECASE)
+
+
+def guarded_env(holding: ServerLabels, driver_capabilities: str, enforcement_env: Mapping[str, str]) -> dict[str, str]:
+    """The env a server's container gets whatever the admin's settings say:
+    its devices (``void``: none), the driver's capabilities for a GPU server,
+    and what enforces its shares."""
+    env = {"NVIDIA_VISIBLE_DEVICES": visible_devices(holding.uuids)}
+    if holding.uuids:
+        env["NVIDIA_DRIVER_CAPABILITIES"] = driver_capabilities
+    return {**env, **enforcement_env}
+
+
+def _guard_env(container: dict, env: Mapping[str, str]) -> None:
+    theirs = {k: v for k, v in _env_dict(container.get("Env")).items() if not k.startswith(GUARDED_ENV)}
+    container["Env"] = format_environment({**theirs, **env})
+
+
+def _guard_mounts(container: dict, mounts: Sequence[Mount]) -> None:
+    """Ours last, and no mount of the admin's at one of their targets."""
+    targets = {m["Target"] for m in mounts}
+    theirs = [Mount.parse_mount_string(m) if isinstance(m, str) else m for m in container.get("Mounts") or []]
+    container["Mounts"] = [m for m in theirs if m.get("Target") not in targets] + list(mounts)
+
+
+def _guard_host(task: dict, host: str) -> None:
+    """The admin's constraints, less any that pin a node, and ours."""
+    placement = dict(task.get("Placement") or {})
+    constraints = [c for c in placement.pop("Constraints", None) or [] if not PINS_A_NODE.match(c)]
+    if host:
+        constraints.append(f"node.hostname=={host}")
+    if constraints:
+        placement["Constraints"] = constraints
+    task["Placement"] = placement
+
+
+def _guard_labels(labels: Mapping[str, str] | None, holding: ServerLabels) -> dict[str, str]:
+    """The whole label namespace is ours: an admin's (or a template's) stray
+    gpuspawner.shares on a whole-GPU server would be read back as a share."""
+    theirs = {k: v for k, v in (labels or {}).items() if not k.startswith(f"{LABEL}.")}
+    return {**theirs, **to_labels(holding)}
+
+
 def build_service(
     *,
     name: str,
@@ -161,6 +261,8 @@ def build_service(
     network: str = "",
     publish_port: int | None = None,
     mounts: list | None = None,
+    enforcement: tuple[Mapping[str, str], Sequence[Mount]] = ({}, ()),
+    driver_capabilities: str = "compute,utility",
     resources: Mapping[str, Any] | None = None,
     extra_container: Mapping[str, Any] | None = None,
     extra_placement: Mapping[str, Any] | None = None,
@@ -171,43 +273,101 @@ def build_service(
     """Keyword arguments for ``create_service``.
 
     The admin's ``extra_*`` dicts are applied as in dockerspawner's
-    SwarmSpawner, except that the host constraint is *added* to the admin's
-    own constraints, and our env and labels win over theirs (labels under
-    ``gpuspawner.`` are ours alone), so a GPU server can never be placed or
-    labelled other than the allocator decided.
+    SwarmSpawner, in either spelling (keyword arguments or docker's built
+    form), except that a container spec or placement in ``extra_task`` (or in
+    ``extra_create``'s ``task_template``) is merged into the others rather
+    than replacing them. Then gpuspawner's guarantees are applied, last: the
+    ``node.hostname`` constraint, the ``NVIDIA_*`` and ``GPUSPAWNER_*`` env and
+    the share ``enforcement`` (env and mounts), no restarts by the swarm, one
+    task, the service's name and its ``gpuspawner.*`` labels. So a server can
+    never be placed, see devices or be labelled other than the allocator
+    decided. (:func:`admin_conflicts` names the settings that could only
+    conflict, to refuse them.)
     """
-    container = dict(image=image, env=dict(env), args=command, mounts=mounts or [])
-    container.update(extra_container or {})
-    container["env"] = {**_env_dict(container.get("env")), **env}
+    tasks = [_task_template(t) for t in (extra_task, (extra_create or {}).get("task_template")) if t]
 
-    placement = dict(extra_placement or {})
-    constraints = list(placement.get("constraints") or [])
-    if holding.host:
-        constraints.append(f"node.hostname=={holding.host}")
-    placement["constraints"] = constraints or None
+    container = dict(ContainerSpec(image=image, args=command, mounts=mounts or []))
+    their_env: dict[str, str] = {}
+    for layer in [_container_spec(extra_container), *(t.pop("ContainerSpec", None) or {} for t in tasks)]:
+        their_env.update(_env_dict(layer.pop("Env", None)))
+        container.update(layer)
+    container["Env"] = {**their_env, **env}  # the spawner's env wins over extra env, as in dockerspawner
 
-    task = dict(
-        container_spec=ContainerSpec(**container),
-        resources=Resources(**(resources or {})),
+    placement: dict[str, Any] = {}
+    for layer in [_placement(extra_placement), *(t.pop("Placement", None) or {} for t in tasks)]:
+        constraints = placement.get("Constraints", []) + list(layer.pop("Constraints", None) or [])
+        placement.update(layer, Constraints=constraints)
+
+    task = TaskTemplate(
+        container_spec=container,
+        resources=_as_built(Resources, resources),
         networks=[network] if network else [],
-        placement=Placement(**placement),
-        # The hub decides about restarts: a task that swarm restarted on its own
-        # would run on GPUs the hub released when it saw the server die.
-        restart_policy=RestartPolicy(condition="none"),
     )
-    task.update(extra_task or {})
+    for layer in tasks:
+        task.update(layer)
+    task["Placement"] = placement
 
     endpoint: dict[str, Any] = {}
     if publish_port is not None:
         endpoint["ports"] = {None: (publish_port, "tcp")}
     endpoint.update(extra_endpoint or {})
+    create = {"task_template": task, "endpoint_spec": EndpointSpec(**endpoint), "name": name, **(extra_create or {})}
 
-    create: dict[str, Any] = dict(
-        task_template=TaskTemplate(**task), endpoint_spec=EndpointSpec(**endpoint), name=name
-    )
-    create.update(extra_create or {})
-    # The whole label namespace is ours: an admin's (or a template's) stray
-    # gpuspawner.shares on a whole-GPU server would be read back as a share.
-    theirs = {k: v for k, v in (create.get("labels") or {}).items() if not k.startswith(f"{LABEL}.")}
-    create["labels"] = {**theirs, **to_labels(holding)}
+    # gpuspawner's guarantees, last.
+    enforcement_env, enforcement_mounts = enforcement
+    _guard_env(task["ContainerSpec"], guarded_env(holding, driver_capabilities, enforcement_env))
+    _guard_mounts(task["ContainerSpec"], enforcement_mounts)
+    _guard_host(task, holding.host)
+    # The hub decides about restarts: a task that swarm restarted on its own
+    # would run on GPUs the hub released when it saw the server die.
+    task["RestartPolicy"] = RestartPolicy(condition="none")
+    create.pop("mode", None)  # one task: replicated, one replica
+    create.update(task_template=task, name=name, labels=_guard_labels(create.get("labels"), holding))
     return create
+
+
+def admin_conflicts(settings: Mapping[str, Any]) -> list[str]:
+    """The admin's settings (by trait name: ``environment``,
+    ``extra_container_spec``, ``extra_placement_spec``, ``extra_task_spec``,
+    ``extra_create_kwargs``) that could only conflict with what
+    :func:`build_service` guarantees, one line each, naming the setting.
+    Values that are not dicts (callables, not evaluated yet) are skipped."""
+    given = {k: v for k, v in settings.items() if isinstance(v, Mapping)}
+    task = _task_template(given.get("extra_task_spec"))
+    create = dict(given.get("extra_create_kwargs") or {})
+    problems = [
+        *_env_conflicts("environment", given.get("environment")),
+        *_env_conflicts("extra_container_spec", _container_spec(given.get("extra_container_spec")).get("Env")),
+        *_env_conflicts("extra_task_spec container_spec", (task.get("ContainerSpec") or {}).get("Env")),
+        *_pin_conflicts("extra_placement_spec", _placement(given.get("extra_placement_spec"))),
+        *_pin_conflicts("extra_task_spec placement", task.get("Placement") or {}),
+        *[f"extra_create_kwargs sets {key!r}: gpuspawner sets the service's {what}"
+          for key, what in (("name", "name (the hub finds its servers by it)"),
+                            ("task_template", "task (use the extra_*_spec settings)"),
+                            ("mode", "mode (one task per server)")) if key in create],
+        *[f"extra_create_kwargs labels {key!r}: the {LABEL}.* labels are gpuspawner's own"
+          for key in create.get("labels") or {} if key.startswith(f"{LABEL}.")],
+    ]
+    policy = task.get("RestartPolicy") or {}
+    condition = policy.get("Condition", policy.get("condition", "none"))
+    if condition != "none":
+        problems.append(
+            f"extra_task_spec restart_policy condition {condition!r}: it must be 'none' "
+            "(a task the swarm restarted on its own would run on GPUs the hub released)"
+        )
+    return problems
+
+
+def _env_conflicts(setting: str, env: Any) -> list[str]:
+    return [
+        f"{setting} sets {key}: the {' and '.join(p + '*' for p in GUARDED_ENV)} env is gpuspawner's own"
+        " (see nvidia_driver_capabilities)"
+        for key in _env_dict(env) if key.startswith(GUARDED_ENV)
+    ]
+
+
+def _pin_conflicts(setting: str, placement: Mapping[str, Any]) -> list[str]:
+    return [
+        f"{setting} constraint {c!r}: gpuspawner places each server on the host its GPUs were allocated on"
+        for c in placement.get("Constraints") or [] if PINS_A_NODE.match(c)
+    ]

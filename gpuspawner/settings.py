@@ -27,7 +27,9 @@ from .holdings import Holdings
 from .inventory import MODEL_RE, InventoryError, load_inventory
 from .ledger import Ledger, LedgerError, default_db_url
 from .labels import ServerLabels
-from .service_spec import ENFORCEMENT_MODES, HAMI_LIBRARY, MPS_PIPE_DIR, enforcement_mode, share_enforcement
+from .service_spec import (
+    ENFORCEMENT_MODES, HAMI_LIBRARY, MPS_PIPE_DIR, admin_conflicts, enforcement_mode, share_enforcement,
+)
 from .sharing import SharingPolicy
 from .swarm import Swarm
 
@@ -293,7 +295,9 @@ def validate_config(config) -> None:
 
     Call it at the end of jupyterhub_config.py (``validate_config(c)``). A bad
     inventory or policy then stops the hub with one line naming the file and
-    the problem, instead of failing each spawn later. Settings on
+    the problem, instead of failing each spawn later; so does an
+    ``extra_*`` setting or ``environment`` that could only conflict with what
+    gpuspawner guarantees (README: "What admin settings cannot change"). Settings on
     ``c.GPUSwarmSpawner`` win over those on ``c.SwarmSpawner``/``c.Spawner``,
     as traitlets resolves them.
     """
@@ -321,5 +325,8 @@ def validate_config(config) -> None:
         limit = spawner_config.get("max_gpus_per_user", 1)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"max_gpus_per_user must be a whole number ≥ 0, got {limit!r}")
+        conflicts = admin_conflicts(spawner_config)
+        if conflicts:
+            raise ValueError(conflicts[0])
     except (InventoryError, LedgerError, ValueError) as exc:
         raise SystemExit(f"gpuspawner configuration error: {exc}") from None

@@ -27,7 +27,7 @@ from .inventory import InventoryError
 from .ledger import LedgerError
 from .progress import Progress
 from .options import OptionsError, options_from_form, parse_user_options
-from .service_spec import build_service, visible_devices
+from .service_spec import admin_conflicts, build_service
 from .settings import GPUSettings, validate_config
 from .sharing import fmt_list
 from .swarm import TASK_FAILED, TASK_WAITING, SwarmError
@@ -35,6 +35,7 @@ from .swarm import TASK_FAILED, TASK_WAITING, SwarmError
 __all__ = ["GPUSwarmSpawner", "spawn_error", "validate_config"]
 
 HOST_NETWORK = "host"
+CONFLICT = "Servers cannot start: the hub's configuration conflicts with how GPUs are assigned. Please tell an admin."
 STALE = "Your previous server is still being removed; please try again in a minute."
 # Why a start could not reserve (each a 503: trying again later may work).
 NOT_RESERVED = {
@@ -146,6 +147,7 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
         self._progress.clear()
         owner = await self._up_to_date()
         request = self._request(owner)
+        settings = await self._admin_settings()
         name = self.service_name
         # A service left by an earlier run of this server (a killed hub, a
         # failed stop) may still run on its GPUs: it goes first.
@@ -156,7 +158,7 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
             if holding.labels.port is not None:
                 self.port = holding.labels.port
             try:
-                service = await owner.create(name, await self._service_spec(holding))
+                service = await owner.create(name, await self._service_spec(holding, settings))
             except SwarmError as exc:
                 raise spawn_error(
                     f"The server's service could not be created: {exc}", reason="service_create", status_code=500
@@ -206,37 +208,47 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
             self.log.error("Could not remove service %s: %s", self.service_name, exc)
             return False
 
-    def get_env(self):
-        env = super().get_env()
-        # Set last, so the admin's `environment` cannot widen what a server sees.
-        h = self._holding()
-        uuids = h.labels.uuids if h else ()
-        env["NVIDIA_VISIBLE_DEVICES"] = visible_devices(uuids)
-        if uuids:
-            env["NVIDIA_DRIVER_CAPABILITIES"] = self.nvidia_driver_capabilities
-        return env
-
-    async def _service_spec(self, holding: Holding) -> dict:
+    async def _admin_settings(self) -> dict:
+        """The admin's settings that go into the service, evaluated. One that
+        could only conflict with what gpuspawner guarantees (validate_config
+        refuses it at hub start) fails the spawn before any GPU is reserved."""
         extra_create = self._eval_if_callable(self.extra_create_kwargs)
         if inspect.isawaitable(extra_create):
             extra_create = await extra_create
+        settings = dict(
+            environment=self.environment,
+            extra_container_spec=self.extra_container_spec,
+            extra_placement_spec=self.extra_placement_spec,
+            extra_task_spec=self.extra_task_spec,
+            extra_create_kwargs=self._render_templates(extra_create or {}),
+        )
+        conflicts = admin_conflicts(settings)
+        if conflicts:
+            detail = "gpuspawner configuration error: " + "; ".join(conflicts)
+            self.log.error("Not spawning %s: %s", self.service_name, detail)
+            raise spawn_error(CONFLICT, reason="gpu_config", log_message=detail, status_code=500)
+        return settings
+
+    async def _service_spec(self, holding: Holding, settings: dict) -> dict:
         env, mounts = self.share_enforcement_for(holding.labels, self.holdings().allocator)
         publish = None if (self.use_internal_ip or self.host_network) else self.port
         return build_service(
             name=self.service_name,
             image=self.image,
             command=await self.get_command(),
-            env={**self.get_env(), **env},
+            env=self.get_env(),
             holding=holding.labels,
             network=self.network_name,
             publish_port=publish,
-            mounts=self.mounts + mounts,
+            mounts=self.mounts,
+            enforcement=(env, mounts),
+            driver_capabilities=self.nvidia_driver_capabilities,
             resources=self._resources(),
-            extra_container=self.extra_container_spec,
-            extra_placement=self.extra_placement_spec,
-            extra_task=self.extra_task_spec,
+            extra_container=settings["extra_container_spec"],
+            extra_placement=settings["extra_placement_spec"],
+            extra_task=settings["extra_task_spec"],
             extra_endpoint=self.extra_endpoint_spec,
-            extra_create=self._render_templates(extra_create or {}),
+            extra_create=settings["extra_create_kwargs"],
         )
 
     def _resources(self) -> dict:

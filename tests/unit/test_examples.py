@@ -55,3 +55,42 @@ def test_validate_config_accepts_the_example_inventory():
     c = Config()
     c.GPUSwarmSpawner.gpu_inventory = str(REPO / "examples/gpus.yaml")
     validate_config(c)  # raises SystemExit if not
+
+
+@pytest.mark.parametrize(
+    "section, settings, message",
+    [
+        ("Spawner", {"environment": {"NVIDIA_VISIBLE_DEVICES": "all"}}, "environment sets NVIDIA_VISIBLE_DEVICES"),
+        ("DockerSpawner", {"extra_container_spec": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}},
+         "extra_container_spec sets NVIDIA_VISIBLE_DEVICES"),
+        ("SwarmSpawner", {"extra_task_spec": {"ContainerSpec": {"Env": {"GPUSPAWNER_GPU_SHARES": "1"}}}},
+         "extra_task_spec container_spec sets GPUSPAWNER_GPU_SHARES"),
+        ("SwarmSpawner", {"extra_placement_spec": {"constraints": ["node.hostname==gpu-z"]}},
+         "extra_placement_spec constraint 'node.hostname==gpu-z'"),
+        ("GPUSwarmSpawner", {"extra_task_spec": {"placement": {"Constraints": ["node.id == abc"]}}},
+         "extra_task_spec placement constraint 'node.id == abc'"),
+        ("GPUSwarmSpawner", {"extra_task_spec": {"restart_policy": {"condition": "any"}}},
+         "extra_task_spec restart_policy condition 'any'"),
+        ("DockerSpawner", {"extra_create_kwargs": {"name": "jupyter"}}, "extra_create_kwargs sets 'name'"),
+        ("GPUSwarmSpawner", {"extra_create_kwargs": {"task_template": {}}}, "extra_create_kwargs sets 'task_template'"),
+        ("GPUSwarmSpawner", {"extra_create_kwargs": {"labels": {"gpuspawner.devices": "GPU-1"}}},
+         "extra_create_kwargs labels 'gpuspawner.devices'"),
+    ],
+)
+def test_validate_config_refuses_settings_that_could_only_conflict(section, settings, message):
+    c = Config()
+    for key, value in settings.items():
+        setattr(c[section], key, value)
+    with pytest.raises(SystemExit) as info:
+        validate_config(c)
+    text = str(info.value)
+    assert text.startswith("gpuspawner configuration error: ") and message in text and "\n" not in text
+
+
+def test_validate_config_accepts_settings_that_merge():
+    c = Config()
+    c.Spawner.environment = {"KEEP": "yes"}
+    c.SwarmSpawner.extra_placement_spec = {"constraints": ["node.role==worker"]}
+    c.GPUSwarmSpawner.extra_task_spec = {"restart_policy": {"condition": "none"}, "placement": ["node.labels.a==b"]}
+    c.GPUSwarmSpawner.extra_create_kwargs = {"labels": {"team": "ml"}}
+    validate_config(c)  # raises SystemExit if not

@@ -380,3 +380,27 @@ async def test_defect2_a_stop_that_timed_out_keeps_the_gpu_through_reconciliatio
     await world.owner.reconcile()
     await world.started(world.spawner("bob", {"gpu_model": A100}))
     assert [v for _, _, v in world.fake.running_containers().values()] == ["GPU-b0"]
+
+
+async def test_a_setting_that_could_only_conflict_fails_the_spawn_before_any_gpu_is_reserved(tmp_path, caplog):
+    """A hub started without validate_config: the spawn says so, and reserves nothing."""
+    world = World(tmp_path, extra_task_spec={"restart_policy": {"condition": "any"}})
+    alice = world.spawner("alice", {"gpu_model": A100})
+    with pytest.raises(SpawnException) as refused:
+        await alice.start()
+    assert refused.value.status_code == 500 and "Please tell an admin" in refused.value.jupyterhub_message
+    assert "extra_task_spec restart_policy condition 'any'" in refused.value.log_message
+    assert "extra_task_spec restart_policy" in caplog.text
+    assert world.owner.get("jupyter-alice") is None and world.fake.service_names() == []
+
+
+async def test_the_admins_settings_merge_under_the_spawners_guarantees(tmp_path):
+    world = World(tmp_path, extra_task_spec={"container_spec": {"env": {"KEEP": "yes"}},
+                                             "placement": ["node.role==worker"]},
+                  extra_container_spec={"Env": ["ALSO=1"]})
+    await world.started(world.spawner("alice", {"gpu_model": A100}))
+    ((_, spec),) = [(s["ID"], s["Spec"]) for s in world.fake.services()]
+    task = spec["TaskTemplate"]
+    assert task["Placement"]["Constraints"] == ["node.role==worker", "node.hostname==gpu-b"]
+    assert {"KEEP=yes", "ALSO=1", "NVIDIA_VISIBLE_DEVICES=GPU-b0"} <= set(task["ContainerSpec"]["Env"])
+    assert task["RestartPolicy"]["Condition"] == "none"

@@ -1,9 +1,17 @@
 """The swarm service spec as data (pure, no I/O)."""
 
-import pytest
+import copy
 
-from gpuspawner.labels import LabelError, ServerLabels, parse_labels
-from gpuspawner.service_spec import build_service, enforcement_mode, share_enforcement, visible_devices
+import pytest
+from docker.types import ContainerSpec, Placement, Resources, RestartPolicy, TaskTemplate
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuspawner.labels import LabelError, ServerLabels, parse_labels, to_labels
+from gpuspawner.service_spec import (
+    GUARDED_ENV, PINS_A_NODE, admin_conflicts, build_service, enforcement_mode, guarded_env, share_enforcement,
+    visible_devices,
+)
 
 HOLDING = ServerLabels(
     user="alice", server="", host="gpu-b", uuids=("GPU-1", "GPU-2"), model="NVIDIA A100 80GB PCIe", port=20001
@@ -155,10 +163,12 @@ def test_bad_enforcement_settings(args, kw, message):
 
 def test_enforcement_env_goes_into_the_spec():
     env, mounts = share_enforcement("hami", SHARED.milli, (81920, 81920))
-    s = spec(holding=SHARED, env=env, mounts=mounts, extra_container={"env": {"LD_PRELOAD": "/evil.so"}})
+    s = spec(holding=SHARED, enforcement=(env, mounts), mounts=["/data:/data"],
+             extra_container={"env": {"LD_PRELOAD": "/evil.so"}})
     container = s["task_template"]["ContainerSpec"]
     assert "LD_PRELOAD=/usr/local/vgpu/libvgpu.so" in container["Env"]
-    assert container["Mounts"][0]["Target"] == "/usr/local/vgpu/libvgpu.so"
+    assert "GPUSPAWNER_GPU_SHARES=0.6,0.6" in container["Env"]
+    assert [m["Target"] for m in container["Mounts"]] == ["/data", "/usr/local/vgpu/libvgpu.so", "/tmp/vgpulock"]
 
 
 def test_enforcement_mode_per_host():
@@ -172,3 +182,187 @@ def test_enforcement_mode_per_host():
         enforcement_mode("MPS", "gpu-a")
     with pytest.raises(ValueError, match="must be a mode or a mapping"):
         enforcement_mode(["mps"], "gpu-a")
+
+
+# --------------------------------------------------------------------------
+# What no admin setting changes: hostile extra_* settings, in both spellings
+# --------------------------------------------------------------------------
+
+CPU = ServerLabels(user="carol", server="", host="", uuids=(), model="", port=None)
+HAMI = share_enforcement("hami", SHARED.milli, (81920, 81920))
+HOLDINGS = {"gpu": (HOLDING, ({}, [])), "cpu": (CPU, ({}, [])), "shared": (SHARED, HAMI)}
+
+
+def assert_guarantees(s, holding, enforcement=({}, [])):
+    """Exactly our host constraint, NVIDIA_*/GPUSPAWNER_* env, enforcement
+    mounts and gpuspawner.* labels; no restarts; one task, under our name."""
+    task = s["task_template"]
+    pins = [c for c in task.get("Placement", {}).get("Constraints", []) if PINS_A_NODE.match(c)]
+    assert pins == ([f"node.hostname=={holding.host}"] if holding.host else [])
+    env = dict(item.split("=", 1) for item in task["ContainerSpec"]["Env"])
+    ours = guarded_env(holding, "compute,utility", enforcement[0])
+    assert {k: v for k, v in env.items() if k in ours or k.startswith(GUARDED_ENV)} == ours
+    mounts = task["ContainerSpec"].get("Mounts", [])
+    theirs = mounts[:len(mounts) - len(enforcement[1])]
+    assert mounts[len(theirs):] == list(enforcement[1])
+    assert not {m["Target"] for m in theirs} & {m["Target"] for m in enforcement[1]}
+    assert {k: v for k, v in s["labels"].items() if k.startswith("gpuspawner.")} == to_labels(holding)
+    assert task["RestartPolicy"] == {"Condition": "none", "Delay": 0, "MaxAttempts": 0, "Window": 0}
+    assert s["name"] == "jupyter-alice" and "mode" not in s
+
+
+ALL_GPUS = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "all", "GPUSPAWNER_GPU_SHARES": "0.1"}
+OTHER_GPUS = ["NVIDIA_VISIBLE_DEVICES=GPU-9", "NVIDIA_MIG_CONFIG_DEVICES=all", "LD_PRELOAD=/evil.so"]
+ELSEWHERE = ["node.hostname==gpu-z", "NODE.HOSTNAME == gpu-b", "node.id==abc123"]
+RESTART = [RestartPolicy(condition="any"), {"Condition": "on-failure"}, {"condition": "any", "max_attempts": 3}]
+FAKE_LABELS = {"gpuspawner.host": "gpu-z", "gpuspawner.devices": "GPU-9", "gpuspawner.shares": "0.1"}
+
+HOSTILE = {
+    # (b) devices: all for a CPU-only server, others for a GPU server
+    "environment": dict(env=ALL_GPUS),
+    "container env dict": dict(extra_container={"env": ALL_GPUS}),
+    "container Env list": dict(extra_container={"Env": OTHER_GPUS}),
+    "container mounts over ours": dict(extra_container={"mounts": ["/evil.so:/usr/local/vgpu/libvgpu.so:ro"]}),
+    "container Mounts over ours": dict(extra_container={"Mounts": [{"Target": "/tmp/vgpulock", "Source": "/x",
+                                                                    "Type": "bind"}]}),
+    "task container_spec": dict(extra_task={"container_spec": ContainerSpec(image="img", env=ALL_GPUS)}),
+    "task container_spec kwargs": dict(extra_task={"container_spec": {"env": OTHER_GPUS}}),
+    "task ContainerSpec": dict(extra_task={"ContainerSpec": {"Env": ALL_GPUS, "Image": "img"}}),
+    "create task_template": dict(extra_create={"task_template": TaskTemplate(
+        container_spec=ContainerSpec(image="img", env=OTHER_GPUS), placement=ELSEWHERE,
+        restart_policy=RestartPolicy(condition="any"))}),
+    "create task_template built": dict(extra_create={"task_template": {
+        "ContainerSpec": {"Env": ALL_GPUS}, "Placement": {"Constraints": ELSEWHERE}, "RestartPolicy": RESTART[1]}}),
+    # (a) the host constraint dropped or replaced
+    "placement constraints": dict(extra_placement={"constraints": ELSEWHERE}),
+    "placement Constraints": dict(extra_placement={"Constraints": ELSEWHERE[:1]}),
+    "placement empty": dict(extra_placement=Placement(constraints=[])),
+    "task placement": dict(extra_task={"placement": Placement(constraints=ELSEWHERE)}),
+    "task placement list": dict(extra_task={"placement": ELSEWHERE}),
+    "task placement kwargs": dict(extra_task={"placement": {"constraints": []}}),
+    "task Placement": dict(extra_task={"Placement": {"Constraints": ELSEWHERE, "Preferences": []}}),
+    "resources kwargs": dict(resources={"cpu_limit": 10**9, "generic_resources": {"gpu": 1}}),
+    "resources built": dict(resources={"Limits": {"NanoCPUs": 10**9}}),
+    "task resources": dict(extra_task={"resources": Resources(cpu_limit=10**9)}),
+    # (c) labels, name, mode
+    "create labels": dict(extra_create={"labels": FAKE_LABELS}),
+    "create name": dict(extra_create={"name": "jupyter-mallory"}),
+    "create mode": dict(extra_create={"mode": "global"}),
+    "create mode built": dict(extra_create={"mode": {"Replicated": {"Replicas": 3}}}),
+    # (d) restarts
+    **{f"task restart {i}": dict(extra_task={"restart_policy": r}) for i, r in enumerate(RESTART)},
+    "task RestartPolicy": dict(extra_task={"RestartPolicy": RESTART[0]}),
+}
+
+
+@pytest.mark.parametrize("holding", HOLDINGS)
+@pytest.mark.parametrize("hostile", HOSTILE)
+def test_no_admin_setting_changes_the_guarantees(hostile, holding):
+    labels, enforcement = HOLDINGS[holding]
+    kwargs = copy.deepcopy(HOSTILE[hostile])
+    assert_guarantees(spec(holding=labels, enforcement=enforcement, **kwargs), labels, enforcement)
+    assert kwargs == HOSTILE[hostile]  # the admin's settings are read, never changed
+
+
+def test_admin_settings_merge_into_ours():
+    s = spec(
+        env={"JUPYTERHUB_API_TOKEN": "t"},
+        mounts=["/data:/data"],
+        extra_container={"env": {"KEEP": "yes", "JUPYTERHUB_API_TOKEN": "theirs"}, "user": "1000"},
+        extra_placement={"constraints": ["node.role==worker"], "preferences": [("spread", "node.labels.rack")]},
+        extra_task={"ContainerSpec": {"Env": ["ALSO=1"], "Dir": "/work"},
+                    "placement": ["node.labels.gpu==yes", "node.hostname==gpu-z"], "log_driver": {"Name": "json"}},
+        extra_create={"labels": {"team": "ml"}},
+    )
+    task = s["task_template"]
+    container = task["ContainerSpec"]
+    assert container["Image"] == "img" and container["Args"] == ["run"]
+    assert (container["User"], container["Dir"]) == ("1000", "/work")
+    assert {"KEEP=yes", "ALSO=1", "JUPYTERHUB_API_TOKEN=t"} <= set(container["Env"])
+    assert container["Mounts"][0]["Target"] == "/data"
+    assert task["Placement"]["Constraints"] == ["node.role==worker", "node.labels.gpu==yes", "node.hostname==gpu-b"]
+    assert task["Placement"]["Preferences"] == [{"Spread": {"SpreadDescriptor": "node.labels.rack"}}]
+    assert task["LogDriver"] == {"Name": "json"}
+    assert s["labels"]["team"] == "ml"
+
+
+def test_an_admins_whole_container_spec_keeps_our_command_and_a_cpu_server_sees_no_gpu():
+    s = spec(holding=CPU, extra_task={"container_spec": ContainerSpec(image="cuda", env={"KEEP": "yes"})})
+    container = s["task_template"]["ContainerSpec"]
+    assert (container["Image"], container["Args"]) == ("cuda", ["run"])
+    assert {"KEEP=yes", "NVIDIA_VISIBLE_DEVICES=void", "A=1"} <= set(container["Env"])
+
+
+ADMIN_ENV = st.dictionaries(
+    st.sampled_from(["NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_CONFIG_DEVICES",
+                     "GPUSPAWNER_GPU_SHARES", "LD_PRELOAD", "CUDA_DEVICE_MEMORY_LIMIT_0", "KEEP"]),
+    st.sampled_from(["all", "GPU-9", "GPU-1", "void", "0.1", "/evil.so"]),
+)
+ANY_ENV = ADMIN_ENV | ADMIN_ENV.map(lambda env: [f"{k}={v}" for k, v in env.items()])
+CONSTRAINTS = st.lists(st.sampled_from([*ELSEWHERE, "node.hostname==gpu-b", "node.role==worker"]), max_size=3)
+MOUNTS = st.lists(st.sampled_from(["/evil.so:/usr/local/vgpu/libvgpu.so:ro", "/x:/tmp/vgpulock", "/data:/data"]))
+
+
+def either(**fields):
+    """Optional keys, each in the snake_case and the built spelling."""
+    both = {}
+    for key, values in fields.items():
+        both[key] = both["".join(p.capitalize() for p in key.split("_"))] = values
+    return st.fixed_dictionaries({}, optional=both)
+
+
+CONTAINER = either(env=ANY_ENV, mounts=MOUNTS, user=st.just("1000"))
+PLACEMENT = CONSTRAINTS | either(constraints=CONSTRAINTS)
+TASK = either(container_spec=CONTAINER, placement=PLACEMENT,
+              restart_policy=either(condition=st.sampled_from(["none", "any", "on-failure"])))
+CREATE = st.fixed_dictionaries({}, optional={
+    "name": st.just("jupyter-mallory"), "mode": st.sampled_from(["global", {"Global": {}}]), "task_template": TASK,
+    "labels": st.dictionaries(st.sampled_from([*FAKE_LABELS, "team"]), st.sampled_from(["gpu-z", "GPU-9", "0.1"])),
+})
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    holding=st.sampled_from(list(HOLDINGS)), env=ADMIN_ENV, extra_container=CONTAINER,
+    extra_placement=PLACEMENT.map(lambda p: {"constraints": p} if isinstance(p, list) else p),
+    extra_task=TASK, extra_create=CREATE,
+)
+def test_guarantees_hold_for_any_admin_settings(holding, **admin):
+    labels, enforcement = HOLDINGS[holding]
+    assert_guarantees(spec(holding=labels, enforcement=enforcement, **admin), labels, enforcement)
+
+
+@pytest.mark.parametrize("settings, named", [
+    ({"environment": ALL_GPUS}, "environment sets NVIDIA_VISIBLE_DEVICES"),
+    ({"extra_container_spec": {"Env": OTHER_GPUS}}, "extra_container_spec sets NVIDIA_VISIBLE_DEVICES"),
+    ({"extra_container_spec": {"env": {"GPUSPAWNER_GPU_SHARES": "1"}}}, "extra_container_spec sets GPUSPAWNER_"),
+    ({"extra_task_spec": {"container_spec": ContainerSpec(image="i", env=ALL_GPUS)}},
+     "extra_task_spec container_spec sets NVIDIA_VISIBLE_DEVICES"),
+    ({"extra_task_spec": {"ContainerSpec": {"Env": OTHER_GPUS}}}, "extra_task_spec container_spec sets NVIDIA_"),
+    ({"extra_placement_spec": {"constraints": ELSEWHERE[:1]}}, "extra_placement_spec constraint 'node.hostname==gpu-z'"),
+    ({"extra_placement_spec": Placement(constraints=ELSEWHERE[2:])}, "extra_placement_spec constraint 'node.id==abc123'"),
+    ({"extra_task_spec": {"placement": ELSEWHERE[1:2]}}, "extra_task_spec placement constraint 'NODE.HOSTNAME == gpu-b'"),
+    ({"extra_task_spec": {"Placement": {"Constraints": ELSEWHERE}}}, "extra_task_spec placement constraint"),
+    ({"extra_task_spec": {"restart_policy": RESTART[0]}}, "extra_task_spec restart_policy condition 'any'"),
+    ({"extra_task_spec": {"RestartPolicy": RESTART[1]}}, "extra_task_spec restart_policy condition 'on-failure'"),
+    ({"extra_task_spec": {"restart_policy": {"condition": "sometimes"}}}, "restart_policy condition 'sometimes'"),
+    ({"extra_create_kwargs": {"name": "x"}}, "extra_create_kwargs sets 'name'"),
+    ({"extra_create_kwargs": {"task_template": {}}}, "extra_create_kwargs sets 'task_template'"),
+    ({"extra_create_kwargs": {"mode": "global"}}, "extra_create_kwargs sets 'mode'"),
+    ({"extra_create_kwargs": {"labels": FAKE_LABELS}}, "extra_create_kwargs labels 'gpuspawner.host'"),
+])
+def test_settings_that_could_only_conflict_are_named(settings, named):
+    problems = admin_conflicts(settings)
+    assert problems and named in problems[0] and all("\n" not in p for p in problems)
+
+
+def test_settings_that_merge_are_not_conflicts():
+    assert admin_conflicts({
+        "environment": {"KEEP": "yes", "LD_PRELOAD": "/usr/lib/libtcmalloc.so"},
+        "extra_container_spec": {"env": {"CUDA_VISIBLE_DEVICES": "0"}, "user": "1000"},
+        "extra_placement_spec": {"constraints": ["node.role==worker", "node.hostname!=gpu-z"]},
+        "extra_task_spec": {"restart_policy": RestartPolicy(condition="none"), "placement": ["node.labels.a==b"]},
+        "extra_create_kwargs": {"labels": {"team": "ml"}, "endpoint_spec": {}},
+        "extra_resources_spec": {"cpu_limit": 1},
+    }) == []
+    assert admin_conflicts({"extra_create_kwargs": lambda spawner: {"name": "x"}}) == []  # checked once evaluated
