@@ -1,0 +1,64 @@
+"""Admin settings cannot undo gpuspawner's guarantees, on the real swarm: with
+the admin's own task spec, container env, placement and labels, every GPU
+server still runs on its host with exactly its GPUs, and every CPU-only server
+sees none (read from the containers themselves). A setting that can only
+conflict stops the hub at start with one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.harness.hub import HubError
+from tests.integration.support import hub_on, services_of, spawn_ready
+from tests.integration.test_spawner_swarm import UUIDS, container_env, running_node
+
+A100 = "NVIDIA A100 80GB PCIe"
+ADMIN = '''
+from docker.types import ContainerSpec
+c.GPUSwarmSpawner.extra_task_spec = {
+    "container_spec": ContainerSpec(image=c.GPUSwarmSpawner.image, env={"ADMIN_TASK_ENV": "1"}),
+    "placement": ["node.platform.os==linux"],
+    "restart_policy": {"condition": "none"},
+}
+c.GPUSwarmSpawner.extra_container_spec = {"env": {"ADMIN_CONTAINER_ENV": "1"}}
+c.GPUSwarmSpawner.extra_placement_spec = {"constraints": ["node.platform.os!=windows"]}
+c.GPUSwarmSpawner.extra_create_kwargs = {"labels": {"team": "ml"}}
+'''
+
+
+@pytest.fixture(scope="module")
+def hub(swarm, tmp_path_factory):
+    with hub_on(swarm, tmp_path_factory.mktemp("hub"), port_from=21500, extra_config=ADMIN) as h:
+        yield h
+
+
+def test_admin_task_spec_and_env_keep_gpu_servers_on_their_host_and_cpu_servers_blind(hub, swarm):
+    spawn_ready(hub, "alice", {"gpu_model": A100})
+    spawn_ready(hub, "bob", {})
+    (gpu,), (cpu,) = services_of(swarm, "alice"), services_of(swarm, "bob")
+    spec = gpu.attrs["Spec"]
+    assert "node.hostname==gpu-b" in spec["TaskTemplate"]["Placement"]["Constraints"]
+    assert spec["TaskTemplate"]["RestartPolicy"]["Condition"] == "none" and spec["Labels"]["team"] == "ml"
+    assert running_node(swarm, gpu) == "gpu-b"
+    env = container_env(swarm, "gpu-b", gpu)
+    assert env["NVIDIA_VISIBLE_DEVICES"] in UUIDS["gpu-b"]
+    assert env["ADMIN_TASK_ENV"] == "1" and env["ADMIN_CONTAINER_ENV"] == "1"
+    cpu_env = container_env(swarm, running_node(swarm, cpu), cpu)
+    assert cpu_env["NVIDIA_VISIBLE_DEVICES"] == "void" and cpu_env["ADMIN_TASK_ENV"] == "1"
+    hub.stop_server("alice")
+    hub.stop_server("bob")
+
+
+@pytest.mark.parametrize("line", [
+    'c.Spawner.environment = {"NVIDIA_VISIBLE_DEVICES": "all"}',
+    'c.GPUSwarmSpawner.extra_placement_spec = {"constraints": ["node.hostname==gpu-a"]}',
+])
+def test_a_setting_that_can_only_conflict_stops_the_hub_with_one_line(swarm, tmp_path, line):
+    config = f"{line}\nfrom gpuspawner import validate_config\nvalidate_config(c)\n"
+    with pytest.raises(HubError):
+        with hub_on(swarm, tmp_path / "hub", port_from=21600, extra_config=config):
+            pass
+    log = (tmp_path / "hub" / "jupyterhub.log").read_text()
+    (found,) = [ln for ln in log.splitlines() if "gpuspawner configuration error:" in ln]
+    assert "Traceback" not in log.split("gpuspawner configuration error:")[0][-400:]
+    print(f"\n{found}")
