@@ -223,7 +223,10 @@ def _utc(value: datetime | None, name: str) -> datetime | None:
         raise ValueError(f"{name} must be a datetime, not {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"{name} must be timezone-aware (e.g. datetime.now(timezone.utc)), got {value}")
-    return value.astimezone(timezone.utc)
+    try:
+        return value.astimezone(timezone.utc)
+    except OverflowError:
+        raise ValueError(f"{name} {value.isoformat()} is out of range: in UTC it falls outside years 1 to 9999") from None
 
 
 def _now() -> datetime:

@@ -1,0 +1,68 @@
+"""Bad input found by review: each answers with its module's error and one sentence."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import pytest
+from tornado import web
+
+from gpuspawner.api import _time_arg
+from gpuspawner.ledger import Ledger
+from gpuspawner.reports import MAX_CONTAINERS, MAX_DEPTH, ReportError, parse_report
+
+REPORT = {"hostname": "node1", "interval": 10, "devices": [{
+    "index": 0, "uuid": "GPU-1", "name": "NVIDIA A100", "memory_total_mib": 81920, "mig_mode": True,
+    "processes": [{"pid": 1, "used_mib": 2}],
+    "mig_devices": [{"index": 0, "uuid": "MIG-1", "profile": "1g.10gb", "memory_total_mib": 9728}],
+}]}
+
+
+def test_a_full_report_fits_the_depth_limit():
+    assert parse_report(json.dumps(REPORT)).devices[0].mig_devices[0].profile == "1g.10gb"
+
+
+@pytest.mark.parametrize("body", [
+    "[" * 100_000 + "]" * 100_000,  # 200 KB: under the size limit
+    b"{\"a\":" * 40_000 + b"1" + b"}" * 40_000,
+    "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1),
+    "[" + "[]," * MAX_CONTAINERS + "[]]",
+])
+def test_deep_or_crowded_reports_are_refused_before_decoding(body):
+    with pytest.raises(ReportError, match="nested more than|objects and lists") as err:
+        parse_report(body)
+    assert "\n" not in str(err.value)
+
+
+def test_brackets_inside_strings_do_not_count():
+    report = dict(REPORT, driver_version="[[[[[[[[[[{{{{{{{{{{")
+    assert parse_report(json.dumps(report)).driver_version.startswith("[[[")
+
+
+@pytest.mark.parametrize("body", [
+    b"\xff\xfe\xfa", '{"hostname": "node1", "interval": 1' + "0" * 5000 + "}",
+    json.dumps(dict(REPORT, driver_version="\ud800")), json.dumps(dict(REPORT, agent_version="a\nb")),
+])
+def test_undecodable_huge_or_unprintable_values_are_refused(body):
+    with pytest.raises(ReportError):
+        parse_report(body)
+
+
+@pytest.mark.parametrize("text", ["0001-01-01T00:00:00+05:00", "9999-12-31T23:00:00-05:00"])
+def test_usage_times_outside_utc_years_are_400(text):
+    with pytest.raises(web.HTTPError) as err:
+        _time_arg(text)
+    assert err.value.status_code == 400 and "out of range" in err.value.log_message
+
+
+def test_usage_times_at_the_edges_are_taken():
+    assert _time_arg("0001-01-01T00:00:00Z").year == 1
+    assert _time_arg("9999-12-31T23:59:59").tzinfo is timezone.utc
+
+
+def test_the_ledger_refuses_times_outside_utc_years(tmp_path):
+    db = Ledger(f"sqlite:///{tmp_path / 'l.sqlite'}")
+    since = datetime.fromisoformat("0001-01-01T00:00:00+05:00")
+    with pytest.raises(ValueError, match="out of range"):
+        db.usage(since, None, "user")
