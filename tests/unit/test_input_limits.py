@@ -66,3 +66,40 @@ def test_the_ledger_refuses_times_outside_utc_years(tmp_path):
     since = datetime.fromisoformat("0001-01-01T00:00:00+05:00")
     with pytest.raises(ValueError, match="out of range"):
         db.usage(since, None, "user")
+
+
+# -- options -------------------------------------------------------------------
+
+from decimal import Decimal  # noqa: E402
+
+from gpuspawner.options import OptionsError, options_from_form, parse_user_options  # noqa: E402
+from gpuspawner.sharing import shown  # noqa: E402
+
+SHARED = {"*": {"shares": [0.25, 0.5]}}
+
+
+@pytest.mark.parametrize("field", ["gpu_count", "gpu_share"])
+def test_a_form_number_of_5000_digits_is_passed_on_as_text(field):
+    options = options_from_form({"gpu_model": ["A100"], field: ["1" * 5000]})
+    assert options[field] == "1" * 5000
+    with pytest.raises(OptionsError, match=f"^{field} must be"):
+        parse_user_options(options, models=["A100"], hosts=[], max_count=2, allow_host_choice=False, sharing=SHARED)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"gpu_count": 10**5000}, "gpu_count a number of about 5000 digits requested; the limit is 2"),
+    ({"gpu_share": 10**5000}, "gpu_share must be at most"),
+    ({"gpu_share": Decimal("1e999999")}, "gpu_share must be at most"),
+    ({"gpu_share": float("1e308")}, "gpu_share must be at most"),
+    ({"gpu_share": float("nan")}, "gpu_share must be a finite number"),
+    ({"gpu_share": float("-inf")}, "gpu_share must be a finite number"),
+    ({"gpu_count": "١"}, "gpu_count must be a whole number"),  # an Arabic-Indic one
+])
+def test_huge_or_odd_numbers_in_rest_options_are_refused(options, message):
+    with pytest.raises(OptionsError, match=message):
+        parse_user_options(options, models=["A100"], hosts=[], max_count=2, allow_host_choice=False, sharing=SHARED)
+
+
+def test_shown_never_raises():
+    assert shown(10**5000) == "a number of about 5000 digits"
+    assert shown(12) == "12"
