@@ -103,3 +103,47 @@ def test_huge_or_odd_numbers_in_rest_options_are_refused(options, message):
 def test_shown_never_raises():
     assert shown(10**5000) == "a number of about 5000 digits"
     assert shown(12) == "12"
+
+
+# -- database URLs in messages ---------------------------------------------------------
+
+from gpuspawner.ledger import LedgerError, safe_url  # noqa: E402
+from gpuspawner.settings import validate_config  # noqa: E402
+
+
+@pytest.mark.parametrize("url, shown_as", [
+    ("postgresql+psycopg://u@h/db?password=secret", "postgresql+psycopg://u@h/db?password=***"),
+    ("postgresql+psycopg://u:secret@h/db", "postgresql+psycopg://u:***@h/db"),
+    ("postgresql://u:secret@h/db?PASSWD=secret&pwd=secret;sslpassword=secret&sslmode=require",
+     "postgresql://u:***@h/db?PASSWD=***&pwd=***;sslpassword=***&sslmode=require"),
+    ("postgresql://h/db?Token=secret&client_secret=secret&pass%77ord=secret",
+     "postgresql://h/db?Token=***&client_secret=***&pass%77ord=***"),
+    ("postgresql://u:sec@ret@h/db", "postgresql://u:***@h/db"),  # an unescaped @: hidden whole
+    ("postgresql://u:secret@h:port/db", "postgresql://u:***@h:port/db"),  # SQLAlchemy cannot parse it
+    ("sqlite:////srv/hub/gpuspawner.sqlite", "sqlite:////srv/hub/gpuspawner.sqlite"),
+])
+def test_safe_url_hides_passwords_wherever_they_sit(url, shown_as):
+    assert safe_url(url) == shown_as
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql+psycopg://u@h:port/db?password=secret",
+    "nosuchdialect://u:secret@h/db",
+    "postgresql+nosuchdriver://u@h/db?sslpassword=secret",
+])
+def test_ledger_and_config_errors_never_show_the_password(url):
+    with pytest.raises(LedgerError) as err:
+        Ledger(url)
+    assert "secret" not in str(err.value) and "***" in str(err.value)
+    with pytest.raises(SystemExit) as exit_:
+        validate_config({"GPUSwarmSpawner": {"gpu_db_url": url}})
+    assert "secret" not in str(exit_.value)
+
+
+@pytest.mark.filterwarnings("ignore:Query string argument")
+def test_a_failing_database_names_itself_without_the_password(tmp_path):
+    missing = tmp_path / "no" / "such" / "dir" / "l.sqlite"
+    db = Ledger(f"sqlite:///{missing}?password=secret")
+    with pytest.raises(LedgerError) as err:
+        db.usage(None, None, "user")
+    assert "secret" not in str(err.value) and "password=***" in str(err.value)
