@@ -14,6 +14,12 @@
 They use the hub's one :class:`~gpuspawner.holdings.Holdings`, the same the
 spawners use, built from the hub's own ``c.GPUSwarmSpawner`` settings.
 Register them with :func:`gpuspawner.hubconfig.configure`.
+
+XSRF: the handlers keep JupyterHub's own checks (they override neither
+``prepare`` nor ``check_xsrf_cookie``): a cookie-authenticated POST needs the
+hub's ``_xsrf`` argument or X-XSRFToken header, or is refused with 403;
+token-authenticated requests (the CLI, node agents) need none.
+tests/unit/test_api_xsrf.py pins this.
 """
 
 from __future__ import annotations
