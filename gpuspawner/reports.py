@@ -43,7 +43,10 @@ MAX_DEPTH = 8
 # Objects and lists in one report: 64 devices with their MIG devices and thousands
 # of processes stay far below; a body of 100,000 empty lists does not.
 MAX_CONTAINERS = 16384
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# A string, or an unterminated one to the end: a match from every quote, so the scan
+# stays linear (needing the closing quote rescans the rest from each quote: 256 KiB
+# of \"[ took seconds).
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 PROFILE_CHARS = set("0123456789abcdefghijklmnopqrstuvwxyz.+")
 MIG_SEPARATOR = " · MIG "

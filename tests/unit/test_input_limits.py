@@ -35,6 +35,17 @@ def test_deep_or_crowded_reports_are_refused_before_decoding(body):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("unit", ['\\"[', '"[', '"\\', '\\\\', '{"a":', "["])
+def test_the_shape_check_is_linear_for_a_full_body_of_anything(unit):
+    import time
+    from gpuspawner.reports import MAX_REPORT_BYTES
+    body = unit * (MAX_REPORT_BYTES // len(unit))
+    start = time.perf_counter()
+    with pytest.raises(ReportError):
+        parse_report(body)
+    assert time.perf_counter() - start < 0.5  # quadratic rescans took seconds
+
+
 def test_brackets_inside_strings_do_not_count():
     report = dict(REPORT, driver_version="[[[[[[[[[[{{{{{{{{{{")
     assert parse_report(json.dumps(report)).driver_version.startswith("[[[")
