@@ -158,3 +158,15 @@ def test_a_failing_database_names_itself_without_the_password(tmp_path):
     with pytest.raises(LedgerError) as err:
         db.usage(None, None, "user")
     assert "secret" not in str(err.value) and "password=***" in str(err.value)
+
+
+@pytest.mark.parametrize("traits, message", [
+    ({"gpu_inventory": 1}, "gpu_inventory must be a dict or the path"),
+    ({"gpu_inventory": [1]}, "gpu_inventory must be a dict or the path"),
+    ({"gpu_model_aliases": None}, "gpu_model_aliases must be a mapping"),
+    ({"allocation_policy": []}, "Unknown allocation_policy"),
+])
+def test_config_of_the_wrong_type_stops_the_hub_with_one_line(traits, message):
+    with pytest.raises(SystemExit, match=message) as exit_:
+        validate_config({"GPUSwarmSpawner": traits})
+    assert "\n" not in str(exit_.value)
