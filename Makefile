@@ -5,7 +5,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 STATE := $(CURDIR)/demo-state
 
-.PHONY: deps test unit demo demo-down screenshots bench clean
+.PHONY: deps test unit fuzz demo demo-down screenshots bench clean
 
 # System packages (Debian) first (the venv needs python3-venv), then the Python
 # environment. Safe to run again.
@@ -53,3 +53,7 @@ bench: $(VENV)/.installed
 
 clean: demo-down
 	rm -rf $(VENV) $(STATE) /var/cache/gpuspawner-image
+
+# Every input surface fuzzed at length (the unit tests run a short subset).
+fuzz: $(VENV)/.installed
+	GPUSPAWNER_FUZZ=long $(PYTHON) -m pytest -ra -p no:cacheprovider --hypothesis-show-statistics --durations=0 tests/unit/test_fuzz.py

@@ -14,6 +14,12 @@
 They use the hub's one :class:`~gpuspawner.holdings.Holdings`, the same the
 spawners use, built from the hub's own ``c.GPUSwarmSpawner`` settings.
 Register them with :func:`gpuspawner.hubconfig.configure`.
+
+XSRF: the handlers keep JupyterHub's own checks (they override neither
+``prepare`` nor ``check_xsrf_cookie``): a cookie-authenticated POST needs the
+hub's ``_xsrf`` argument or X-XSRFToken header, or is refused with 403;
+token-authenticated requests (the CLI, node agents) need none.
+tests/unit/test_api_xsrf.py pins this.
 """
 
 from __future__ import annotations
@@ -182,7 +188,12 @@ def _time_arg(text: str) -> datetime | None:
         t = datetime.fromisoformat(text)
     except ValueError:
         raise web.HTTPError(400, f"{text[:40]!r} is not an ISO 8601 time such as 2026-11-01T00:00:00Z") from None
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    t = t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    try:
+        t.astimezone(timezone.utc)
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+05:00 is before year 1 in UTC
+        raise web.HTTPError(400, f"{text[:40]!r} is out of range: give a time from year 1 to 9999 in UTC") from None
+    return t
 
 
 class HostCard:

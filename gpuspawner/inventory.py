@@ -75,6 +75,8 @@ def load_inventory(spec: Mapping | str) -> list[GPU]:
     """Load a static inventory from a dict or from a YAML/JSON file path."""
     if isinstance(spec, Mapping):
         return parse_inventory(spec, source="gpu_inventory (dict)")
+    if not isinstance(spec, (str, os.PathLike)):
+        raise InventoryError(f"gpu_inventory must be a dict or the path of a YAML or JSON file, got {type(spec).__name__}")
     path = os.fspath(spec)
     try:
         with open(path, encoding="utf-8") as f:
@@ -87,7 +89,8 @@ def load_inventory(spec: Mapping | str) -> list[GPU]:
         else:
             data = yaml.load(text, Loader=_StrictYAMLLoader)  # reads JSON too
     except Exception as exc:  # parser errors carry a line and column
-        raise InventoryError(f"GPU inventory {path}: not valid YAML/JSON: {exc}") from exc
+        why = " ".join(str(exc).split())  # one line: YAML's errors span several
+        raise InventoryError(f"GPU inventory {path}: not valid YAML/JSON: {why}") from exc
     return parse_inventory(data, source=f"GPU inventory {path}")
 
 

@@ -38,6 +38,7 @@ import logging
 import os
 import re
 import threading
+import urllib.parse
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -202,12 +203,57 @@ def default_db_url(hub_db_url: str, cwd: str | os.PathLike) -> str:
     return f"sqlite:///{directory / DEFAULT_FILENAME}"
 
 
+# Query parameters whose value is a secret (case-insensitive, percent-decoded):
+# password, passwd, pwd, sslpassword, token, secret, client_secret, api_key ...
+_SECRET_KEY = re.compile(r"pass|pwd|token|secret|api_?key", re.IGNORECASE)
+_USERINFO_PASSWORD = re.compile(r"^([^:/?#]*://[^:/?#@]*:)(.*)(@)", re.DOTALL)
+_MASK = "***"
+
+
 def safe_url(url: str | sa.engine.URL) -> str:
-    """The URL with its password hidden, for messages."""
-    try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
-    except sa_exc.ArgumentError:
-        return "<unparseable URL>"
+    """The URL with every password hidden (in its user part and in query
+    parameters such as ``?password=``), for messages and logs. Never raises,
+    whatever it is given."""
+    if isinstance(url, sa.engine.URL):
+        url = url.render_as_string(hide_password=False)
+    if not isinstance(url, str):
+        return f"<a {type(url).__name__}, not a URL>"
+    # Greedy up to the last "@": a password with an unescaped "@" is hidden whole.
+    text = _USERINFO_PASSWORD.sub(lambda m: m[1] + _MASK + m[3] if m[2] else m[0], url, count=1)
+    base, sep, query = text.partition("?")
+    if not sep:
+        return text
+    query, hash_, fragment = query.partition("#")
+    parts = []
+    for part in re.split(r"([&;])", query):
+        key, eq, value = part.partition("=")
+        if eq and value and _SECRET_KEY.search(urllib.parse.unquote_plus(key)):
+            value = _MASK
+        parts.append(key + eq + value)
+    return base + sep + "".join(parts) + hash_ + fragment
+
+
+def _secrets_of(url: str) -> list[str]:
+    """The secret values in a URL, as written and decoded, longest first, to
+    scrub from messages that quote it (a driver's error, a parser's)."""
+    if not isinstance(url, str):
+        return []
+    secrets = set()
+    m = _USERINFO_PASSWORD.match(url)
+    if m and m[2]:
+        secrets.add(m[2])
+    for part in re.split(r"[&;]", url.partition("?")[2].partition("#")[0]):
+        key, eq, value = part.partition("=")
+        if eq and value and _SECRET_KEY.search(urllib.parse.unquote_plus(key)):
+            secrets.add(value)
+    secrets |= {urllib.parse.unquote_plus(s) for s in secrets}
+    return sorted((s for s in secrets if s), key=len, reverse=True)
+
+
+def _scrub(text: str, secrets: Sequence[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, _MASK)
+    return text
 
 
 def _first_line(exc: BaseException) -> str:
@@ -223,7 +269,10 @@ def _utc(value: datetime | None, name: str) -> datetime | None:
         raise ValueError(f"{name} must be a datetime, not {type(value).__name__}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"{name} must be timezone-aware (e.g. datetime.now(timezone.utc)), got {value}")
-    return value.astimezone(timezone.utc)
+    try:
+        return value.astimezone(timezone.utc)
+    except OverflowError:
+        raise ValueError(f"{name} {value.isoformat()} is out of range: in UTC it falls outside years 1 to 9999") from None
 
 
 def _now() -> datetime:
@@ -289,6 +338,7 @@ class Ledger:
 
     def __init__(self, url: str, *, connect_timeout: int = 10):
         self.url = safe_url(url)
+        self._secrets = _secrets_of(url)
         connect_args = {}
         try:
             parsed = sa.engine.make_url(url)
@@ -297,11 +347,13 @@ class Ledger:
             if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
                 connect_args["connect_timeout"] = connect_timeout
             self.engine = sa.create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
-        except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ImportError) as e:
+        except (sa_exc.ArgumentError, sa_exc.NoSuchModuleError, ImportError, ValueError, TypeError) as e:
+            # ValueError: e.g. a port that is not a number; TypeError: not a string
             hint = ""
             if isinstance(e, ImportError) or "psycopg" in str(e):
                 hint = " (for PostgreSQL: pip install 'gpuspawner[postgres]' and use postgresql+psycopg://...)"
-            raise LedgerError(f"GPU ledger database URL {self.url} cannot be used: {e}{hint}") from e
+            why = _scrub(_first_line(e), self._secrets)
+            raise LedgerError(f"GPU ledger database URL {self.url} cannot be used: {why}{hint}") from None
         self._write_lock = threading.Lock()  # one writer at a time within this process
         self._schema_lock = threading.Lock()
         self._schema_ready = False
@@ -539,7 +591,8 @@ class Ledger:
             self._ensure_schema()
             yield
         except sa_exc.SQLAlchemyError as e:
-            raise LedgerError(f"GPU ledger database {self.url}: {doing} failed: {_first_line(e)}") from e
+            why = _scrub(_first_line(e), self._secrets)
+            raise LedgerError(f"GPU ledger database {self.url}: {doing} failed: {why}") from None
 
     def _ensure_schema(self) -> None:
         if self._schema_ready:
@@ -551,7 +604,7 @@ class Ledger:
                 try:
                     upgrade(self.engine, self.url)
                 except MigrationError as e:
-                    raise LedgerError(str(e)) from e
+                    raise LedgerError(_scrub(str(e), self._secrets)) from None
                 self._schema_ready = True
 
     @staticmethod

@@ -26,6 +26,7 @@ __all__ = ["KEYS", "GPURequest", "OptionsError", "options_from_form", "parse_use
 KEYS = ("gpu_model", "gpu_count", "gpu_host", "gpu_share")
 _WHOLE_KEYS = KEYS[:3]  # what is offered while no model is shared
 _DECIMAL_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?|\.[0-9]+")
+_NUMBER_CHARS = 12  # longer numbers are passed on as text (int() refuses 4,300 digits; float() overflows)
 
 
 class OptionsError(ValueError):
@@ -55,10 +56,12 @@ def options_from_form(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
             continue
         value = values[0].strip()
         if key == "gpu_count":
-            options[key] = int(value) if value.isascii() and value.isdigit() else value
+            number = len(value) <= _NUMBER_CHARS and value.isascii() and value.isdigit()
+            options[key] = int(value) if number else value
         elif key == "gpu_share":
             if value:  # empty: whole GPUs
-                options[key] = float(value) if _DECIMAL_RE.fullmatch(value) else value
+                number = len(value) <= _NUMBER_CHARS and _DECIMAL_RE.fullmatch(value)
+                options[key] = float(value) if number else value
         elif value or key not in ("gpu_model", "gpu_host"):
             options[key] = value
     if "gpu_share" in options:
@@ -110,7 +113,8 @@ def parse_user_options(
             f"gpu_count must be a whole number from 0 (CPU-only) to {max_count}, or {ALL!r}; got {shown(count)}"
         )
     elif count > max_count:
-        raise OptionsError(f"{count} GPUs requested; the limit is {max_count} per user (0 for CPU-only)")
+        asked = f"{count} GPUs" if count < 10**9 else f"gpu_count {shown(count)}"  # str() refuses 4,300 digits
+        raise OptionsError(f"{asked} requested; the limit is {max_count} per user (0 for CPU-only)")
     if count == 0 and model is not None:
         raise OptionsError("gpu_count 0 means CPU-only: leave gpu_model out, or ask for at least 1 GPU")
     return GPURequest(model=model, count=count, host=host)

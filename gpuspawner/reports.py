@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -39,6 +40,17 @@ MAX_REPORT_BYTES = 256 * 1024  # a node with 64 MIG-split GPUs reports ~100 KiB
 MAX_DEVICES = 64
 MAX_MIG_DEVICES = 8  # NVIDIA's MIG allows 7 GPU instances per GPU
 MAX_PROBLEMS = 16
+# A report nests five deep (report > devices > device > mig_devices > MIG device);
+# json.loads recurses once per level, so deeper bodies are refused before decoding.
+MAX_DEPTH = 8
+# Objects and lists in one report: 64 devices with their MIG devices and thousands
+# of processes stay far below; a body of 100,000 empty lists does not.
+MAX_CONTAINERS = 16384
+# A string, or an unterminated one to the end: a match from every quote, so the scan
+# stays linear (needing the closing quote rescans the rest from each quote: 256 KiB
+# of \"[ took seconds).
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 PROFILE_CHARS = set("0123456789abcdefghijklmnopqrstuvwxyz.+")
 MIG_SEPARATOR = " · MIG "
 
@@ -135,9 +147,14 @@ def parse_report(body: bytes | str) -> NodeReport:
     if len(body) > MAX_REPORT_BYTES:
         raise ReportError(f"report is {len(body)} bytes; the limit is {MAX_REPORT_BYTES}")
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ReportError(f"report is not valid JSON: {exc}") from None
+        text = body.decode(json.detect_encoding(body)) if isinstance(body, (bytes, bytearray)) else body
+    except (UnicodeDecodeError, LookupError):
+        raise ReportError("report is not valid JSON: it is not UTF-8 text") from None
+    _check_shape(text)
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # ValueError: also integers of more than 4300 digits
+        raise ReportError(f"report is not valid JSON: {_one_line(exc)}") from None
     r = _Fields(data, "report")
     hostname = r.text("hostname", pattern=HOSTNAME_RE)
     devices = r.list("devices", MAX_DEVICES)
@@ -159,14 +176,38 @@ def parse_report(body: bytes | str) -> NodeReport:
     )
 
 
+def _check_shape(text: str) -> None:
+    """Refuse a body nested deeper than a report can be, or with more objects
+    and lists than one can hold, from its brackets outside strings (cheap, and
+    without the recursion of decoding it)."""
+    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
+    containers = brackets.count("[") + brackets.count("{")
+    if containers > MAX_CONTAINERS:
+        raise ReportError(f"report has {containers} objects and lists; the limit is {MAX_CONTAINERS}")
+    depth = 0
+    for c in brackets:
+        if c in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ReportError(f"report is nested more than {MAX_DEPTH} levels deep; a report needs 5")
+        else:
+            depth -= 1
+            if depth < 0:
+                return  # not JSON: json.loads says where
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200]
+
+
 def _device(data: Any, where: str) -> ReportedDevice:
     f = _Fields(data, where)
     lost = f.flag("lost")
     mig = tuple(_mig(m, f"{where}.mig_devices[{i}]") for i, m in enumerate(f.list("mig_devices", MAX_MIG_DEVICES)))
     problems = f.list("problems", MAX_PROBLEMS)
     for i, p in enumerate(problems):
-        if not isinstance(p, str) or len(p) > 200:
-            raise ReportError(f"{where}.problems[{i}]: expected a string of at most 200 characters")
+        if not isinstance(p, str) or len(p) > 200 or not p.isprintable():
+            raise ReportError(f"{where}.problems[{i}]: expected a line of at most 200 printable characters")
     return ReportedDevice(
         index=f.integer("index", high=1023),
         uuid=f.text("uuid", pattern=UUID_RE, optional=lost),
@@ -227,8 +268,10 @@ class _Fields:
         value = self._get(key, optional)
         if value is None:
             return None
-        if not isinstance(value, str) or len(value) > limit or (pattern is not None and not pattern.fullmatch(value)):
-            raise self._bad(key, "a plain name" if pattern else f"a string of at most {limit} characters", value)
+        # Printable: the text reaches pages and logs (a lone surrogate cannot even be encoded).
+        if (not isinstance(value, str) or len(value) > limit or not value.isprintable()
+                or (pattern is not None and not pattern.fullmatch(value))):
+            raise self._bad(key, "a plain name" if pattern else f"a string of at most {limit} printable characters", value)
         return value
 
     def integer(self, key, *, low=0, high=2**53, optional=False) -> int | None:

@@ -15,7 +15,7 @@ import json
 import os
 import socket
 from types import SimpleNamespace
-from typing import Callable
+from typing import Callable, Mapping
 
 from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Tuple, Unicode, Union, default, validate
 from traitlets.config import LoggingConfigurable
@@ -30,7 +30,7 @@ from .labels import ServerLabels
 from .service_spec import (
     ENFORCEMENT_MODES, HAMI_LIBRARY, MPS_PIPE_DIR, admin_conflicts, enforcement_mode, share_enforcement,
 )
-from .sharing import SharingPolicy
+from .sharing import SharingPolicy, shown
 from .swarm import Swarm
 
 __all__ = ["GPUSettings", "validate_config"]
@@ -285,7 +285,9 @@ def _service_names(cls: type, config) -> Callable[[str, str], str]:
 
 def _check_aliases(aliases) -> None:
     """Aliases end up in service labels and the form: plain names only."""
-    for name, alias in dict(aliases).items():
+    if not isinstance(aliases, Mapping):
+        raise ValueError(f"gpu_model_aliases must be a mapping of NVML model name to alias, got {shown(aliases)}")
+    for name, alias in aliases.items():
         if not isinstance(alias, str) or not MODEL_RE.fullmatch(alias):
             raise ValueError(f"gpu_model_aliases[{name!r}] = {alias!r} is not a plain model name")
 
@@ -307,7 +309,7 @@ def validate_config(config) -> None:
             if section in config:
                 spawner_config.update(config[section])
         policy = spawner_config.get("allocation_policy", "pack")
-        if policy not in POLICIES:
+        if not isinstance(policy, str) or policy not in POLICIES:
             raise ValueError(f"Unknown allocation_policy {policy!r}; choose one of: {', '.join(POLICIES)}")
         db_url = spawner_config.get("gpu_db_url")
         if db_url:
@@ -329,4 +331,4 @@ def validate_config(config) -> None:
         if conflicts:
             raise ValueError(conflicts[0])
     except (InventoryError, LedgerError, ValueError) as exc:
-        raise SystemExit(f"gpuspawner configuration error: {exc}") from None
+        raise SystemExit(f"gpuspawner configuration error: {' '.join(str(exc).split())}") from None

@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 UNIT = 1000  # milli-shares in one whole GPU
+MAX_SHARE = 10**6  # GPUs: far above any per-user limit, far below costly arithmetic
 ANY_MODEL = "*"  # policy key for every model without an entry of its own
 
 
@@ -54,6 +55,8 @@ def to_milli(value: Any, what: str = "share") -> int:
         raise ValueError(f"{what} must be a number such as 0.5, got {shown(value)}")
     if isinstance(value, float) and not math.isfinite(value) or isinstance(value, Decimal) and not value.is_finite():
         raise ValueError(f"{what} must be a finite number, got {shown(value)}")
+    if abs(value) > MAX_SHARE:  # also keeps 10**5000 or Decimal("1e999999") from costly arithmetic
+        raise ValueError(f"{what} must be at most {MAX_SHARE}, got {shown(value)}")
     milli = Fraction(Decimal(repr(value)) if isinstance(value, float) else value) * UNIT
     if milli.denominator != 1:
         raise ValueError(f"{what} must be a multiple of 0.001, got {shown(value)}")
@@ -237,5 +240,10 @@ def _parse_entry(entry: Any, where: str) -> ModelSharing | None:
 
 def shown(value: Any) -> str:
     """A user's value, quoted and cut short for an error message."""
-    text = repr(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 192:
+        return f"a number of about {int(value.bit_length() * 0.30103)} digits"  # repr() refuses 4,300
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a value that cannot even be shown
+        return f"a {type(value).__name__}"
     return text if len(text) <= 60 else text[:57] + "..."

@@ -68,7 +68,7 @@ def upgrade(engine: sa.Engine, url: str = "", revision: str = "head") -> None:
             f"{', '.join(unknown)}, which this gpuspawner does not know (it knows up to {known[-1]}). "
             "A newer gpuspawner wrote them: upgrade gpuspawner, or point gpu_db_url at another database."
         )
-    _run(command.upgrade, engine, revision)
+    _run(command.upgrade, engine, revision, url)
 
 
 def downgrade(engine: sa.Engine, revision: str) -> None:
@@ -77,11 +77,12 @@ def downgrade(engine: sa.Engine, revision: str) -> None:
     _run(command.downgrade, engine, revision)
 
 
-def _run(step, engine: sa.Engine, revision: str) -> None:
+def _run(step, engine: sa.Engine, revision: str, url: str = "") -> None:
+    """``url``: the database as messages show it (the Ledger's, passwords hidden)."""
     cfg = config()
     try:
         with engine.begin() as conn:
             cfg.attributes["connection"] = conn  # env.py runs the migrations on it
             step(cfg, revision)
     except CommandError as e:
-        raise MigrationError(f"GPU ledger database {engine.url}: schema migration to {revision} failed: {e}") from e
+        raise MigrationError(f"GPU ledger database {url or engine.url}: schema migration to {revision} failed: {e}") from e
