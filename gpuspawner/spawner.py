@@ -46,6 +46,10 @@ NOT_RESERVED = {
 }
 
 
+def _read_at_start(spawner, user_options) -> None:
+    """JupyterHub's apply_user_options hook: nothing to apply before start()."""
+
+
 def spawn_error(message: str, *, reason: str, status_code: int, log_message: str = "") -> SpawnException:
     """A SpawnException whose message is what the user sees, on the form, the
     progress page and the REST API alike (JupyterHub otherwise shows str(exc),
@@ -71,6 +75,12 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
     @default("options_from_form")
     def _default_options_from_form(self):
         return options_from_form
+
+    @default("apply_user_options")
+    def _default_apply_user_options(self):
+        # The options are read in start(), where they are checked against the
+        # inventory and the user's limit at every spawn (stored options too).
+        return _read_at_start
 
     # -- the hub's holdings ---------------------------------------------------
 

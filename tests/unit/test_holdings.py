@@ -404,3 +404,17 @@ async def test_the_admins_settings_merge_under_the_spawners_guarantees(tmp_path)
     assert task["Placement"]["Constraints"] == ["node.role==worker", "node.hostname==gpu-b"]
     assert {"KEEP=yes", "ALSO=1", "NVIDIA_VISIBLE_DEVICES=GPU-b0"} <= set(task["ContainerSpec"]["Env"])
     assert task["RestartPolicy"]["Condition"] == "none"
+
+
+async def test_user_options_are_taken_without_jupyterhubs_unhandled_warning(tmp_path, caplog):
+    import logging
+
+    world = World(tmp_path)
+    alice = world.spawner("alice", {"gpu_model": A100, "gpu_count": 1})
+    unhandled = lambda: [r for r in caplog.records if "unhandled user_options" in r.getMessage()]  # noqa: E731
+    with caplog.at_level(logging.WARNING):
+        await alice._run_apply_user_options(alice.user_options)
+        assert unhandled() == []
+        alice.apply_user_options = None  # what JupyterHub does without gpuspawner's hook
+        await alice._run_apply_user_options(alice.user_options)
+        assert unhandled()
