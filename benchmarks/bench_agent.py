@@ -107,11 +107,31 @@ def full_cycles(env: dict, cycles: int, token_file: Path) -> dict:
     sink = ReportSink(record=False)
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpuspawner.agent", "run", "--hub-url", sink.url(),
-             "--token-file", str(token_file), "--interval", "0.0001", "--cycles", str(cycles)],
-            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        sink.on_request = lambda n: seen.__setitem__(
-            n, (proc_cpu_s(proc.pid), proc_rss_kib(proc.pid), time.perf_counter())) if n in marks else None
+            [
+                sys.executable,
+                "-m",
+                "gpuspawner.agent",
+                "run",
+                "--hub-url",
+                sink.url(),
+                "--token-file",
+                str(token_file),
+                "--interval",
+                "0.0001",
+                "--cycles",
+                str(cycles),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        sink.on_request = lambda n: (
+            seen.__setitem__(n, (proc_cpu_s(proc.pid), proc_rss_kib(proc.pid), time.perf_counter()))
+            if n in marks
+            else None
+        )
         _, err = proc.communicate(timeout=3600)
         if proc.returncode != 0:
             raise RuntimeError(f"the agent failed ({proc.returncode}):\n{err}")
@@ -152,7 +172,8 @@ def fmt(r: dict) -> str:
         f"all {f['cycles']:,} cycles together {f['cpu_per_cycle_us']:.0f} µs",
         f"target: full cycle ≤ {TARGET_CPU_US} µs CPU: "
         f"{'met' if f['cpu_per_cycle_us_median_block'] <= TARGET_CPU_US else 'NOT met'}",
-        "RSS of the agent: " + ", ".join(f"{rss[m] / 1024:.1f} MiB after {int(m):,} cycles" for m in marks)
+        "RSS of the agent: "
+        + ", ".join(f"{rss[m] / 1024:.1f} MiB after {int(m):,} cycles" for m in marks)
         + f" (growth {f['rss_growth_kib']} KiB from {int(marks[0]):,} to {int(marks[-1]):,})",
     ]
     return "\n".join(lines)
@@ -179,9 +200,14 @@ def main(argv: list[str] | None = None) -> int:
         token_file = tmp / "token"
         token_file.write_text("bench-token\n")
         env = fakenvml.process_env(lib_dir, devices, PYTHONPATH=str(REPO))
-        out = subprocess.run([sys.executable, "-m", "benchmarks.bench_agent", "--inner-probe",
-                              str(args.probe_cycles)], cwd=REPO, env=env, capture_output=True,
-                             text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-m", "benchmarks.bench_agent", "--inner-probe", str(args.probe_cycles)],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         result = {
             "python": platform.python_version(),
             "pynvml": getattr(pynvml, "__version__", None) or _dist_version("nvidia-ml-py"),

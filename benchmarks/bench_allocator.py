@@ -63,8 +63,17 @@ MODELS = [
     ("NVIDIA H100 80GB HBM3", 81920, 0.10),
 ]
 SIZES = [(1, 0.62), (2, 0.20), (4, 0.11), (8, 0.06), (ALL, 0.01)]
-SHARE_SIZES = [(0.1, 0.2), (0.25, 0.25), (0.3, 0.1), (0.5, 0.25), (0.75, 0.06), (1, 0.04),
-               (1.2, 0.05), (1.5, 0.03), (2.5, 0.02)]
+SHARE_SIZES = [
+    (0.1, 0.2),
+    (0.25, 0.25),
+    (0.3, 0.1),
+    (0.5, 0.25),
+    (0.75, 0.06),
+    (1, 0.04),
+    (1.2, 0.05),
+    (1.5, 0.03),
+    (2.5, 0.02),
+]
 SHARING = {"*": {"quantum": 0.05, "split": True}}
 ANY_MODEL = 0.12
 PINNED = 0.03
@@ -105,7 +114,7 @@ class Stats:
     mean_us: float = 0.0
 
     @classmethod
-    def of(cls, ns: list[int]) -> "Stats":
+    def of(cls, ns: list[int]) -> Stats:
         if not ns:
             return cls()
         s = sorted(ns)
@@ -227,8 +236,9 @@ def refusal_reason(message: str) -> str:
     return "other"
 
 
-def run_mix(alloc: Allocator, gpus: list[GPU], ops: int, seed: int, max_per_owner: int | None,
-            users: int, result: Result) -> None:
+def run_mix(
+    alloc: Allocator, gpus: list[GPU], ops: int, seed: int, max_per_owner: int | None, users: int, result: Result
+) -> None:
     total = len(gpus)
     work = Workload(gpus, seed, users, result.share_mix)
     rng = random.Random(seed)
@@ -354,8 +364,15 @@ def run_extras(alloc: Allocator, gpus: list[GPU], policy: str, samples: int) -> 
 def bench(policy: str, args) -> Result:
     gpus = build_inventory(args.nodes, args.gpus_per_node, args.seed)
     limit = args.max_per_owner or None
-    result = Result(policy=policy, nodes=args.nodes, gpus=len(gpus), ops=args.ops, seed=args.seed,
-                    max_per_owner=limit, share_mix=args.shares)
+    result = Result(
+        policy=policy,
+        nodes=args.nodes,
+        gpus=len(gpus),
+        ops=args.ops,
+        seed=args.seed,
+        max_per_owner=limit,
+        share_mix=args.shares,
+    )
     result.inventory_bytes = measure_inventory_bytes(args.nodes, args.gpus_per_node, args.seed)
     alloc, result.build_bytes, result.build_peak_bytes, result.build_ms = measure_build(gpus, policy)
     if args.shares:
@@ -369,8 +386,15 @@ def bench(policy: str, args) -> Result:
 def profile(policy: str, args) -> str:
     gpus = build_inventory(args.nodes, args.gpus_per_node, args.seed)
     alloc = Allocator(gpus, policy, sharing=SHARING if args.shares else None)
-    result = Result(policy=policy, nodes=args.nodes, gpus=len(gpus), ops=args.ops, seed=args.seed,
-                    max_per_owner=args.max_per_owner or None, share_mix=args.shares)
+    result = Result(
+        policy=policy,
+        nodes=args.nodes,
+        gpus=len(gpus),
+        ops=args.ops,
+        seed=args.seed,
+        max_per_owner=args.max_per_owner or None,
+        share_mix=args.shares,
+    )
     prof = cProfile.Profile()
     prof.enable()
     run_mix(alloc, gpus, args.ops, args.seed, args.max_per_owner or None, args.users, result)
@@ -391,8 +415,10 @@ def fmt_table(results: list[Result], args) -> str:
         f"{f', {100 * r0.share_mix:.0f} % share requests' if r0.share_mix else ''}; Python {platform.python_version()}"
     )
     lines.append("")
-    head = f"{'policy':<7} {'decisions/s':>12} {'wall ops/s':>11} {'p50 µs':>8} {'p99 µs':>8} {'p99.9 µs':>9} " \
-           f"{'max µs':>9} {'build MiB':>10} {'build ms':>9} {'granted':>8} {'refused':>8} {'util %':>14}"
+    head = (
+        f"{'policy':<7} {'decisions/s':>12} {'wall ops/s':>11} {'p50 µs':>8} {'p99 µs':>8} {'p99.9 µs':>9} "
+        f"{'max µs':>9} {'build MiB':>10} {'build ms':>9} {'granted':>8} {'refused':>8} {'util %':>14}"
+    )
     lines.append(head)
     lines.append("-" * len(head))
     for r in results:
@@ -404,8 +430,10 @@ def fmt_table(results: list[Result], args) -> str:
             f"{100 * r.utilisation_min:>4.0f}/{100 * r.utilisation_mean:.0f}/{100 * r.utilisation_max:.0f}"
         )
     lines.append("")
-    lines.append("util %: min/mean/max of devices in use. build MiB: tracemalloc, allocator only; "
-                 f"the GPU records themselves: {r0.inventory_bytes / 2**20:.2f} MiB.")
+    lines.append(
+        "util %: min/mean/max of devices in use. build MiB: tracemalloc, allocator only; "
+        f"the GPU records themselves: {r0.inventory_bytes / 2**20:.2f} MiB."
+    )
     for r in results:
         reasons = ", ".join(f"{k}: {v}" for k, v in sorted(r.refusal_reasons.items(), key=lambda kv: -kv[1]))
         lines.append(f"[{r.policy}] refusals ({r.refused_retry} of {r.refused} with retry): {reasons}")
@@ -415,12 +443,15 @@ def fmt_table(results: list[Result], args) -> str:
         sub = f"  {'kind':<34} {'count':>8} {'p50 µs':>8} {'p99 µs':>8} {'max µs':>9} {'mean µs':>8}"
         lines.append(sub)
         for kind, s in r.by_kind.items():
-            lines.append(f"  {kind:<34} {s.count:>8} {s.p50_us:>8.1f} {s.p99_us:>8.1f} {s.max_us:>9.1f} "
-                         f"{s.mean_us:>8.1f}")
+            lines.append(
+                f"  {kind:<34} {s.count:>8} {s.p50_us:>8.1f} {s.p99_us:>8.1f} {s.max_us:>9.1f} {s.mean_us:>8.1f}"
+            )
         for name, s in r.extras.items():
             extra = f"  (total {s['total_s']:.2f} s for {s['holdings']} holdings)" if "total_s" in s else ""
-            lines.append(f"  {name:<34} {s['count']:>8} {s['p50_us']:>8.1f} {s['p99_us']:>8.1f} "
-                         f"{s['max_us']:>9.1f} {s['mean_us']:>8.1f}{extra}")
+            lines.append(
+                f"  {name:<34} {s['count']:>8} {s['p50_us']:>8.1f} {s['p99_us']:>8.1f} "
+                f"{s['max_us']:>9.1f} {s['mean_us']:>8.1f}{extra}"
+            )
     return "\n".join(lines)
 
 
@@ -433,10 +464,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy", choices=["pack", "spread", "both"], default="both")
     ap.add_argument("--max-per-owner", type=int, default=8, help="passed on every allocate; 0: no limit")
     ap.add_argument("--users", type=int, default=5000, help="size of the user population")
-    ap.add_argument("--shares", type=float, default=0.0,
-                    help="fraction of allocations that ask for a share of a GPU (turns sharing on)")
-    ap.add_argument("--no-extras", dest="extras", action="store_false",
-                    help="skip timing summary()/set_available_hosts()/adopt rebuild")
+    ap.add_argument(
+        "--shares",
+        type=float,
+        default=0.0,
+        help="fraction of allocations that ask for a share of a GPU (turns sharing on)",
+    )
+    ap.add_argument(
+        "--no-extras",
+        dest="extras",
+        action="store_false",
+        help="skip timing summary()/set_available_hosts()/adopt rebuild",
+    )
     ap.add_argument("--extra-samples", type=int, default=200)
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ap.add_argument("--profile", choices=["pack", "spread"], help="cProfile the mix for one policy and print it")
@@ -448,8 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     policies = ["pack", "spread"] if args.policy == "both" else [args.policy]
     results = [bench(p, args) for p in policies]
     if args.json:
-        json.dump({"python": platform.python_version(), "results": [asdict(r) for r in results]},
-                  sys.stdout, indent=2)
+        json.dump({"python": platform.python_version(), "results": [asdict(r) for r in results]}, sys.stdout, indent=2)
         print()
     else:
         print(fmt_table(results, args))

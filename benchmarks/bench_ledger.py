@@ -65,13 +65,20 @@ def fill_history(ledger: Ledger, count: int, rng: random.Random, end: datetime) 
         devices, milli = _devices(rng)
         rows.append(
             dict(
-                id=1_000_000 + i, service=f"bench-{i}", username=f"user{rng.randrange(500)}", server="",
-                host=f"node{rng.randrange(100)}", model=rng.choice(MODELS), started_at=begun,
-                ended_at=min(end, begun + timedelta(hours=rng.expovariate(1 / 6))), end_reason="stopped",
+                id=1_000_000 + i,
+                service=f"bench-{i}",
+                username=f"user{rng.randrange(500)}",
+                server="",
+                host=f"node{rng.randrange(100)}",
+                model=rng.choice(MODELS),
+                started_at=begun,
+                ended_at=min(end, begun + timedelta(hours=rng.expovariate(1 / 6))),
+                end_reason="stopped",
             )
         )
         device_rows += [
-            dict(allocation_id=1_000_000 + i, position=p, uuid=u, milli=m) for p, (u, m) in enumerate(zip(devices, milli))
+            dict(allocation_id=1_000_000 + i, position=p, uuid=u, milli=m)
+            for p, (u, m) in enumerate(zip(devices, milli))
         ]
     with ledger.engine.begin() as conn:
         conn.execute(allocations.insert(), rows)

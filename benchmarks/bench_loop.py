@@ -93,15 +93,35 @@ class Fleet:
         rng, model = self.rng, self.model[host]
         sick, missing = self.sick.get(host), self.missing.get(host)
         devices = [
-            {"index": i, "uuid": f"GPU-{host}-{i}", "name": model, "memory_total_mib": self.memory[model],
-             "memory_used_mib": rng.randrange(0, 4096), "utilization_gpu": rng.randrange(0, 101),
-             "temperature_c": rng.randrange(30, 80), "lost": False, "ecc_uncorrected": 3 if i == sick else 0,
-             "processes": [{"pid": 100 + i, "used_mib": 1000}], "mig_mode": False, "healthy": i != sick,
-             "problems": [], "mig_devices": []}
-            for i in range(8) if i != missing
+            {
+                "index": i,
+                "uuid": f"GPU-{host}-{i}",
+                "name": model,
+                "memory_total_mib": self.memory[model],
+                "memory_used_mib": rng.randrange(0, 4096),
+                "utilization_gpu": rng.randrange(0, 101),
+                "temperature_c": rng.randrange(30, 80),
+                "lost": False,
+                "ecc_uncorrected": 3 if i == sick else 0,
+                "processes": [{"pid": 100 + i, "used_mib": 1000}],
+                "mig_mode": False,
+                "healthy": i != sick,
+                "problems": [],
+                "mig_devices": [],
+            }
+            for i in range(8)
+            if i != missing
         ]
-        report = {"hostname": host, "interval": 15, "agent_version": "0.1.0", "driver_version": "550.54.15",
-                  "cuda_version": "12.4", "device_count": len(devices), "healthy": sick is None, "devices": devices}
+        report = {
+            "hostname": host,
+            "interval": 15,
+            "agent_version": "0.1.0",
+            "driver_version": "550.54.15",
+            "cuda_version": "12.4",
+            "device_count": len(devices),
+            "healthy": sick is None,
+            "devices": devices,
+        }
         return json.dumps(report).encode()
 
     def flip_health(self, host: str) -> None:
@@ -242,10 +262,15 @@ def stats(ns: list[int], lags: list[float] | None = None, gcs: list[list] | None
     s = sorted(ns)
     gcs = gcs or [[]] * len(ns)
     clean = [t for t, found in zip(ns, gcs) if not found]
-    out = {"runs": len(s), "p50_ms": s[len(s) // 2] / 1e6, "p99_ms": s[min(len(s) - 1, int(0.99 * len(s)))] / 1e6,
-           "max_ms": s[-1] / 1e6, "runs_with_gc": sum(1 for found in gcs if found),
-           "max_without_gc_ms": max(clean, default=0) / 1e6,
-           "gc_pauses_ms": [[gen, round(ms, 1)] for found in gcs for gen, ms in found]}
+    out = {
+        "runs": len(s),
+        "p50_ms": s[len(s) // 2] / 1e6,
+        "p99_ms": s[min(len(s) - 1, int(0.99 * len(s)))] / 1e6,
+        "max_ms": s[-1] / 1e6,
+        "runs_with_gc": sum(1 for found in gcs if found),
+        "max_without_gc_ms": max(clean, default=0) / 1e6,
+        "gc_pauses_ms": [[gen, round(ms, 1)] for found in gcs for gen, ms in found],
+    }
     if lags:
         out["lag_max_ms"] = max(lags)
     return out
@@ -254,8 +279,10 @@ def stats(ns: list[int], lags: list[float] | None = None, gcs: list[list] | None
 def page_environments() -> tuple[jinja2.Environment, jinja2.Environment]:
     """An async and a sync environment, as JupyterHub sets them up."""
     loader = jinja2.ChoiceLoader([jinja2.DictLoader({"page.html": STUB_PAGE}), jinja2.FileSystemLoader(TEMPLATES)])
-    return (jinja2.Environment(loader=loader, autoescape=True, enable_async=True),
-            jinja2.Environment(loader=loader, autoescape=True))
+    return (
+        jinja2.Environment(loader=loader, autoescape=True, enable_async=True),
+        jinja2.Environment(loader=loader, autoescape=True),
+    )
 
 
 # -- what the views do on the loop -------------------------------------------------------
@@ -294,8 +321,15 @@ async def run(nodes: int, reports: int, decisions: int, views: int, seed: int) -
     holdings = cluster.allocator.holdings()
     held = len({u for a in holdings.values() for u in a.uuids})
     shared = len({u for a in holdings.values() if a.shared for u in a.uuids})
-    out: dict = {"nodes": nodes, "gpus": nodes * 8, "held": held, "held_as_shares": shared,
-                 "holders": len(holdings), "setup_s": round(time.monotonic() - t0, 1), "ops": {}}
+    out: dict = {
+        "nodes": nodes,
+        "gpus": nodes * 8,
+        "held": held,
+        "held_as_shares": shared,
+        "holders": len(holdings),
+        "setup_s": round(time.monotonic() - t0, 1),
+        "ops": {},
+    }
 
     def timed_reports(change) -> dict:
         times, gcs = [], []
@@ -399,14 +433,20 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(result, sys.stdout, indent=2)
         print()
         return 0
-    print(f"{result['nodes']} nodes × 8 GPUs: {result['held']} devices held by {result['holders']} servers "
-          f"({result['held_as_shares']} as shares); set up in {result['setup_s']} s")
-    print(f"  {'operation':28} {'runs':>5} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9} {'lag ms':>9} {'gc':>3}"
-          f" {'max w/o gc':>10}")
+    print(
+        f"{result['nodes']} nodes × 8 GPUs: {result['held']} devices held by {result['holders']} servers "
+        f"({result['held_as_shares']} as shares); set up in {result['setup_s']} s"
+    )
+    print(
+        f"  {'operation':28} {'runs':>5} {'p50 ms':>9} {'p99 ms':>9} {'max ms':>9} {'lag ms':>9} {'gc':>3}"
+        f" {'max w/o gc':>10}"
+    )
     for name, r in result["ops"].items():
         lag = f"{r['lag_max_ms']:9.2f}" if "lag_max_ms" in r else f"{'':9}"
-        print(f"  {name:28} {r['runs']:5} {r['p50_ms']:9.3f} {r['p99_ms']:9.3f} {r['max_ms']:9.3f} {lag}"
-              f" {r['runs_with_gc']:3} {r['max_without_gc_ms']:10.3f}")
+        print(
+            f"  {name:28} {r['runs']:5} {r['p50_ms']:9.3f} {r['p99_ms']:9.3f} {r['max_ms']:9.3f} {lag}"
+            f" {r['runs_with_gc']:3} {r['max_without_gc_ms']:10.3f}"
+        )
     print("  bytes: " + ", ".join(f"{k} {v:,}" for k, v in result["bytes"].items()))
     return 0
 

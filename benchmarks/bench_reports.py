@@ -29,14 +29,34 @@ from gpuspawner.reports import parse_report
 
 def body(host: int, temperature: int, sick: int | None) -> bytes:
     devices = [
-        {"index": i, "uuid": f"GPU-{host:04d}-{i}", "name": "NVIDIA A100 80GB PCIe", "memory_total_mib": 81920,
-         "memory_used_mib": 1024, "utilization_gpu": 50, "temperature_c": temperature, "lost": False,
-         "ecc_uncorrected": 3 if i == sick else 0, "processes": [{"pid": 100 + i, "used_mib": 1000}],
-         "mig_mode": False, "healthy": i != sick, "problems": [], "mig_devices": []}
+        {
+            "index": i,
+            "uuid": f"GPU-{host:04d}-{i}",
+            "name": "NVIDIA A100 80GB PCIe",
+            "memory_total_mib": 81920,
+            "memory_used_mib": 1024,
+            "utilization_gpu": 50,
+            "temperature_c": temperature,
+            "lost": False,
+            "ecc_uncorrected": 3 if i == sick else 0,
+            "processes": [{"pid": 100 + i, "used_mib": 1000}],
+            "mig_mode": False,
+            "healthy": i != sick,
+            "problems": [],
+            "mig_devices": [],
+        }
         for i in range(8)
     ]
-    report = {"hostname": f"node{host:04d}", "interval": 15, "agent_version": "0.1.0", "driver_version": "550.54.15",
-              "cuda_version": "12.4", "device_count": 8, "healthy": sick is None, "devices": devices}
+    report = {
+        "hostname": f"node{host:04d}",
+        "interval": 15,
+        "agent_version": "0.1.0",
+        "driver_version": "550.54.15",
+        "cuda_version": "12.4",
+        "device_count": 8,
+        "healthy": sick is None,
+        "devices": devices,
+    }
     return json.dumps(report).encode()
 
 
@@ -62,8 +82,12 @@ def run(nodes: int, reports: int, seed: int) -> dict:
         (change if flip else routine).append(time.perf_counter_ns() - t0)
     out = {"nodes": nodes, "gpus": nodes * 8, "report_bytes": len(body(0, 40, None))}
     for name, times in (("routine", routine), ("health_change", change)):
-        out[name] = {"reports": len(times), "p50_us": percentile(times, 0.5), "p99_us": percentile(times, 0.99),
-                     "mean_us": statistics.fmean(times) / 1000}
+        out[name] = {
+            "reports": len(times),
+            "p50_us": percentile(times, 0.5),
+            "p99_us": percentile(times, 0.99),
+            "mean_us": statistics.fmean(times) / 1000,
+        }
     return out
 
 
@@ -81,8 +105,10 @@ def main() -> None:
     print(f"{result['nodes']} nodes × 8 GPUs, reports of {result['report_bytes']} bytes")
     for name in ("routine", "health_change"):
         r = result[name]
-        print(f"  {name:14} {r['reports']:6} reports  p50 {r['p50_us']:8.1f} µs  p99 {r['p99_us']:8.1f} µs"
-              f"  mean {r['mean_us']:8.1f} µs")
+        print(
+            f"  {name:14} {r['reports']:6} reports  p50 {r['p50_us']:8.1f} µs  p99 {r['p99_us']:8.1f} µs"
+            f"  mean {r['mean_us']:8.1f} µs"
+        )
 
 
 if __name__ == "__main__":

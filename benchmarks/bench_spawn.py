@@ -77,8 +77,11 @@ def main(argv=None) -> int:
                         gpu_times.append(time_spawn(hub, f"bench{i}", {"gpu_model": "NVIDIA GeForce GTX 1070"}))
                     else:
                         base_times.append(time_spawn(hub, f"bench{i}", {}))
-                print(f"pair {i + 1}: GPUSwarmSpawner {gpu_times[-1]:.3f} s, SwarmSpawner {base_times[-1]:.3f} s",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"pair {i + 1}: GPUSwarmSpawner {gpu_times[-1]:.3f} s, SwarmSpawner {base_times[-1]:.3f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
         finally:
             gpu_hub.stop()
             base_hub.stop()

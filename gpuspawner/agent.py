@@ -42,10 +42,11 @@ HOSTNAME_ENV = "GPUSPAWNER_AGENT_HOSTNAME"
 REPORT_PATH = "hub/api/gpuspawner/report"
 
 NO_LIBRARY = f"{PROG}: no NVIDIA driver library (libnvidia-ml.so.1) found on this node"
-NO_DRIVER = (f"{PROG}: the NVIDIA driver library is installed but the NVIDIA kernel driver "
-             "is not loaded on this node")
-NO_TOKEN = (f"{PROG}: no hub token: pass --token-file FILE or set {TOKEN_ENV} "
-            "(the token the hub's configuration gives the agents)")
+NO_DRIVER = f"{PROG}: the NVIDIA driver library is installed but the NVIDIA kernel driver is not loaded on this node"
+NO_TOKEN = (
+    f"{PROG}: no hub token: pass --token-file FILE or set {TOKEN_ENV} "
+    "(the token the hub's configuration gives the agents)"
+)
 
 log = logging.getLogger(PROG)
 
@@ -65,11 +66,13 @@ def _cuda_version_string(v: int) -> str:
 
 # ---- health ----
 
+
 def device_problems(info: dict, max_temperature_c: float) -> list[str]:
     """The health rule (reports.device_problems, the one the hub applies) for
     one device record of a report."""
-    return health_rule(info.get("lost", False), info.get("ecc_uncorrected"), info.get("temperature_c"),
-                       max_temperature_c)
+    return health_rule(
+        info.get("lost", False), info.get("ecc_uncorrected"), info.get("temperature_c"), max_temperature_c
+    )
 
 
 # ---- MIG profiles ----
@@ -85,8 +88,9 @@ def mig_profile_from_name(name: str | None) -> str | None:
     return m.group(1) if m else None
 
 
-def mig_profile_from_attributes(gi_slices: int, ci_slices: int, memory_size_mb: int,
-                                gpu_memory_mib: int | None) -> str | None:
+def mig_profile_from_attributes(
+    gi_slices: int, ci_slices: int, memory_size_mb: int, gpu_memory_mib: int | None
+) -> str | None:
     """A profile name rebuilt from nvmlDeviceGetAttributes, for drivers whose MIG names lack it.
 
     Memory is rounded the way NVIDIA's own tools (go-nvlib) do: the share of the GPU's
@@ -105,6 +109,7 @@ def mig_profile_from_attributes(gi_slices: int, ci_slices: int, memory_size_mb: 
 
 # ---- NVML ----
 
+
 class _Device:
     """Collects one device's fields; turns per-call NVML errors into state, not exceptions."""
 
@@ -113,11 +118,18 @@ class _Device:
         self.lost = False
         self.problems: list[str] = []
         self.info = {
-            "index": position, "uuid": None, "name": None,
-            "memory_total_mib": None, "memory_used_mib": None,
-            "utilization_gpu": None, "temperature_c": None,
-            "ecc_uncorrected": None, "lost": False, "processes": [],
-            "mig_mode": None, "mig_devices": [],
+            "index": position,
+            "uuid": None,
+            "name": None,
+            "memory_total_mib": None,
+            "memory_used_mib": None,
+            "utilization_gpu": None,
+            "temperature_c": None,
+            "ecc_uncorrected": None,
+            "lost": False,
+            "processes": [],
+            "mig_mode": None,
+            "mig_devices": [],
         }
 
     def call(self, what: str, fn, *args, absent=()):
@@ -149,8 +161,13 @@ def _probe_mig_devices(d: _Device, handle, gpu_memory_mib: int | None) -> list[d
     found = []
     for slot in range(slots):
         # Slots are sparse: destroyed MIG devices leave gaps (NVML_ERROR_NOT_FOUND).
-        mig = d.call(f"get MIG device {slot}", nvml.nvmlDeviceGetMigDeviceHandleByIndex,
-                     handle, slot, absent=(nvml.NVMLError_NotFound,))
+        mig = d.call(
+            f"get MIG device {slot}",
+            nvml.nvmlDeviceGetMigDeviceHandleByIndex,
+            handle,
+            slot,
+            absent=(nvml.NVMLError_NotFound,),
+        )
         if mig is None:
             continue
         name = d.call(f"get MIG device {slot} name", nvml.nvmlDeviceGetName, mig)
@@ -159,8 +176,8 @@ def _probe_mig_devices(d: _Device, handle, gpu_memory_mib: int | None) -> list[d
             attrs = d.call(f"get MIG device {slot} attributes", nvml.nvmlDeviceGetAttributes, mig)
             if attrs is not None:
                 profile = mig_profile_from_attributes(
-                    attrs.gpuInstanceSliceCount, attrs.computeInstanceSliceCount,
-                    attrs.memorySizeMB, gpu_memory_mib)
+                    attrs.gpuInstanceSliceCount, attrs.computeInstanceSliceCount, attrs.memorySizeMB, gpu_memory_mib
+                )
         uuid = d.call(f"get MIG device {slot} UUID", nvml.nvmlDeviceGetUUID, mig)
         total, used = d.memory(f"get MIG device {slot} memory info", mig)
         if d.lost:
@@ -169,8 +186,16 @@ def _probe_mig_devices(d: _Device, handle, gpu_memory_mib: int | None) -> list[d
             # Nobody can be given a slice the hub cannot name or size: leave it out, say so.
             d.problems.append(f"MIG device {slot} left out: its UUID, profile or memory is unknown")
             continue
-        found.append({"index": slot, "uuid": uuid, "profile": profile, "name": name,
-                      "memory_total_mib": total, "memory_used_mib": used})
+        found.append(
+            {
+                "index": slot,
+                "uuid": uuid,
+                "profile": profile,
+                "name": name,
+                "memory_total_mib": total,
+                "memory_used_mib": used,
+            }
+        )
     return [] if d.lost else found
 
 
@@ -181,9 +206,12 @@ def _identify(d: _Device, position: int):
     if handle is None:
         return None, position, None, None
     index = d.call("get index", nvml.nvmlDeviceGetIndex, handle)
-    return (handle, position if index is None else index,
-            d.call("get UUID", nvml.nvmlDeviceGetUUID, handle),
-            d.call("get name", nvml.nvmlDeviceGetName, handle))
+    return (
+        handle,
+        position if index is None else index,
+        d.call("get UUID", nvml.nvmlDeviceGetUUID, handle),
+        d.call("get name", nvml.nvmlDeviceGetName, handle),
+    )
 
 
 def _probe_device(nvml, position: int, max_temperature_c: float, known: dict | None = None) -> dict:
@@ -203,13 +231,18 @@ def _probe_device(nvml, position: int, max_temperature_c: float, known: dict | N
         util = d.call("get utilization", nvml.nvmlDeviceGetUtilizationRates, handle)
         if util is not None:
             info["utilization_gpu"] = util.gpu
-        info["temperature_c"] = d.call("get temperature", nvml.nvmlDeviceGetTemperature,
-                                       handle, nvml.NVML_TEMPERATURE_GPU)
+        info["temperature_c"] = d.call(
+            "get temperature", nvml.nvmlDeviceGetTemperature, handle, nvml.NVML_TEMPERATURE_GPU
+        )
         # Volatile = since the driver was loaded: errors that a reset already dealt
         # with (aggregate, lifetime count) should not keep a GPU marked unhealthy.
         info["ecc_uncorrected"] = d.call(
-            "get ECC errors", nvml.nvmlDeviceGetTotalEccErrors, handle,
-            nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC)
+            "get ECC errors",
+            nvml.nvmlDeviceGetTotalEccErrors,
+            handle,
+            nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+            nvml.NVML_VOLATILE_ECC,
+        )
         procs = d.call("get processes", nvml.nvmlDeviceGetComputeRunningProcesses, handle)
         info["processes"] = [
             {"pid": p.pid, "used_mib": None if p.usedGpuMemory is None else p.usedGpuMemory // MIB}
@@ -273,7 +306,7 @@ class Nvml:
         except self.lib.NVMLError:
             pass  # nothing useful to do; the next open starts afresh
 
-    def __enter__(self) -> "Nvml":
+    def __enter__(self) -> Nvml:
         self.open()
         return self
 
@@ -313,6 +346,7 @@ def probe(max_temperature_c: float = DEFAULT_MAX_TEMPERATURE_C) -> dict:
 
 # ---- the hub ----
 
+
 def report_url(hub_url: str) -> str:
     """The report endpoint under the hub's public URL, which may carry a base path.
 
@@ -321,8 +355,9 @@ def report_url(hub_url: str) -> str:
     """
     parts = urllib.parse.urlsplit(hub_url.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise AgentError(f"{PROG}: --hub-url must be the hub's address, like "
-                         f"http://hub.example.org:8000/ (got {hub_url!r})")
+        raise AgentError(
+            f"{PROG}: --hub-url must be the hub's address, like http://hub.example.org:8000/ (got {hub_url!r})"
+        )
     if parts.query or parts.fragment:
         raise AgentError(f"{PROG}: --hub-url must not carry a query or a fragment (got {hub_url!r})")
     path = parts.path.rstrip("/") + "/" + REPORT_PATH
@@ -424,12 +459,18 @@ def docker_default_runtime(path: str | None) -> str | None:
 def encode_report(report: dict, hostname: str, interval: float, docker_config: str | None = None) -> bytes:
     """The request body: the probe's report plus who sends it, how often, and
     what the node's dockerd runs containers with."""
-    body = dict(report, hostname=hostname, interval=interval, agent_version=__version__,
-                docker_default_runtime=docker_default_runtime(docker_config))
+    body = dict(
+        report,
+        hostname=hostname,
+        interval=interval,
+        agent_version=__version__,
+        docker_default_runtime=docker_default_runtime(docker_config),
+    )
     return json.dumps(body, separators=(",", ":")).encode()
 
 
 # ---- the loop ----
+
 
 class _Stop(Exception):
     """SIGTERM / SIGINT: leave at once, whatever the loop is doing."""
@@ -451,8 +492,15 @@ def backoff_delay(failures: int, interval: float) -> float:
     return min(cap, interval * 2 ** min(failures - 1, 30))
 
 
-def report_loop(nvml: Nvml, hub: HubClient, hostname: str, interval: float,
-                max_temperature_c: float, cycles: int | None = None, docker_config: str | None = None) -> None:
+def report_loop(
+    nvml: Nvml,
+    hub: HubClient,
+    hostname: str,
+    interval: float,
+    max_temperature_c: float,
+    cycles: int | None = None,
+    docker_config: str | None = None,
+) -> None:
     """Report every ``interval`` seconds; through failures, back off and keep going.
 
     One log line per failure and one when reports get through again. Returns after
@@ -471,13 +519,16 @@ def report_loop(nvml: Nvml, hub: HubClient, hostname: str, interval: float,
             time.sleep(delay)
             continue
         if failures:
-            log.info("reporting works again (after %d failed attempt%s)",
-                     failures, "" if failures == 1 else "s")
+            log.info("reporting works again (after %d failed attempt%s)", failures, "" if failures == 1 else "s")
             failures = 0
         elif sent == 0:
             unhealthy = sum(not dev["healthy"] for dev in report["devices"])
-            log.info("first report sent: %d GPU%s, %d unhealthy", report["device_count"],
-                     "" if report["device_count"] == 1 else "s", unhealthy)
+            log.info(
+                "first report sent: %d GPU%s, %d unhealthy",
+                report["device_count"],
+                "" if report["device_count"] == 1 else "s",
+                unhealthy,
+            )
         sent += 1
         if cycles is not None and sent >= cycles:
             return
@@ -485,8 +536,7 @@ def report_loop(nvml: Nvml, hub: HubClient, hostname: str, interval: float,
 
 
 def run(args) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s {PROG}: %(message)s")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=f"%(asctime)s {PROG}: %(message)s")
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     nvml = None
@@ -532,33 +582,65 @@ def _count(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="GPU node agent for gpuspawner.")
     health = argparse.ArgumentParser(add_help=False)
-    health.add_argument("--max-temperature", type=float, default=DEFAULT_MAX_TEMPERATURE_C,
-                        metavar="C", help="GPUs hotter than this are unhealthy (default: %(default)g)")
+    health.add_argument(
+        "--max-temperature",
+        type=float,
+        default=DEFAULT_MAX_TEMPERATURE_C,
+        metavar="C",
+        help="GPUs hotter than this are unhealthy (default: %(default)g)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("probe", parents=[health], help="print this node's GPUs as JSON")
     p_run = sub.add_parser(
-        "run", parents=[health], help="report this node's GPUs to the hub, every few seconds",
+        "run",
+        parents=[health],
+        help="report this node's GPUs to the hub, every few seconds",
         description="Report this node's GPUs to the hub every --interval seconds, until stopped "
-                    "(SIGTERM / SIGINT). Exits 2 at start when NVML, the token or the hub "
-                    "address cannot be used; hub outages are waited out.")
-    p_run.add_argument("--hub-url", required=True, metavar="URL",
-                       help="the hub's public address, with its base path if it has one "
-                            "(e.g. http://hub.example.org:8000/ or http://hub:8000/jhub/)")
-    p_run.add_argument("--token-file", metavar="FILE",
-                       help=f"file holding the agent token (default: ${TOKEN_ENV})")
-    p_run.add_argument("--interval", type=_seconds, default=DEFAULT_INTERVAL_S, metavar="S",
-                       help="seconds between reports (default: %(default)g)")
-    p_run.add_argument("--hostname", metavar="H",
-                       help=f"the node name to report as: the swarm node's hostname "
-                            f"(default: ${HOSTNAME_ENV}, else this machine's hostname)")
-    p_run.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
-                       help="seconds to wait for the hub's answer (default: %(default)g)")
-    p_run.add_argument("--docker-config", metavar="FILE", default=DEFAULT_DOCKER_CONFIG,
-                       help="the node's dockerd daemon.json, read to report its default runtime "
-                            "(default: %(default)s; mount it read-only into the agent's container)")
-    p_run.add_argument("--cycles", type=_count, default=None, metavar="N",
-                       help="stop after N successful reports (for tests and benchmarks; "
-                            "default: run until stopped)")
+        "(SIGTERM / SIGINT). Exits 2 at start when NVML, the token or the hub "
+        "address cannot be used; hub outages are waited out.",
+    )
+    p_run.add_argument(
+        "--hub-url",
+        required=True,
+        metavar="URL",
+        help="the hub's public address, with its base path if it has one "
+        "(e.g. http://hub.example.org:8000/ or http://hub:8000/jhub/)",
+    )
+    p_run.add_argument("--token-file", metavar="FILE", help=f"file holding the agent token (default: ${TOKEN_ENV})")
+    p_run.add_argument(
+        "--interval",
+        type=_seconds,
+        default=DEFAULT_INTERVAL_S,
+        metavar="S",
+        help="seconds between reports (default: %(default)g)",
+    )
+    p_run.add_argument(
+        "--hostname",
+        metavar="H",
+        help=f"the node name to report as: the swarm node's hostname "
+        f"(default: ${HOSTNAME_ENV}, else this machine's hostname)",
+    )
+    p_run.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help="seconds to wait for the hub's answer (default: %(default)g)",
+    )
+    p_run.add_argument(
+        "--docker-config",
+        metavar="FILE",
+        default=DEFAULT_DOCKER_CONFIG,
+        help="the node's dockerd daemon.json, read to report its default runtime "
+        "(default: %(default)s; mount it read-only into the agent's container)",
+    )
+    p_run.add_argument(
+        "--cycles",
+        type=_count,
+        default=None,
+        metavar="N",
+        help="stop after N successful reports (for tests and benchmarks; default: run until stopped)",
+    )
     return parser
 
 

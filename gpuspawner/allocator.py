@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import bisect
 import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from .inventory import GPU
 from .sharing import OFF, UNIT, ModelSharing, SharingPolicy, fmt, fraction, split_evenly, to_milli
@@ -231,13 +232,9 @@ class _ModelIndex:
 
 
 class Allocator:
-    def __init__(
-        self, gpus: Iterable[GPU] = (), policy: str = "pack", sharing: SharingPolicy | dict | None = None
-    ):
+    def __init__(self, gpus: Iterable[GPU] = (), policy: str = "pack", sharing: SharingPolicy | dict | None = None):
         if policy not in POLICIES:
-            raise ValueError(
-                f"unknown allocation policy {policy!r}; choose one of: {', '.join(POLICIES)}"
-            )
+            raise ValueError(f"unknown allocation policy {policy!r}; choose one of: {', '.join(POLICIES)}")
         self.policy = POLICIES[policy]
         self.sharing = OFF
         self._lock = threading.RLock()
@@ -441,7 +438,7 @@ class Allocator:
                 continue
             mi.memory_mib = max(mi.memories)
             mi.smallest_host = min(mi.sizes)
-            del mi.buckets[max(mi.sizes) + 1:]  # hosts that large left: those buckets are empty
+            del mi.buckets[max(mi.sizes) + 1 :]  # hosts that large left: those buckets are empty
         if list(self._index) != sorted(self._index):
             self._index = dict(sorted(self._index.items()))
 
@@ -697,8 +694,9 @@ class Allocator:
                 del free[bisect.bisect_left(free, g)]
             self._move(mi, host, len(free) + len(devices), len(free))
         else:
-            alloc = Allocation(holder=holder, owner=request.owner, host=host, devices=devices,
-                               milli=tuple(p for _, p in picks))
+            alloc = Allocation(
+                holder=holder, owner=request.owner, host=host, devices=devices, milli=tuple(p for _, p in picks)
+            )
             for g, p in picks:
                 self._book_share(mi, g, holder, p)
         self._record(alloc)
@@ -790,7 +788,7 @@ class Allocator:
             total = 0
             left = list(devices)
             for piece in pieces:  # larger pieces first
-                for i, entry in enumerate(left):
+                for i, entry in enumerate(left):  # noqa: B007 (i is the break index)
                     if entry[0] >= piece:
                         break
                 else:
@@ -923,15 +921,21 @@ class Allocator:
                     allocated = _ONE
                 else:
                     sharers = self._shares.get(gpu.uuid, {})
-                    holders = tuple(
-                        Sharer(h, self._holders[h].owner, fraction(m)) for h, m in sorted(sharers.items())
-                    )
+                    holders = tuple(Sharer(h, self._holders[h].owner, fraction(m)) for h, m in sorted(sharers.items()))
                     allocated = fraction(sum(sharers.values()))
-                out.append(DeviceUse(
-                    uuid=gpu.uuid, host=gpu.host, index=gpu.index, model=gpu.model, memory_mib=gpu.memory_mib,
-                    available=self._is_available(gpu.host), allocated=allocated, whole=whole is not None,
-                    holders=holders,
-                ))
+                out.append(
+                    DeviceUse(
+                        uuid=gpu.uuid,
+                        host=gpu.host,
+                        index=gpu.index,
+                        model=gpu.model,
+                        memory_mib=gpu.memory_mib,
+                        available=self._is_available(gpu.host),
+                        allocated=allocated,
+                        whole=whole is not None,
+                        holders=holders,
+                    )
+                )
             return out
 
     def usage(self) -> list[HostUse]:
@@ -951,8 +955,16 @@ class Allocator:
                 else:
                     row[1] += 1
             return [
-                HostUse(model=m, host=h, available=self._is_available(h), total=t, free=f, whole=w, shared=s,
-                        allocated=fraction(a))
+                HostUse(
+                    model=m,
+                    host=h,
+                    available=self._is_available(h),
+                    total=t,
+                    free=f,
+                    whole=w,
+                    shared=s,
+                    allocated=fraction(a),
+                )
                 for (m, h), (t, f, w, s, a) in sorted(rows.items())
             ]
 
@@ -1021,7 +1033,9 @@ class Allocator:
             there = sum(len(self._index[m].free.get(host, ())) for m in relevant)
             return AllocationRefused(f"{asked} requested on {host}, {there} free there", retry=True)
         if count == ALL:
-            return AllocationRefused(f"{asked} requested ({what}), but every host has some in use right now", retry=True)
+            return AllocationRefused(
+                f"{asked} requested ({what}), but every host has some in use right now", retry=True
+            )
         block = max(summaries[m].largest_block for m in relevant)
         return AllocationRefused(
             f"{asked} requested, at most {block} free on any single host ({free} free in total)",

@@ -148,9 +148,16 @@ class DoctorHandler(_GPUMixin, APIHandler):
         owner = await self.holdings()
         cluster = owner.cluster
         reports = {host: report for host, (report, _) in cluster.reports.items()}
-        findings = diagnose(cluster.nodes.values(), cluster.settings.static, reports, cluster.stale,
-                            cluster.settings.sources, cluster.aliases, foreign=owner.foreign,
-                            conflicts=cluster.uuid_conflicts)
+        findings = diagnose(
+            cluster.nodes.values(),
+            cluster.settings.static,
+            reports,
+            cluster.stale,
+            cluster.settings.sources,
+            cluster.aliases,
+            foreign=owner.foreign,
+            conflicts=cluster.uuid_conflicts,
+        )
         self.set_header("Content-Type", "application/json")
         self.write({"findings": [f.as_dict() for f in findings]})
 
@@ -172,12 +179,14 @@ class UsageHandler(_GPUMixin, APIHandler):
         except ValueError as exc:  # e.g. since after until
             raise web.HTTPError(400, str(exc)) from None
         self.set_header("Content-Type", "application/json")
-        self.write({
-            "by": by,
-            "since": since.isoformat() if since else None,
-            "until": until.isoformat() if until else None,
-            "usage": [{"key": u.key, "gpu_hours": round(u.gpu_hours, 6)} for u in rows or []],
-        })
+        self.write(
+            {
+                "by": by,
+                "since": since.isoformat() if since else None,
+                "until": until.isoformat() if until else None,
+                "usage": [{"key": u.key, "gpu_hours": round(u.gpu_hours, 6)} for u in rows or []],
+            }
+        )
 
 
 def _time_arg(text: str) -> datetime | None:

@@ -20,7 +20,8 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 PROG = "gpuspawner"
 DEFAULT_HUB_URL = "http://127.0.0.1:8000"
@@ -59,7 +60,9 @@ def format_alloc_map(alloc_map: dict) -> str:
                 f"{h['user']}{'/' + h['server'] if h['server'] else ''} ({h['share']:.2f})" for h in d["holders"]
             )
             health = d["health"] if d["health"] == "ok" else f"{d['health']}: {'; '.join(d['problems'])}"
-            rows.append((host, str(d.get("index", "")), uuid, d["model"], f"{d['allocated']:.2f}", health, holders or "-"))
+            rows.append(
+                (host, str(d.get("index", "")), uuid, d["model"], f"{d['allocated']:.2f}", health, holders or "-")
+            )
     if len(rows) == 1:
         return "No GPUs are known to the hub."
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
@@ -102,13 +105,18 @@ def _token(args) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description="Admin commands for gpuspawner on a running hub.")
-    parser.add_argument("--hub-url", default=os.environ.get("JUPYTERHUB_URL", DEFAULT_HUB_URL),
-                        help="the hub's public URL (default: $JUPYTERHUB_URL or %(default)s)")
+    parser.add_argument(
+        "--hub-url",
+        default=os.environ.get("JUPYTERHUB_URL", DEFAULT_HUB_URL),
+        help="the hub's public URL (default: $JUPYTERHUB_URL or %(default)s)",
+    )
     parser.add_argument("--token-file", help="file with an API token (default: $JUPYTERHUB_API_TOKEN)")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_text in (("alloc-map", "who holds which share of which GPU"),
-                            ("rescan", "reconcile with the swarm's services, then show the map"),
-                            ("doctor", "check the cluster for known misconfigurations")):
+    for name, help_text in (
+        ("alloc-map", "who holds which share of which GPU"),
+        ("rescan", "reconcile with the swarm's services, then show the map"),
+        ("doctor", "check the cluster for known misconfigurations"),
+    ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p = sub.add_parser("usage", help="GPU-hours per user or per model")

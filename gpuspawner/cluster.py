@@ -23,8 +23,8 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Iterable, Mapping
 
 from . import views
 from .allocator import Allocation, Allocator
@@ -74,10 +74,10 @@ class DeviceState:
 
 
 class GPUCluster:
-    _shared: dict[str, "GPUCluster"] = {}
+    _shared: dict[str, GPUCluster] = {}
 
     @classmethod
-    def shared(cls, key: object, settings: Callable[[], InventorySettings]) -> "GPUCluster":
+    def shared(cls, key: object, settings: Callable[[], InventorySettings]) -> GPUCluster:
         """The one instance for this configuration in this process (spawners
         that differ in policy still share one allocator); ``settings`` is
         called (and the static inventory read) the first time only."""
@@ -418,8 +418,10 @@ class GPUCluster:
         allocator = self.allocator
         whole = allocator.holder_of(uuid)
         shares = {whole: UNIT} if whole is not None else allocator.sharers_of(uuid)
-        return [{"user": getattr(allocator.holding(h), "owner", ""), "server": "", "share": milli / UNIT}
-                for h, milli in shares.items()]
+        return [
+            {"user": getattr(allocator.holding(h), "owner", ""), "server": "", "share": milli / UNIT}
+            for h, milli in shares.items()
+        ]
 
     def holders_changed(self, host: str | None = None) -> None:
         """What ``holders_of`` says of the devices of ``host`` (None: of any
@@ -439,8 +441,12 @@ class GPUCluster:
         return holders_of
 
     def _holders_key(self, host: str) -> tuple:
-        return (self.allocator.version(host), self._holder_changes.get(host, 0), self._holders_epoch,
-                self._health_changes.get(host, 0))
+        return (
+            self.allocator.version(host),
+            self._holder_changes.get(host, 0),
+            self._holders_epoch,
+            self._health_changes.get(host, 0),
+        )
 
     def _holders(self, host: str, key: tuple, holders_of: HoldersOf) -> dict[str, list[dict]]:
         """The holders of each of the host's devices, kept while ``key`` (its _holders_key) holds."""
@@ -477,8 +483,7 @@ class GPUCluster:
         of it, from each host's part kept as JSON text (see :meth:`host_views`)."""
         return views.join_json(await self.host_views("json", views.host_json, holders_of))
 
-    async def host_views(self, kind: str, make: Maker, holders_of: HoldersOf | None = None,
-                         inline: int = 16) -> list:
+    async def host_views(self, kind: str, make: Maker, holders_of: HoldersOf | None = None, inline: int = 16) -> list:
         """``make(host, entries, stale)`` for every host with devices, by hostname:
         ``entries`` as :meth:`alloc_map` has them for the host, ``stale`` why its
         agent is late (None when it is not). Each host's result is kept, under
@@ -512,8 +517,9 @@ class GPUCluster:
             out.append(value)
             if not found:
                 todo.append((len(out) - 1, host, key))
-                jobs.append((host, tuple(self._states[host].values()), self._holders(host, holders_key, holders_of),
-                             stale))
+                jobs.append(
+                    (host, tuple(self._states[host].values()), self._holders(host, holders_key, holders_of), stale)
+                )
         if len(jobs) > inline:
             made = await asyncio.get_running_loop().run_in_executor(
                 None, functools.partial(views.make_hosts, make, jobs, yield_gil=True)

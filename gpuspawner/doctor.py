@@ -5,9 +5,9 @@ how to fix it. Pure: the hub endpoint and ``gpuspawner doctor`` feed it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
-from typing import Iterable, Mapping
 
 from .inventory import GPU
 from .reports import Conflict, NodeReport, gpus_of
@@ -46,64 +46,118 @@ def diagnose(
     for host, node in sorted(nodes.items()):
         gpu_kinds = [k for k in node.generic_resources if "gpu" in k.lower()]
         if gpu_kinds:
-            out.append(Finding(
-                "error", host,
-                f"swarm generic resources for GPUs are configured ({', '.join(gpu_kinds)}): the NVIDIA runtime "
-                "then takes DOCKER_RESOURCE_* over NVIDIA_VISIBLE_DEVICES, so servers may get other GPUs",
-                "remove node-generic-resources (and swarm-resource in the NVIDIA runtime config) from the "
-                "node's daemon.json, and restart dockerd",
-            ))
+            out.append(
+                Finding(
+                    "error",
+                    host,
+                    f"swarm generic resources for GPUs are configured ({', '.join(gpu_kinds)}): the NVIDIA runtime "
+                    "then takes DOCKER_RESOURCE_* over NVIDIA_VISIBLE_DEVICES, so servers may get other GPUs",
+                    "remove node-generic-resources (and swarm-resource in the NVIDIA runtime config) from the "
+                    "node's daemon.json, and restart dockerd",
+                )
+            )
     for host, report in sorted(reports.items()):
         runtime = report.docker_default_runtime
         if report.devices and runtime is not None and runtime != "nvidia":
-            out.append(Finding(
-                "error", host,
-                f"the agent sees {len(report.devices)} GPU(s) but dockerd's default runtime is {runtime!r}: "
-                "servers there get no GPU whatever NVIDIA_VISIBLE_DEVICES says",
-                'set "default-runtime": "nvidia" in /etc/docker/daemon.json (with the NVIDIA Container '
-                "Toolkit installed) and restart dockerd",
-            ))
+            out.append(
+                Finding(
+                    "error",
+                    host,
+                    f"the agent sees {len(report.devices)} GPU(s) but dockerd's default runtime is {runtime!r}: "
+                    "servers there get no GPU whatever NVIDIA_VISIBLE_DEVICES says",
+                    'set "default-runtime": "nvidia" in /etc/docker/daemon.json (with the NVIDIA Container '
+                    "Toolkit installed) and restart dockerd",
+                )
+            )
         if host not in nodes:
-            out.append(Finding("warning", host, "an agent reports from a host that is not a node of this swarm",
-                               "run the agent with --hostname set to the node's swarm hostname"))
+            out.append(
+                Finding(
+                    "warning",
+                    host,
+                    "an agent reports from a host that is not a node of this swarm",
+                    "run the agent with --hostname set to the node's swarm hostname",
+                )
+            )
     for host, why in sorted(stale.items()):
-        out.append(Finding("warning", host, f"its GPUs are not offered: {why}",
-                           "check that gpuspawner-agent runs there and reaches the hub"))
+        out.append(
+            Finding(
+                "warning",
+                host,
+                f"its GPUs are not offered: {why}",
+                "check that gpuspawner-agent runs there and reaches the hub",
+            )
+        )
     listed: dict[str, dict[str, GPU]] = {}
     for gpu in static:
         listed.setdefault(gpu.host, {})[gpu.uuid] = gpu
     for host, gpus in sorted(listed.items()):
         if host not in nodes:
-            out.append(Finding("error", host, "the GPU inventory lists this host, but it is not a node of this swarm",
-                               "fix the hostname in the inventory (it must be the node's swarm hostname)"))
+            out.append(
+                Finding(
+                    "error",
+                    host,
+                    "the GPU inventory lists this host, but it is not a node of this swarm",
+                    "fix the hostname in the inventory (it must be the node's swarm hostname)",
+                )
+            )
         report = reports.get(host)
         if report is None:
             continue
         seen = {g.uuid: g for g, _ in gpus_of(report, aliases)}
         for uuid in sorted(gpus.keys() - seen.keys()):
-            out.append(Finding("error", host, f"the inventory lists {uuid}, but the node's agent does not see it",
-                               "remove it from the inventory, or check the GPU (nvidia-smi -L)"))
+            out.append(
+                Finding(
+                    "error",
+                    host,
+                    f"the inventory lists {uuid}, but the node's agent does not see it",
+                    "remove it from the inventory, or check the GPU (nvidia-smi -L)",
+                )
+            )
         for uuid in sorted(seen.keys() - gpus.keys()):
-            out.append(Finding("warning", host, f"the agent sees {uuid} ({seen[uuid].model}), not in the inventory",
-                               "add it to the inventory, or drop 'static' for this host and let the agent report it"))
+            out.append(
+                Finding(
+                    "warning",
+                    host,
+                    f"the agent sees {uuid} ({seen[uuid].model}), not in the inventory",
+                    "add it to the inventory, or drop 'static' for this host and let the agent report it",
+                )
+            )
         for uuid in sorted(gpus.keys() & seen.keys()):
             if gpus[uuid].model != seen[uuid].model:
-                out.append(Finding(
-                    "warning", host,
-                    f"{uuid} is listed as {gpus[uuid].model!r} but NVML names it {seen[uuid].model!r}",
-                    "use NVML's name in the inventory, or give it a friendlier one with gpu_model_aliases",
-                ))
+                out.append(
+                    Finding(
+                        "warning",
+                        host,
+                        f"{uuid} is listed as {gpus[uuid].model!r} but NVML names it {seen[uuid].model!r}",
+                        "use NVML's name in the inventory, or give it a friendlier one with gpu_model_aliases",
+                    )
+                )
     for c in conflicts:
         since = datetime.fromtimestamp(c.since, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        out.append(Finding(
-            "error", c.host,
-            f"its agent's reports are refused since {since}: {c.sentence()}",
-            "the same UUID on two nodes: a copied inventory or a spoofed agent; check nvidia-smi -L on both",
-        ))
+        out.append(
+            Finding(
+                "error",
+                c.host,
+                f"its agent's reports are refused since {since}: {c.sentence()}",
+                "the same UUID on two nodes: a copied inventory or a spoofed agent; check nvidia-smi -L on both",
+            )
+        )
     for service, why in sorted((foreign or {}).items()):
-        out.append(Finding("warning", service, f"a service labelled as a gpuspawner server is not one: {why}",
-                           "remove it (docker service rm) if nothing needs it; the hub leaves it alone"))
+        out.append(
+            Finding(
+                "warning",
+                service,
+                f"a service labelled as a gpuspawner server is not one: {why}",
+                "remove it (docker service rm) if nothing needs it; the hub leaves it alone",
+            )
+        )
     if not static and not reports:
-        out.append(Finding("warning", "", "no GPU is known: no static inventory and no agent report",
-                           "set gpu_inventory, or run gpuspawner-agent on the GPU nodes (see the README)"))
+        out.append(
+            Finding(
+                "warning",
+                "",
+                "no GPU is known: no static inventory and no agent report",
+                "set gpu_inventory, or run gpuspawner-agent on the GPU nodes (see the README)",
+            )
+        )
     return out

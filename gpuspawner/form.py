@@ -15,7 +15,7 @@ __all__ = ["SHARE_NOTES", "render_form"]
 # What a share means on the GPU, in the form, by enforcement mode (see docs/sharing.md).
 SHARE_NOTES = {
     "none": "A share is shared with other users' servers without isolation: "
-            "each server can still use all of the GPU's memory and compute, so keep to your share.",
+    "each server can still use all of the GPU's memory and compute, so keep to your share.",
     "mps": "Your share's memory and compute are enforced by CUDA MPS on the GPU.",
     "hami": "Your share's memory and compute are enforced on the GPU (HAMi-core).",
 }
@@ -58,15 +58,19 @@ def render_form(spawner, owner, error: str = "") -> str:
     # radio is not submitted, and would silently give a CPU-only server.
     last = (spawner.user_options or {}).get("gpu_model")
     selected_free = last if any(m.model == last and m.free for m in summary) and max_count else None
-    return _templates(tuple(spawner.template_paths)).get_template(spawner.options_form_template).render(
-        models=summary,
-        max_count=max_count,
-        limit=spawner.max_gpus_per_user,
-        held=held,
-        hosts=hosts if spawner.allow_host_choice else [],
-        selected_free=selected_free,
-        error=error,
-        room=room,
-        share_choices=_share_choices(summary, room),
-        share_note=SHARE_NOTES[enforcement_mode(spawner.gpu_share_enforcement, "*")],
+    return (
+        _templates(tuple(spawner.template_paths))
+        .get_template(spawner.options_form_template)
+        .render(
+            models=summary,
+            max_count=max_count,
+            limit=spawner.max_gpus_per_user,
+            held=held,
+            hosts=hosts if spawner.allow_host_choice else [],
+            selected_free=selected_free,
+            error=error,
+            room=room,
+            share_choices=_share_choices(summary, room),
+            share_note=SHARE_NOTES[enforcement_mode(spawner.gpu_share_enforcement, "*")],
+        )
     )

@@ -39,14 +39,15 @@ import logging
 import random
 import re
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, TypeVar
+from typing import TypeVar
 
+from . import metrics
 from .allocator import Allocation, Request
 from .cluster import GPUCluster
 from .labels import LABEL, LabelError, ServerLabels, parse_labels
 from .ledger import Ledger, LedgerError
-from . import metrics
 from .sharing import UNIT
 from .swarm import Swarm, SwarmError
 
@@ -142,9 +143,12 @@ class Holdings:
         out = []
         for name, milli in shares.items():
             h = self._holdings.get(name)
-            holder = {"user": h.labels.user if h else getattr(allocator.holding(name), "owner", ""),
-                      "server": h.labels.server if h else "", "share": milli / UNIT,
-                      "phase": (h.phase if h else Phase.RUNNING).value}
+            holder = {
+                "user": h.labels.user if h else getattr(allocator.holding(name), "owner", ""),
+                "server": h.labels.server if h else "",
+                "share": milli / UNIT,
+                "phase": (h.phase if h else Phase.RUNNING).value,
+            }
             if h is not None and h.problem:
                 holder["problem"] = h.problem
             out.append(holder)
@@ -163,8 +167,15 @@ class Holdings:
         self._changed[name] = self._version
 
     async def reserve(
-        self, name: str, user: str, server: str, request: Request | None, *,
-        max_per_owner: int, policy: str, port_range: tuple[int, int] | None = None,
+        self,
+        name: str,
+        user: str,
+        server: str,
+        request: Request | None,
+        *,
+        max_per_owner: int,
+        policy: str,
+        port_range: tuple[int, int] | None = None,
     ) -> Holding:
         """Book devices (``request``; None: CPU-only) and a port, and record
         them in the ledger. Raises AllocationRefused, HoldingBusy (an earlier
@@ -183,15 +194,29 @@ class Holdings:
                 self.allocator.release(name)
                 raise ValueError(f"all host_network_ports {port_range} are in use")
         labels = ServerLabels(
-            user=user, server=server, host=alloc.host if alloc else "", uuids=alloc.uuids if alloc else (),
-            model=alloc.model if alloc else "", port=port, milli=alloc.milli if alloc else None,
+            user=user,
+            server=server,
+            host=alloc.host if alloc else "",
+            uuids=alloc.uuids if alloc else (),
+            model=alloc.model if alloc else "",
+            port=port,
+            milli=alloc.milli if alloc else None,
         )
         h = self._holdings[name] = Holding(name, labels, Phase.RESERVED)
         self._touch(name)
         if labels.uuids:
             try:
-                await self.ledger_call(lambda db: db.open(name, user, server, labels.host, labels.model, labels.uuids,
-                                                  labels.milli or (UNIT,) * len(labels.uuids)))
+                await self.ledger_call(
+                    lambda db: db.open(
+                        name,
+                        user,
+                        server,
+                        labels.host,
+                        labels.model,
+                        labels.uuids,
+                        labels.milli or (UNIT,) * len(labels.uuids),
+                    )
+                )
             except BaseException:
                 # No service exists: nothing can run on the devices.
                 self._forget(h)
@@ -338,9 +363,13 @@ class Holdings:
         # Holdings whose service is gone, and those being removed (a stop that
         # failed, or whose container still ran): removed again, given back
         # once their tasks have ended.
-        ending = [h for h in list(self._holdings.values())
-                  if (h.phase is Phase.REMOVING or h.phase is Phase.RUNNING and h.name not in present)
-                  and not h.lock.locked() and self._changed.get(h.name, 0) <= version]
+        ending = [
+            h
+            for h in list(self._holdings.values())
+            if (h.phase is Phase.REMOVING or h.phase is Phase.RUNNING and h.name not in present)
+            and not h.lock.locked()
+            and self._changed.get(h.name, 0) <= version
+        ]
         released = 0
         for h in ending:
             if h.phase is Phase.RUNNING:
@@ -356,10 +385,20 @@ class Holdings:
         self.rebuilt = True
         self._changed = {n: v for n, v in self._changed.items() if v > version}
         held_devices = sum(len(h.labels.uuids) for h in self._holdings.values())
-        log.info("GPU holdings reconciled with the swarm: %d services, %d adopted, %d released, %d devices held",
-                 len(found), adopted, released, held_devices)
-        return {"services": len(found), "adopted": adopted, "released": released, "held": held_devices,
-                "removed": removed}
+        log.info(
+            "GPU holdings reconciled with the swarm: %d services, %d adopted, %d released, %d devices held",
+            len(found),
+            adopted,
+            released,
+            held_devices,
+        )
+        return {
+            "services": len(found),
+            "adopted": adopted,
+            "released": released,
+            "held": held_devices,
+            "removed": removed,
+        }
 
     async def _settle(self, h: Holding) -> bool:
         """A holding whose service is gone: released once its tasks ended."""
@@ -400,8 +439,17 @@ class Holdings:
             self.ports[name] = claim.port
         if alloc.devices and phase is Phase.RUNNING:
             try:
-                await self.ledger_call(lambda db: db.open(name, claim.user, claim.server, claim.host, claim.model,
-                                                  alloc.uuids, alloc.milli or (UNIT,) * len(alloc.devices)))
+                await self.ledger_call(
+                    lambda db: db.open(
+                        name,
+                        claim.user,
+                        claim.server,
+                        claim.host,
+                        claim.model,
+                        alloc.uuids,
+                        alloc.milli or (UNIT,) * len(alloc.devices),
+                    )
+                )
             except LedgerError as exc:
                 log.warning("%s", exc)
         return h
@@ -420,8 +468,15 @@ class Holdings:
             if r.service in running or r.service in self._holdings or not r.devices:
                 continue
             whole = all(m == UNIT for m in r.milli)
-            claim = ServerLabels(user=r.user, server=r.server, host=r.host, uuids=tuple(r.devices),
-                                 model=r.model, port=None, milli=None if whole else tuple(r.milli))
+            claim = ServerLabels(
+                user=r.user,
+                server=r.server,
+                host=r.host,
+                uuids=tuple(r.devices),
+                model=r.model,
+                port=None,
+                milli=None if whole else tuple(r.milli),
+            )
             h = await self._adopt(r.service, claim, Phase.REMOVING)
             h.tasks, h.created = set(r.tasks), True
             await self._settle(h)
@@ -432,15 +487,22 @@ class Holdings:
         come back at a later round, once their tasks have ended."""
         orphans = set()
         if untracked is not None:
-            orphans = {name for name, c in found.items()
-                       if self._changed.get(name, 0) <= version and untracked(c.user, c.server)}
+            orphans = {
+                name
+                for name, c in found.items()
+                if self._changed.get(name, 0) <= version and untracked(c.user, c.server)
+            }
         removed = 0
         for name in sorted(orphans & self._orphans):
             h = self._holdings.get(name)
             if h is None or h.lock.locked():
                 continue
-            log.warning("Service %s runs a server the hub does not know (%s/%s); removing it",
-                        name, h.labels.user, h.labels.server)
+            log.warning(
+                "Service %s runs a server the hub does not know (%s/%s); removing it",
+                name,
+                h.labels.user,
+                h.labels.server,
+            )
             await self._settle(h)
             removed += 1
         self._orphans = orphans

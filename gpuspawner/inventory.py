@@ -20,8 +20,9 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import yaml
 
@@ -45,9 +46,7 @@ class _StrictYAMLLoader(yaml.SafeLoader):
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if key in keys:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"{key!r} is listed twice", key_node.start_mark
-                )
+                raise yaml.constructor.ConstructorError(None, None, f"{key!r} is listed twice", key_node.start_mark)
             keys.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -76,7 +75,9 @@ def load_inventory(spec: Mapping | str) -> list[GPU]:
     if isinstance(spec, Mapping):
         return parse_inventory(spec, source="gpu_inventory (dict)")
     if not isinstance(spec, (str, os.PathLike)):
-        raise InventoryError(f"gpu_inventory must be a dict or the path of a YAML or JSON file, got {type(spec).__name__}")
+        raise InventoryError(
+            f"gpu_inventory must be a dict or the path of a YAML or JSON file, got {type(spec).__name__}"
+        )
     path = os.fspath(spec)
     try:
         with open(path, encoding="utf-8") as f:
@@ -113,9 +114,7 @@ def parse_inventory(data: Any, source: str = "GPU inventory") -> list[GPU]:
             where = f"{source}: {host}[{pos}]"
             gpu = _parse_device(dev, host, pos, where)
             if gpu.uuid in seen_uuids:
-                raise InventoryError(
-                    f"{where}: uuid {gpu.uuid} is listed twice (also on {seen_uuids[gpu.uuid]})"
-                )
+                raise InventoryError(f"{where}: uuid {gpu.uuid} is listed twice (also on {seen_uuids[gpu.uuid]})")
             if gpu.index in indices:
                 raise InventoryError(f"{where}: index {gpu.index} is listed twice on {host}")
             seen_uuids[gpu.uuid] = host

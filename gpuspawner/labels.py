@@ -14,8 +14,9 @@ Importing it pulls in neither docker nor jupyterhub.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping, NoReturn
+from typing import NoReturn
 
 from .inventory import HOSTNAME_RE, MODEL_RE, UUID_RE
 from .sharing import UNIT, fmt_list

@@ -39,11 +39,12 @@ import os
 import re
 import threading
 import urllib.parse
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple, Sequence
+from typing import NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -272,7 +273,9 @@ def _utc(value: datetime | None, name: str) -> datetime | None:
     try:
         return value.astimezone(timezone.utc)
     except OverflowError:
-        raise ValueError(f"{name} {value.isoformat()} is out of range: in UTC it falls outside years 1 to 9999") from None
+        raise ValueError(
+            f"{name} {value.isoformat()} is out of range: in UTC it falls outside years 1 to 9999"
+        ) from None
 
 
 def _now() -> datetime:
@@ -415,7 +418,10 @@ class Ledger:
                     return current.id
                 log.warning(
                     "GPU ledger: %s already had open allocation #%d (%s on %s); closing it as superseded",
-                    wanted.service, current.id, ", ".join(current.devices) or "no GPU", current.host,
+                    wanted.service,
+                    current.id,
+                    ", ".join(current.devices) or "no GPU",
+                    current.host,
                 )
                 self._end(conn, current, max(wanted.started_at, current.started_at), SUPERSEDED)
             values = {column: getattr(wanted, field) for field, column in _COLUMNS.items()}
@@ -637,4 +643,3 @@ class Ledger:
             )
             for row, uuids, milli in found.values()
         ]
-

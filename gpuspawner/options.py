@@ -14,9 +14,10 @@ user with a limit of 2 may hold 1.2 and 0.8).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Mapping
+from typing import Any
 
 from .allocator import ALL
 from .sharing import UNIT, SharingPolicy, fmt, fraction, shown, to_milli

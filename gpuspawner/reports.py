@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .inventory import GPU, HOSTNAME_RE, MODEL_RE, UUID_RE
 
@@ -269,9 +270,15 @@ class _Fields:
         if value is None:
             return None
         # Printable: the text reaches pages and logs (a lone surrogate cannot even be encoded).
-        if (not isinstance(value, str) or len(value) > limit or not value.isprintable()
-                or (pattern is not None and not pattern.fullmatch(value))):
-            raise self._bad(key, "a plain name" if pattern else f"a string of at most {limit} printable characters", value)
+        if (
+            not isinstance(value, str)
+            or len(value) > limit
+            or not value.isprintable()
+            or (pattern is not None and not pattern.fullmatch(value))
+        ):
+            raise self._bad(
+                key, "a plain name" if pattern else f"a string of at most {limit} printable characters", value
+            )
         return value
 
     def integer(self, key, *, low=0, high=2**53, optional=False) -> int | None:

@@ -18,7 +18,8 @@ import functools
 import inspect
 import os
 import re
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from docker.types import ContainerSpec, EndpointSpec, Mount, Placement, Resources, RestartPolicy, TaskTemplate
 from docker.utils import format_environment
@@ -177,7 +178,7 @@ def _as_built(cls: type, spec: Any, **required: Any) -> dict[str, Any]:
     return {k: v for k, v in given.items() if v is not None}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parameters(cls: type) -> frozenset[str]:
     return frozenset(inspect.signature(cls).parameters)
 
@@ -341,12 +342,20 @@ def admin_conflicts(settings: Mapping[str, Any]) -> list[str]:
         *_env_conflicts("extra_task_spec container_spec", (task.get("ContainerSpec") or {}).get("Env")),
         *_pin_conflicts("extra_placement_spec", _placement(given.get("extra_placement_spec"))),
         *_pin_conflicts("extra_task_spec placement", task.get("Placement") or {}),
-        *[f"extra_create_kwargs sets {key!r}: gpuspawner sets the service's {what}"
-          for key, what in (("name", "name (the hub finds its servers by it)"),
-                            ("task_template", "task (use the extra_*_spec settings)"),
-                            ("mode", "mode (one task per server)")) if key in create],
-        *[f"extra_create_kwargs labels {key!r}: the {LABEL}.* labels are gpuspawner's own"
-          for key in create.get("labels") or {} if key.startswith(f"{LABEL}.")],
+        *[
+            f"extra_create_kwargs sets {key!r}: gpuspawner sets the service's {what}"
+            for key, what in (
+                ("name", "name (the hub finds its servers by it)"),
+                ("task_template", "task (use the extra_*_spec settings)"),
+                ("mode", "mode (one task per server)"),
+            )
+            if key in create
+        ],
+        *[
+            f"extra_create_kwargs labels {key!r}: the {LABEL}.* labels are gpuspawner's own"
+            for key in create.get("labels") or {}
+            if key.startswith(f"{LABEL}.")
+        ],
     ]
     policy = task.get("RestartPolicy") or {}
     condition = policy.get("Condition", policy.get("condition", "none"))
@@ -362,12 +371,14 @@ def _env_conflicts(setting: str, env: Any) -> list[str]:
     return [
         f"{setting} sets {key}: the {' and '.join(p + '*' for p in GUARDED_ENV)} env is gpuspawner's own"
         " (see nvidia_driver_capabilities)"
-        for key in _env_dict(env) if key.startswith(GUARDED_ENV)
+        for key in _env_dict(env)
+        if key.startswith(GUARDED_ENV)
     ]
 
 
 def _pin_conflicts(setting: str, placement: Mapping[str, Any]) -> list[str]:
     return [
         f"{setting} constraint {c!r}: gpuspawner places each server on the host its GPUs were allocated on"
-        for c in placement.get("Constraints") or [] if PINS_A_NODE.match(c)
+        for c in placement.get("Constraints") or []
+        if PINS_A_NODE.match(c)
     ]

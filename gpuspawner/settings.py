@@ -14,8 +14,8 @@ import functools
 import json
 import os
 import socket
+from collections.abc import Callable, Mapping
 from types import SimpleNamespace
-from typing import Callable, Mapping
 
 from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Tuple, Unicode, Union, default, validate
 from traitlets.config import LoggingConfigurable
@@ -25,10 +25,15 @@ from .allocator import POLICIES
 from .cluster import SOURCES, GPUCluster, InventorySettings
 from .holdings import Holdings
 from .inventory import MODEL_RE, InventoryError, load_inventory
-from .ledger import Ledger, LedgerError, default_db_url
 from .labels import ServerLabels
+from .ledger import Ledger, LedgerError, default_db_url
 from .service_spec import (
-    ENFORCEMENT_MODES, HAMI_LIBRARY, MPS_PIPE_DIR, admin_conflicts, enforcement_mode, share_enforcement,
+    ENFORCEMENT_MODES,
+    HAMI_LIBRARY,
+    MPS_PIPE_DIR,
+    admin_conflicts,
+    enforcement_mode,
+    share_enforcement,
 )
 from .sharing import SharingPolicy, shown
 from .swarm import Swarm
@@ -160,7 +165,7 @@ class GPUSettings(LoggingConfigurable):
 
     allocation_policy = Unicode(
         "pack",
-        help=f"""How to pick a host for a request: {', '.join(POLICIES)}.
+        help=f"""How to pick a host for a request: {", ".join(POLICIES)}.
         ``pack`` (default) takes the host with the least free room that still
         fits, keeping whole hosts free for large requests; ``spread`` takes the
         host with the most free room.""",
@@ -169,9 +174,7 @@ class GPUSettings(LoggingConfigurable):
     @validate("allocation_policy")
     def _valid_policy(self, proposal):
         if proposal.value not in POLICIES:
-            raise TraitError(
-                f"Unknown allocation_policy {proposal.value!r}; choose one of: {', '.join(POLICIES)}"
-            )
+            raise TraitError(f"Unknown allocation_policy {proposal.value!r}; choose one of: {', '.join(POLICIES)}")
         return proposal.value
 
     max_gpus_per_user = Integer(
@@ -245,23 +248,40 @@ class GPUSettings(LoggingConfigurable):
             return {}, []
         memory = [(allocator.device(u).memory_mib if allocator.device(u) else 0) for u in c.uuids]
         return share_enforcement(
-            enforcement_mode(self.gpu_share_enforcement, c.host), c.milli, memory,
-            hami_library=self.gpu_share_hami_library, mps_pipe_dir=self.gpu_share_mps_pipe_dir,
+            enforcement_mode(self.gpu_share_enforcement, c.host),
+            c.milli,
+            memory,
+            hami_library=self.gpu_share_hami_library,
+            mps_pipe_dir=self.gpu_share_mps_pipe_dir,
         )
 
     def build_holdings(self) -> Holdings:
         """The hub's holdings for these settings, built on first use. Raises
         InventoryError or LedgerError for a configuration that cannot work."""
-        key = json.dumps([self.gpu_inventory, self.gpu_inventory_source, self.gpu_model_aliases,
-                          self.agent_stale_intervals, self.gpu_max_temperature, self.local_gpu_host,
-                          self.gpu_sharing, self._ledger_url()], sort_keys=True, default=str)
+        key = json.dumps(
+            [
+                self.gpu_inventory,
+                self.gpu_inventory_source,
+                self.gpu_model_aliases,
+                self.agent_stale_intervals,
+                self.gpu_max_temperature,
+                self.local_gpu_host,
+                self.gpu_sharing,
+                self._ledger_url(),
+            ],
+            sort_keys=True,
+            default=str,
+        )
         owner = _OWNERS.get(key)
         if owner is None:
             cluster = GPUCluster(self._inventory_settings())
             cluster.allocator.set_sharing(self.gpu_sharing)
             owner = _OWNERS[key] = Holdings(
-                cluster, Swarm(self.client, self.executor), ledger=Ledger(self._ledger_url()),
-                name_for=_service_names(type(self), self.config), stop_timeout=self.server_stop_timeout,
+                cluster,
+                Swarm(self.client, self.executor),
+                ledger=Ledger(self._ledger_url()),
+                name_for=_service_names(type(self), self.config),
+                stop_timeout=self.server_stop_timeout,
             )
             metrics.register_cluster(cluster)
         return owner

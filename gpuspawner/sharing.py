@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 __all__ = [
     "ANY_MODEL",
@@ -134,7 +135,7 @@ class SharingPolicy:
         self._default = self._models.pop(ANY_MODEL, None)
 
     @classmethod
-    def parse(cls, config: Mapping[str, Any] | None, source: str = "gpu_sharing") -> "SharingPolicy":
+    def parse(cls, config: Mapping[str, Any] | None, source: str = "gpu_sharing") -> SharingPolicy:
         if config is None:
             return cls()
         if isinstance(config, SharingPolicy):

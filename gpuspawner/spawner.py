@@ -25,8 +25,8 @@ from .form import render_form
 from .holdings import Holding, HoldingBusy, Holdings
 from .inventory import InventoryError
 from .ledger import LedgerError
-from .progress import Progress
 from .options import OptionsError, options_from_form, parse_user_options
+from .progress import Progress
 from .service_spec import admin_conflicts, build_service
 from .settings import GPUSettings, validate_config
 from .sharing import fmt_list
@@ -40,8 +40,11 @@ STALE = "Your previous server is still being removed; please try again in a minu
 # Why a start could not reserve (each a 503: trying again later may work).
 NOT_RESERVED = {
     HoldingBusy: (STALE, "stale_service"),
-    LedgerError: ("GPU bookings cannot be recorded right now (the hub's GPU ledger database is unreachable); "
-                  "please try again in a minute.", "ledger_unavailable"),
+    LedgerError: (
+        "GPU bookings cannot be recorded right now (the hub's GPU ledger database is unreachable); "
+        "please try again in a minute.",
+        "ledger_unavailable",
+    ),
     ValueError: ("Too many servers are running for the ports configured; please try again later.", "no_port"),
 }
 
@@ -97,7 +100,9 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
             self.log.error("%s", exc)
             raise spawn_error(
                 "GPU servers are unavailable: the hub's GPU configuration is invalid. Please tell an admin.",
-                reason="gpu_config", log_message=str(exc), status_code=500,
+                reason="gpu_config",
+                log_message=str(exc),
+                status_code=500,
             ) from exc
 
     async def _up_to_date(self) -> Holdings:
@@ -111,7 +116,9 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
         except SwarmError as exc:
             raise spawn_error(
                 "The cluster cannot be reached right now; please try again in a minute.",
-                reason="swarm_unreachable", log_message=str(exc), status_code=503,
+                reason="swarm_unreachable",
+                log_message=str(exc),
+                status_code=503,
             ) from exc
         return owner
 
@@ -150,8 +157,9 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
             raise spawn_error(str(exc), reason="invalid_options", status_code=400) from exc
         if options.cpu_only:
             return None
-        return Request(model=options.model, count=options.count, host=options.host,
-                       owner=self.user.name, share=options.share)
+        return Request(
+            model=options.model, count=options.count, host=options.host, owner=self.user.name, share=options.share
+        )
 
     async def start(self):
         self._progress.clear()
@@ -179,8 +187,12 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
             try:
                 return await self.get_ip_and_port()
             except SwarmError as exc:
-                raise spawn_error("The server's address could not be found; please try again.",
-                                  reason="service_address", log_message=str(exc), status_code=503) from exc
+                raise spawn_error(
+                    "The server's address could not be found; please try again.",
+                    reason="service_address",
+                    log_message=str(exc),
+                    status_code=503,
+                ) from exc
         except BaseException:
             # Shielded: a cancelled spawn (JupyterHub's DELETE on a pending
             # server) still gives its GPUs back once its task has ended.
@@ -190,8 +202,12 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
     async def _reserve(self, owner: Holdings, request: Request | None) -> Holding:
         try:
             holding = await owner.reserve(
-                self.service_name, self.user.name, self.name, request,
-                max_per_owner=self.max_gpus_per_user, policy=self.allocation_policy,
+                self.service_name,
+                self.user.name,
+                self.name,
+                request,
+                max_per_owner=self.max_gpus_per_user,
+                policy=self.allocation_policy,
                 port_range=self.host_network_ports if self.host_network else None,
             )
         except AllocationRefused as exc:
@@ -285,7 +301,9 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
             except SwarmError as exc:
                 raise spawn_error(
                     "The server's service could not be followed while it started; please try again.",
-                    reason="task_lookup", log_message=str(exc), status_code=503,
+                    reason="task_lookup",
+                    log_message=str(exc),
+                    status_code=503,
                 ) from exc
             if tasks:
                 await owner.note_tasks(self.service_name, [t["ID"] for t in tasks])
@@ -300,13 +318,15 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
                 if state in TASK_FAILED:
                     raise spawn_error(
                         f"The server could not start on {node or 'its node'}: {why} (task {state})",
-                        reason="task_failed", status_code=500,
+                        reason="task_failed",
+                        status_code=500,
                     )
                 last = f"{state}: {why}"
             if loop.time() >= deadline:
                 raise spawn_error(
                     f"The server did not start within {self.task_start_timeout} s (last task state: {last})",
-                    reason="task_timeout", status_code=504,
+                    reason="task_timeout",
+                    status_code=504,
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 1.5, 2.0)
@@ -337,8 +357,9 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
         for port in service.get("Endpoint", {}).get("Ports") or []:
             if port.get("TargetPort") == self.port:
                 return self.host_ip, port["PublishedPort"]
-        raise spawn_error(f"The server's published port {self.port} was not found", reason="service_port",
-                          status_code=500)
+        raise spawn_error(
+            f"The server's published port {self.port} was not found", reason="service_port", status_code=500
+        )
 
     async def get_url(self):
         """Where the server really listens. With host networking that is its
@@ -363,7 +384,8 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
         if not await self._remove(await self._up_to_date()):
             raise spawn_error(
                 f"Your server's service {self.service_name} could not be removed yet; please try again.",
-                reason="service_remove", status_code=503,
+                reason="service_remove",
+                status_code=503,
             )
         self.log.info("Removed service %s", self.service_name)
         self.object_id = ""

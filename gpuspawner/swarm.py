@@ -121,9 +121,14 @@ def _node(raw: dict) -> Node:
         addr=addr,
         ready=status.get("State") == "ready",
         availability=spec.get("Availability", "active"),
-        generic_resources=tuple(sorted({
-            kind
-            for r in raw.get("Description", {}).get("Resources", {}).get("GenericResources") or []
-            for v in r.values() if isinstance(v, dict) and (kind := v.get("Kind"))
-        })),
+        generic_resources=tuple(
+            sorted(
+                {
+                    kind
+                    for r in raw.get("Description", {}).get("Resources", {}).get("GenericResources") or []
+                    for v in r.values()
+                    if isinstance(v, dict) and (kind := v.get("Kind"))
+                }
+            )
+        ),
     )

@@ -16,10 +16,21 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
-__all__ = ["HoldersOf", "HostCache", "Maker", "batches", "device_entry", "host_counts", "host_entries", "host_json", "join_json",
-           "make_hosts"]
+__all__ = [
+    "HoldersOf",
+    "HostCache",
+    "Maker",
+    "batches",
+    "device_entry",
+    "host_counts",
+    "host_entries",
+    "host_json",
+    "join_json",
+    "make_hosts",
+]
 
 GIL_PAUSE = 0.0001  # seconds a thread making hosts' parts pauses after each host, for the event loop to take the GIL
 
@@ -96,8 +107,9 @@ def host_counts(entries: dict[str, dict], available: bool) -> list[tuple[str, tu
     return [(model, tuple(c)) for model, c in sorted(counts.items())]
 
 
-def make_hosts(make: Maker, jobs: Sequence[tuple[str, Iterable, Mapping[str, list[dict]], str | None]],
-               yield_gil: bool = False) -> list:
+def make_hosts(
+    make: Maker, jobs: Sequence[tuple[str, Iterable, Mapping[str, list[dict]], str | None]], yield_gil: bool = False
+) -> list:
     """``make`` for each (host, device states, holders, stale). ``yield_gil``: let
     other threads (the event loop) run between hosts, when made in a thread."""
     out = []

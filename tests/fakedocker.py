@@ -22,9 +22,10 @@ import copy
 import itertools
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, Callable
+from typing import Any
 
 import docker.errors
 import requests
@@ -32,9 +33,19 @@ import requests
 __all__ = ["FakeDocker", "FINAL_STATES", "api_error"]
 
 FINAL_STATES = {"complete", "failed", "shutdown", "rejected", "orphaned", "remove"}
-TASK_STATES = ["new", "allocated", "pending", "assigned", "accepted", "preparing", "ready", "starting", "running",
-               *sorted(FINAL_STATES)]
-WAITING_STATES = set(TASK_STATES[:TASK_STATES.index("running")])
+TASK_STATES = [
+    "new",
+    "allocated",
+    "pending",
+    "assigned",
+    "accepted",
+    "preparing",
+    "ready",
+    "starting",
+    "running",
+    *sorted(FINAL_STATES),
+]
+WAITING_STATES = set(TASK_STATES[: TASK_STATES.index("running")])
 
 
 def api_error(status: int, message: str) -> docker.errors.APIError:
@@ -101,6 +112,7 @@ class FakeDocker:
 
     def _api(method: Callable) -> Callable:  # noqa: N805  (a decorator used in the class body)
         """Log the call, then apply the connection and injected faults."""
+
         def call(self, *args, **kwargs):
             with self._lock:
                 self.calls.append((method.__name__, args, kwargs))
@@ -116,6 +128,7 @@ class FakeDocker:
                 if status is None:
                     raise requests.ConnectionError(message)
                 raise api_error(status, message)
+
         call.__name__ = method.__name__
         call.__doc__ = method.__doc__
         return call
@@ -153,8 +166,18 @@ class FakeDocker:
         return {"Id": "sha256:fake", "Config": {"Cmd": list(self._images[image])}}
 
     @_api
-    def create_service(self, task_template, name=None, labels=None, mode=None, update_config=None, networks=None,
-                       endpoint_config=None, endpoint_spec=None, rollback_config=None) -> dict:
+    def create_service(
+        self,
+        task_template,
+        name=None,
+        labels=None,
+        mode=None,
+        update_config=None,
+        networks=None,
+        endpoint_config=None,
+        endpoint_spec=None,
+        rollback_config=None,
+    ) -> dict:
         template = _plain(task_template)
         if not template.get("ContainerSpec", {}).get("Image"):
             raise docker.errors.DockerException("Missing mandatory Image key in ContainerSpec")  # docker-py's own check
@@ -163,8 +186,11 @@ class FakeDocker:
         sid = self._id("svc")
         name = name or f"service{sid[-4:]}"
         if any(s["Spec"]["Name"] == name for s in self._services.values()):
-            raise api_error(409, f"rpc error: code = AlreadyExists desc = name conflicts with an existing object: "
-                                 f"service {name} already exists")
+            raise api_error(
+                409,
+                f"rpc error: code = AlreadyExists desc = name conflicts with an existing object: "
+                f"service {name} already exists",
+            )
         endpoint = _plain(endpoint_spec) or {}
         ports = []
         for port in endpoint.get("Ports") or []:
@@ -174,13 +200,22 @@ class FakeDocker:
             ports.append(port)
         created = self._stamp()
         self._services[sid] = {
-            "ID": sid, "Version": {"Index": 1}, "CreatedAt": created, "UpdatedAt": created,
-            "Spec": {"Name": name, "Labels": dict(labels or {}), "TaskTemplate": template,
-                     "Mode": {"Replicated": {"Replicas": 1}}, "EndpointSpec": endpoint},
+            "ID": sid,
+            "Version": {"Index": 1},
+            "CreatedAt": created,
+            "UpdatedAt": created,
+            "Spec": {
+                "Name": name,
+                "Labels": dict(labels or {}),
+                "TaskTemplate": template,
+                "Mode": {"Replicated": {"Replicas": 1}},
+                "EndpointSpec": endpoint,
+            },
             "Endpoint": {"Spec": endpoint, **({"Ports": ports} if ports else {})},
         }
-        env = dict(item.split("=", 1) if "=" in item else (item, "")
-                   for item in template["ContainerSpec"].get("Env") or [])
+        env = dict(
+            item.split("=", 1) if "=" in item else (item, "") for item in template["ContainerSpec"].get("Env") or []
+        )
         task = _Task(self._id("task"), sid, name, template, created, env=env)
         self._tasks[task.id] = task
         self._place(task)
@@ -270,11 +305,13 @@ class FakeDocker:
     def reap(self) -> None:
         """The tasks of removed services whose containers have exited vanish."""
         with self._lock:
-            self._tasks = {i: t for i, t in self._tasks.items()
-                           if t.service_id in self._services or t.state not in FINAL_STATES}
+            self._tasks = {
+                i: t for i, t in self._tasks.items() if t.service_id in self._services or t.state not in FINAL_STATES
+            }
 
-    def fail_next(self, method: str, status: int | None = 500, message: str = "injected fault",
-                  *, applied: bool = False) -> None:
+    def fail_next(
+        self, method: str, status: int | None = 500, message: str = "injected fault", *, applied: bool = False
+    ) -> None:
         """The next call of ``method`` raises: an APIError with ``status``, or
         requests.ConnectionError for ``status=None``. ``applied``: the call
         takes effect first (the daemon did it, the answer was lost)."""
@@ -298,8 +335,11 @@ class FakeDocker:
         including the lingering tasks of removed services."""
         with self._lock:
             hostnames = {n.id: n.hostname for n in self._nodes}
-            return {t.id: (t.service_name, hostnames.get(t.node_id, ""), t.env.get("NVIDIA_VISIBLE_DEVICES", ""))
-                    for t in self._tasks.values() if t.state not in FINAL_STATES}
+            return {
+                t.id: (t.service_name, hostnames.get(t.node_id, ""), t.env.get("NVIDIA_VISIBLE_DEVICES", ""))
+                for t in self._tasks.values()
+                if t.state not in FINAL_STATES
+            }
 
     def service_names(self) -> list[str]:
         with self._lock:
@@ -330,18 +370,24 @@ class FakeDocker:
     def _place(self, task: _Task) -> None:
         """Pick a node as the scheduler would; none suitable: pending, with the reason."""
         constraints = (task.spec.get("Placement") or {}).get("Constraints") or []
-        nodes = [n for n in self._nodes if n.state == "ready" and n.availability == "active"
-                 and all(_constraint_holds(n, c) for c in constraints)]
+        nodes = [
+            n
+            for n in self._nodes
+            if n.state == "ready" and n.availability == "active" and all(_constraint_holds(n, c) for c in constraints)
+        ]
         node = next((n for n in nodes if not n.manager), nodes[0] if nodes else None)
         if node is None:
-            task.state, task.err = "pending", f"no suitable node (scheduling constraints not satisfied on " \
-                                              f"{len(self._nodes)} nodes)"
+            task.state, task.err = (
+                "pending",
+                f"no suitable node (scheduling constraints not satisfied on {len(self._nodes)} nodes)",
+            )
         else:
             task.node_id, task.state, task.err = node.id, "new" if task.state == "new" else "assigned", ""
 
     def _node_dict(self, n: _Node) -> dict:
         raw = {
-            "ID": n.id, "Version": {"Index": 1},
+            "ID": n.id,
+            "Version": {"Index": 1},
             "Spec": {"Role": "manager" if n.manager else "worker", "Availability": n.availability, "Labels": {}},
             "Description": {"Hostname": n.hostname, "Resources": {}},
             "Status": {"State": n.state, "Addr": n.addr},
@@ -356,9 +402,19 @@ class FakeDocker:
             status["Err"] = t.err
         if t.state in ("running", *FINAL_STATES) and t.node_id:
             status["ContainerStatus"] = {"ContainerID": f"c{t.id}", "ExitCode": t.exit_code or 0}
-        return {"ID": t.id, "Version": {"Index": 1}, "CreatedAt": t.created, "UpdatedAt": t.created, "Labels": {},
-                "Spec": copy.deepcopy(t.spec), "ServiceID": t.service_id, "Slot": 1, "NodeID": t.node_id,
-                "Status": status, "DesiredState": t.desired}
+        return {
+            "ID": t.id,
+            "Version": {"Index": 1},
+            "CreatedAt": t.created,
+            "UpdatedAt": t.created,
+            "Labels": {},
+            "Spec": copy.deepcopy(t.spec),
+            "ServiceID": t.service_id,
+            "Slot": 1,
+            "NodeID": t.node_id,
+            "Status": status,
+            "DesiredState": t.desired,
+        }
 
 
 def _plain(value: Any) -> Any:
@@ -381,8 +437,11 @@ def _constraint_holds(node: _Node, constraint: str) -> bool:
         key, sep, value = constraint.partition(op)
         if sep:
             key, value = key.strip(), value.strip()
-            actual = {"node.hostname": node.hostname, "node.id": node.id,
-                      "node.role": "manager" if node.manager else "worker"}.get(key)
+            actual = {
+                "node.hostname": node.hostname,
+                "node.id": node.id,
+                "node.role": "manager" if node.manager else "worker",
+            }.get(key)
             if actual is None:
                 raise NotImplementedError(f"placement constraint {constraint!r}")
             return (actual == value) == (op == "==")

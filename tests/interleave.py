@@ -23,11 +23,22 @@ import random
 import re
 from asyncio import events
 from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any
 
-__all__ = ["Nondeterminism", "Outcome", "Run", "Scenario", "ScheduleFailure", "Stats", "StepExecutor", "explore",
-           "random_schedules", "replay"]
+__all__ = [
+    "Nondeterminism",
+    "Outcome",
+    "Run",
+    "Scenario",
+    "ScheduleFailure",
+    "Stats",
+    "StepExecutor",
+    "explore",
+    "random_schedules",
+    "replay",
+]
 
 
 @dataclass
@@ -201,8 +212,12 @@ class _VirtualLoop(asyncio.SelectorEventLoop):
         raise RuntimeError(f"the loop did not settle after {limit} rounds (a busy loop without awaits on steps?)")
 
 
-def _run(factory: Callable[[Run], Scenario], choose: Callable[[int, list[str]], int], max_depth: int,
-         fail_on_unfinished: bool) -> Outcome:
+def _run(
+    factory: Callable[[Run], Scenario],
+    choose: Callable[[int, list[str]], int],
+    max_depth: int,
+    fail_on_unfinished: bool,
+) -> Outcome:
     """One schedule. ``choose(depth, labels)`` picks each choice."""
     loop = _VirtualLoop()
     executor = StepExecutor()
@@ -241,8 +256,12 @@ def _run(factory: Callable[[Run], Scenario], choose: Callable[[int, list[str]], 
             _guard(choices[index][1], f"choice {labels[index]!r} raised", outcome)
         _collect(run, outcome)
         if outcome.unfinished and fail_on_unfinished:
-            raise ScheduleFailure("operations did not finish:\n" + "\n".join(
-                f"  {n}: {w}" for n, w in outcome.unfinished.items()), outcome.schedule, outcome.labels, outcome)
+            raise ScheduleFailure(
+                "operations did not finish:\n" + "\n".join(f"  {n}: {w}" for n, w in outcome.unfinished.items()),
+                outcome.schedule,
+                outcome.labels,
+                outcome,
+            )
         if scenario.check:
             _guard(functools.partial(scenario.check, outcome), "check failed", outcome)
         return outcome
@@ -258,13 +277,20 @@ def _choices(run: Run, scenario: Scenario, waiting: list[str], fired: set[str]) 
     on, which may still arrive late, or never ("end")."""
     steps = [(e, s) for e, s in run.runnable() if waiting or s.future.cancelled()]
     choices: list[tuple[str, Callable | None]] = [
-        (s.label + (" (abandoned)" if s.future.cancelled() else ""), functools.partial(e.run, s)) for e, s in steps]
+        (s.label + (" (abandoned)" if s.future.cancelled() else ""), functools.partial(e.run, s)) for e, s in steps
+    ]
     if not waiting:
         return choices + [("end", None)] if choices else []
-    choices += [(f"event {n}", functools.partial(_fire, run, n, fn, fired))
-                for n, fn in scenario.events.items() if n not in fired]
-    choices += [(f"cancel {n}", functools.partial(_cancel, run, n, fired))
-                for n in scenario.cancellable if n in waiting and f"cancel {n}" not in fired]
+    choices += [
+        (f"event {n}", functools.partial(_fire, run, n, fn, fired))
+        for n, fn in scenario.events.items()
+        if n not in fired
+    ]
+    choices += [
+        (f"cancel {n}", functools.partial(_cancel, run, n, fired))
+        for n in scenario.cancellable
+        if n in waiting and f"cancel {n}" not in fired
+    ]
     due = run.loop.next_timer()
     if due is not None:
         choices.append((f"time +{due - run.loop.time():g}s", functools.partial(setattr, run.loop, "_now", due)))
@@ -290,8 +316,9 @@ def _guard(fn: Callable[[], Any], what: str, outcome: Outcome) -> None:
     except ScheduleFailure:
         raise
     except Exception as exc:
-        raise ScheduleFailure(f"{what}: {type(exc).__name__}: {exc}", outcome.schedule, outcome.labels,
-                              outcome) from exc
+        raise ScheduleFailure(
+            f"{what}: {type(exc).__name__}: {exc}", outcome.schedule, outcome.labels, outcome
+        ) from exc
 
 
 def _fire(run: Run, name: str, fn: Callable, fired: set) -> None:
@@ -373,11 +400,16 @@ def _describe(fn: Callable, args: tuple, kwargs: dict) -> str:
 
 def _short(value: Any, width: int = 48) -> str:
     text = re.sub(r" at 0x[0-9a-f]+", "", repr(value))  # addresses differ between runs
-    return text if len(text) <= width else text[:width - 1] + "…"
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def explore(scenario: Callable[[Run], Scenario], *, max_schedules: int = 10_000, max_depth: int = 300,
-            fail_on_unfinished: bool = True) -> Stats:
+def explore(
+    scenario: Callable[[Run], Scenario],
+    *,
+    max_schedules: int = 10_000,
+    max_depth: int = 300,
+    fail_on_unfinished: bool = True,
+) -> Stats:
     """Every schedule, depth-first, in a fixed order (steps in the order they
     were submitted, then events, cancels, time). Raises ScheduleFailure at the
     first failing schedule."""
@@ -387,7 +419,7 @@ def explore(scenario: Callable[[Run], Scenario], *, max_schedules: int = 10_000,
     while stats.schedules < max_schedules:
         offered: list[list[str]] = []
 
-        def choose(depth: int, labels: list[str]) -> int:
+        def choose(depth: int, labels: list[str], prefix=prefix, expected=expected, offered=offered) -> int:
             if depth < len(prefix) and labels != expected[depth]:
                 raise Nondeterminism(f"choice {depth}: expected {expected[depth]}, got {labels}")
             offered.append(labels)
@@ -401,12 +433,13 @@ def explore(scenario: Callable[[Run], Scenario], *, max_schedules: int = 10_000,
         if not path:
             stats.complete = True
             break
-        prefix, expected = path[:-1] + [path[-1] + 1], offered[:len(path)]
+        prefix, expected = path[:-1] + [path[-1] + 1], offered[: len(path)]
     return stats
 
 
-def random_schedules(scenario: Callable[[Run], Scenario], *, seed: int, n: int, max_depth: int = 300,
-                     fail_on_unfinished: bool = True) -> Stats:
+def random_schedules(
+    scenario: Callable[[Run], Scenario], *, seed: int, n: int, max_depth: int = 300, fail_on_unfinished: bool = True
+) -> Stats:
     """``n`` schedules with uniformly random choices (reproducible from ``seed``)."""
     rng = random.Random(seed)
     stats = Stats()
@@ -416,10 +449,12 @@ def random_schedules(scenario: Callable[[Run], Scenario], *, seed: int, n: int, 
     return stats
 
 
-def replay(scenario: Callable[[Run], Scenario], schedule: list[int], *, max_depth: int = 300,
-           fail_on_unfinished: bool = True) -> Outcome:
+def replay(
+    scenario: Callable[[Run], Scenario], schedule: list[int], *, max_depth: int = 300, fail_on_unfinished: bool = True
+) -> Outcome:
     """Run one schedule (then the first choice at each further point);
     raises ScheduleFailure as explore did."""
+
     def choose(depth: int, labels: list[str]) -> int:
         index = schedule[depth] if depth < len(schedule) else 0
         if index >= len(labels):

@@ -27,7 +27,7 @@ c.JupyterHub.port = int(os.environ.get("GPUSPAWNER_HUB_PORT", "8000"))
 # Servers on the worker nodes reach the hub's API on the bridge address.
 c.JupyterHub.hub_ip = os.environ.get("GPUSPAWNER_HUB_IP", "10.213.77.1")
 c.JupyterHub.hub_port = int(os.environ.get("GPUSPAWNER_HUB_API_PORT", "8081"))
-c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:%d" % (c.JupyterHub.port + 1)
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{c.JupyterHub.port + 1}"
 c.JupyterHub.db_url = "sqlite:///" + os.path.join(state, "jupyterhub.sqlite")
 c.JupyterHub.cookie_secret_file = os.path.join(state, "jupyterhub_cookie_secret")
 c.ConfigurableHTTPProxy.pid_file = os.path.join(state, "jupyterhub-proxy.pid")
@@ -79,7 +79,15 @@ if token:
         {
             "name": "gpuspawner-admin",
             # access:servers: the tests talk to users' Jupyter servers with this token.
-            "scopes": ["admin:users", "admin:servers", "users", "servers", "read:users", "read:metrics", "access:servers"],
+            "scopes": [
+                "admin:users",
+                "admin:servers",
+                "users",
+                "servers",
+                "read:users",
+                "read:metrics",
+                "access:servers",
+            ],
             "services": ["gpuspawner-admin"],
         }
     )

@@ -24,7 +24,6 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 
-
 __all__ = ["MigrationError", "VERSION_TABLE", "config", "current", "downgrade", "head", "revisions", "upgrade"]
 
 #: Alembic's version table for the ledger: JupyterHub's own is ``alembic_version``.
@@ -85,4 +84,6 @@ def _run(step, engine: sa.Engine, revision: str, url: str = "") -> None:
             cfg.attributes["connection"] = conn  # env.py runs the migrations on it
             step(cfg, revision)
     except CommandError as e:
-        raise MigrationError(f"GPU ledger database {url or engine.url}: schema migration to {revision} failed: {e}") from e
+        raise MigrationError(
+            f"GPU ledger database {url or engine.url}: schema migration to {revision} failed: {e}"
+        ) from e

@@ -52,15 +52,13 @@ def build(dest_dir: str | os.PathLike) -> Path:
     return lib
 
 
-def process_env(lib_dir: str | os.PathLike, devices: str | os.PathLike | None = None,
-                **extra: str) -> dict[str, str]:
+def process_env(lib_dir: str | os.PathLike, devices: str | os.PathLike | None = None, **extra: str) -> dict[str, str]:
     """Environment for a new process that loads the fake from lib_dir.
 
     This process's own $FAKE_NVML_* settings are dropped, and so are proxy settings
     (the agent's HTTP must stay on loopback in tests); ``extra`` is added last.
     """
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith("FAKE_NVML_") and k.lower() not in _PROXY_VARS}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_NVML_") and k.lower() not in _PROXY_VARS}
     env["LD_LIBRARY_PATH"] = str(lib_dir)
     if devices is not None:
         env["FAKE_NVML_DEVICES"] = str(devices)
@@ -73,13 +71,32 @@ _PROXY_VARS = {"http_proxy", "https_proxy", "all_proxy", "no_proxy"}
 
 # Keys the C side understands, in the order they are written.
 _KEYS = (
-    "index", "uuid", "name", "memory_total_mib", "memory_used_mib", "util_gpu", "util_mem",
-    "temp_c", "ecc_uncorrected", "ecc_corrected", "lost", "mig", "max_mig",
+    "index",
+    "uuid",
+    "name",
+    "memory_total_mib",
+    "memory_used_mib",
+    "util_gpu",
+    "util_mem",
+    "temp_c",
+    "ecc_uncorrected",
+    "ecc_corrected",
+    "lost",
+    "mig",
+    "max_mig",
 )
 # Keys of one MIG device (a "parent=P" line on the C side).
 _MIG_KEYS = (
-    "slot", "uuid", "name", "memory_total_mib", "memory_used_mib", "gi_slices", "ci_slices",
-    "memory_size_mb", "gi_id", "ci_id",
+    "slot",
+    "uuid",
+    "name",
+    "memory_total_mib",
+    "memory_used_mib",
+    "gi_slices",
+    "ci_slices",
+    "memory_size_mb",
+    "gi_id",
+    "ci_id",
 )
 
 
@@ -95,8 +112,9 @@ def _value(key: str, value) -> str:
     return text.replace(" ", "_")
 
 
-def write_devices(path: str | os.PathLike, devices: list[dict], *, driver: str | None = None,
-                  cuda: int | None = None) -> Path:
+def write_devices(
+    path: str | os.PathLike, devices: list[dict], *, driver: str | None = None, cuda: int | None = None
+) -> Path:
     """Write a devices file for $FAKE_NVML_DEVICES.
 
     Each dict uses the keys in _KEYS plus "processes": [{"pid": int, "used_mib": int}]
@@ -125,8 +143,7 @@ def write_devices(path: str | os.PathLike, devices: list[dict], *, driver: str |
             unknown = set(mig) - set(_MIG_KEYS)
             if unknown:
                 raise ValueError(f"unknown fake MIG device keys: {sorted(unknown)}")
-            lines.append(" ".join([f"parent={position}"]
-                                  + [f"{k}={_value(k, mig[k])}" for k in _MIG_KEYS if k in mig]))
+            lines.append(" ".join([f"parent={position}"] + [f"{k}={_value(k, mig[k])}" for k in _MIG_KEYS if k in mig]))
     out = Path(path)
     out.write_text("\n".join(lines) + "\n")
     return out

@@ -24,8 +24,15 @@ SECRET = "gpuspawner_agent_token"
 
 
 def docker(swarm, *args, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", *args], env={"PATH": "/usr/local/bin:/usr/bin:/bin", **swarm.env()},
-                          input=input, capture_output=True, text=True, timeout=60, check=check)
+    return subprocess.run(
+        ["docker", *args],
+        env={"PATH": "/usr/local/bin:/usr/bin:/bin", **swarm.env()},
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=check,
+    )
 
 
 def set_gpu_label(swarm, hostname: str, value: str | None) -> None:
@@ -47,11 +54,13 @@ def local_stack(hub_url: str, lib_dir: Path, devices: str, image: str, interval:
     service["image"] = image
     folder = str(Path(devices).parent)
     mounts = {"/usr", "/lib", "/lib64", sys.base_prefix, sys.prefix, str(REPO), str(lib_dir), folder}
-    service["volumes"] = [{"type": "bind", "source": m, "target": m, "read_only": True}
-                          for m in sorted(mounts) if Path(m).exists()]
+    service["volumes"] = [
+        {"type": "bind", "source": m, "target": m, "read_only": True} for m in sorted(mounts) if Path(m).exists()
+    ]
     # Live readings: a test changes a node's file while its agent runs.
-    service["environment"].update(LD_LIBRARY_PATH=str(lib_dir), FAKE_NVML_DEVICES=devices,
-                                  FAKE_NVML_WATCH="1", PYTHONPATH=str(REPO))
+    service["environment"].update(
+        LD_LIBRARY_PATH=str(lib_dir), FAKE_NVML_DEVICES=devices, FAKE_NVML_WATCH="1", PYTHONPATH=str(REPO)
+    )
     command = service["command"]
     assert command[0] == "gpuspawner-agent"
     command[:1] = [sys.executable, "-m", "gpuspawner.agent"]

@@ -78,7 +78,9 @@ class Browser:
         options.add_argument(f"--window-size={max(width, 500)},{height}")
         if width < 500:
             # Headless windows are at least 500 px wide: narrower (phone) widths are emulated.
-            options.add_experimental_option("mobileEmulation", {"deviceMetrics": {"width": width, "height": height, "pixelRatio": 1}})
+            options.add_experimental_option(
+                "mobileEmulation", {"deviceMetrics": {"width": width, "height": height, "pixelRatio": 1}}
+            )
         if not javascript:
             options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
         try:
@@ -94,7 +96,7 @@ class Browser:
         finally:
             shutil.rmtree(self.profile, ignore_errors=True)
 
-    def __enter__(self) -> "Browser":
+    def __enter__(self) -> Browser:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import secrets
 import signal
 import sys
 import time
 from pathlib import Path
 
 import yaml
-
-import secrets
 
 from tests import fakenvml
 
@@ -45,11 +44,21 @@ def _agent_files(state_dir: Path) -> tuple[Path, Path]:
     gpus = state_dir / "gpus"
     gpus.mkdir(parents=True, exist_ok=True)
     for host, devices in yaml.safe_load(INVENTORY.read_text()).items():
-        fakenvml.write_devices(gpus / f"{host}.txt", [
-            dict(index=d.get("index", i), uuid=d["uuid"], name=d["model"], memory_total_mib=d["memory_mib"],
-                 memory_used_mib=0, util_gpu=0, temp_c=40)
-            for i, d in enumerate(devices)
-        ])
+        fakenvml.write_devices(
+            gpus / f"{host}.txt",
+            [
+                dict(
+                    index=d.get("index", i),
+                    uuid=d["uuid"],
+                    name=d["model"],
+                    memory_total_mib=d["memory_mib"],
+                    memory_used_mib=0,
+                    util_gpu=0,
+                    temp_c=40,
+                )
+                for i, d in enumerate(devices)
+            ],
+        )
     return lib_dir, gpus
 
 
@@ -75,10 +84,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.harness.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--state-dir", type=Path, default=Path("demo-state"))
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--server", choices=["jupyter", "standin"], default="jupyter",
-                        help="real JupyterLab servers (default), or the busybox stand-in")
-    parser.add_argument("--gpus", choices=["agent", "static"], default="agent",
-                        help="GPUs reported by node agents over a fake NVML (default), or read from the inventory file")
+    parser.add_argument(
+        "--server",
+        choices=["jupyter", "standin"],
+        default="jupyter",
+        help="real JupyterLab servers (default), or the busybox stand-in",
+    )
+    parser.add_argument(
+        "--gpus",
+        choices=["agent", "static"],
+        default="agent",
+        help="GPUs reported by node agents over a fake NVML (default), or read from the inventory file",
+    )
     parser.add_argument("--down", action="store_true", help="tear everything down")
     args = parser.parse_args(argv)
     state_dir = args.state_dir.resolve()
@@ -121,10 +138,12 @@ def main(argv=None) -> int:
             _step(4, "GPU agents: gpuspawner-agent on gpu-a and gpu-b (examples/agent-stack.yml, fake NVML)")
             lib_dir, gpus = _agent_files(state_dir)
             hub_api = f"http://{cluster.manager_addr}:{hub.port + 81}/"
-            spec = agent_stack.local_stack(hub_api, lib_dir, str(gpus / "{{.Node.Hostname}}.txt"), cluster.image,
-                                           interval=5)
-            stack.enter_context(agent_stack.deployed(cluster, spec, token, {"gpu-a": "true", "gpu-b": "true"},
-                                                     state_dir))
+            spec = agent_stack.local_stack(
+                hub_api, lib_dir, str(gpus / "{{.Node.Hostname}}.txt"), cluster.image, interval=5
+            )
+            stack.enter_context(
+                agent_stack.deployed(cluster, spec, token, {"gpu-a": "true", "gpu-b": "true"}, state_dir)
+            )
             known = lambda: set(hub.api("GET", "/gpuspawner/alloc-map").json())  # noqa: E731
             deadline = time.monotonic() + 90
             while known() != {"gpu-a", "gpu-b"} and time.monotonic() < deadline:
@@ -136,8 +155,9 @@ def main(argv=None) -> int:
 
 
 def _serve(hub: Hub, cluster, servers: str, gpus: str) -> int:
-    source = ("reported by gpuspawner-agent on each worker over a fake NVML, simulating"
-              if gpus == "agent" else "read from")
+    source = (
+        "reported by gpuspawner-agent on each worker over a fake NVML, simulating" if gpus == "agent" else "read from"
+    )
     print(
         f"""
 ================================================================================

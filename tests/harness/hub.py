@@ -7,8 +7,8 @@ with an admin service token.
 
 from __future__ import annotations
 
-import os
 import json
+import os
 import secrets
 import signal
 import socket
@@ -58,7 +58,7 @@ class Hub:
         path.write_text(f"load_subconfig({str(LOCAL_CONFIG)!r})\n{self.extra_config}\n")
         return path
 
-    def start(self, timeout: float = 60) -> "Hub":
+    def start(self, timeout: float = 60) -> Hub:
         config = self.write_config()
         env = {
             **os.environ,

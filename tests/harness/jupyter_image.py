@@ -44,8 +44,8 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from . import swarm
 
@@ -114,7 +114,13 @@ def _key(inputs: dict) -> str:
 
 
 def _base_inputs() -> dict:
-    return {"suite": SUITE, "packages": DEBIAN_PACKAGES, "trim": TRIM, "arch": platform.machine(), "recipe": BASE_RECIPE}
+    return {
+        "suite": SUITE,
+        "packages": DEBIAN_PACKAGES,
+        "trim": TRIM,
+        "arch": platform.machine(),
+        "recipe": BASE_RECIPE,
+    }
 
 
 def _image_inputs() -> dict:
@@ -167,8 +173,13 @@ def _stream(cmd: Sequence[str], what: str, *, every: float = 5.0, timeout: float
     tail: deque[str] = deque(maxlen=40)
     done = threading.Event()
     proc = subprocess.Popen(
-        list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, errors="replace", env=swarm._env(),
+        list(cmd),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        env=swarm._env(),
     )
     assert proc.stdout is not None
 
@@ -247,9 +258,16 @@ def platforms(glibc: str, machine: str) -> list[str]:
 def _platform_tags(root: Path) -> tuple[str, list[str]]:
     """(python version, wheel platforms) of the image's interpreter, for pip download."""
     version, glibc, machine = subprocess.run(
-        _chroot(root, "/usr/bin/python3", "-c",
-                "import platform, sys; print('%d.%d' % sys.version_info[:2], platform.libc_ver()[1], platform.machine())"),
-        capture_output=True, text=True, check=True, env=swarm._env(),
+        _chroot(
+            root,
+            "/usr/bin/python3",
+            "-c",
+            "import platform, sys; print('%d.%d' % sys.version_info[:2], platform.libc_ver()[1], platform.machine())",
+        ),
+        capture_output=True,
+        text=True,
+        check=True,
+        env=swarm._env(),
     ).stdout.split()
     return version, platforms(glibc, machine)
 
@@ -260,9 +278,28 @@ def _download_wheels(root: Path, cache: Path) -> Path:
     version, plats = _platform_tags(root)
     _say(f"downloading wheels for Python {version} into {wheels} (kept for later builds)")
     abi = "cp" + version.replace(".", "")
-    cmd = [sys.executable, "-m", "pip", "download", "--dest", str(wheels), "--only-binary=:all:",
-           "--python-version", version, "--implementation", "cp", "--abi", abi, "--abi", "abi3", "--abi", "none",
-           "--progress-bar", "off", "--disable-pip-version-check"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--dest",
+        str(wheels),
+        "--only-binary=:all:",
+        "--python-version",
+        version,
+        "--implementation",
+        "cp",
+        "--abi",
+        abi,
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+        "--progress-bar",
+        "off",
+        "--disable-pip-version-check",
+    ]
     for p in plats:
         cmd += ["--platform", p]
     _stream(cmd + requirements(), "pip download")
@@ -302,36 +339,75 @@ def build(cache_dir: Path | str | None = None) -> BuiltImage:
             _tree_copy(wheels, inside)
             _stream(_chroot(root, "/usr/bin/python3", "-m", "venv", VENV), "venv")
             _stream(
-                _chroot(root, f"{VENV}/bin/pip", "install", "--no-index", "--find-links", "/tmp/wheels",
-                        "--no-cache-dir", "--progress-bar", "off", "--disable-pip-version-check", *requirements()),
+                _chroot(
+                    root,
+                    f"{VENV}/bin/pip",
+                    "install",
+                    "--no-index",
+                    "--find-links",
+                    "/tmp/wheels",
+                    "--no-cache-dir",
+                    "--progress-bar",
+                    "off",
+                    "--disable-pip-version-check",
+                    *requirements(),
+                ),
                 "pip install",
             )
             shutil.rmtree(inside)
             # Not needed by a running server: pip and setuptools (the nodes have no route to
             # an index), and the hub's own web pages (jupyterhub-singleuser serves its
             # templates from the package).
-            _stream(_chroot(root, f"{VENV}/bin/python", "-m", "pip", "uninstall", "--yes", "pip", "setuptools"),
-                    "pip uninstall")
+            _stream(
+                _chroot(root, f"{VENV}/bin/python", "-m", "pip", "uninstall", "--yes", "pip", "setuptools"),
+                "pip uninstall",
+            )
             shutil.rmtree(root / VENV.lstrip("/") / "share" / "jupyterhub")
-            _stream(_chroot(root, "useradd", "--uid", str(UID), "--gid", str(GID), "--create-home",
-                            "--shell", "/bin/bash", USER), "useradd")
+            _stream(
+                _chroot(
+                    root, "useradd", "--uid", str(UID), "--gid", str(GID), "--create-home", "--shell", "/bin/bash", USER
+                ),
+                "useradd",
+            )
             (root / ".complete").unlink(missing_ok=True)
             _say(f"installed ({time.monotonic() - t0:.0f} s); writing the image tar")
             _prune(cache, "image", key)  # the old tar goes before the new one is written
             partial = tar.with_suffix(".partial")
             # Ownership and mtimes are kept: /home/jovyan is jovyan's, and the .pyc files
             # stay valid only while their sources keep their mtimes.
-            _stream(["tar", "--numeric-owner", "--sort=name", "--exclude=./dev/*", "--exclude=./proc/*",
-                     "--exclude=./sys/*", "-C", str(root), "-cf", str(partial), "."], "tar")
+            _stream(
+                [
+                    "tar",
+                    "--numeric-owner",
+                    "--sort=name",
+                    "--exclude=./dev/*",
+                    "--exclude=./proc/*",
+                    "--exclude=./sys/*",
+                    "-C",
+                    str(root),
+                    "-cf",
+                    str(partial),
+                    ".",
+                ],
+                "tar",
+            )
         finally:
             shutil.rmtree(root, ignore_errors=True)
         digest = _sha256(partial)
         partial.rename(tar)
         seconds = time.monotonic() - t0
-        meta.write_text(json.dumps({
-            "digest": digest, "size": tar.stat().st_size, "inputs": _image_inputs(),
-            "built": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": round(seconds, 1),
-        }, indent=2))
+        meta.write_text(
+            json.dumps(
+                {
+                    "digest": digest,
+                    "size": tar.stat().st_size,
+                    "inputs": _image_inputs(),
+                    "built": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    "seconds": round(seconds, 1),
+                },
+                indent=2,
+            )
+        )
         _say(f"built {tar} ({tar.stat().st_size >> 20} MiB) in {seconds:.0f} s")
         return BuiltImage(tar, digest, seconds, cached=False)
 
@@ -352,8 +428,14 @@ def ensure_on(cluster: swarm.Cluster, cache_dir: Path | str | None = None) -> st
     label = hashlib.sha256(json.dumps([image.digest, IMAGE_CHANGES, IMAGE_CMD]).encode()).hexdigest()
     t0 = time.monotonic()
     done = swarm._import_tar(
-        cluster, JUPYTER_IMAGE, image.tar, cmd=IMAGE_CMD, changes=IMAGE_CHANGES, digest=label,
-        nodes=cluster.workers, timeout=IMPORT_TIMEOUT,
+        cluster,
+        JUPYTER_IMAGE,
+        image.tar,
+        cmd=IMAGE_CMD,
+        changes=IMAGE_CHANGES,
+        digest=label,
+        nodes=cluster.workers,
+        timeout=IMPORT_TIMEOUT,
     )
     if done:
         _say(f"imported on {', '.join(done)} in {time.monotonic() - t0:.0f} s")

@@ -125,8 +125,17 @@ class PostgresServer:
             for path in (self.base, pwfile):
                 os.chown(path, self._owner.pw_uid, self._owner.pw_gid)
         self._run(
-            "initdb", "-D", str(self.data), "-U", USER, f"--pwfile={pwfile}",
-            "--auth=scram-sha-256", "-E", "UTF8", "--locale=C", "--no-sync",
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            USER,
+            f"--pwfile={pwfile}",
+            "--auth=scram-sha-256",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
         )
         pwfile.unlink()
 

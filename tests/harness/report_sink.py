@@ -80,5 +80,4 @@ class ReportSink:
 
     def wait_for(self, n: int, timeout: float = 20) -> None:
         with self.arrived:
-            assert self.arrived.wait_for(lambda: self.count >= n, timeout), \
-                f"only {self.count} of {n} reports arrived"
+            assert self.arrived.wait_for(lambda: self.count >= n, timeout), f"only {self.count} of {n} reports arrived"

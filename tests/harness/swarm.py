@@ -102,8 +102,9 @@ import sys
 import tarfile
 import time
 import urllib.parse
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any
 
 __all__ = [
     "DEFAULT_WORKERS",
@@ -200,7 +201,7 @@ class Node:
     def socket_path(self) -> str:
         return _url_to_path(self.docker_url)
 
-    def api(self, timeout: float = API_TIMEOUT) -> "DockerAPI":
+    def api(self, timeout: float = API_TIMEOUT) -> DockerAPI:
         return DockerAPI(self.socket_path, timeout=timeout)
 
     def client(self, timeout: int = 60):
@@ -233,7 +234,7 @@ class Cluster:
     def docker_url(self, hostname: str | None = None) -> str:
         return self.node(hostname).docker_url
 
-    def api(self, hostname: str | None = None, timeout: float = API_TIMEOUT) -> "DockerAPI":
+    def api(self, hostname: str | None = None, timeout: float = API_TIMEOUT) -> DockerAPI:
         return self.node(hostname).api(timeout=timeout)
 
     def client(self, hostname: str | None = None, timeout: int = 60):
@@ -263,7 +264,7 @@ class Cluster:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Cluster":
+    def from_json(cls, data: dict[str, Any]) -> Cluster:
         return cls(
             state_dir=Path(data["state_dir"]),
             run_dir=Path(data["run_dir"]),
@@ -323,7 +324,7 @@ def _layout(state_dir: Path | str | None, run_dir: Path | str | None) -> _Layout
 def _url_to_path(url: str) -> str:
     if not url.startswith("unix://"):
         raise ValueError(f"not a unix socket URL: {url}")
-    return url[len("unix://"):]
+    return url[len("unix://") :]
 
 
 # --------------------------------------------------------------------------------------
@@ -483,7 +484,7 @@ def _proc_stat(pid: int) -> tuple[str, int, int] | None:
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     # comm may contain spaces and parens: split after the last ')'.
-    fields = data[data.rindex(")") + 2:].split()
+    fields = data[data.rindex(")") + 2 :].split()
     return fields[0], int(fields[1]), int(fields[19])
 
 
@@ -598,14 +599,14 @@ def _is_static_elf(path: str) -> bool:
             is64, little = ident[4] == 2, ident[5] == 1
             end = "<" if little else ">"
             if is64:
-                phoff, = struct.unpack_from(end + "Q", ident, 0x20)
+                (phoff,) = struct.unpack_from(end + "Q", ident, 0x20)
                 phentsize, phnum = struct.unpack_from(end + "HH", ident, 0x36)
             else:
-                phoff, = struct.unpack_from(end + "I", ident, 0x1C)
+                (phoff,) = struct.unpack_from(end + "I", ident, 0x1C)
                 phentsize, phnum = struct.unpack_from(end + "HH", ident, 0x2A)
             for i in range(phnum):
                 f.seek(phoff + i * phentsize)
-                p_type, = struct.unpack(end + "I", f.read(4))
+                (p_type,) = struct.unpack(end + "I", f.read(4))
                 if p_type == 3:  # PT_INTERP
                     return False
             return True
@@ -657,9 +658,7 @@ def _veth(index: int) -> str:
 
 def _expected_cluster(lay: _Layout, workers: Sequence[str]) -> Cluster:
     manager_host = socket.gethostname()
-    nodes = {
-        manager_host: Node(manager_host, MANAGER_ADDR, f"unix://{lay.sock('manager')}", "manager", None)
-    }
+    nodes = {manager_host: Node(manager_host, MANAGER_ADDR, f"unix://{lay.sock('manager')}", "manager", None)}
     for i, h in enumerate(workers):
         nodes[h] = Node(h, _worker_addr(i), f"unix://{lay.sock(h)}", "worker", _netns(h))
     return Cluster(
@@ -696,7 +695,9 @@ def _disable_ipv6(ifname: str, netns: str | None = None) -> None:
             pass
     else:
         # /proc/sys/net shows the network namespace of the process that opens it.
-        _run(["nsenter", f"--net=/var/run/netns/{netns}", "sh", "-c", f"[ ! -e {knob} ] || echo 1 > {knob}"], check=False)
+        _run(
+            ["nsenter", f"--net=/var/run/netns/{netns}", "sh", "-c", f"[ ! -e {knob} ] || echo 1 > {knob}"], check=False
+        )
 
 
 def _setup_network(cluster: Cluster) -> None:
@@ -747,7 +748,9 @@ def _teardown_network() -> None:
     for bridge in (GW_BRIDGE, BRIDGE):
         if _link_exists(bridge):
             # Ports of the bridge (veths whose other end is in a dying namespace).
-            for port in os.listdir(f"/sys/class/net/{bridge}/brif") if os.path.isdir(f"/sys/class/net/{bridge}/brif") else ():
+            for port in (
+                os.listdir(f"/sys/class/net/{bridge}/brif") if os.path.isdir(f"/sys/class/net/{bridge}/brif") else ()
+            ):
                 _run(["ip", "link", "delete", port], check=False)
     for link in _our_links():
         _run(["ip", "link", "delete", link], check=False)
@@ -783,7 +786,9 @@ _NS_SCRIPT = (
     '{ [ ! -e /etc/resolv.conf ] || mount --bind "$2" /etc/resolv.conf; } && '
     'shift 2 && exec "$@"'
 )
-_RESOLV_CONF = "# gpuspawner test swarm: no name server outside this machine\nnameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
+_RESOLV_CONF = (
+    "# gpuspawner test swarm: no name server outside this machine\nnameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
+)
 
 
 def _dockerd_args(lay: _Layout, name: str, manager: bool) -> list[str]:
@@ -833,7 +838,12 @@ def _start_daemon(lay: _Layout, node: Node) -> int:
     unshare = [_which("unshare") or "unshare", "--mount", "--propagation", "slave"]
     if node.netns is not None:
         unshare.append("--uts")
-    cmd = prefix + unshare + ["sh", "-c", _NS_SCRIPT, "sh", node.hostname if node.netns else "", str(lay.resolv_conf)] + cmd
+    cmd = (
+        prefix
+        + unshare
+        + ["sh", "-c", _NS_SCRIPT, "sh", node.hostname if node.netns else "", str(lay.resolv_conf)]
+        + cmd
+    )
     log = lay.log(name)
     log.write_text(f"# {' '.join(cmd)}\n")
     env = {k: v for k, v in _env().items() if k.lower() not in ("http_proxy", "https_proxy", "no_proxy", "all_proxy")}
@@ -844,7 +854,11 @@ def _start_daemon(lay: _Layout, node: Node) -> int:
     launcher = 'log=$1; shift; "$@" </dev/null >>"$log" 2>&1 & echo $!'
     proc = subprocess.run(
         ["sh", "-c", launcher, "sh", str(log)] + cmd,
-        capture_output=True, text=True, timeout=CMD_TIMEOUT, env=env, start_new_session=True,
+        capture_output=True,
+        text=True,
+        timeout=CMD_TIMEOUT,
+        env=env,
+        start_new_session=True,
     )
     if proc.returncode != 0 or not proc.stdout.strip().isdigit():
         raise HarnessError(f"could not launch dockerd for {node.hostname}: {proc.stderr}")
@@ -1214,8 +1228,11 @@ def _import_tar(
         *changes,
         f"LABEL {ROOTFS_LABEL}={digest}",
     ]
-    targets = [n for n in (nodes if nodes is not None else cluster.nodes.values())
-               if force or _image_label(n.api(), name) != digest]
+    targets = [
+        n
+        for n in (nodes if nodes is not None else cluster.nodes.values())
+        if force or _image_label(n.api(), name) != digest
+    ]
     if not targets:
         return []
     data = tar if isinstance(tar, bytes) else Path(tar).read_bytes()
@@ -1502,7 +1519,8 @@ def _up_locked(lay: _Layout, wanted: Cluster) -> Cluster:
             _progress(
                 f"bring-up attempt {attempt}/{BRINGUP_ATTEMPTS} failed ({first_line}); "
                 + ("cleaning up" if last else "tearing down and retrying from scratch")
-                + "; dockerd logs are in " + str(lay.logs_dir)
+                + "; dockerd logs are in "
+                + str(lay.logs_dir)
             )
             cleaned = _cleanup_failed_bringup(lay)
             if last or not cleaned:

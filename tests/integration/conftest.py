@@ -20,10 +20,10 @@ import time
 
 import pytest
 
+from tests.ci import env_flag, skip_or_fail
 from tests.harness import jupyter_image as image_harness
 from tests.harness import postgres
 from tests.harness import swarm as harness
-from tests.ci import env_flag, skip_or_fail
 
 
 @pytest.fixture(autouse=True)

@@ -24,10 +24,21 @@ def _ws_request(hub: Hub, path: str) -> HTTPRequest:
 
 def _message(msg_type: str, content: dict, session: str) -> dict:
     header = {
-        "msg_id": uuid.uuid4().hex, "msg_type": msg_type, "session": session, "username": "test",
-        "version": "5.3", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "msg_id": uuid.uuid4().hex,
+        "msg_type": msg_type,
+        "session": session,
+        "username": "test",
+        "version": "5.3",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    return {"header": header, "parent_header": {}, "metadata": {}, "content": content, "channel": "shell", "buffers": []}
+    return {
+        "header": header,
+        "parent_header": {},
+        "metadata": {},
+        "content": content,
+        "channel": "shell",
+        "buffers": [],
+    }
 
 
 async def _run_in_kernel(hub: Hub, user: str, code: str, timeout: float) -> str:
@@ -36,10 +47,18 @@ async def _run_in_kernel(hub: Hub, user: str, code: str, timeout: float) -> str:
     )
     ws = await websocket_connect(_ws_request(hub, f"/user/{user}/api/kernels/{kernel['id']}/channels"))
     try:
-        request = _message("execute_request", {
-            "code": code, "silent": False, "store_history": False, "user_expressions": {},
-            "allow_stdin": False, "stop_on_error": True,
-        }, session=uuid.uuid4().hex)
+        request = _message(
+            "execute_request",
+            {
+                "code": code,
+                "silent": False,
+                "store_history": False,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": True,
+            },
+            session=uuid.uuid4().hex,
+        )
         await ws.write_message(json.dumps(request))
         out = []
         async with asyncio.timeout(timeout):

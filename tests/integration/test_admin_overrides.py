@@ -13,7 +13,7 @@ from tests.integration.support import hub_on, services_of, spawn_ready
 from tests.integration.test_spawner_swarm import UUIDS, container_env, running_node
 
 A100 = "NVIDIA A100 80GB PCIe"
-ADMIN = '''
+ADMIN = """
 from docker.types import ContainerSpec
 c.GPUSwarmSpawner.extra_task_spec = {
     "container_spec": ContainerSpec(image=c.GPUSwarmSpawner.image, env={"ADMIN_TASK_ENV": "1"}),
@@ -23,7 +23,7 @@ c.GPUSwarmSpawner.extra_task_spec = {
 c.GPUSwarmSpawner.extra_container_spec = {"env": {"ADMIN_CONTAINER_ENV": "1"}}
 c.GPUSwarmSpawner.extra_placement_spec = {"constraints": ["node.platform.os!=windows"]}
 c.GPUSwarmSpawner.extra_create_kwargs = {"labels": {"team": "ml"}}
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +49,13 @@ def test_admin_task_spec_and_env_keep_gpu_servers_on_their_host_and_cpu_servers_
     hub.stop_server("bob")
 
 
-@pytest.mark.parametrize("line", [
-    'c.Spawner.environment = {"NVIDIA_VISIBLE_DEVICES": "all"}',
-    'c.GPUSwarmSpawner.extra_placement_spec = {"constraints": ["node.hostname==gpu-a"]}',
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        'c.Spawner.environment = {"NVIDIA_VISIBLE_DEVICES": "all"}',
+        'c.GPUSwarmSpawner.extra_placement_spec = {"constraints": ["node.hostname==gpu-a"]}',
+    ],
+)
 def test_a_setting_that_can_only_conflict_stops_the_hub_with_one_line(swarm, tmp_path, line):
     config = f"{line}\nfrom gpuspawner import validate_config\nvalidate_config(c)\n"
     with pytest.raises(HubError):

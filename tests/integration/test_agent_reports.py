@@ -83,7 +83,7 @@ def test_reports_become_the_form_and_the_allocation_map(hub, swarm):
     page = form(hub, "nora")
     assert "3 of 3 free now" in page
     for model in (A100, A100 + " · MIG 1g.10gb", A100 + " · MIG 3g.40gb"):
-        assert re.search(r'value="%s"' % re.escape(model), page), model
+        assert re.search(f'value="{re.escape(model)}"', page), model
 
     spawn_ready(hub, "nora", {"gpu_model": A100 + " · MIG 1g.10gb"})
     m = hub.api("GET", "/gpuspawner/alloc-map").json()
@@ -96,13 +96,21 @@ def test_reports_become_the_form_and_the_allocation_map(hub, swarm):
     assert "NVIDIA_VISIBLE_DEVICES=MIG-aaaa-0002" in env
 
     # The admin CLI shows the same.
-    cli = subprocess.run([sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, "alloc-map"],
-                         env={**os.environ, "JUPYTERHUB_API_TOKEN": hub.token}, capture_output=True, text=True)
+    cli = subprocess.run(
+        [sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, "alloc-map"],
+        env={**os.environ, "JUPYTERHUB_API_TOKEN": hub.token},
+        capture_output=True,
+        text=True,
+    )
     assert cli.returncode == 0, cli.stderr
     (line,) = [ln for ln in cli.stdout.splitlines() if "MIG-aaaa-0002" in ln]
     assert "1.00" in line and line.endswith("nora (1.00)")
-    cli = subprocess.run([sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, "alloc-map", "--json"],
-                         env={**os.environ, "JUPYTERHUB_API_TOKEN": AGENT_TOKEN}, capture_output=True, text=True)
+    cli = subprocess.run(
+        [sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, "alloc-map", "--json"],
+        env={**os.environ, "JUPYTERHUB_API_TOKEN": AGENT_TOKEN},
+        capture_output=True,
+        text=True,
+    )
     assert cli.returncode == 1 and "HTTP 403" in cli.stderr and "admin:servers" in cli.stderr
 
     # Rescan from the swarm's services returns the same holdings.
@@ -113,8 +121,9 @@ def test_reports_become_the_form_and_the_allocation_map(hub, swarm):
 
 def test_an_unhealthy_gpu_leaves_the_form_at_once_and_the_map_says_why(hub):
     assert post(hub, gpu_a(*[device(i, f"GPU-gtx-a{i}", GTX, 8192) for i in range(3)])).status_code == 200
-    sick = gpu_a(device(0, "GPU-gtx-a0", GTX, 8192, ecc_uncorrected=4),
-                 *[device(i, f"GPU-gtx-a{i}", GTX, 8192) for i in (1, 2)])
+    sick = gpu_a(
+        device(0, "GPU-gtx-a0", GTX, 8192, ecc_uncorrected=4), *[device(i, f"GPU-gtx-a{i}", GTX, 8192) for i in (1, 2)]
+    )
     assert post(hub, sick).status_code == 200
     page = form(hub, "olga")
     assert "2 of 2 free now" in page
@@ -143,13 +152,23 @@ json_values = st.recursive(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(body=st.one_of(
-    st.binary(max_size=200),
-    st.dictionaries(st.sampled_from(["hostname", "interval", "devices", "x"]), json_values).map(json.dumps).map(str.encode),
-    st.lists(st.dictionaries(st.sampled_from(["index", "uuid", "name", "memory_total_mib", "lost", "mig_mode",
-                                              "mig_devices", "temperature_c"]), json_values), max_size=3)
-    .map(lambda ds: json.dumps(report(*ds, hostname="gpu-a")).encode()),
-))
+@given(
+    body=st.one_of(
+        st.binary(max_size=200),
+        st.dictionaries(st.sampled_from(["hostname", "interval", "devices", "x"]), json_values)
+        .map(json.dumps)
+        .map(str.encode),
+        st.lists(
+            st.dictionaries(
+                st.sampled_from(
+                    ["index", "uuid", "name", "memory_total_mib", "lost", "mig_mode", "mig_devices", "temperature_c"]
+                ),
+                json_values,
+            ),
+            max_size=3,
+        ).map(lambda ds: json.dumps(report(*ds, hostname="gpu-a")).encode()),
+    )
+)
 def test_fuzzed_reports_only_ever_get_a_clean_answer(hub, body):
     r = post(hub, None, raw=body)
     assert r.status_code in (200, 400), r.text

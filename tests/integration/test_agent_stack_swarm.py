@@ -40,7 +40,7 @@ def deployed(swarm, tmp_path):
 def test_the_example_stack_reports_each_labelled_node_under_its_swarm_hostname(swarm, deployed):
     sink = deployed
     sink.wait_for(3, timeout=90)  # the first report at start, then one a second
-    time.sleep(2)                 # time for a wrongly placed agent to show up too
+    time.sleep(2)  # time for a wrongly placed agent to show up too
     bodies = [json.loads(body) for _, _, body in sink.requests]
     assert {b["hostname"] for b in bodies} == {"gpu-a"}  # gpu-b is labelled gpu=false
     for path, headers, _ in sink.requests:
@@ -48,5 +48,6 @@ def test_the_example_stack_reports_each_labelled_node_under_its_swarm_hostname(s
         assert headers["Authorization"] == f"token {TOKEN}"  # read from /run/secrets
     report = bodies[-1]
     assert report["device_count"] == len(MIXED_NODE) and report["interval"] == 1
-    assert [d["uuid"] for d in report["devices"] if not d["lost"]] == \
-        [d["uuid"] for d in MIXED_NODE if not d.get("lost")]
+    assert [d["uuid"] for d in report["devices"] if not d["lost"]] == [
+        d["uuid"] for d in MIXED_NODE if not d.get("lost")
+    ]

@@ -18,8 +18,20 @@ from tests.integration.support import hub_on, login, wait_until
 
 TOKEN = "node-agents-token-0123456789"
 INTERVAL = 1.0
-GPU_B = [dict(index=i, uuid=f"GPU-b0b0b0b0-0000-4000-8000-00000000000{i}", name=A100, memory_total_mib=81920,
-              memory_used_mib=0, util_gpu=0, temp_c=40, ecc_uncorrected=0, mig=False) for i in range(2)]
+GPU_B = [
+    dict(
+        index=i,
+        uuid=f"GPU-b0b0b0b0-0000-4000-8000-00000000000{i}",
+        name=A100,
+        memory_total_mib=81920,
+        memory_used_mib=0,
+        util_gpu=0,
+        temp_c=40,
+        ecc_uncorrected=0,
+        mig=False,
+    )
+    for i in range(2)
+]
 MIG = A100 + " · MIG "
 
 
@@ -35,8 +47,9 @@ def cluster(swarm, tmp_path_factory):
     config = "c.GPUSwarmSpawner.agent_stale_intervals = 3\n"
     with hub_on(swarm, work / "hub", port_from=20000, extra_config=config, env=env) as hub:
         hub_api = f"http://{swarm.manager_addr}:{hub.port + 81}/"  # the hub's own port, on the bridge
-        stack = agent_stack.local_stack(hub_api, lib_dir, str(gpus / "{{.Node.Hostname}}.txt"), swarm.image,
-                                        interval=INTERVAL)
+        stack = agent_stack.local_stack(
+            hub_api, lib_dir, str(gpus / "{{.Node.Hostname}}.txt"), swarm.image, interval=INTERVAL
+        )
         with agent_stack.deployed(swarm, stack, TOKEN, {"gpu-a": "true", "gpu-b": "true"}, work):
             wait_until(lambda: set(alloc_map(hub)) == {"gpu-a", "gpu-b"}, "the agents did not report", timeout=90)
             yield hub, gpus
@@ -63,8 +76,12 @@ def test_the_form_lists_what_the_nodes_report(cluster):
     # gpu-a (MIXED_NODE): 4 GTX of which one is lost and one too hot; 3 A100 of which one
     # has ECC errors and one is split into 3 MIG devices; a T4. gpu-b: 2 A100.
     assert offered(hub) == {
-        A100: "3 of 3", MIG + "1c.2g.20gb": "1 of 1", MIG + "1g.10gb": "1 of 1", MIG + "3g.40gb": "1 of 1",
-        GTX: "2 of 2", T4: "1 of 1",
+        A100: "3 of 3",
+        MIG + "1c.2g.20gb": "1 of 1",
+        MIG + "1g.10gb": "1 of 1",
+        MIG + "3g.40gb": "1 of 1",
+        GTX: "2 of 2",
+        T4: "1 of 1",
     }
     m = alloc_map(hub)
     assert m["gpu-a"]["GPU-0a1b2c3d-0000-4000-8000-000000000003"]["problems"] == ["temperature 93 C is above 90 C"]
@@ -79,8 +96,7 @@ def test_a_gpu_marked_unhealthy_on_its_node_leaves_the_form_within_one_interval(
     t0 = time.monotonic()
     fakenvml.write_devices(gpus / "gpu-b.txt", sick)
     try:
-        wait_until(lambda: offered(hub)[A100] == "2 of 2", "the unhealthy GPU is still offered",
-                   timeout=INTERVAL + 2)
+        wait_until(lambda: offered(hub)[A100] == "2 of 2", "the unhealthy GPU is still offered", timeout=INTERVAL + 2)
         took = time.monotonic() - t0
         print(f"\nunhealthy GPU out of the form {took:.2f} s after its node's file changed")
         assert alloc_map(hub)["gpu-b"][GPU_B[0]["uuid"]]["problems"] == ["5 uncorrected ECC errors"]

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import browser as browser_harness
 from tests.ci import skip_or_fail
+from tests.harness import browser as browser_harness
 from tests.integration.support import hub_on, services_of
 
 A100 = "NVIDIA A100 80GB PCIe"
@@ -137,8 +137,12 @@ def test_from_the_form_to_jupyterlab_and_the_next_user_sees_one_less(hub, swarm,
 
     # The progress page shows the allocation step, then the user lands in JupyterLab.
     reserved = f"Reserved 1 × {GTX} on gpu-a"
-    wait(anna, lambda d: reserved in page_text(d, "progress-log") or in_jupyterlab(d, hub, "anna"),
-         f"no '{reserved}' event on the progress page", timeout=SPAWN_TIMEOUT)
+    wait(
+        anna,
+        lambda d: reserved in page_text(d, "progress-log") or in_jupyterlab(d, hub, "anna"),
+        f"no '{reserved}' event on the progress page",
+        timeout=SPAWN_TIMEOUT,
+    )
     assert "/hub/spawn-pending/anna" in anna.current_url, f"no progress page; at {anna.current_url}"
     anna.find_element(B.CSS_SELECTOR, "#progress-details summary").click()
     anna.save_screenshot(str(shots / "spawn-progress.png"))
@@ -200,7 +204,10 @@ def test_the_form_works_without_javascript(hub, browsers):
     plain.find_element(B.CSS_SELECTOR, f'label[for="{model_radio(plain, A100).get_attribute("id")}"]').click()
     Select(plain.find_element(B.ID, "gpu-count")).select_by_value("2")
     plain.find_element(B.CSS_SELECTOR, "#spawn_form button[type=submit]").click()
-    wait(plain, lambda d: "/hub/spawn-pending/erin" in d.current_url or "/user/erin/" in d.current_url,
-         "the spawn was not started")
+    wait(
+        plain,
+        lambda d: "/hub/spawn-pending/erin" in d.current_url or "/user/erin/" in d.current_url,
+        "the spawn was not started",
+    )
     assert hub.server_model("erin")["user_options"] == {"gpu_model": A100, "gpu_count": 2}
     hub.wait_ready("erin", timeout=SPAWN_TIMEOUT)

@@ -25,12 +25,16 @@ def uuid(host: str, i: int) -> str:
 @pytest.fixture(scope="module")
 def hub(swarm, tmp_path_factory):
     state = tmp_path_factory.mktemp("hub")
-    inventory = {h: [{"uuid": uuid(h, i), "model": MODEL, "memory_mib": 81920, "index": i} for i in range(8)]
-                 for h in ("gpu-a", "gpu-b")}
+    inventory = {
+        h: [{"uuid": uuid(h, i), "model": MODEL, "memory_mib": 81920, "index": i} for i in range(8)]
+        for h in ("gpu-a", "gpu-b")
+    }
     (state / "gpus16.yaml").write_text(yaml.safe_dump(inventory))
-    config = ("c.JupyterHub.concurrent_spawn_limit = 0\n"  # let every request reach the spawner
-              "c.GPUSwarmSpawner.max_gpus_per_user = 1\n"
-              "c.GPUSwarmSpawner.reconcile_interval = 2\n")
+    config = (
+        "c.JupyterHub.concurrent_spawn_limit = 0\n"  # let every request reach the spawner
+        "c.GPUSwarmSpawner.max_gpus_per_user = 1\n"
+        "c.GPUSwarmSpawner.reconcile_interval = 2\n"
+    )
     env = {"GPUSPAWNER_INVENTORY": str(state / "gpus16.yaml")}
     with hub_on(swarm, state, port_from=20400, extra_config=config, env=env) as h:
         yield h
@@ -106,14 +110,19 @@ def test_hub_killed_mid_spawn_leaks_nothing_and_double_books_nothing(hub, swarm)
     r = hub.spawn("kilo", {"gpu_model": MODEL, "gpu_count": 1})
     assert r.status_code in (201, 202)
     # Kill the hub the moment the service exists, before the spawn can finish.
-    wait_until(lambda: swarm.client().services.list(filters={"label": "gpuspawner.user=kilo"}),
-               "no service was created", timeout=30)
+    wait_until(
+        lambda: swarm.client().services.list(filters={"label": "gpuspawner.user=kilo"}),
+        "no service was created",
+        timeout=30,
+    )
     hub.stop(signal.SIGKILL)
     hub.start()
 
     def ours() -> dict[str, object]:
-        return {s.attrs["Spec"]["Labels"]["gpuspawner.user"]: s
-                for s in swarm.client().services.list(filters={"label": "gpuspawner.devices"})}
+        return {
+            s.attrs["Spec"]["Labels"]["gpuspawner.user"]: s
+            for s in swarm.client().services.list(filters={"label": "gpuspawner.devices"})
+        }
 
     # Within a reconcile interval or two, the swarm runs only servers the hub knows:
     # the restarted hub either took the half-made server over (its task was running)

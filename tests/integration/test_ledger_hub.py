@@ -49,8 +49,12 @@ def test_a_spawn_and_its_stop_are_recorded_and_usage_counts_them(hub, db_url):
     assert hub.api("GET", "/gpuspawner/usage?since=yesterday").status_code == 400
     by_model = hub.api("GET", "/gpuspawner/usage?by=model").json()["usage"]
     assert [u["key"] for u in by_model] == [A100]
-    cli = subprocess.run([sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, "usage"],
-                         env={**os.environ, "JUPYTERHUB_API_TOKEN": hub.token}, capture_output=True, text=True)
+    cli = subprocess.run(
+        [sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, "usage"],
+        env={**os.environ, "JUPYTERHUB_API_TOKEN": hub.token},
+        capture_output=True,
+        text=True,
+    )
     assert cli.returncode == 0 and any(line.startswith("uma ") for line in cli.stdout.splitlines()), cli
 
 

@@ -18,8 +18,6 @@ from tests.unit.test_ledger import LedgerContract, at, gpu
 _databases = itertools.count(1)
 
 
-
-
 class TestLedgerOnPostgres(LedgerContract):
     @pytest.fixture
     def url(self, pg):

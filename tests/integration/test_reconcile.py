@@ -28,15 +28,27 @@ def holders(hub, uuid: str) -> list[str]:
 def test_a_labelled_service_of_a_server_the_hub_does_not_know_is_adopted_then_removed(hub, swarm):
     """E.g. a spawn that a killed hub never finished: its GPU is held at once (so
     it is never handed out twice), and the service is removed at the next round."""
-    labels = {"gpuspawner.user": "ghost", "gpuspawner.server": "", "gpuspawner.host": "gpu-b",
-              "gpuspawner.devices": A100_1, "gpuspawner.model": "NVIDIA A100 80GB PCIe"}
+    labels = {
+        "gpuspawner.user": "ghost",
+        "gpuspawner.server": "",
+        "gpuspawner.host": "gpu-b",
+        "gpuspawner.devices": A100_1,
+        "gpuspawner.model": "NVIDIA A100 80GB PCIe",
+    }
     service = swarm.client().services.create(  # named as the hub names ghost's server
-        "gpuspawner-test/busybox:latest", ["sleep", "600"], name="jupyter-ghost", labels=labels,
-        constraints=["node.hostname==gpu-b"])
+        "gpuspawner-test/busybox:latest",
+        ["sleep", "600"],
+        name="jupyter-ghost",
+        labels=labels,
+        constraints=["node.hostname==gpu-b"],
+    )
     try:
         wait_until(lambda: holders(hub, A100_1) == ["ghost"], "the orphan service was not adopted", timeout=20)
-        wait_until(lambda: not swarm.client().services.list(filters={"name": "jupyter-ghost"}),
-                   "the orphan service was not removed", timeout=30)
+        wait_until(
+            lambda: not swarm.client().services.list(filters={"name": "jupyter-ghost"}),
+            "the orphan service was not removed",
+            timeout=30,
+        )
         wait_until(lambda: holders(hub, A100_1) == [], "the orphan's GPU was not released", timeout=30)
     finally:
         if swarm.client().services.list(filters={"name": "jupyter-ghost"}):
@@ -46,12 +58,22 @@ def test_a_labelled_service_of_a_server_the_hub_does_not_know_is_adopted_then_re
 def test_a_labelled_service_under_another_name_is_left_alone_and_shown_by_doctor(hub, swarm):
     """Labels are claims: a service that says it is ghost's server but is not
     named as the hub names it is neither charged to ghost nor removed."""
-    labels = {"gpuspawner.user": "ghost", "gpuspawner.server": "", "gpuspawner.host": "gpu-b",
-              "gpuspawner.devices": A100_1, "gpuspawner.model": "NVIDIA A100 80GB PCIe"}
+    labels = {
+        "gpuspawner.user": "ghost",
+        "gpuspawner.server": "",
+        "gpuspawner.host": "gpu-b",
+        "gpuspawner.devices": A100_1,
+        "gpuspawner.model": "NVIDIA A100 80GB PCIe",
+    }
     service = swarm.client().services.create(
-        "gpuspawner-test/busybox:latest", ["sleep", "600"], name="not-ghosts", labels=labels,
-        constraints=["node.hostname==gpu-b"])
+        "gpuspawner-test/busybox:latest",
+        ["sleep", "600"],
+        name="not-ghosts",
+        labels=labels,
+        constraints=["node.hostname==gpu-b"],
+    )
     try:
+
         def flagged():
             findings = hub.api("GET", "/gpuspawner/doctor").json()["findings"]
             return [f for f in findings if f["host"] == "not-ghosts"]

@@ -4,7 +4,6 @@ ever get a clean 4xx/503, never a 500, never a service or a GPU kept."""
 
 from __future__ import annotations
 
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,8 +20,13 @@ def hub(swarm, tmp_path_factory):
         yield h
 
 
-ADMIN_VIEWS = [("GET", "/hub/api/gpuspawner/alloc-map"), ("POST", "/hub/api/gpuspawner/rescan"),
-               ("GET", "/hub/api/gpuspawner/usage"), ("GET", "/hub/api/gpuspawner/doctor"), ("GET", "/hub/gpus")]
+ADMIN_VIEWS = [
+    ("GET", "/hub/api/gpuspawner/alloc-map"),
+    ("POST", "/hub/api/gpuspawner/rescan"),
+    ("GET", "/hub/api/gpuspawner/usage"),
+    ("GET", "/hub/api/gpuspawner/doctor"),
+    ("GET", "/hub/gpus"),
+]
 
 
 @pytest.mark.parametrize("method, path", ADMIN_VIEWS)
@@ -36,14 +40,20 @@ def test_admin_views_are_for_admins_only(hub, method, path):
 
 
 values = st.one_of(
-    st.none(), st.booleans(), st.integers(-5, 10), st.floats(allow_nan=False, allow_infinity=False),
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 10),
+    st.floats(allow_nan=False, allow_infinity=False),
     st.text(max_size=30),
     st.sampled_from([A100, GTX, "all", "0", "1", "gpu-a", "gpu-b", "a100,gpu-b", "void", "node.role==manager"]),
-    st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
 )
 options = st.dictionaries(
     st.sampled_from(["gpu_model", "gpu_count", "gpu_host", "gpu_share", "image", "env", "constraints", ""]),
-    values, max_size=4)
+    values,
+    max_size=4,
+)
 
 
 def check_clean(hub, swarm, user, r):
@@ -72,9 +82,13 @@ def test_fuzzed_rest_options_never_break_anything(hub, swarm, body):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(form=st.dictionaries(st.sampled_from(["gpu_model", "gpu_count", "gpu_host", "gpu_share", "x"]),
-                            st.lists(st.text(max_size=20) | st.sampled_from([A100, GTX, "1", "2", "all"]),
-                                     min_size=1, max_size=2), max_size=4))
+@given(
+    form=st.dictionaries(
+        st.sampled_from(["gpu_model", "gpu_count", "gpu_host", "gpu_share", "x"]),
+        st.lists(st.text(max_size=20) | st.sampled_from([A100, GTX, "1", "2", "all"]), min_size=1, max_size=2),
+        max_size=4,
+    )
+)
 def test_fuzzed_form_fields_never_break_anything(hub, swarm, form):
     s = login(hub, "fuzz-form")
     r = s.post(hub.url + "/hub/spawn/fuzz-form", data={**form, "_xsrf": s.cookies.get("_xsrf")}, timeout=60)

@@ -62,12 +62,15 @@ def test_seed_example_two_a100s_shared_by_0_2_and_1_2(hub, swarm):
     assert [d["allocated"] for d in m.values()] == [0, 0]
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"gpu_model": A100, "gpu_share": 0.33}, "0.05"),
-    ({"gpu_model": A100, "gpu_share": 3}, "limit"),
-    ({"gpu_model": A100, "gpu_share": 0.5, "gpu_count": 1}, "gpu_share"),
-    ({"gpu_model": "NVIDIA GeForce GTX 1070", "gpu_share": 0.5}, "GTX 1070"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"gpu_model": A100, "gpu_share": 0.33}, "0.05"),
+        ({"gpu_model": A100, "gpu_share": 3}, "limit"),
+        ({"gpu_model": A100, "gpu_share": 0.5, "gpu_count": 1}, "gpu_share"),
+        ({"gpu_model": "NVIDIA GeForce GTX 1070", "gpu_share": 0.5}, "GTX 1070"),
+    ],
+)
 def test_bad_shares_are_refused_and_create_nothing(hub, swarm, options, message):
     r = hub.spawn("dave", options)
     assert r.status_code == 400, r.text
@@ -80,8 +83,11 @@ def test_the_form_offers_shares_and_a_chosen_share_is_what_the_server_gets(hub, 
     page = s.get(hub.url + "/hub/spawn/erin", timeout=30).content.decode()
     assert 'name="gpu_share"' in page and '<option value="0.5">0.5 GPU</option>' in page
     assert "without isolation" in page
-    r = s.post(hub.url + "/hub/spawn/erin", data={"gpu_model": A100, "gpu_count": "1", "gpu_share": "0.5",
-                                                    "_xsrf": s.cookies.get("_xsrf")}, timeout=60)
+    r = s.post(
+        hub.url + "/hub/spawn/erin",
+        data={"gpu_model": A100, "gpu_count": "1", "gpu_share": "0.5", "_xsrf": s.cookies.get("_xsrf")},
+        timeout=60,
+    )
     assert r.status_code == 200
     hub.wait_ready("erin")
     env, labels = spec_of(swarm, "erin")

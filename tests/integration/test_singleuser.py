@@ -36,7 +36,9 @@ def test_user_lands_in_jupyterlab_whose_kernel_and_terminal_see_the_gpus(hub, sw
     assert page.url == hub.url + "/user/alice/lab"
     assert "jupyter-config-data" in page.text and "JupyterLab" in page.text
 
-    out = run_in_kernel(hub, "alice", "import os, getpass; print(os.environ['NVIDIA_VISIBLE_DEVICES'], getpass.getuser())")
+    out = run_in_kernel(
+        hub, "alice", "import os, getpass; print(os.environ['NVIDIA_VISIBLE_DEVICES'], getpass.getuser())"
+    )
     assert out.split() == [expected, "jovyan"]  # Jupyter does not run as root
     screen = run_in_terminal(hub, "alice", "echo GPUS=$NVIDIA_VISIBLE_DEVICES", r"GPUS=[^\s$]+\s")
     assert f"GPUS={expected}" in screen

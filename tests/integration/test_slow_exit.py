@@ -14,14 +14,14 @@ from tests.integration.support import hub_on, spawn_ready
 
 A100 = "NVIDIA A100 80GB PCIe"
 EXIT_SECONDS = 4  # how long a server takes to exit after SIGTERM
-SLOW_SERVER = f'''
+SLOW_SERVER = f"""
 c.GPUSwarmSpawner.cmd = [
     "/bin/sh", "-c",
     'port="${{JUPYTERHUB_SERVICE_URL##*:}}"; port="${{port%%/*}}"; mkdir -p /srv; '
     'trap "sleep {EXIT_SECONDS}; exit 0" TERM INT; httpd -f -p "$port" -h /srv & wait $!; wait $!',
 ]
 c.GPUSwarmSpawner.server_stop_timeout = 20
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +78,14 @@ def test_a_gpu_goes_to_the_next_user_only_after_the_last_holders_container_exite
         sampler.join()
     for at, seen in sampler.samples:
         uuids = [u for us in seen.values() for u in us]
-        assert len(uuids) == len(set(uuids)), f"{at - stopped_at:.1f} s after the stop: one GPU in two containers {seen}"
+        assert len(uuids) == len(set(uuids)), (
+            f"{at - stopped_at:.1f} s after the stop: one GPU in two containers {seen}"
+        )
     alma_gone = max(at for at, seen in sampler.samples if any("alma" in name for name in seen))
     assert refused >= 1 and accepted_at > alma_gone, (refused, accepted_at - stopped_at, alma_gone - stopped_at)
     assert accepted_at - stopped_at >= EXIT_SECONDS - 1
-    print(f"\nslow exit: alma's container ran {alma_gone - stopped_at:.1f} s after her stop; bob was refused "
-          f"{refused} times, and got the GPU {accepted_at - stopped_at:.1f} s after the stop")
+    print(
+        f"\nslow exit: alma's container ran {alma_gone - stopped_at:.1f} s after her stop; bob was refused "
+        f"{refused} times, and got the GPU {accepted_at - stopped_at:.1f} s after the stop"
+    )
     hub.stop_all_servers()

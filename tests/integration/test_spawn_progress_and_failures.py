@@ -88,9 +88,7 @@ def test_failed_start_removes_the_service_and_frees_the_gpus(hub, swarm, user, e
 def test_a_server_that_dies_gives_its_gpus_back(hub, swarm):
     assert spawn_events(hub, "pete", {"gpu_model": A100, "gpu_count": 2})[-1].get("ready")
     (service,) = services_of(swarm, "pete")
-    (container,) = swarm.client("gpu-b").containers.list(
-        filters={"label": f"com.docker.swarm.service.id={service.id}"}
-    )
+    (container,) = swarm.client("gpu-b").containers.list(filters={"label": f"com.docker.swarm.service.id={service.id}"})
     container.kill()
     # The hub's poll sees it dead, stops the server and removes the service...
     wait_gone(hub, "pete")

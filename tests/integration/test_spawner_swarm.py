@@ -119,7 +119,10 @@ def test_two_users_racing_for_the_last_gpu(hub, swarm):
     assert f"No {A100} is free right now (0 of 2 free)" in results[loser].json()["message"]
     hub.wait_ready(winner)
     assert services_of(swarm, loser) == []
-    held = [s.attrs["Spec"]["Labels"]["gpuspawner.devices"] for s in services_of(swarm, "carol") + services_of(swarm, winner)]
+    held = [
+        s.attrs["Spec"]["Labels"]["gpuspawner.devices"]
+        for s in services_of(swarm, "carol") + services_of(swarm, winner)
+    ]
     assert sorted(held) == sorted(UUIDS["gpu-b"])
 
     # Stopping a server frees its GPU for the next user.
@@ -145,8 +148,8 @@ def test_spawn_form_shows_free_counts_and_disables_full_models(hub, swarm):
     spawn_ready(hub, "holly", {"gpu_model": A100, "gpu_count": 2})
     page = login(hub, "ivan").get(hub.url + "/hub/spawn/ivan", timeout=30).text
     assert "0 of 2 free now" in page and "3 of 3 free now, up to 3 on one host" in page
-    a100_input = re.search(r"<input[^>]*value=\"%s\"[^>]*>" % re.escape(A100), page, re.S).group(0)
-    gtx_input = re.search(r"<input[^>]*value=\"%s\"[^>]*>" % re.escape(GTX), page, re.S).group(0)
+    a100_input = re.search(r"<input[^>]*value=\"" + re.escape(A100) + r"\"[^>]*>", page, re.S).group(0)
+    gtx_input = re.search(r"<input[^>]*value=\"" + re.escape(GTX) + r"\"[^>]*>", page, re.S).group(0)
     assert "disabled" in a100_input and "disabled" not in gtx_input
     assert "No GPU (CPU only)" in page
     # The count choice stops at the per-user limit (2), though 3 GTX are free.

@@ -111,10 +111,7 @@ def services(client):
 
 def _httpd_service(create, hostname: str, port: int):
     """busybox httpd on the host network of one node, serving "hello from <hostname>"."""
-    script = (
-        'mkdir -p /www && echo "hello from $(hostname)" > /www/index.html '
-        f"&& exec httpd -f -p {port} -h /www"
-    )
+    script = f'mkdir -p /www && echo "hello from $(hostname)" > /www/index.html && exec httpd -f -p {port} -h /www'
     return create(
         image=harness.TEST_IMAGE,
         command=["sh", "-c", script],

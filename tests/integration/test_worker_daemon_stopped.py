@@ -26,10 +26,13 @@ def quick_heartbeats(swarm):
 
 
 def test_a_worker_whose_daemon_stops_is_not_offered_its_servers_end_and_it_comes_back(
-        swarm, tmp_path, quick_heartbeats):
-    config = ("c.Spawner.poll_interval = 2\n"
-              "c.GPUSwarmSpawner.reconcile_interval = 2\n"
-              "c.GPUSwarmSpawner.server_stop_timeout = 3\n")
+    swarm, tmp_path, quick_heartbeats
+):
+    config = (
+        "c.Spawner.poll_interval = 2\n"
+        "c.GPUSwarmSpawner.reconcile_interval = 2\n"
+        "c.GPUSwarmSpawner.server_stop_timeout = 3\n"
+    )
     with hub_on(swarm, tmp_path / "hub", port_from=20600, extra_config=config) as hub:
         r = hub.spawn("mike", {"gpu_model": MODEL})
         assert r.status_code in (201, 202), r.text
@@ -37,17 +40,26 @@ def test_a_worker_whose_daemon_stops_is_not_offered_its_servers_end_and_it_comes
         pid = int((swarm.run_dir / "gpu-b.pid").read_text())
         os.kill(pid, signal.SIGSTOP)  # gpu-b's dockerd stops answering
         try:
-            node_down = lambda: swarm.client().nodes.list(filters={"name": "gpu-b"})[0].attrs["Status"]["State"] == "down"
+
+            def node_down():
+                return swarm.client().nodes.list(filters={"name": "gpu-b"})[0].attrs["Status"]["State"] == "down"
+
             wait_until(node_down, "the swarm did not notice gpu-b is down", timeout=60)
             # Its server is reported dead and gone from the hub; its GPUs are not offered.
             wait_until(lambda: hub.server_model("mike") is None, "mike's server was not reported dead", timeout=60)
             r = hub.spawn("nina", {"gpu_model": MODEL, "gpu_count": 2})
             assert r.status_code == 503 and "(0 of 2 free)" in r.json()["message"], r.text
+
             # Its container may still run on the stopped node: the GPU stays reserved,
             # shown as being removed, until the swarm can say the task ended.
-            held = lambda: [h for d in hub.api("GET", "/gpuspawner/alloc-map").json()["gpu-b"].values() for h in d["holders"]]
-            wait_until(lambda: [h["phase"] for h in held()] == ["removing"], "mike's GPU is not being removed",
-                       timeout=30)
+            def held():
+                return [
+                    h for d in hub.api("GET", "/gpuspawner/alloc-map").json()["gpu-b"].values() for h in d["holders"]
+                ]
+
+            wait_until(
+                lambda: [h["phase"] for h in held()] == ["removing"], "mike's GPU is not being removed", timeout=30
+            )
             time.sleep(5)  # several reconciliations while the node is down
             assert [(h["user"], h["phase"]) for h in held()] == [("mike", "removing")]
         finally:

@@ -32,12 +32,30 @@ EXPECTED_PROBLEMS = {
 # Device 6's MIG devices; slot 2 is empty. Slot 3's name lacks the profile, which
 # comes from its attributes instead.
 EXPECTED_MIG = [
-    {"index": 0, "uuid": "MIG-1d89abd8-d10a-5361-bd06-77a807048470", "profile": "1g.10gb",
-     "name": "NVIDIA A100 80GB PCIe MIG 1g.10gb", "memory_total_mib": 9728, "memory_used_mib": 1024},
-    {"index": 1, "uuid": "MIG-1d89abd8-d10a-5361-bd06-77a807048471", "profile": "3g.40gb",
-     "name": "NVIDIA A100 80GB PCIe MIG 3g.40gb", "memory_total_mib": 40192, "memory_used_mib": 0},
-    {"index": 3, "uuid": "MIG-1d89abd8-d10a-5361-bd06-77a807048473", "profile": "1c.2g.20gb",
-     "name": "NVIDIA A100 80GB PCIe", "memory_total_mib": 19968, "memory_used_mib": 0},
+    {
+        "index": 0,
+        "uuid": "MIG-1d89abd8-d10a-5361-bd06-77a807048470",
+        "profile": "1g.10gb",
+        "name": "NVIDIA A100 80GB PCIe MIG 1g.10gb",
+        "memory_total_mib": 9728,
+        "memory_used_mib": 1024,
+    },
+    {
+        "index": 1,
+        "uuid": "MIG-1d89abd8-d10a-5361-bd06-77a807048471",
+        "profile": "3g.40gb",
+        "name": "NVIDIA A100 80GB PCIe MIG 3g.40gb",
+        "memory_total_mib": 40192,
+        "memory_used_mib": 0,
+    },
+    {
+        "index": 3,
+        "uuid": "MIG-1d89abd8-d10a-5361-bd06-77a807048473",
+        "profile": "1c.2g.20gb",
+        "name": "NVIDIA A100 80GB PCIe",
+        "memory_total_mib": 19968,
+        "memory_used_mib": 0,
+    },
 ]
 
 
@@ -46,10 +64,20 @@ def expected_device(dev: dict) -> dict:
     if dev.get("lost"):
         # A lost GPU answers nothing but its position.
         return {
-            "index": i, "uuid": None, "name": None, "memory_total_mib": None,
-            "memory_used_mib": None, "utilization_gpu": None, "temperature_c": None,
-            "ecc_uncorrected": None, "lost": True, "processes": [], "mig_mode": None,
-            "mig_devices": [], "healthy": False, "problems": EXPECTED_PROBLEMS[i],
+            "index": i,
+            "uuid": None,
+            "name": None,
+            "memory_total_mib": None,
+            "memory_used_mib": None,
+            "utilization_gpu": None,
+            "temperature_c": None,
+            "ecc_uncorrected": None,
+            "lost": True,
+            "processes": [],
+            "mig_mode": None,
+            "mig_devices": [],
+            "healthy": False,
+            "problems": EXPECTED_PROBLEMS[i],
         }
     return {
         "index": i,
@@ -78,8 +106,9 @@ def devices_file(tmp_path_factory) -> Path:
 def run_agent(args, lib_dir, devices=None, **extra_env) -> subprocess.CompletedProcess:
     # PYTHONPATH: works without `pip install -e .` too
     env = fakenvml.process_env(lib_dir, devices, PYTHONPATH=str(REPO), **extra_env)
-    return subprocess.run([sys.executable, "-m", "gpuspawner.agent", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "gpuspawner.agent", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_probe_reports_every_device_exactly(fake_lib_dir, devices_file):
@@ -129,8 +158,7 @@ def test_no_library(tmp_path):
         skip_or_fail("a real libnvidia-ml.so.1 is installed system-wide, so the no-library case cannot be made")
     assert proc.returncode == 2
     assert proc.stdout == ""
-    assert proc.stderr == (
-        "gpuspawner-agent: no NVIDIA driver library (libnvidia-ml.so.1) found on this node\n")
+    assert proc.stderr == ("gpuspawner-agent: no NVIDIA driver library (libnvidia-ml.so.1) found on this node\n")
     assert "Traceback" not in proc.stderr
 
 
@@ -138,8 +166,10 @@ def test_library_but_no_driver(fake_lib_dir, devices_file):
     proc = run_agent(["probe"], fake_lib_dir, devices_file, FAKE_NVML_NO_DRIVER="1")
     assert proc.returncode == 2
     assert proc.stdout == ""
-    assert proc.stderr == ("gpuspawner-agent: the NVIDIA driver library is installed but the "
-                           "NVIDIA kernel driver is not loaded on this node\n")
+    assert proc.stderr == (
+        "gpuspawner-agent: the NVIDIA driver library is installed but the "
+        "NVIDIA kernel driver is not loaded on this node\n"
+    )
     assert "Traceback" not in proc.stderr
 
 
@@ -188,8 +218,7 @@ n.nvmlShutdown()
 print(json.dumps(out))
 """
     env = fakenvml.process_env(fake_lib_dir, devices_file)
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     mib = 1024 * 1024
     assert json.loads(proc.stdout) == {

@@ -26,13 +26,15 @@ from gpuspawner.agent import (
     [
         ({"lost": False, "ecc_uncorrected": 0, "temperature_c": 90}, 90, []),
         ({"lost": False, "ecc_uncorrected": None, "temperature_c": None}, 90, []),  # GeForce, no sensor
-        ({"lost": True, "ecc_uncorrected": None, "temperature_c": None}, 90,
-         ["GPU is lost (NVML_ERROR_GPU_IS_LOST)"]),
+        ({"lost": True, "ecc_uncorrected": None, "temperature_c": None}, 90, ["GPU is lost (NVML_ERROR_GPU_IS_LOST)"]),
         ({"lost": False, "ecc_uncorrected": 3, "temperature_c": 40}, 90, ["3 uncorrected ECC errors"]),
         ({"lost": False, "ecc_uncorrected": 0, "temperature_c": 91}, 90, ["temperature 91 C is above 90 C"]),
         ({"lost": False, "ecc_uncorrected": 0, "temperature_c": 91}, 92.5, []),
-        ({"lost": False, "ecc_uncorrected": 1, "temperature_c": 84}, 83.5,
-         ["1 uncorrected ECC errors", "temperature 84 C is above 83.5 C"]),
+        (
+            {"lost": False, "ecc_uncorrected": 1, "temperature_c": 84},
+            83.5,
+            ["1 uncorrected ECC errors", "temperature 84 C is above 83.5 C"],
+        ),
         ({}, 90, []),  # a record without the fields: nothing known, nothing wrong
     ],
 )
@@ -48,7 +50,7 @@ def test_device_problems(info, limit, problems):
         ("NVIDIA A100 80GB PCIe MIG 1c.2g.20gb", "1c.2g.20gb"),
         ("NVIDIA H100 80GB HBM3 MIG 1g.10gb+me", "1g.10gb+me"),
         ("MIG 7g.80gb", "7g.80gb"),
-        ("NVIDIA A100 80GB PCIe", None),          # older drivers: the GPU's name only
+        ("NVIDIA A100 80GB PCIe", None),  # older drivers: the GPU's name only
         ("NVIDIA A100-SXM4-40GB MIG", None),
         ("NVIDIA MIGHTY 1g.5gb", None),
         ("", None),
@@ -62,14 +64,14 @@ def test_mig_profile_from_name(name, profile):
 @pytest.mark.parametrize(
     "gi, ci, slice_mb, gpu_mib, profile",
     [
-        (1, 1, 4864, 40960, "1g.5gb"),        # A100 40GB
-        (1, 1, 9856, 81920, "1g.10gb"),       # A100 80GB
+        (1, 1, 4864, 40960, "1g.5gb"),  # A100 40GB
+        (1, 1, 9856, 81920, "1g.10gb"),  # A100 80GB
         (3, 3, 40320, 81920, "3g.40gb"),
-        (2, 1, 19968, 81920, "1c.2g.20gb"),   # a compute instance smaller than its GPU instance
-        (7, 7, 81152, 81920, "7g.80gb"),      # 79.25 GB on its own: rounding that gives "7g.79gb"
-        (1, 1, 11008, 95830, "1g.12gb"),      # H100 NVL, 94 GB
-        (0, 0, 9856, 81920, None),            # no attributes to speak of
-        (1, 1, 9856, None, None),             # GPU memory unknown
+        (2, 1, 19968, 81920, "1c.2g.20gb"),  # a compute instance smaller than its GPU instance
+        (7, 7, 81152, 81920, "7g.80gb"),  # 79.25 GB on its own: rounding that gives "7g.79gb"
+        (1, 1, 11008, 95830, "1g.12gb"),  # H100 NVL, 94 GB
+        (0, 0, 9856, 81920, None),  # no attributes to speak of
+        (1, 1, 9856, None, None),  # GPU memory unknown
     ],
 )
 def test_mig_profile_from_attributes(gi, ci, slice_mb, gpu_mib, profile):
@@ -138,8 +140,9 @@ def test_token_problems_are_one_sentence(tmp_path, monkeypatch, content, env, me
 
 def test_unreadable_token_file(tmp_path):
     missing = tmp_path / "nope"
-    with pytest.raises(AgentError, match=f"^gpuspawner-agent: cannot read the token file {missing}: "
-                                         "No such file or directory$"):
+    with pytest.raises(
+        AgentError, match=f"^gpuspawner-agent: cannot read the token file {missing}: No such file or directory$"
+    ):
         read_token(str(missing))
 
 
@@ -151,20 +154,41 @@ def test_backoff_doubles_from_the_interval_up_to_its_cap():
 
 
 def test_report_body_is_the_probe_plus_who_sends_it():
-    report = {"driver_version": "550.54.15", "cuda_version": "12.4", "device_count": 0,
-              "healthy": True, "devices": []}
+    report = {"driver_version": "550.54.15", "cuda_version": "12.4", "device_count": 0, "healthy": True, "devices": []}
     body = json.loads(encode_report(report, "gpu-a", 15.0))
-    assert body == dict(report, hostname="gpu-a", interval=15.0, agent_version=gpuspawner.__version__,
-                        docker_default_runtime=None)
+    assert body == dict(
+        report, hostname="gpu-a", interval=15.0, agent_version=gpuspawner.__version__, docker_default_runtime=None
+    )
 
 
 def test_run_command_line():
-    args = build_parser().parse_args([
-        "run", "--hub-url", "http://hub:8000/jhub/", "--token-file", "/run/secrets/t",
-        "--interval", "5", "--hostname", "gpu-a", "--max-temperature", "85", "--cycles", "3"])
-    assert (args.command, args.hub_url, args.token_file, args.interval, args.hostname,
-            args.max_temperature, args.cycles, args.timeout) == (
-        "run", "http://hub:8000/jhub/", "/run/secrets/t", 5.0, "gpu-a", 85.0, 3, agent.DEFAULT_TIMEOUT_S)
+    args = build_parser().parse_args(
+        [
+            "run",
+            "--hub-url",
+            "http://hub:8000/jhub/",
+            "--token-file",
+            "/run/secrets/t",
+            "--interval",
+            "5",
+            "--hostname",
+            "gpu-a",
+            "--max-temperature",
+            "85",
+            "--cycles",
+            "3",
+        ]
+    )
+    assert (
+        args.command,
+        args.hub_url,
+        args.token_file,
+        args.interval,
+        args.hostname,
+        args.max_temperature,
+        args.cycles,
+        args.timeout,
+    ) == ("run", "http://hub:8000/jhub/", "/run/secrets/t", 5.0, "gpu-a", 85.0, 3, agent.DEFAULT_TIMEOUT_S)
     defaults = build_parser().parse_args(["run", "--hub-url", "http://hub:8000"])
     assert (defaults.interval, defaults.cycles, defaults.hostname, defaults.token_file) == (15.0, None, None, None)
 

@@ -38,8 +38,9 @@ def hub():
 
 @pytest.fixture(scope="module")
 def devices_file(tmp_path_factory) -> Path:
-    return fakenvml.write_devices(tmp_path_factory.mktemp("gpus") / "devices.txt", MIXED_NODE,
-                                  driver="550.54.15", cuda=12040)
+    return fakenvml.write_devices(
+        tmp_path_factory.mktemp("gpus") / "devices.txt", MIXED_NODE, driver="550.54.15", cuda=12040
+    )
 
 
 @pytest.fixture
@@ -54,8 +55,14 @@ def start_agent(args, lib_dir, devices=None, **extra_env) -> subprocess.Popen:
     for key in ("GPUSPAWNER_AGENT_TOKEN", "GPUSPAWNER_AGENT_HOSTNAME"):
         if key not in extra_env:
             env.pop(key, None)
-    return subprocess.Popen([sys.executable, "-m", "gpuspawner.agent", "run", *args], cwd=REPO,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuspawner.agent", "run", *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 30) -> tuple[int, str, str]:
@@ -78,28 +85,56 @@ def log_lines(stderr: str) -> list[str]:
 
 def probe(lib_dir, devices) -> dict:
     env = fakenvml.process_env(lib_dir, devices, PYTHONPATH=str(REPO))
-    out = subprocess.run([sys.executable, "-m", "gpuspawner.agent", "probe"], cwd=REPO, env=env,
-                         capture_output=True, text=True, check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuspawner.agent", "probe"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     return json.loads(out.stdout)
 
 
 # ---- what it sends, where, with what credentials ----
 
+
 @pytest.mark.parametrize("base", ["/jhub/", "/jhub"])
 def test_posts_the_probe_report_with_its_token_under_the_hubs_base_path(
-        hub, fake_lib_dir, devices_file, token_file, base, tmp_path):
+    hub, fake_lib_dir, devices_file, token_file, base, tmp_path
+):
     daemon_json = tmp_path / "daemon.json"
     daemon_json.write_text('{"default-runtime": "nvidia", "runtimes": {}}')
-    proc = start_agent(["--hub-url", hub.url(base), "--token-file", str(token_file),
-                        "--interval", "0.05", "--hostname", "gpu-node-1", "--cycles", "2",
-                        "--docker-config", str(daemon_json)],
-                       fake_lib_dir, devices_file)
+    proc = start_agent(
+        [
+            "--hub-url",
+            hub.url(base),
+            "--token-file",
+            str(token_file),
+            "--interval",
+            "0.05",
+            "--hostname",
+            "gpu-node-1",
+            "--cycles",
+            "2",
+            "--docker-config",
+            str(daemon_json),
+        ],
+        fake_lib_dir,
+        devices_file,
+    )
     rc, out, err = finish(proc)
     assert rc == 0, err
     assert out == ""
     assert len(hub.requests) == 2
-    expected = dict(probe(fake_lib_dir, devices_file), hostname="gpu-node-1", interval=0.05,
-                    agent_version=gpuspawner.__version__, docker_default_runtime="nvidia")
+    expected = dict(
+        probe(fake_lib_dir, devices_file),
+        hostname="gpu-node-1",
+        interval=0.05,
+        agent_version=gpuspawner.__version__,
+        docker_default_runtime="nvidia",
+    )
     for path, headers, body in hub.requests:
         assert path == "/jhub" + REPORT
         assert headers["Authorization"] == f"token {TOKEN}"
@@ -114,9 +149,13 @@ def test_posts_the_probe_report_with_its_token_under_the_hubs_base_path(
 
 
 def test_token_and_hostname_from_the_environment(hub, fake_lib_dir, devices_file):
-    proc = start_agent(["--hub-url", hub.url(), "--interval", "0.05", "--cycles", "1"],
-                       fake_lib_dir, devices_file, GPUSPAWNER_AGENT_TOKEN="env-token",
-                       GPUSPAWNER_AGENT_HOSTNAME="gpu-from-env")
+    proc = start_agent(
+        ["--hub-url", hub.url(), "--interval", "0.05", "--cycles", "1"],
+        fake_lib_dir,
+        devices_file,
+        GPUSPAWNER_AGENT_TOKEN="env-token",
+        GPUSPAWNER_AGENT_HOSTNAME="gpu-from-env",
+    )
     rc, _, err = finish(proc)
     assert rc == 0, err
     [(path, headers, body)] = hub.requests
@@ -128,14 +167,18 @@ def test_token_and_hostname_from_the_environment(hub, fake_lib_dir, devices_file
 def test_hostname_defaults_to_this_machines(hub, fake_lib_dir, devices_file, token_file):
     import socket
 
-    proc = start_agent(["--hub-url", hub.url(), "--token-file", str(token_file), "--interval", "0.05",
-                        "--cycles", "1"], fake_lib_dir, devices_file)
+    proc = start_agent(
+        ["--hub-url", hub.url(), "--token-file", str(token_file), "--interval", "0.05", "--cycles", "1"],
+        fake_lib_dir,
+        devices_file,
+    )
     rc, _, err = finish(proc)
     assert rc == 0, err
     assert json.loads(hub.requests[0][2])["hostname"] == socket.gethostname()
 
 
 # ---- outages ----
+
 
 def test_waits_out_a_hub_outage_with_one_line_per_failure(hub, fake_lib_dir, devices_file, token_file):
     hub.answers = [
@@ -145,11 +188,25 @@ def test_waits_out_a_hub_outage_with_one_line_per_failure(hub, fake_lib_dir, dev
         (500, b"<html><body>Internal error</body></html>"),
         ("slow", 1.0),
     ]
-    proc = start_agent(["--hub-url", hub.url(), "--token-file", str(token_file), "--interval", "0.05",
-                        "--timeout", "0.3", "--cycles", "3"], fake_lib_dir, devices_file)
-    hub.wait_for(5)        # the slow one has arrived: take the hub down
+    proc = start_agent(
+        [
+            "--hub-url",
+            hub.url(),
+            "--token-file",
+            str(token_file),
+            "--interval",
+            "0.05",
+            "--timeout",
+            "0.3",
+            "--cycles",
+            "3",
+        ],
+        fake_lib_dir,
+        devices_file,
+    )
+    hub.wait_for(5)  # the slow one has arrived: take the hub down
     hub.stop()
-    time.sleep(1.5)        # the agent meets a refused connection at least once
+    time.sleep(1.5)  # the agent meets a refused connection at least once
     hub.start()
     rc, _, err = finish(proc)
     assert rc == 0, err
@@ -167,7 +224,10 @@ def test_waits_out_a_hub_outage_with_one_line_per_failure(hub, fake_lib_dir, dev
     assert refused, "no attempt met the hub down"
     for n, line in enumerate(refused, start=5):
         # 0.8 s, then the cap of 20 intervals (1 s)
-        assert line == f"report failed: cannot reach the hub: connection refused; retrying in {min(0.05 * 2 ** (n - 1), 1):g} s"
+        assert (
+            line
+            == f"report failed: cannot reach the hub: connection refused; retrying in {min(0.05 * 2 ** (n - 1), 1):g} s"
+        )
     assert lines == [
         f"reporting to {hub.url()}hub/api/gpuspawner/report every 0.05 s as {lines[0].rsplit(' ', 1)[1]}",
         "first report sent: 8 GPUs, 3 unhealthy",
@@ -180,12 +240,16 @@ def test_waits_out_a_hub_outage_with_one_line_per_failure(hub, fake_lib_dir, dev
 
 # ---- NVML across cycles ----
 
-def test_nvml_is_initialised_once_and_again_after_it_fails(hub, fake_lib_dir, devices_file,
-                                                          token_file, tmp_path):
+
+def test_nvml_is_initialised_once_and_again_after_it_fails(hub, fake_lib_dir, devices_file, token_file, tmp_path):
     calls = tmp_path / "nvml-calls.log"
-    proc = start_agent(["--hub-url", hub.url(), "--token-file", str(token_file), "--interval", "0.02",
-                        "--cycles", "5"], fake_lib_dir, devices_file,
-                       FAKE_NVML_CALL_LOG=str(calls), FAKE_NVML_FAIL_ON_COUNT="3")
+    proc = start_agent(
+        ["--hub-url", hub.url(), "--token-file", str(token_file), "--interval", "0.02", "--cycles", "5"],
+        fake_lib_dir,
+        devices_file,
+        FAKE_NVML_CALL_LOG=str(calls),
+        FAKE_NVML_FAIL_ON_COUNT="3",
+    )
     rc, _, err = finish(proc)
     assert rc == 0, err
     # One init for reports 1-2; the third read fails and closes NVML; a fresh init
@@ -200,42 +264,65 @@ def test_nvml_is_initialised_once_and_again_after_it_fails(hub, fake_lib_dir, de
 
 
 def test_a_gpu_lost_while_running_is_reported_under_its_uuid(hub, fake_lib_dir, devices_file, token_file):
-    proc = start_agent(["--hub-url", hub.url(), "--token-file", str(token_file), "--interval", "0.02",
-                        "--cycles", "3"], fake_lib_dir, devices_file, FAKE_NVML_LOSE_ON_COUNT="2:0")
+    proc = start_agent(
+        ["--hub-url", hub.url(), "--token-file", str(token_file), "--interval", "0.02", "--cycles", "3"],
+        fake_lib_dir,
+        devices_file,
+        FAKE_NVML_LOSE_ON_COUNT="2:0",
+    )
     rc, _, err = finish(proc)
     assert rc == 0, err
     first, *later = [json.loads(body)["devices"][0] for _, _, body in hub.requests]
     assert first["lost"] is False and first["healthy"] is True
     for dev in later:
         assert dev == {
-            "index": 0, "uuid": "GPU-0a1b2c3d-0000-4000-8000-000000000000", "name": "NVIDIA GeForce GTX 1070",
-            "memory_total_mib": None, "memory_used_mib": None, "utilization_gpu": None,
-            "temperature_c": None, "ecc_uncorrected": None, "lost": True, "processes": [],
-            "mig_mode": None, "mig_devices": [], "healthy": False,
+            "index": 0,
+            "uuid": "GPU-0a1b2c3d-0000-4000-8000-000000000000",
+            "name": "NVIDIA GeForce GTX 1070",
+            "memory_total_mib": None,
+            "memory_used_mib": None,
+            "utilization_gpu": None,
+            "temperature_c": None,
+            "ecc_uncorrected": None,
+            "lost": True,
+            "processes": [],
+            "mig_mode": None,
+            "mig_devices": [],
+            "healthy": False,
             "problems": ["GPU is lost (NVML_ERROR_GPU_IS_LOST)"],
         }
 
 
 # ---- start-up failures: exit 2 with one sentence, nothing sent ----
 
+
 @pytest.mark.parametrize(
     "make_args, env, sentence",
     [
-        (lambda hub, tmp: [], {},
-         "gpuspawner-agent: no hub token: pass --token-file FILE or set GPUSPAWNER_AGENT_TOKEN "
-         "(the token the hub's configuration gives the agents)"),
-        (lambda hub, tmp: ["--token-file", str(tmp / "missing")], {},
-         "gpuspawner-agent: cannot read the token file {tmp}/missing: No such file or directory"),
-        (lambda hub, tmp: ["--token-file", str(tmp / "token")], {"FAKE_NVML_NO_DRIVER": "1"},
-         "gpuspawner-agent: the NVIDIA driver library is installed but the NVIDIA kernel driver "
-         "is not loaded on this node"),
+        (
+            lambda hub, tmp: [],
+            {},
+            "gpuspawner-agent: no hub token: pass --token-file FILE or set GPUSPAWNER_AGENT_TOKEN "
+            "(the token the hub's configuration gives the agents)",
+        ),
+        (
+            lambda hub, tmp: ["--token-file", str(tmp / "missing")],
+            {},
+            "gpuspawner-agent: cannot read the token file {tmp}/missing: No such file or directory",
+        ),
+        (
+            lambda hub, tmp: ["--token-file", str(tmp / "token")],
+            {"FAKE_NVML_NO_DRIVER": "1"},
+            "gpuspawner-agent: the NVIDIA driver library is installed but the NVIDIA kernel driver "
+            "is not loaded on this node",
+        ),
     ],
     ids=["no token", "unreadable token file", "no driver"],
 )
-def test_start_up_failures_exit_2_with_one_sentence(hub, fake_lib_dir, devices_file, tmp_path,
-                                                     token_file, make_args, env, sentence):
-    proc = start_agent(["--hub-url", hub.url(), *make_args(hub, tmp_path)], fake_lib_dir,
-                       devices_file, **env)
+def test_start_up_failures_exit_2_with_one_sentence(
+    hub, fake_lib_dir, devices_file, tmp_path, token_file, make_args, env, sentence
+):
+    proc = start_agent(["--hub-url", hub.url(), *make_args(hub, tmp_path)], fake_lib_dir, devices_file, **env)
     rc, out, err = finish(proc)
     assert (rc, out, err) == (2, "", sentence.format(tmp=tmp_path) + "\n")
     assert hub.requests == []
@@ -249,19 +336,26 @@ def test_no_library_exits_2(hub, tmp_path, token_file):
     if rc == 0:  # a real driver on this machine shadows the test
         skip_or_fail("a real libnvidia-ml.so.1 is installed system-wide, so the no-library case cannot be made")
     assert (rc, out, err) == (
-        2, "", "gpuspawner-agent: no NVIDIA driver library (libnvidia-ml.so.1) found on this node\n")
+        2,
+        "",
+        "gpuspawner-agent: no NVIDIA driver library (libnvidia-ml.so.1) found on this node\n",
+    )
     assert hub.requests == []
 
 
 # ---- stopping ----
+
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 @pytest.mark.parametrize("where", ["between reports", "waiting for the hub"])
 def test_a_signal_stops_it_at_once_with_status_0(hub, fake_lib_dir, devices_file, token_file, sig, where):
     if where == "waiting for the hub":
         hub.answers = [("slow", 20)]
-    proc = start_agent(["--hub-url", hub.url(), "--token-file", str(token_file), "--interval", "30",
-                        "--timeout", "25"], fake_lib_dir, devices_file)
+    proc = start_agent(
+        ["--hub-url", hub.url(), "--token-file", str(token_file), "--interval", "30", "--timeout", "25"],
+        fake_lib_dir,
+        devices_file,
+    )
     hub.wait_for(1)
     time.sleep(0.2)  # inside the wait, not before it
     sent = time.monotonic()
@@ -275,6 +369,7 @@ def test_a_signal_stops_it_at_once_with_status_0(hub, fake_lib_dir, devices_file
 
 # ---- memory over many cycles ----
 
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -285,8 +380,11 @@ def rss_kib(pid: int) -> int:
 def test_memory_stays_flat_over_many_cycles(hub, fake_lib_dir, devices_file, token_file):
     cycles, early = 1500, 200
     rss = {}
-    proc = start_agent(["--hub-url", hub.url(), "--token-file", str(token_file), "--interval", "0.0001",
-                        "--cycles", str(cycles)], fake_lib_dir, devices_file)
+    proc = start_agent(
+        ["--hub-url", hub.url(), "--token-file", str(token_file), "--interval", "0.0001", "--cycles", str(cycles)],
+        fake_lib_dir,
+        devices_file,
+    )
     # Read while the agent waits for the answer to its report: the same point of each cycle.
     hub.on_request = lambda n: rss.__setitem__(n, rss_kib(proc.pid)) if n in (early, cycles) else None
     rc, _, err = finish(proc, timeout=120)

@@ -78,63 +78,145 @@ class Choice:
 
 
 CHOICES = [
-    Choice("1 of sizes 8/4/2: pack the smallest, spread the largest",
-           {"a": 8, "b": 4, "c": 2}, Request(GTX, 1),
-           pack=("c", GTX, [0]), spread=("a", GTX, [0])),
-    Choice("3 of sizes 8/4/2: pack skips hosts too small",
-           {"a": 8, "b": 4, "c": 2}, Request(GTX, 3),
-           pack=("b", GTX, [0, 1, 2]), spread=("a", GTX, [0, 1, 2])),
-    Choice("2 with 2/4/1 free: pack the exact fit",
-           {"a": 4, "b": 4, "c": 4}, Request(GTX, 2), held={"a": 2, "c": 3},
-           pack=("a", GTX, [2, 3]), spread=("b", GTX, [0, 1])),
-    Choice("1 with 2/4/1 free: pack the host with one left",
-           {"a": 4, "b": 4, "c": 4}, Request(GTX, 1), held={"a": 2, "c": 3},
-           pack=("c", GTX, [3]), spread=("b", GTX, [0])),
-    Choice("equal hosts: tie broken by hostname, not inventory order",
-           {"gpu-c": 4, "gpu-a": 4, "gpu-b": 4}, Request(GTX, 1),
-           pack=("gpu-a", GTX, [0]), spread=("gpu-a", GTX, [0])),
-    Choice("3 with 3/3/2 free: tie between a and b goes to a",
-           {"b": 4, "a": 4, "c": 2}, Request(GTX, 3), held={"b": 1, "a": 1},
-           pack=("a", GTX, [1, 2, 3]), spread=("a", GTX, [1, 2, 3])),
-    Choice("2 with 3/3/2 free",
-           {"b": 4, "a": 4, "c": 2}, Request(GTX, 2), held={"b": 1, "a": 1},
-           pack=("c", GTX, [0, 1]), spread=("a", GTX, [1, 2])),
-    Choice("a request for a whole host",
-           {"a": 8, "b": 2}, Request(GTX, 8),
-           pack=("a", GTX, [0, 1, 2, 3, 4, 5, 6, 7]), spread=("a", GTX, [0, 1, 2, 3, 4, 5, 6, 7])),
-    Choice("any model, 1: pack the model/host with least room",
-           {"a": [(A100, 2)], "b": [(GTX, 4)], "c": [(T4, 1)]}, Request(None, 1),
-           pack=("c", T4, [0]), spread=("b", GTX, [0])),
-    Choice("any model, 2: T4 host too small",
-           {"a": [(A100, 2)], "b": [(GTX, 4)], "c": [(T4, 1)]}, Request(None, 2),
-           pack=("a", A100, [0, 1]), spread=("b", GTX, [0, 1])),
-    Choice("any model, cross-model tie with hostname and model order agreeing",
-           {"a": [(A100, 2)], "b": [(GTX, 2)]}, Request(None, 1),
-           pack=("a", A100, [0]), spread=("a", A100, [0])),
-    Choice("a named model is never substituted",
-           {"a": [(A100, 2)], "b": [(GTX, 4)], "c": [(T4, 1)]}, Request(GTX, 1),
-           pack=("b", GTX, [0]), spread=("b", GTX, [0])),
-    Choice("mixed host: only the requested model's free devices count",
-           {"a": [(GTX, 2), (A100, 2)], "b": [(A100, 4)]}, Request(A100, 2),
-           pack=("a", A100, [2, 3]), spread=("b", A100, [0, 1])),
-    Choice("mixed host: the other model on it is ignored",
-           {"a": [(GTX, 2), (A100, 2)], "b": [(A100, 4)]}, Request(GTX, 1),
-           pack=("a", GTX, [0]), spread=("a", GTX, [0])),
-    Choice("pinned host wins over the policy",
-           {"a": 2, "b": 4, "c": 8}, Request(GTX, 1, host="b"),
-           pack=("b", GTX, [0]), spread=("b", GTX, [0])),
-    Choice("ALL: only hosts with every device free; pack the smallest",
-           {"a": 4, "b": 2, "c": 8}, Request(GTX, ALL), held={"a": 1},
-           pack=("b", GTX, [0, 1]), spread=("c", GTX, list(range(8)))),
-    Choice("ALL of a model on a mixed host takes that model only",
-           {"a": [(GTX, 2), (A100, 2)], "b": [(A100, 4)]}, Request(A100, ALL),
-           pack=("a", A100, [2, 3]), spread=("b", A100, [0, 1, 2, 3])),
-    Choice("ALL of any model: one model's devices, never a mix",
-           {"a": [(GTX, 2), (A100, 2)]}, Request(None, ALL), held={"a": [(A100, 1)]},
-           pack=("a", GTX, [0, 1]), spread=("a", GTX, [0, 1])),
-    Choice("ALL pinned to a whole-free host",
-           {"a": 4, "b": 2}, Request(GTX, ALL, host="a"),
-           pack=("a", GTX, [0, 1, 2, 3]), spread=("a", GTX, [0, 1, 2, 3])),
+    Choice(
+        "1 of sizes 8/4/2: pack the smallest, spread the largest",
+        {"a": 8, "b": 4, "c": 2},
+        Request(GTX, 1),
+        pack=("c", GTX, [0]),
+        spread=("a", GTX, [0]),
+    ),
+    Choice(
+        "3 of sizes 8/4/2: pack skips hosts too small",
+        {"a": 8, "b": 4, "c": 2},
+        Request(GTX, 3),
+        pack=("b", GTX, [0, 1, 2]),
+        spread=("a", GTX, [0, 1, 2]),
+    ),
+    Choice(
+        "2 with 2/4/1 free: pack the exact fit",
+        {"a": 4, "b": 4, "c": 4},
+        Request(GTX, 2),
+        held={"a": 2, "c": 3},
+        pack=("a", GTX, [2, 3]),
+        spread=("b", GTX, [0, 1]),
+    ),
+    Choice(
+        "1 with 2/4/1 free: pack the host with one left",
+        {"a": 4, "b": 4, "c": 4},
+        Request(GTX, 1),
+        held={"a": 2, "c": 3},
+        pack=("c", GTX, [3]),
+        spread=("b", GTX, [0]),
+    ),
+    Choice(
+        "equal hosts: tie broken by hostname, not inventory order",
+        {"gpu-c": 4, "gpu-a": 4, "gpu-b": 4},
+        Request(GTX, 1),
+        pack=("gpu-a", GTX, [0]),
+        spread=("gpu-a", GTX, [0]),
+    ),
+    Choice(
+        "3 with 3/3/2 free: tie between a and b goes to a",
+        {"b": 4, "a": 4, "c": 2},
+        Request(GTX, 3),
+        held={"b": 1, "a": 1},
+        pack=("a", GTX, [1, 2, 3]),
+        spread=("a", GTX, [1, 2, 3]),
+    ),
+    Choice(
+        "2 with 3/3/2 free",
+        {"b": 4, "a": 4, "c": 2},
+        Request(GTX, 2),
+        held={"b": 1, "a": 1},
+        pack=("c", GTX, [0, 1]),
+        spread=("a", GTX, [1, 2]),
+    ),
+    Choice(
+        "a request for a whole host",
+        {"a": 8, "b": 2},
+        Request(GTX, 8),
+        pack=("a", GTX, [0, 1, 2, 3, 4, 5, 6, 7]),
+        spread=("a", GTX, [0, 1, 2, 3, 4, 5, 6, 7]),
+    ),
+    Choice(
+        "any model, 1: pack the model/host with least room",
+        {"a": [(A100, 2)], "b": [(GTX, 4)], "c": [(T4, 1)]},
+        Request(None, 1),
+        pack=("c", T4, [0]),
+        spread=("b", GTX, [0]),
+    ),
+    Choice(
+        "any model, 2: T4 host too small",
+        {"a": [(A100, 2)], "b": [(GTX, 4)], "c": [(T4, 1)]},
+        Request(None, 2),
+        pack=("a", A100, [0, 1]),
+        spread=("b", GTX, [0, 1]),
+    ),
+    Choice(
+        "any model, cross-model tie with hostname and model order agreeing",
+        {"a": [(A100, 2)], "b": [(GTX, 2)]},
+        Request(None, 1),
+        pack=("a", A100, [0]),
+        spread=("a", A100, [0]),
+    ),
+    Choice(
+        "a named model is never substituted",
+        {"a": [(A100, 2)], "b": [(GTX, 4)], "c": [(T4, 1)]},
+        Request(GTX, 1),
+        pack=("b", GTX, [0]),
+        spread=("b", GTX, [0]),
+    ),
+    Choice(
+        "mixed host: only the requested model's free devices count",
+        {"a": [(GTX, 2), (A100, 2)], "b": [(A100, 4)]},
+        Request(A100, 2),
+        pack=("a", A100, [2, 3]),
+        spread=("b", A100, [0, 1]),
+    ),
+    Choice(
+        "mixed host: the other model on it is ignored",
+        {"a": [(GTX, 2), (A100, 2)], "b": [(A100, 4)]},
+        Request(GTX, 1),
+        pack=("a", GTX, [0]),
+        spread=("a", GTX, [0]),
+    ),
+    Choice(
+        "pinned host wins over the policy",
+        {"a": 2, "b": 4, "c": 8},
+        Request(GTX, 1, host="b"),
+        pack=("b", GTX, [0]),
+        spread=("b", GTX, [0]),
+    ),
+    Choice(
+        "ALL: only hosts with every device free; pack the smallest",
+        {"a": 4, "b": 2, "c": 8},
+        Request(GTX, ALL),
+        held={"a": 1},
+        pack=("b", GTX, [0, 1]),
+        spread=("c", GTX, list(range(8))),
+    ),
+    Choice(
+        "ALL of a model on a mixed host takes that model only",
+        {"a": [(GTX, 2), (A100, 2)], "b": [(A100, 4)]},
+        Request(A100, ALL),
+        pack=("a", A100, [2, 3]),
+        spread=("b", A100, [0, 1, 2, 3]),
+    ),
+    Choice(
+        "ALL of any model: one model's devices, never a mix",
+        {"a": [(GTX, 2), (A100, 2)]},
+        Request(None, ALL),
+        held={"a": [(A100, 1)]},
+        pack=("a", GTX, [0, 1]),
+        spread=("a", GTX, [0, 1]),
+    ),
+    Choice(
+        "ALL pinned to a whole-free host",
+        {"a": 4, "b": 2},
+        Request(GTX, ALL, host="a"),
+        pack=("a", GTX, [0, 1, 2, 3]),
+        spread=("a", GTX, [0, 1, 2, 3]),
+    ),
 ]
 
 
@@ -177,11 +259,15 @@ def test_devices_are_taken_lowest_index_first_after_releases():
 
 
 def test_devices_ordered_by_declared_index_not_list_order():
-    inventory = load_inventory({"a": [
-        {"uuid": "GPU-x7", "model": GTX, "memory_mib": 8192, "index": 7},
-        {"uuid": "GPU-x2", "model": GTX, "memory_mib": 8192, "index": 2},
-        {"uuid": "GPU-x5", "model": GTX, "memory_mib": 8192, "index": 5},
-    ]})
+    inventory = load_inventory(
+        {
+            "a": [
+                {"uuid": "GPU-x7", "model": GTX, "memory_mib": 8192, "index": 7},
+                {"uuid": "GPU-x2", "model": GTX, "memory_mib": 8192, "index": 2},
+                {"uuid": "GPU-x5", "model": GTX, "memory_mib": 8192, "index": 5},
+            ]
+        }
+    )
     alloc = Allocator(reversed(inventory))
     assert alloc.allocate("s", Request(GTX, 2)).uuids == ("GPU-x2", "GPU-x5")
 
@@ -236,9 +322,7 @@ def test_all_refused_while_every_host_has_some_in_use():
     alloc = Allocator(gpus({"a": 4, "b": 2}))
     hold(alloc, {"a": 1, "b": 1})
     e = refusal(alloc, Request(GTX, ALL))
-    assert e.message == (
-        f"All GPUs of one host requested ({GTX}), but every host has some in use right now"
-    )
+    assert e.message == (f"All GPUs of one host requested ({GTX}), but every host has some in use right now")
     assert e.status == 503
 
 
@@ -557,11 +641,15 @@ def test_negative_count_is_refused_and_cannot_bypass_the_limit():
     assert got is None
 
 
-@pytest.mark.parametrize("request_", [
-    Request(A100, 1, host="a"),  # a has no A100 at all
-    Request(GTX, 3, host="a"),  # a has only 2 GTX
-    Request(None, 3, host="a"),  # a has only 2 devices
-], ids=["model-not-on-host", "more-than-host-has", "any-model-more-than-host-has"])
+@pytest.mark.parametrize(
+    "request_",
+    [
+        Request(A100, 1, host="a"),  # a has no A100 at all
+        Request(GTX, 3, host="a"),  # a has only 2 GTX
+        Request(None, 3, host="a"),  # a has only 2 devices
+    ],
+    ids=["model-not-on-host", "more-than-host-has", "any-model-more-than-host-has"],
+)
 def test_pinned_never_satisfiable_is_400(request_):
     alloc = Allocator(gpus({"a": [(GTX, 2)], "b": [(A100, 4)]}))
     e = refusal(alloc, request_)

@@ -138,8 +138,10 @@ class Reference:
         for model in [req.model] if req.model is not None else self.models:
             for host in [req.host] if req.host is not None else self.hosts:
                 n = len(self.devices(host, model))
-                if n and (req.count == ALL or n >= req.count) and (
-                    limit is None or (n if req.count == ALL else req.count) <= limit
+                if (
+                    n
+                    and (req.count == ALL or n >= req.count)
+                    and (limit is None or (n if req.count == ALL else req.count) <= limit)
                 ):
                     return False
         return True
@@ -162,8 +164,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         ref = self.ref
         model = data.draw(st.sampled_from(ref.models + [None, None, UNKNOWN_MODEL]), label="model")
         count = data.draw(st.one_of(st.integers(1, 9), st.integers(1, 3), st.just(ALL)), label="count")
-        host = data.draw(st.one_of(st.none(), st.none(), st.sampled_from(ref.hosts + [UNKNOWN_HOST])),
-                         label="host")
+        host = data.draw(st.one_of(st.none(), st.none(), st.sampled_from(ref.hosts + [UNKNOWN_HOST])), label="host")
         owner = data.draw(st.sampled_from(OWNERS), label="owner")
         limit = data.draw(st.one_of(st.none(), st.integers(1, 8)), label="max_per_owner")
         req = Request(model=model, count=count, host=host, owner=owner)
@@ -223,8 +224,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def set_available_hosts(self, data):
         ref = self.ref
-        hosts = data.draw(st.one_of(st.none(), st.sets(st.sampled_from(ref.hosts + [UNKNOWN_HOST]))),
-                          label="available")
+        hosts = data.draw(st.one_of(st.none(), st.sets(st.sampled_from(ref.hosts + [UNKNOWN_HOST]))), label="available")
         ref.available = hosts
         self.alloc.set_available_hosts(hosts)
         self.mirror.set_available_hosts(None if hosts is None else sorted(hosts, reverse=True))
@@ -236,8 +236,10 @@ class AllocatorMachine(RuleBasedStateMachine):
         owner = data.draw(st.sampled_from(OWNERS), label="owner")
         host = data.draw(st.sampled_from(ref.hosts), label="host")
         same_host = [g.uuid for g in ref.gpus if g.host == host]
-        uuids = data.draw(st.lists(st.sampled_from(same_host + list(ref.by_uuid) + ["GPU-not-there"]),
-                                   max_size=4, unique=True), label="uuids")
+        uuids = data.draw(
+            st.lists(st.sampled_from(same_host + list(ref.by_uuid) + ["GPU-not-there"]), max_size=4, unique=True),
+            label="uuids",
+        )
         self.serial += 1
 
         problems, devices = [], []

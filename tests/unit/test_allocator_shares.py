@@ -46,7 +46,7 @@ def booked(state: dict, sharing: dict, policy: str = "pack") -> Allocator:
             used = entry[1] if isinstance(entry, tuple) else entry
             uuid = f"GPU-{host}-{index}"
             if used == "W":
-                assert alloc.adopt(f"pre-{uuid}", "pre", host, [uuid]) [1] == []
+                assert alloc.adopt(f"pre-{uuid}", "pre", host, [uuid])[1] == []
             elif used:
                 assert alloc.adopt(f"pre-{uuid}", "pre", host, [uuid], [used])[1] == []
     return alloc
@@ -89,36 +89,70 @@ VECTORS = [
     Vector("least room across hosts", {"a": [0.2, 0], "b": [0.6, 0]}, 0.4, {"GPU-b-0": "0.4"}),
     Vector("equal room: hostname, then index", {"b": [0.5, 0.5], "a": [0, 0.5, 0.5]}, 0.25, {"GPU-a-1": "0.25"}),
     Vector("never on a device held whole", {"a": ["W", 0]}, 0.5, {"GPU-a-1": "0.5"}),
-    Vector("pack: the untouched device on the host with fewest untouched", {"a": [0, 0, 0], "b": ["W", 0]},
-           0.5, {"GPU-b-1": "0.5"}),
-    Vector("spread: the untouched device on the host with most untouched", {"a": [0, 0, 0], "b": ["W", 0]},
-           0.5, {"GPU-a-0": "0.5"}, policy="spread"),
+    Vector(
+        "pack: the untouched device on the host with fewest untouched",
+        {"a": [0, 0, 0], "b": ["W", 0]},
+        0.5,
+        {"GPU-b-1": "0.5"},
+    ),
+    Vector(
+        "spread: the untouched device on the host with most untouched",
+        {"a": [0, 0, 0], "b": ["W", 0]},
+        0.5,
+        {"GPU-a-0": "0.5"},
+        policy="spread",
+    ),
     Vector("pinned host: least room there", {"a": [0.6, 0], "b": [0.1, 0.2]}, 0.3, {"GPU-b-1": "0.3"}, host="b"),
-    Vector("pinned host, any model, all untouched: ranked as whole GPUs (pack: fewest free)",
-           {"a": [(A100, 0), (A100, 0), (T4, 0)]}, 0.5, {"GPU-a-2": "0.5"}, model=None, host="a"),
+    Vector(
+        "pinned host, any model, all untouched: ranked as whole GPUs (pack: fewest free)",
+        {"a": [(A100, 0), (A100, 0), (T4, 0)]},
+        0.5,
+        {"GPU-a-2": "0.5"},
+        model=None,
+        host="a",
+    ),
     # More than one device has free: split evenly over the fewest devices of one host.
     Vector("1.2 -> 0.6 + 0.6", {"a": [0, 0]}, 1.2, {"GPU-a-0": "0.6", "GPU-a-1": "0.6"}),
     Vector("1.3 -> 0.65 + 0.65 (quantum 0.05)", {"a": [0, 0]}, 1.3, {"GPU-a-0": "0.65", "GPU-a-1": "0.65"}),
-    Vector("1.3 -> 0.7 + 0.6 (quantum 0.1): the larger piece where least room fits it", {"a": [0.2, 0.3]}, 1.3,
-           {"GPU-a-0": "0.6", "GPU-a-1": "0.7"}, sharing={"*": {"quantum": 0.1, "split": True}}),
+    Vector(
+        "1.3 -> 0.7 + 0.6 (quantum 0.1): the larger piece where least room fits it",
+        {"a": [0.2, 0.3]},
+        1.3,
+        {"GPU-a-0": "0.6", "GPU-a-1": "0.7"},
+        sharing={"*": {"quantum": 0.1, "split": True}},
+    ),
     Vector("seed: 1.2 next to a 0.2 share", {"a": [0.2, 0]}, 1.2, {"GPU-a-0": "0.6", "GPU-a-1": "0.6"}),
-    Vector("no single device has room: 0.8 -> 0.4 + 0.4", {"a": [0.6, 0.6]}, 0.8,
-           {"GPU-a-0": "0.4", "GPU-a-1": "0.4"}),
-    Vector("fewest devices wins over least room", {"a": [0.5, 0.5, 0.5], "b": [0, 0]}, 1.2,
-           {"GPU-b-0": "0.6", "GPU-b-1": "0.6"}),
-    Vector("same number of devices: least room", {"a": [0, 0], "b": [0.3, 0, 0]}, 1.2,
-           {"GPU-b-0": "0.6", "GPU-b-1": "0.6"}),
-    Vector("2.5 over three devices", {"a": [0, 0, 0, 0]}, 2.5,
-           {"GPU-a-0": "0.85", "GPU-a-1": "0.85", "GPU-a-2": "0.8"}),
+    Vector("no single device has room: 0.8 -> 0.4 + 0.4", {"a": [0.6, 0.6]}, 0.8, {"GPU-a-0": "0.4", "GPU-a-1": "0.4"}),
+    Vector(
+        "fewest devices wins over least room",
+        {"a": [0.5, 0.5, 0.5], "b": [0, 0]},
+        1.2,
+        {"GPU-b-0": "0.6", "GPU-b-1": "0.6"},
+    ),
+    Vector(
+        "same number of devices: least room", {"a": [0, 0], "b": [0.3, 0, 0]}, 1.2, {"GPU-b-0": "0.6", "GPU-b-1": "0.6"}
+    ),
+    Vector(
+        "2.5 over three devices", {"a": [0, 0, 0, 0]}, 2.5, {"GPU-a-0": "0.85", "GPU-a-1": "0.85", "GPU-a-2": "0.8"}
+    ),
     Vector("2 -> two whole devices", {"a": [0.5, 0, 0]}, 2, {"GPU-a-1": "1", "GPU-a-2": "1"}),
-    Vector("one model only on a mixed host", {"a": [(GTX, 0), (A100, 0.5), (A100, 0)]}, 1.1,
-           {"GPU-a-1": "0.5", "GPU-a-2": "0.6"}, sharing={"*": {"quantum": 0.1, "split": True}}),
-    Vector("any model: only shareable models", {"a": [(GTX, 0), (A100, 0)]}, 0.5, {"GPU-a-1": "0.5"},
-           sharing={A100: {"quantum": 0.5}}, model=None),
-    Vector("allowed list", {"a": [0.5, 0]}, 0.5, {"GPU-a-0": "0.5"},
-           sharing={"*": {"shares": [0.25, 0.5]}}),
-    Vector("exact values from floats, Decimals and Fractions", {"a": [0.1, 0]}, Decimal("0.9"),
-           {"GPU-a-0": "0.9"}),
+    Vector(
+        "one model only on a mixed host",
+        {"a": [(GTX, 0), (A100, 0.5), (A100, 0)]},
+        1.1,
+        {"GPU-a-1": "0.5", "GPU-a-2": "0.6"},
+        sharing={"*": {"quantum": 0.1, "split": True}},
+    ),
+    Vector(
+        "any model: only shareable models",
+        {"a": [(GTX, 0), (A100, 0)]},
+        0.5,
+        {"GPU-a-1": "0.5"},
+        sharing={A100: {"quantum": 0.5}},
+        model=None,
+    ),
+    Vector("allowed list", {"a": [0.5, 0]}, 0.5, {"GPU-a-0": "0.5"}, sharing={"*": {"shares": [0.25, 0.5]}}),
+    Vector("exact values from floats, Decimals and Fractions", {"a": [0.1, 0]}, Decimal("0.9"), {"GPU-a-0": "0.9"}),
 ]
 
 
@@ -152,36 +186,127 @@ def test_the_seed_example():
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("state, sharing, request_, kw, retry, message", [
-    ({"a": [0, 0]}, NO_SPLIT, Request(A100, share=1.2), {}, False,
-     f"1.2 of a GPU requested, but shares of {A100} are at most 1 GPU (splitting over several devices is not enabled)"),
-    ({"a": [0.6, 0.6]}, NO_SPLIT, Request(A100, share=0.5), {}, True,
-     f"0.5 × {A100} requested, but not that much is free on one device right now (at most 0.4 on one device)"),
-    ({"a": [0.6, 0.6]}, SPLIT, Request(A100, share=1), {}, True,
-     f"1 × {A100} requested, but not that much is free on one device or one host right now (at most 0.4 on one device)"),
-    ({"a": [0], "b": [0]}, SPLIT, Request(A100, share=1.2), {}, False,
-     f"1.2 × {A100} requested, but no host has more than 1 to split it over"),
-    ({"a": [0, 0]}, None, Request(A100, share=0.5), {}, False,
-     f"{A100} is not shared on this hub; ask for whole GPUs (gpu_count) instead"),
-    ({"a": [0, 0]}, None, Request(None, share=0.5), {}, False,
-     "GPU sharing is not enabled on this hub; ask for whole GPUs (gpu_count) instead"),
-    ({"a": [0, 0]}, SPLIT, Request(A100, share=0.33), {}, False,
-     f"0.33 of a GPU is not offered for {A100}; choose a multiple of 0.05"),
-    ({"a": [0, 0]}, {"*": {"shares": [0.25, 0.5]}}, Request(A100, share=0.3), {}, False,
-     f"0.3 of a GPU is not offered for {A100}; choose one of: 0.25, 0.5"),
-    ({"a": [0, 0]}, SPLIT, Request(A100, share=0), {}, False, "gpu_share must be more than 0"),
-    ({"a": [0, 0]}, SPLIT, Request(A100, share=float("nan")), {}, False, "gpu_share must be a finite number, got nan"),
-    ({"a": [0, 0]}, SPLIT, Request(A100, share=True), {}, False, "gpu_share must be a number such as 0.5, got True"),
-    ({"a": [0, 0]}, SPLIT, Request(A100, share="0.5"), {}, False, "gpu_share must be a number such as 0.5, got '0.5'"),
-    ({"a": [0, 0]}, SPLIT, Request("NVIDIA H100 80GB HBM3", share=0.5), {}, False, "Unknown GPU model"),
-    ({"a": [0, 0]}, SPLIT, Request(A100, share=1.5, owner="alice"), {"max_per_owner": 1}, False,
-     f"1.5 × {A100} requested, but the limit is 1 per user"),
-    ({"a": [0, 0]}, SPLIT, Request(A100, share=0.5, host="z"), {}, False, "z is not a GPU host; choose one of: a"),
-    ({"a": [0, 0], "b": [0]}, SPLIT, Request(A100, share=1.5, host="b"), {}, False,
-     f"1.5 × {A100} requested on b, which has 1 of that model"),
-    ({"a": [0.9, 0.9], "b": [0]}, SPLIT, Request(A100, share=0.5, host="a"), {}, True,
-     f"0.5 × {A100} requested on a, not enough free there right now"),
-], ids=lambda x: x if isinstance(x, str) and len(x) < 40 else None)
+@pytest.mark.parametrize(
+    "state, sharing, request_, kw, retry, message",
+    [
+        (
+            {"a": [0, 0]},
+            NO_SPLIT,
+            Request(A100, share=1.2),
+            {},
+            False,
+            f"1.2 of a GPU requested, but shares of {A100} are at most 1 GPU (splitting over several devices is not enabled)",
+        ),
+        (
+            {"a": [0.6, 0.6]},
+            NO_SPLIT,
+            Request(A100, share=0.5),
+            {},
+            True,
+            f"0.5 × {A100} requested, but not that much is free on one device right now (at most 0.4 on one device)",
+        ),
+        (
+            {"a": [0.6, 0.6]},
+            SPLIT,
+            Request(A100, share=1),
+            {},
+            True,
+            f"1 × {A100} requested, but not that much is free on one device or one host right now (at most 0.4 on one device)",
+        ),
+        (
+            {"a": [0], "b": [0]},
+            SPLIT,
+            Request(A100, share=1.2),
+            {},
+            False,
+            f"1.2 × {A100} requested, but no host has more than 1 to split it over",
+        ),
+        (
+            {"a": [0, 0]},
+            None,
+            Request(A100, share=0.5),
+            {},
+            False,
+            f"{A100} is not shared on this hub; ask for whole GPUs (gpu_count) instead",
+        ),
+        (
+            {"a": [0, 0]},
+            None,
+            Request(None, share=0.5),
+            {},
+            False,
+            "GPU sharing is not enabled on this hub; ask for whole GPUs (gpu_count) instead",
+        ),
+        (
+            {"a": [0, 0]},
+            SPLIT,
+            Request(A100, share=0.33),
+            {},
+            False,
+            f"0.33 of a GPU is not offered for {A100}; choose a multiple of 0.05",
+        ),
+        (
+            {"a": [0, 0]},
+            {"*": {"shares": [0.25, 0.5]}},
+            Request(A100, share=0.3),
+            {},
+            False,
+            f"0.3 of a GPU is not offered for {A100}; choose one of: 0.25, 0.5",
+        ),
+        ({"a": [0, 0]}, SPLIT, Request(A100, share=0), {}, False, "gpu_share must be more than 0"),
+        (
+            {"a": [0, 0]},
+            SPLIT,
+            Request(A100, share=float("nan")),
+            {},
+            False,
+            "gpu_share must be a finite number, got nan",
+        ),
+        (
+            {"a": [0, 0]},
+            SPLIT,
+            Request(A100, share=True),
+            {},
+            False,
+            "gpu_share must be a number such as 0.5, got True",
+        ),
+        (
+            {"a": [0, 0]},
+            SPLIT,
+            Request(A100, share="0.5"),
+            {},
+            False,
+            "gpu_share must be a number such as 0.5, got '0.5'",
+        ),
+        ({"a": [0, 0]}, SPLIT, Request("NVIDIA H100 80GB HBM3", share=0.5), {}, False, "Unknown GPU model"),
+        (
+            {"a": [0, 0]},
+            SPLIT,
+            Request(A100, share=1.5, owner="alice"),
+            {"max_per_owner": 1},
+            False,
+            f"1.5 × {A100} requested, but the limit is 1 per user",
+        ),
+        ({"a": [0, 0]}, SPLIT, Request(A100, share=0.5, host="z"), {}, False, "z is not a GPU host; choose one of: a"),
+        (
+            {"a": [0, 0], "b": [0]},
+            SPLIT,
+            Request(A100, share=1.5, host="b"),
+            {},
+            False,
+            f"1.5 × {A100} requested on b, which has 1 of that model",
+        ),
+        (
+            {"a": [0.9, 0.9], "b": [0]},
+            SPLIT,
+            Request(A100, share=0.5, host="a"),
+            {},
+            True,
+            f"0.5 × {A100} requested on a, not enough free there right now",
+        ),
+    ],
+    ids=lambda x: x if isinstance(x, str) and len(x) < 40 else None,
+)
 def test_refusals(state, sharing, request_, kw, retry, message):
     e = refusal(booked(state, sharing), request_, **kw)
     assert message in e.message
@@ -361,8 +486,14 @@ def test_device_map_and_usage():
     rows = {d.uuid: d for d in alloc.device_map()}
     assert list(rows) == ["GPU-a-0", "GPU-a-1", "GPU-a-2", "GPU-b-0"]
     assert rows["GPU-a-0"] == DeviceUse(
-        uuid="GPU-a-0", host="a", index=0, model=A100, memory_mib=81920, available=True,
-        allocated=Fraction(4, 5), whole=False,
+        uuid="GPU-a-0",
+        host="a",
+        index=0,
+        model=A100,
+        memory_mib=81920,
+        available=True,
+        allocated=Fraction(4, 5),
+        whole=False,
         holders=(Sharer("x", "alice", Fraction(1, 5)), Sharer("y", "bob", Fraction(3, 5))),
     )
     assert alloc.device("GPU-a-2") == GPU("a", 2, "GPU-a-2", T4, 15360) and alloc.device("GPU-x") is None
@@ -376,14 +507,26 @@ def test_device_map_and_usage():
 
 
 def test_summary_tells_the_form_what_may_be_shared():
-    alloc = Allocator(inventory({"a": [0, 0, (T4, 0)]}),
-                      sharing={A100: {"quantum": 0.05, "split": True}, T4: {"shares": [0.25, 0.5]}})
+    alloc = Allocator(
+        inventory({"a": [0, 0, (T4, 0)]}), sharing={A100: {"quantum": 0.05, "split": True}, T4: {"shares": [0.25, 0.5]}}
+    )
     alloc.allocate("x", Request(A100, share=1.7))
     by = {s.model: s for s in alloc.summary()}
     a100, t4 = by[A100], by[T4]
     assert (a100.shareable, a100.quantum, a100.shares, a100.split) == (True, Fraction(1, 20), None, True)
     assert (a100.free, a100.largest_block, a100.largest_share) == (0, 0, Fraction(3, 20))
     assert (t4.shareable, t4.quantum, t4.shares, t4.split, t4.largest_share) == (
-        True, Fraction(1, 4), (Fraction(1, 4), Fraction(1, 2)), False, 1)
+        True,
+        Fraction(1, 4),
+        (Fraction(1, 4), Fraction(1, 2)),
+        False,
+        1,
+    )
     plain = Allocator(inventory({"a": [0]})).summary()[0]
-    assert (plain.shareable, plain.quantum, plain.shares, plain.split, plain.largest_share) == (False, None, None, False, 0)
+    assert (plain.shareable, plain.quantum, plain.shares, plain.split, plain.largest_share) == (
+        False,
+        None,
+        None,
+        False,
+        0,
+    )

@@ -118,11 +118,15 @@ class SharesMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def allocate_share(self, data):
         model = data.draw(st.sampled_from(self.models + [None]), label="model")
-        share = data.draw(st.one_of(
-            st.sampled_from(SHARES),
-            st.builds(lambda k, q: round(k * q, 3), st.integers(1, 10), st.sampled_from(QUANTA)),
-            self.valid_shares(model), self.valid_shares(model),
-        ), label="share")
+        share = data.draw(
+            st.one_of(
+                st.sampled_from(SHARES),
+                st.builds(lambda k, q: round(k * q, 3), st.integers(1, 10), st.sampled_from(QUANTA)),
+                self.valid_shares(model),
+                self.valid_shares(model),
+            ),
+            label="share",
+        )
         host = data.draw(st.one_of(st.none(), st.none(), st.sampled_from(self.hosts + ["gpu-gone"])), label="host")
         owner = data.draw(st.sampled_from(OWNERS), label="owner")
         limit = data.draw(st.one_of(st.none(), st.integers(1, 4)), label="limit")
@@ -256,8 +260,12 @@ class SharesMachine(RuleBasedStateMachine):
         host = data.draw(st.sampled_from(self.hosts), label="host")
         on_host = [g.uuid for g in self.gpus if g.host == host]
         uuids = data.draw(st.lists(st.sampled_from(on_host), min_size=1, max_size=3, unique=True), label="uuids")
-        shares = data.draw(st.one_of(st.none(), st.lists(st.sampled_from([0.1, 0.25, 0.5, 0.6, 1]),
-                                                         min_size=len(uuids), max_size=len(uuids))), label="shares")
+        shares = data.draw(
+            st.one_of(
+                st.none(), st.lists(st.sampled_from([0.1, 0.25, 0.5, 0.6, 1]), min_size=len(uuids), max_size=len(uuids))
+            ),
+            label="shares",
+        )
         holder = data.draw(st.sampled_from(sorted(self.alloc.holdings()) + [f"adopted-{self.serial}"]), label="holder")
         owner = data.draw(st.sampled_from(OWNERS), label="owner")
         self.serial += 1
@@ -286,8 +294,9 @@ class SharesMachine(RuleBasedStateMachine):
         inventory = [g for g in self.gpus if g.host != host] + kept
         if not inventory:
             return  # an allocator without devices has nothing to decide
-        assert self.alloc.set_host_devices(host, reversed(kept)) == (sorted(kept) != [g for g in self.gpus
-                                                                                      if g.host == host])
+        assert self.alloc.set_host_devices(host, reversed(kept)) == (
+            sorted(kept) != [g for g in self.gpus if g.host == host]
+        )
         self.mirror.set_inventory(list(reversed(inventory)))
         for gpu in kept:
             self.ever.setdefault(host, {})[gpu.uuid] = gpu

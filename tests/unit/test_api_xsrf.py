@@ -37,7 +37,12 @@ def test_every_post_endpoint_is_an_api_handler_with_jupyterhubs_checks():
 def _handler(cls, headers: dict, *, token: bool):
     app = web.Application(xsrf_cookies=True, cookie_secret="x" * 32, hub=SimpleNamespace(base_url="/hub/"))
     start = RequestStartLine("POST", "/hub/api/gpuspawner/rescan", "HTTP/1.1")
-    request = HTTPServerRequest(start_line=start, headers=HTTPHeaders({"Host": "hub.example.org", **headers}), body=b"", connection=_Connection())
+    request = HTTPServerRequest(
+        start_line=start,
+        headers=HTTPHeaders({"Host": "hub.example.org", **headers}),
+        body=b"",
+        connection=_Connection(),
+    )
     handler = cls(app, request)
     handler._jupyterhub_user = object()  # authenticated, as prepare() leaves it
     handler._token_authenticated = token
@@ -50,8 +55,9 @@ class _Connection:
 
 
 @pytest.mark.parametrize("cls", POSTING)
-@pytest.mark.parametrize("headers", [{}, {"Sec-Fetch-Mode": "cors", "Sec-Fetch-Site": "cross-site"},
-                                     {"X-XSRFToken": "forged"}])
+@pytest.mark.parametrize(
+    "headers", [{}, {"Sec-Fetch-Mode": "cors", "Sec-Fetch-Site": "cross-site"}, {"X-XSRFToken": "forged"}]
+)
 def test_a_cookie_authenticated_post_without_the_token_is_403(cls, headers, monkeypatch):
     handler = _handler(cls, headers, token=False)
     monkeypatch.setattr(type(handler), "xsrf_token", property(lambda self: b"the-real-token"))

@@ -8,10 +8,22 @@ from gpuspawner.cli import format_alloc_map, main
 
 MAP = {
     "gpu-b": {
-        "GPU-b0": {"model": "A100", "index": 0, "allocated": 0.8, "health": "ok", "problems": [],
-                   "holders": [{"user": "ann", "server": "", "share": 0.2}, {"user": "bob", "server": "big", "share": 0.6}]},
-        "GPU-b1": {"model": "A100", "index": 1, "allocated": 0, "health": "unhealthy",
-                   "problems": ["2 uncorrected ECC errors"], "holders": []},
+        "GPU-b0": {
+            "model": "A100",
+            "index": 0,
+            "allocated": 0.8,
+            "health": "ok",
+            "problems": [],
+            "holders": [{"user": "ann", "server": "", "share": 0.2}, {"user": "bob", "server": "big", "share": 0.6}],
+        },
+        "GPU-b1": {
+            "model": "A100",
+            "index": 1,
+            "allocated": 0,
+            "health": "unhealthy",
+            "problems": ["2 uncorrected ECC errors"],
+            "holders": [],
+        },
     }
 }
 

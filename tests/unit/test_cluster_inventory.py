@@ -8,14 +8,14 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
+
 from gpuspawner.allocator import AllocationRefused, Allocator, Request
 from gpuspawner.cluster import GPUCluster, InventorySettings
 from gpuspawner.inventory import GPU
-from gpuspawner.reports import parse_report
 from gpuspawner.labels import ServerLabels
+from gpuspawner.reports import parse_report
 from tests.unit.test_reports import A100, MIG, device, report
-
-import pytest
 
 GTX = "NVIDIA GeForce GTX 1070"
 SHARING = {"*": {"quantum": 0.05, "split": True}}
@@ -46,8 +46,12 @@ def test_unhealthy_gpus_are_not_offered_their_reason_is_kept_and_recovery_puts_t
     ok = [device(i, f"GPU-a100-{i}") for i in range(4)]
     send(c, report(*ok))
     assert free(c) == {A100: 4}
-    sick = [device(0, "GPU-a100-0", ecc_uncorrected=2), device(1, "GPU-a100-1", temperature_c=91),
-            {"index": 2, "uuid": None, "lost": True}, device(3, "GPU-a100-3")]
+    sick = [
+        device(0, "GPU-a100-0", ecc_uncorrected=2),
+        device(1, "GPU-a100-1", temperature_c=91),
+        {"index": 2, "uuid": None, "lost": True},
+        device(3, "GPU-a100-3"),
+    ]
     send(c, report(*sick), now=1)
     assert free(c) == {A100: 1}
     m = c.alloc_map()["gpu-b"]
@@ -130,8 +134,11 @@ def test_one_host_at_a_time_gives_the_allocator_a_full_rebuild_gives(seed):
 
     def body(h):
         s = state[h]
-        return [device(i, f"GPU-{h}-{i}", s["name"], ecc_uncorrected=int(i == s["sick"]))
-                for i in range(4) if i not in s["gone"]]
+        return [
+            device(i, f"GPU-{h}-{i}", s["name"], ecc_uncorrected=int(i == s["sick"]))
+            for i in range(4)
+            if i not in s["gone"]
+        ]
 
     def decide(name, request):
         got = []

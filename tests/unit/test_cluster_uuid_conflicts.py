@@ -38,11 +38,23 @@ def hosts_of(cluster) -> dict[str, str]:
 
 
 def findings(cluster):
-    nodes = [Node(id=h, hostname=h, addr="10.0.0.1", ready=True, availability="active", generic_resources=())
-             for h in ("gpu-a", "gpu-b")]
+    nodes = [
+        Node(id=h, hostname=h, addr="10.0.0.1", ready=True, availability="active", generic_resources=())
+        for h in ("gpu-a", "gpu-b")
+    ]
     reports = {host: r for host, (r, _) in cluster.reports.items()}
-    return [f for f in diagnose(nodes, cluster.settings.static, reports, cluster.stale, cluster.settings.sources,
-                                conflicts=cluster.uuid_conflicts) if f.fix == FIX]
+    return [
+        f
+        for f in diagnose(
+            nodes,
+            cluster.settings.static,
+            reports,
+            cluster.stale,
+            cluster.settings.sources,
+            conflicts=cluster.uuid_conflicts,
+        )
+        if f.fix == FIX
+    ]
 
 
 def test_a_report_naming_another_hosts_uuid_is_refused_and_takes_nothing():
@@ -55,7 +67,8 @@ def test_a_report_naming_another_hosts_uuid_is_refused_and_takes_nothing():
     assert isinstance(refused.value, ReportError)  # the endpoint answers 400
     assert str(refused.value) == (
         "report refused: GPU-b1 is on gpu-b (by its agent's report), not on gpu-a: a copied inventory or "
-        "a spoofed agent; check nvidia-smi -L on both")
+        "a spoofed agent; check nvidia-smi -L on both"
+    )
     # Nothing of it is taken: gpu-a keeps its previous report (and its time), GPU-a2 is not offered.
     assert c.reports["gpu-a"] is a_before
     assert hosts_of(c) == {"GPU-a0": "gpu-a", "GPU-b0": "gpu-b", "GPU-b1": "gpu-b"}
@@ -77,7 +90,9 @@ def test_the_message_counts_every_conflicting_uuid():
         send(c, report(device(0, "GPU-b1"), device(1, "GPU-b0"), hostname="gpu-a"))
     assert "GPU-b0 is on gpu-b" in str(refused.value) and "(and 1 more)" in str(refused.value)
     assert [(x.host, x.uuid, x.owner) for x in refused.value.conflicts] == [
-        ("gpu-a", "GPU-b0", "gpu-b"), ("gpu-a", "GPU-b1", "gpu-b")]
+        ("gpu-a", "GPU-b0", "gpu-b"),
+        ("gpu-a", "GPU-b1", "gpu-b"),
+    ]
     assert "gpu-a" not in c.reports
 
 
@@ -220,4 +235,5 @@ def test_the_endpoint_answers_400_with_the_sentence():
         asyncio.run(bad.post())
     assert answer.value.status_code == 400
     assert answer.value.log_message.startswith(
-        "report refused: GPU-b0 is on gpu-b (by its agent's report), not on gpu-a")
+        "report refused: GPU-b0 is on gpu-b (by its agent's report), not on gpu-a"
+    )

@@ -116,9 +116,12 @@ def test_the_metrics_count_what_the_map_shows():
     for host, devices in c.alloc_map().items():
         for d in devices.values():
             labels = (host, d["model"])
-            for name, value in (("gpuspawner_devices", 1), ("gpuspawner_devices_unhealthy", d["health"] != "ok"),
-                                ("gpuspawner_devices_free", d["health"] == "ok" and not d["holders"]),
-                                ("gpuspawner_allocated_share", d["allocated"])):
+            for name, value in (
+                ("gpuspawner_devices", 1),
+                ("gpuspawner_devices_unhealthy", d["health"] != "ok"),
+                ("gpuspawner_devices_free", d["health"] == "ok" and not d["holders"]),
+                ("gpuspawner_allocated_share", d["allocated"]),
+            ):
                 expected[(name, *labels)] = expected.get((name, *labels), 0) + value
     assert gauges(c) == expected
 
@@ -266,10 +269,12 @@ def test_alloc_map_gives_the_caller_its_own_dicts():
 
 
 async def test_the_gpu_page_shows_each_host_card_and_what_changed():
-    loader = jinja2.ChoiceLoader([
-        jinja2.DictLoader({"page.html": "<html><body><main>{% block main %}{% endblock %}</main></body></html>"}),
-        jinja2.FileSystemLoader(TEMPLATES),
-    ])
+    loader = jinja2.ChoiceLoader(
+        [
+            jinja2.DictLoader({"page.html": "<html><body><main>{% block main %}{% endblock %}</main></body></html>"}),
+            jinja2.FileSystemLoader(TEMPLATES),
+        ]
+    )
     page_env = jinja2.Environment(loader=loader, autoescape=True, enable_async=True)
     card = jinja2.Environment(loader=loader, autoescape=True).get_template("gpus_host.html")
 

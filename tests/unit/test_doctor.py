@@ -31,8 +31,13 @@ def test_a_clean_cluster_has_no_findings():
 
 
 def test_generic_gpu_resources_are_an_error_with_the_fix():
-    (f,) = diagnose([node("gpu-a", ("NVIDIA-GPU",)), node("gpu-b", ("ssd",))], [GPU("gpu-a", 0, "GPU-a0", "x", 1)],
-                    {}, {}, ["static"])
+    (f,) = diagnose(
+        [node("gpu-a", ("NVIDIA-GPU",)), node("gpu-b", ("ssd",))],
+        [GPU("gpu-a", 0, "GPU-a0", "x", 1)],
+        {},
+        {},
+        ["static"],
+    )
     assert (f.severity, f.host) == ("error", "gpu-a") and "NVIDIA-GPU" in f.problem
     assert "node-generic-resources" in f.fix
 
@@ -46,8 +51,11 @@ def test_gpus_without_the_nvidia_default_runtime_are_an_error():
 
 
 def test_inventory_disagreeing_with_the_nodes():
-    static = [GPU("gpu-b", 0, "GPU-b0", "A100 (old name)", 81920), GPU("gpu-b", 1, "GPU-gone", A100, 81920),
-              GPU("gpu-z", 0, "GPU-z0", A100, 81920)]
+    static = [
+        GPU("gpu-b", 0, "GPU-b0", "A100 (old name)", 81920),
+        GPU("gpu-b", 1, "GPU-gone", A100, 81920),
+        GPU("gpu-z", 0, "GPU-z0", A100, 81920),
+    ]
     reports = parsed(report(device(0, "GPU-b0"), device(2, "GPU-new")))
     found = problems(diagnose([node("gpu-b")], static, reports, {}, ["static", "agent"]))
     assert ("error", "gpu-z", "the GPU inventory lists this host, but it is not a node of this swarm") in found
@@ -65,9 +73,17 @@ def test_a_refused_report_naming_another_nodes_uuid_is_an_error_with_the_fix():
     from gpuspawner.reports import Conflict
 
     refused = Conflict("gpu-a", "GPU-b0", "gpu-b", True, since=0.0, last=5.0)
-    (f,) = diagnose([node("gpu-a"), node("gpu-b")], [GPU("gpu-b", 0, "GPU-b0", A100, 81920)], {}, {}, ["static"],
-                    conflicts=[refused])
+    (f,) = diagnose(
+        [node("gpu-a"), node("gpu-b")],
+        [GPU("gpu-b", 0, "GPU-b0", A100, 81920)],
+        {},
+        {},
+        ["static"],
+        conflicts=[refused],
+    )
     assert (f.severity, f.host) == ("error", "gpu-a")
-    assert f.problem == ("its agent's reports are refused since 1970-01-01T00:00:00Z: "
-                         "GPU-b0 is on gpu-b (in the static inventory), not on gpu-a")
+    assert f.problem == (
+        "its agent's reports are refused since 1970-01-01T00:00:00Z: "
+        "GPU-b0 is on gpu-b (in the static inventory), not on gpu-a"
+    )
     assert f.fix == "the same UUID on two nodes: a copied inventory or a spoofed agent; check nvidia-smi -L on both"

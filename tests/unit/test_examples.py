@@ -16,7 +16,9 @@ def load_config(path, monkeypatch, **env):
 
 
 def test_example_config_loads_and_names_the_spawner(monkeypatch):
-    c = load_config(REPO / "examples/jupyterhub_config.py", monkeypatch, GPUSPAWNER_INVENTORY=str(REPO / "examples/gpus.yaml"))
+    c = load_config(
+        REPO / "examples/jupyterhub_config.py", monkeypatch, GPUSPAWNER_INVENTORY=str(REPO / "examples/gpus.yaml")
+    )
     assert c.JupyterHub.spawner_class == "gpuswarm"
     assert c.GPUSwarmSpawner.allocation_policy in POLICIES
     assert c.JupyterHub.cleanup_servers is False
@@ -61,20 +63,38 @@ def test_validate_config_accepts_the_example_inventory():
     "section, settings, message",
     [
         ("Spawner", {"environment": {"NVIDIA_VISIBLE_DEVICES": "all"}}, "environment sets NVIDIA_VISIBLE_DEVICES"),
-        ("DockerSpawner", {"extra_container_spec": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}},
-         "extra_container_spec sets NVIDIA_VISIBLE_DEVICES"),
-        ("SwarmSpawner", {"extra_task_spec": {"ContainerSpec": {"Env": {"GPUSPAWNER_GPU_SHARES": "1"}}}},
-         "extra_task_spec container_spec sets GPUSPAWNER_GPU_SHARES"),
-        ("SwarmSpawner", {"extra_placement_spec": {"constraints": ["node.hostname==gpu-z"]}},
-         "extra_placement_spec constraint 'node.hostname==gpu-z'"),
-        ("GPUSwarmSpawner", {"extra_task_spec": {"placement": {"Constraints": ["node.id == abc"]}}},
-         "extra_task_spec placement constraint 'node.id == abc'"),
-        ("GPUSwarmSpawner", {"extra_task_spec": {"restart_policy": {"condition": "any"}}},
-         "extra_task_spec restart_policy condition 'any'"),
+        (
+            "DockerSpawner",
+            {"extra_container_spec": {"env": ["NVIDIA_VISIBLE_DEVICES=all"]}},
+            "extra_container_spec sets NVIDIA_VISIBLE_DEVICES",
+        ),
+        (
+            "SwarmSpawner",
+            {"extra_task_spec": {"ContainerSpec": {"Env": {"GPUSPAWNER_GPU_SHARES": "1"}}}},
+            "extra_task_spec container_spec sets GPUSPAWNER_GPU_SHARES",
+        ),
+        (
+            "SwarmSpawner",
+            {"extra_placement_spec": {"constraints": ["node.hostname==gpu-z"]}},
+            "extra_placement_spec constraint 'node.hostname==gpu-z'",
+        ),
+        (
+            "GPUSwarmSpawner",
+            {"extra_task_spec": {"placement": {"Constraints": ["node.id == abc"]}}},
+            "extra_task_spec placement constraint 'node.id == abc'",
+        ),
+        (
+            "GPUSwarmSpawner",
+            {"extra_task_spec": {"restart_policy": {"condition": "any"}}},
+            "extra_task_spec restart_policy condition 'any'",
+        ),
         ("DockerSpawner", {"extra_create_kwargs": {"name": "jupyter"}}, "extra_create_kwargs sets 'name'"),
         ("GPUSwarmSpawner", {"extra_create_kwargs": {"task_template": {}}}, "extra_create_kwargs sets 'task_template'"),
-        ("GPUSwarmSpawner", {"extra_create_kwargs": {"labels": {"gpuspawner.devices": "GPU-1"}}},
-         "extra_create_kwargs labels 'gpuspawner.devices'"),
+        (
+            "GPUSwarmSpawner",
+            {"extra_create_kwargs": {"labels": {"gpuspawner.devices": "GPU-1"}}},
+            "extra_create_kwargs labels 'gpuspawner.devices'",
+        ),
     ],
 )
 def test_validate_config_refuses_settings_that_could_only_conflict(section, settings, message):

@@ -29,9 +29,11 @@ def fake():
 
 def run(coro_fn, fake):
     """Run ``coro_fn(swarm)`` against the fake through a real thread pool, as the hub does."""
+
     async def main():
         with ThreadPoolExecutor(2) as pool:
             return await coro_fn(Swarm(fake, pool))
+
     return asyncio.run(main())
 
 
@@ -79,8 +81,20 @@ def test_a_service_from_its_creation_to_its_tasks_end(fake):
 
     run(scenario, fake)
     assert [m for m, _, _ in fake.calls] == [
-        "create_service", "tasks", "tasks", "services", "remove_service", "services", "tasks", "tasks", "tasks",
-        "tasks", "tasks", "tasks", "remove_service"]
+        "create_service",
+        "tasks",
+        "tasks",
+        "services",
+        "remove_service",
+        "services",
+        "tasks",
+        "tasks",
+        "tasks",
+        "tasks",
+        "tasks",
+        "tasks",
+        "remove_service",
+    ]
 
 
 def test_inspect_service_gives_the_published_port_and_then_404(fake):
@@ -130,8 +144,10 @@ def test_task_failures_and_exits_carry_their_reason(fake):
     fake.create_service(**service())
     [task_id] = fake.task_ids("jupyter-alice")
     fake.advance(task_id, "preparing")
-    assert fake.tasks(filters={"service": "jupyter-alice", "desired-state": "running"})[0]["Status"]["State"] \
+    assert (
+        fake.tasks(filters={"service": "jupyter-alice", "desired-state": "running"})[0]["Status"]["State"]
         == "preparing"
+    )
     fake.fail(task_id, "rejected", "invalid mount config")
     status = fake.tasks(filters={"id": [task_id]})[0]["Status"]
     assert (status["State"], status["Err"]) == ("rejected", "invalid mount config")

@@ -17,7 +17,7 @@ VOID = {"input", "br", "img", "meta", "link", "hr"}
 
 
 class Node:
-    def __init__(self, tag: str, attrs: dict, parent: "Node | None"):
+    def __init__(self, tag: str, attrs: dict, parent: Node | None):
         self.tag, self.attrs, self.parent, self.children, self.own_text = tag, attrs, parent, [], []
 
     @property
@@ -34,11 +34,14 @@ class Node:
             yield child
             yield from child.iter()
 
-    def find_all(self, tag: str | None = None, **attrs) -> list["Node"]:
-        return [n for n in self.iter() if (tag is None or n.tag == tag)
-                and all(n.attrs.get(k.rstrip("_")) == v for k, v in attrs.items())]
+    def find_all(self, tag: str | None = None, **attrs) -> list[Node]:
+        return [
+            n
+            for n in self.iter()
+            if (tag is None or n.tag == tag) and all(n.attrs.get(k.rstrip("_")) == v for k, v in attrs.items())
+        ]
 
-    def by_id(self, id_: str) -> "Node":
+    def by_id(self, id_: str) -> Node:
         (node,) = self.find_all(id=id_)
         return node
 
@@ -100,7 +103,10 @@ def test_each_model_shows_its_memory_and_what_is_free_now():
     form = render()
     a100, gtx = radio(form, A100.model), radio(form, GTX.model)
     assert label_of(form, a100).text == A100.model
-    assert help_of(form, a100) == "80 GiB memory · 3 of 8 free now, up to 2 on one host (2 on hosts that are down, drained or paused)"
+    assert (
+        help_of(form, a100)
+        == "80 GiB memory · 3 of 8 free now, up to 2 on one host (2 on hosts that are down, drained or paused)"
+    )
     assert help_of(form, gtx) == "8 GiB memory · 0 of 4 free now"
 
 
@@ -123,7 +129,10 @@ def test_no_model_is_offered_when_the_user_may_hold_no_more():
     form = render(models=[A100], max_count=0, held=2)
     assert "disabled" in radio(form, A100.model).attrs
     assert form.find_all("select") == []
-    assert form.by_id("gpu-count-help").text == "You hold 2 GPUs, your limit: stop one of your other servers to use a GPU here."
+    assert (
+        form.by_id("gpu-count-help").text
+        == "You hold 2 GPUs, your limit: stop one of your other servers to use a GPU here."
+    )
 
 
 @pytest.mark.parametrize(
@@ -216,13 +225,27 @@ def test_shares_are_offered_for_shareable_models_with_what_they_mean():
 
     from gpuspawner.form import SHARE_NOTES, _share_choices
 
-    full_but_shareable = ModelSummary("NVIDIA A100 80GB PCIe", 81920, total=2, free=0, largest_block=0, unavailable=0,
-                                      shareable=True, quantum=Fraction(1, 4), split=False,
-                                      largest_share=Fraction(1, 2))
+    full_but_shareable = ModelSummary(
+        "NVIDIA A100 80GB PCIe",
+        81920,
+        total=2,
+        free=0,
+        largest_block=0,
+        unavailable=0,
+        shareable=True,
+        quantum=Fraction(1, 4),
+        split=False,
+        largest_share=Fraction(1, 2),
+    )
     choices = _share_choices([full_but_shareable, GTX], Fraction(2))
     assert choices == ["0.25", "0.5"]  # no more than one device has free, without split
-    form = render(models=[full_but_shareable, GTX], max_count=0, room=Fraction(2), share_choices=choices,
-                  share_note=SHARE_NOTES["none"])
+    form = render(
+        models=[full_but_shareable, GTX],
+        max_count=0,
+        room=Fraction(2),
+        share_choices=choices,
+        share_note=SHARE_NOTES["none"],
+    )
     a100 = radio(form, full_but_shareable.model)
     assert "disabled" not in a100.attrs  # no whole GPU free, but a share is
     assert "can be shared: up to 0.5 of one GPU free" in help_of(form, a100)

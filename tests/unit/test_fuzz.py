@@ -60,21 +60,55 @@ def answer(error: type[Exception], call, *args, **kwargs):
 digits = st.text("0123456789", min_size=1, max_size=6000)
 look_alike_digits = st.text("٠١٢٣٤٥٦٧٨٩０１２３４５６７８９߀¹²³₀", min_size=1, max_size=8)
 numberish_text = st.one_of(
-    digits, look_alike_digits,
-    st.sampled_from(["NaN", "nan", "inf", "-inf", "Infinity", "1e10000", "-1e10000", "0x10", "1_000", " 1 ",
-                     "1.", ".5", "0.0001", "-0", "+1", "1e-7", "all", "ALL", "", "\x00", "\ud800", "1\n2"]),
+    digits,
+    look_alike_digits,
+    st.sampled_from(
+        [
+            "NaN",
+            "nan",
+            "inf",
+            "-inf",
+            "Infinity",
+            "1e10000",
+            "-1e10000",
+            "0x10",
+            "1_000",
+            " 1 ",
+            "1.",
+            ".5",
+            "0.0001",
+            "-0",
+            "+1",
+            "1e-7",
+            "all",
+            "ALL",
+            "",
+            "\x00",
+            "\ud800",
+            "1\n2",
+        ]
+    ),
     st.text(max_size=30),
 )
 nasty_numbers = st.one_of(
     # huge ones built by map: hypothesis itself cannot repr a strategy holding 10**5000
-    st.integers(), st.integers(4000, 6000).map(lambda k: 10**k), st.integers(4000, 6000).map(lambda k: -(10**k) - 1),
-    st.floats(), st.sampled_from([float("nan"), float("inf"), -float("inf"), 1e308, 5e-324, -0.0]),
-    st.decimals(), st.sampled_from([Decimal("1e999999"), Decimal("NaN"), Decimal("sNaN"), Decimal("-Infinity")]),
-    st.fractions(), st.just(Fraction(1, 3)), st.booleans(),
+    st.integers(),
+    st.integers(4000, 6000).map(lambda k: 10**k),
+    st.integers(4000, 6000).map(lambda k: -(10**k) - 1),
+    st.floats(),
+    st.sampled_from([float("nan"), float("inf"), -float("inf"), 1e308, 5e-324, -0.0]),
+    st.decimals(),
+    st.sampled_from([Decimal("1e999999"), Decimal("NaN"), Decimal("sNaN"), Decimal("-Infinity")]),
+    st.fractions(),
+    st.just(Fraction(1, 3)),
+    st.booleans(),
 )
 scalars = st.one_of(st.none(), nasty_numbers, numberish_text)
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
-                                                                                             max_size=3), max_leaves=8)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
 MODELS = ["NVIDIA A100 80GB PCIe", "H100"]
 HOSTS = ["node1", "node2"]
 POLICIES = [None, {"*": {"shares": [0.25, 0.5]}}, {"H100": {"quantum": 0.1, "split": True}}]
@@ -84,8 +118,16 @@ POLICIES = [None, {"*": {"shares": [0.25, 0.5]}}, {"H100": {"quantum": 0.1, "spl
 
 
 def _check_options(options, max_count, allow_host_choice, sharing):
-    r = answer(OptionsError, parse_user_options, options, models=MODELS, hosts=HOSTS, max_count=max_count,
-               allow_host_choice=allow_host_choice, sharing=sharing)
+    r = answer(
+        OptionsError,
+        parse_user_options,
+        options,
+        models=MODELS,
+        hosts=HOSTS,
+        max_count=max_count,
+        allow_host_choice=allow_host_choice,
+        sharing=sharing,
+    )
     if r is REFUSED:
         return
     assert isinstance(r, GPURequest)
@@ -97,10 +139,17 @@ def _check_options(options, max_count, allow_host_choice, sharing):
 
 @FUZZ
 @given(
-    options=st.one_of(values, st.dictionaries(st.sampled_from([*KEYS, "gpu_COUNT", "_xsrf"]),
-                                              st.one_of(scalars, st.sampled_from([*MODELS, *HOSTS, "all"])),
-                                              max_size=4)),
-    max_count=st.integers(0, 8), allow_host_choice=st.booleans(), sharing=st.sampled_from(POLICIES),
+    options=st.one_of(
+        values,
+        st.dictionaries(
+            st.sampled_from([*KEYS, "gpu_COUNT", "_xsrf"]),
+            st.one_of(scalars, st.sampled_from([*MODELS, *HOSTS, "all"])),
+            max_size=4,
+        ),
+    ),
+    max_count=st.integers(0, 8),
+    allow_host_choice=st.booleans(),
+    sharing=st.sampled_from(POLICIES),
 )
 def test_fuzz_rest_options(options, max_count, allow_host_choice, sharing):
     _check_options(options, max_count, allow_host_choice, sharing)
@@ -111,8 +160,11 @@ def test_fuzz_rest_options(options, max_count, allow_host_choice, sharing):
     form=st.dictionaries(
         st.sampled_from([*KEYS, "_xsrf", "other"]) | st.text(max_size=10),
         st.lists(st.one_of(numberish_text, st.sampled_from([*MODELS, *HOSTS, "all"])), max_size=2),
-        max_size=5),
-    max_count=st.integers(0, 8), allow_host_choice=st.booleans(), sharing=st.sampled_from(POLICIES),
+        max_size=5,
+    ),
+    max_count=st.integers(0, 8),
+    allow_host_choice=st.booleans(),
+    sharing=st.sampled_from(POLICIES),
 )
 def test_fuzz_form(form, max_count, allow_host_choice, sharing):
     options = options_from_form(form)  # never raises
@@ -135,8 +187,11 @@ def test_fuzz_report_raw_bytes(body):
 
 
 @FUZZ
-@given(st.text('[]{}",:\\0123456789.eE-tnul ', max_size=4096),
-       st.integers(0, 120_000), st.sampled_from(["[", "{\"a\":", "[{\"b\":[", "\"[", "\\\"["]))
+@given(
+    st.text('[]{}",:\\0123456789.eE-tnul ', max_size=4096),
+    st.integers(0, 120_000),
+    st.sampled_from(["[", '{"a":', '[{"b":[', '"[', '\\"[']),
+)
 def test_fuzz_report_bracket_soup(soup, depth, opener):
     closer = "".join({"[": "]", "{": "}"}.get(c, "") for c in reversed(opener))
     _check_report(opener * depth + soup + closer * depth)
@@ -148,13 +203,31 @@ json_values = st.recursive(
     max_leaves=40,
 )
 MIG_KEYS = ["index", "uuid", "profile", "memory_total_mib", "memory_used_mib"]
-DEVICE_KEYS = ["index", "uuid", "name", "memory_total_mib", "memory_used_mib", "utilization_gpu", "temperature_c",
-               "ecc_uncorrected", "lost", "processes", "mig_mode", "mig_devices", "problems"]
+DEVICE_KEYS = [
+    "index",
+    "uuid",
+    "name",
+    "memory_total_mib",
+    "memory_used_mib",
+    "utilization_gpu",
+    "temperature_c",
+    "ecc_uncorrected",
+    "lost",
+    "processes",
+    "mig_mode",
+    "mig_devices",
+    "problems",
+]
 good_field = {
-    "index": st.integers(0, 3), "uuid": st.sampled_from(["GPU-1", "GPU-2", "MIG-1", "MIG-2"]),
-    "profile": st.sampled_from(["1g.10gb", "7g.80gb"]), "memory_total_mib": st.integers(1, 10**6),
-    "name": st.sampled_from(MODELS), "lost": st.booleans(), "mig_mode": st.booleans(),
-    "hostname": st.sampled_from(HOSTS), "interval": st.floats(1, 3600),
+    "index": st.integers(0, 3),
+    "uuid": st.sampled_from(["GPU-1", "GPU-2", "MIG-1", "MIG-2"]),
+    "profile": st.sampled_from(["1g.10gb", "7g.80gb"]),
+    "memory_total_mib": st.integers(1, 10**6),
+    "name": st.sampled_from(MODELS),
+    "lost": st.booleans(),
+    "mig_mode": st.booleans(),
+    "hostname": st.sampled_from(HOSTS),
+    "interval": st.floats(1, 3600),
 }
 
 
@@ -164,13 +237,16 @@ def _object(keys, nested=None):
         if nested and key in nested:
             good = st.lists(nested[key], max_size=3)
         return st.one_of(good, json_values)
+
     return st.fixed_dictionaries({}, optional={k: field(k) for k in keys})
 
 
 mig = _object(MIG_KEYS)
 device = _object(DEVICE_KEYS, {"mig_devices": mig})
-report = _object(["hostname", "interval", "driver_version", "cuda_version", "agent_version", "devices",
-                  "docker_default_runtime"], {"devices": device})
+report = _object(
+    ["hostname", "interval", "driver_version", "cuda_version", "agent_version", "devices", "docker_default_runtime"],
+    {"devices": device},
+)
 
 
 @FUZZ
@@ -182,14 +258,24 @@ def test_fuzz_report_json_shaped(data):
 # -- usage times -------------------------------------------------------------------------------
 
 offsets = st.timedeltas(min_value=timedelta(hours=-23, minutes=-59), max_value=timedelta(hours=23, minutes=59))
-iso_times = st.builds(lambda t, o, sep: t.replace(tzinfo=None if o is None else timezone(o)).isoformat(sep),
-                      st.datetimes(), st.none() | offsets, st.sampled_from(["T", " "]))
+iso_times = st.builds(
+    lambda t, o, sep: t.replace(tzinfo=None if o is None else timezone(o)).isoformat(sep),
+    st.datetimes(),
+    st.none() | offsets,
+    st.sampled_from(["T", " "]),
+)
 
 
 @FUZZ
-@given(st.one_of(iso_times, iso_times.map(lambda s: s.replace("+00:00", "Z")), st.text(max_size=40),
-                 st.sampled_from(["0001-01-01T00:00:00+05:00", "9999-12-31T23:00:00-05:00", "0001-01-01", "9999-12-31"])),
-       iso_times | st.none())
+@given(
+    st.one_of(
+        iso_times,
+        iso_times.map(lambda s: s.replace("+00:00", "Z")),
+        st.text(max_size=40),
+        st.sampled_from(["0001-01-01T00:00:00+05:00", "9999-12-31T23:00:00-05:00", "0001-01-01", "9999-12-31"]),
+    ),
+    iso_times | st.none(),
+)
 def test_fuzz_usage_times(since_text, until_text):
     try:
         since = _time_arg(since_text)
@@ -205,15 +291,39 @@ def test_fuzz_usage_times(since_text, until_text):
 # -- labels read at rebuild ----------------------------------------------------------------------
 
 label_text = st.one_of(
-    st.text(max_size=40), st.text(max_size=400), numberish_text,
-    st.sampled_from(["GPU-1", "GPU-1,GPU-2", "GPU-1,,", "MIG-1", "node1", "H100", "8888", "0.5", "0.5,0.5", "1",
-                     "1.0001", "0", "65536", "alice", ""]),
+    st.text(max_size=40),
+    st.text(max_size=400),
+    numberish_text,
+    st.sampled_from(
+        [
+            "GPU-1",
+            "GPU-1,GPU-2",
+            "GPU-1,,",
+            "MIG-1",
+            "node1",
+            "H100",
+            "8888",
+            "0.5",
+            "0.5,0.5",
+            "1",
+            "1.0001",
+            "0",
+            "65536",
+            "alice",
+            "",
+        ]
+    ),
 )
 
 
 @FUZZ
-@given(st.dictionaries(st.sampled_from([USER, SERVER, HOST, DEVICES, MODEL, PORT, SHARES, "gpuspawner.x", "other"]),
-                       label_text, max_size=8))
+@given(
+    st.dictionaries(
+        st.sampled_from([USER, SERVER, HOST, DEVICES, MODEL, PORT, SHARES, "gpuspawner.x", "other"]),
+        label_text,
+        max_size=8,
+    )
+)
 def test_fuzz_labels(labels):
     r = answer(LabelError, parse_labels, labels)
     assert r is REFUSED or r is None or isinstance(r, ServerLabels)
@@ -222,20 +332,32 @@ def test_fuzz_labels(labels):
 # -- config traits -------------------------------------------------------------------------------
 
 _FILES = tempfile.mkdtemp(prefix="gpuspawner-fuzz-")
-for _name, _text in {"ok.yaml": "node1:\n- {uuid: GPU-1, model: H100, memory_mib: 80000}\n",
-                     "bad.yaml": "node1: [", "list.json": "[1, 2]", "empty.yaml": "", "deep.json": "[" * 5000,
-                     "alias.yaml": "a: &a [*a]\n", "tab.yaml": "\t: x"}.items():
+for _name, _text in {
+    "ok.yaml": "node1:\n- {uuid: GPU-1, model: H100, memory_mib: 80000}\n",
+    "bad.yaml": "node1: [",
+    "list.json": "[1, 2]",
+    "empty.yaml": "",
+    "deep.json": "[" * 5000,
+    "alias.yaml": "a: &a [*a]\n",
+    "tab.yaml": "\t: x",
+}.items():
     with open(os.path.join(_FILES, _name), "w") as _f:
         _f.write(_text)
 inventory = st.one_of(
-    values, st.sampled_from(["ok.yaml", "bad.yaml", "list.json", "empty.yaml", "deep.json", "alias.yaml",
-                             "tab.yaml", "missing.yaml"]).map(lambda n: os.path.join(_FILES, n)),
+    values,
+    st.sampled_from(
+        ["ok.yaml", "bad.yaml", "list.json", "empty.yaml", "deep.json", "alias.yaml", "tab.yaml", "missing.yaml"]
+    ).map(lambda n: os.path.join(_FILES, n)),
     st.just({"node1": [{"uuid": "GPU-1", "model": "H100", "memory_mib": 80000}]}),
 )
 db_urls = st.one_of(
-    st.builds(lambda s, rest: s + rest, st.sampled_from(["sqlite://", "sqlite:///", "postgresql+psycopg://",
-                                                          "postgresql://", "nosuch://", "mysql://", ""]),
-              st.text(max_size=40)),
+    st.builds(
+        lambda s, rest: s + rest,
+        st.sampled_from(
+            ["sqlite://", "sqlite:///", "postgresql+psycopg://", "postgresql://", "nosuch://", "mysql://", ""]
+        ),
+        st.text(max_size=40),
+    ),
     values,
 )
 config_values = {
@@ -251,12 +373,12 @@ config_values = {
 
 
 @FUZZ
-@given(st.sampled_from(["Spawner", "SwarmSpawner", "GPUSwarmSpawner"]),
-       st.fixed_dictionaries({}, optional=config_values))
+@given(
+    st.sampled_from(["Spawner", "SwarmSpawner", "GPUSwarmSpawner"]), st.fixed_dictionaries({}, optional=config_values)
+)
 def test_fuzz_config(section, traits):
     try:
         validate_config({section: traits})
     except SystemExit as exc:
         assert str(exc.code).startswith("gpuspawner configuration error: ")
         one_line(str(exc.code))
-

@@ -42,8 +42,9 @@ from tests.interleave import Run, Scenario, explore, random_schedules
 A100 = "NVIDIA A100 80GB PCIe"
 NODES = ["manager", "gpu-a", "gpu-b"]
 ONE_GPU = {"gpu-b": [{"uuid": "GPU-b0", "model": A100, "memory_mib": 81920}]}
-HUB = SimpleNamespace(api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/", url="http://127.0.0.1:8081/hub/",
-                      public_host="")
+HUB = SimpleNamespace(
+    api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/", url="http://127.0.0.1:8081/hub/", public_host=""
+)
 
 
 class World:
@@ -62,14 +63,19 @@ class World:
         for key, value in settings.items():
             setattr(config.GPUSwarmSpawner, key, value)
         self.config = config
-        self.cls = type("FakeSwarmSpawner", (spawner_module.GPUSwarmSpawner,),
-                        {"_client": self.fake, "_executor": executor})
+        self.cls = type(
+            "FakeSwarmSpawner", (spawner_module.GPUSwarmSpawner,), {"_client": self.fake, "_executor": executor}
+        )
         settings_module._OWNERS.clear()
 
     def spawner(self, user: str, options=None, server: str = ""):
         named = SimpleNamespace(name=server, display_name=server, server=None, state=None)
-        s = self.cls(config=self.config, user=SimpleNamespace(name=user, id=hash(user) % 1000, url=f"/user/{user}/"),
-                     orm_spawner=named, hub=HUB)
+        s = self.cls(
+            config=self.config,
+            user=SimpleNamespace(name=user, id=hash(user) % 1000, url=f"/user/{user}/"),
+            orm_spawner=named,
+            hub=HUB,
+        )
         s.api_token = "token"
         s.user_options = dict(options or {})
         return s
@@ -80,11 +86,19 @@ class World:
 
     def leftover(self, user: str, uuids=("GPU-b0",), name=None, run=True, **labels):
         """A service left by an earlier hub (labels as that hub wrote them)."""
-        claim = ServerLabels(user=user, server="", host="gpu-b" if uuids else "", uuids=tuple(uuids),
-                             model=A100 if uuids else "", port=None)
+        claim = ServerLabels(
+            user=user,
+            server="",
+            host="gpu-b" if uuids else "",
+            uuids=tuple(uuids),
+            model=A100 if uuids else "",
+            port=None,
+        )
         env = [f"NVIDIA_VISIBLE_DEVICES={','.join(uuids) or 'void'}"]
-        template = {"ContainerSpec": {"Image": "busybox", "Env": env},
-                    "Placement": {"Constraints": ["node.hostname==gpu-b"]}}
+        template = {
+            "ContainerSpec": {"Image": "busybox", "Env": env},
+            "Placement": {"Constraints": ["node.hostname==gpu-b"]},
+        }
         self.fake.create_service(template, name=name or f"jupyter-{user}", labels={**to_labels(claim), **labels})
         if run:
             self.fake.run_all()
@@ -119,12 +133,13 @@ class World:
                 booked.setdefault(gpu.uuid, set()).add(name)
                 total[gpu.uuid] = total.get(gpu.uuid, 0) + milli
         assert all(t <= 1000 for t in total.values()), f"booked above 1: {total}"
-        for task, (service, node, visible) in self.fake.running_containers().items():
+        for task, (service, _node, visible) in self.fake.running_containers().items():
             for uuid in filter(None, visible.split(",")):
                 if uuid == "void":
                     continue
                 assert service in booked.get(uuid, set()), (
-                    f"{uuid} is not booked to {service}, whose task {task} may still run on it (booked: {booked})")
+                    f"{uuid} is not booked to {service}, whose task {task} may still run on it (booked: {booked})"
+                )
 
     def ledger_matches(self) -> None:
         owner = next(iter(settings_module._OWNERS.values()))
@@ -143,6 +158,7 @@ def check_all(world: World):
     def check(outcome):
         clean(outcome)
         world.ledger_matches()
+
     return check
 
 
@@ -161,7 +177,8 @@ def test_defect1_a_restart_with_a_leftover_never_books_its_gpu_twice(tmp_path):
         return Scenario(
             ops={"alice": alice.start, "reconcile": lambda: world.owner.reconcile(), "bob": bob.start},
             events={"exit_all": world.fake.exit_all, "run_all": world.fake.run_all},
-            invariant=world.invariant, check=check_all(world),
+            invariant=world.invariant,
+            check=check_all(world),
         )
 
     stats = random_schedules(scenario, seed=1, n=300)
@@ -187,7 +204,8 @@ def test_defect2_a_failed_stop_keeps_the_gpu_until_the_container_is_gone(tmp_pat
         return Scenario(
             ops={"stop": stop_alice, "reconcile": lambda: world.owner.reconcile(), "bob": bob.start},
             events={"exit_all": world.fake.exit_all, "run_all": world.fake.run_all},
-            invariant=world.invariant, check=lambda outcome: clean(outcome),
+            invariant=world.invariant,
+            check=lambda outcome: clean(outcome),
         )
 
     stats = random_schedules(scenario, seed=2, n=300)
@@ -212,7 +230,8 @@ def test_defect2_a_cancelled_spawn_gives_its_gpu_back_only_after_its_task_ended(
             ops={"alice": alice.start, "bob": bob.start, "reconcile": lambda: world.owner.reconcile()},
             events={"exit_all": world.fake.exit_all, "run_all": world.fake.run_all, "stop_alice": stop_alice},
             cancellable=("alice",),
-            invariant=world.invariant, check=lambda outcome: clean(outcome),
+            invariant=world.invariant,
+            check=lambda outcome: clean(outcome),
         )
 
     stats = random_schedules(scenario, seed=3, n=300)
@@ -238,8 +257,14 @@ async def test_defect3_a_leftover_cpu_only_service_of_the_same_name_is_removed_f
 
 async def test_defect4_hostile_labels_never_stop_the_rebuild(tmp_path):
     world = World(tmp_path)
-    for i, bad in enumerate([{"gpuspawner.shares": "inf"}, {"gpuspawner.shares": "1e10000000"},
-                             {"gpuspawner.port": "٨٠٨٠"}, {"gpuspawner.user": ""}]):
+    for i, bad in enumerate(
+        [
+            {"gpuspawner.shares": "inf"},
+            {"gpuspawner.shares": "1e10000000"},
+            {"gpuspawner.port": "٨٠٨٠"},
+            {"gpuspawner.user": ""},
+        ]
+    ):
         world.leftover(f"x{i}", name=f"jupyter-x{i}", **bad)
     began = time.perf_counter()
     result = await world.owner.reconcile()
@@ -249,8 +274,11 @@ async def test_defect4_hostile_labels_never_stop_the_rebuild(tmp_path):
 
 
 async def test_defect5_a_service_by_another_name_is_not_charged_to_the_user(tmp_path):
-    world = World(tmp_path, max_gpus_per_user=1,
-                  inventory={"gpu-b": [{"uuid": f"GPU-b{i}", "model": A100, "memory_mib": 81920} for i in range(2)]})
+    world = World(
+        tmp_path,
+        max_gpus_per_user=1,
+        inventory={"gpu-b": [{"uuid": f"GPU-b{i}", "model": A100, "memory_mib": 81920} for i in range(2)]},
+    )
     world.leftover("alice", name="evil")  # labelled as alice's running server
     await world.owner.reconcile()
     assert world.owner.get("evil") is None and "evil" in world.owner.foreign
@@ -283,7 +311,8 @@ def test_start_stop_and_reconcile_of_two_users_on_one_gpu_every_interleaving(tmp
         return Scenario(
             ops={"alice": alice.start, "bob": bob.start, "reconcile": lambda: world.owner.reconcile()},
             events={"run_all": world.fake.run_all},
-            invariant=world.invariant, check=check_all(world),
+            invariant=world.invariant,
+            check=check_all(world),
         )
 
     stats = explore(scenario, max_schedules=400)
@@ -355,7 +384,8 @@ def test_the_admin_page_says_a_gpu_is_kept_while_its_container_still_runs(tmp_pa
         world = World(tmp_path)
         owner = await world.lingering()
         card = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True).get_template(
-            "gpus_host.html")
+            "gpus_host.html"
+        )
         (html,) = await owner.cluster.host_views("html", HostCard(card))
         assert "alice" in html.decode() and "removing: its container is still running" in html.decode()
 
@@ -395,9 +425,11 @@ async def test_a_setting_that_could_only_conflict_fails_the_spawn_before_any_gpu
 
 
 async def test_the_admins_settings_merge_under_the_spawners_guarantees(tmp_path):
-    world = World(tmp_path, extra_task_spec={"container_spec": {"env": {"KEEP": "yes"}},
-                                             "placement": ["node.role==worker"]},
-                  extra_container_spec={"Env": ["ALSO=1"]})
+    world = World(
+        tmp_path,
+        extra_task_spec={"container_spec": {"env": {"KEEP": "yes"}}, "placement": ["node.role==worker"]},
+        extra_container_spec={"Env": ["ALSO=1"]},
+    )
     await world.started(world.spawner("alice", {"gpu_model": A100}))
     ((_, spec),) = [(s["ID"], s["Spec"]) for s in world.fake.services()]
     task = spec["TaskTemplate"]

@@ -40,8 +40,10 @@ def graph() -> dict[str, set[str]]:
     """Module -> the package's modules it imports. A module's own parent
     packages are left out: they are imported before it in any case."""
     files = {module_name(p): p for p in PACKAGE.rglob("*.py") if "versions" not in p.parts}
-    return {name: {m for m in imports(p) if m in files and m != name and not name.startswith(m + ".")}
-            for name, p in files.items()}
+    return {
+        name: {m for m in imports(p) if m in files and m != name and not name.startswith(m + ".")}
+        for name, p in files.items()
+    }
 
 
 def test_the_package_has_no_import_cycle():
@@ -52,7 +54,7 @@ def test_the_package_has_no_import_cycle():
         state[node] = 1
         for nxt in sorted(g[node]):
             if state.get(nxt) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(path[path.index(nxt):] + [node, nxt]))
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(nxt) :] + [node, nxt]))
             if nxt not in state:
                 visit(nxt, path + [node])
         state[node] = 2

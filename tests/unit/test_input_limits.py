@@ -12,33 +12,48 @@ from gpuspawner.api import _time_arg
 from gpuspawner.ledger import Ledger
 from gpuspawner.reports import MAX_CONTAINERS, MAX_DEPTH, ReportError, parse_report
 
-REPORT = {"hostname": "node1", "interval": 10, "devices": [{
-    "index": 0, "uuid": "GPU-1", "name": "NVIDIA A100", "memory_total_mib": 81920, "mig_mode": True,
-    "processes": [{"pid": 1, "used_mib": 2}],
-    "mig_devices": [{"index": 0, "uuid": "MIG-1", "profile": "1g.10gb", "memory_total_mib": 9728}],
-}]}
+REPORT = {
+    "hostname": "node1",
+    "interval": 10,
+    "devices": [
+        {
+            "index": 0,
+            "uuid": "GPU-1",
+            "name": "NVIDIA A100",
+            "memory_total_mib": 81920,
+            "mig_mode": True,
+            "processes": [{"pid": 1, "used_mib": 2}],
+            "mig_devices": [{"index": 0, "uuid": "MIG-1", "profile": "1g.10gb", "memory_total_mib": 9728}],
+        }
+    ],
+}
 
 
 def test_a_full_report_fits_the_depth_limit():
     assert parse_report(json.dumps(REPORT)).devices[0].mig_devices[0].profile == "1g.10gb"
 
 
-@pytest.mark.parametrize("body", [
-    "[" * 100_000 + "]" * 100_000,  # 200 KB: under the size limit
-    b"{\"a\":" * 40_000 + b"1" + b"}" * 40_000,
-    "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1),
-    "[" + "[]," * MAX_CONTAINERS + "[]]",
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "[" * 100_000 + "]" * 100_000,  # 200 KB: under the size limit
+        b'{"a":' * 40_000 + b"1" + b"}" * 40_000,
+        "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1),
+        "[" + "[]," * MAX_CONTAINERS + "[]]",
+    ],
+)
 def test_deep_or_crowded_reports_are_refused_before_decoding(body):
     with pytest.raises(ReportError, match="nested more than|objects and lists") as err:
         parse_report(body)
     assert "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("unit", ['\\"[', '"[', '"\\', '\\\\', '{"a":', "["])
+@pytest.mark.parametrize("unit", ['\\"[', '"[', '"\\', "\\\\", '{"a":', "["])
 def test_the_shape_check_is_linear_for_a_full_body_of_anything(unit):
     import time
+
     from gpuspawner.reports import MAX_REPORT_BYTES
+
     body = unit * (MAX_REPORT_BYTES // len(unit))
     start = time.perf_counter()
     with pytest.raises(ReportError):
@@ -51,10 +66,15 @@ def test_brackets_inside_strings_do_not_count():
     assert parse_report(json.dumps(report)).driver_version.startswith("[[[")
 
 
-@pytest.mark.parametrize("body", [
-    b"\xff\xfe\xfa", '{"hostname": "node1", "interval": 1' + "0" * 5000 + "}",
-    json.dumps(dict(REPORT, driver_version="\ud800")), json.dumps(dict(REPORT, agent_version="a\nb")),
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\xff\xfe\xfa",
+        '{"hostname": "node1", "interval": 1' + "0" * 5000 + "}",
+        json.dumps(dict(REPORT, driver_version="\ud800")),
+        json.dumps(dict(REPORT, agent_version="a\nb")),
+    ],
+)
 def test_undecodable_huge_or_unprintable_values_are_refused(body):
     with pytest.raises(ReportError):
         parse_report(body)
@@ -97,15 +117,18 @@ def test_a_form_number_of_5000_digits_is_passed_on_as_text(field):
         parse_user_options(options, models=["A100"], hosts=[], max_count=2, allow_host_choice=False, sharing=SHARED)
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"gpu_count": 10**5000}, "gpu_count a number of about 5000 digits requested; the limit is 2"),
-    ({"gpu_share": 10**5000}, "gpu_share must be at most"),
-    ({"gpu_share": Decimal("1e999999")}, "gpu_share must be at most"),
-    ({"gpu_share": float("1e308")}, "gpu_share must be at most"),
-    ({"gpu_share": float("nan")}, "gpu_share must be a finite number"),
-    ({"gpu_share": float("-inf")}, "gpu_share must be a finite number"),
-    ({"gpu_count": "١"}, "gpu_count must be a whole number"),  # an Arabic-Indic one
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"gpu_count": 10**5000}, "gpu_count a number of about 5000 digits requested; the limit is 2"),
+        ({"gpu_share": 10**5000}, "gpu_share must be at most"),
+        ({"gpu_share": Decimal("1e999999")}, "gpu_share must be at most"),
+        ({"gpu_share": float("1e308")}, "gpu_share must be at most"),
+        ({"gpu_share": float("nan")}, "gpu_share must be a finite number"),
+        ({"gpu_share": float("-inf")}, "gpu_share must be a finite number"),
+        ({"gpu_count": "١"}, "gpu_count must be a whole number"),  # an Arabic-Indic one
+    ],
+)
 def test_huge_or_odd_numbers_in_rest_options_are_refused(options, message):
     with pytest.raises(OptionsError, match=message):
         parse_user_options(options, models=["A100"], hosts=[], max_count=2, allow_host_choice=False, sharing=SHARED)
@@ -122,26 +145,36 @@ from gpuspawner.ledger import LedgerError, safe_url  # noqa: E402
 from gpuspawner.settings import validate_config  # noqa: E402
 
 
-@pytest.mark.parametrize("url, shown_as", [
-    ("postgresql+psycopg://u@h/db?password=secret", "postgresql+psycopg://u@h/db?password=***"),
-    ("postgresql+psycopg://u:secret@h/db", "postgresql+psycopg://u:***@h/db"),
-    ("postgresql://u:secret@h/db?PASSWD=secret&pwd=secret;sslpassword=secret&sslmode=require",
-     "postgresql://u:***@h/db?PASSWD=***&pwd=***;sslpassword=***&sslmode=require"),
-    ("postgresql://h/db?Token=secret&client_secret=secret&pass%77ord=secret",
-     "postgresql://h/db?Token=***&client_secret=***&pass%77ord=***"),
-    ("postgresql://u:sec@ret@h/db", "postgresql://u:***@h/db"),  # an unescaped @: hidden whole
-    ("postgresql://u:secret@h:port/db", "postgresql://u:***@h:port/db"),  # SQLAlchemy cannot parse it
-    ("sqlite:////srv/hub/gpuspawner.sqlite", "sqlite:////srv/hub/gpuspawner.sqlite"),
-])
+@pytest.mark.parametrize(
+    "url, shown_as",
+    [
+        ("postgresql+psycopg://u@h/db?password=secret", "postgresql+psycopg://u@h/db?password=***"),
+        ("postgresql+psycopg://u:secret@h/db", "postgresql+psycopg://u:***@h/db"),
+        (
+            "postgresql://u:secret@h/db?PASSWD=secret&pwd=secret;sslpassword=secret&sslmode=require",
+            "postgresql://u:***@h/db?PASSWD=***&pwd=***;sslpassword=***&sslmode=require",
+        ),
+        (
+            "postgresql://h/db?Token=secret&client_secret=secret&pass%77ord=secret",
+            "postgresql://h/db?Token=***&client_secret=***&pass%77ord=***",
+        ),
+        ("postgresql://u:sec@ret@h/db", "postgresql://u:***@h/db"),  # an unescaped @: hidden whole
+        ("postgresql://u:secret@h:port/db", "postgresql://u:***@h:port/db"),  # SQLAlchemy cannot parse it
+        ("sqlite:////srv/hub/gpuspawner.sqlite", "sqlite:////srv/hub/gpuspawner.sqlite"),
+    ],
+)
 def test_safe_url_hides_passwords_wherever_they_sit(url, shown_as):
     assert safe_url(url) == shown_as
 
 
-@pytest.mark.parametrize("url", [
-    "postgresql+psycopg://u@h:port/db?password=secret",
-    "nosuchdialect://u:secret@h/db",
-    "postgresql+nosuchdriver://u@h/db?sslpassword=secret",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://u@h:port/db?password=secret",
+        "nosuchdialect://u:secret@h/db",
+        "postgresql+nosuchdriver://u@h/db?sslpassword=secret",
+    ],
+)
 def test_ledger_and_config_errors_never_show_the_password(url):
     with pytest.raises(LedgerError) as err:
         Ledger(url)
@@ -160,12 +193,15 @@ def test_a_failing_database_names_itself_without_the_password(tmp_path):
     assert "secret" not in str(err.value) and "password=***" in str(err.value)
 
 
-@pytest.mark.parametrize("traits, message", [
-    ({"gpu_inventory": 1}, "gpu_inventory must be a dict or the path"),
-    ({"gpu_inventory": [1]}, "gpu_inventory must be a dict or the path"),
-    ({"gpu_model_aliases": None}, "gpu_model_aliases must be a mapping"),
-    ({"allocation_policy": []}, "Unknown allocation_policy"),
-])
+@pytest.mark.parametrize(
+    "traits, message",
+    [
+        ({"gpu_inventory": 1}, "gpu_inventory must be a dict or the path"),
+        ({"gpu_inventory": [1]}, "gpu_inventory must be a dict or the path"),
+        ({"gpu_model_aliases": None}, "gpu_model_aliases must be a mapping"),
+        ({"allocation_policy": []}, "Unknown allocation_policy"),
+    ],
+)
 def test_config_of_the_wrong_type_stops_the_hub_with_one_line(traits, message):
     with pytest.raises(SystemExit, match=message) as exit_:
         validate_config({"GPUSwarmSpawner": traits})

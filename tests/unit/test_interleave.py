@@ -27,6 +27,7 @@ from tests.interleave import (
 
 def counter_scenario(*, locked: bool, ops: int = 2):
     """``ops`` coroutines each read a shared counter, then write it + 1, through executor calls."""
+
     def scenario(run: Run) -> Scenario:
         state = {"n": 0}
         lock = asyncio.Lock()
@@ -54,16 +55,20 @@ def counter_scenario(*, locked: bool, ops: int = 2):
             assert state["n"] == ops, f"lost update: {state['n']} after {ops} increments"
 
         return Scenario(ops={f"inc{i}": increment for i in range(ops)}, check=check)
+
     return scenario
 
 
 def steps_scenario(*counts: int):
     """Ops that each make ``k`` executor calls and nothing else."""
+
     def scenario(run: Run) -> Scenario:
         async def op(k):
             for i in range(k):
-                await asyncio.get_running_loop().run_in_executor(run.executor, lambda: i)
+                await asyncio.get_running_loop().run_in_executor(run.executor, lambda i=i: i)
+
         return Scenario(ops=[lambda k=k: op(k) for k in counts])
+
     return scenario
 
 
@@ -81,7 +86,11 @@ def test_the_lost_update_is_found_and_replayed():
     with pytest.raises(ScheduleFailure):
         replay(scenario, [])  # the first choice each time is the oldest call: the reads interleave
     assert replay(scenario, [0, 1, 0, 0]).labels == [  # one after the other: fine
-        "inc0: read()", "inc0: write(1)", "inc1: read()", "inc1: write(2)"]
+        "inc0: read()",
+        "inc0: write(1)",
+        "inc1: read()",
+        "inc1: write(2)",
+    ]
 
 
 def test_with_a_lock_every_schedule_passes():
@@ -101,7 +110,7 @@ def test_two_ops_of_k_steps_have_binomial_many_schedules(k):
 
 def test_three_ops_have_multinomial_many_schedules():
     stats = explore(steps_scenario(2, 2, 2))
-    assert stats.schedules == factorial(6) // 2 ** 3 == 90
+    assert stats.schedules == factorial(6) // 2**3 == 90
     assert stats.choice_points > stats.schedules  # the tree's inner nodes are counted once
 
 
@@ -118,9 +127,12 @@ def test_a_scenario_that_is_not_the_same_each_run_is_refused():
 
         async def op():
             await asyncio.get_running_loop().run_in_executor(run.executor, lambda: n)
+
         return Scenario(ops={f"a{n}": op, "b": op})
 
-    with pytest.raises(Nondeterminism, match=r"choice 0: expected \['a0: <lambda>\(\)', 'b: <lambda>\(\)'\], got \['a1"):
+    with pytest.raises(
+        Nondeterminism, match=r"choice 0: expected \['a0: <lambda>\(\)', 'b: <lambda>\(\)'\], got \['a1"
+    ):
         explore(scenario)
 
 
@@ -172,6 +184,7 @@ def test_an_op_that_never_finishes_is_reported_not_waited_for():
     def deadlock(run: Run) -> Scenario:
         async def waiter():
             await asyncio.Event().wait()
+
         return Scenario(ops={"waiter": waiter})
 
     waits = r"waiter: nothing can happen \(deadlock\); waits in waiter \(test_interleave.py:\d+\) > wait \(locks"
@@ -183,6 +196,7 @@ def test_an_op_that_never_finishes_is_reported_not_waited_for():
         async def poller():
             while True:
                 await asyncio.sleep(1)
+
         return Scenario(ops={"poller": poller})
 
     with pytest.raises(ScheduleFailure, match="poller: no end after 50 choices; waits in poller"):
@@ -197,6 +211,7 @@ def test_events_fire_at_any_point_at_most_once():
             loop = asyncio.get_running_loop()
             for _ in range(2):
                 seen.append(await loop.run_in_executor(run.executor, lambda: fired))
+
         fired = []
         return Scenario(ops={"op": op}, events={"fire": lambda: fired.append(1)})
 
@@ -240,7 +255,7 @@ def test_a_serial_executor_runs_calls_in_order_and_skips_abandoned_queued_ones()
 
         async def op(name):
             loop = asyncio.get_running_loop()
-            for i in range(2):
+            for _ in range(2):
                 await loop.run_in_executor(serial, lambda: None)
 
         def check(outcome):
@@ -258,6 +273,7 @@ def test_a_serial_executor_runs_calls_in_order_and_skips_abandoned_queued_ones()
 
 def test_an_event_can_start_an_op_that_cancels_another():
     """JupyterHub's DELETE of a pending server: cancel the spawn, wait a second, then stop."""
+
     def scenario(run: Run) -> Scenario:
         log = []
 
@@ -327,9 +343,16 @@ def test_a_stop_waits_for_the_container_in_every_interleaving():
         def check(outcome):
             assert isinstance(outcome.results.get("stop"), bool) or isinstance(outcome.errors["stop"], SwarmError)
 
-        return Scenario(ops={"stop": stop}, events={"exit": fake.exit_all, "reap": fake.reap,
-                                                    "manager 500": lambda: fake.fail_next("tasks", status=500)},
-                        invariant=invariant, check=check)
+        return Scenario(
+            ops={"stop": stop},
+            events={
+                "exit": fake.exit_all,
+                "reap": fake.reap,
+                "manager 500": lambda: fake.fail_next("tasks", status=500),
+            },
+            invariant=invariant,
+            check=check,
+        )
 
     stats = explore(scenario, max_schedules=5000)
     assert stats.complete
@@ -338,9 +361,11 @@ def test_a_stop_waits_for_the_container_in_every_interleaving():
 
 def test_a_scenario_with_a_step_executor_of_its_own_is_not_needed():
     """The run's executor is also the loop's default one."""
+
     def scenario(run: Run) -> Scenario:
         async def op():
             return await asyncio.get_running_loop().run_in_executor(None, lambda: 42)
+
         assert isinstance(run.executor, StepExecutor)
         return Scenario(ops={"op": op})
 

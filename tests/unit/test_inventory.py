@@ -107,7 +107,10 @@ MALFORMED = {
         f"gpu-a:\n  - {{uuid: GPU-1, {DEV}}}\n  - {{uuid: GPU-2, model: {GTX}}}\n",
         "gpu-a[1]: missing 'memory_mib'",
     ),
-    "bad uuid": (f"gpu-a:\n  - {{uuid: 1234-5678, {DEV}}}\n", "gpu-a[0]: uuid '1234-5678' is not a GPU-… or MIG-… UUID"),
+    "bad uuid": (
+        f"gpu-a:\n  - {{uuid: 1234-5678, {DEV}}}\n",
+        "gpu-a[0]: uuid '1234-5678' is not a GPU-… or MIG-… UUID",
+    ),
     "uuid smuggling syntax": (
         f"gpu-a:\n  - {{uuid: 'GPU-1,GPU-2 ; reboot', {DEV}}}\n",
         "uuid 'GPU-1,GPU-2 ; reboot' is not a GPU-… or MIG-… UUID",
@@ -140,7 +143,10 @@ MALFORMED = {
         "gpu-a[0]: unknown key(s) Index, mem_gb",
     ),
     "hostname with a space": (f"gpu a:\n  - {{uuid: GPU-1, {DEV}}}\n", "'gpu a' is not a valid hostname"),
-    "hostname with shell syntax": (f"'gpu;rm -rf':\n  - {{uuid: GPU-1, {DEV}}}\n", "'gpu;rm -rf' is not a valid hostname"),
+    "hostname with shell syntax": (
+        f"'gpu;rm -rf':\n  - {{uuid: GPU-1, {DEV}}}\n",
+        "'gpu;rm -rf' is not a valid hostname",
+    ),
     "hostname starting with a dash": (f"-gpu:\n  - {{uuid: GPU-1, {DEV}}}\n", "'-gpu' is not a valid hostname"),
     "hostname is a number": (f"42:\n  - {{uuid: GPU-1, {DEV}}}\n", "42 is not a valid hostname"),
     "model with markup": (
@@ -192,13 +198,17 @@ def test_unreadable_path(tmp_path, kind, reason):
     assert str(info.value) == f"GPU inventory {path}: cannot read it ({reason})"
 
 
-@pytest.mark.parametrize("spec, problem", [
-    ([], "expected a mapping of hostname to a list of GPUs, got nothing"),
-    ({"gpu-a": [{"uuid": "GPU-1", "model": GTX}]}, "gpu-a[0]: missing 'memory_mib'"),
-    ({"gpu-a": [{"uuid": "GPU-1", "model": GTX, "memory_mib": 1.5}]}, "positive integer, got 1.5"),
-    ({"gpu-a": [{"uuid": "GPU-1", "model": GTX, "memory_mib": 1, "index": True}]}, "got True"),
-    ({"bad host": []}, "'bad host' is not a valid hostname"),
-], ids=["empty list", "missing memory", "float memory", "boolean index", "bad hostname"])
+@pytest.mark.parametrize(
+    "spec, problem",
+    [
+        ([], "expected a mapping of hostname to a list of GPUs, got nothing"),
+        ({"gpu-a": [{"uuid": "GPU-1", "model": GTX}]}, "gpu-a[0]: missing 'memory_mib'"),
+        ({"gpu-a": [{"uuid": "GPU-1", "model": GTX, "memory_mib": 1.5}]}, "positive integer, got 1.5"),
+        ({"gpu-a": [{"uuid": "GPU-1", "model": GTX, "memory_mib": 1, "index": True}]}, "got True"),
+        ({"bad host": []}, "'bad host' is not a valid hostname"),
+    ],
+    ids=["empty list", "missing memory", "float memory", "boolean index", "bad hostname"],
+)
 def test_malformed_dict_names_the_dict(spec, problem):
     with pytest.raises(InventoryError) as info:
         load_inventory(spec) if isinstance(spec, dict) else parse_inventory(spec, source="gpu_inventory (dict)")
@@ -211,17 +221,21 @@ def test_malformed_dict_names_the_dict(spec, problem):
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text", [
-    f'"gpu-a\\n":\n  - {{uuid: GPU-1, {DEV}}}\n',  # quoted key with a newline
-    f"gpu-a:\n  - uuid: |\n      GPU-1\n    model: {GTX}\n    memory_mib: 8192\n",  # block scalar keeps the newline
-], ids=["hostname", "uuid"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        f'"gpu-a\\n":\n  - {{uuid: GPU-1, {DEV}}}\n',  # quoted key with a newline
+        f"gpu-a:\n  - uuid: |\n      GPU-1\n    model: {GTX}\n    memory_mib: 8192\n",  # block scalar keeps the newline
+    ],
+    ids=["hostname", "uuid"],
+)
 def test_trailing_newline_is_rejected(tmp_path, text):
     path = write(tmp_path, "gpus.yaml", text)
     try:
         gpus = load_inventory(path)
     except InventoryError:
         return
-    assert False, f"accepted {gpus!r}: a newline would reach the swarm constraint / NVIDIA_VISIBLE_DEVICES"
+    raise AssertionError(f"accepted {gpus!r}: a newline would reach the swarm constraint / NVIDIA_VISIBLE_DEVICES")
 
 
 def test_host_listed_twice_in_yaml_is_an_error(tmp_path):
@@ -231,4 +245,4 @@ def test_host_listed_twice_in_yaml_is_an_error(tmp_path):
     except InventoryError as e:
         assert str(path) in str(e) and "gpu-a" in str(e)
         return
-    assert False, f"loaded {[g.uuid for g in gpus]}, GPU-1 was dropped without a word"
+    raise AssertionError(f"loaded {[g.uuid for g in gpus]}, GPU-1 was dropped without a word")

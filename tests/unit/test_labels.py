@@ -36,8 +36,12 @@ def test_the_labels_of_a_shared_holding():
 def test_whole_holdings_and_older_services_have_no_shares_label():
     whole = ServerLabels(user="ann", server="gpu", host="gpu-b", uuids=("GPU-3",), model=A100, port=None)
     assert "gpuspawner.shares" not in to_labels(whole) and "gpuspawner.port" not in to_labels(whole)
-    old = {"gpuspawner.user": "ann", "gpuspawner.devices": "GPU-1", "gpuspawner.host": "gpu-a",
-           "gpuspawner.model": A100}
+    old = {
+        "gpuspawner.user": "ann",
+        "gpuspawner.devices": "GPU-1",
+        "gpuspawner.host": "gpu-a",
+        "gpuspawner.model": A100,
+    }
     assert parse_labels(old).milli is None and not parse_labels(old).shared
 
 
@@ -74,14 +78,17 @@ def test_parse_share_refuses(text):
         parse_share(text)
 
 
-@pytest.mark.parametrize("bad", [
-    ServerLabels("bob", "", "gpu-a", ("GPU-1",), A100, None, milli=(0,)),
-    ServerLabels("bob", "", "gpu-a", ("GPU-1",), A100, None, milli=(1500,)),
-    ServerLabels("bob", "", "gpu-a", ("GPU-1", "GPU-2"), A100, None, milli=(500,)),
-    ServerLabels("bob", "", "gpu-a", ("GPU-1,GPU-2",), A100, None),  # would read back as two devices
-    ServerLabels("bob", "", "gpu-a", ("GPU-1",), A100, 0),
-    ServerLabels("bob\n", "", "", (), "", None),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ServerLabels("bob", "", "gpu-a", ("GPU-1",), A100, None, milli=(0,)),
+        ServerLabels("bob", "", "gpu-a", ("GPU-1",), A100, None, milli=(1500,)),
+        ServerLabels("bob", "", "gpu-a", ("GPU-1", "GPU-2"), A100, None, milli=(500,)),
+        ServerLabels("bob", "", "gpu-a", ("GPU-1,GPU-2",), A100, None),  # would read back as two devices
+        ServerLabels("bob", "", "gpu-a", ("GPU-1",), A100, 0),
+        ServerLabels("bob\n", "", "", (), "", None),
+    ],
+)
 def test_the_hub_never_writes_labels_it_would_refuse(bad):
     with pytest.raises(LabelError):
         to_labels(bad)

@@ -15,7 +15,6 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from gpuspawner import ledger_migrations
-from gpuspawner.ledger_migrations import VERSION_TABLE
 from gpuspawner.ledger import (
     SUPERSEDED,
     TASKS_MAX,
@@ -26,6 +25,7 @@ from gpuspawner.ledger import (
     hours_within,
     metadata,
 )
+from gpuspawner.ledger_migrations import VERSION_TABLE
 
 UTC = timezone.utc
 # A fixed past day, so every range below is exact; "now" is well after it.
@@ -73,8 +73,14 @@ def write_0001(engine: sa.Engine, allocations: list[tuple]) -> None:
                     " started_at, ended_at, end_reason) VALUES (:id, :service, :user, '', 'gpu-a', :model,"
                     " :start, :end, '')"
                 ),
-                dict(id=id_, service=f"svc-{user}", user=user, model=model, start=naive(at(start)),
-                     end=None if end is None else naive(at(end))),
+                dict(
+                    id=id_,
+                    service=f"svc-{user}",
+                    user=user,
+                    model=model,
+                    start=naive(at(start)),
+                    end=None if end is None else naive(at(end)),
+                ),
             )
             for position, share in enumerate(shares):
                 conn.execute(
@@ -95,8 +101,10 @@ def device_rows(conn: sa.Connection, column: str) -> list[tuple]:
     return [
         tuple(row)
         for row in conn.execute(
-            sa.text(f"SELECT allocation_id, position, uuid, {column} FROM gpuspawner_allocation_devices"
-                    " ORDER BY allocation_id, position")
+            sa.text(
+                f"SELECT allocation_id, position, uuid, {column} FROM gpuspawner_allocation_devices"
+                " ORDER BY allocation_id, position"
+            )
         )
     ]
 
@@ -116,12 +124,18 @@ class LedgerContract:
     def test_open_records_every_field_in_utc(self, ledger):
         cet = timezone(timedelta(hours=1))
         started = datetime(2026, 3, 1, 13, 30, 15, 250000, tzinfo=cet)
-        new_id = ledger.open("jupyter-alice-big", "alice", "big", "gpu-b", "A100", ["GPU-b1", "GPU-a0"], [1000, 500], started)
+        new_id = ledger.open(
+            "jupyter-alice-big", "alice", "big", "gpu-b", "A100", ["GPU-b1", "GPU-a0"], [1000, 500], started
+        )
 
         (record,) = ledger.open_allocations()
         assert record.id == new_id
         assert (record.service, record.user, record.server, record.host, record.model) == (
-            "jupyter-alice-big", "alice", "big", "gpu-b", "A100",
+            "jupyter-alice-big",
+            "alice",
+            "big",
+            "gpu-b",
+            "A100",
         )
         assert record.devices == ("GPU-b1", "GPU-a0")  # the order given, not sorted
         assert record.milli == (1000, 500)
@@ -329,12 +343,15 @@ class LedgerContract:
         engine = sa.create_engine(url)
         try:
             ledger_migrations.upgrade(engine, revision="0001")
-            write_0001(engine, [
-                (1, "alice", "A100", 0, 2.5, [0.6, 0.6]),
-                (2, "bob", "A100", 1, 4, [0.333]),
-                (3, "carol", "T4", 0, 4, [1.0, 0.125]),
-                (4, "alice", "T4", 3, 5, [0.25]),
-            ])
+            write_0001(
+                engine,
+                [
+                    (1, "alice", "A100", 0, 2.5, [0.6, 0.6]),
+                    (2, "bob", "A100", 1, 4, [0.333]),
+                    (3, "carol", "T4", 0, 4, [1.0, 0.125]),
+                    (4, "alice", "T4", 3, 5, [0.25]),
+                ],
+            )
         finally:
             engine.dispose()
         ledger = Ledger(url)  # upgrades to milli on first use
@@ -446,7 +463,9 @@ class LedgerContract:
         assert ledger_tables(ledger.engine) == set()  # nothing before first use
         ledger.open_allocations()
         assert ledger_tables(ledger.engine) == {
-            "gpuspawner_allocations", "gpuspawner_allocation_devices", VERSION_TABLE,
+            "gpuspawner_allocations",
+            "gpuspawner_allocation_devices",
+            VERSION_TABLE,
         }
         assert ledger_migrations.current(ledger.engine) == (ledger_migrations.head(),)
         assert "alembic_version" not in sa.inspect(ledger.engine).get_table_names()

@@ -67,7 +67,13 @@ def test_invalid_options_name_the_valid_choices(options, message):
     assert len(str(info.value)) < 300
 
 
-@given(st.dictionaries(st.text(max_size=12), st.one_of(st.none(), st.integers(), st.text(max_size=20), st.floats(), st.lists(st.integers(), max_size=2)), max_size=4))
+@given(
+    st.dictionaries(
+        st.text(max_size=12),
+        st.one_of(st.none(), st.integers(), st.text(max_size=20), st.floats(), st.lists(st.integers(), max_size=2)),
+        max_size=4,
+    )
+)
 def test_anything_is_either_a_valid_request_or_a_clear_refusal(options):
     try:
         request = parse(options)
@@ -102,43 +108,57 @@ SHARING = {A100: {"quantum": 0.05, "split": True}, GTX: {"shares": [0.25, 0.5]}}
 
 
 def parse_share(options, max_count=2, sharing=SHARING, **kw):
-    return parse_user_options(options, models=MODELS, hosts=HOSTS, max_count=max_count,
-                              allow_host_choice=kw.get("allow_host_choice", False), sharing=sharing)
+    return parse_user_options(
+        options,
+        models=MODELS,
+        hosts=HOSTS,
+        max_count=max_count,
+        allow_host_choice=kw.get("allow_host_choice", False),
+        sharing=sharing,
+    )
 
 
-@pytest.mark.parametrize("options, share", [
-    ({"gpu_model": A100, "gpu_share": 0.25}, Fraction(1, 4)),
-    ({"gpu_model": A100, "gpu_share": 1.2}, Fraction(6, 5)),
-    ({"gpu_model": A100, "gpu_share": 1.3}, Fraction(13, 10)),
-    ({"gpu_model": A100, "gpu_share": 2}, Fraction(2)),
-    ({"gpu_model": GTX, "gpu_share": 0.5}, Fraction(1, 2)),
-    ({"gpu_share": 0.25}, Fraction(1, 4)),  # any model that offers it
-])
+@pytest.mark.parametrize(
+    "options, share",
+    [
+        ({"gpu_model": A100, "gpu_share": 0.25}, Fraction(1, 4)),
+        ({"gpu_model": A100, "gpu_share": 1.2}, Fraction(6, 5)),
+        ({"gpu_model": A100, "gpu_share": 1.3}, Fraction(13, 10)),
+        ({"gpu_model": A100, "gpu_share": 2}, Fraction(2)),
+        ({"gpu_model": GTX, "gpu_share": 0.5}, Fraction(1, 2)),
+        ({"gpu_share": 0.25}, Fraction(1, 4)),  # any model that offers it
+    ],
+)
 def test_valid_shares(options, share):
     got = parse_share(options)
     assert got == GPURequest(model=options.get("gpu_model"), count=1, host=None, share=share)
     assert not got.cpu_only
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"gpu_model": A100, "gpu_share": 0.5, "gpu_count": 1},
-     "Give either gpu_count (whole GPUs) or gpu_share (a share of a GPU), not both"),
-    ({"gpu_model": A100, "gpu_share": 0.33}, f"0.33 of a GPU is not offered for {A100}; choose a multiple of 0.05"),
-    ({"gpu_model": GTX, "gpu_share": 0.75}, f"0.75 of a GPU is not offered for {GTX}; choose one of: 0.25, 0.5"),
-    ({"gpu_model": GTX, "gpu_share": 1.5}, f"1.5 of a GPU is not offered for {GTX}"),
-    ({"gpu_model": A100, "gpu_share": 0}, "gpu_share must be more than 0"),
-    ({"gpu_model": A100, "gpu_share": -0.5}, "gpu_share must be more than 0"),
-    ({"gpu_model": A100, "gpu_share": float("nan")}, "gpu_share must be a finite number, got nan"),
-    ({"gpu_model": A100, "gpu_share": float("inf")}, "gpu_share must be a finite number, got inf"),
-    ({"gpu_model": A100, "gpu_share": True}, "gpu_share must be a number such as 0.5, got True"),
-    ({"gpu_model": A100, "gpu_share": "0.5"}, "gpu_share must be a number such as 0.5, got '0.5'"),
-    ({"gpu_model": A100, "gpu_share": None}, "gpu_share must be a number such as 0.5, got None"),
-    ({"gpu_model": A100, "gpu_share": 0.0001}, "gpu_share must be a multiple of 0.001, got 0.0001"),
-    ({"gpu_model": A100, "gpu_share": 2.5}, "2.5 of a GPU requested; the limit is 2 per user"),
-    ({"gpu_share": 0.33}, f"0.33 of a GPU is not offered by any model; offered: {A100}: multiples of 0.05, split"),
-    ({"gpu_model": "H100", "gpu_share": 0.5}, "Unknown GPU model 'H100'"),
-    ({"gpu_model": A100, "gpu_share": 0.5, "gpu_host": "gpu-a"}, "Choosing a host (gpu_host) is not enabled"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            {"gpu_model": A100, "gpu_share": 0.5, "gpu_count": 1},
+            "Give either gpu_count (whole GPUs) or gpu_share (a share of a GPU), not both",
+        ),
+        ({"gpu_model": A100, "gpu_share": 0.33}, f"0.33 of a GPU is not offered for {A100}; choose a multiple of 0.05"),
+        ({"gpu_model": GTX, "gpu_share": 0.75}, f"0.75 of a GPU is not offered for {GTX}; choose one of: 0.25, 0.5"),
+        ({"gpu_model": GTX, "gpu_share": 1.5}, f"1.5 of a GPU is not offered for {GTX}"),
+        ({"gpu_model": A100, "gpu_share": 0}, "gpu_share must be more than 0"),
+        ({"gpu_model": A100, "gpu_share": -0.5}, "gpu_share must be more than 0"),
+        ({"gpu_model": A100, "gpu_share": float("nan")}, "gpu_share must be a finite number, got nan"),
+        ({"gpu_model": A100, "gpu_share": float("inf")}, "gpu_share must be a finite number, got inf"),
+        ({"gpu_model": A100, "gpu_share": True}, "gpu_share must be a number such as 0.5, got True"),
+        ({"gpu_model": A100, "gpu_share": "0.5"}, "gpu_share must be a number such as 0.5, got '0.5'"),
+        ({"gpu_model": A100, "gpu_share": None}, "gpu_share must be a number such as 0.5, got None"),
+        ({"gpu_model": A100, "gpu_share": 0.0001}, "gpu_share must be a multiple of 0.001, got 0.0001"),
+        ({"gpu_model": A100, "gpu_share": 2.5}, "2.5 of a GPU requested; the limit is 2 per user"),
+        ({"gpu_share": 0.33}, f"0.33 of a GPU is not offered by any model; offered: {A100}: multiples of 0.05, split"),
+        ({"gpu_model": "H100", "gpu_share": 0.5}, "Unknown GPU model 'H100'"),
+        ({"gpu_model": A100, "gpu_share": 0.5, "gpu_host": "gpu-a"}, "Choosing a host (gpu_host) is not enabled"),
+    ],
+)
 def test_invalid_shares_are_refused_with_a_message(options, message):
     with pytest.raises(OptionsError) as info:
         parse_share(options)
@@ -169,11 +189,13 @@ def test_pinned_share():
 def test_form_conversion_of_a_share():
     # The form sends its count field too: a chosen share replaces it.
     assert options_from_form({"gpu_model": [A100], "gpu_count": ["1"], "gpu_share": ["0.25"]}) == {
-        "gpu_model": A100, "gpu_share": 0.25,
+        "gpu_model": A100,
+        "gpu_share": 0.25,
     }
     # An empty share choice means whole GPUs.
     assert options_from_form({"gpu_model": [A100], "gpu_count": ["2"], "gpu_share": [""]}) == {
-        "gpu_model": A100, "gpu_count": 2,
+        "gpu_model": A100,
+        "gpu_count": 2,
     }
     # The CPU-only choice wins over a share.
     assert options_from_form({"gpu_model": [""], "gpu_share": ["0.5"]}) == {"gpu_count": 0}
@@ -184,12 +206,20 @@ def test_form_conversion_of_a_share():
     assert parse_share(form).share == Fraction(13, 10)
 
 
-@given(st.dictionaries(
-    st.sampled_from(["gpu_model", "gpu_count", "gpu_host", "gpu_share", "x"]),
-    st.one_of(st.none(), st.booleans(), st.integers(-2, 3), st.floats(), st.text(max_size=8),
-              st.sampled_from([A100, GTX, 0.25, 0.5, 1.2, 0.05])),
-    max_size=4,
-))
+@given(
+    st.dictionaries(
+        st.sampled_from(["gpu_model", "gpu_count", "gpu_host", "gpu_share", "x"]),
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(-2, 3),
+            st.floats(),
+            st.text(max_size=8),
+            st.sampled_from([A100, GTX, 0.25, 0.5, 1.2, 0.05]),
+        ),
+        max_size=4,
+    )
+)
 def test_anything_with_shares_is_either_valid_or_a_clear_refusal(options):
     try:
         request = parse_share(options)

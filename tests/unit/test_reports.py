@@ -15,24 +15,62 @@ A100 = "NVIDIA A100 80GB PCIe"
 
 
 def device(index, uuid, name=A100, memory=81920, **extra):
-    d = {"index": index, "uuid": uuid, "name": name, "memory_total_mib": memory, "memory_used_mib": 0,
-         "utilization_gpu": 0, "temperature_c": 40, "ecc_uncorrected": 0, "lost": False, "processes": [],
-         "mig_mode": False, "healthy": True, "problems": [], "mig_devices": []}
+    d = {
+        "index": index,
+        "uuid": uuid,
+        "name": name,
+        "memory_total_mib": memory,
+        "memory_used_mib": 0,
+        "utilization_gpu": 0,
+        "temperature_c": 40,
+        "ecc_uncorrected": 0,
+        "lost": False,
+        "processes": [],
+        "mig_mode": False,
+        "healthy": True,
+        "problems": [],
+        "mig_devices": [],
+    }
     d.update(extra)
     return d
 
 
 def report(*devices, hostname="gpu-b", interval=15):
-    return {"hostname": hostname, "interval": interval, "agent_version": "0.1.0", "driver_version": "550.54.15",
-            "cuda_version": "12.4", "device_count": len(devices), "healthy": True, "devices": list(devices)}
+    return {
+        "hostname": hostname,
+        "interval": interval,
+        "agent_version": "0.1.0",
+        "driver_version": "550.54.15",
+        "cuda_version": "12.4",
+        "device_count": len(devices),
+        "healthy": True,
+        "devices": list(devices),
+    }
 
 
-MIG = device(1, "GPU-a100-mig", mig_mode=True, mig_devices=[
-    {"index": 0, "uuid": "MIG-aaaa-0001", "profile": "3g.40gb", "name": A100 + " MIG 3g.40gb",
-     "memory_total_mib": 40192, "memory_used_mib": 0},
-    {"index": 1, "uuid": "MIG-aaaa-0002", "profile": "1g.10gb", "name": A100 + " MIG 1g.10gb",
-     "memory_total_mib": 9856, "memory_used_mib": 0},
-])
+MIG = device(
+    1,
+    "GPU-a100-mig",
+    mig_mode=True,
+    mig_devices=[
+        {
+            "index": 0,
+            "uuid": "MIG-aaaa-0001",
+            "profile": "3g.40gb",
+            "name": A100 + " MIG 3g.40gb",
+            "memory_total_mib": 40192,
+            "memory_used_mib": 0,
+        },
+        {
+            "index": 1,
+            "uuid": "MIG-aaaa-0002",
+            "profile": "1g.10gb",
+            "name": A100 + " MIG 1g.10gb",
+            "memory_total_mib": 9856,
+            "memory_used_mib": 0,
+        },
+    ],
+)
 
 
 def test_a_good_report_gives_its_devices_and_mig_slices_as_models_of_their_own():
@@ -117,8 +155,11 @@ json_values = st.recursive(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.dictionaries(
-    st.sampled_from(["hostname", "interval", "devices", "driver_version", "x"]), json_values, max_size=5))
+@given(
+    st.dictionaries(
+        st.sampled_from(["hostname", "interval", "devices", "driver_version", "x"]), json_values, max_size=5
+    )
+)
 def test_fuzz_only_report_errors_come_out(data):
     try:
         parse_report(json.dumps(data))
@@ -127,10 +168,30 @@ def test_fuzz_only_report_errors_come_out(data):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.dictionaries(
-    st.sampled_from(["index", "uuid", "name", "memory_total_mib", "lost", "mig_mode", "mig_devices",
-                     "temperature_c", "ecc_uncorrected", "problems", "processes"]),
-    json_values, max_size=11), max_size=3))
+@given(
+    st.lists(
+        st.dictionaries(
+            st.sampled_from(
+                [
+                    "index",
+                    "uuid",
+                    "name",
+                    "memory_total_mib",
+                    "lost",
+                    "mig_mode",
+                    "mig_devices",
+                    "temperature_c",
+                    "ecc_uncorrected",
+                    "problems",
+                    "processes",
+                ]
+            ),
+            json_values,
+            max_size=11,
+        ),
+        max_size=3,
+    )
+)
 def test_fuzz_devices_only_report_errors_come_out(devices):
     try:
         r = parse_report(json.dumps(report(*devices)))

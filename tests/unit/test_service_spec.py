@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 
 from gpuspawner.labels import LabelError, ServerLabels, parse_labels, to_labels
 from gpuspawner.service_spec import (
-    GUARDED_ENV, PINS_A_NODE, admin_conflicts, build_service, enforcement_mode, guarded_env, share_enforcement,
+    GUARDED_ENV,
+    PINS_A_NODE,
+    admin_conflicts,
+    build_service,
+    enforcement_mode,
+    guarded_env,
+    share_enforcement,
     visible_devices,
 )
 
@@ -85,7 +91,12 @@ def test_swarm_does_not_restart_servers_behind_the_hubs_back():
 # --------------------------------------------------------------------------
 
 SHARED = ServerLabels(
-    user="bob", server="", host="gpu-a", uuids=("GPU-1", "GPU-2"), model="NVIDIA A100 80GB PCIe", port=None,
+    user="bob",
+    server="",
+    host="gpu-a",
+    uuids=("GPU-1", "GPU-2"),
+    model="NVIDIA A100 80GB PCIe",
+    port=None,
     milli=(600, 600),
 )
 
@@ -149,12 +160,15 @@ def test_small_shares_round_down_but_never_to_zero():
     assert (env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_MEMORY_LIMIT_1"]) == ("40m", "2727m")
 
 
-@pytest.mark.parametrize("args, kw, message", [
-    (("vgpu", (500,), (8192,)), {}, "Unknown GPU share enforcement 'vgpu'; choose one of: none, mps, hami"),
-    (("mps", (500,), ()), {}, "1 shares for 0 devices"),
-    (("hami", (500,), (8192,)), {"hami_library": "libvgpu.so"}, "must be an absolute path"),
-    (("mps", (500,), (8192,)), {"mps_pipe_dir": "mps"}, "must be an absolute path"),
-])
+@pytest.mark.parametrize(
+    "args, kw, message",
+    [
+        (("vgpu", (500,), (8192,)), {}, "Unknown GPU share enforcement 'vgpu'; choose one of: none, mps, hami"),
+        (("mps", (500,), ()), {}, "1 shares for 0 devices"),
+        (("hami", (500,), (8192,)), {"hami_library": "libvgpu.so"}, "must be an absolute path"),
+        (("mps", (500,), (8192,)), {"mps_pipe_dir": "mps"}, "must be an absolute path"),
+    ],
+)
 def test_bad_enforcement_settings(args, kw, message):
     with pytest.raises(ValueError) as info:
         share_enforcement(*args, **kw)
@@ -163,8 +177,12 @@ def test_bad_enforcement_settings(args, kw, message):
 
 def test_enforcement_env_goes_into_the_spec():
     env, mounts = share_enforcement("hami", SHARED.milli, (81920, 81920))
-    s = spec(holding=SHARED, enforcement=(env, mounts), mounts=["/data:/data"],
-             extra_container={"env": {"LD_PRELOAD": "/evil.so"}})
+    s = spec(
+        holding=SHARED,
+        enforcement=(env, mounts),
+        mounts=["/data:/data"],
+        extra_container={"env": {"LD_PRELOAD": "/evil.so"}},
+    )
     container = s["task_template"]["ContainerSpec"]
     assert "LD_PRELOAD=/usr/local/vgpu/libvgpu.so" in container["Env"]
     assert "GPUSPAWNER_GPU_SHARES=0.6,0.6" in container["Env"]
@@ -203,8 +221,8 @@ def assert_guarantees(s, holding, enforcement=({}, [])):
     ours = guarded_env(holding, "compute,utility", enforcement[0])
     assert {k: v for k, v in env.items() if k in ours or k.startswith(GUARDED_ENV)} == ours
     mounts = task["ContainerSpec"].get("Mounts", [])
-    theirs = mounts[:len(mounts) - len(enforcement[1])]
-    assert mounts[len(theirs):] == list(enforcement[1])
+    theirs = mounts[: len(mounts) - len(enforcement[1])]
+    assert mounts[len(theirs) :] == list(enforcement[1])
     assert not {m["Target"] for m in theirs} & {m["Target"] for m in enforcement[1]}
     assert {k: v for k, v in s["labels"].items() if k.startswith("gpuspawner.")} == to_labels(holding)
     assert task["RestartPolicy"] == {"Condition": "none", "Delay": 0, "MaxAttempts": 0, "Window": 0}
@@ -223,16 +241,30 @@ HOSTILE = {
     "container env dict": dict(extra_container={"env": ALL_GPUS}),
     "container Env list": dict(extra_container={"Env": OTHER_GPUS}),
     "container mounts over ours": dict(extra_container={"mounts": ["/evil.so:/usr/local/vgpu/libvgpu.so:ro"]}),
-    "container Mounts over ours": dict(extra_container={"Mounts": [{"Target": "/tmp/vgpulock", "Source": "/x",
-                                                                    "Type": "bind"}]}),
+    "container Mounts over ours": dict(
+        extra_container={"Mounts": [{"Target": "/tmp/vgpulock", "Source": "/x", "Type": "bind"}]}
+    ),
     "task container_spec": dict(extra_task={"container_spec": ContainerSpec(image="img", env=ALL_GPUS)}),
     "task container_spec kwargs": dict(extra_task={"container_spec": {"env": OTHER_GPUS}}),
     "task ContainerSpec": dict(extra_task={"ContainerSpec": {"Env": ALL_GPUS, "Image": "img"}}),
-    "create task_template": dict(extra_create={"task_template": TaskTemplate(
-        container_spec=ContainerSpec(image="img", env=OTHER_GPUS), placement=ELSEWHERE,
-        restart_policy=RestartPolicy(condition="any"))}),
-    "create task_template built": dict(extra_create={"task_template": {
-        "ContainerSpec": {"Env": ALL_GPUS}, "Placement": {"Constraints": ELSEWHERE}, "RestartPolicy": RESTART[1]}}),
+    "create task_template": dict(
+        extra_create={
+            "task_template": TaskTemplate(
+                container_spec=ContainerSpec(image="img", env=OTHER_GPUS),
+                placement=ELSEWHERE,
+                restart_policy=RestartPolicy(condition="any"),
+            )
+        }
+    ),
+    "create task_template built": dict(
+        extra_create={
+            "task_template": {
+                "ContainerSpec": {"Env": ALL_GPUS},
+                "Placement": {"Constraints": ELSEWHERE},
+                "RestartPolicy": RESTART[1],
+            }
+        }
+    ),
     # (a) the host constraint dropped or replaced
     "placement constraints": dict(extra_placement={"constraints": ELSEWHERE}),
     "placement Constraints": dict(extra_placement={"Constraints": ELSEWHERE[:1]}),
@@ -270,8 +302,11 @@ def test_admin_settings_merge_into_ours():
         mounts=["/data:/data"],
         extra_container={"env": {"KEEP": "yes", "JUPYTERHUB_API_TOKEN": "theirs"}, "user": "1000"},
         extra_placement={"constraints": ["node.role==worker"], "preferences": [("spread", "node.labels.rack")]},
-        extra_task={"ContainerSpec": {"Env": ["ALSO=1"], "Dir": "/work"},
-                    "placement": ["node.labels.gpu==yes", "node.hostname==gpu-z"], "log_driver": {"Name": "json"}},
+        extra_task={
+            "ContainerSpec": {"Env": ["ALSO=1"], "Dir": "/work"},
+            "placement": ["node.labels.gpu==yes", "node.hostname==gpu-z"],
+            "log_driver": {"Name": "json"},
+        },
         extra_create={"labels": {"team": "ml"}},
     )
     task = s["task_template"]
@@ -294,8 +329,17 @@ def test_an_admins_whole_container_spec_keeps_our_command_and_a_cpu_server_sees_
 
 
 ADMIN_ENV = st.dictionaries(
-    st.sampled_from(["NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_MIG_CONFIG_DEVICES",
-                     "GPUSPAWNER_GPU_SHARES", "LD_PRELOAD", "CUDA_DEVICE_MEMORY_LIMIT_0", "KEEP"]),
+    st.sampled_from(
+        [
+            "NVIDIA_VISIBLE_DEVICES",
+            "NVIDIA_DRIVER_CAPABILITIES",
+            "NVIDIA_MIG_CONFIG_DEVICES",
+            "GPUSPAWNER_GPU_SHARES",
+            "LD_PRELOAD",
+            "CUDA_DEVICE_MEMORY_LIMIT_0",
+            "KEEP",
+        ]
+    ),
     st.sampled_from(["all", "GPU-9", "GPU-1", "void", "0.1", "/evil.so"]),
 )
 ANY_ENV = ADMIN_ENV | ADMIN_ENV.map(lambda env: [f"{k}={v}" for k, v in env.items()])
@@ -313,56 +357,89 @@ def either(**fields):
 
 CONTAINER = either(env=ANY_ENV, mounts=MOUNTS, user=st.just("1000"))
 PLACEMENT = CONSTRAINTS | either(constraints=CONSTRAINTS)
-TASK = either(container_spec=CONTAINER, placement=PLACEMENT,
-              restart_policy=either(condition=st.sampled_from(["none", "any", "on-failure"])))
-CREATE = st.fixed_dictionaries({}, optional={
-    "name": st.just("jupyter-mallory"), "mode": st.sampled_from(["global", {"Global": {}}]), "task_template": TASK,
-    "labels": st.dictionaries(st.sampled_from([*FAKE_LABELS, "team"]), st.sampled_from(["gpu-z", "GPU-9", "0.1"])),
-})
+TASK = either(
+    container_spec=CONTAINER,
+    placement=PLACEMENT,
+    restart_policy=either(condition=st.sampled_from(["none", "any", "on-failure"])),
+)
+CREATE = st.fixed_dictionaries(
+    {},
+    optional={
+        "name": st.just("jupyter-mallory"),
+        "mode": st.sampled_from(["global", {"Global": {}}]),
+        "task_template": TASK,
+        "labels": st.dictionaries(st.sampled_from([*FAKE_LABELS, "team"]), st.sampled_from(["gpu-z", "GPU-9", "0.1"])),
+    },
+)
 
 
 @settings(max_examples=300, deadline=None)
 @given(
-    holding=st.sampled_from(list(HOLDINGS)), env=ADMIN_ENV, extra_container=CONTAINER,
+    holding=st.sampled_from(list(HOLDINGS)),
+    env=ADMIN_ENV,
+    extra_container=CONTAINER,
     extra_placement=PLACEMENT.map(lambda p: {"constraints": p} if isinstance(p, list) else p),
-    extra_task=TASK, extra_create=CREATE,
+    extra_task=TASK,
+    extra_create=CREATE,
 )
 def test_guarantees_hold_for_any_admin_settings(holding, **admin):
     labels, enforcement = HOLDINGS[holding]
     assert_guarantees(spec(holding=labels, enforcement=enforcement, **admin), labels, enforcement)
 
 
-@pytest.mark.parametrize("settings, named", [
-    ({"environment": ALL_GPUS}, "environment sets NVIDIA_VISIBLE_DEVICES"),
-    ({"extra_container_spec": {"Env": OTHER_GPUS}}, "extra_container_spec sets NVIDIA_VISIBLE_DEVICES"),
-    ({"extra_container_spec": {"env": {"GPUSPAWNER_GPU_SHARES": "1"}}}, "extra_container_spec sets GPUSPAWNER_"),
-    ({"extra_task_spec": {"container_spec": ContainerSpec(image="i", env=ALL_GPUS)}},
-     "extra_task_spec container_spec sets NVIDIA_VISIBLE_DEVICES"),
-    ({"extra_task_spec": {"ContainerSpec": {"Env": OTHER_GPUS}}}, "extra_task_spec container_spec sets NVIDIA_"),
-    ({"extra_placement_spec": {"constraints": ELSEWHERE[:1]}}, "extra_placement_spec constraint 'node.hostname==gpu-z'"),
-    ({"extra_placement_spec": Placement(constraints=ELSEWHERE[2:])}, "extra_placement_spec constraint 'node.id==abc123'"),
-    ({"extra_task_spec": {"placement": ELSEWHERE[1:2]}}, "extra_task_spec placement constraint 'NODE.HOSTNAME == gpu-b'"),
-    ({"extra_task_spec": {"Placement": {"Constraints": ELSEWHERE}}}, "extra_task_spec placement constraint"),
-    ({"extra_task_spec": {"restart_policy": RESTART[0]}}, "extra_task_spec restart_policy condition 'any'"),
-    ({"extra_task_spec": {"RestartPolicy": RESTART[1]}}, "extra_task_spec restart_policy condition 'on-failure'"),
-    ({"extra_task_spec": {"restart_policy": {"condition": "sometimes"}}}, "restart_policy condition 'sometimes'"),
-    ({"extra_create_kwargs": {"name": "x"}}, "extra_create_kwargs sets 'name'"),
-    ({"extra_create_kwargs": {"task_template": {}}}, "extra_create_kwargs sets 'task_template'"),
-    ({"extra_create_kwargs": {"mode": "global"}}, "extra_create_kwargs sets 'mode'"),
-    ({"extra_create_kwargs": {"labels": FAKE_LABELS}}, "extra_create_kwargs labels 'gpuspawner.host'"),
-])
+@pytest.mark.parametrize(
+    "settings, named",
+    [
+        ({"environment": ALL_GPUS}, "environment sets NVIDIA_VISIBLE_DEVICES"),
+        ({"extra_container_spec": {"Env": OTHER_GPUS}}, "extra_container_spec sets NVIDIA_VISIBLE_DEVICES"),
+        ({"extra_container_spec": {"env": {"GPUSPAWNER_GPU_SHARES": "1"}}}, "extra_container_spec sets GPUSPAWNER_"),
+        (
+            {"extra_task_spec": {"container_spec": ContainerSpec(image="i", env=ALL_GPUS)}},
+            "extra_task_spec container_spec sets NVIDIA_VISIBLE_DEVICES",
+        ),
+        ({"extra_task_spec": {"ContainerSpec": {"Env": OTHER_GPUS}}}, "extra_task_spec container_spec sets NVIDIA_"),
+        (
+            {"extra_placement_spec": {"constraints": ELSEWHERE[:1]}},
+            "extra_placement_spec constraint 'node.hostname==gpu-z'",
+        ),
+        (
+            {"extra_placement_spec": Placement(constraints=ELSEWHERE[2:])},
+            "extra_placement_spec constraint 'node.id==abc123'",
+        ),
+        (
+            {"extra_task_spec": {"placement": ELSEWHERE[1:2]}},
+            "extra_task_spec placement constraint 'NODE.HOSTNAME == gpu-b'",
+        ),
+        ({"extra_task_spec": {"Placement": {"Constraints": ELSEWHERE}}}, "extra_task_spec placement constraint"),
+        ({"extra_task_spec": {"restart_policy": RESTART[0]}}, "extra_task_spec restart_policy condition 'any'"),
+        ({"extra_task_spec": {"RestartPolicy": RESTART[1]}}, "extra_task_spec restart_policy condition 'on-failure'"),
+        ({"extra_task_spec": {"restart_policy": {"condition": "sometimes"}}}, "restart_policy condition 'sometimes'"),
+        ({"extra_create_kwargs": {"name": "x"}}, "extra_create_kwargs sets 'name'"),
+        ({"extra_create_kwargs": {"task_template": {}}}, "extra_create_kwargs sets 'task_template'"),
+        ({"extra_create_kwargs": {"mode": "global"}}, "extra_create_kwargs sets 'mode'"),
+        ({"extra_create_kwargs": {"labels": FAKE_LABELS}}, "extra_create_kwargs labels 'gpuspawner.host'"),
+    ],
+)
 def test_settings_that_could_only_conflict_are_named(settings, named):
     problems = admin_conflicts(settings)
     assert problems and named in problems[0] and all("\n" not in p for p in problems)
 
 
 def test_settings_that_merge_are_not_conflicts():
-    assert admin_conflicts({
-        "environment": {"KEEP": "yes", "LD_PRELOAD": "/usr/lib/libtcmalloc.so"},
-        "extra_container_spec": {"env": {"CUDA_VISIBLE_DEVICES": "0"}, "user": "1000"},
-        "extra_placement_spec": {"constraints": ["node.role==worker", "node.hostname!=gpu-z"]},
-        "extra_task_spec": {"restart_policy": RestartPolicy(condition="none"), "placement": ["node.labels.a==b"]},
-        "extra_create_kwargs": {"labels": {"team": "ml"}, "endpoint_spec": {}},
-        "extra_resources_spec": {"cpu_limit": 1},
-    }) == []
+    assert (
+        admin_conflicts(
+            {
+                "environment": {"KEEP": "yes", "LD_PRELOAD": "/usr/lib/libtcmalloc.so"},
+                "extra_container_spec": {"env": {"CUDA_VISIBLE_DEVICES": "0"}, "user": "1000"},
+                "extra_placement_spec": {"constraints": ["node.role==worker", "node.hostname!=gpu-z"]},
+                "extra_task_spec": {
+                    "restart_policy": RestartPolicy(condition="none"),
+                    "placement": ["node.labels.a==b"],
+                },
+                "extra_create_kwargs": {"labels": {"team": "ml"}, "endpoint_spec": {}},
+                "extra_resources_spec": {"cpu_limit": 1},
+            }
+        )
+        == []
+    )
     assert admin_conflicts({"extra_create_kwargs": lambda spawner: {"name": "x"}}) == []  # checked once evaluated

@@ -13,33 +13,49 @@ A100 = "NVIDIA A100 80GB PCIe"
 GTX = "NVIDIA GeForce GTX 1070"
 
 
-@pytest.mark.parametrize("value, milli", [
-    (0.25, 250), (0.1, 100), (1.2, 1200), (1.3, 1300), (2, 2000), (0.001, 1),
-    (Fraction(3, 5), 600), (Decimal("0.65"), 650), (0.7 - 0.1, 600), (1 - 0.4, 600),
-])
+@pytest.mark.parametrize(
+    "value, milli",
+    [
+        (0.25, 250),
+        (0.1, 100),
+        (1.2, 1200),
+        (1.3, 1300),
+        (2, 2000),
+        (0.001, 1),
+        (Fraction(3, 5), 600),
+        (Decimal("0.65"), 650),
+        (0.7 - 0.1, 600),
+        (1 - 0.4, 600),
+    ],
+)
 def test_to_milli_is_exact(value, milli):
     assert to_milli(value) == milli
 
 
-@pytest.mark.parametrize("value, message", [
-    (True, "must be a number such as 0.5, got True"),
-    ("0.5", "must be a number such as 0.5, got '0.5'"),
-    (None, "got None"),
-    ([0.5], "got [0.5]"),
-    (float("nan"), "must be a finite number, got nan"),
-    (float("inf"), "must be a finite number, got inf"),
-    (Decimal("NaN"), "must be a finite number"),
-    (0.0005, "must be a multiple of 0.001, got 0.0005"),
-    (Fraction(1, 3), "must be a multiple of 0.001"),
-    (0.1 + 0.2, "must be a multiple of 0.001, got 0.30000000000000004"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (True, "must be a number such as 0.5, got True"),
+        ("0.5", "must be a number such as 0.5, got '0.5'"),
+        (None, "got None"),
+        ([0.5], "got [0.5]"),
+        (float("nan"), "must be a finite number, got nan"),
+        (float("inf"), "must be a finite number, got inf"),
+        (Decimal("NaN"), "must be a finite number"),
+        (0.0005, "must be a multiple of 0.001, got 0.0005"),
+        (Fraction(1, 3), "must be a multiple of 0.001"),
+        (0.1 + 0.2, "must be a multiple of 0.001, got 0.30000000000000004"),
+    ],
+)
 def test_to_milli_refuses_with_a_message(value, message):
     with pytest.raises(ValueError) as info:
         to_milli(value, "gpu_share")
     assert message in str(info.value) and str(info.value).startswith("gpu_share")
 
 
-@pytest.mark.parametrize("milli, text", [(600, "0.6"), (1000, "1"), (1650, "1.65"), (5, "0.005"), (0, "0"), (2050, "2.05")])
+@pytest.mark.parametrize(
+    "milli, text", [(600, "0.6"), (1000, "1"), (1650, "1.65"), (5, "0.005"), (0, "0"), (2050, "2.05")]
+)
 def test_fmt_prints_the_shortest_decimal(milli, text):
     assert fmt(milli) == text
     assert to_milli(Decimal(text)) == milli
@@ -49,15 +65,18 @@ def test_fmt_list():
     assert fmt_list([600, 600]) == "0.6,0.6"
 
 
-@pytest.mark.parametrize("total, n, quantum, pieces", [
-    (1200, 2, 50, (600, 600)),  # Backend.AI's vector: 1.2 -> 0.6 + 0.6
-    (1300, 2, 50, (650, 650)),  # 1.3 -> 0.65 + 0.65 with quantum 0.05
-    (1300, 2, 100, (700, 600)),  # as even as the quantum allows; the sum stays exact
-    (1000, 3, 50, (350, 350, 300)),
-    (2000, 2, 250, (1000, 1000)),
-    (1200, 1, 50, None),  # a piece would be more than a device
-    (100, 3, 50, None),  # a piece would be below the quantum
-])
+@pytest.mark.parametrize(
+    "total, n, quantum, pieces",
+    [
+        (1200, 2, 50, (600, 600)),  # Backend.AI's vector: 1.2 -> 0.6 + 0.6
+        (1300, 2, 50, (650, 650)),  # 1.3 -> 0.65 + 0.65 with quantum 0.05
+        (1300, 2, 100, (700, 600)),  # as even as the quantum allows; the sum stays exact
+        (1000, 3, 50, (350, 350, 300)),
+        (2000, 2, 250, (1000, 1000)),
+        (1200, 1, 50, None),  # a piece would be more than a device
+        (100, 3, 50, None),  # a piece would be below the quantum
+    ],
+)
 def test_split_evenly(total, n, quantum, pieces):
     assert split_evenly(total, n, quantum) == pieces
 
@@ -75,11 +94,13 @@ def test_split_evenly_properties(quantum, units, n):
 
 
 def test_policy_per_model_with_a_default_and_an_exception():
-    policy = SharingPolicy.parse({
-        A100: {"quantum": 0.05, "split": True},
-        "*": {"shares": [0.5, 0.25]},
-        GTX: None,
-    })
+    policy = SharingPolicy.parse(
+        {
+            A100: {"quantum": 0.05, "split": True},
+            "*": {"shares": [0.5, 0.25]},
+            GTX: None,
+        }
+    )
     assert policy.enabled
     assert policy.for_model(A100) == ModelSharing(quantum=50, allowed=None, split=True)
     assert policy.for_model("NVIDIA Tesla T4") == ModelSharing(quantum=250, allowed=(250, 500), split=False)
@@ -98,38 +119,48 @@ def test_quantum_of_an_allowed_list_is_their_common_divisor():
     assert SharingPolicy.parse({"*": {"shares": [0.3]}}).for_model(A100).quantum == 100
 
 
-@pytest.mark.parametrize("config, message", [
-    ([A100], "must be a mapping of GPU model"),
-    ({A100: 0.5}, f"gpu_sharing['{A100}']: expected a mapping with quantum, shares, split"),
-    ({A100: {"quantum": 0.3}}, "quantum must divide 1 GPU evenly (e.g. 0.05, 0.1, 0.25, 0.5), got 0.3"),
-    ({A100: {"quantum": 0}}, "quantum must divide 1 GPU evenly"),
-    ({A100: {"quantum": "0.1"}}, "quantum must be a number such as 0.5, got '0.1'"),
-    ({A100: {"quantum": 0.0001}}, "quantum must be a multiple of 0.001"),
-    ({A100: {"quantum": 0.25, "shares": [0.3]}}, "share 0.3 is not a multiple of the quantum 0.25"),
-    ({A100: {"shares": [1.5]}}, "share 1.5 is more than one GPU; it needs split: True"),
-    ({A100: {"shares": []}}, "shares is empty"),
-    ({A100: {"shares": "0.5"}}, "shares must be a list of numbers"),
-    ({A100: {"shares": [-0.5]}}, "shares must be more than 0, got -0.5"),
-    ({A100: {"split": True}}, "give a quantum (e.g. 0.25) or a list of shares"),
-    ({A100: {"quantum": 0.5, "split": "yes"}}, "split must be true or false, got 'yes'"),
-    ({A100: {"quantum": 0.5, "fraction": 1}}, "unknown key(s) fraction; valid keys: quantum, shares, split"),
-    ({"": {"quantum": 0.5}}, "'' is not a GPU model name"),
-])
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ([A100], "must be a mapping of GPU model"),
+        ({A100: 0.5}, f"gpu_sharing['{A100}']: expected a mapping with quantum, shares, split"),
+        ({A100: {"quantum": 0.3}}, "quantum must divide 1 GPU evenly (e.g. 0.05, 0.1, 0.25, 0.5), got 0.3"),
+        ({A100: {"quantum": 0}}, "quantum must divide 1 GPU evenly"),
+        ({A100: {"quantum": "0.1"}}, "quantum must be a number such as 0.5, got '0.1'"),
+        ({A100: {"quantum": 0.0001}}, "quantum must be a multiple of 0.001"),
+        ({A100: {"quantum": 0.25, "shares": [0.3]}}, "share 0.3 is not a multiple of the quantum 0.25"),
+        ({A100: {"shares": [1.5]}}, "share 1.5 is more than one GPU; it needs split: True"),
+        ({A100: {"shares": []}}, "shares is empty"),
+        ({A100: {"shares": "0.5"}}, "shares must be a list of numbers"),
+        ({A100: {"shares": [-0.5]}}, "shares must be more than 0, got -0.5"),
+        ({A100: {"split": True}}, "give a quantum (e.g. 0.25) or a list of shares"),
+        ({A100: {"quantum": 0.5, "split": "yes"}}, "split must be true or false, got 'yes'"),
+        ({A100: {"quantum": 0.5, "fraction": 1}}, "unknown key(s) fraction; valid keys: quantum, shares, split"),
+        ({"": {"quantum": 0.5}}, "'' is not a GPU model name"),
+    ],
+)
 def test_bad_policies_are_refused_naming_the_entry(config, message):
     with pytest.raises(ValueError) as info:
         SharingPolicy.parse(config)
     assert message in str(info.value)
 
 
-@pytest.mark.parametrize("sharing, share, reason", [
-    (ModelSharing(50), 250, None),
-    (ModelSharing(50), 330, f"0.33 of a GPU is not offered for {A100}; choose a multiple of 0.05"),
-    (ModelSharing(250, (250, 500)), 750, f"0.75 of a GPU is not offered for {A100}; choose one of: 0.25, 0.5"),
-    (ModelSharing(50), 1200, "shares of NVIDIA A100 80GB PCIe are at most 1 GPU (splitting over several devices is not enabled)"),
-    (ModelSharing(50, split=True), 1200, None),
-    (ModelSharing(50), 0, "gpu_share must be more than 0"),
-    (ModelSharing(50), -250, "gpu_share must be more than 0"),
-])
+@pytest.mark.parametrize(
+    "sharing, share, reason",
+    [
+        (ModelSharing(50), 250, None),
+        (ModelSharing(50), 330, f"0.33 of a GPU is not offered for {A100}; choose a multiple of 0.05"),
+        (ModelSharing(250, (250, 500)), 750, f"0.75 of a GPU is not offered for {A100}; choose one of: 0.25, 0.5"),
+        (
+            ModelSharing(50),
+            1200,
+            "shares of NVIDIA A100 80GB PCIe are at most 1 GPU (splitting over several devices is not enabled)",
+        ),
+        (ModelSharing(50, split=True), 1200, None),
+        (ModelSharing(50), 0, "gpu_share must be more than 0"),
+        (ModelSharing(50), -250, "gpu_share must be more than 0"),
+    ],
+)
 def test_model_refusal(sharing, share, reason):
     got = sharing.refusal(share, A100)
     assert got == reason if reason is None else reason in got
