@@ -50,7 +50,7 @@ from .ledger_reads import (
     hours_within,
     open_record,
     select_records,
-    usage_rows,
+    usage_query,
     usage_totals,
 )
 from .ledger_schema import COLUMNS, Record, allocation_devices, allocations, join_tasks, split_tasks
@@ -298,7 +298,7 @@ class Ledger:
         now = utc_now()
         since, until = checked_range(since, until, until_default=now)
         with self._db("computing GPU usage"), self.engine.connect() as conn:
-            return usage_totals(conn.execute(usage_rows(by, since, until)), now, since, until)
+            return usage_totals(conn.execute(usage_query(by, since, until)), now, since, until)
 
     # --- plumbing ------------------------------------------------------------------
 

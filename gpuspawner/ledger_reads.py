@@ -83,9 +83,9 @@ def history_conditions(since: datetime | None, until: datetime | None, user: str
 USAGE_KEYS = {"user": allocations.c.username, "model": allocations.c.model}
 
 
-def usage_rows(by: str, since: datetime | None, until: datetime):
-    """One row per allocation within [since, until] that held GPUs: (key, started_at,
-    ended_at, summed shares); ``by`` is one of USAGE_KEYS."""
+def usage_query(by: str, since: datetime | None, until: datetime):
+    """A query for one row per allocation within [since, until] that held GPUs: (key,
+    started_at, ended_at, summed shares); ``by`` is one of USAGE_KEYS."""
     a, d = allocations, allocation_devices
     # The inner join drops allocations without GPUs; the overlap is computed in Python
     # (usage_totals), alike for every backend.
@@ -98,7 +98,7 @@ def usage_rows(by: str, since: datetime | None, until: datetime):
 
 
 def usage_totals(rows, now: datetime, since: datetime | None, until: datetime) -> list[Usage]:
-    """GPU-hours per key from usage_rows' rows, largest first, keys without any left out."""
+    """GPU-hours per key from usage_query' rows, largest first, keys without any left out."""
     totals: dict[str, float] = {}
     for key, started, ended, milli in rows:
         hours = hours_within(started, ended or now, since, until) * (milli / UNIT)
