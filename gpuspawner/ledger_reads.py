@@ -98,7 +98,7 @@ def usage_query(by: str, since: datetime | None, until: datetime):
 
 
 def usage_totals(rows, now: datetime, since: datetime | None, until: datetime) -> list[Usage]:
-    """GPU-hours per key from usage_query' rows, largest first, keys without any left out."""
+    """GPU-hours per key from the rows of usage_query, largest first, keys without any left out."""
     totals: dict[str, float] = {}
     for key, started, ended, milli in rows:
         hours = hours_within(started, ended or now, since, until) * (milli / UNIT)
