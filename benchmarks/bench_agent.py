@@ -56,7 +56,8 @@ def percentile(values: list[int], q: float) -> float:
 
 def inner_probe(cycles: int) -> dict:
     """Runs inside the process that loaded the fake: times the agent's own read and encode."""
-    from gpuspawner.agent import Nvml, encode_report
+    from gpuspawner.agent_nvml import Nvml
+    from gpuspawner.agent_report import encode_report
 
     nvml = Nvml()
     nvml.open()

@@ -1,7 +1,7 @@
 """Node reports from ``gpuspawner-agent``: validated on arrival, turned into GPUs.
 
 An agent on each GPU node posts what NVML says about its devices (see
-``agent.py`` for the producer). The hub trusts nothing in a report: every
+``agent_nvml.py`` and ``agent_report.py`` for the producer). The hub trusts nothing in a report: every
 field is type- and range-checked here, names that end up in constraints,
 labels or env must match the same strict patterns as the static inventory,
 and a report that fails gets a :class:`ReportError` whose message says which

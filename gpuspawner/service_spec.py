@@ -115,28 +115,42 @@ def share_enforcement(
     least = min(milli)
     mib = [m * memory // UNIT for m, memory in zip(milli, memory_mib)]
     env.update({ISOLATION_ENV: mode, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "TF_FORCE_GPU_ALLOW_GROWTH": "true"})
-    mounts: list[Mount] = []
     if mode != "hami":
         # HAMi shows the container its limit as the device's memory, so a
         # fraction would shrink it twice; elsewhere JAX would preallocate 75 %
         # of the whole device.
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = fmt(least)
     if mode == "mps":
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(_percent(least))
-        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={m}MB" for i, m in enumerate(mib))
-        env["CUDA_MPS_PIPE_DIRECTORY"] = mps_pipe_dir
-        mounts.append(_bind(mps_pipe_dir, mps_pipe_dir))
-        if mps_shm_dir:
-            mounts.append(_bind(mps_shm_dir, "/dev/shm"))
-    elif mode == "hami":
-        env["LD_PRELOAD"] = HAMI_LIBRARY
-        env["CUDA_DEVICE_SM_LIMIT"] = str(_percent(least))
-        for i, (m, limit) in enumerate(zip(milli, mib)):
-            env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{limit}m"
-            env[f"CUDA_DEVICE_SM_LIMIT_{i}"] = str(_percent(m))
-        mounts.append(_bind(hami_library, HAMI_LIBRARY, read_only=True))
-        mounts.append(_bind(hami_lock_dir, HAMI_LOCK_DIR))
+        return _mps_limits(env, least, mib, mps_pipe_dir, mps_shm_dir)
+    if mode == "hami":
+        return _hami_limits(env, milli, mib, hami_library, hami_lock_dir)
+    return env, []
+
+
+def _mps_limits(
+    env: dict[str, str], least: int, mib: Sequence[int], pipe_dir: str, shm_dir: str | None
+) -> tuple[dict[str, str], list[Mount]]:
+    """``env`` plus CUDA MPS client limits (one SM percentage: the smallest share), and
+    the mounts of the node's MPS control daemon."""
+    env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(_percent(least))
+    env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{i}={m}MB" for i, m in enumerate(mib))
+    env["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
+    mounts = [_bind(pipe_dir, pipe_dir)]
+    if shm_dir:
+        mounts.append(_bind(shm_dir, "/dev/shm"))
     return env, mounts
+
+
+def _hami_limits(
+    env: dict[str, str], milli: Sequence[int], mib: Sequence[int], library: str, lock_dir: str
+) -> tuple[dict[str, str], list[Mount]]:
+    """``env`` plus HAMi-core's per-device limits, and the mounts of its library and locks."""
+    env["LD_PRELOAD"] = HAMI_LIBRARY
+    env["CUDA_DEVICE_SM_LIMIT"] = str(_percent(min(milli)))
+    for i, (m, limit) in enumerate(zip(milli, mib)):
+        env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{limit}m"
+        env[f"CUDA_DEVICE_SM_LIMIT_{i}"] = str(_percent(m))
+    return env, [_bind(library, HAMI_LIBRARY, read_only=True), _bind(lock_dir, HAMI_LOCK_DIR)]
 
 
 def _percent(milli: int) -> int:
@@ -286,25 +300,14 @@ def build_service(
     conflict, to refuse them.)
     """
     tasks = [_task_template(t) for t in (extra_task, (extra_create or {}).get("task_template")) if t]
-
-    container = dict(ContainerSpec(image=image, args=command, mounts=mounts or []))
-    their_env: dict[str, str] = {}
-    for layer in [_container_spec(extra_container), *(t.pop("ContainerSpec", None) or {} for t in tasks)]:
-        their_env.update(_env_dict(layer.pop("Env", None)))
-        container.update(layer)
-    container["Env"] = {**their_env, **env}  # the spawner's env wins over extra env, as in dockerspawner
-
-    placement: dict[str, Any] = {}
-    for layer in [_placement(extra_placement), *(t.pop("Placement", None) or {} for t in tasks)]:
-        constraints = placement.get("Constraints", []) + list(layer.pop("Constraints", None) or [])
-        placement.update(layer, Constraints=constraints)
-
+    container = _merged_container(image, command, mounts, env, extra_container, tasks)
+    placement = _merged_placement(extra_placement, tasks)
     task = TaskTemplate(
         container_spec=container,
         resources=_as_built(Resources, resources),
         networks=[network] if network else [],
     )
-    for layer in tasks:
+    for layer in tasks:  # what is left of them once their container spec and placement are merged
         task.update(layer)
     task["Placement"] = placement
 
@@ -313,8 +316,46 @@ def build_service(
         endpoint["ports"] = {None: (publish_port, "tcp")}
     endpoint.update(extra_endpoint or {})
     create = {"task_template": task, "endpoint_spec": EndpointSpec(**endpoint), "name": name, **(extra_create or {})}
+    _guarantee(create, task, name, holding, driver_capabilities, enforcement)
+    return create
 
-    # gpuspawner's guarantees, last.
+
+def _merged_container(
+    image: str,
+    command: list[str] | None,
+    mounts: list | None,
+    env: Mapping[str, str],
+    extra_container: Mapping[str, Any] | None,
+    tasks: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The container spec: ours, then the admin's layers (taking them out of ``tasks``)."""
+    container = dict(ContainerSpec(image=image, args=command, mounts=mounts or []))
+    their_env: dict[str, str] = {}
+    for layer in [_container_spec(extra_container), *(t.pop("ContainerSpec", None) or {} for t in tasks)]:
+        their_env.update(_env_dict(layer.pop("Env", None)))
+        container.update(layer)
+    container["Env"] = {**their_env, **env}  # the spawner's env wins over extra env, as in dockerspawner
+    return container
+
+
+def _merged_placement(extra_placement: Mapping[str, Any] | None, tasks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The admin's placements, constraints added up (taking them out of ``tasks``)."""
+    placement: dict[str, Any] = {}
+    for layer in [_placement(extra_placement), *(t.pop("Placement", None) or {} for t in tasks)]:
+        constraints = placement.get("Constraints", []) + list(layer.pop("Constraints", None) or [])
+        placement.update(layer, Constraints=constraints)
+    return placement
+
+
+def _guarantee(
+    create: dict[str, Any],
+    task: dict[str, Any],
+    name: str,
+    holding: ServerLabels,
+    driver_capabilities: str,
+    enforcement: tuple[Mapping[str, str], Sequence[Mount]],
+) -> None:
+    """gpuspawner's guarantees, applied last over whatever the admin's settings made."""
     enforcement_env, enforcement_mounts = enforcement
     _guard_env(task["ContainerSpec"], guarded_env(holding, driver_capabilities, enforcement_env))
     _guard_mounts(task["ContainerSpec"], enforcement_mounts)
@@ -324,7 +365,6 @@ def build_service(
     task["RestartPolicy"] = RestartPolicy(condition="none")
     create.pop("mode", None)  # one task: replicated, one replica
     create.update(task_template=task, name=name, labels=_guard_labels(create.get("labels"), holding))
-    return create
 
 
 def admin_conflicts(settings: Mapping[str, Any]) -> list[str]:

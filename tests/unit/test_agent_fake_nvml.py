@@ -247,14 +247,16 @@ def test_build_is_cached(fake_lib_dir):
     assert lib.stat().st_mtime_ns == before
 
 
-def test_agent_module_imports_neither_docker_nor_jupyterhub():
-    tree = ast.parse((REPO / "gpuspawner" / "agent.py").read_text())
+def test_agent_modules_import_neither_docker_nor_jupyterhub():
+    paths = sorted((REPO / "gpuspawner").glob("agent*.py"))
+    assert REPO / "gpuspawner" / "agent.py" in paths
     imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            imported.add(node.module.split(".")[0])
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module.split(".")[0])
     assert not imported & {"docker", "jupyterhub", "dockerspawner"}
 
 

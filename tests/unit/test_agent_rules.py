@@ -7,18 +7,13 @@ import json
 import pytest
 
 import gpuspawner
-from gpuspawner import agent
-from gpuspawner.agent import (
-    AgentError,
-    backoff_delay,
-    build_parser,
-    device_problems,
-    encode_report,
-    mig_profile_from_attributes,
-    mig_profile_from_name,
-    read_token,
-    report_url,
-)
+from gpuspawner import agent_hub
+from gpuspawner.agent import build_parser
+from gpuspawner.agent_errors import AgentError
+from gpuspawner.agent_hub import read_token, report_url
+from gpuspawner.agent_loop import backoff_delay
+from gpuspawner.agent_nvml import mig_profile_from_attributes, mig_profile_from_name, reading_problems
+from gpuspawner.agent_report import docker_default_runtime, encode_report
 
 
 @pytest.mark.parametrize(
@@ -38,8 +33,8 @@ from gpuspawner.agent import (
         ({}, 90, []),  # a record without the fields: nothing known, nothing wrong
     ],
 )
-def test_device_problems(info, limit, problems):
-    assert device_problems(info, limit) == problems
+def test_reading_problems(info, limit, problems):
+    assert reading_problems(info, limit) == problems
 
 
 @pytest.mark.parametrize(
@@ -188,7 +183,7 @@ def test_run_command_line():
         args.max_temperature,
         args.cycles,
         args.timeout,
-    ) == ("run", "http://hub:8000/jhub/", "/run/secrets/t", 5.0, "gpu-a", 85.0, 3, agent.DEFAULT_TIMEOUT_S)
+    ) == ("run", "http://hub:8000/jhub/", "/run/secrets/t", 5.0, "gpu-a", 85.0, 3, agent_hub.DEFAULT_TIMEOUT_S)
     defaults = build_parser().parse_args(["run", "--hub-url", "http://hub:8000"])
     assert (defaults.interval, defaults.cycles, defaults.hostname, defaults.token_file) == (15.0, None, None, None)
 
@@ -213,8 +208,6 @@ def test_bad_command_lines_exit_2_with_the_reason(argv, message, capsys):
 
 
 def test_docker_default_runtime_from_daemon_json(tmp_path):
-    from gpuspawner.agent import docker_default_runtime
-
     f = tmp_path / "daemon.json"
     assert docker_default_runtime(str(f)) is None  # not there (e.g. not mounted): unknown
     f.write_text('{"default-runtime": "nvidia"}')

@@ -24,7 +24,7 @@ from tornado import web
 
 from gpuspawner.api import _time_arg
 from gpuspawner.labels import DEVICES, HOST, MODEL, PORT, SERVER, SHARES, USER, LabelError, ServerLabels, parse_labels
-from gpuspawner.ledger import Ledger
+from gpuspawner.ledger_checks import checked_range
 from gpuspawner.options import KEYS, GPURequest, OptionsError, options_from_form, parse_user_options
 from gpuspawner.reports import NodeReport, ReportError, parse_report
 from gpuspawner.settings import validate_config
@@ -285,7 +285,7 @@ def test_fuzz_usage_times(since_text, until_text):
         one_line(exc.log_message)
         return
     assert since is None or since.tzinfo is not None
-    answer(ValueError, Ledger._range, since, until, datetime.now(timezone.utc))  # ValueError: since after until
+    answer(ValueError, checked_range, since, until, datetime.now(timezone.utc))  # ValueError: since after until
 
 
 # -- labels read at rebuild ----------------------------------------------------------------------

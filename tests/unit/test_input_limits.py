@@ -141,7 +141,8 @@ def test_shown_never_raises():
 
 # -- database URLs in messages ---------------------------------------------------------
 
-from gpuspawner.ledger import LedgerError, safe_url  # noqa: E402
+from gpuspawner.ledger import LedgerError  # noqa: E402
+from gpuspawner.ledger_url import safe_url  # noqa: E402
 from gpuspawner.settings import validate_config  # noqa: E402
 
 

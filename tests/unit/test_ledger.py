@@ -17,15 +17,14 @@ from alembic.runtime.migration import MigrationContext
 from gpuspawner import ledger_migrations
 from gpuspawner.ledger import (
     SUPERSEDED,
-    TASKS_MAX,
     Ledger,
     LedgerError,
     Usage,
     default_db_url,
     hours_within,
-    metadata,
 )
 from gpuspawner.ledger_migrations import VERSION_TABLE
+from gpuspawner.ledger_schema import TASKS_MAX, metadata
 
 UTC = timezone.utc
 # A fixed past day, so every range below is exact; "now" is well after it.
@@ -449,7 +448,7 @@ class LedgerContract:
 
     def test_the_database_refuses_a_second_open_allocation_for_a_service(self, ledger):
         gpu(ledger, "svc")
-        from gpuspawner.ledger import allocations
+        from gpuspawner.ledger_schema import allocations
 
         row = dict(service="svc", username="x", server="", host="h", model="m", started_at=at(1), end_reason="")
         with pytest.raises(sa.exc.IntegrityError), ledger.engine.begin() as conn:
