@@ -5,7 +5,7 @@ VENV := .venv
 PYTHON := $(VENV)/bin/python
 STATE := $(CURDIR)/demo-state
 
-.PHONY: deps test unit fuzz demo demo-down screenshots bench clean
+.PHONY: deps test unit fuzz demo demo-down screenshots bench clean lint
 
 # System packages (Debian) first (the venv needs python3-venv), then the Python
 # environment. Safe to run again.
@@ -17,7 +17,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	@echo "Installing gpuspawner and its test tools into $(VENV) (first time: a minute or two)"
 	$(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
-	$(PYTHON) -m pip install -q -e '.[test]'
+	$(PYTHON) -m pip install -q -e '.[test,lint]'
 	touch $@
 
 # Every test: unit tests, then integration tests on a real three-node swarm.
@@ -27,6 +27,10 @@ test: deps
 # Only the tests that need no docker.
 unit: $(VENV)/.installed
 	$(PYTHON) -m pytest -ra tests/unit
+
+# ruff check, ruff format --check and mypy: the hooks of .pre-commit-config.yaml, on every tracked file.
+lint: $(VENV)/.installed
+	$(VENV)/bin/pre-commit run --all-files --show-diff-on-failure
 
 # A real hub at http://127.0.0.1:8000 on a local three-node swarm with simulated GPUs,
 # spawning real JupyterLab servers (DEMO_SERVER=standin: the fast busybox stand-in),
