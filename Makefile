@@ -3,9 +3,10 @@
 PY ?= python3
 VENV := .venv
 PYTHON := $(VENV)/bin/python
+WHEEL_VENV := .venv-wheel
 STATE := $(CURDIR)/demo-state
 
-.PHONY: deps test unit fuzz demo demo-down screenshots bench clean lint
+.PHONY: deps test unit fuzz demo demo-down screenshots bench clean lint wheel-check
 
 # System packages (Debian) first (the venv needs python3-venv), then the Python
 # environment. Safe to run again.
@@ -32,6 +33,17 @@ unit: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/pre-commit run --all-files --show-diff-on-failure
 
+# The wheel, installed alone into a fresh venv and checked from outside the source tree
+# (.ci/check_installed.py): what `pip install gpuspawner` gives a hub.
+wheel-check:
+	rm -rf dist $(WHEEL_VENV)
+	$(PY) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(WHEEL_VENV)/bin/python -m pip wheel -q --no-deps -w dist .
+	$(WHEEL_VENV)/bin/python -m pip install -q dist/gpuspawner-*.whl
+	$(WHEEL_VENV)/bin/python -m pip check
+	cd "$$(mktemp -d)" && $(CURDIR)/$(WHEEL_VENV)/bin/python $(CURDIR)/.ci/check_installed.py $(CURDIR)
+
 # A real hub at http://127.0.0.1:8000 on a local three-node swarm with simulated GPUs,
 # spawning real JupyterLab servers (DEMO_SERVER=standin: the fast busybox stand-in),
 # GPUs reported by node agents over a fake NVML (DEMO_GPUS=static: from the file).
@@ -56,7 +68,7 @@ bench: $(VENV)/.installed
 	$(PYTHON) -m benchmarks.bench_loop
 
 clean: demo-down
-	rm -rf $(VENV) $(STATE) /var/cache/gpuspawner-image
+	rm -rf $(VENV) $(WHEEL_VENV) dist $(STATE) /var/cache/gpuspawner-image
 
 # Every input surface fuzzed at length (the unit tests run a short subset).
 fuzz: $(VENV)/.installed
