@@ -4,9 +4,10 @@ PY ?= python3
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 WHEEL_VENV := .venv-wheel
+LOWEST_VENV := .venv-lowest
 STATE := $(CURDIR)/demo-state
 
-.PHONY: deps test unit fuzz demo demo-down screenshots bench clean lint wheel-check
+.PHONY: deps test unit fuzz demo demo-down screenshots bench clean lint wheel-check test-lowest
 
 # System packages (Debian) first (the venv needs python3-venv), then the Python
 # environment. Safe to run again.
@@ -44,6 +45,16 @@ wheel-check:
 	$(WHEEL_VENV)/bin/python -m pip check
 	cd "$$(mktemp -d)" && $(CURDIR)/$(WHEEL_VENV)/bin/python $(CURDIR)/.ci/check_installed.py $(CURDIR)
 
+# The unit tests on the lowest versions setup.cfg allows: each dependency pinned to its
+# floor (.ci/lowest-constraints.txt), the test tools as they come.
+test-lowest:
+	rm -rf $(LOWEST_VENV)
+	$(PY) -m venv $(LOWEST_VENV)
+	$(LOWEST_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LOWEST_VENV)/bin/python -m pip install -q -r .ci/lowest-constraints.txt -e '.[test]'
+	$(LOWEST_VENV)/bin/python -m pip check
+	$(LOWEST_VENV)/bin/python -m pytest -ra -p no:cacheprovider tests/unit
+
 # A real hub at http://127.0.0.1:8000 on a local three-node swarm with simulated GPUs,
 # spawning real JupyterLab servers (DEMO_SERVER=standin: the fast busybox stand-in),
 # GPUs reported by node agents over a fake NVML (DEMO_GPUS=static: from the file).
@@ -68,7 +79,7 @@ bench: $(VENV)/.installed
 	$(PYTHON) -m benchmarks.bench_loop
 
 clean: demo-down
-	rm -rf $(VENV) $(WHEEL_VENV) dist $(STATE) /var/cache/gpuspawner-image
+	rm -rf $(VENV) $(WHEEL_VENV) $(LOWEST_VENV) dist $(STATE) /var/cache/gpuspawner-image
 
 # Every input surface fuzzed at length (the unit tests run a short subset).
 fuzz: $(VENV)/.installed
