@@ -3,9 +3,11 @@
 PY ?= python3
 VENV := .venv
 PYTHON := $(VENV)/bin/python
+WHEEL_VENV := .venv-wheel
+LOWEST_VENV := .venv-lowest
 STATE := $(CURDIR)/demo-state
 
-.PHONY: deps test unit fuzz demo demo-down screenshots bench clean
+.PHONY: deps test unit fuzz demo demo-down screenshots bench clean lint wheel-check test-lowest
 
 # System packages (Debian) first (the venv needs python3-venv), then the Python
 # environment. Safe to run again.
@@ -17,7 +19,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	@echo "Installing gpuspawner and its test tools into $(VENV) (first time: a minute or two)"
 	$(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
-	$(PYTHON) -m pip install -q -e '.[test]'
+	$(PYTHON) -m pip install -q -e '.[test,lint]'
 	touch $@
 
 # Every test: unit tests, then integration tests on a real three-node swarm.
@@ -27,6 +29,31 @@ test: deps
 # Only the tests that need no docker.
 unit: $(VENV)/.installed
 	$(PYTHON) -m pytest -ra tests/unit
+
+# ruff check, ruff format --check and mypy: the hooks of .pre-commit-config.yaml, on every tracked file.
+lint: $(VENV)/.installed
+	$(VENV)/bin/pre-commit run --all-files --show-diff-on-failure
+
+# The wheel, installed alone into a fresh venv and checked from outside the source tree
+# (.ci/check_installed.py): what `pip install gpuspawner` gives a hub.
+wheel-check:
+	rm -rf dist $(WHEEL_VENV)
+	$(PY) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(WHEEL_VENV)/bin/python -m pip wheel -q --no-deps -w dist .
+	$(WHEEL_VENV)/bin/python -m pip install -q dist/gpuspawner-*.whl
+	$(WHEEL_VENV)/bin/python -m pip check
+	cd "$$(mktemp -d)" && $(CURDIR)/$(WHEEL_VENV)/bin/python $(CURDIR)/.ci/check_installed.py $(CURDIR)
+
+# The unit tests on the lowest versions setup.cfg allows: each dependency pinned to its
+# floor (.ci/lowest-constraints.txt), the test tools as they come.
+test-lowest:
+	rm -rf $(LOWEST_VENV)
+	$(PY) -m venv $(LOWEST_VENV)
+	$(LOWEST_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LOWEST_VENV)/bin/python -m pip install -q -r .ci/lowest-constraints.txt -e '.[test]'
+	$(LOWEST_VENV)/bin/python -m pip check
+	$(LOWEST_VENV)/bin/python -m pytest -ra -p no:cacheprovider tests/unit
 
 # A real hub at http://127.0.0.1:8000 on a local three-node swarm with simulated GPUs,
 # spawning real JupyterLab servers (DEMO_SERVER=standin: the fast busybox stand-in),
@@ -52,7 +79,7 @@ bench: $(VENV)/.installed
 	$(PYTHON) -m benchmarks.bench_loop
 
 clean: demo-down
-	rm -rf $(VENV) $(STATE) /var/cache/gpuspawner-image
+	rm -rf $(VENV) $(WHEEL_VENV) $(LOWEST_VENV) dist $(STATE) /var/cache/gpuspawner-image
 
 # Every input surface fuzzed at length (the unit tests run a short subset).
 fuzz: $(VENV)/.installed

@@ -194,7 +194,8 @@ def _time_arg(text: str) -> datetime | None:
     if not text:
         return None
     try:
-        t = datetime.fromisoformat(text)
+        # Python 3.10's fromisoformat does not read the "Z" zone (3.11's does).
+        t = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
     except ValueError:
         raise web.HTTPError(400, f"{text[:40]!r} is not an ISO 8601 time such as 2026-11-01T00:00:00Z") from None
     t = t if t.tzinfo else t.replace(tzinfo=timezone.utc)

@@ -29,7 +29,8 @@ def configure(c) -> None:
     from .settings import validate_config
 
     # JupyterHub logs that extra_handlers is deprecated in favour of services;
-    # these must run inside the hub, where the allocator lives.
+    # these must run inside the hub, where the holdings live (README, "How
+    # configure(c) registers the endpoints"; tests/unit/test_hubconfig.py).
     c.JupyterHub.extra_handlers.extend(api.handlers)
     c.JupyterHub.custom_scopes.update(
         {api.REPORT_SCOPE: {"description": "Report a GPU node's devices to gpuspawner (node agents only)."}}

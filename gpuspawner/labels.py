@@ -171,7 +171,7 @@ def _matching(label: str, text: str | None, pattern: re.Pattern, what: str, *, r
     return text
 
 
-def _uuids(text: str) -> tuple[str, ...]:
+def _uuids(text: str | None) -> tuple[str, ...]:
     if not text:
         return ()  # a CPU-only server
     uuids = text.split(",")

@@ -61,7 +61,7 @@ def options_from_form(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
             options[key] = int(value) if number else value
         elif key == "gpu_share":
             if value:  # empty: whole GPUs
-                number = len(value) <= _NUMBER_CHARS and _DECIMAL_RE.fullmatch(value)
+                number = len(value) <= _NUMBER_CHARS and _DECIMAL_RE.fullmatch(value) is not None
                 options[key] = float(value) if number else value
         elif value or key not in ("gpu_model", "gpu_host"):
             options[key] = value

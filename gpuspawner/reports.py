@@ -19,7 +19,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 from .inventory import GPU, HOSTNAME_RE, MODEL_RE, UUID_RE
 
@@ -265,7 +265,19 @@ class _Fields:
         shown = repr(value)
         return ReportError(f"{self.where}.{key}: expected {what}, got {shown[:60]}")
 
-    def text(self, key, *, pattern=None, limit=120, optional=False) -> str | None:
+    # The overloads tell the type checker what the code guarantees: a read that
+    # is not optional returns a value or raises, it never returns None.
+    @overload
+    def text(
+        self, key: str, *, pattern: re.Pattern[str] | None = ..., limit: int = ..., optional: Literal[False] = ...
+    ) -> str: ...
+    @overload
+    def text(
+        self, key: str, *, pattern: re.Pattern[str] | None = ..., limit: int = ..., optional: bool
+    ) -> str | None: ...
+    def text(
+        self, key: str, *, pattern: re.Pattern[str] | None = None, limit: int = 120, optional: bool = False
+    ) -> str | None:
         value = self._get(key, optional)
         if value is None:
             return None
@@ -281,7 +293,11 @@ class _Fields:
             )
         return value
 
-    def integer(self, key, *, low=0, high=2**53, optional=False) -> int | None:
+    @overload
+    def integer(self, key: str, *, low: int = ..., high: int = ..., optional: Literal[False] = ...) -> int: ...
+    @overload
+    def integer(self, key: str, *, low: int = ..., high: int = ..., optional: bool) -> int | None: ...
+    def integer(self, key: str, *, low: int = 0, high: int = 2**53, optional: bool = False) -> int | None:
         value = self._get(key, optional)
         if value is None:
             return None
@@ -289,7 +305,11 @@ class _Fields:
             raise self._bad(key, f"a whole number from {low} to {high}", value)
         return value
 
-    def number(self, key, *, low, high, optional=False) -> float | None:
+    @overload
+    def number(self, key: str, *, low: float, high: float, optional: Literal[False] = ...) -> float: ...
+    @overload
+    def number(self, key: str, *, low: float, high: float, optional: bool) -> float | None: ...
+    def number(self, key: str, *, low: float, high: float, optional: bool = False) -> float | None:
         value = self._get(key, optional)
         if value is None:
             return None
@@ -298,7 +318,11 @@ class _Fields:
             raise self._bad(key, f"a number from {low} to {high}", value)
         return float(value)
 
-    def flag(self, key, *, optional=False) -> bool | None:
+    @overload
+    def flag(self, key: str, *, optional: Literal[False] = ...) -> bool: ...
+    @overload
+    def flag(self, key: str, *, optional: bool) -> bool | None: ...
+    def flag(self, key: str, *, optional: bool = False) -> bool | None:
         value = self.data.get(key, False if not optional else None)
         if value is None and optional:
             return None
@@ -306,7 +330,7 @@ class _Fields:
             raise self._bad(key, "true or false", value)
         return value
 
-    def list(self, key, limit) -> list:
+    def list(self, key: str, limit: int) -> list[Any]:
         value = self.data.get(key)
         if value is None:
             return []

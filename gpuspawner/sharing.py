@@ -56,7 +56,7 @@ def to_milli(value: Any, what: str = "share") -> int:
         raise ValueError(f"{what} must be a number such as 0.5, got {shown(value)}")
     if isinstance(value, float) and not math.isfinite(value) or isinstance(value, Decimal) and not value.is_finite():
         raise ValueError(f"{what} must be a finite number, got {shown(value)}")
-    if abs(value) > MAX_SHARE:  # also keeps 10**5000 or Decimal("1e999999") from costly arithmetic
+    if not -MAX_SHARE <= value <= MAX_SHARE:  # also keeps 10**5000 or Decimal("1e999999") from costly arithmetic
         raise ValueError(f"{what} must be at most {MAX_SHARE}, got {shown(value)}")
     milli = Fraction(Decimal(repr(value)) if isinstance(value, float) else value) * UNIT
     if milli.denominator != 1:
@@ -135,7 +135,7 @@ class SharingPolicy:
         self._default = self._models.pop(ANY_MODEL, None)
 
     @classmethod
-    def parse(cls, config: Mapping[str, Any] | None, source: str = "gpu_sharing") -> SharingPolicy:
+    def parse(cls, config: SharingPolicy | Mapping[str, Any] | None, source: str = "gpu_sharing") -> SharingPolicy:
         if config is None:
             return cls()
         if isinstance(config, SharingPolicy):
@@ -162,7 +162,7 @@ class SharingPolicy:
         """The models that may take ``share`` (milli): ``model``, or any of
         ``models`` when it is None. ValueError, with what is offered, if none."""
         names = [model] if model is not None else list(models)
-        ok = [m for m in names if self.for_model(m) is not None and self.for_model(m).refusal(share, m) is None]
+        ok = [m for m in names if (s := self.for_model(m)) is not None and s.refusal(share, m) is None]
         if ok:
             return ok
         if model is not None:
@@ -170,7 +170,7 @@ class SharingPolicy:
             if sharing is None:
                 raise ValueError(f"{model} is not shared on this hub; ask for whole GPUs (gpu_count) instead")
             raise ValueError(sharing.refusal(share, model))
-        offered = [f"{m}: {self.for_model(m).describe()}" for m in self.shareable(names)]
+        offered = [f"{m}: {s.describe()}" for m in names if (s := self.for_model(m)) is not None]
         if not offered:
             raise ValueError("GPU sharing is not enabled on this hub; ask for whole GPUs (gpu_count) instead")
         if share <= 0:

@@ -1,49 +1,16 @@
 """The package's modules import each other in one direction only: no cycle,
 counting imports inside functions too (they are cycles all the same, only
 deferred), and the allocator and its pure siblings import neither docker nor
-jupyterhub."""
+jupyterhub. The graph itself is devtools.modgraph's, which also draws it in
+CONTRIBUTING.md."""
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
-import gpuspawner
+from devtools.modgraph import PACKAGE, graph, imports, refresh
 
-PACKAGE = Path(gpuspawner.__file__).parent
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imports(path: Path) -> set[str]:
-    """Every module this file imports, anywhere in it (absolute names)."""
-    name = module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            out.add(base)
-            out.update(f"{base}.{alias.name}" for alias in node.names)  # `from . import x` names a module
-    return out
-
-
-def graph() -> dict[str, set[str]]:
-    """Module -> the package's modules it imports. A module's own parent
-    packages are left out: they are imported before it in any case."""
-    files = {module_name(p): p for p in PACKAGE.rglob("*.py") if "versions" not in p.parts}
-    return {
-        name: {m for m in imports(p) if m in files and m != name and not name.startswith(m + ".")}
-        for name, p in files.items()
-    }
+CONTRIBUTING = Path(__file__).resolve().parents[2] / "CONTRIBUTING.md"
 
 
 def test_the_package_has_no_import_cycle():
@@ -69,3 +36,10 @@ def test_the_pure_core_imports_neither_docker_nor_jupyterhub():
     for name in pure:
         found = {m.split(".")[0] for m in imports(PACKAGE / f"{name}.py")}
         assert not found & {"docker", "jupyterhub", "dockerspawner", "tornado"}, (name, found)
+
+
+def test_contributing_md_shows_the_current_module_graph():
+    text = CONTRIBUTING.read_text()
+    assert refresh(text, str(CONTRIBUTING)) == text, (
+        "CONTRIBUTING.md's module graph is out of date: python -m devtools.modgraph --write CONTRIBUTING.md"
+    )

@@ -1,0 +1,78 @@
+"""configure(c) in a real JupyterHub: the hub, initialized from that config,
+routes gpuspawner's URLs to gpuspawner's handlers.
+
+They are registered through ``JupyterHub.extra_handlers``, which JupyterHub
+calls deprecated (README, "Configuration", says why it is still used): the day
+JupyterHub stops serving them, this test fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from jupyterhub.app import JupyterHub
+from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
+from traitlets.config import Config
+
+from gpuspawner import api, metrics
+from gpuspawner.hubconfig import TEMPLATES, configure
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path, caplog) -> JupyterHub:
+    monkeypatch.setattr(metrics._collector, "find", metrics._collector.find)  # configure sets it; put it back
+    monkeypatch.chdir(tmp_path)  # whatever the hub writes, it writes here
+    c = Config()
+    c.JupyterHub.spawner_class = "gpuswarm"
+    c.JupyterHub.db_url = "sqlite:///:memory:"
+    c.JupyterHub.cookie_secret = b"0" * 32
+    c.GPUSwarmSpawner.max_gpus_per_user = 2
+    configure(c)  # outside an event loop: no reconciliation is started
+    app = JupyterHub()
+    app.log.addHandler(caplog.handler)  # the app's log does not propagate to caplog's
+    try:
+        app.update_config(c)
+        asyncio.run(app.initialize([]))
+    finally:
+        app.log.removeHandler(caplog.handler)
+    return app
+
+
+def handler_for(app: JupyterHub, method: str, path: str) -> type:
+    start = RequestStartLine(method, path, "HTTP/1.1")
+    request = HTTPServerRequest(start_line=start, headers=HTTPHeaders({"Host": "127.0.0.1:8000"}))
+    return app.tornado_application.default_router.find_handler(request).handler_class
+
+
+@pytest.mark.parametrize(
+    "method, path, handler",
+    [
+        ("POST", "/hub/api/gpuspawner/report", api.ReportHandler),
+        ("GET", "/hub/api/gpuspawner/alloc-map", api.AllocMapHandler),
+        ("POST", "/hub/api/gpuspawner/rescan", api.RescanHandler),
+        ("GET", "/hub/api/gpuspawner/usage?by=model", api.UsageHandler),
+        ("GET", "/hub/api/gpuspawner/doctor", api.DoctorHandler),
+        ("GET", "/hub/gpus", api.GPUPageHandler),
+    ],
+)
+def test_the_hub_routes_gpuspawners_urls_to_its_handlers(hub, method, path, handler):
+    assert handler_for(hub, method, path) is handler
+
+
+def test_the_handlers_see_the_hubs_own_spawner_settings_scope_and_templates(hub):
+    # The handlers build the hub's holdings from the tornado settings' config.
+    assert hub.tornado_application.settings["config"].GPUSwarmSpawner.max_gpus_per_user == 2
+    assert api.REPORT_SCOPE in hub.custom_scopes
+    assert TEMPLATES in hub.template_paths
+
+
+def test_other_urls_under_the_prefix_are_still_jupyterhubs(hub):
+    assert handler_for(hub, "GET", "/hub/api/gpuspawner/nothing-here").__module__ == "jupyterhub.apihandlers.base"
+    assert handler_for(hub, "GET", "/hub/api/users").__module__ == "jupyterhub.apihandlers.users"
+
+
+def test_jupyterhub_warns_that_extra_handlers_is_deprecated_as_the_readme_says(hub, caplog):
+    warnings = [r.getMessage() for r in caplog.get_records("setup") if r.levelno == logging.WARNING]
+    assert any(m.startswith("JupyterHub.extra_handlers is deprecated") for m in warnings), warnings
