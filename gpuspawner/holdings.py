@@ -37,7 +37,6 @@ import asyncio
 import enum
 import logging
 import random
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -62,11 +61,6 @@ class Phase(str, enum.Enum):
     CREATING = "creating"
     RUNNING = "running"
     REMOVING = "removing"
-
-
-IN_FLIGHT = (Phase.RESERVED, Phase.CREATING)
-# Allocator.adopt's words for a device that two services book.
-DOUBLE_BOOKED = re.compile(r"also held by|held whole by|is shared \(|would be booked to")
 
 
 class HoldingBusy(Exception):
@@ -124,7 +118,7 @@ class Holdings:
         self._changed: dict[str, int] = {}
         self._reconciling = asyncio.Lock()
         self.rebuilt = False
-        cluster.holders_of = self.holders_of
+        cluster.views.holders_of = self.holders_of
 
     # -- views -------------------------------------------------------------------
 
@@ -138,10 +132,8 @@ class Holdings:
         """Who holds the device, for the allocation map: each holder's user,
         server, share and phase (and why a device being removed is still held)."""
         allocator = self.allocator
-        whole = allocator.holder_of(uuid)
-        shares = {whole: UNIT} if whole is not None else allocator.sharers_of(uuid)
         out = []
-        for name, milli in shares.items():
+        for name, milli in allocator.booked_on(uuid).items():
             h = self._holdings.get(name)
             holder = {
                 "user": h.labels.user if h else getattr(allocator.holding(name), "owner", ""),
@@ -160,7 +152,7 @@ class Holdings:
         h.phase, h.problem = phase, problem
         self._touch(h.name)
         if h.labels.uuids:
-            self.cluster.holders_changed(h.labels.host)  # the map shows phase and problem
+            self.cluster.views.holders_changed(h.labels.host)  # the map shows phase and problem
 
     def _touch(self, name: str) -> None:
         self._version += 1
@@ -431,7 +423,7 @@ class Holdings:
         alloc, problems = self.cluster.adopt(name, claim)
         for problem in problems:
             log.warning("Service %s: %s", name, problem)
-            if DOUBLE_BOOKED.search(problem):
+            if problem.reason.double_booking:
                 metrics.DOUBLE_BOOKINGS.inc()
         h = self._holdings[name] = Holding(name, claim, phase, created=True)
         self._touch(name)

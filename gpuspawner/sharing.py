@@ -135,7 +135,7 @@ class SharingPolicy:
         self._default = self._models.pop(ANY_MODEL, None)
 
     @classmethod
-    def parse(cls, config: Mapping[str, Any] | None, source: str = "gpu_sharing") -> SharingPolicy:
+    def parse(cls, config: SharingPolicy | Mapping[str, Any] | None, source: str = "gpu_sharing") -> SharingPolicy:
         if config is None:
             return cls()
         if isinstance(config, SharingPolicy):

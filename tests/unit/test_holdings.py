@@ -326,7 +326,7 @@ def test_a_stop_whose_container_lingers_keeps_the_gpu_reserved_and_says_so(tmp_p
         owner = await world.lingering()
         h = owner.get("jupyter-alice")
         assert h.phase is Phase.REMOVING and "still running" in h.problem
-        holders = owner.cluster.alloc_map()["gpu-b"]["GPU-b0"]["holders"]
+        holders = owner.cluster.views.alloc_map()["gpu-b"]["GPU-b0"]["holders"]
         assert holders[0]["phase"] == "removing" and "still running" in holders[0]["problem"]
         bob = world.spawner("bob", {"gpu_model": A100})
         with pytest.raises(SpawnException) as refused:
@@ -386,7 +386,7 @@ def test_the_admin_page_says_a_gpu_is_kept_while_its_container_still_runs(tmp_pa
         card = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True).get_template(
             "gpus_host.html"
         )
-        (html,) = await owner.cluster.host_views("html", HostCard(card))
+        (html,) = await owner.cluster.views.host_views("html", HostCard(card))
         assert "alice" in html.decode() and "removing: its container is still running" in html.decode()
 
     asyncio.run(body())
