@@ -21,24 +21,34 @@ __all__ = ["AllocationRefused", "Refusal", "share_refusal", "whole_refusal"]
 
 
 class Refusal(enum.Enum):
-    """Why a request was refused; ``retry``: whether it may succeed later as asked."""
+    """Why a request was refused."""
 
-    BAD_COUNT = ("bad_count", False)  # not a whole number ≥ 1 nor "all"
-    BAD_SHARE = ("bad_share", False)  # not a share the hub's sharing policy offers
-    UNKNOWN_MODEL = ("unknown_model", False)
-    UNKNOWN_HOST = ("unknown_host", False)
-    HOST_TOO_SMALL = ("host_too_small", False)  # the host has fewer devices of the model
-    NO_HOST_BIG_ENOUGH = ("no_host_big_enough", False)  # no host has that many devices of one model
-    OVER_LIMIT = ("over_limit", False)  # more than the per-user limit
-    LIMIT_REACHED = ("limit_reached", True)  # within the limit once the owner's other servers stop
-    HOST_UNAVAILABLE = ("host_unavailable", True)  # down, drained or paused
-    NONE_FREE = ("none_free", True)
-    HOST_BUSY = ("host_busy", True)  # not enough free on the host asked for
-    NOT_ON_ONE_HOST = ("not_on_one_host", True)  # enough free in all, not together where it must be
+    BAD_COUNT = "bad_count"  # not a whole number ≥ 1 nor "all"
+    BAD_SHARE = "bad_share"  # not a share the hub's sharing policy offers
+    UNKNOWN_MODEL = "unknown_model"
+    UNKNOWN_HOST = "unknown_host"
+    HOST_TOO_SMALL = "host_too_small"  # the host has fewer devices of the model
+    NO_HOST_BIG_ENOUGH = "no_host_big_enough"  # no host has that many devices of one model
+    OVER_LIMIT = "over_limit"  # more than the per-user limit
+    LIMIT_REACHED = "limit_reached"  # within the limit once the owner's other servers stop
+    HOST_UNAVAILABLE = "host_unavailable"  # down, drained or paused
+    NONE_FREE = "none_free"
+    HOST_BUSY = "host_busy"  # not enough free on the host asked for
+    NOT_ON_ONE_HOST = "not_on_one_host"  # enough free in all, not together where it must be
 
-    def __init__(self, code: str, retry: bool):
-        self.code = code
-        self.retry = retry
+    @property
+    def retry(self) -> bool:
+        """Whether the same request may succeed later, as asked."""
+        return self in _MAY_SUCCEED_LATER
+
+
+_MAY_SUCCEED_LATER = {
+    Refusal.LIMIT_REACHED,
+    Refusal.HOST_UNAVAILABLE,
+    Refusal.NONE_FREE,
+    Refusal.HOST_BUSY,
+    Refusal.NOT_ON_ONE_HOST,
+}
 
 
 class AllocationRefused(Exception):

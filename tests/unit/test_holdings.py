@@ -29,6 +29,7 @@ from types import SimpleNamespace
 import pytest
 from jupyterhub import orm
 from jupyterhub.spawner import SpawnException
+from prometheus_client import REGISTRY
 from traitlets.config import Config
 
 from gpuspawner import settings as settings_module
@@ -271,6 +272,21 @@ async def test_defect4_hostile_labels_never_stop_the_rebuild(tmp_path):
     assert time.perf_counter() - began < 1.0
     assert result["services"] == 0 and len(world.owner.foreign) == 4
     await world.started(world.spawner("alice", {"gpu_model": A100}))
+
+
+async def test_reconciliation_counts_double_bookings_by_their_reason(tmp_path):
+    def counted() -> float:
+        return REGISTRY.get_sample_value("gpuspawner_double_bookings_total") or 0.0
+
+    world = World(tmp_path)
+    world.leftover("alice")
+    world.leftover("bob")  # labelled with alice's device too
+    world.leftover("carol", uuids=("GPU-gone",))  # a device the inventory does not know: no double booking
+    before = counted()
+    await world.owner.reconcile()
+    assert counted() - before == 1
+    booked = [h.name for h in world.owner.all().values() if world.owner.allocator.holding(h.name).devices]
+    assert booked == ["jupyter-alice"]
 
 
 async def test_defect5_a_service_by_another_name_is_not_charged_to_the_user(tmp_path):
