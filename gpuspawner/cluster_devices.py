@@ -38,8 +38,6 @@ class DeviceState:
     problems: list[str] = field(default_factory=list)
     temperature_c: float | None = None
     utilization_gpu: int | None = None
-    memory_used_mib: int | None = None
-    processes: int | None = None
 
     @property
     def healthy(self) -> bool:
@@ -83,7 +81,6 @@ def host_states(
             state = states[gpu.uuid] = DeviceState(gpu, source)
         state.problems.extend(device_problems(dev.lost, dev.ecc_uncorrected, dev.temperature_c, max_temp))
         state.temperature_c, state.utilization_gpu = dev.temperature_c, dev.utilization_gpu
-        state.memory_used_mib, state.processes = dev.memory_used_mib, dev.processes
     earlier = before.get(host, {})
     for dev in report.devices:
         if dev.uuid is not None:
