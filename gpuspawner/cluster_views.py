@@ -120,28 +120,16 @@ class ClusterViews:
     def _hosts_with_devices(self) -> list[str]:
         return sorted(host for host, states in self.cluster.states.items() if states)
 
-    def alloc_map(self, holders_of: HoldersOf | None = None) -> dict[str, dict[str, dict]]:
-        """Every known device by host, with who holds it and how healthy it is:
-        ``{host: {uuid: {model, allocated, health, problems, holders, ...}}}``.
-        Made afresh (its dicts are the caller's) for all devices: the hub's
-        handlers use :meth:`alloc_map_json` and :meth:`host_views`, which keep
-        each host's part."""
-        holders_of = self._holders_from(holders_of)
-        out = {}
-        for host in self._hosts_with_devices():
-            holders = self._holders(host, self._holders_key(host), holders_of)
-            copies = {uuid: [dict(h) for h in held] for uuid, held in holders.items()}
-            out[host] = views.host_entries(self.cluster.states[host].values(), copies, self.cluster.stale.get(host))
-        return out
-
     async def alloc_map_json(self, holders_of: HoldersOf | None = None) -> bytes:
-        """:meth:`alloc_map` as JSON, byte for byte what tornado's ``write`` makes
-        of it, from each host's part kept as JSON text (see :meth:`host_views`)."""
+        """Every known device by host, with who holds it and how healthy it is,
+        as JSON: ``{host: {uuid: {model, allocated, health, problems, holders,
+        ...}}}``, byte for byte what tornado's ``write`` makes of that map, from
+        each host's part kept as JSON text (see :meth:`host_views`)."""
         return views.join_json(await self.host_views("json", views.host_json, holders_of))
 
     async def host_views(self, kind: str, make: Maker, holders_of: HoldersOf | None = None, inline: int = 16) -> list:
         """``make(host, entries, stale)`` for every host with devices, by hostname:
-        ``entries`` as :meth:`alloc_map` has them for the host, ``stale`` why its
+        ``entries`` the host's part of the map (see :meth:`alloc_map_json`) as dicts, ``stale`` why its
         agent is late (None when it is not). Each host's result is kept, under
         ``kind``, until that host changes; another ``make`` (``!=``) starts the
         kind afresh.

@@ -23,6 +23,7 @@ close; each failed on the code before it.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from types import SimpleNamespace
 
@@ -342,7 +343,7 @@ def test_a_stop_whose_container_lingers_keeps_the_gpu_reserved_and_says_so(tmp_p
         owner = await world.lingering()
         h = owner.get("jupyter-alice")
         assert h.phase is Phase.REMOVING and "still running" in h.problem
-        holders = owner.cluster.views.alloc_map()["gpu-b"]["GPU-b0"]["holders"]
+        holders = json.loads(await owner.cluster.views.alloc_map_json())["gpu-b"]["GPU-b0"]["holders"]
         assert holders[0]["phase"] == "removing" and "still running" in holders[0]["problem"]
         bob = world.spawner("bob", {"gpu_model": A100})
         with pytest.raises(SpawnException) as refused:
