@@ -224,12 +224,13 @@ class Holdings:
         must still know what may run on its devices)."""
         h = self._holdings.get(name)
         new = set(task_ids) - h.tasks if h else set()
-        if not new:
+        if h is None or not new:
             return
         h.tasks |= new
         if h.labels.uuids:
+            held: Holding = h  # the tasks are read when the call runs: a later note's are written too
             try:
-                await self.ledger_call(lambda db: db.note_tasks(name, sorted(h.tasks)))
+                await self.ledger_call(lambda db: db.note_tasks(name, sorted(held.tasks)))
             except LedgerError as exc:  # kept here; written again with the next task seen
                 log.warning("%s", exc)
 
