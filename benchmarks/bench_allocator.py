@@ -32,8 +32,8 @@ host. Utilisation then counts shares (0.25 in use is a quarter device).
 ``--extras`` (on by default) also times the calls the spawner makes around a
 decision: ``summary()`` (every form render and start), ``set_available_hosts``
 with the same hosts (every start) and with one node drained, rebuilding all
-holdings with ``adopt`` as after a hub restart, and the allocation map views
-(``device_map()``, ``usage()``).
+holdings with ``adopt`` as after a hub restart, and what the allocation map
+asks of every device (``booked_on()``).
 """
 
 from __future__ import annotations
@@ -356,8 +356,8 @@ def run_extras(alloc: Allocator, gpus: list[GPU], policy: str, samples: int) -> 
     stats["holdings"] = len(holdings)
     stats["total_s"] = total_s
     out["adopt() rebuild of every holding"] = stats
-    out["device_map()"] = time_calls(alloc.device_map, max(1, samples // 20))
-    out["usage()"] = time_calls(alloc.usage, max(1, samples // 20))
+    uuids = [g.uuid for g in gpus]
+    out["booked_on() of every device"] = time_calls(lambda: [alloc.booked_on(u) for u in uuids], max(1, samples // 20))
     return out
 
 

@@ -293,7 +293,7 @@ def scrape(registry) -> bytes:
 
 
 async def alloc_map_body(cluster: GPUCluster) -> bytes:
-    return await cluster.alloc_map_json()
+    return await cluster.views.alloc_map_json()
 
 
 async def gpus_page(cluster: GPUCluster, envs: tuple[jinja2.Environment, jinja2.Environment]) -> int:

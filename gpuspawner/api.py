@@ -127,7 +127,7 @@ class AllocMapHandler(_GPUMixin, APIHandler):
         self.require(ADMIN_SCOPE)
         owner = await self.holdings()
         self.set_header("Content-Type", "application/json")
-        self.write(await owner.cluster.alloc_map_json())
+        self.write(await owner.cluster.views.alloc_map_json())
 
 
 class RescanHandler(_GPUMixin, APIHandler):
@@ -139,7 +139,7 @@ class RescanHandler(_GPUMixin, APIHandler):
         except SwarmError as exc:
             raise web.HTTPError(503, f"The swarm could not be asked: {exc}") from None
         self.set_header("Content-Type", "application/json")
-        self.write(await owner.cluster.alloc_map_json())
+        self.write(await owner.cluster.views.alloc_map_json())
 
 
 class DoctorHandler(_GPUMixin, APIHandler):
@@ -232,7 +232,7 @@ async def gpu_page(cluster: GPUCluster, render_page, card_template) -> tuple[str
     ``card_template`` is gpus_host.html, synchronous. Each card is kept by the
     cluster until its host changes, as UTF-8: a page of 8,000 devices is ~6 MB,
     written as it is rather than copied through the page template."""
-    cards = await cluster.host_views("html", HostCard(card_template), inline=2)
+    cards = await cluster.views.host_views("html", HostCard(card_template), inline=2)
     page = await render_page(hosts=Markup(CARDS) if cards else Markup(""), stale=cluster.stale)
     head, _, tail = page.partition(CARDS)
     return head, cards, tail

@@ -36,8 +36,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import random
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -48,6 +46,7 @@ from .allocator import Allocation, Request
 from .cluster import GPUCluster
 from .labels import LABEL, LabelError, ServerLabels, parse_labels
 from .ledger import Ledger, LedgerError
+from .ports import PortPool
 from .sharing import UNIT
 from .swarm import Swarm, SwarmError
 
@@ -62,11 +61,6 @@ class Phase(str, enum.Enum):
     CREATING = "creating"
     RUNNING = "running"
     REMOVING = "removing"
-
-
-IN_FLIGHT = (Phase.RESERVED, Phase.CREATING)
-# Allocator.adopt's words for a device that two services book.
-DOUBLE_BOOKED = re.compile(r"also held by|held whole by|is shared \(|would be booked to")
 
 
 class HoldingBusy(Exception):
@@ -116,15 +110,14 @@ class Holdings:
         self.stop_timeout = stop_timeout
         self.clock = clock
         self._holdings: dict[str, Holding] = {}
-        self.ports: dict[str, int] = {}  # service name -> port, for host networking
-        self._next_port: int | None = None
+        self.ports = PortPool()  # for host networking
         self.foreign: dict[str, str] = {}  # labelled services not taken as hub servers -> why
         self._orphans: set[str] = set()
         self._version = 0  # counts transitions; reconciliation skips what changed under it
         self._changed: dict[str, int] = {}
         self._reconciling = asyncio.Lock()
         self.rebuilt = False
-        cluster.holders_of = self.holders_of
+        cluster.views.holders_of = self.holders_of
 
     # -- views -------------------------------------------------------------------
 
@@ -138,10 +131,8 @@ class Holdings:
         """Who holds the device, for the allocation map: each holder's user,
         server, share and phase (and why a device being removed is still held)."""
         allocator = self.allocator
-        whole = allocator.holder_of(uuid)
-        shares = {whole: UNIT} if whole is not None else allocator.sharers_of(uuid)
         out = []
-        for name, milli in shares.items():
+        for name, milli in allocator.booked_on(uuid).items():
             h = self._holdings.get(name)
             holder = {
                 "user": h.labels.user if h else getattr(allocator.holding(name), "owner", ""),
@@ -160,7 +151,7 @@ class Holdings:
         h.phase, h.problem = phase, problem
         self._touch(h.name)
         if h.labels.uuids:
-            self.cluster.holders_changed(h.labels.host)  # the map shows phase and problem
+            self.cluster.views.holders_changed(h.labels.host)  # the map shows phase and problem
 
     def _touch(self, name: str) -> None:
         self._version += 1
@@ -189,7 +180,7 @@ class Holdings:
                 alloc = self.allocator.allocate(name, request, max_per_owner=max_per_owner, policy=policy)
         port = None
         if port_range is not None:
-            port = self._pick_port(name, *port_range)
+            port = self.ports.pick(name, *port_range)
             if port is None:
                 self.allocator.release(name)
                 raise ValueError(f"all host_network_ports {port_range} are in use")
@@ -204,19 +195,9 @@ class Holdings:
         )
         h = self._holdings[name] = Holding(name, labels, Phase.RESERVED)
         self._touch(name)
-        if labels.uuids:
+        if alloc is not None and alloc.devices:
             try:
-                await self.ledger_call(
-                    lambda db: db.open(
-                        name,
-                        user,
-                        server,
-                        labels.host,
-                        labels.model,
-                        labels.uuids,
-                        labels.milli or (UNIT,) * len(labels.uuids),
-                    )
-                )
+                await self._ledger_open(name, labels, alloc)
             except BaseException:
                 # No service exists: nothing can run on the devices.
                 self._forget(h)
@@ -243,12 +224,13 @@ class Holdings:
         must still know what may run on its devices)."""
         h = self._holdings.get(name)
         new = set(task_ids) - h.tasks if h else set()
-        if not new:
+        if h is None or not new:
             return
         h.tasks |= new
         if h.labels.uuids:
+            held: Holding = h  # the tasks are read when the call runs: a later note's are written too
             try:
-                await self.ledger_call(lambda db: db.note_tasks(name, sorted(h.tasks)))
+                await self.ledger_call(lambda db: db.note_tasks(name, sorted(held.tasks)))
             except LedgerError as exc:  # kept here; written again with the next task seen
                 log.warning("%s", exc)
 
@@ -323,7 +305,7 @@ class Holdings:
             del self._holdings[h.name]
             self.allocator.release(h.name)
             self.cluster.pending.pop(h.name, None)
-            self.ports.pop(h.name, None)
+            self.ports.release(h.name)
             self._touch(h.name)
 
     # -- reconciliation ------------------------------------------------------------
@@ -431,25 +413,15 @@ class Holdings:
         alloc, problems = self.cluster.adopt(name, claim)
         for problem in problems:
             log.warning("Service %s: %s", name, problem)
-            if DOUBLE_BOOKED.search(problem):
+            if problem.reason.double_booking:
                 metrics.DOUBLE_BOOKINGS.inc()
         h = self._holdings[name] = Holding(name, claim, phase, created=True)
         self._touch(name)
         if claim.port is not None:
-            self.ports[name] = claim.port
+            self.ports.hold(name, claim.port)
         if alloc.devices and phase is Phase.RUNNING:
             try:
-                await self.ledger_call(
-                    lambda db: db.open(
-                        name,
-                        claim.user,
-                        claim.server,
-                        claim.host,
-                        claim.model,
-                        alloc.uuids,
-                        alloc.milli or (UNIT,) * len(alloc.devices),
-                    )
-                )
+                await self._ledger_open(name, claim, alloc)
             except LedgerError as exc:
                 log.warning("%s", exc)
         return h
@@ -508,28 +480,14 @@ class Holdings:
         self._orphans = orphans
         return removed
 
-    # -- ports and the ledger ------------------------------------------------------
+    # -- the ledger ----------------------------------------------------------------
 
-    def _pick_port(self, name: str, first: int, last: int) -> int | None:
-        """A port no other server of this hub uses. Ports are handed out in
-        turn through the range, so a port freed by a stopped server (whose
-        process may still be exiting) is not reused at once."""
-        if name in self.ports:
-            return self.ports[name]
-        taken = set(self.ports.values())
-        size = last - first + 1
-        if self._next_port is None or not first <= self._next_port <= last:
-            # A restarted hub starts somewhere else in the range than the last
-            # one did, away from ports its stopped servers may still hold.
-            self._next_port = random.randint(first, last)
-        start = self._next_port
-        for i in range(size):
-            port = first + (start - first + i) % size
-            if port not in taken:
-                self.ports[name] = port
-                self._next_port = port + 1 if port < last else first
-                return port
-        return None
+    async def _ledger_open(self, name: str, labels: ServerLabels, alloc: Allocation) -> None:
+        """Record the holding as open: its server (``labels``) and the devices booked for it."""
+        milli = alloc.milli or (UNIT,) * len(alloc.devices)
+        await self.ledger_call(
+            lambda db: db.open(name, labels.user, labels.server, labels.host, labels.model, alloc.uuids, milli)
+        )
 
     async def ledger_call(self, call: Callable[[Ledger], T]) -> T | None:
         """One ledger call, off the event loop (database I/O); None without a

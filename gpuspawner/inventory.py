@@ -1,9 +1,10 @@
-"""GPU records and the sources they come from.
+"""GPU records and the static inventory's validation (pure: no file is read here).
 
-A source turns something an admin (or, later, a node agent) provides into a
-list of :class:`GPU` records. Every source goes through :func:`parse_inventory`,
-so a malformed inventory fails with one message that names where it came from
-and what is wrong, whatever its format.
+A source turns something an admin (or a node agent) provides into a list of
+:class:`GPU` records. Every source goes through :func:`parse_inventory`, so a
+malformed inventory fails with one message that names where it came from and
+what is wrong, whatever its format (files are read by
+:mod:`gpuspawner.inventory_files`).
 
 Shape, as a dict or a YAML/JSON file::
 
@@ -17,16 +18,12 @@ Shape, as a dict or a YAML/JSON file::
 
 from __future__ import annotations
 
-import json
-import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
-__all__ = ["GPU", "InventoryError", "load_inventory", "parse_inventory"]
+__all__ = ["GPU", "InventoryError", "parse_inventory"]
 
 # Hostnames and UUIDs end up in swarm constraints, labels and container env:
 # only accept plain names, never anything that could smuggle syntax in.
@@ -39,26 +36,6 @@ class InventoryError(ValueError):
     """The inventory is malformed; the message names the source and the problem."""
 
 
-# A host listed twice would otherwise silently lose the first list's GPUs.
-class _StrictYAMLLoader(yaml.SafeLoader):
-    def construct_mapping(self, node, deep=False):
-        keys = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in keys:
-                raise yaml.constructor.ConstructorError(None, None, f"{key!r} is listed twice", key_node.start_mark)
-            keys.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [k for k, _ in pairs]
-    for key in keys:
-        if keys.count(key) > 1:
-            raise ValueError(f"{key!r} is listed twice")
-    return dict(pairs)
-
-
 @dataclass(frozen=True, order=True)
 class GPU:
     """One allocatable device on one swarm node."""
@@ -68,31 +45,6 @@ class GPU:
     uuid: str
     model: str
     memory_mib: int
-
-
-def load_inventory(spec: Mapping | str) -> list[GPU]:
-    """Load a static inventory from a dict or from a YAML/JSON file path."""
-    if isinstance(spec, Mapping):
-        return parse_inventory(spec, source="gpu_inventory (dict)")
-    if not isinstance(spec, (str, os.PathLike)):
-        raise InventoryError(
-            f"gpu_inventory must be a dict or the path of a YAML or JSON file, got {type(spec).__name__}"
-        )
-    path = os.fspath(spec)
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as exc:
-        raise InventoryError(f"GPU inventory {path}: cannot read it ({exc.strerror})") from exc
-    try:
-        if path.endswith(".json"):
-            data = json.loads(text, object_pairs_hook=_json_object)
-        else:
-            data = yaml.load(text, Loader=_StrictYAMLLoader)  # reads JSON too
-    except Exception as exc:  # parser errors carry a line and column
-        why = " ".join(str(exc).split())  # one line: YAML's errors span several
-        raise InventoryError(f"GPU inventory {path}: not valid YAML/JSON: {why}") from exc
-    return parse_inventory(data, source=f"GPU inventory {path}")
 
 
 def parse_inventory(data: Any, source: str = "GPU inventory") -> list[GPU]:
@@ -146,11 +98,3 @@ def _parse_device(dev: Any, host: str, pos: int, where: str) -> GPU:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def models(gpus: Iterable[GPU]) -> dict[str, int]:
-    """Model name -> memory (MiB) of its largest device, sorted by name."""
-    out: dict[str, int] = {}
-    for gpu in gpus:
-        out[gpu.model] = max(out.get(gpu.model, 0), gpu.memory_mib)
-    return dict(sorted(out.items()))

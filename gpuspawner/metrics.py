@@ -67,7 +67,7 @@ class _ClusterCollector:
     """The gauges above, read from the clusters at each scrape.
 
     Each host's counts are kept by the cluster until that host changes (see
-    GPUCluster.device_counts), and their samples here, so a scrape makes new
+    ClusterViews.device_counts), and their samples here, so a scrape makes new
     samples only for the hosts that changed and joins the others. What is left
     per scrape grows with the hosts: about 1.6 µs each here, and about 4 µs for
     each of the 4 samples per host and model that prometheus_client then writes
@@ -89,7 +89,7 @@ class _ClusterCollector:
         else:  # several hubs' clusters in one process (tests): a host's counts are summed over them
             counts: dict[tuple[str, str], list[float]] = {}
             for cluster in self.clusters:
-                for host, rows in cluster.device_counts():
+                for host, rows in cluster.views.device_counts():
                     for model, values in rows:
                         c = counts.setdefault((host, model), [0, 0, 0, 0.0])
                         for i, value in enumerate(values):
@@ -103,7 +103,7 @@ class _ClusterCollector:
         if cluster is not self._of:
             self._samples, self._of = {}, cluster
         kept = self._samples
-        for host, rows in cluster.device_counts():
+        for host, rows in cluster.views.device_counts():
             entry = kept.get(host)
             if entry is None or entry[0] is not rows:  # the cluster made this host's counts anew
                 made = [GaugeMetricFamily(name, doc, labels=["host", "model"]) for name, doc in _GAUGES]

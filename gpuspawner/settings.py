@@ -24,7 +24,8 @@ from . import metrics
 from .allocator import POLICIES
 from .cluster import SOURCES, GPUCluster, InventorySettings
 from .holdings import Holdings
-from .inventory import MODEL_RE, InventoryError, load_inventory
+from .inventory import MODEL_RE, InventoryError
+from .inventory_files import load_inventory
 from .labels import ServerLabels
 from .ledger import Ledger, LedgerError, default_db_url
 from .service_spec import (

@@ -4,8 +4,8 @@ sections, the metrics' counts).
 
 Each host's part is kept with the key it was made from and made again only
 when the key changes: a report from the host's agent, a holding booked or
-given back there, the host turning late or unavailable (see the views section
-of :class:`~gpuspawner.cluster.GPUCluster`). A request then costs work for the
+given back there, the host turning late or unavailable (see
+:class:`~gpuspawner.cluster_views.ClusterViews`). A request then costs work for the
 hosts that changed plus a join of the kept parts.
 
 Pure and free of the cluster itself: what is made here may be made in a

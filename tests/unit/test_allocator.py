@@ -11,8 +11,10 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gpuspawner.allocator import ALL, POLICIES, Allocation, AllocationRefused, Allocator, Request
-from gpuspawner.inventory import GPU, load_inventory
+from gpuspawner.allocator import ALL, POLICIES, AdoptReason, Allocation, AllocationRefused, Allocator, Refusal, Request
+from gpuspawner.inventory import GPU
+from gpuspawner.inventory_files import load_inventory
+from gpuspawner.sharing import UNIT
 
 GTX = "NVIDIA GeForce GTX 1070"
 A100 = "NVIDIA A100 80GB PCIe"
@@ -229,7 +231,7 @@ def test_policy_choice(case: Choice, policy: str):
     assert placed(got) == getattr(case, policy)
     assert got.owner == "alice" and got.holder == "s"
     assert got.uuids == tuple(f"GPU-{got.host}-{i}" for i in getattr(case, policy)[2])
-    assert all(alloc.holder_of(u) == "s" for u in got.uuids)
+    assert all(alloc.booked_on(u) == {"s": UNIT} for u in got.uuids)
 
 
 def test_pack_keeps_whole_hosts_free_and_spread_does_not():
@@ -252,7 +254,7 @@ def test_devices_are_taken_lowest_index_first_after_releases():
     alloc = Allocator(gpus({"a": 4}))
     for h in ("h0", "h1", "h2"):
         alloc.allocate(h, Request(GTX, 1))
-    assert alloc.holder_of("GPU-a-1") == "h1"
+    assert alloc.booked_on("GPU-a-1") == {"h1": UNIT}
     alloc.release("h0")
     alloc.release("h2")
     assert [d.index for d in alloc.allocate("h3", Request(GTX, 3)).devices] == [0, 2, 3]
@@ -303,6 +305,7 @@ def test_never_splits_a_request_across_hosts():
     hold(alloc, {"a": 1, "b": 1})
     e = refusal(alloc, Request(GTX, 2))
     assert e.message == f"2 × {GTX} requested, at most 1 free on any single host (2 free in total)"
+    assert e.reason is Refusal.NOT_ON_ONE_HOST
     assert e.retry is True and e.status == 503
 
 
@@ -310,6 +313,7 @@ def test_never_mixes_models_on_one_host():
     alloc = Allocator(gpus({"a": [(GTX, 2), (A100, 2)]}))
     e = refusal(alloc, Request(None, 3))
     assert e.message == "3 × GPU requested, but no host has more than 2 of one model"
+    assert e.reason is Refusal.NO_HOST_BIG_ENOUGH
     assert e.retry is False and e.status == 400
 
 
@@ -323,6 +327,7 @@ def test_all_refused_while_every_host_has_some_in_use():
     hold(alloc, {"a": 1, "b": 1})
     e = refusal(alloc, Request(GTX, ALL))
     assert e.message == (f"All GPUs of one host requested ({GTX}), but every host has some in use right now")
+    assert e.reason is Refusal.NOT_ON_ONE_HOST
     assert e.status == 503
 
 
@@ -331,6 +336,7 @@ def test_all_pinned_to_a_partly_used_host():
     hold(alloc, {"a": 1})
     e = refusal(alloc, Request(GTX, ALL, host="a"))
     assert e.message == "All GPUs of one host requested on a, 3 free there"
+    assert e.reason is Refusal.HOST_BUSY
     assert e.status == 503
     assert alloc.allocate("s", Request(GTX, ALL, host="b")).host == "b"
 
@@ -339,7 +345,7 @@ def test_all_bounded_by_max_per_owner():
     alloc = Allocator(gpus({"a": 4}))
     e = refusal(alloc, Request(GTX, ALL, owner="alice"), max_per_owner=2)
     assert e.message == "All GPUs of one host requested (at least 4), but the limit is 2 per user"
-    assert e.status == 400
+    assert e.reason is Refusal.OVER_LIMIT
     assert e.status == 400
     assert len(alloc.allocate("s", Request(GTX, ALL, owner="alice"), max_per_owner=4).devices) == 4
 
@@ -353,6 +359,7 @@ def test_pinned_unknown_host_is_never_satisfiable():
     alloc = Allocator(gpus({"gpu-b": 2, "gpu-a": 2}))
     e = refusal(alloc, Request(GTX, 1, host="gpu-z"))
     assert e.message == "gpu-z is not a GPU host; choose one of: gpu-a, gpu-b"
+    assert e.reason is Refusal.UNKNOWN_HOST
     assert e.retry is False and e.status == 400
 
 
@@ -361,6 +368,7 @@ def test_pinned_unavailable_host_may_come_back():
     alloc.set_available_hosts(["b"])
     e = refusal(alloc, Request(GTX, 1, host="a"))
     assert e.message == "a is not available right now (it is down, drained or paused)"
+    assert e.reason is Refusal.HOST_UNAVAILABLE
     assert e.retry is True and e.status == 503
     alloc.set_available_hosts(None)
     assert alloc.allocate("s", Request(GTX, 1, host="a")).host == "a"
@@ -371,6 +379,7 @@ def test_pinned_host_without_enough_free():
     hold(alloc, {"b": 3})
     e = refusal(alloc, Request(GTX, 2, host="b"))
     assert e.message == f"2 × {GTX} requested on b, 1 free there"
+    assert e.reason is Refusal.HOST_BUSY
     assert e.status == 503
 
 
@@ -387,6 +396,7 @@ def test_unavailable_hosts_are_never_chosen_and_come_back(policy):
     assert got == ["b"] * 4
     e = refusal(alloc, Request(GTX, 1))
     assert e.message.startswith(f"No {GTX} is free right now (0 of 14 free)")
+    assert e.reason is Refusal.NONE_FREE
     assert e.status == 503
     (s,) = alloc.summary()
     assert (s.free, s.unavailable, s.largest_block) == (0, 10, 0)
@@ -428,6 +438,7 @@ def test_max_per_owner_counts_across_the_owners_servers():
 
     e = refusal(alloc, Request(GTX, 2, owner="alice"), max_per_owner=3)
     assert e.message == "2 GPU(s) requested, but the limit is 3 per user and you already hold 2 on other servers"
+    assert e.reason is Refusal.LIMIT_REACHED
     assert e.retry is True and e.status == 503
 
     assert len(alloc.allocate("bob-1", Request(GTX, 2, owner="bob"), max_per_owner=3).devices) == 2
@@ -442,6 +453,7 @@ def test_max_per_owner_request_over_the_limit_is_never_satisfiable():
     alloc = Allocator(gpus({"a": 4}))
     e = refusal(alloc, Request(GTX, 2, owner="alice"), max_per_owner=1)
     assert e.message == "2 GPUs requested, but the limit is 1 per user"
+    assert e.reason is Refusal.OVER_LIMIT
     assert e.retry is False and e.status == 400
 
 
@@ -467,7 +479,7 @@ def test_release_is_idempotent_and_returns_devices():
     assert alloc.release("never-held") is None
     assert free_of(alloc, GTX) == 4
     assert alloc.holdings() == {}
-    assert all(alloc.holder_of(u) is None for u in first.uuids)
+    assert all(alloc.booked_on(u) == {} for u in first.uuids)
     assert alloc.allocate("s", Request(GTX, 3)).uuids == first.uuids
 
 
@@ -511,15 +523,18 @@ def test_adopt_records_and_reports_problems():
     alloc = Allocator(gpus({"a": 4, "b": 4}))
     alloc.allocate("s1", Request(GTX, 2, host="a"))
     got, problems = alloc.adopt("s2", "bob", "a", ["GPU-a-1", "GPU-a-2", "GPU-nope", "GPU-b-0"])
-    assert problems == [
+    assert [p.message for p in problems] == [
         "GPU-a-1 is also held by s1",
         "GPU-nope is not in the inventory",
         "GPU-b-0 is on b, not on a",
     ]
+    reasons = [p.reason for p in problems]
+    assert reasons == [AdoptReason.HELD_BY_ANOTHER, AdoptReason.NOT_IN_INVENTORY, AdoptReason.ON_ANOTHER_HOST]
+    assert [r.double_booking for r in reasons] == [True, False, False]
     assert got.uuids == ("GPU-a-2",) and got.owner == "bob" and got.host == "a"
-    assert alloc.holder_of("GPU-a-1") == "s1"
-    assert alloc.holder_of("GPU-a-2") == "s2"
-    assert alloc.holder_of("GPU-b-0") is None
+    assert alloc.booked_on("GPU-a-1") == {"s1": UNIT}
+    assert alloc.booked_on("GPU-a-2") == {"s2": UNIT}
+    assert alloc.booked_on("GPU-b-0") == {}
     assert alloc.held_by_owner("bob") == 1
 
 
@@ -546,7 +561,7 @@ def test_adopt_is_idempotent_and_replaces_a_holding():
 
     moved, _ = alloc.adopt("s", "alice", "a", ["GPU-a-3"])
     assert moved.uuids == ("GPU-a-3",)
-    assert alloc.holder_of("GPU-a-0") is None and alloc.holder_of("GPU-a-3") == "s"
+    assert alloc.booked_on("GPU-a-0") == {} and alloc.booked_on("GPU-a-3") == {"s": UNIT}
     assert free_of(alloc, GTX) == 3
     assert alloc.allocate("t", Request(GTX, 3)).uuids == ("GPU-a-0", "GPU-a-1", "GPU-a-2")
 
@@ -689,7 +704,7 @@ def test_adopt_duplicate_uuid():
 def test_release_of_an_adopted_holding_without_devices():
     alloc = Allocator(gpus({"a": 2}))
     got, problems = alloc.adopt("alice-old", "alice", "a", ["GPU-gone"])
-    assert got.devices == () and problems == ["GPU-gone is not in the inventory"]
+    assert got.devices == () and [p.message for p in problems] == ["GPU-gone is not in the inventory"]
     alloc.allocate("alice-new", Request(GTX, 1, owner="alice"))
     alloc.release("alice-new")
     assert alloc.release("alice-old") == got
@@ -727,4 +742,4 @@ def test_policy_can_be_chosen_per_request_on_one_shared_allocator():
     alloc = Allocator(gpus({"a": 2, "b": 4}), "pack")
     assert alloc.allocate("s1", Request(GTX, 1), policy="spread").host == "b"
     assert alloc.allocate("s2", Request(GTX, 1)).host == "a"
-    assert alloc.holder_of("GPU-b-0") == "s1"
+    assert alloc.booked_on("GPU-b-0") == {"s1": UNIT}

@@ -18,8 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from gpuspawner.allocator import ALL, Allocation, AllocationRefused, Allocator, Request
+from gpuspawner.allocator import ALL, AdoptProblem, AdoptReason, Allocation, AllocationRefused, Allocator, Request
 from gpuspawner.inventory import GPU
+from gpuspawner.sharing import UNIT
 
 MODELS = ["NVIDIA GeForce GTX 1070", "NVIDIA A100 80GB PCIe", "NVIDIA Tesla T4"]
 MEMORY = {MODELS[0]: 8192, MODELS[1]: 81920, MODELS[2]: 15360}
@@ -81,6 +82,10 @@ class Reference:
 
     def holder_of(self, uuid: str) -> str | None:
         return self.held_map().get(uuid)
+
+    def booked_on(self, uuid: str) -> dict[str, int]:
+        holder = self.holder_of(uuid)
+        return {} if holder is None else {holder: UNIT}
 
     def held_map(self) -> dict[str, str]:
         """uuid -> holder, recounted from the holdings every time."""
@@ -246,11 +251,11 @@ class AllocatorMachine(RuleBasedStateMachine):
         for uuid in uuids:
             gpu, other = ref.by_uuid.get(uuid), ref.holder_of(uuid)
             if gpu is None:
-                problems.append(f"{uuid} is not in the inventory")
+                problems.append(AdoptProblem(AdoptReason.NOT_IN_INVENTORY, f"{uuid} is not in the inventory"))
             elif other is not None and other != holder:
-                problems.append(f"{uuid} is also held by {other}")
+                problems.append(AdoptProblem(AdoptReason.HELD_BY_ANOTHER, f"{uuid} is also held by {other}"))
             elif gpu.host != host:
-                problems.append(f"{uuid} is on {gpu.host}, not on {host}")
+                problems.append(AdoptProblem(AdoptReason.ON_ANOTHER_HOST, f"{uuid} is on {gpu.host}, not on {host}"))
             else:
                 devices.append(gpu)
         old = ref.held.get(holder)
@@ -276,7 +281,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         seen = Counter(d.uuid for a in holdings.values() for d in a.devices)
         assert not [u for u, n in seen.items() if n > 1], "a device is held twice"
         for uuid in self.ref.by_uuid:
-            assert self.alloc.holder_of(uuid) == self.ref.holder_of(uuid)
+            assert self.alloc.booked_on(uuid) == self.ref.booked_on(uuid)
         per_host = Counter(g.host for g in self.ref.gpus)
         for a in holdings.values():
             assert {d.host for d in a.devices} <= {a.host}

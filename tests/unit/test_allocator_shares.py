@@ -14,9 +14,9 @@ from fractions import Fraction
 
 import pytest
 
-from gpuspawner.allocator import ALL, AllocationRefused, Allocator, DeviceUse, HostUse, Request, Sharer
+from gpuspawner.allocator import ALL, AdoptReason, AllocationRefused, Allocator, Request
 from gpuspawner.inventory import GPU
-from gpuspawner.sharing import fmt, to_milli
+from gpuspawner.sharing import UNIT, fmt, to_milli
 
 A100 = "NVIDIA A100 80GB PCIe"
 T4 = "NVIDIA Tesla T4"
@@ -56,15 +56,21 @@ def placement(a) -> dict[str, str]:
     return {d.uuid: fmt(to_milli(s)) for d, s in zip(a.devices, a.shares)}
 
 
+def bookings(alloc: Allocator) -> dict[str, dict[str, int]]:
+    """Every inventory device, by host and index, with who holds how much of it."""
+    return {g.uuid: alloc.booked_on(g.uuid) for g in sorted(alloc._index.gpus.values())}
+
+
 def allocated(alloc: Allocator) -> dict[str, str]:
-    return {d.uuid: fmt(to_milli(d.allocated)) for d in alloc.device_map()}
+    """Each device's booked total, as the allocation map sums its holders."""
+    return {uuid: fmt(sum(booked.values())) for uuid, booked in bookings(alloc).items()}
 
 
 def refusal(alloc: Allocator, request: Request, **kw) -> AllocationRefused:
-    before = (alloc.holdings(), alloc.device_map())
+    before = (alloc.holdings(), bookings(alloc), alloc.summary())
     with pytest.raises(AllocationRefused) as info:
         alloc.allocate("refused", request, **kw)
-    assert (alloc.holdings(), alloc.device_map()) == before, "a refused request must change nothing"
+    assert (alloc.holdings(), bookings(alloc), alloc.summary()) == before, "a refused request must change nothing"
     return info.value
 
 
@@ -178,7 +184,7 @@ def test_the_seed_example():
     second = alloc.allocate("bob", Request(A100, owner="bob", share=1.2))
     assert (first.uuids, first.shares) == (("GPU-gpu-a-0",), (Fraction(1, 5),))
     assert (second.uuids, second.shares) == (("GPU-gpu-a-0", "GPU-gpu-a-1"), (Fraction(3, 5),) * 2)
-    assert [f"{float(d.allocated):.2f}" for d in alloc.device_map()] == ["0.80", "0.60"]
+    assert allocated(alloc) == {"GPU-gpu-a-0": "0.8", "GPU-gpu-a-1": "0.6"}
 
 
 # --------------------------------------------------------------------------
@@ -381,7 +387,7 @@ def test_a_share_that_comes_out_whole_is_held_whole():
     alloc = booked({"a": [0, 0]}, SPLIT)
     got = alloc.allocate("s", Request(A100, share=2))
     assert got.milli is None and not got.shared and got.shares == (1, 1)
-    assert alloc.holder_of("GPU-a-0") == "s" and alloc.sharers_of("GPU-a-0") == {}
+    assert alloc.booked_on("GPU-a-0") == {"s": UNIT}
     alloc.release("s")
     assert allocated(alloc) == {"GPU-a-0": "0", "GPU-a-1": "0"}
 
@@ -394,7 +400,7 @@ def test_set_inventory_keeps_shares():
     alloc.set_inventory(inventory({"b": [0]}))  # a's devices leave while shared
     alloc.release("s")
     alloc.release("pre-GPU-a-0")
-    assert alloc.holdings() == {} and alloc.sharers_of("GPU-a-0") == {}
+    assert alloc.holdings() == {} and alloc.booked_on("GPU-a-0") == {}
 
 
 def test_policy_change_keeps_holdings():
@@ -415,17 +421,21 @@ def test_policy_change_keeps_holdings():
 def test_adopt_shares_and_report_over_booking():
     alloc = booked({"a": [0, 0, 0]}, SPLIT)
     got, problems = alloc.adopt("s1", "alice", "a", ["GPU-a-0", "GPU-a-1"], [Fraction(3, 5), "0.6"])
-    assert problems == ["GPU-a-1: share '0.6' is not a share of one GPU; booked whole"]
+    assert [p.message for p in problems] == ["GPU-a-1: share '0.6' is not a share of one GPU; booked whole"]
+    assert problems[0].reason is AdoptReason.UNREADABLE_SHARE and not problems[0].reason.double_booking
     assert got.milli is None  # a share it cannot read books the devices whole
     alloc.release("s1")
 
     got, problems = alloc.adopt("s1", "alice", "a", ["GPU-a-0", "GPU-a-1"], [0.6, 0.6])
     assert problems == [] and got.shares == (Fraction(3, 5),) * 2
     got, problems = alloc.adopt("s2", "bob", "a", ["GPU-a-0", "GPU-a-2"], [0.5, 0.5])
-    assert problems == ["GPU-a-0 would be booked to 1.1 of 1 (0.6 by s1, 0.5 here)"]
+    assert [p.message for p in problems] == ["GPU-a-0 would be booked to 1.1 of 1 (0.6 by s1, 0.5 here)"]
+    assert problems[0].reason is AdoptReason.OVERBOOKED and problems[0].reason.double_booking
     assert got.uuids == ("GPU-a-2",) and got.shares == (Fraction(1, 2),)
     got, problems = alloc.adopt("s3", "carol", "a", ["GPU-a-1"])
-    assert problems == ["GPU-a-1 is shared (0.6 by s1); it cannot also be held whole"] and got.devices == ()
+    assert [p.message for p in problems] == ["GPU-a-1 is shared (0.6 by s1); it cannot also be held whole"]
+    assert problems[0].reason is AdoptReason.SHARED_BY_OTHERS and problems[0].reason.double_booking
+    assert got.devices == ()
     got, problems = alloc.adopt("s4", "erin", "a", ["GPU-a-1"], [0.4])
     assert problems == [] and allocated(alloc) == {"GPU-a-0": "0.6", "GPU-a-1": "1", "GPU-a-2": "0.5"}
     assert alloc.held_by_owner("bob") == Fraction(1, 2) and alloc.held_by_owner("carol") == 0
@@ -434,14 +444,16 @@ def test_adopt_shares_and_report_over_booking():
 def test_adopt_share_on_a_device_held_whole():
     alloc = booked({"a": ["W", 0]}, SPLIT)
     got, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0", "GPU-a-1"], [0.5, 0.5])
-    assert problems == ["GPU-a-0 is held whole by pre-GPU-a-0"]
+    assert [p.message for p in problems] == ["GPU-a-0 is held whole by pre-GPU-a-0"]
+    assert problems[0].reason is AdoptReason.HELD_WHOLE_BY_ANOTHER and problems[0].reason.double_booking
     assert got.uuids == ("GPU-a-1",)
 
 
 def test_adopt_mismatched_shares_book_whole():
     alloc = booked({"a": [0, 0]}, SPLIT)
     got, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0", "GPU-a-1"], [0.5])
-    assert problems == ["1 shares for 2 devices; booked whole"] and got.milli is None and len(got.devices) == 2
+    assert [p.message for p in problems] == ["1 shares for 2 devices; booked whole"]
+    assert problems[0].reason is AdoptReason.SHARES_MISMATCH and got.milli is None and len(got.devices) == 2
 
 
 def test_adopt_is_idempotent_with_shares_and_replaces_them():
@@ -468,8 +480,7 @@ def test_adopt_rebuilds_the_same_map():
     fresh = Allocator(inventory({"a": [0, 0, 0], "b": [0, 0]}), sharing=SPLIT)
     for a in alloc.holdings().values():
         assert fresh.adopt(a.holder, a.owner, a.host, a.uuids, None if a.milli is None else a.shares)[1] == []
-    assert fresh.device_map() == alloc.device_map()
-    assert fresh.usage() == alloc.usage() and fresh.summary() == alloc.summary()
+    assert bookings(fresh) == bookings(alloc) and fresh.summary() == alloc.summary()
 
 
 # --------------------------------------------------------------------------
@@ -477,33 +488,18 @@ def test_adopt_rebuilds_the_same_map():
 # --------------------------------------------------------------------------
 
 
-def test_device_map_and_usage():
+def test_booked_on_names_each_holder_and_share():
     alloc = Allocator(inventory({"a": [0, 0, (T4, 0)], "b": [(T4, 0)]}), sharing=SPLIT)
-    alloc.allocate("x", Request(A100, owner="alice", share=0.2))
     alloc.allocate("y", Request(A100, owner="bob", share=1.2))
+    alloc.allocate("x", Request(A100, owner="alice", share=0.2))
     alloc.allocate("w", Request(T4, 1, owner="carol"))
     alloc.set_available_hosts(["a"])
-    rows = {d.uuid: d for d in alloc.device_map()}
-    assert list(rows) == ["GPU-a-0", "GPU-a-1", "GPU-a-2", "GPU-b-0"]
-    assert rows["GPU-a-0"] == DeviceUse(
-        uuid="GPU-a-0",
-        host="a",
-        index=0,
-        model=A100,
-        memory_mib=81920,
-        available=True,
-        allocated=Fraction(4, 5),
-        whole=False,
-        holders=(Sharer("x", "alice", Fraction(1, 5)), Sharer("y", "bob", Fraction(3, 5))),
-    )
+    assert list(alloc.booked_on("GPU-a-0").items()) == [("x", 200), ("y", 600)]  # by holder name
+    assert alloc.booked_on("GPU-a-1") == {"y": 600} and alloc.holding("x").owner == "alice"
     assert alloc.device("GPU-a-2") == GPU("a", 2, "GPU-a-2", T4, 15360) and alloc.device("GPU-x") is None
-    assert rows["GPU-a-2"].whole and rows["GPU-a-2"].holders == (Sharer("w", "carol", Fraction(1)),)
-    assert rows["GPU-b-0"].allocated == 0 and rows["GPU-b-0"].holders == () and not rows["GPU-b-0"].available
-    assert alloc.usage() == [
-        HostUse(model=A100, host="a", available=True, total=2, free=0, whole=0, shared=2, allocated=Fraction(7, 5)),
-        HostUse(model=T4, host="a", available=True, total=1, free=0, whole=1, shared=0, allocated=Fraction(1)),
-        HostUse(model=T4, host="b", available=False, total=1, free=1, whole=0, shared=0, allocated=Fraction(0)),
-    ]
+    assert alloc.booked_on("GPU-a-2") == {"w": UNIT} and alloc.booked_on("GPU-b-0") == {}
+    counts = {s.model: (s.total, s.free, s.unavailable) for s in alloc.summary()}
+    assert counts == {A100: (2, 0, 0), T4: (2, 0, 1)}
 
 
 def test_summary_tells_the_form_what_may_be_shared():

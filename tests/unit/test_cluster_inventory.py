@@ -15,6 +15,8 @@ from gpuspawner.cluster import GPUCluster, InventorySettings
 from gpuspawner.inventory import GPU
 from gpuspawner.labels import ServerLabels
 from gpuspawner.reports import parse_report
+from gpuspawner.sharing import UNIT
+from tests.unit.test_cluster_views import served_map
 from tests.unit.test_reports import A100, MIG, device, report
 
 GTX = "NVIDIA GeForce GTX 1070"
@@ -54,7 +56,7 @@ def test_unhealthy_gpus_are_not_offered_their_reason_is_kept_and_recovery_puts_t
     ]
     send(c, report(*sick), now=1)
     assert free(c) == {A100: 1}
-    m = c.alloc_map()["gpu-b"]
+    m = served_map(c)["gpu-b"]
     assert m["GPU-a100-0"]["health"] == "unhealthy" and m["GPU-a100-0"]["problems"] == ["2 uncorrected ECC errors"]
     assert m["GPU-a100-1"]["problems"] == ["temperature 91 C is above 85 C"]
     # NVML no longer says the lost GPU's UUID; the map still shows it, by the UUID last seen at its index.
@@ -62,7 +64,7 @@ def test_unhealthy_gpus_are_not_offered_their_reason_is_kept_and_recovery_puts_t
     assert m["GPU-a100-3"]["health"] == "ok"
     send(c, report(*ok), now=2)
     assert free(c) == {A100: 4}
-    assert all(d["health"] == "ok" for d in c.alloc_map()["gpu-b"].values())
+    assert all(d["health"] == "ok" for d in served_map(c)["gpu-b"].values())
 
 
 def test_a_running_server_on_a_gpu_that_turns_unhealthy_keeps_it_and_it_is_not_offered_after():
@@ -85,7 +87,7 @@ def test_a_node_whose_agent_stops_reporting_is_not_offered_until_it_reports_agai
     assert free(c) == {A100: 1, GTX: 1} and not c.stale
     c.apply(now=131)  # more than 3 intervals of 10 s
     assert free(c) == {A100: 0, GTX: 0} and set(c.stale) == {"gpu-a", "gpu-b"}
-    assert c.alloc_map()["gpu-b"]["GPU-a100-0"]["health"] == "stale"
+    assert served_map(c)["gpu-b"]["GPU-a100-0"]["health"] == "stale"
     with pytest.raises(AllocationRefused) as refused:
         c.allocator.allocate("s1", Request(model=A100))
     assert refused.value.retry
@@ -101,7 +103,7 @@ def test_static_inventory_overrides_the_agent_for_its_hosts_and_takes_health_fro
     assert free(c) == {"A100 listed": 1, GTX: 1}
     send(c, report(device(0, "GPU-a100-0", lost=True), device(1, "GPU-a100-1")), now=1)
     assert free(c) == {GTX: 1}  # its only device is unhealthy: the model is not offered
-    assert c.alloc_map()["gpu-b"]["GPU-a100-0"]["model"] == "A100 listed"
+    assert served_map(c)["gpu-b"]["GPU-a100-0"]["model"] == "A100 listed"
     c.apply(now=10_000)  # a listed host is not stale without an agent: the file says what it has
     assert "gpu-b" not in c.stale and "gpu-a" in c.stale
 
@@ -113,7 +115,7 @@ def test_a_holding_rebuilt_before_its_node_reported_takes_its_devices_the_moment
     assert problems and not alloc.devices
     c.pending["jupyter-ann"] = holding  # as Holdings records it when it adopts
     send(c, report(device(0, "GPU-a100-0"), device(1, "GPU-a100-1")))
-    assert c.allocator.holder_of("GPU-a100-1") == "jupyter-ann"
+    assert c.allocator.booked_on("GPU-a100-1") == {"jupyter-ann": UNIT}
     assert c.allocator.allocate("s2", Request(model=A100, count=1)).uuids == ("GPU-a100-0",)
     with pytest.raises(AllocationRefused):
         c.allocator.allocate("s3", Request(model=A100, count=1))
@@ -177,5 +179,6 @@ def test_one_host_at_a_time_gives_the_allocator_a_full_rebuild_gives(seed):
         send(c, report(*body(h), hostname=h))
         full.set_inventory(offered())
         assert c.allocator.holdings() == full.holdings()
-        assert c.allocator._index == full._index and list(c.allocator._index) == list(full._index)
-        assert c.allocator._hosts == full._hosts and c.allocator._gpus == full._gpus
+        mine, theirs = c.allocator._index, full._index
+        assert mine.models == theirs.models and list(mine.models) == list(theirs.models)
+        assert mine.hosts == theirs.hosts and mine.gpus == theirs.gpus

@@ -19,6 +19,7 @@ from gpuspawner.doctor import diagnose
 from gpuspawner.inventory import GPU
 from gpuspawner.reports import ReportError, UUIDConflict, parse_report
 from gpuspawner.swarm import Node
+from tests.unit.test_cluster_views import served_map
 from tests.unit.test_reports import A100, MIG, device, report
 
 FIX = "the same UUID on two nodes: a copied inventory or a spoofed agent; check nvidia-smi -L on both"
@@ -34,7 +35,7 @@ def send(cluster, body, now=0.0):
 
 def hosts_of(cluster) -> dict[str, str]:
     """uuid -> host, as the allocator has them."""
-    return {g.uuid: g.host for g in cluster.allocator._gpus.values()}
+    return {g.uuid: g.host for g in cluster.allocator._index.gpus.values()}
 
 
 def findings(cluster):
@@ -72,7 +73,7 @@ def test_a_report_naming_another_hosts_uuid_is_refused_and_takes_nothing():
     # Nothing of it is taken: gpu-a keeps its previous report (and its time), GPU-a2 is not offered.
     assert c.reports["gpu-a"] is a_before
     assert hosts_of(c) == {"GPU-a0": "gpu-a", "GPU-b0": "gpu-b", "GPU-b1": "gpu-b"}
-    assert set(c.alloc_map()["gpu-b"]) == {"GPU-b0", "GPU-b1"} and set(c.alloc_map()["gpu-a"]) == {"GPU-a0"}
+    assert set(served_map(c)["gpu-b"]) == {"GPU-b0", "GPU-b1"} and set(served_map(c)["gpu-a"]) == {"GPU-a0"}
     # Allocations still land on gpu-b, with gpu-b's own devices.
     c.allocator.allocate("pin-a", Request(model=A100, count=1, host="gpu-a"))
     for name in ("s1", "s2"):
@@ -107,7 +108,7 @@ def test_a_uuid_listed_in_the_static_inventory_cannot_be_reported_by_another_hos
         send(c, report(device(0, "GPU-b0"), hostname="gpu-a"), now=10_000)
     # The listed host's own agent reports it as usual.
     send(c, report(device(0, "GPU-b0", ecc_uncorrected=1)), now=10_001)
-    assert c.alloc_map()["gpu-b"]["GPU-b0"]["health"] == "unhealthy"
+    assert served_map(c)["gpu-b"]["GPU-b0"]["health"] == "unhealthy"
     # Without 'static' as a source the file does not count.
     c2 = GPUCluster(InventorySettings(static=static, sources=("agent",)))
     send(c2, report(device(0, "GPU-b0"), hostname="gpu-a"))
@@ -124,7 +125,7 @@ def test_mig_uuids_and_the_parent_gpu_uuid_belong_to_their_host():
         with pytest.raises(UUIDConflict) as refused:
             send(c, report(device(0, "GPU-a0"), stolen, hostname="gpu-a"))
         assert refused.value.conflicts[0].owner == "gpu-b"
-    assert set(c.alloc_map()["gpu-b"]) == {"GPU-b0", "MIG-aaaa-0001", "MIG-aaaa-0002"}
+    assert set(served_map(c)["gpu-b"]) == {"GPU-b0", "MIG-aaaa-0001", "MIG-aaaa-0002"}
     assert "gpu-a" not in c.reports
 
 
@@ -181,8 +182,8 @@ def test_a_gpu_that_moved_is_taken_from_a_late_agent_and_its_old_host_may_not_ta
     # Late (over 3 × 10 s): the device moves, and the refusal is settled.
     send(c, report(device(0, "GPU-b1"), hostname="gpu-a", interval=10), now=31)
     assert hosts_of(c) == {"GPU-b0": "gpu-b", "GPU-b1": "gpu-a"} and c.conflicts == {}
-    assert set(c.alloc_map()["gpu-b"]) == {"GPU-b0"} and set(c.alloc_map()["gpu-a"]) == {"GPU-b1"}
-    assert len(c.devices) == 2
+    assert set(served_map(c)["gpu-b"]) == {"GPU-b0"} and set(served_map(c)["gpu-a"]) == {"GPU-b1"}
+    assert sum(len(states) for states in c.states.values()) == 2
     # gpu-b's agent comes back still naming it: refused, gpu-b keeps its last report (now without GPU-b1).
     with pytest.raises(UUIDConflict, match="GPU-b1 is on gpu-a"):
         send(c, report(device(0, "GPU-b0"), device(1, "GPU-b1"), interval=10), now=40)

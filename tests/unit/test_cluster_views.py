@@ -5,13 +5,14 @@ hub's endpoint hands them over)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 
 import jinja2
 from tornado.escape import json_encode
 
-from gpuspawner import metrics
+from gpuspawner import metrics, views
 from gpuspawner.allocator import Request
 from gpuspawner.api import gpu_page
 from gpuspawner.cluster import GPUCluster, InventorySettings
@@ -39,18 +40,31 @@ def named_holders(c: GPUCluster, names: dict[str, tuple[str, str]]):
     small stand-in: here the names are a dict the test writes)."""
 
     def holders_of(uuid: str) -> list[dict]:
-        whole = c.allocator.holder_of(uuid)
-        shares = {whole: 1000} if whole is not None else c.allocator.sharers_of(uuid)
-        return [{"user": names[h][0], "server": names[h][1], "share": m / 1000} for h, m in shares.items()]
+        booked = c.allocator.booked_on(uuid)
+        return [{"user": names[h][0], "server": names[h][1], "share": m / 1000} for h, m in booked.items()]
 
     return holders_of
+
+
+def served_map(c: GPUCluster) -> dict:
+    """The allocation map as the hub serves it: its JSON, read back (outside an event loop)."""
+    return json.loads(asyncio.run(c.views.alloc_map_json()))
+
+
+def map_afresh(c: GPUCluster, holders_of) -> dict:
+    """The whole map made afresh from the cluster's device states: what the kept parts must add up to."""
+    return {
+        host: views.host_entries(states.values(), {u: holders_of(u) for u in states}, c.stale.get(host))
+        for host, states in sorted(c.states.items())
+        if states
+    }
 
 
 def fleet(**settings) -> GPUCluster:
     c = GPUCluster(InventorySettings(sources=("agent",), **settings))
     c.allocator.set_sharing(SHARING)
     c.servers = {}  # holder -> (user, server), for named_holders
-    c.holders_of = named_holders(c, c.servers)
+    c.views.holders_of = named_holders(c, c.servers)
     for host in HOSTS:
         send(c, host, devices_of(host))
     return c
@@ -85,16 +99,18 @@ async def test_the_json_is_byte_for_byte_what_tornado_makes_of_the_map():
     send(c, "gpu-d", devices_of("gpu-d"), now=-100)
     c.apply(now=0)  # gpu-d is late
     assert set(c.stale) == {"gpu-d"}
-    expected = json_encode(c.alloc_map()).encode()
-    assert await c.alloc_map_json() == expected
-    assert await c.alloc_map_json(holders_of=lambda uuid: []) == json_encode(c.alloc_map(lambda uuid: [])).encode()
+    expected = json_encode(map_afresh(c, c.views.holders_of)).encode()
+    assert await c.views.alloc_map_json() == expected
+    assert (
+        await c.views.alloc_map_json(holders_of=lambda uuid: []) == json_encode(map_afresh(c, lambda uuid: [])).encode()
+    )
     m = json.loads(expected)
     assert m["gpu-a"]["GPU-gpu-a-0"]["holders"] == [{"user": "ann", "server": "lab", "share": 1.0}]
     assert m["gpu-b"]["GPU-gpu-b-0"]["allocated"] == 0.75
     assert [h["user"] for h in m["gpu-b"]["GPU-gpu-b-0"]["holders"]] == ["bob", "cy"]
     assert m["gpu-c"]["GPU-gpu-c-1"]["health"] == "unhealthy"
     assert m["gpu-d"]["GPU-gpu-d-0"]["health"] == "stale"
-    assert await GPUCluster(InventorySettings(sources=("agent",))).alloc_map_json() == b"{}"
+    assert await GPUCluster(InventorySettings(sources=("agent",))).views.alloc_map_json() == b"{}"
 
 
 def test_json_parts_escape_as_tornado_does_and_batches_keep_every_byte():
@@ -113,7 +129,7 @@ def test_the_metrics_count_what_the_map_shows():
     send(c, "gpu-d", devices_of("gpu-d"), now=-100)
     c.apply(now=0)
     expected = {}
-    for host, devices in c.alloc_map().items():
+    for host, devices in served_map(c).items():
         for d in devices.values():
             labels = (host, d["model"])
             for name, value in (
@@ -128,34 +144,35 @@ def test_the_metrics_count_what_the_map_shows():
 
 async def test_a_report_that_changes_health_shows_in_the_next_map_and_metrics():
     c = fleet()
-    await c.alloc_map_json()
+    await c.views.alloc_map_json()
     assert gauges(c)[("gpuspawner_devices_unhealthy", "gpu-b", A100)] == 0
     send(c, "gpu-b", devices_of("gpu-b", sick=0))
-    m = json.loads(await c.alloc_map_json())
+    m = json.loads(await c.views.alloc_map_json())
     assert m["gpu-b"]["GPU-gpu-b-0"]["problems"] == ["3 uncorrected ECC errors"]
     g = gauges(c)
     assert g[("gpuspawner_devices_unhealthy", "gpu-b", A100)] == 1
     assert g[("gpuspawner_devices_free", "gpu-b", A100)] == 1
-    assert c.unhealthy_by_model() == {A100: 1}
+    assert sum(v for (name, _, model), v in g.items() if name == "gpuspawner_devices_unhealthy" and model == A100) == 1
     send(c, "gpu-b", devices_of("gpu-b"))
-    assert json.loads(await c.alloc_map_json())["gpu-b"]["GPU-gpu-b-0"]["health"] == "ok"
-    assert gauges(c)[("gpuspawner_devices_unhealthy", "gpu-b", A100)] == 0 and c.unhealthy_by_model() == {}
+    assert json.loads(await c.views.alloc_map_json())["gpu-b"]["GPU-gpu-b-0"]["health"] == "ok"
+    g = gauges(c)
+    assert not any(v for (name, *_), v in g.items() if name == "gpuspawner_devices_unhealthy")
 
 
 async def test_an_allocation_or_release_on_a_host_shows_in_the_next_map_and_metrics():
     c = fleet()
-    await c.alloc_map_json()
+    await c.views.alloc_map_json()
     gauges(c)
     book(c, "jupyter-ann", Request(model=A100, count=1, host="gpu-c", owner="ann"))
     book(c, "jupyter-bob", Request(share=0.3, host="gpu-c", owner="bob"))
-    m = json.loads(await c.alloc_map_json())["gpu-c"]
+    m = json.loads(await c.views.alloc_map_json())["gpu-c"]
     assert m["GPU-gpu-c-0"]["holders"] == [{"user": "ann", "server": "lab", "share": 1.0}]
     assert m["GPU-gpu-c-1"]["allocated"] == 0.3
     g = gauges(c)
     assert g[("gpuspawner_devices_free", "gpu-c", A100)] == 0
     assert g[("gpuspawner_allocated_share", "gpu-c", A100)] == 1.3
     c.allocator.release("jupyter-ann")
-    assert json.loads(await c.alloc_map_json())["gpu-c"]["GPU-gpu-c-0"]["holders"] == []
+    assert json.loads(await c.views.alloc_map_json())["gpu-c"]["GPU-gpu-c-0"]["holders"] == []
     assert gauges(c)[("gpuspawner_devices_free", "gpu-c", A100)] == 1
 
 
@@ -168,42 +185,42 @@ async def test_only_the_hosts_that_changed_are_made_again():
         return host
 
     def counts_made() -> int:
-        c.device_counts()
-        return c._views["counts"].made
+        c.views.device_counts()
+        return c.views.caches["counts"].made
 
-    assert await c.host_views("cards", card) == HOSTS and sorted(made) == HOSTS
-    await c.alloc_map_json()
-    assert counts_made() == 4 and c._views["json"].made == 4
+    assert await c.views.host_views("cards", card) == HOSTS and sorted(made) == HOSTS
+    await c.views.alloc_map_json()
+    assert counts_made() == 4 and c.views.caches["json"].made == 4
     made.clear()
 
-    await c.host_views("cards", card)
-    await c.alloc_map_json()
-    assert made == [] and c._views["json"].made == 4 and counts_made() == 4  # nothing changed
+    await c.views.host_views("cards", card)
+    await c.views.alloc_map_json()
+    assert made == [] and c.views.caches["json"].made == 4 and counts_made() == 4  # nothing changed
 
     send(c, "gpu-a", devices_of("gpu-a", temperature_c=60))  # new readings only
-    await c.host_views("cards", card)
-    await c.alloc_map_json()
-    assert made == ["gpu-a"] and c._views["json"].made == 5
+    await c.views.host_views("cards", card)
+    await c.views.alloc_map_json()
+    assert made == ["gpu-a"] and c.views.caches["json"].made == 5
     assert counts_made() == 4  # the metrics do not show readings
 
     send(c, "gpu-a", devices_of("gpu-a", sick=1, temperature_c=60))  # health
     assert counts_made() == 5
-    await c.host_views("cards", card)
+    await c.views.host_views("cards", card)
 
     book(c, "jupyter-ann", Request(model=A100, host="gpu-b", owner="ann"))  # a holding
     made.clear()
-    await c.host_views("cards", card)
+    await c.views.host_views("cards", card)
     assert made == ["gpu-b"] and counts_made() == 6
 
     c.allocator.release("jupyter-ann")
     made.clear()
-    await c.host_views("cards", card)
+    await c.views.host_views("cards", card)
     assert made == ["gpu-b"] and counts_made() == 7
 
     c._schedulable = set(HOSTS) - {"gpu-d"}  # the swarm drains gpu-d: its free count changes, not its map
     c._update_availability()
     made.clear()
-    await c.host_views("cards", card)
+    await c.views.host_views("cards", card)
     assert made == [] and counts_made() == 8
     assert gauges(c)[("gpuspawner_devices_free", "gpu-d", A100)] == 0
 
@@ -212,60 +229,50 @@ async def test_a_late_node_shows_stale_and_is_made_again_when_it_reports():
     c = fleet(stale_intervals=3)
     for host in HOSTS:
         send(c, host, devices_of(host), now=100)
-    await c.alloc_map_json()
-    before = c._views["json"].made
+    await c.views.alloc_map_json()
+    before = c.views.caches["json"].made
     c.apply(now=150)  # every node is late
-    m = json.loads(await c.alloc_map_json())
+    m = json.loads(await c.views.alloc_map_json())
     assert {d["health"] for devices in m.values() for d in devices.values()} == {"stale"}
     assert m["gpu-a"]["GPU-gpu-a-0"]["problems"] == ["no report from its agent for 50 s"]
     assert gauges(c)[("gpuspawner_devices_unhealthy", "gpu-a", A100)] == 2
     send(c, "gpu-a", devices_of("gpu-a"), now=151)
-    m = json.loads(await c.alloc_map_json())
+    m = json.loads(await c.views.alloc_map_json())
     assert m["gpu-a"]["GPU-gpu-a-0"]["health"] == "ok" and m["gpu-b"]["GPU-gpu-b-0"]["health"] == "stale"
-    assert c._views["json"].made == before + 4 + 4  # the late seconds are in every late host's problems
+    assert c.views.caches["json"].made == before + 4 + 4  # the late seconds are in every late host's problems
 
 
 async def test_holders_are_an_input_with_a_change_signal():
     c = fleet()
     book(c, "jupyter-ann", Request(model=A100, host="gpu-a", owner="ann"))
-    await c.alloc_map_json()
+    await c.views.alloc_map_json()
     c.servers["jupyter-ann"] = ("ann", "renamed")  # not a booking: the allocator cannot tell
-    assert "renamed" not in (await c.alloc_map_json()).decode()
-    c.holders_changed("gpu-a")
-    assert "renamed" in (await c.alloc_map_json()).decode() and c._views["json"].made == 5
+    assert "renamed" not in (await c.views.alloc_map_json()).decode()
+    c.views.holders_changed("gpu-a")
+    assert "renamed" in (await c.views.alloc_map_json()).decode() and c.views.caches["json"].made == 5
 
     names = {"GPU-gpu-c-1": [{"user": "x", "server": "", "share": 0.5}]}
 
     def holders(uuid):
         return names.get(uuid, [])
 
-    m = json.loads(await c.alloc_map_json(holders))  # another source: every host afresh
-    assert c._views["json"].made == 9
+    m = json.loads(await c.views.alloc_map_json(holders))  # another source: every host afresh
+    assert c.views.caches["json"].made == 9
     assert m["gpu-c"]["GPU-gpu-c-1"]["holders"] == names["GPU-gpu-c-1"] and m["gpu-a"]["GPU-gpu-a-0"]["holders"] == []
-    await c.alloc_map_json(holders)
-    assert c._views["json"].made == 9
+    await c.views.alloc_map_json(holders)
+    assert c.views.caches["json"].made == 9
     names["GPU-gpu-c-1"][0]["user"] = "y"
-    c.holders_changed()
-    assert json.loads(await c.alloc_map_json(holders))["gpu-c"]["GPU-gpu-c-1"]["holders"][0]["user"] == "y"
+    c.views.holders_changed()
+    assert json.loads(await c.views.alloc_map_json(holders))["gpu-c"]["GPU-gpu-c-1"]["holders"][0]["user"] == "y"
     assert gauges(c)[("gpuspawner_allocated_share", "gpu-a", A100)] == 1  # the metrics' own source: the cluster's
 
 
 async def test_parts_made_in_a_thread_are_the_parts_made_inline():
     c = fleet()
     book(c, "jupyter-ann", Request(share=0.5, host="gpu-a", owner="ann"))
-    threaded = await c.host_views("t", host_json, inline=0)
-    inline = await c.host_views("i", host_json, inline=100)
-    assert threaded == inline and join_json(threaded) == await c.alloc_map_json()
-
-
-def test_alloc_map_gives_the_caller_its_own_dicts():
-    c = fleet()
-    book(c, "jupyter-ann", Request(model=A100, host="gpu-a", owner="ann"))
-    m = c.alloc_map()
-    m["gpu-a"]["GPU-gpu-a-0"]["holders"][0]["user"] = "mallory"
-    m["gpu-a"]["GPU-gpu-a-0"]["problems"].append("x")
-    assert c.alloc_map()["gpu-a"]["GPU-gpu-a-0"]["holders"][0]["user"] == "ann"
-    assert c.alloc_map()["gpu-a"]["GPU-gpu-a-0"]["problems"] == []
+    threaded = await c.views.host_views("t", host_json, inline=0)
+    inline = await c.views.host_views("i", host_json, inline=100)
+    assert threaded == inline and join_json(threaded) == await c.views.alloc_map_json()
 
 
 async def test_the_gpu_page_shows_each_host_card_and_what_changed():

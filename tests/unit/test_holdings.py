@@ -23,12 +23,14 @@ close; each failed on the code before it.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from types import SimpleNamespace
 
 import pytest
 from jupyterhub import orm
 from jupyterhub.spawner import SpawnException
+from prometheus_client import REGISTRY
 from traitlets.config import Config
 
 from gpuspawner import settings as settings_module
@@ -273,6 +275,21 @@ async def test_defect4_hostile_labels_never_stop_the_rebuild(tmp_path):
     await world.started(world.spawner("alice", {"gpu_model": A100}))
 
 
+async def test_reconciliation_counts_double_bookings_by_their_reason(tmp_path):
+    def counted() -> float:
+        return REGISTRY.get_sample_value("gpuspawner_double_bookings_total") or 0.0
+
+    world = World(tmp_path)
+    world.leftover("alice")
+    world.leftover("bob")  # labelled with alice's device too
+    world.leftover("carol", uuids=("GPU-gone",))  # a device the inventory does not know: no double booking
+    before = counted()
+    await world.owner.reconcile()
+    assert counted() - before == 1
+    booked = [h.name for h in world.owner.all().values() if world.owner.allocator.holding(h.name).devices]
+    assert booked == ["jupyter-alice"]
+
+
 async def test_defect5_a_service_by_another_name_is_not_charged_to_the_user(tmp_path):
     world = World(
         tmp_path,
@@ -326,7 +343,7 @@ def test_a_stop_whose_container_lingers_keeps_the_gpu_reserved_and_says_so(tmp_p
         owner = await world.lingering()
         h = owner.get("jupyter-alice")
         assert h.phase is Phase.REMOVING and "still running" in h.problem
-        holders = owner.cluster.alloc_map()["gpu-b"]["GPU-b0"]["holders"]
+        holders = json.loads(await owner.cluster.views.alloc_map_json())["gpu-b"]["GPU-b0"]["holders"]
         assert holders[0]["phase"] == "removing" and "still running" in holders[0]["problem"]
         bob = world.spawner("bob", {"gpu_model": A100})
         with pytest.raises(SpawnException) as refused:
@@ -386,7 +403,7 @@ def test_the_admin_page_says_a_gpu_is_kept_while_its_container_still_runs(tmp_pa
         card = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True).get_template(
             "gpus_host.html"
         )
-        (html,) = await owner.cluster.host_views("html", HostCard(card))
+        (html,) = await owner.cluster.views.host_views("html", HostCard(card))
         assert "alice" in html.decode() and "removing: its container is still running" in html.decode()
 
     asyncio.run(body())

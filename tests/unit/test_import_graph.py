@@ -6,6 +6,7 @@ CONTRIBUTING.md."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from devtools.modgraph import PACKAGE, graph, imports, refresh
@@ -31,11 +32,15 @@ def test_the_package_has_no_import_cycle():
             visit(node, [])
 
 
+ALLOCATOR = sorted(p.stem for p in PACKAGE.glob("allocator*.py"))
+PURE = [*ALLOCATOR, "sharing", "labels", "options", "inventory", "reports", "views", "ports"]
+
+
 def test_the_pure_core_imports_neither_docker_nor_jupyterhub():
-    pure = ["allocator", "sharing", "labels", "options", "inventory", "reports"]
-    for name in pure:
+    assert {"allocator", "allocator_index", "allocator_refusals"} <= set(ALLOCATOR)
+    for name in PURE:
         found = {m.split(".")[0] for m in imports(PACKAGE / f"{name}.py")}
-        assert not found & {"docker", "jupyterhub", "dockerspawner", "tornado"}, (name, found)
+        assert not found & {"docker", "jupyterhub", "dockerspawner", "tornado", "yaml"}, (name, found)
 
 
 def test_contributing_md_shows_the_current_module_graph():
@@ -43,3 +48,17 @@ def test_contributing_md_shows_the_current_module_graph():
     assert refresh(text, str(CONTRIBUTING)) == text, (
         "CONTRIBUTING.md's module graph is out of date: python -m devtools.modgraph --write CONTRIBUTING.md"
     )
+
+
+def test_the_allocator_needs_only_the_standard_library_and_pure_siblings():
+    g = graph()
+    seen, todo = set(), ["gpuspawner.allocator"]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(g[name])
+    assert {m.rpartition(".")[2] for m in seen} <= set(PURE), seen
+    for name in seen:
+        outside = {m.split(".")[0] for m in imports(PACKAGE / f"{name.rpartition('.')[2]}.py")} - {"gpuspawner"}
+        assert outside <= sys.stdlib_module_names | {"__future__"}, (name, outside)

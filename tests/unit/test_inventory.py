@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpuspawner.allocator import Allocator, Request
-from gpuspawner.inventory import GPU, InventoryError, load_inventory, models, parse_inventory
+from gpuspawner.inventory import GPU, InventoryError, parse_inventory
+from gpuspawner.inventory_files import load_inventory
 
 GTX = "NVIDIA GeForce GTX 1070"
 A100 = "NVIDIA A100 80GB PCIe"
@@ -81,11 +82,6 @@ def test_a_loaded_inventory_feeds_the_allocator(tmp_path):
     got = alloc.allocate("s", Request(GTX, 2))
     assert got.host == "gpu-a"
     assert got.uuids == ("GPU-a0c1d2e3-0000-4000-8000-000000000004", "GPU-a0c1d2e3-0000-4000-8000-000000000003")
-
-
-def test_models_reports_the_largest_memory_per_model():
-    assert models(EXPECTED) == {A100: 81920, GTX: 8192}
-    assert list(models(EXPECTED)) == sorted([A100, GTX])
 
 
 # --------------------------------------------------------------------------

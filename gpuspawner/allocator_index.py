@@ -1,0 +1,323 @@
+"""The allocator's index of the inventory: which devices exist, which are
+untouched, and how much room the shared ones have left (pure).
+
+Untouched devices are indexed per model in buckets by how many a host has
+free, so a decision scans at most (devices per host) buckets, not every host;
+devices with shares and room left are kept sorted by room. Every change
+touches only the hosts it concerns.
+
+The bookings themselves (who holds what) are the allocator's: the index reads
+them when a host is indexed, and is told of each device taken or given back.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .inventory import GPU
+from .sharing import UNIT
+
+__all__ = ["DeviceIndex", "ModelIndex"]
+
+
+@dataclass
+class ModelIndex:
+    """Per model: each host's free devices, hosts bucketed by free count (only
+    available hosts), and the counts a summary needs, all kept up to date."""
+
+    free: dict[str, list[GPU]] = field(default_factory=dict)  # host -> free, by index
+    total: dict[str, int] = field(default_factory=dict)  # host -> devices
+    buckets: list[list[str]] = field(default_factory=lambda: [[]])  # n -> sorted hosts
+    memory_mib: int = 0
+    devices: int = 0
+    smallest_host: int = 0  # fewest devices of this model on one host
+    free_available: int = 0  # free devices on available hosts
+    unavailable: int = 0  # devices on unavailable hosts
+    # Devices holding shares ("partial"): what is booked on each, by host, and
+    # those with room left on available hosts sorted by (room, host, index).
+    used: dict[str, int] = field(default_factory=dict)  # uuid -> milli booked
+    partial: dict[str, list[GPU]] = field(default_factory=dict)  # host -> by index
+    partial_room: dict[str, int] = field(default_factory=dict)  # host -> room left on its partial devices
+    rooms: list[tuple[int, str, int, str]] = field(default_factory=list)
+    # For updates one host at a time: how many hosts have n devices of this
+    # model (n -> hosts), and how many devices have each memory size.
+    sizes: dict[int, int] = field(default_factory=dict)
+    memories: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def biggest_host(self) -> int:  # most devices of this model on one host
+        return len(self.buckets) - 1
+
+    def largest_block(self) -> int:
+        for n in range(len(self.buckets) - 1, 0, -1):
+            if self.buckets[n]:
+                return n
+        return 0
+
+    def largest_room(self) -> int:  # most milli-shares free on one device of an available host
+        if self.free_available:
+            return UNIT
+        return self.rooms[-1][0] if self.rooms else 0
+
+
+class DeviceIndex:
+    """The inventory, indexed per model. ``held`` (uuid -> holder, devices held
+    whole) and ``shares`` (uuid -> {holder: milli}) are the allocator's
+    bookings, read here only."""
+
+    def __init__(self, held: Mapping[str, str], shares: Mapping[str, Mapping[str, int]]):
+        self._held = held
+        self._shares = shares
+        self.gpus: dict[str, GPU] = {}
+        self.available: set[str] | None = None  # None: every inventory host
+        self.models: dict[str, ModelIndex] = {}  # by model name
+        self.hosts: list[str] = []  # sorted
+        self.by_host: dict[str, list[GPU]] = {}  # host -> its inventory devices, sorted
+
+    def is_available(self, host: str) -> bool:
+        return self.available is None or host in self.available
+
+    # -- the inventory -----------------------------------------------------------
+
+    def set_inventory(self, gpus: Iterable[GPU]) -> None:
+        self.gpus = {g.uuid: g for g in gpus}
+        self.models = {}
+        self.by_host = {}
+        for gpu in sorted(self.gpus.values()):
+            devices = self.by_host.get(gpu.host)
+            if devices is None:  # not setdefault: that would build a list per device
+                devices = self.by_host[gpu.host] = []
+            devices.append(gpu)
+        for host, devices in self.by_host.items():  # by hostname: the buckets are filled in order
+            self._index_host(host, devices)
+        self._finish_models(set(self.models))
+        self.hosts = list(self.by_host)
+
+    def set_host_devices(self, host: str, new: list[GPU]) -> bool:
+        """Replace one host's devices (``new``: sorted, all of ``host``); a UUID
+        another host has moves here. True when the host's devices changed."""
+        if new == self.by_host.get(host, []):
+            return False
+        touched: set[str] = set()
+        uuids = {g.uuid for g in new}
+        others = {self.gpus[u].host for u in uuids if u in self.gpus} - {host}
+        for other in sorted(others):  # devices that moved here leave their old host first
+            touched |= self._replace_host(other, [g for g in self.by_host[other] if g.uuid not in uuids])
+        touched |= self._replace_host(host, new)
+        self._finish_models(touched)
+        return True
+
+    def _replace_host(self, host: str, gpus: list[GPU]) -> set[str]:
+        """Take the host's devices out of the index and put ``gpus`` (sorted) in;
+        the models touched, for :meth:`_finish_models`."""
+        old = self.by_host.pop(host, [])
+        touched = self._unindex_host(host, old)
+        for gpu in old:
+            del self.gpus[gpu.uuid]
+        if not gpus:
+            del self.hosts[bisect.bisect_left(self.hosts, host)]
+            return touched
+        if not old:
+            bisect.insort(self.hosts, host)
+        self.by_host[host] = gpus
+        for gpu in gpus:
+            self.gpus[gpu.uuid] = gpu
+        return touched | self._index_host(host, gpus)
+
+    def _index_host(self, host: str, gpus: list[GPU]) -> set[str]:
+        """Put a host's devices (sorted, in ``gpus``) into the index; the models touched."""
+        available = self.is_available(host)
+        by_model: dict[str, list[GPU]] = {}
+        for gpu in gpus:
+            devices = by_model.get(gpu.model)
+            if devices is None:
+                devices = by_model[gpu.model] = []
+            devices.append(gpu)
+        for model, devices in by_model.items():
+            mi = self.models.get(model)
+            if mi is None:
+                mi = self.models[model] = ModelIndex()
+            n = len(devices)
+            mi.total[host] = n
+            mi.sizes[n] = mi.sizes.get(n, 0) + 1
+            mi.devices += n
+            free = []
+            for gpu in devices:
+                mi.memories[gpu.memory_mib] = mi.memories.get(gpu.memory_mib, 0) + 1
+                sharers = self._shares.get(gpu.uuid)
+                if sharers:
+                    mi.used[gpu.uuid] = used = sum(sharers.values())
+                    mi.partial.setdefault(host, []).append(gpu)
+                    mi.partial_room[host] = mi.partial_room.get(host, 0) + UNIT - used
+                    if used < UNIT and available:
+                        bisect.insort(mi.rooms, (UNIT - used, host, gpu.index, gpu.uuid))
+                elif gpu.uuid not in self._held:
+                    free.append(gpu)
+            mi.free[host] = free
+            while len(mi.buckets) <= n:
+                mi.buckets.append([])
+            if available:
+                bisect.insort(mi.buckets[len(free)], host)
+                mi.free_available += len(free)
+            else:
+                mi.unavailable += n
+        return set(by_model)
+
+    def _unindex_host(self, host: str, gpus: list[GPU]) -> set[str]:
+        """Take a host's devices (as indexed) out of the index; the models touched."""
+        available = self.is_available(host)
+        touched = {g.model for g in gpus}
+        for model in touched:
+            mi = self.models[model]
+            n = mi.total.pop(host)
+            mi.sizes[n] -= 1
+            if not mi.sizes[n]:
+                del mi.sizes[n]
+            mi.devices -= n
+            free = mi.free.pop(host)
+            if available:
+                bucket = mi.buckets[len(free)]
+                del bucket[bisect.bisect_left(bucket, host)]
+                mi.free_available -= len(free)
+            else:
+                mi.unavailable -= n
+            for gpu in mi.partial.pop(host, ()):
+                used = mi.used.pop(gpu.uuid)
+                if used < UNIT and available:
+                    del mi.rooms[bisect.bisect_left(mi.rooms, (UNIT - used, host, gpu.index, gpu.uuid))]
+            mi.partial_room.pop(host, None)
+        for gpu in gpus:
+            memories = self.models[gpu.model].memories
+            memories[gpu.memory_mib] -= 1
+            if not memories[gpu.memory_mib]:
+                del memories[gpu.memory_mib]
+        return touched
+
+    def _finish_models(self, models: set[str]) -> None:
+        """What depends on every host of a model, for the models touched: the
+        largest memory, the smallest and largest host (as many buckets as the
+        largest has devices, plus one); a model without devices leaves."""
+        for model in models:
+            mi = self.models.get(model)
+            if mi is None:
+                continue
+            if not mi.devices:
+                del self.models[model]
+                continue
+            mi.memory_mib = max(mi.memories)
+            mi.smallest_host = min(mi.sizes)
+            del mi.buckets[max(mi.sizes) + 1 :]  # hosts that large left: those buckets are empty
+        if list(self.models) != sorted(self.models):
+            self.models = dict(sorted(self.models.items()))
+
+    # -- availability ---------------------------------------------------------------
+
+    def set_available_hosts(self, hosts: set[str] | None) -> None:
+        """Only these hosts may be chosen (None: all); only those whose availability changed are touched."""
+        if hosts == self.available:
+            return
+        before = {h: self.is_available(h) for h in self.hosts}
+        self.available = hosts
+        for host, was in before.items():
+            if self.is_available(host) != was:
+                self._set_host_available(host, not was)
+
+    def _set_host_available(self, host: str, available: bool) -> None:
+        sign = 1 if available else -1
+        for mi in self.models.values():
+            if host not in mi.total:
+                continue
+            n = len(mi.free[host])
+            if available:
+                bisect.insort(mi.buckets[n], host)
+            else:
+                bucket = mi.buckets[n]
+                del bucket[bisect.bisect_left(bucket, host)]
+            mi.free_available += sign * n
+            mi.unavailable -= sign * mi.total[host]
+            for gpu in mi.partial.get(host, ()):
+                room = UNIT - mi.used[gpu.uuid]
+                if room:
+                    entry = (room, host, gpu.index, gpu.uuid)
+                    if available:
+                        bisect.insort(mi.rooms, entry)
+                    else:
+                        del mi.rooms[bisect.bisect_left(mi.rooms, entry)]
+
+    # -- devices taken and given back -----------------------------------------------
+
+    def take_free(self, mi: ModelIndex, host: str, gpus: Iterable[GPU]) -> None:
+        """Untouched devices of the host are booked whole, or get their first share."""
+        gpus = list(gpus)
+        free = mi.free[host]
+        before = len(free)
+        if free[: len(gpus)] == gpus:  # the usual case: the first ones, in order
+            del free[: len(gpus)]
+        else:
+            for gpu in gpus:
+                del free[bisect.bisect_left(free, gpu)]
+        self._move(mi, host, before, len(free))
+
+    def put_free(self, gpu: GPU) -> None:
+        """A device is untouched again (if it is still in the inventory)."""
+        current = self.gpus.get(gpu.uuid)
+        if current is None:  # it left the inventory while booked
+            return
+        mi = self.models[current.model]
+        free = mi.free[current.host]
+        bisect.insort(free, current)
+        self._move(mi, current.host, len(free) - 1, len(free))
+
+    def add_share(self, mi: ModelIndex, gpu: GPU, piece: int) -> None:
+        """A share of ``piece`` milli is booked on the device (untouched until now, or shared)."""
+        before = mi.used.get(gpu.uuid)
+        if before is None:  # untouched until now: out of the free lists
+            self.take_free(mi, gpu.host, [gpu])
+            bisect.insort(mi.partial.setdefault(gpu.host, []), gpu)
+            mi.partial_room[gpu.host] = mi.partial_room.get(gpu.host, 0) + UNIT
+            before = 0
+        mi.used[gpu.uuid] = before + piece
+        mi.partial_room[gpu.host] -= piece
+        self._set_room(mi, gpu, UNIT - before if before else 0, UNIT - before - piece)
+
+    def remove_share(self, uuid: str, piece: int) -> None:
+        """A share of ``piece`` milli on the device is given back."""
+        gpu = self.gpus.get(uuid)
+        if gpu is None:  # device left the inventory while shared
+            return
+        mi = self.models[gpu.model]
+        before = mi.used[uuid]
+        if before > piece:
+            mi.used[uuid] = before - piece
+            mi.partial_room[gpu.host] += piece
+            self._set_room(mi, gpu, UNIT - before, UNIT - before + piece)
+            return
+        del mi.used[uuid]  # untouched again: back to the free lists
+        self._set_room(mi, gpu, UNIT - before, 0)
+        partial = mi.partial[gpu.host]
+        del partial[bisect.bisect_left(partial, gpu)]
+        mi.partial_room[gpu.host] -= UNIT - before
+        if not partial:
+            del mi.partial[gpu.host]
+            del mi.partial_room[gpu.host]
+        self.put_free(gpu)
+
+    def _move(self, mi: ModelIndex, host: str, old: int, new: int) -> None:
+        """The host's free count of this model went from old to new."""
+        if old == new or not self.is_available(host):
+            return
+        mi.free_available += new - old
+        bucket = mi.buckets[old]
+        del bucket[bisect.bisect_left(bucket, host)]
+        bisect.insort(mi.buckets[new], host)
+
+    def _set_room(self, mi: ModelIndex, gpu: GPU, old: int, new: int) -> None:
+        """A shared device's room went from old to new (0: not in the room list)."""
+        if old == new or not self.is_available(gpu.host):
+            return
+        if old:
+            del mi.rooms[bisect.bisect_left(mi.rooms, (old, gpu.host, gpu.index, gpu.uuid))]
+        if new:
+            bisect.insort(mi.rooms, (new, gpu.host, gpu.index, gpu.uuid))

@@ -1,0 +1,145 @@
+"""Where a share of a GPU goes (pure; the index is read, never changed).
+
+A share that fits on one device goes to the device with the least room that
+still fits (an untouched device only when no shared one fits; which one, the
+policy says); a larger one, where the model allows splitting, is split as
+evenly as its quantum allows over the fewest devices of one host, again
+choosing least room. Shares are milli-shares (see :mod:`gpuspawner.sharing`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+
+from .allocator_index import DeviceIndex, ModelIndex
+from .allocator_types import Policy
+from .allocator_whole import candidates
+from .inventory import GPU
+from .sharing import UNIT, ModelSharing, SharingPolicy, split_evenly
+
+__all__ = ["choose_share"]
+
+Picks = list[tuple[GPU, int]]  # (device, milli-shares on it)
+
+
+def choose_share(
+    index: DeviceIndex, sharing: SharingPolicy, policy: Policy, models: list[str], share: int, host: str | None
+) -> tuple[str, str, Picks] | None:
+    """The best (model, host, [(device, milli), ...]) for a share, or None.
+
+    Fewest devices first; then least room on the devices chosen (best
+    fit), an untouched device counting a full room; among untouched
+    devices the policy picks the host. Ties: hostname, then model."""
+    need = -(-share // UNIT)  # fewest devices it can span
+    best = None  # (key, model, host, picks)
+    for model in models:
+        mi = index.models[model]
+        settings = sharing.for_model(model)
+        if settings is None or need > 1 and not settings.split:
+            continue
+        for key, h, picks in _share_candidates(index, policy, mi, settings, share, need, host):
+            if best is None or key < best[0]:
+                best = (key, model, h, picks)
+    if best is None:
+        return None
+    _, model, h, picks = best
+    return model, h, sorted(picks)
+
+
+def _share_candidates(
+    index: DeviceIndex,
+    policy: Policy,
+    mi: ModelIndex,
+    sharing: ModelSharing,
+    share: int,
+    need: int,
+    host: str | None,
+) -> Iterator[tuple[tuple, str, Picks]]:
+    """Candidates of one model as (key, host, picks); keys compare across models."""
+    most = len(mi.buckets) - 1 if sharing.split else 1
+    if host is not None:
+        if host in mi.total and index.is_available(host):
+            fit = _fit_on_host(mi, host, share, sharing.quantum, need, most)
+            if fit is not None:
+                n, room, picks = fit
+                # Only untouched devices: models are ranked as for a whole-GPU request.
+                rank = policy.rank(len(mi.free[host])) if room == n * UNIT else 0
+                yield (n, room, rank, host), host, picks
+        return
+    if need == 1:
+        # One device: the shared device with least room that fits, else an
+        # untouched one where the policy would put a 1-GPU request.
+        i = bisect.bisect_left(mi.rooms, (share,))
+        if i < len(mi.rooms):
+            room, h, _, uuid = mi.rooms[i]
+            yield (1, room, 0, h), h, [(index.gpus[uuid], share)]
+            return
+        for n, h in candidates(index, policy, mi, 1, None, None):
+            yield (1, UNIT, policy.rank(n), h), h, [(mi.free[h][0], share)]
+            return
+        if not sharing.split:
+            return
+        need = 2
+    yield from _split_candidates(index, policy, mi, sharing, share, need, most)
+
+
+def _split_candidates(
+    index: DeviceIndex, policy: Policy, mi: ModelIndex, sharing: ModelSharing, share: int, need: int, most: int
+) -> Iterator[tuple[tuple, str, Picks]]:
+    """Several devices of one host: hosts with shared devices are scanned
+    (fragmented room is only there); among hosts with enough untouched
+    devices the policy picks, as for a whole-GPU request."""
+    pieces = split_evenly(share, need, sharing.quantum)
+    for n, h in candidates(index, policy, mi, need, None, None) if pieces else ():
+        yield (need, need * UNIT, policy.rank(n), h), h, list(zip(mi.free[h], pieces or ()))
+        break
+    for h in sorted(mi.partial):
+        if not index.is_available(h) or len(mi.free[h]) * UNIT + mi.partial_room[h] < share:
+            continue
+        fit = _fit_on_host(mi, h, share, sharing.quantum, need, most)
+        if fit is not None and fit[1] < fit[0] * UNIT:  # all untouched: the policy's pick above
+            n, room, picks = fit
+            yield (n, room, 0, h), h, picks
+            if (n, room) == (need, share):
+                return  # a perfect fit on the fewest devices: no later host does better
+
+
+def _fit_on_host(
+    mi: ModelIndex, host: str, share: int, quantum: int, first: int, last: int
+) -> tuple[int, int, Picks] | None:
+    """The fewest devices (from ``first`` to ``last``) of the host that take
+    the share split as evenly as the quantum allows, each piece on the
+    device with the least room that fits it: (devices, their room, picks)."""
+    used = mi.used
+    devices = [(UNIT - used[g.uuid], g.index, g) for g in mi.partial.get(host, ()) if used[g.uuid] < UNIT]
+    devices += [(UNIT, g.index, g) for g in mi.free[host]]
+    devices.sort()  # by room, then index
+    for n in range(first, min(last, len(devices)) + 1):
+        pieces = split_evenly(share, n, quantum)
+        if pieces is None:
+            if share > n * UNIT:
+                continue  # pieces too big: try more devices
+            return None  # pieces below the quantum: more devices cannot help
+        placed = _place(devices, pieces)
+        if placed is not None:
+            return n, placed[0], placed[1]
+    return None
+
+
+def _place(devices: list[tuple[int, int, GPU]], pieces: tuple[int, ...]) -> tuple[int, Picks] | None:
+    """Each piece (larger first) on the device with the least room that takes
+    it, a device taking one piece: (the room of those chosen, picks), or None."""
+    picks = []
+    total = 0
+    left = list(devices)
+    for piece in pieces:
+        for i, entry in enumerate(left):  # noqa: B007 (i is the break index)
+            if entry[0] >= piece:
+                break
+        else:
+            return None  # no device left takes this piece
+        del left[i]
+        total += entry[0]
+        picks.append((entry[2], piece))
+    return total, picks

@@ -1,0 +1,85 @@
+"""What goes into the allocator and what comes out: requests, allocations,
+and the policies that pick a host (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from .inventory import GPU
+from .sharing import UNIT, fraction
+
+__all__ = ["ALL", "POLICIES", "Allocation", "Policy", "Request"]
+
+#: ``Request.count`` value asking for every device of a host (of the model, if given).
+ALL = "all"
+
+
+@dataclass(frozen=True)
+class Request:
+    model: str | None = None  # None: any model
+    count: int | str = 1  # 1..N, or ALL; ignored when share is given
+    host: str | None = None  # pin to this host
+    owner: str = ""  # the user; per-owner limits count across their servers
+    share: Any = None  # a share of a GPU (Fraction, Decimal, int or float: 0.25, 1.2); None: whole GPUs
+
+
+@dataclass(frozen=True)
+class Allocation:
+    holder: str
+    owner: str
+    host: str
+    devices: tuple[GPU, ...]
+    # The share of each device in thousandths, aligned with ``devices``;
+    # None when every device is held whole (also a share that came out as
+    # whole devices, e.g. 2 split as 1 + 1).
+    milli: tuple[int, ...] | None = None
+
+    @property
+    def uuids(self) -> tuple[str, ...]:
+        return tuple(d.uuid for d in self.devices)
+
+    @property
+    def model(self) -> str:
+        return ", ".join(sorted({d.model for d in self.devices}))
+
+    @property
+    def shared(self) -> bool:
+        return self.milli is not None
+
+    @property
+    def shares(self) -> tuple[Fraction, ...]:
+        """Per device, aligned with ``devices``: 1 when held whole."""
+        if self.milli is None:
+            return (Fraction(1),) * len(self.devices)
+        return tuple(fraction(m) for m in self.milli)
+
+    @property
+    def total_milli(self) -> int:
+        """Milli-shares held in all (1000 per device held whole)."""
+        return len(self.devices) * UNIT if self.milli is None else sum(self.milli)
+
+    def booking(self) -> dict[GPU, int]:
+        """Device -> milli-shares held (1000: whole), whatever the order."""
+        return dict(zip(self.devices, self.milli or (UNIT,) * len(self.devices)))
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How to pick a host: the order in which to try 'hosts with n free'
+    buckets, and the key that ranks candidates of different models."""
+
+    name: str
+    sizes: Callable[[int, int], Iterable[int]]  # (count, largest bucket) -> bucket sizes to try
+    rank: Callable[[int], int]  # free count -> sort key (lower wins)
+
+
+POLICIES: dict[str, Policy] = {
+    # The host with the least free room that still fits: keeps whole hosts free
+    # for large requests.
+    "pack": Policy("pack", lambda count, top: range(count, top + 1), lambda n: n),
+    # The host with the most free room: spreads load (and heat) across hosts.
+    "spread": Policy("spread", lambda count, top: range(top, count - 1, -1), lambda n: -n),
+}
