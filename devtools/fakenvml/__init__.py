@@ -40,7 +40,7 @@ def build(dest_dir: str | os.PathLike) -> Path:
 
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
-        raise BuildError("gcc not found: install gcc to build the fake libnvidia-ml.so.1 (tests/fakenvml)")
+        raise BuildError("gcc not found: install gcc to build the fake libnvidia-ml.so.1 (devtools/fakenvml)")
     # Build to a temporary name and rename, so a half-written .so is never loaded.
     tmp = dest / (LIBNAME + ".tmp")
     cmd = [gcc, "-Wall", "-O2", "-shared", "-fPIC", f"-Wl,-soname,{LIBNAME}", "-o", str(tmp), str(SOURCE)]

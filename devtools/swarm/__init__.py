@@ -61,11 +61,11 @@ Files:
 
 Usage::
 
-    python -m tests.harness.swarm up [--workers gpu-a,gpu-b]
-    python -m tests.harness.swarm status
-    python -m tests.harness.swarm down
+    python -m devtools.swarm up [--workers gpu-a,gpu-b]
+    python -m devtools.swarm status
+    python -m devtools.swarm down
 
-    from tests.harness import swarm
+    from devtools import swarm
     cluster = swarm.up()            # reuses a healthy running cluster in well under 1 s
     cluster.manager_url             # "unix:///run/gpuspawner-swarm/manager.sock"
     cluster.nodes["gpu-b"]          # Node(hostname="gpu-b", addr="10.213.77.3", docker_url=..., role="worker")
@@ -1668,7 +1668,7 @@ def _summary(cluster: Cluster) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.harness.swarm", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m devtools.swarm", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["up", "down", "status"])
     parser.add_argument("--workers", default=",".join(DEFAULT_WORKERS), help="worker hostnames, comma-separated")
     parser.add_argument("--state-dir", default=None, help=f"default {DEFAULT_STATE_DIR}")

@@ -1,13 +1,13 @@
 """The local demo: a real JupyterHub with GPUSwarmSpawner on a three-node swarm.
 
-    python -m tests.harness.demo --state-dir DIR          # start; Ctrl-C stops the hub
-    python -m tests.harness.demo --state-dir DIR --down   # stop the hub, remove servers and the swarm
+    python -m devtools.demo --state-dir DIR          # start; Ctrl-C stops the hub
+    python -m devtools.demo --state-dir DIR --down   # stop the hub, remove servers and the swarm
 
 The swarm (a manager on this machine, workers gpu-a and gpu-b) comes from
-tests.harness.swarm. Its GPUs are those of examples/local/gpus.yaml, simulated by a
+devtools.swarm. Its GPUs are those of examples/local/gpus.yaml, simulated by a
 fake libnvidia-ml.so.1 on each worker and reported to the hub by gpuspawner-agent,
 deployed as examples/agent-stack.yml (``--gpus static`` reads the file directly). Servers are
-real JupyterLab servers (tests.harness.jupyter_image), or with ``--server standin`` the
+real JupyterLab servers (devtools.jupyter_image), or with ``--server standin`` the
 busybox stand-in that starts in a second. A second run reuses the swarm, the image and
 the hub's database.
 """
@@ -25,9 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from tests import fakenvml
-
-from . import agent_stack, jupyter_image
+from . import agent_stack, fakenvml, jupyter_image
 from . import swarm as swarm_harness
 from .hub import LOCAL_CONFIG, Hub, HubError
 
@@ -81,7 +79,7 @@ def _down(state_dir: Path) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.harness.demo", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m devtools.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--state-dir", type=Path, default=Path("demo-state"))
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(

@@ -1,7 +1,7 @@
 """The real single-user server image for the local swarm: jupyterhub-singleuser with JupyterLab.
 
-    python -m tests.harness.jupyter_image build     # build (or find in the cache); print the tar
-    python -m tests.harness.jupyter_image import    # build, then import on the running swarm's workers
+    python -m devtools.jupyter_image build     # build (or find in the cache); print the tar
+    python -m devtools.jupyter_image import    # build, then import on the running swarm's workers
 
 Why a Debian root file system from debootstrap, and not the host's Python copied in: the
 machines this runs on have every kind of Python (Debian's, pyenv's, /usr/local builds), and
@@ -443,7 +443,7 @@ def ensure_on(cluster: swarm.Cluster, cache_dir: Path | str | None = None) -> st
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.harness.jupyter_image", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m devtools.jupyter_image", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["build", "import"])
     parser.add_argument("--cache-dir", default=None, help=f"default {DEFAULT_CACHE}")
     args = parser.parse_args(argv)
@@ -454,7 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             cluster, problems = swarm.status()
             if cluster is None or problems:
-                raise ImageError("the swarm is not up: python -m tests.harness.swarm up")
+                raise ImageError("the swarm is not up: python -m devtools.swarm up")
             print(ensure_on(cluster, args.cache_dir))
     except swarm.HarnessError as e:
         print(f"error: {e}", file=sys.stderr)
