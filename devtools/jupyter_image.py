@@ -86,7 +86,7 @@ class ImageError(swarm.HarnessError):
 
 
 def _say(msg: str) -> None:
-    swarm._progress(msg, tag="image")
+    swarm.progress(msg, tag="image")
 
 
 def requirements() -> list[str]:
@@ -99,7 +99,7 @@ def unavailable_reason() -> str | None:
     if os.geteuid() != 0:
         return "building the image needs root (debootstrap, chroot)"
     for tool in ("debootstrap", "chroot", "tar"):
-        if shutil.which(tool, path=swarm._env()["PATH"]) is None:
+        if shutil.which(tool, path=swarm.tool_env()["PATH"]) is None:
             return f"{tool} not found (apt-get install debootstrap)"
     return None
 
@@ -179,7 +179,7 @@ def _stream(cmd: Sequence[str], what: str, *, every: float = 5.0, timeout: float
         stderr=subprocess.STDOUT,
         text=True,
         errors="replace",
-        env=swarm._env(),
+        env=swarm.tool_env(),
     )
     assert proc.stdout is not None
 
@@ -267,7 +267,7 @@ def _platform_tags(root: Path) -> tuple[str, list[str]]:
         capture_output=True,
         text=True,
         check=True,
-        env=swarm._env(),
+        env=swarm.tool_env(),
     ).stdout.split()
     return version, platforms(glibc, machine)
 
@@ -427,7 +427,7 @@ def ensure_on(cluster: swarm.Cluster, cache_dir: Path | str | None = None) -> st
     # The label covers the image settings too, so a changed USER or CMD is imported again.
     label = hashlib.sha256(json.dumps([image.digest, IMAGE_CHANGES, IMAGE_CMD]).encode()).hexdigest()
     t0 = time.monotonic()
-    done = swarm._import_tar(
+    done = swarm.import_tar(
         cluster,
         JUPYTER_IMAGE,
         image.tar,
