@@ -115,6 +115,8 @@ def wait_node_hostname(c: docker.DockerClient, node_id: str, timeout: float) -> 
             node = c.nodes.get(node_id).attrs
         except docker.errors.NotFound as e:
             raise HarnessError(f"swarm node {node_id} is not in the swarm (any more): {e.explanation}") from e
+        except engine.ENGINE_ERRORS as e:
+            raise HarnessError(f"asking the manager for swarm node {node_id}: {engine.describe(e)}") from e
         host = node_hostname(node)
         if host:
             return host

@@ -23,6 +23,14 @@ HEALTH_PING_TIMEOUT = 10.0
 ENGINE_ERRORS = (docker.errors.DockerException, requests.exceptions.RequestException, OSError)
 
 
+def describe(e: BaseException) -> str:
+    """An error from a daemon in one line: "HTTP 500: <the daemon's message>" for an error
+    answer (docker-py's own text also carries the whole request URL), else the error."""
+    if isinstance(e, docker.errors.APIError) and e.response is not None:
+        return f"HTTP {e.status_code}: {e.explanation or e.response.reason}"
+    return str(e) or type(e).__name__
+
+
 def client(url: str, timeout: float = API_TIMEOUT) -> docker.DockerClient:
     """A client for the daemon at ``url`` ("unix://..."); every request waits at most ``timeout`` s."""
     return docker.DockerClient(base_url=url, version=API_VERSION, timeout=timeout)

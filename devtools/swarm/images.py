@@ -223,9 +223,8 @@ def import_tar(
         *changes,
         f"LABEL {ROOTFS_LABEL}={digest}",
     ]
-    targets = [
-        n for n in (nodes if nodes is not None else cluster.nodes.values()) if force or _label(n, name) != digest
-    ]
+    candidates = nodes if nodes is not None else cluster.nodes.values()
+    targets = [n for n in candidates if force or _label(n, name) != digest]
     if not targets:
         return []
     data = tar if isinstance(tar, bytes) else Path(tar).read_bytes()
@@ -233,11 +232,15 @@ def import_tar(
         progress(f"importing {name} ({len(data) >> 20} MiB) on {', '.join(n.hostname for n in targets)}")
 
     def one(node: Node) -> str:
-        with engine.connected(node.docker_url) as c:
-            out = engine.import_tar(c, data, repo, tag, changes, timeout)
-            # Errors can come back as JSON messages in a 200 answer: check the result instead.
-            if _image_label(c, name) != digest:
-                raise HarnessError(f"import of {name} on {node.hostname} failed: {out[-2000:]}")
+        try:
+            with engine.connected(node.docker_url) as c:
+                out = engine.import_tar(c, data, repo, tag, changes, timeout)
+                # Errors can come back as JSON messages in a 200 answer: check the result instead.
+                label = _image_label(c, name)
+        except engine.ENGINE_ERRORS as e:
+            raise HarnessError(f"import of {name} on {node.hostname} failed: {engine.describe(e)}") from e
+        if label != digest:
+            raise HarnessError(f"import of {name} on {node.hostname} failed: {out[-2000:]}")
         return node.hostname
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(targets)) as pool:
@@ -247,8 +250,11 @@ def import_tar(
 
 
 def _label(node: Node, name: str) -> str | None:
-    with engine.connected(node.docker_url) as c:
-        return _image_label(c, name)
+    try:
+        with engine.connected(node.docker_url) as c:
+            return _image_label(c, name)
+    except engine.ENGINE_ERRORS as e:
+        raise HarnessError(f"inspecting {name} on {node.hostname}: {engine.describe(e)}") from e
 
 
 def ensure_test_image(cluster: Cluster) -> list[str]:

@@ -86,7 +86,7 @@ def _health_problems(cluster: Cluster) -> list[str]:
             with engine.connected(node.docker_url) as c:
                 info = c.info()
         except engine.ENGINE_ERRORS as e:
-            problems.append(f"{node.hostname}: {e}")
+            problems.append(f"{node.hostname}: {engine.describe(e)}")
             continue
         if info.get("Name") != node.hostname:
             problems.append(f"dockerd at {node.docker_url} has hostname {info.get('Name')}, expected {node.hostname}")
@@ -161,9 +161,13 @@ def _create_with_retry(lay: Layout, wanted: Cluster) -> None:
             )
             cleaned = _cleanup_failed_bringup(lay)
             if last or not cleaned:
-                if len(failures) > 1 and hasattr(e, "add_note"):
-                    e.add_note("earlier bring-up attempts failed too: " + "; ".join(failures[:-1]))
-                raise
+                # Callers catch HarnessError: a Docker API error becomes one, with its cause.
+                err = e if isinstance(e, HarnessError) else HarnessError(f"bring-up failed: {engine.describe(e)}")
+                if len(failures) > 1 and hasattr(err, "add_note"):
+                    err.add_note("earlier bring-up attempts failed too: " + "; ".join(failures[:-1]))
+                if err is e:
+                    raise
+                raise err from e
             _keep_logs_of_attempt(lay, attempt)
         except BaseException:
             progress("bring-up failed, cleaning up; dockerd logs are in " + str(lay.logs_dir))

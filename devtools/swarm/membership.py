@@ -62,9 +62,13 @@ def swarm_join(lay: Layout, node: Node, token: str) -> None:
             # keeps joining; wait_ready waits for the node to show up Ready.
             progress(f"{node.hostname}: join still in progress in the background")
             return
-        raise HarnessError(f"{node.hostname} could not join the swarm: {e}; log {log}:\n{log_tail(log)}") from e
+        raise HarnessError(
+            f"{node.hostname} could not join the swarm: {engine.describe(e)}; log {log}:\n{log_tail(log)}"
+        ) from e
     except engine.ENGINE_ERRORS as e:
-        raise HarnessError(f"{node.hostname} could not join the swarm: {e}; log {log}:\n{log_tail(log)}") from e
+        raise HarnessError(
+            f"{node.hostname} could not join the swarm: {engine.describe(e)}; log {log}:\n{log_tail(log)}"
+        ) from e
 
 
 def node_problems(cluster: Cluster, timeout: float = 10.0) -> list[str]:
@@ -73,7 +77,7 @@ def node_problems(cluster: Cluster, timeout: float = 10.0) -> list[str]:
         with engine.connected(cluster.manager_url, timeout) as c:
             nodes = [n.attrs for n in c.nodes.list()]
     except engine.ENGINE_ERRORS as e:
-        return [f"manager: {e}"]
+        return [f"manager: {engine.describe(e)}"]
     problems = []
     seen = {}
     for n in nodes:
@@ -124,12 +128,12 @@ def _clean_node(node: Node) -> None:
             for container in c.api.containers(all=True):
                 c.api.remove_container(container["Id"], force=True, v=True)
         except engine.ENGINE_ERRORS as e:
-            progress(f"removing containers on {node.hostname}: {e}")
+            progress(f"removing containers on {node.hostname}: {engine.describe(e)}")
         if node.role == "worker":
             try:
                 c.swarm.leave(force=True)
             except engine.ENGINE_ERRORS as e:
-                progress(f"{node.hostname} leaving swarm: {e}")
+                progress(f"{node.hostname} leaving swarm: {engine.describe(e)}")
 
 
 def remove_swarm_objects(cluster: Cluster) -> None:
@@ -140,11 +144,11 @@ def remove_swarm_objects(cluster: Cluster) -> None:
                 for svc in manager.api.services():
                     manager.api.remove_service(svc["ID"])
             except engine.ENGINE_ERRORS as e:
-                progress(f"removing services: {e}")
+                progress(f"removing services: {engine.describe(e)}")
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(cluster.nodes)) as pool:
             list(pool.map(_clean_node, cluster.nodes.values()))
         if engine.ping(cluster.manager_url):
             try:
                 manager.swarm.leave(force=True)
             except engine.ENGINE_ERRORS as e:
-                progress(f"manager leaving swarm: {e}")
+                progress(f"manager leaving swarm: {engine.describe(e)}")
