@@ -64,10 +64,10 @@ DEMO_GPUS ?= agent
 demo:
 	@bash .ci/install-system-deps demo
 	@$(MAKE) --no-print-directory $(VENV)/.installed
-	$(PYTHON) -m tests.harness.demo --state-dir $(STATE) --server $(DEMO_SERVER) --gpus $(DEMO_GPUS)
+	$(PYTHON) -m devtools.demo --state-dir $(STATE) --server $(DEMO_SERVER) --gpus $(DEMO_GPUS)
 
 demo-down: $(VENV)/.installed
-	$(PYTHON) -m tests.harness.demo --state-dir $(STATE) --down
+	$(PYTHON) -m devtools.demo --state-dir $(STATE) --down
 
 # The README's screenshots (docs/screenshots), taken by the browser tests.
 screenshots: deps

@@ -4,8 +4,8 @@
     python -m benchmarks.bench_agent --cycles 2000      # quicker
     python -m benchmarks.bench_agent --json             # the same figures as JSON
 
-Needs gcc (it builds tests/fakenvml into a temporary folder). The node is
-tests/fakenvml/nodes.py: 8 GPUs of three models, one lost, one split into 3 MIG
+Needs gcc (it builds devtools/fakenvml into a temporary folder). The node is
+devtools/fakenvml/nodes.py: 8 GPUs of three models, one lost, one split into 3 MIG
 devices, with processes; the real pynvml bindings read it through the fake library.
 
 Two measurements, each in a fresh process that loads the fake (LD_LIBRARY_PATH is
@@ -15,7 +15,7 @@ read at process start):
   NVML kept open as ``run`` keeps it; CPU time per call from
   ``time.process_time_ns``, wall time from ``perf_counter_ns``.
 * full cycles: the real ``gpuspawner-agent run`` with a tiny interval, posting to a
-  stand-in hub on 127.0.0.1 (tests/harness/report_sink.py) in this process. When the
+  stand-in hub on 127.0.0.1 (devtools/report_sink.py) in this process. When the
   n-th report arrives, the agent is blocked waiting for the answer, and this process
   reads its CPU time (utime + stime from /proc/PID/stat) and its RSS (VmRSS from
   /proc/PID/status). CPU per cycle is taken over blocks of up to 1,000 cycles (from
@@ -38,9 +38,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests import fakenvml
-from tests.fakenvml.nodes import MIXED_NODE
-from tests.harness.report_sink import ReportSink
+from devtools import fakenvml
+from devtools.fakenvml.nodes import MIXED_NODE
+from devtools.report_sink import ReportSink
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_CPU_US = 1000

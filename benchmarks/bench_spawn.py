@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench_spawn [--pairs 10] [--json]
 
-Two real hubs run side by side on the local three-node swarm (tests.harness.swarm),
+Two real hubs run side by side on the local three-node swarm (devtools.swarm),
 with the same image, command and node (gpu-a): one with GPUSwarmSpawner asking for
 one GPU, one with dockerspawner's plain SwarmSpawner pinned to gpu-a. Spawns
 alternate between them; each is timed from the REST request to the hub reporting
@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.harness import swarm as swarm_harness
-from tests.harness.hub import Hub
+from devtools import swarm as swarm_harness
+from devtools.hub import Hub
 
 # The plain SwarmSpawner needs two things to work on the host network at all:
 # no published port (use_internal_ip) and the node's address as the server's.

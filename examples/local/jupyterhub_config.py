@@ -1,7 +1,7 @@
 """JupyterHub on the local three-node test swarm, with simulated GPUs.
 
 Used by `make demo` and by the integration tests. The cluster comes from
-tests/harness/swarm.py: a manager on this machine and workers gpu-a and gpu-b,
+devtools/swarm/: a manager on this machine and workers gpu-a and gpu-b,
 on the bridge 10.213.77.0/25. Settings that differ between the demo and the
 tests come from environment variables (GPUSPAWNER_*).
 """
@@ -61,7 +61,7 @@ c.Spawner.start_timeout = 45
 c.Spawner.http_timeout = 20
 
 # A real Jupyter server: any other image runs jupyterhub-singleuser (as Jupyter's own
-# images do), e.g. the image of tests/harness/jupyter_image.py that `make demo` and the
+# images do), e.g. the image of devtools/jupyter_image.py that `make demo` and the
 # browser tests use; users land in JupyterLab. Python starts slowly on a small machine,
 # and where dockerd falls back to the vfs storage driver every start copies the image.
 if c.GPUSwarmSpawner.image != STANDIN_IMAGE:

@@ -1,10 +1,10 @@
-"""Fixtures for tests that run against a real multi-node Docker Swarm (tests/harness/swarm.py).
+"""Fixtures for tests that run against a real multi-node Docker Swarm (devtools/swarm/).
 
 ``swarm`` (session scope) brings the cluster up once per test session and tears it down at
 the end. Environment:
 
 * ``GPUSPAWNER_KEEP_SWARM=1``: leave the cluster running after the session (reused by the
-  next session; ``python -m tests.harness.swarm down`` removes it).
+  next session; ``python -m devtools.swarm down`` removes it).
 * ``CI=true``: a machine that cannot run the cluster is a failure, not a skip.
 
 Outside CI the tests are skipped only when this machine cannot run a swarm at all (not
@@ -20,10 +20,10 @@ import time
 
 import pytest
 
+from devtools import jupyter_image as image_harness
+from devtools import postgres
+from devtools import swarm as harness
 from tests.ci import env_flag, skip_or_fail
-from tests.harness import jupyter_image as image_harness
-from tests.harness import postgres
-from tests.harness import swarm as harness
 
 
 @pytest.fixture(autouse=True)
@@ -36,7 +36,7 @@ def no_servers_left(request):
 
 @pytest.fixture(scope="session")
 def swarm():
-    """The running test cluster (``tests.harness.swarm.Cluster``)."""
+    """The running test cluster (``devtools.swarm.Cluster``)."""
     reason = harness.unavailable_reason()
     if reason:
         skip_or_fail(f"the test swarm cannot run on this machine: {reason}")
@@ -62,7 +62,7 @@ def swarm():
 
 @pytest.fixture(scope="session")
 def jupyter_image(swarm):
-    """The real jupyterhub-singleuser image (tests/harness/jupyter_image.py), on every
+    """The real jupyterhub-singleuser image (devtools/jupyter_image.py), on every
     worker; built once and cached between sessions."""
     reason = image_harness.unavailable_reason()
     if reason:

@@ -14,7 +14,7 @@ import requests
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
-from tests.harness.hub import Hub
+from devtools.hub import Hub
 
 
 def _ws_request(hub: Hub, path: str) -> HTTPRequest:

@@ -7,7 +7,7 @@ import time
 
 import requests
 
-from tests.harness.hub import Hub, free_port_block
+from devtools.hub import Hub, free_port_block
 
 
 @contextlib.contextmanager

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.harness.hub import HubError
+from devtools.hub import HubError
 from tests.integration.support import hub_on, services_of, spawn_ready
 from tests.integration.test_spawner_swarm import UUIDS, container_env, running_node
 

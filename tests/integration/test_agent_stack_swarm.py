@@ -15,10 +15,9 @@ import time
 
 import pytest
 
-from tests import fakenvml
-from tests.fakenvml.nodes import MIXED_NODE
-from tests.harness import agent_stack
-from tests.harness.report_sink import ReportSink
+from devtools import agent_stack, fakenvml
+from devtools.fakenvml.nodes import MIXED_NODE
+from devtools.report_sink import ReportSink
 
 TOKEN = "swarm-agent-token"
 

@@ -11,9 +11,8 @@ import time
 
 import pytest
 
-from tests import fakenvml
-from tests.fakenvml.nodes import A100, GTX, MIXED_NODE, T4
-from tests.harness import agent_stack
+from devtools import agent_stack, fakenvml
+from devtools.fakenvml.nodes import A100, GTX, MIXED_NODE, T4
 from tests.integration.support import hub_on, login, wait_until
 
 TOKEN = "node-agents-token-0123456789"

@@ -1,4 +1,4 @@
-"""The spawn form in a real browser (headless Chromium, tests/harness/browser.py) against
+"""The spawn form in a real browser (headless Chromium, devtools/browser.py) against
 the real hub, proxy and swarm, with real Jupyter servers: what a user meets, from the
 login page to JupyterLab.
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from devtools import browser as browser_harness
 from tests.ci import skip_or_fail
-from tests.harness import browser as browser_harness
 from tests.integration.support import hub_on, services_of
 
 A100 = "NVIDIA A100 80GB PCIe"

@@ -1,5 +1,5 @@
 """The allocation ledger on a real PostgreSQL server that these tests start themselves
-(tests/harness/postgres.py): every behaviour of the SQLite tests, the hub's tables in the
+(devtools/postgres.py): every behaviour of the SQLite tests, the hub's tables in the
 same database, and the server stopping and coming back under a running Ledger.
 
 Outside CI the tests are skipped when this machine cannot run a server (no

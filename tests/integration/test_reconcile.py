@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.harness.hub import REPO
+from devtools.hub import REPO
 from tests.integration.support import hub_on, spawn_ready, wait_until
 
 INVENTORY = yaml.safe_load((REPO / "examples/local/gpus.yaml").read_text())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.harness.hub import REPO
+from devtools.hub import REPO
 from tests.integration.support import hub_on, login, services_of, spawn_ready
 
 A100 = "NVIDIA A100 80GB PCIe"

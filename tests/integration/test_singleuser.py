@@ -1,5 +1,5 @@
 """The real single-user server (jupyterhub-singleuser with JupyterLab, the image of
-tests/harness/jupyter_image.py) on the test swarm: the hub starts it on the node the
+devtools/jupyter_image.py) on the test swarm: the hub starts it on the node the
 allocator chose, the user reaches JupyterLab through the proxy, and what runs in it (a
 kernel, a terminal) sees exactly the GPUs the allocator gave, as an ordinary user.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from tests.harness.hub import REPO
+from devtools.hub import REPO
 from tests.integration.jupyter_api import run_in_kernel, run_in_terminal
 from tests.integration.support import hub_on, login, services_of, spawn_ready
 

@@ -15,8 +15,8 @@ import time
 import pytest
 import yaml
 
+from devtools.hub import REPO
 from gpuspawner.cluster import NODES_MAX_AGE
-from tests.harness.hub import REPO
 from tests.integration.support import hub_on, login, services_of, spawn_ready
 
 A100 = "NVIDIA A100 80GB PCIe"

@@ -1,6 +1,6 @@
 """The test swarm itself: nodes, images, placement and reachability of host-network services.
 
-These run against the real cluster from ``tests/harness/swarm.py`` (fixture ``swarm``).
+These run against the real cluster from ``devtools/swarm/`` (fixture ``swarm``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import uuid
 import docker
 import pytest
 
-from tests.harness import swarm as harness
+from devtools import swarm as harness
 
 WORKERS = ("gpu-a", "gpu-b")
 EXPECTED_ADDRS = {"gpu-a": "10.213.77.2", "gpu-b": "10.213.77.3"}

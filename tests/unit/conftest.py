@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import fakenvml
+from devtools import fakenvml
 from tests.ci import skip_or_fail
 
 

@@ -1,6 +1,6 @@
 """gpuspawner-agent probe against the real pynvml bindings and a fake libnvidia-ml.so.1.
 
-The fake library (tests/fakenvml) is built with gcc once per module. The agent runs as
+The fake library (devtools/fakenvml) is built with gcc once per module. The agent runs as
 a subprocess because LD_LIBRARY_PATH is read by the dynamic loader only at process
 start, and because pynvml keeps the loaded library for the life of a process.
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import fakenvml
+from devtools import fakenvml
+from devtools.fakenvml.nodes import A100, GTX, MIXED_NODE, T4
 from tests.ci import skip_or_fail
-from tests.fakenvml.nodes import A100, GTX, MIXED_NODE, T4
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,7 @@
 
 The agent runs as a subprocess (the fake NVML is found through LD_LIBRARY_PATH at
 process start); the stand-in hub is a small HTTP server on 127.0.0.1 in this process
-(tests/harness/report_sink.py), which records every request and answers as each test
+(devtools/report_sink.py), which records every request and answers as each test
 scripts it.
 """
 
@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 import gpuspawner
-from tests import fakenvml
+from devtools import fakenvml
+from devtools.fakenvml.nodes import MIXED_NODE
+from devtools.report_sink import ReportSink
 from tests.ci import skip_or_fail
-from tests.fakenvml.nodes import MIXED_NODE
-from tests.harness.report_sink import ReportSink
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "s3cret-agent-token"

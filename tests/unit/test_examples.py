@@ -4,9 +4,9 @@ import pytest
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
+from devtools.hub import REPO
 from gpuspawner import validate_config
 from gpuspawner.allocator import POLICIES
-from tests.harness.hub import REPO
 
 
 def load_config(path, monkeypatch, **env):

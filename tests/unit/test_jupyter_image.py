@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.harness import jupyter_image as ji
+from devtools import jupyter_image as ji
 
 
 @pytest.mark.parametrize("name, value", [("JUPYTERLAB", "jupyterlab==4.0.0"), ("IMAGE_RECIPE", -1), ("UID", 1001)])

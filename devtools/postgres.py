@@ -8,7 +8,7 @@ away and coming back); ``destroy()`` stops it and removes everything.
 
 Usage::
 
-    from tests.harness import postgres
+    from devtools import postgres
     reason = postgres.unavailable_reason()        # None when this machine can run one
     server = postgres.PostgresServer.create()     # initdb + start, about 1-2 s
     url = server.create_database("ledger_1")      # postgresql+psycopg://gpuspawner:...@127.0.0.1:PORT/ledger_1

@@ -1,7 +1,7 @@
 """The real single-user server image for the local swarm: jupyterhub-singleuser with JupyterLab.
 
-    python -m tests.harness.jupyter_image build     # build (or find in the cache); print the tar
-    python -m tests.harness.jupyter_image import    # build, then import on the running swarm's workers
+    python -m devtools.jupyter_image build     # build (or find in the cache); print the tar
+    python -m devtools.jupyter_image import    # build, then import on the running swarm's workers
 
 Why a Debian root file system from debootstrap, and not the host's Python copied in: the
 machines this runs on have every kind of Python (Debian's, pyenv's, /usr/local builds), and
@@ -86,7 +86,7 @@ class ImageError(swarm.HarnessError):
 
 
 def _say(msg: str) -> None:
-    swarm._progress(msg, tag="image")
+    swarm.progress(msg, tag="image")
 
 
 def requirements() -> list[str]:
@@ -99,7 +99,7 @@ def unavailable_reason() -> str | None:
     if os.geteuid() != 0:
         return "building the image needs root (debootstrap, chroot)"
     for tool in ("debootstrap", "chroot", "tar"):
-        if shutil.which(tool, path=swarm._env()["PATH"]) is None:
+        if shutil.which(tool, path=swarm.tool_env()["PATH"]) is None:
             return f"{tool} not found (apt-get install debootstrap)"
     return None
 
@@ -179,7 +179,7 @@ def _stream(cmd: Sequence[str], what: str, *, every: float = 5.0, timeout: float
         stderr=subprocess.STDOUT,
         text=True,
         errors="replace",
-        env=swarm._env(),
+        env=swarm.tool_env(),
     )
     assert proc.stdout is not None
 
@@ -267,7 +267,7 @@ def _platform_tags(root: Path) -> tuple[str, list[str]]:
         capture_output=True,
         text=True,
         check=True,
-        env=swarm._env(),
+        env=swarm.tool_env(),
     ).stdout.split()
     return version, platforms(glibc, machine)
 
@@ -310,6 +310,52 @@ def _tree_copy(src: Path, dest: Path) -> None:
     subprocess.run(["cp", "-a", "--", str(src), str(dest)], check=True)
 
 
+def _cached(tar: Path, meta: Path, t0: float) -> BuiltImage | None:
+    """The tar in the cache, if its record says it is complete."""
+    try:
+        info = json.loads(meta.read_text())
+        if tar.stat().st_size == info["size"]:
+            return BuiltImage(tar, info["digest"], time.monotonic() - t0, cached=True)
+    except (OSError, ValueError, KeyError):
+        pass
+    return None
+
+
+def _install(root: Path, cache: Path, t0: float) -> None:
+    """The venv with the requirements and the user, in the root fs copied from the base."""
+    wheels = _download_wheels(root, cache)
+    _say(f"wheels ready ({time.monotonic() - t0:.0f} s); installing into {VENV}")
+    inside = root / "tmp" / "wheels"
+    _tree_copy(wheels, inside)
+    _stream(_chroot(root, "/usr/bin/python3", "-m", "venv", VENV), "venv")
+    pip_install = [f"{VENV}/bin/pip", "install", "--no-index", "--find-links", "/tmp/wheels", "--no-cache-dir"]
+    _stream(
+        _chroot(root, *pip_install, "--progress-bar", "off", "--disable-pip-version-check", *requirements()),
+        "pip install",
+    )
+    shutil.rmtree(inside)
+    # Not needed by a running server: pip and setuptools (the nodes have no route to
+    # an index), and the hub's own web pages (jupyterhub-singleuser serves its
+    # templates from the package).
+    _stream(
+        _chroot(root, f"{VENV}/bin/python", "-m", "pip", "uninstall", "--yes", "pip", "setuptools"),
+        "pip uninstall",
+    )
+    shutil.rmtree(root / VENV.lstrip("/") / "share" / "jupyterhub")
+    _stream(
+        _chroot(root, "useradd", "--uid", str(UID), "--gid", str(GID), "--create-home", "--shell", "/bin/bash", USER),
+        "useradd",
+    )
+    (root / ".complete").unlink(missing_ok=True)
+
+
+def _write_tar(root: Path, dest: Path) -> None:
+    # Ownership and mtimes are kept: /home/jovyan is jovyan's, and the .pyc files
+    # stay valid only while their sources keep their mtimes.
+    excludes = ["--exclude=./dev/*", "--exclude=./proc/*", "--exclude=./sys/*"]
+    _stream(["tar", "--numeric-owner", "--sort=name", *excludes, "-C", str(root), "-cf", str(dest), "."], "tar")
+
+
 def build(cache_dir: Path | str | None = None) -> BuiltImage:
     """The image as a tar, from the cache or built now (printing progress)."""
     cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE
@@ -317,12 +363,9 @@ def build(cache_dir: Path | str | None = None) -> BuiltImage:
     with _cache_lock(cache):
         key = _key(_image_inputs())
         tar, meta = cache / f"image-{key}.tar", cache / f"image-{key}.json"
-        try:
-            info = json.loads(meta.read_text())
-            if tar.stat().st_size == info["size"]:
-                return BuiltImage(tar, info["digest"], time.monotonic() - t0, cached=True)
-        except (OSError, ValueError, KeyError):
-            pass
+        cached = _cached(tar, meta, t0)
+        if cached is not None:
+            return cached
         reason = unavailable_reason()
         if reason:
             raise ImageError(f"cannot build {JUPYTER_IMAGE}: {reason}")
@@ -332,82 +375,20 @@ def build(cache_dir: Path | str | None = None) -> BuiltImage:
         root = cache / f"image-{key}.root"
         shutil.rmtree(root, ignore_errors=True)
         _tree_copy(base, root)
+        partial = tar.with_suffix(".partial")
         try:
-            wheels = _download_wheels(root, cache)
-            _say(f"wheels ready ({time.monotonic() - t0:.0f} s); installing into {VENV}")
-            inside = root / "tmp" / "wheels"
-            _tree_copy(wheels, inside)
-            _stream(_chroot(root, "/usr/bin/python3", "-m", "venv", VENV), "venv")
-            _stream(
-                _chroot(
-                    root,
-                    f"{VENV}/bin/pip",
-                    "install",
-                    "--no-index",
-                    "--find-links",
-                    "/tmp/wheels",
-                    "--no-cache-dir",
-                    "--progress-bar",
-                    "off",
-                    "--disable-pip-version-check",
-                    *requirements(),
-                ),
-                "pip install",
-            )
-            shutil.rmtree(inside)
-            # Not needed by a running server: pip and setuptools (the nodes have no route to
-            # an index), and the hub's own web pages (jupyterhub-singleuser serves its
-            # templates from the package).
-            _stream(
-                _chroot(root, f"{VENV}/bin/python", "-m", "pip", "uninstall", "--yes", "pip", "setuptools"),
-                "pip uninstall",
-            )
-            shutil.rmtree(root / VENV.lstrip("/") / "share" / "jupyterhub")
-            _stream(
-                _chroot(
-                    root, "useradd", "--uid", str(UID), "--gid", str(GID), "--create-home", "--shell", "/bin/bash", USER
-                ),
-                "useradd",
-            )
-            (root / ".complete").unlink(missing_ok=True)
+            _install(root, cache, t0)
             _say(f"installed ({time.monotonic() - t0:.0f} s); writing the image tar")
             _prune(cache, "image", key)  # the old tar goes before the new one is written
-            partial = tar.with_suffix(".partial")
-            # Ownership and mtimes are kept: /home/jovyan is jovyan's, and the .pyc files
-            # stay valid only while their sources keep their mtimes.
-            _stream(
-                [
-                    "tar",
-                    "--numeric-owner",
-                    "--sort=name",
-                    "--exclude=./dev/*",
-                    "--exclude=./proc/*",
-                    "--exclude=./sys/*",
-                    "-C",
-                    str(root),
-                    "-cf",
-                    str(partial),
-                    ".",
-                ],
-                "tar",
-            )
+            _write_tar(root, partial)
         finally:
             shutil.rmtree(root, ignore_errors=True)
         digest = _sha256(partial)
         partial.rename(tar)
         seconds = time.monotonic() - t0
-        meta.write_text(
-            json.dumps(
-                {
-                    "digest": digest,
-                    "size": tar.stat().st_size,
-                    "inputs": _image_inputs(),
-                    "built": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                    "seconds": round(seconds, 1),
-                },
-                indent=2,
-            )
-        )
+        record = {"digest": digest, "size": tar.stat().st_size, "inputs": _image_inputs()}
+        record.update(built=time.strftime("%Y-%m-%dT%H:%M:%S"), seconds=round(seconds, 1))
+        meta.write_text(json.dumps(record, indent=2))
         _say(f"built {tar} ({tar.stat().st_size >> 20} MiB) in {seconds:.0f} s")
         return BuiltImage(tar, digest, seconds, cached=False)
 
@@ -427,7 +408,7 @@ def ensure_on(cluster: swarm.Cluster, cache_dir: Path | str | None = None) -> st
     # The label covers the image settings too, so a changed USER or CMD is imported again.
     label = hashlib.sha256(json.dumps([image.digest, IMAGE_CHANGES, IMAGE_CMD]).encode()).hexdigest()
     t0 = time.monotonic()
-    done = swarm._import_tar(
+    done = swarm.import_tar(
         cluster,
         JUPYTER_IMAGE,
         image.tar,
@@ -443,7 +424,7 @@ def ensure_on(cluster: swarm.Cluster, cache_dir: Path | str | None = None) -> st
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.harness.jupyter_image", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m devtools.jupyter_image", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["build", "import"])
     parser.add_argument("--cache-dir", default=None, help=f"default {DEFAULT_CACHE}")
     args = parser.parse_args(argv)
@@ -454,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             cluster, problems = swarm.status()
             if cluster is None or problems:
-                raise ImageError("the swarm is not up: python -m tests.harness.swarm up")
+                raise ImageError("the swarm is not up: python -m devtools.swarm up")
             print(ensure_on(cluster, args.cache_dir))
     except swarm.HarnessError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,10 +1,11 @@
 """A fake libnvidia-ml.so.1 for tests on machines without a GPU.
 
-`build(dest)` compiles fakenvml.c with gcc into dest/libnvidia-ml.so.1; put dest on
+`build(dest)` compiles fakenvml.c (the NVML calls) and devices.c (the devices file)
+with gcc into dest/libnvidia-ml.so.1; put dest on
 LD_LIBRARY_PATH of a *new* process (the dynamic loader reads it at start-up) and the
 real pynvml bindings load the fake; `process_env` makes such an environment.
 `write_devices(path, devices)` writes the file that $FAKE_NVML_DEVICES names. See
-fakenvml.c for the file format and the other $FAKE_NVML_* switches, nodes.py for a
+devices.c for the file format, fakenvml.c for the other $FAKE_NVML_* switches, nodes.py for a
 sample node.
 """
 
@@ -16,7 +17,9 @@ import shutil
 import subprocess
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("fakenvml.c")
+HERE = Path(__file__).parent
+SOURCES = (HERE / "fakenvml.c", HERE / "devices.c")
+HEADERS = (HERE / "fakenvml.h",)
 LIBNAME = "libnvidia-ml.so.1"
 
 
@@ -34,16 +37,16 @@ def build(dest_dir: str | os.PathLike) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     lib = dest / LIBNAME
     stamp = dest / (LIBNAME + ".sha256")
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS)).hexdigest()
     if lib.exists() and stamp.exists() and stamp.read_text() == digest:
         return lib
 
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
-        raise BuildError("gcc not found: install gcc to build the fake libnvidia-ml.so.1 (tests/fakenvml)")
+        raise BuildError("gcc not found: install gcc to build the fake libnvidia-ml.so.1 (devtools/fakenvml)")
     # Build to a temporary name and rename, so a half-written .so is never loaded.
     tmp = dest / (LIBNAME + ".tmp")
-    cmd = [gcc, "-Wall", "-O2", "-shared", "-fPIC", f"-Wl,-soname,{LIBNAME}", "-o", str(tmp), str(SOURCE)]
+    cmd = [gcc, "-Wall", "-O2", "-shared", "-fPIC", f"-Wl,-soname,{LIBNAME}", "-o", str(tmp), *map(str, SOURCES)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise BuildError(f"building the fake NVML library failed:\n{' '.join(cmd)}\n{proc.stderr}")

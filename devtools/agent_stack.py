@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 STACK = REPO / "examples" / "agent-stack.yml"
 STACK_NAME = "gpuspawner-agent-test"
 SECRET = "gpuspawner_agent_token"

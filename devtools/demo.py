@@ -1,13 +1,13 @@
 """The local demo: a real JupyterHub with GPUSwarmSpawner on a three-node swarm.
 
-    python -m tests.harness.demo --state-dir DIR          # start; Ctrl-C stops the hub
-    python -m tests.harness.demo --state-dir DIR --down   # stop the hub, remove servers and the swarm
+    python -m devtools.demo --state-dir DIR          # start; Ctrl-C stops the hub
+    python -m devtools.demo --state-dir DIR --down   # stop the hub, remove servers and the swarm
 
 The swarm (a manager on this machine, workers gpu-a and gpu-b) comes from
-tests.harness.swarm. Its GPUs are those of examples/local/gpus.yaml, simulated by a
+devtools.swarm. Its GPUs are those of examples/local/gpus.yaml, simulated by a
 fake libnvidia-ml.so.1 on each worker and reported to the hub by gpuspawner-agent,
 deployed as examples/agent-stack.yml (``--gpus static`` reads the file directly). Servers are
-real JupyterLab servers (tests.harness.jupyter_image), or with ``--server standin`` the
+real JupyterLab servers (devtools.jupyter_image), or with ``--server standin`` the
 busybox stand-in that starts in a second. A second run reuses the swarm, the image and
 the hub's database.
 """
@@ -25,9 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from tests import fakenvml
-
-from . import agent_stack, jupyter_image
+from . import agent_stack, fakenvml, jupyter_image
 from . import swarm as swarm_harness
 from .hub import LOCAL_CONFIG, Hub, HubError
 
@@ -80,8 +78,8 @@ def _down(state_dir: Path) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.harness.demo", description=__doc__.split("\n")[0])
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m devtools.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--state-dir", type=Path, default=Path("demo-state"))
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
@@ -97,9 +95,38 @@ def main(argv=None) -> int:
         help="GPUs reported by node agents over a fake NVML (default), or read from the inventory file",
     )
     parser.add_argument("--down", action="store_true", help="tear everything down")
-    args = parser.parse_args(argv)
-    state_dir = args.state_dir.resolve()
+    return parser
 
+
+def _swarm_and_image(server: str) -> tuple[swarm_harness.Cluster, str, str]:
+    """Steps 1 and 2: (the swarm, the server image, what the servers are, in words)."""
+    _step(1, "Local swarm: a manager and workers gpu-a, gpu-b (first run: about a minute)")
+    cluster = swarm_harness.up()
+    if server == "jupyter":
+        _step(2, "Server image: JupyterLab with jupyterhub-singleuser (first run: a few minutes; cached)")
+        image = jupyter_image.ensure_on(cluster)
+        return cluster, image, f"JupyterLab ({image})"
+    _step(2, "Server image: the busybox stand-in")
+    return cluster, swarm_harness.TEST_IMAGE, "stand-ins (busybox httpd showing NVIDIA_VISIBLE_DEVICES)"
+
+
+def _agents(stack: contextlib.ExitStack, hub: Hub, cluster: swarm_harness.Cluster, state_dir: Path, token: str) -> None:
+    """Step 4 with agents: the agent stack on the workers, until both have reported (at most 90 s)."""
+    _step(4, "GPU agents: gpuspawner-agent on gpu-a and gpu-b (examples/agent-stack.yml, fake NVML)")
+    lib_dir, gpus = _agent_files(state_dir)
+    hub_api = f"http://{cluster.manager_addr}:{hub.port + 81}/"
+    spec = agent_stack.local_stack(hub_api, lib_dir, str(gpus / "{{.Node.Hostname}}.txt"), cluster.image, interval=5)
+    stack.enter_context(agent_stack.deployed(cluster, spec, token, {"gpu-a": "true", "gpu-b": "true"}, state_dir))
+    known = lambda: set(hub.api("GET", "/gpuspawner/alloc-map").json())  # noqa: E731
+    deadline = time.monotonic() + 90
+    while known() != {"gpu-a", "gpu-b"} and time.monotonic() < deadline:
+        time.sleep(1)
+    print(f"   reported: {', '.join(sorted(known())) or 'nothing yet'}", flush=True)
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    state_dir = args.state_dir.resolve()
     try:
         if args.down:
             return _down(state_dir)
@@ -108,16 +135,7 @@ def main(argv=None) -> int:
             print(f"The demo's JupyterHub already runs (pid {running}); `make demo-down` stops it.", file=sys.stderr)
             return 1
         Hub(state_dir).stop_leftover()  # a proxy left behind by a killed run
-
-        _step(1, "Local swarm: a manager and workers gpu-a, gpu-b (first run: about a minute)")
-        cluster = swarm_harness.up()
-        if args.server == "jupyter":
-            _step(2, "Server image: JupyterLab with jupyterhub-singleuser (first run: a few minutes; cached)")
-            image = jupyter_image.ensure_on(cluster)
-            servers = f"JupyterLab ({image})"
-        else:
-            _step(2, "Server image: the busybox stand-in")
-            image, servers = swarm_harness.TEST_IMAGE, "stand-ins (busybox httpd showing NVIDIA_VISIBLE_DEVICES)"
+        cluster, image, servers = _swarm_and_image(args.server)
     except swarm_harness.HarnessError as exc:
         print(f"\nThe demo could not start: {exc}", file=sys.stderr)
         return 1
@@ -135,20 +153,7 @@ def main(argv=None) -> int:
         return 1
     with contextlib.ExitStack() as stack:
         if args.gpus == "agent":
-            _step(4, "GPU agents: gpuspawner-agent on gpu-a and gpu-b (examples/agent-stack.yml, fake NVML)")
-            lib_dir, gpus = _agent_files(state_dir)
-            hub_api = f"http://{cluster.manager_addr}:{hub.port + 81}/"
-            spec = agent_stack.local_stack(
-                hub_api, lib_dir, str(gpus / "{{.Node.Hostname}}.txt"), cluster.image, interval=5
-            )
-            stack.enter_context(
-                agent_stack.deployed(cluster, spec, token, {"gpu-a": "true", "gpu-b": "true"}, state_dir)
-            )
-            known = lambda: set(hub.api("GET", "/gpuspawner/alloc-map").json())  # noqa: E731
-            deadline = time.monotonic() + 90
-            while known() != {"gpu-a", "gpu-b"} and time.monotonic() < deadline:
-                time.sleep(1)
-            print(f"   reported: {', '.join(sorted(known())) or 'nothing yet'}", flush=True)
+            _agents(stack, hub, cluster, state_dir, token)
         else:
             _step(4, f"GPUs from {INVENTORY.name} (no agents)")
         return _serve(hub, cluster, servers, args.gpus)

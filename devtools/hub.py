@@ -19,7 +19,7 @@ from pathlib import Path
 
 import requests
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 LOCAL_CONFIG = REPO / "examples" / "local" / "jupyterhub_config.py"
 
 
