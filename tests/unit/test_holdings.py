@@ -268,9 +268,8 @@ async def test_defect4_hostile_labels_never_stop_the_rebuild(tmp_path):
         ]
     ):
         world.leftover(f"x{i}", name=f"jupyter-x{i}", **bad)
-    began = time.perf_counter()
-    result = await world.owner.reconcile()
-    assert time.perf_counter() - began < 1.0
+    # A hang guard, not a speed target: "1e10000000" taken as a number would never finish.
+    result = await asyncio.wait_for(world.owner.reconcile(), timeout=30)
     assert result["services"] == 0 and len(world.owner.foreign) == 4
     await world.started(world.spawner("alice", {"gpu_model": A100}))
 
