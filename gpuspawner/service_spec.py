@@ -21,6 +21,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from docker.errors import DockerException
 from docker.types import ContainerSpec, EndpointSpec, Mount, Placement, Resources, RestartPolicy, TaskTemplate
 from docker.utils import format_environment
 
@@ -386,8 +387,18 @@ def admin_conflicts(settings: Mapping[str, Any]) -> list[str]:
     :func:`build_service` guarantees, one line each, naming the setting:
     among them, mounts of GPU device nodes and swarm generic resources
     (:mod:`gpuspawner.device_access`).
-    Values that are not dicts (callables, not evaluated yet) are skipped."""
+    Values that are not dicts (callables, not evaluated yet) are skipped; a
+    spec that docker-py cannot build is one line too."""
     given = {k: v for k, v in settings.items() if isinstance(v, Mapping)}
+    for setting, parse in (
+        ("extra_task_spec", _task_template),
+        ("extra_container_spec", _container_spec),
+        ("extra_placement_spec", _placement),
+    ):
+        try:
+            parse(given.get(setting))
+        except (TypeError, ValueError, DockerException) as exc:
+            return [f"{setting} is not a spec docker-py can build: {shown(str(exc))}"]
     task = _task_template(given.get("extra_task_spec"))
     create = dict(given.get("extra_create_kwargs") or {})
     problems = [
@@ -428,7 +439,7 @@ def _device_conflicts(given: Mapping[str, Any], task: Mapping[str, Any]) -> list
         "extra_task_spec container_spec": task.get("ContainerSpec") or {},
     }
     found = {
-        setting: [m for k, v in spec.items() if k.lower() == "mounts" for m in v or []]
+        setting: [m for k, v in spec.items() if str(k).lower() == "mounts" and isinstance(v, (list, tuple)) for m in v]
         for setting, spec in mounts.items()
     }
     for setting in ("volumes", "read_only_volumes"):  # dockerspawner's {source: target or {"bind": target}}

@@ -491,6 +491,8 @@ def test_guarantees_hold_for_any_admin_settings(holding, **admin):
             "extra_task_spec container_spec mounts source /dev/nvidia0",
         ),
         ({"volumes": {"/dev/nvidia0": "/dev/nvidia0"}}, "volumes mounts source /dev/nvidia0"),
+        ({"extra_container_spec": {"mounts": 0}}, "extra_container_spec is not a spec docker-py can build"),
+        ({"extra_task_spec": {"force_update": "x"}}, "extra_task_spec is not a spec docker-py can build"),
         ({"volumes": {"/data": {"bind": "/dev/nvidiactl"}}}, "volumes mounts target /dev/nvidiactl"),
         ({"read_only_volumes": {"/dev/dri/renderD128": "/dri"}}, "read_only_volumes mounts source /dev/dri/renderD128"),
     ],
