@@ -470,6 +470,15 @@ async def test_the_admins_settings_merge_under_the_spawners_guarantees(tmp_path)
     assert task["RestartPolicy"]["Condition"] == "none"
 
 
+async def test_extra_host_config_devices_never_reach_a_service(tmp_path):
+    """extra_host_config is DockerSpawner's (for plain containers): a service has no devices to take."""
+    world = World(tmp_path, extra_host_config={"devices": ["/dev/nvidia0:/dev/nvidia0"], "privileged": True})
+    await world.started(world.spawner("alice", {"gpu_model": A100}))
+    (spec,) = [s["Spec"] for s in world.fake.services()]
+    assert "/dev/nvidia" not in repr(spec) and "rivileged" not in repr(spec)
+    assert "NVIDIA_VISIBLE_DEVICES=GPU-b0" in spec["TaskTemplate"]["ContainerSpec"]["Env"]
+
+
 async def test_user_options_are_taken_without_jupyterhubs_unhandled_warning(tmp_path, caplog):
     import logging
 
