@@ -21,11 +21,20 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from docker.errors import DockerException
 from docker.types import ContainerSpec, EndpointSpec, Mount, Placement, Resources, RestartPolicy, TaskTemplate
 from docker.utils import format_environment
 
+from .device_access import (
+    GUARDED_ENV,
+    device_mount,
+    device_mounts,
+    generic_resources,
+    guarded_name,
+    without_generic_resources,
+)
 from .labels import LABEL, ServerLabels, to_labels
-from .sharing import UNIT, fmt, fmt_list
+from .sharing import UNIT, fmt, fmt_list, shown
 
 __all__ = [
     "ENFORCEMENT_MODES",
@@ -219,9 +228,6 @@ def _task_template(spec: Any) -> dict[str, Any]:
 # What no admin setting changes
 # --------------------------------------------------------------------------
 
-#: Env names that are gpuspawner's alone: the NVIDIA container runtime's
-#: (which devices, which driver libraries, MIG access) and gpuspawner's own.
-GUARDED_ENV = ("NVIDIA_", "GPUSPAWNER_")
 #: A constraint that pins a node: the node is the allocator's choice.
 PINS_A_NODE = re.compile(r"\s*node\.(hostname|id)\s*==", re.IGNORECASE)
 
@@ -237,15 +243,18 @@ def guarded_env(holding: ServerLabels, driver_capabilities: str, enforcement_env
 
 
 def _guard_env(container: dict, env: Mapping[str, str]) -> None:
-    theirs = {k: v for k, v in _env_dict(container.get("Env")).items() if not k.startswith(GUARDED_ENV)}
+    theirs = {k: v for k, v in _env_dict(container.get("Env")).items() if not guarded_name(k)}
     container["Env"] = format_environment({**theirs, **env})
 
 
 def _guard_mounts(container: dict, mounts: Sequence[Mount]) -> None:
-    """Ours last, and no mount of the admin's at one of their targets."""
+    """Ours last; no mount of the admin's at one of their targets, nor of a GPU's
+    device nodes (the NVIDIA runtime adds those of the server's own GPUs)."""
     targets = {m["Target"] for m in mounts}
-    theirs = [Mount.parse_mount_string(m) if isinstance(m, str) else m for m in container.get("Mounts") or []]
-    container["Mounts"] = [m for m in theirs if m.get("Target") not in targets] + list(mounts)
+    given = [m for key in [k for k in container if k.lower() == "mounts"] for m in container.pop(key) or []]
+    theirs = [Mount.parse_mount_string(m) if isinstance(m, str) else m for m in given]
+    kept = [m for m in theirs if m.get("Target") not in targets and not device_mount(m)]
+    container["Mounts"] = kept + list(mounts)
 
 
 def _guard_host(task: dict, host: str) -> None:
@@ -292,8 +301,9 @@ def build_service(
     form), except that a container spec or placement in ``extra_task`` (or in
     ``extra_create``'s ``task_template``) is merged into the others rather
     than replacing them. Then gpuspawner's guarantees are applied, last: the
-    ``node.hostname`` constraint, the ``NVIDIA_*`` and ``GPUSPAWNER_*`` env and
-    the share ``enforcement`` (env and mounts), no restarts by the swarm, one
+    ``node.hostname`` constraint, the ``NVIDIA_*`` (but the harmless ones) and
+    ``GPUSPAWNER_*`` env and the share ``enforcement`` (env and mounts), no
+    mount of a GPU device node, no generic resources, no restarts by the swarm, one
     task, the service's name and its ``gpuspawner.*`` labels. So a server can
     never be placed, see devices or be labelled other than the allocator
     decided. (:func:`admin_conflicts` names the settings that could only
@@ -360,6 +370,8 @@ def _guarantee(
     _guard_env(task["ContainerSpec"], guarded_env(holding, driver_capabilities, enforcement_env))
     _guard_mounts(task["ContainerSpec"], enforcement_mounts)
     _guard_host(task, holding.host)
+    for key in [k for k in task if k.lower() == "resources"]:  # GPUs are the allocator's to give
+        task[key] = without_generic_resources(task[key])
     # The hub decides about restarts: a task that swarm restarted on its own
     # would run on GPUs the hub released when it saw the server die.
     task["RestartPolicy"] = RestartPolicy(condition="none")
@@ -370,10 +382,23 @@ def _guarantee(
 def admin_conflicts(settings: Mapping[str, Any]) -> list[str]:
     """The admin's settings (by trait name: ``environment``,
     ``extra_container_spec``, ``extra_placement_spec``, ``extra_task_spec``,
-    ``extra_create_kwargs``) that could only conflict with what
-    :func:`build_service` guarantees, one line each, naming the setting.
-    Values that are not dicts (callables, not evaluated yet) are skipped."""
+    ``extra_create_kwargs``, ``extra_resources_spec``, ``volumes``,
+    ``read_only_volumes``) that could only conflict with what
+    :func:`build_service` guarantees, one line each, naming the setting:
+    among them, mounts of GPU device nodes and swarm generic resources
+    (:mod:`gpuspawner.device_access`).
+    Values that are not dicts (callables, not evaluated yet) are skipped; a
+    spec that docker-py cannot build is one line too."""
     given = {k: v for k, v in settings.items() if isinstance(v, Mapping)}
+    for setting, parse in (
+        ("extra_task_spec", _task_template),
+        ("extra_container_spec", _container_spec),
+        ("extra_placement_spec", _placement),
+    ):
+        try:
+            parse(given.get(setting))
+        except (TypeError, ValueError, DockerException) as exc:
+            return [f"{setting} is not a spec docker-py can build: {shown(str(exc))}"]
     task = _task_template(given.get("extra_task_spec"))
     create = dict(given.get("extra_create_kwargs") or {})
     problems = [
@@ -404,15 +429,49 @@ def admin_conflicts(settings: Mapping[str, Any]) -> list[str]:
             f"extra_task_spec restart_policy condition {condition!r}: it must be 'none' "
             "(a task the swarm restarted on its own would run on GPUs the hub released)"
         )
+    return problems + _device_conflicts(given, task)
+
+
+def _device_conflicts(given: Mapping[str, Any], task: Mapping[str, Any]) -> list[str]:
+    """Mounts of GPU device nodes and swarm generic resources, by the setting they come from."""
+    mounts = {
+        "extra_container_spec": _container_spec(given.get("extra_container_spec")),
+        "extra_task_spec container_spec": task.get("ContainerSpec") or {},
+    }
+    found = {
+        setting: [m for k, v in spec.items() if str(k).lower() == "mounts" and isinstance(v, (list, tuple)) for m in v]
+        for setting, spec in mounts.items()
+    }
+    for setting in ("volumes", "read_only_volumes"):  # dockerspawner's {source: target or {"bind": target}}
+        volumes = given.get(setting) or {}
+        found[setting] = [
+            {"Source": k, "Target": v.get("bind") if isinstance(v, Mapping) else v} for k, v in volumes.items()
+        ]
+    problems = [
+        f"{setting} mounts {why}: a server gets the device nodes of its own GPUs from the NVIDIA runtime, and no others"
+        for setting, listed in found.items()
+        for why in device_mounts(listed)
+    ]
+    resources = {
+        "extra_resources_spec": given.get("extra_resources_spec"),
+        "extra_task_spec resources": task.get("Resources"),
+    }
+    problems += [
+        f"{setting} asks for swarm generic resources ({value}): the NVIDIA runtime would pick devices by them"
+        " (DOCKER_RESOURCE_*) instead of the GPUs gpuspawner reserved"
+        for setting, spec in resources.items()
+        for value in map(shown, generic_resources(spec))
+    ]
     return problems
 
 
 def _env_conflicts(setting: str, env: Any) -> list[str]:
     return [
         f"{setting} sets {key}: the {' and '.join(p + '*' for p in GUARDED_ENV)} env is gpuspawner's own"
-        " (see nvidia_driver_capabilities)"
+        " (NVIDIA_REQUIRE_*, NVIDIA_DISABLE_REQUIRE and NVIDIA_DRIVER_CAPABILITIES may be set; see also"
+        " nvidia_driver_capabilities)"
         for key in _env_dict(env)
-        if key.startswith(GUARDED_ENV)
+        if guarded_name(key)
     ]
 
 

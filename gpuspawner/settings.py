@@ -194,7 +194,8 @@ class GPUSettings(LoggingConfigurable):
     nvidia_driver_capabilities = Unicode(
         "compute,utility",
         help="""``NVIDIA_DRIVER_CAPABILITIES`` for GPU servers: which driver
-        libraries the NVIDIA container runtime mounts.""",
+        libraries the NVIDIA container runtime mounts. It wins over an
+        ``NVIDIA_DRIVER_CAPABILITIES`` in ``environment`` or the extra specs.""",
     ).tag(config=True)
 
     task_start_timeout = Integer(
@@ -319,7 +320,7 @@ def validate_config(config) -> None:
     Call it at the end of jupyterhub_config.py (``validate_config(c)``). A bad
     inventory or policy then stops the hub with one line naming the file and
     the problem, instead of failing each spawn later; so does an
-    ``extra_*`` setting or ``environment`` that could only conflict with what
+    ``extra_*`` setting, ``environment`` or ``volumes`` that could only conflict with what
     gpuspawner guarantees (README: "What admin settings cannot change"). Settings on
     ``c.GPUSwarmSpawner`` win over those on ``c.SwarmSpawner``/``c.Spawner``,
     as traitlets resolves them.

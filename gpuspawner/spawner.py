@@ -247,6 +247,10 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
             extra_placement_spec=self.extra_placement_spec,
             extra_task_spec=self.extra_task_spec,
             extra_create_kwargs=self._render_templates(extra_create or {}),
+            extra_resources_spec=self.extra_resources_spec,
+            # as the spec will mount them: {source: {"bind": target, ...}}, templates filled in
+            volumes=self._volumes_to_binds(self.volumes, {}),
+            read_only_volumes=self._volumes_to_binds(self.read_only_volumes, {}, mode="ro"),
         )
         conflicts = admin_conflicts(settings)
         if conflicts:

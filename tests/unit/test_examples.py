@@ -95,6 +95,19 @@ def test_validate_config_accepts_the_example_inventory():
             {"extra_create_kwargs": {"labels": {"gpuspawner.devices": "GPU-1"}}},
             "extra_create_kwargs labels 'gpuspawner.devices'",
         ),
+        (
+            "SwarmSpawner",
+            {"extra_resources_spec": {"generic_resources": {"NVIDIA-GPU": 1}}},
+            "extra_resources_spec asks for swarm generic resources ({'NVIDIA-GPU': 1})",
+        ),
+        ("DockerSpawner", {"volumes": {"/dev/nvidia0": "/dev/nvidia0"}}, "volumes mounts source /dev/nvidia0"),
+        ("DockerSpawner", {"read_only_volumes": {"/dev/dri": "/dev/dri"}}, "read_only_volumes mounts source /dev/dri"),
+        (
+            "SwarmSpawner",
+            {"extra_container_spec": {"mounts": ["/dev:/host-dev:ro"]}},
+            "extra_container_spec mounts source /dev",
+        ),
+        ("Spawner", {"environment": {"NVIDIA_IMEX_CHANNELS": "0"}}, "environment sets NVIDIA_IMEX_CHANNELS"),
     ],
 )
 def test_validate_config_refuses_settings_that_could_only_conflict(section, settings, message):
@@ -109,7 +122,8 @@ def test_validate_config_refuses_settings_that_could_only_conflict(section, sett
 
 def test_validate_config_accepts_settings_that_merge():
     c = Config()
-    c.Spawner.environment = {"KEEP": "yes"}
+    c.Spawner.environment = {"KEEP": "yes", "NVIDIA_REQUIRE_CUDA": "cuda>=12.0", "NVIDIA_DRIVER_CAPABILITIES": "all"}
+    c.DockerSpawner.volumes = {"jupyterhub-user-{username}": "/home/jovyan"}
     c.SwarmSpawner.extra_placement_spec = {"constraints": ["node.role==worker"]}
     c.GPUSwarmSpawner.extra_task_spec = {"restart_policy": {"condition": "none"}, "placement": ["node.labels.a==b"]}
     c.GPUSwarmSpawner.extra_create_kwargs = {"labels": {"team": "ml"}}

@@ -369,6 +369,10 @@ config_values = {
     "gpu_sharing": st.sampled_from(POLICIES) | st.dictionaries(st.text(max_size=5), values, max_size=2) | values,
     "gpu_share_enforcement": st.sampled_from(["none", "hami", "mps", {"*": "hami"}]) | values,
     "max_gpus_per_user": st.integers() | values,
+    "volumes": st.dictionaries(st.sampled_from(["/dev/nvidia0", "/", "//dev/../dev", "data"]) | st.text(), values)
+    | values,
+    "extra_resources_spec": st.dictionaries(st.sampled_from(["generic_resources", "Reservations"]), values) | values,
+    "extra_container_spec": st.dictionaries(st.sampled_from(["mounts", "Mounts", "MOUNTS"]), values) | values,
 }
 
 

@@ -428,16 +428,31 @@ async def test_defect2_a_stop_that_timed_out_keeps_the_gpu_through_reconciliatio
     assert [v for _, _, v in world.fake.running_containers().values()] == ["GPU-b0"]
 
 
-async def test_a_setting_that_could_only_conflict_fails_the_spawn_before_any_gpu_is_reserved(tmp_path, caplog):
+@pytest.mark.parametrize(
+    "settings, named",
+    [
+        (
+            {"extra_task_spec": {"restart_policy": {"condition": "any"}}},
+            "extra_task_spec restart_policy condition 'any'",
+        ),
+        ({"extra_resources_spec": {"generic_resources": {"gpu": 1}}}, "extra_resources_spec asks for swarm generic"),
+        ({"volumes": {"/dev/nvidia0": "/dev/nvidia0"}}, "volumes mounts source /dev/nvidia0"),
+        # as the spec would mount it: the user's name filled in
+        ({"read_only_volumes": {"/dev/{username}": "/gpu"}}, "read_only_volumes mounts source /dev/nvidia0"),
+    ],
+)
+async def test_a_setting_that_could_only_conflict_fails_the_spawn_before_any_gpu_is_reserved(
+    tmp_path, caplog, settings, named
+):
     """A hub started without validate_config: the spawn says so, and reserves nothing."""
-    world = World(tmp_path, extra_task_spec={"restart_policy": {"condition": "any"}})
-    alice = world.spawner("alice", {"gpu_model": A100})
+    world = World(tmp_path, **settings)
+    alice = world.spawner("nvidia0", {"gpu_model": A100})
     with pytest.raises(SpawnException) as refused:
         await alice.start()
     assert refused.value.status_code == 500 and "Please tell an admin" in refused.value.jupyterhub_message
-    assert "extra_task_spec restart_policy condition 'any'" in refused.value.log_message
-    assert "extra_task_spec restart_policy" in caplog.text
-    assert world.owner.get("jupyter-alice") is None and world.fake.service_names() == []
+    assert named in refused.value.log_message
+    assert named in caplog.text
+    assert world.owner.get("jupyter-nvidia0") is None and world.fake.service_names() == []
 
 
 async def test_the_admins_settings_merge_under_the_spawners_guarantees(tmp_path):
@@ -452,6 +467,15 @@ async def test_the_admins_settings_merge_under_the_spawners_guarantees(tmp_path)
     assert task["Placement"]["Constraints"] == ["node.role==worker", "node.hostname==gpu-b"]
     assert {"KEEP=yes", "ALSO=1", "NVIDIA_VISIBLE_DEVICES=GPU-b0"} <= set(task["ContainerSpec"]["Env"])
     assert task["RestartPolicy"]["Condition"] == "none"
+
+
+async def test_extra_host_config_devices_never_reach_a_service(tmp_path):
+    """extra_host_config is DockerSpawner's (for plain containers): a service has no devices to take."""
+    world = World(tmp_path, extra_host_config={"devices": ["/dev/nvidia0:/dev/nvidia0"], "privileged": True})
+    await world.started(world.spawner("alice", {"gpu_model": A100}))
+    (spec,) = [s["Spec"] for s in world.fake.services()]
+    assert "/dev/nvidia" not in repr(spec) and "rivileged" not in repr(spec)
+    assert "NVIDIA_VISIBLE_DEVICES=GPU-b0" in spec["TaskTemplate"]["ContainerSpec"]["Env"]
 
 
 async def test_user_options_are_taken_without_jupyterhubs_unhandled_warning(tmp_path, caplog):

@@ -1,12 +1,14 @@
 """The swarm service spec as data (pure, no I/O)."""
 
 import copy
+import posixpath
 
 import pytest
-from docker.types import ContainerSpec, Placement, Resources, RestartPolicy, TaskTemplate
+from docker.types import ContainerSpec, DriverConfig, Mount, Placement, Resources, RestartPolicy, TaskTemplate
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuspawner.device_access import guarded_name
 from gpuspawner.labels import LabelError, ServerLabels, parse_labels, to_labels
 from gpuspawner.service_spec import (
     GUARDED_ENV,
@@ -219,8 +221,11 @@ def assert_guarantees(s, holding, enforcement=({}, [])):
     assert pins == ([f"node.hostname=={holding.host}"] if holding.host else [])
     env = dict(item.split("=", 1) for item in task["ContainerSpec"]["Env"])
     ours = guarded_env(holding, "compute,utility", enforcement[0])
-    assert {k: v for k, v in env.items() if k in ours or k.startswith(GUARDED_ENV)} == ours
+    assert {k: v for k, v in env.items() if k in ours or guarded_name(k)} == ours
+    assert all(k in ours or not k.startswith(GUARDED_ENV) or k.startswith(HARMLESS) for k in env)
     mounts = task["ContainerSpec"].get("Mounts", [])
+    assert not [m for m in mounts if gpu_device_path(m.get("Source")) or gpu_device_path(m.get("Target"), True)]
+    assert "generic" not in repr(task.get("Resources", {})).lower()
     theirs = mounts[: len(mounts) - len(enforcement[1])]
     assert mounts[len(theirs) :] == list(enforcement[1])
     assert not {m["Target"] for m in theirs} & {m["Target"] for m in enforcement[1]}
@@ -229,11 +234,32 @@ def assert_guarantees(s, holding, enforcement=({}, [])):
     assert s["name"] == "jupyter-alice" and "mode" not in s
 
 
+HARMLESS = ("NVIDIA_REQUIRE_", "NVIDIA_DISABLE_REQUIRE", "NVIDIA_DRIVER_CAPABILITIES")
+
+
+def gpu_device_path(path, target=False):
+    """A path that is (or, as a source, holds) a GPU's device nodes."""
+    if not isinstance(path, str) or not path.startswith("/"):
+        return False
+    path = posixpath.normpath("/" + path.lstrip("/"))
+    return path.startswith(("/dev/nvidia", "/dev/dri")) or (not target and path in ("/", "/dev"))
+
+
 ALL_GPUS = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "all", "GPUSPAWNER_GPU_SHARES": "0.1"}
 OTHER_GPUS = ["NVIDIA_VISIBLE_DEVICES=GPU-9", "NVIDIA_MIG_CONFIG_DEVICES=all", "LD_PRELOAD=/evil.so"]
 ELSEWHERE = ["node.hostname==gpu-z", "NODE.HOSTNAME == gpu-b", "node.id==abc123"]
 RESTART = [RestartPolicy(condition="any"), {"Condition": "on-failure"}, {"condition": "any", "max_attempts": 3}]
 FAKE_LABELS = {"gpuspawner.host": "gpu-z", "gpuspawner.devices": "GPU-9", "gpuspawner.shares": "0.1"}
+
+GENERIC = [{"DiscreteResourceSpec": {"Kind": "NVIDIA-GPU", "Value": 2}}]
+DEVICE_MOUNTS = [
+    "/dev/nvidia0:/dev/nvidia0",
+    "/dev:/host/dev:ro",
+    "/srv/fake:/dev/nvidia3",
+    {"Source": "//dev/./dri", "Target": "/dri", "Type": "bind"},
+    {"source": "/dev/../dev/nvidia-uvm", "target": "/x", "type": "bind"},
+    Mount("/gpu", "gpus", driver_config=DriverConfig("local", {"type": "none", "o": "bind", "device": "/dev"})),
+]
 
 HOSTILE = {
     # (b) devices: all for a CPU-only server, others for a GPU server
@@ -274,6 +300,15 @@ HOSTILE = {
     "task placement kwargs": dict(extra_task={"placement": {"constraints": []}}),
     "task Placement": dict(extra_task={"Placement": {"Constraints": ELSEWHERE, "Preferences": []}}),
     "resources kwargs": dict(resources={"cpu_limit": 10**9, "generic_resources": {"gpu": 1}}),
+    "resources generic built": dict(resources={"Reservations": {"GenericResources": GENERIC}}),
+    "task resources generic": dict(extra_task={"resources": Resources(generic_resources=["NVIDIA-GPU=GPU-9"])}),
+    "task Resources lower case": dict(extra_task={"Resources": {"reservations": {"genericresources": GENERIC}}}),
+    # (e) device nodes mounted: by the spawner's volumes, the container spec or the task's
+    "volumes of devices": dict(mounts=["/dev/nvidia1:/dev/nvidia1", Mount("/host", "/", type="bind")]),
+    "container device mounts": dict(extra_container={"mounts": DEVICE_MOUNTS}),
+    "container Mounts devices": dict(extra_container={"Mounts": DEVICE_MOUNTS[2:]}),
+    "container MOUNTS key": dict(extra_container={"MOUNTS": DEVICE_MOUNTS[:1]}),
+    "task container_spec devices": dict(extra_task={"container_spec": {"mounts": DEVICE_MOUNTS[1:3]}}),
     "resources built": dict(resources={"Limits": {"NanoCPUs": 10**9}}),
     "task resources": dict(extra_task={"resources": Resources(cpu_limit=10**9)}),
     # (c) labels, name, mode
@@ -334,6 +369,8 @@ ADMIN_ENV = st.dictionaries(
             "NVIDIA_VISIBLE_DEVICES",
             "NVIDIA_DRIVER_CAPABILITIES",
             "NVIDIA_MIG_CONFIG_DEVICES",
+            "NVIDIA_IMEX_CHANNELS",
+            "NVIDIA_REQUIRE_CUDA",
             "GPUSPAWNER_GPU_SHARES",
             "LD_PRELOAD",
             "CUDA_DEVICE_MEMORY_LIMIT_0",
@@ -344,7 +381,9 @@ ADMIN_ENV = st.dictionaries(
 )
 ANY_ENV = ADMIN_ENV | ADMIN_ENV.map(lambda env: [f"{k}={v}" for k, v in env.items()])
 CONSTRAINTS = st.lists(st.sampled_from([*ELSEWHERE, "node.hostname==gpu-b", "node.role==worker"]), max_size=3)
-MOUNTS = st.lists(st.sampled_from(["/evil.so:/usr/local/vgpu/libvgpu.so:ro", "/x:/tmp/vgpulock", "/data:/data"]))
+MOUNTS = st.lists(
+    st.sampled_from(["/evil.so:/usr/local/vgpu/libvgpu.so:ro", "/x:/tmp/vgpulock", "/data:/data", *DEVICE_MOUNTS])
+)
 
 
 def either(**fields):
@@ -355,12 +394,16 @@ def either(**fields):
     return st.fixed_dictionaries({}, optional=both)
 
 
+RESOURCES = either(
+    generic_resources=st.sampled_from([{"gpu": 1}, ["NVIDIA-GPU=GPU-9"], GENERIC]), cpu_limit=st.just(10**9)
+)
 CONTAINER = either(env=ANY_ENV, mounts=MOUNTS, user=st.just("1000"))
 PLACEMENT = CONSTRAINTS | either(constraints=CONSTRAINTS)
 TASK = either(
     container_spec=CONTAINER,
     placement=PLACEMENT,
     restart_policy=either(condition=st.sampled_from(["none", "any", "on-failure"])),
+    resources=RESOURCES | st.just({"Reservations": {"GenericResources": GENERIC}}),
 )
 CREATE = st.fixed_dictionaries(
     {},
@@ -381,6 +424,8 @@ CREATE = st.fixed_dictionaries(
     extra_placement=PLACEMENT.map(lambda p: {"constraints": p} if isinstance(p, list) else p),
     extra_task=TASK,
     extra_create=CREATE,
+    mounts=MOUNTS,
+    resources=RESOURCES.map(lambda r: {k: v for k, v in r.items() if k.islower()}),
 )
 def test_guarantees_hold_for_any_admin_settings(holding, **admin):
     labels, enforcement = HOLDINGS[holding]
@@ -418,6 +463,38 @@ def test_guarantees_hold_for_any_admin_settings(holding, **admin):
         ({"extra_create_kwargs": {"task_template": {}}}, "extra_create_kwargs sets 'task_template'"),
         ({"extra_create_kwargs": {"mode": "global"}}, "extra_create_kwargs sets 'mode'"),
         ({"extra_create_kwargs": {"labels": FAKE_LABELS}}, "extra_create_kwargs labels 'gpuspawner.host'"),
+        ({"environment": {"NVIDIA_IMEX_CHANNELS": "all"}}, "environment sets NVIDIA_IMEX_CHANNELS"),
+        ({"environment": {"NVIDIA_MIG_MONITOR_DEVICES": "all"}}, "environment sets NVIDIA_MIG_MONITOR_DEVICES"),
+        ({"environment": {"NVIDIA_GDS": "enabled"}}, "environment sets NVIDIA_GDS"),
+        ({"extra_resources_spec": {"generic_resources": {"gpu": 1}}}, "extra_resources_spec asks for swarm generic"),
+        (
+            {"extra_resources_spec": {"Reservations": {"GenericResources": GENERIC}}},
+            "extra_resources_spec asks for swarm generic resources ([{'DiscreteResourceSpec'",
+        ),
+        (
+            {"extra_task_spec": {"resources": Resources(generic_resources={"ssd": 1})}},
+            "extra_task_spec resources asks for swarm generic resources",
+        ),
+        (
+            {"extra_task_spec": {"Resources": {"reservations": {"genericresources": GENERIC}}}},
+            "extra_task_spec resources asks for swarm generic resources",
+        ),
+        ({"extra_container_spec": {"mounts": DEVICE_MOUNTS[:1]}}, "extra_container_spec mounts source /dev/nvidia0"),
+        ({"extra_container_spec": {"mounts": DEVICE_MOUNTS[1:2]}}, "extra_container_spec mounts source /dev:"),
+        ({"extra_container_spec": {"mounts": DEVICE_MOUNTS[2:3]}}, "extra_container_spec mounts target /dev/nvidia3"),
+        ({"extra_container_spec": {"Mounts": DEVICE_MOUNTS[3:4]}}, "extra_container_spec mounts source /dev/dri:"),
+        ({"extra_container_spec": {"MOUNTS": DEVICE_MOUNTS[4:5]}}, "mounts source /dev/nvidia-uvm"),
+        ({"extra_container_spec": {"mounts": DEVICE_MOUNTS[5:]}}, "extra_container_spec mounts volume device /dev:"),
+        ({"extra_container_spec": {"mounts": ["/:/host:ro"]}}, "extra_container_spec mounts source /:"),
+        (
+            {"extra_task_spec": {"container_spec": {"mounts": DEVICE_MOUNTS[:1]}}},
+            "extra_task_spec container_spec mounts source /dev/nvidia0",
+        ),
+        ({"volumes": {"/dev/nvidia0": "/dev/nvidia0"}}, "volumes mounts source /dev/nvidia0"),
+        ({"extra_container_spec": {"mounts": 0}}, "extra_container_spec is not a spec docker-py can build"),
+        ({"extra_task_spec": {"force_update": "x"}}, "extra_task_spec is not a spec docker-py can build"),
+        ({"volumes": {"/data": {"bind": "/dev/nvidiactl"}}}, "volumes mounts target /dev/nvidiactl"),
+        ({"read_only_volumes": {"/dev/dri/renderD128": "/dri"}}, "read_only_volumes mounts source /dev/dri/renderD128"),
     ],
 )
 def test_settings_that_could_only_conflict_are_named(settings, named):
@@ -429,17 +506,42 @@ def test_settings_that_merge_are_not_conflicts():
     assert (
         admin_conflicts(
             {
-                "environment": {"KEEP": "yes", "LD_PRELOAD": "/usr/lib/libtcmalloc.so"},
-                "extra_container_spec": {"env": {"CUDA_VISIBLE_DEVICES": "0"}, "user": "1000"},
+                "environment": {"KEEP": "yes", "LD_PRELOAD": "/usr/lib/libtcmalloc.so", **HARMLESS_ENV},
+                "volumes": {"jupyterhub-user-{username}": "/home/jovyan", "/dev/shm": "/dev/shm"},
+                "read_only_volumes": {"/data/nvidia": {"bind": "/data", "mode": "ro"}},
+                "extra_container_spec": {
+                    "env": {"CUDA_VISIBLE_DEVICES": "0"},
+                    "user": "1000",
+                    "mounts": ["nvidia-cache:/cache", "/dev/null:/etc/motd", "/srv/devices:/devices"],
+                },
                 "extra_placement_spec": {"constraints": ["node.role==worker", "node.hostname!=gpu-z"]},
                 "extra_task_spec": {
                     "restart_policy": RestartPolicy(condition="none"),
                     "placement": ["node.labels.a==b"],
                 },
                 "extra_create_kwargs": {"labels": {"team": "ml"}, "endpoint_spec": {}},
-                "extra_resources_spec": {"cpu_limit": 1},
+                "extra_resources_spec": {"cpu_limit": 1, "mem_limit": "4G"},
             }
         )
         == []
     )
     assert admin_conflicts({"extra_create_kwargs": lambda spawner: {"name": "x"}}) == []  # checked once evaluated
+
+
+HARMLESS_ENV = {
+    "NVIDIA_REQUIRE_CUDA": "cuda>=12.0",
+    "NVIDIA_REQUIRE_DRIVER": "driver>=535",
+    "NVIDIA_DISABLE_REQUIRE": "1",
+    "NVIDIA_DRIVER_CAPABILITIES": "all",
+}
+
+
+@pytest.mark.parametrize("holding", HOLDINGS)
+def test_harmless_nvidia_env_reaches_the_container_and_ours_still_wins(holding):
+    labels, enforcement = HOLDINGS[holding]
+    s = spec(holding=labels, enforcement=enforcement, extra_container={"env": HARMLESS_ENV})
+    env = dict(item.split("=", 1) for item in s["task_template"]["ContainerSpec"]["Env"])
+    ours = guarded_env(labels, "compute,utility", enforcement[0])
+    assert {k: env[k] for k in HARMLESS_ENV} == {**HARMLESS_ENV, **{k: v for k, v in ours.items() if k in HARMLESS_ENV}}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == visible_devices(labels.uuids)
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == ("compute,utility" if labels.uuids else "all")
