@@ -57,7 +57,7 @@ def matches(token: str, stored_digest: str) -> bool:
     return hmac.compare_digest(digest(token).encode(), stored_digest.encode())
 
 
-def checked_host(host) -> str:
+def checked_host(host: object) -> str:
     """``host`` as a node's hostname, or ValueError with a sentence."""
     if not isinstance(host, str) or not HOSTNAME_RE.fullmatch(host):
         raise ValueError(f"{str(host)[:60]!r} is not a hostname: use the node's name as `docker node ls` shows it")

@@ -141,6 +141,8 @@ async def test_the_list_names_hosts_and_never_tokens(hub, tmp_path):
     assert code == 200 and [h["host"] for h in answer["hosts"]] == ["gpu-a", "gpu-b", "gpu-c"]
     text = json.dumps(answer)
     assert not any(t in text or agent_tokens.digest(t) in text for t in tokens)
+    stored = (tmp_path / "gpuspawner.sqlite").read_bytes()  # the ledger keeps digests only
+    assert agent_tokens.digest(tokens[0]).encode() in stored and not any(t.encode() in stored for t in tokens)
     _, answer = await api("POST", "agent-tokens/gpu-c", ADMIN)
     assert answer["node"] is False  # issued ahead of the node's joining
 
