@@ -52,3 +52,29 @@ def test_the_example_stack_reports_each_labelled_node_under_its_swarm_hostname(s
     assert [d["uuid"] for d in report["devices"] if not d["lost"]] == [
         d["uuid"] for d in MIXED_NODE if not d.get("lost")
     ]
+
+
+def test_a_labelled_node_without_its_token_file_gets_no_agent(swarm, tmp_path):
+    lib_dir = fakenvml.build(tmp_path / "lib").parent
+    (tmp_path / "gpus").mkdir()
+    devices = fakenvml.write_devices(tmp_path / "gpus" / "devices.txt", MIXED_NODE)
+    agent_stack.write_tokens(tmp_path / "tokens", {"gpu-a": TOKEN})  # none for gpu-b
+    sink = ReportSink(host=swarm.manager_addr)
+    stack = agent_stack.local_stack(sink.url("/"), lib_dir, str(devices), swarm.image, tmp_path / "tokens")
+    try:
+        with agent_stack.deployed(swarm, stack, {"gpu-a": "true", "gpu-b": "true"}, tmp_path):
+            sink.wait_for(2, timeout=90)
+            client = swarm.client()
+            gpu_b = next(n.id for n in client.nodes.list() if n.attrs["Description"]["Hostname"] == "gpu-b")
+            service = client.services.get(f"{agent_stack.STACK_NAME}_agent")
+            deadline = time.monotonic() + 60
+            while not any(t.get("NodeID") == gpu_b and t["Status"].get("Err") for t in service.tasks()):
+                assert time.monotonic() < deadline, "gpu-b's task was not rejected"
+                time.sleep(1)
+            errors = {
+                t["Status"]["Err"] for t in service.tasks() if t.get("NodeID") == gpu_b and t["Status"].get("Err")
+            }
+            assert any("bind source path does not exist" in e for e in errors), errors
+            assert {json.loads(body)["hostname"] for _, _, body in sink.requests} == {"gpu-a"}
+    finally:
+        sink.stop()

@@ -6,6 +6,7 @@ and its ledger a SQLite file."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,6 +19,7 @@ from traitlets.config import Config
 
 from gpuspawner import agent_tokens, hubconfig, metrics
 from gpuspawner import settings as settings_module
+from gpuspawner.cli import main
 from gpuspawner.hubconfig import configure
 from gpuspawner.spawner import GPUSwarmSpawner
 from tests.fakedocker import FakeDocker
@@ -198,3 +200,18 @@ async def test_the_shared_token_works_while_allowed_and_doctor_warns(hub, tmp_pa
     assert warning["severity"] == "warning" and "gpuspawner agent-token HOST" in warning["fix"]
     a = await api.issue("gpu-a")  # node tokens keep their rule meanwhile
     assert (await api.report(a, "gpu-b"))[0] == 403
+
+
+async def test_the_cli_says_when_the_host_is_no_swarm_node_yet(hub, tmp_path, capsys, monkeypatch):
+    api = await hub(hub_config(tmp_path))
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", ADMIN)
+    hub_url = api.base.split("/hub/")[0]
+    loop = asyncio.get_running_loop()
+    for host, note in (
+        ("gpu-a", "Issued; install it on gpu-a (docs/agent.md)."),
+        ("gpu-z", "gpu-z is not a swarm node yet"),
+    ):
+        assert await loop.run_in_executor(None, main, ["--hub-url", hub_url, "agent-token", host]) == 0
+        out, err = capsys.readouterr()
+        assert agent_tokens.is_node_token(out.strip()) and note in err
+        assert (await api.report(out.strip(), host))[0] == (200 if host == "gpu-a" else 400)
