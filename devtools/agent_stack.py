@@ -2,9 +2,12 @@
 
 What the test machine lacks is swapped in, and only that: the test image (busybox)
 with this machine's Python and the repository bind-mounted instead of an image with
-gpuspawner, and the fake libnvidia-ml.so.1 instead of the NVIDIA runtime's. The rest
+gpuspawner, and the fake libnvidia-ml.so.1 instead of the NVIDIA runtime's. The nodes'
+token files live in a folder of the caller's instead of /etc/gpuspawner/agent-tokens
+(the workers share this machine's file system, so each run keeps its own). The rest
 is the stack file as users get it: a global service placed by a node label, the host
-network, the token as a swarm secret, the node's hostname through a swarm template.
+network, each node's own token from a bind mount whose source the swarm templates by
+node (``{{.Node.Hostname}}``), the node's hostname through the same template.
 """
 
 from __future__ import annotations
@@ -12,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
@@ -20,7 +22,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 STACK = REPO / "examples" / "agent-stack.yml"
 STACK_NAME = "gpuspawner-agent-test"
-SECRET = "gpuspawner_agent_token"
+TOKEN_SOURCE = "/etc/gpuspawner/agent-tokens/{{.Node.Hostname}}"  # as the example stack has it
 
 
 def docker(swarm, *args, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -46,17 +48,19 @@ def set_gpu_label(swarm, hostname: str, value: str | None) -> None:
     node.update(dict(spec, Labels=labels))
 
 
-def local_stack(hub_url: str, lib_dir: Path, devices: str, image: str, interval: float = 1) -> dict:
-    """The example stack with this machine's stand-ins for the image and the driver.
+def local_stack(hub_url: str, lib_dir: Path, devices: str, image: str, token_dir: Path, interval: float = 1) -> dict:
+    """The example stack with this machine's stand-ins for the image and the driver,
+    the nodes' tokens read from ``token_dir/HOSTNAME`` (see :func:`write_tokens`).
     ``devices`` may use swarm templates, e.g. ``/x/{{.Node.Hostname}}.txt``."""
     stack = yaml.safe_load(STACK.read_text())
     [service] = stack["services"].values()
     service["image"] = image
+    [token] = [v for v in service["volumes"] if isinstance(v, dict) and v.get("source") == TOKEN_SOURCE]
     folder = str(Path(devices).parent)
     mounts = {"/usr", "/lib", "/lib64", sys.base_prefix, sys.prefix, str(REPO), str(lib_dir), folder}
     service["volumes"] = [
         {"type": "bind", "source": m, "target": m, "read_only": True} for m in sorted(mounts) if Path(m).exists()
-    ]
+    ] + [dict(token, source=str(token_dir / "{{.Node.Hostname}}"))]
     # Live readings: a test changes a node's file while its agent runs.
     service["environment"].update(
         LD_LIBRARY_PATH=str(lib_dir), FAKE_NVML_DEVICES=devices, FAKE_NVML_WATCH="1", PYTHONPATH=str(REPO)
@@ -69,14 +73,22 @@ def local_stack(hub_url: str, lib_dir: Path, devices: str, image: str, interval:
     return stack
 
 
+def write_tokens(token_dir: Path, tokens: dict[str, str]) -> None:
+    """Each node's token in ``token_dir/HOSTNAME``, readable by root only, as an admin
+    installs it in /etc/gpuspawner/agent-tokens on each node (docs/agent.md)."""
+    token_dir.mkdir(parents=True, exist_ok=True)
+    for hostname, token in tokens.items():
+        path = token_dir / hostname
+        path.touch(mode=0o600)
+        path.write_text(token + "\n")
+
+
 @contextlib.contextmanager
-def deployed(swarm, stack: dict, token: str, labels: dict[str, str], workdir: Path):
-    """The stack deployed, with the token as its secret and these gpu= node labels."""
+def deployed(swarm, stack: dict, labels: dict[str, str], workdir: Path):
+    """The stack deployed with these gpu= node labels (the tokens written beforehand)."""
     stack_file = workdir / "agent-stack.yml"
     stack_file.write_text(yaml.safe_dump(stack))
     docker(swarm, "stack", "rm", STACK_NAME, check=False)
-    docker(swarm, "secret", "rm", SECRET, check=False)
-    docker(swarm, "secret", "create", SECRET, "-", input=token)
     for hostname, value in labels.items():
         set_gpu_label(swarm, hostname, value)
     try:
@@ -86,8 +98,3 @@ def deployed(swarm, stack: dict, token: str, labels: dict[str, str], workdir: Pa
         docker(swarm, "stack", "rm", STACK_NAME, check=False)
         for hostname in labels:
             set_gpu_label(swarm, hostname, None)
-        deadline = time.monotonic() + 60
-        while docker(swarm, "secret", "rm", SECRET, check=False).returncode != 0:
-            if time.monotonic() > deadline:  # still in use by a task that is going away
-                break
-            time.sleep(1)

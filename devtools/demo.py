@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import secrets
 import signal
 import sys
 import time
@@ -110,13 +109,30 @@ def _swarm_and_image(server: str) -> tuple[swarm_harness.Cluster, str, str]:
     return cluster, swarm_harness.TEST_IMAGE, "stand-ins (busybox httpd showing NVIDIA_VISIBLE_DEVICES)"
 
 
-def _agents(stack: contextlib.ExitStack, hub: Hub, cluster: swarm_harness.Cluster, state_dir: Path, token: str) -> None:
-    """Step 4 with agents: the agent stack on the workers, until both have reported (at most 90 s)."""
+def _issue_tokens(hub: Hub, hosts: list[str], token_dir: Path) -> None:
+    """Each node's own agent token, issued by the hub (as `gpuspawner agent-token HOST`
+    does) and written where the node's agent reads it. Issuing again rotates them."""
+    tokens = {}
+    for host in hosts:
+        r = hub.api("POST", f"/gpuspawner/agent-tokens/{host}")
+        if r.status_code != 200:
+            raise HubError(f"issuing {host}'s agent token: {r.status_code} {r.text}")
+        tokens[host] = r.json()["token"]
+    agent_stack.write_tokens(token_dir, tokens)
+
+
+def _agents(stack: contextlib.ExitStack, hub: Hub, cluster: swarm_harness.Cluster, state_dir: Path) -> None:
+    """Step 4 with agents: the agent stack on the workers, each with a token of its
+    own, until both have reported (at most 90 s)."""
     _step(4, "GPU agents: gpuspawner-agent on gpu-a and gpu-b (examples/agent-stack.yml, fake NVML)")
     lib_dir, gpus = _agent_files(state_dir)
+    workers = ["gpu-a", "gpu-b"]
+    _issue_tokens(hub, workers, state_dir / "agent-tokens")
     hub_api = f"http://{cluster.manager_addr}:{hub.port + 81}/"
-    spec = agent_stack.local_stack(hub_api, lib_dir, str(gpus / "{{.Node.Hostname}}.txt"), cluster.image, interval=5)
-    stack.enter_context(agent_stack.deployed(cluster, spec, token, {"gpu-a": "true", "gpu-b": "true"}, state_dir))
+    spec = agent_stack.local_stack(
+        hub_api, lib_dir, str(gpus / "{{.Node.Hostname}}.txt"), cluster.image, state_dir / "agent-tokens", interval=5
+    )
+    stack.enter_context(agent_stack.deployed(cluster, spec, dict.fromkeys(workers, "true"), state_dir))
     known = lambda: set(hub.api("GET", "/gpuspawner/alloc-map").json())  # noqa: E731
     deadline = time.monotonic() + 90
     while known() != {"gpu-a", "gpu-b"} and time.monotonic() < deadline:
@@ -142,9 +158,8 @@ def main(argv=None) -> int:
 
     _step(3, f"JupyterHub on http://127.0.0.1:{args.port}")
     env = {"GPUSPAWNER_DOCKER_URL": cluster.manager_url, "GPUSPAWNER_IMAGE": image}
-    token = secrets.token_hex(16)
     if args.gpus == "agent":
-        env.update(GPUSPAWNER_INVENTORY_SOURCE="agent", GPUSPAWNER_AGENT_TOKEN=token)
+        env.update(GPUSPAWNER_INVENTORY_SOURCE="agent")
     hub = Hub(state_dir, port=args.port, env=env)
     try:
         hub.start()
@@ -153,7 +168,12 @@ def main(argv=None) -> int:
         return 1
     with contextlib.ExitStack() as stack:
         if args.gpus == "agent":
-            _agents(stack, hub, cluster, state_dir, token)
+            try:
+                _agents(stack, hub, cluster, state_dir)
+            except HubError as exc:
+                print(f"The GPU agents could not start: {exc}", file=sys.stderr)
+                hub.stop()
+                return 1
         else:
             _step(4, f"GPUs from {INVENTORY.name} (no agents)")
         return _serve(hub, cluster, servers, args.gpus)

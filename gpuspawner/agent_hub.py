@@ -21,7 +21,7 @@ TOKEN_ENV = "GPUSPAWNER_AGENT_TOKEN"
 REPORT_PATH = "hub/api/gpuspawner/report"
 NO_TOKEN = (
     f"{PROG}: no hub token: pass --token-file FILE or set {TOKEN_ENV} "
-    "(the token the hub's configuration gives the agents)"
+    "(this node's own token, issued with `gpuspawner agent-token HOST`)"
 )
 
 

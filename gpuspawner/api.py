@@ -1,8 +1,13 @@
 """The hub's gpuspawner endpoints, served by JupyterHub itself under /hub/.
 
-* ``POST /hub/api/gpuspawner/report``: node agents post what NVML sees.
-  Needs the custom scope ``custom:gpuspawner:report`` (and nothing else
-  should have it: an agent token can do nothing more).
+* ``POST /hub/api/gpuspawner/report``: node agents post what NVML sees, each
+  with its node's own token (see :mod:`gpuspawner.agent_tokens`), which may
+  report only for that node. A JupyterHub token with the custom scope
+  ``custom:gpuspawner:report`` (one shared by all agents) is accepted only
+  while ``agent_shared_token`` is on.
+* ``GET /hub/api/gpuspawner/agent-tokens``: the hosts that have a token (never
+  the tokens); ``POST …/agent-tokens/HOST`` issues a fresh one (the old one
+  stops working), ``DELETE …/agent-tokens/HOST`` revokes it.
 * ``GET /hub/api/gpuspawner/alloc-map``: who holds which device, and how
   healthy each is. ``POST /hub/api/gpuspawner/rescan`` reconciles the
   holdings with the services the swarm runs, then returns the map.
@@ -36,6 +41,7 @@ from jupyterhub.spawner import SpawnException
 from markupsafe import Markup
 from tornado import web
 
+from . import agent_tokens
 from .cluster import GPUCluster
 from .doctor import diagnose
 from .holdings import Holdings
@@ -84,6 +90,20 @@ class _GPUMixin:
             self.settings["gpuspawner_view"] = view
         return view
 
+    def owner(self) -> Holdings:
+        """The hub's holdings as they are (no swarm call)."""
+        try:
+            return self.view().holdings()
+        except SpawnException as exc:
+            raise web.HTTPError(503, exc.message) from None
+
+    async def ledger(self, call):
+        """``call(ledger)`` in the ledger's executor; 503 with the reason when it fails."""
+        try:
+            return await self.owner().ledger_call(call)
+        except LedgerError as exc:
+            raise web.HTTPError(503, str(exc)) from None
+
     async def holdings(self) -> Holdings:
         """The hub's holdings, with fresh node status."""
         try:
@@ -93,8 +113,23 @@ class _GPUMixin:
 
 
 class ReportHandler(_GPUMixin, APIHandler):
+    async def reporter(self) -> str | None:
+        """The host the request's node token belongs to; None for the shared
+        agent token while ``agent_shared_token`` allows it; else 403."""
+        if self.current_user:  # a JupyterHub token (or a login cookie)
+            self.require(REPORT_SCOPE)
+            if not self.view().agent_shared_token:
+                raise web.HTTPError(403, agent_tokens.SHARED_TOKEN_REFUSED)
+            return None
+        token = self.get_auth_token()
+        if agent_tokens.is_node_token(token):
+            stored = await self.ledger(lambda db: db.agent_token(agent_tokens.digest(token)))
+            if stored is not None and agent_tokens.matches(token, stored.token_sha256):
+                return stored.host
+        raise web.HTTPError(403, "Missing or invalid credentials.")
+
     async def post(self):
-        self.require(REPORT_SCOPE)
+        token_host = await self.reporter()
         body = self.request.body
         if len(body) > MAX_REPORT_BYTES:
             raise web.HTTPError(400, f"report is {len(body)} bytes; the limit is {MAX_REPORT_BYTES}")
@@ -102,10 +137,10 @@ class ReportHandler(_GPUMixin, APIHandler):
             report = parse_report(body)
         except ReportError as exc:
             raise web.HTTPError(400, str(exc)) from None
-        try:
-            cluster = self.view().holdings().cluster
-        except SpawnException as exc:
-            raise web.HTTPError(503, exc.message) from None
+        wrong_host = token_host and agent_tokens.refusal(token_host, report.hostname)
+        if wrong_host:
+            raise web.HTTPError(403, wrong_host)
+        cluster = self.owner().cluster
         if report.hostname not in cluster.nodes:
             # A node that joined since the last look, or not a node at all.
             last = self.settings.get("gpuspawner_nodes_checked", 0.0)
@@ -120,6 +155,53 @@ class ReportHandler(_GPUMixin, APIHandler):
             raise web.HTTPError(400, str(exc)) from None
         self.set_header("Content-Type", "application/json")
         self.write({"hostname": report.hostname, "devices": len(report.devices), "interval": report.interval})
+
+
+class AgentTokenHandler(_GPUMixin, APIHandler):
+    """Node agents' tokens, for admins: list, issue (or rotate), revoke."""
+
+    async def get(self, host: str | None = None):
+        self.require(ADMIN_SCOPE)
+        if host is not None:
+            raise web.HTTPError(405, "GET lists every host's token: use /hub/api/gpuspawner/agent-tokens")
+        stored = await self.ledger(lambda db: db.agent_tokens())
+        self.write({"hosts": [{"host": t.host, "issued_at": _iso(t.issued_at)} for t in stored or []]})
+
+    async def post(self, host: str | None = None):
+        self.require(ADMIN_SCOPE)
+        host = self._host(host)
+        try:
+            nodes = (await self.holdings()).cluster.nodes
+        except web.HTTPError:  # the swarm cannot be asked now; issuing does not need it
+            nodes = None
+        token = agent_tokens.new_token()
+        replaced = await self.ledger(lambda db: db.set_agent_token(host, agent_tokens.digest(token)))
+        self.log.info("gpuspawner: %s the agent token of %s", "rotated" if replaced else "issued", host)
+        self.set_header("Cache-Control", "no-store")  # the token is shown this once
+        self.write(
+            {"host": host, "token": token, "rotated": bool(replaced), "node": None if nodes is None else host in nodes}
+        )
+
+    async def delete(self, host: str | None = None):
+        self.require(ADMIN_SCOPE)
+        host = self._host(host)
+        if not await self.ledger(lambda db: db.revoke_agent_token(host)):
+            raise web.HTTPError(404, f"{host} has no agent token: nothing was revoked")
+        self.log.info("gpuspawner: revoked the agent token of %s", host)
+        self.write({"host": host, "revoked": True})
+
+    @staticmethod
+    def _host(host: str | None) -> str:
+        if host is None:
+            raise web.HTTPError(400, "name the node: /hub/api/gpuspawner/agent-tokens/HOST")
+        try:
+            return agent_tokens.checked_host(host)
+        except ValueError as exc:
+            raise web.HTTPError(400, str(exc)) from None
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class AllocMapHandler(_GPUMixin, APIHandler):
@@ -157,6 +239,7 @@ class DoctorHandler(_GPUMixin, APIHandler):
             cluster.aliases,
             foreign=owner.foreign,
             conflicts=cluster.uuid_conflicts,
+            shared_token=self.view().agent_shared_token,
         )
         self.set_header("Content-Type", "application/json")
         self.write({"findings": [f.as_dict() for f in findings]})
@@ -254,6 +337,8 @@ class GPUPageHandler(_GPUMixin, BaseHandler):
 
 handlers = [
     (r"/api/gpuspawner/report", ReportHandler),
+    (r"/api/gpuspawner/agent-tokens", AgentTokenHandler),
+    (r"/api/gpuspawner/agent-tokens/([^/]+)", AgentTokenHandler),
     (r"/api/gpuspawner/alloc-map", AllocMapHandler),
     (r"/api/gpuspawner/rescan", RescanHandler),
     (r"/api/gpuspawner/usage", UsageHandler),

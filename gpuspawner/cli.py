@@ -4,6 +4,9 @@
     gpuspawner rescan [--json]           reconcile with the swarm's services, then the map
     gpuspawner usage [--since T] [--until T] [--by user|model] [--json]   GPU-hours
     gpuspawner doctor [--json]           known misconfigurations, each with its fix (exit 1 on errors)
+    gpuspawner agent-token HOST          issue HOST's node agent a token (printed once; rotates)
+    gpuspawner agent-token --revoke HOST revoke it
+    gpuspawner agent-token --list        the hosts that have one (never the tokens)
 
 The hub is found from ``--hub-url`` or ``$JUPYTERHUB_URL`` (default
 http://127.0.0.1:8000), the token from ``--token-file`` or ``$JUPYTERHUB_API_TOKEN``;
@@ -103,7 +106,16 @@ def _token(args) -> str:
     return token
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def format_agent_tokens(result: dict) -> str:
+    if "hosts" in result:
+        rows = [f"{t['host']}  issued {t['issued_at']}" for t in result["hosts"]]
+        return "\n".join(rows) if rows else "No node has an agent token."
+    if result.get("revoked"):
+        return f"Revoked the agent token of {result['host']}: its agent's reports now get 403."
+    return result["token"]  # alone on stdout, to go straight into the node's token file
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="Admin commands for gpuspawner on a running hub.")
     parser.add_argument(
         "--hub-url",
@@ -124,23 +136,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--until", default="", help="ISO 8601 time (default: now)")
     p.add_argument("--by", choices=("user", "model"), default="user")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p = sub.add_parser("agent-token", help="issue, rotate, revoke or list node agents' tokens")
+    p.add_argument("host", nargs="?", help="the node's hostname, as `docker node ls` shows it")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--revoke", action="store_true", help="revoke HOST's token")
+    what.add_argument("--list", action="store_true", help="list the hosts that have a token")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def _request(parser: argparse.ArgumentParser, args) -> tuple[str, str]:
+    """The command's HTTP method and path under /hub/api/."""
+    if args.command == "usage":
+        query = urllib.parse.urlencode({"since": args.since, "until": args.until, "by": args.by})
+        return "GET", f"gpuspawner/usage?{query}"
+    if args.command == "agent-token":
+        if args.list:
+            if args.host:
+                parser.error("agent-token --list takes no HOST")
+            return "GET", "gpuspawner/agent-tokens"
+        if not args.host:
+            parser.error("agent-token needs a HOST (or --list)")
+        return ("DELETE" if args.revoke else "POST"), "gpuspawner/agent-tokens/" + urllib.parse.quote(
+            args.host, safe=""
+        )
+    return ("POST" if args.command == "rescan" else "GET"), f"gpuspawner/{args.command}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
+    method, path = _request(parser, args)
     try:
-        token = _token(args)
-        if args.command == "alloc-map":
-            result = api(args.hub_url, token, "GET", "gpuspawner/alloc-map")
-        elif args.command == "rescan":
-            result = api(args.hub_url, token, "POST", "gpuspawner/rescan")
-        elif args.command == "doctor":
-            result = api(args.hub_url, token, "GET", "gpuspawner/doctor")
-        else:
-            query = urllib.parse.urlencode({"since": args.since, "until": args.until, "by": args.by})
-            result = api(args.hub_url, token, "GET", f"gpuspawner/usage?{query}")
+        result = api(args.hub_url, _token(args), method, path)
     except CLIError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
-    formats = {"usage": format_usage, "doctor": lambda r: format_findings(r["findings"])}
+    formats = {
+        "usage": format_usage,
+        "doctor": lambda r: format_findings(r["findings"]),
+        "agent-token": format_agent_tokens,
+    }
     print(json.dumps(result, indent=2) if args.json else formats.get(args.command, format_alloc_map)(result))
+    if args.command == "agent-token" and "token" in result and not args.json:
+        done = "Rotated: the old token stops working now" if result["rotated"] else "Issued"
+        where = f"; {args.host} is not a swarm node yet" if result.get("node") is False else ""
+        print(f"{done}; install it on {args.host} (docs/agent.md){where}.", file=sys.stderr)
     if args.command == "doctor" and any(f["severity"] == "error" for f in result["findings"]):
         return 1
     return 0

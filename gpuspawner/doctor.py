@@ -36,9 +36,11 @@ def diagnose(
     aliases: Mapping[str, str] | None = None,
     foreign: Mapping[str, str] | None = None,
     conflicts: Iterable[Conflict] = (),
+    shared_token: bool = False,
 ) -> list[Finding]:
     """``foreign``: labelled services the hub does not take as its servers, with why;
-    ``conflicts``: reports refused because they name a UUID another host has."""
+    ``conflicts``: reports refused because they name a UUID another host has;
+    ``shared_token``: whether ``agent_shared_token`` is on."""
     nodes = {n.hostname: n for n in nodes}
     static = list(static) if "static" in set(sources) else []
     out = [
@@ -49,6 +51,17 @@ def diagnose(
         *_conflict_findings(conflicts),
         *_foreign_findings(foreign or {}),
     ]
+    if shared_token:
+        out.append(
+            Finding(
+                "warning",
+                "",
+                "agent_shared_token is on: the agents' shared token can report for any node, "
+                "so whoever has it can mark every node's GPUs unhealthy or absent",
+                "issue each node its own token (gpuspawner agent-token HOST, see docs/agent.md), "
+                "then set c.GPUSwarmSpawner.agent_shared_token = False",
+            )
+        )
     if not static and not reports:
         out.append(
             Finding(

@@ -53,12 +53,22 @@ from .ledger_reads import (
     usage_query,
     usage_totals,
 )
-from .ledger_schema import COLUMNS, Record, allocation_devices, allocations, join_tasks, split_tasks
+from .ledger_schema import (
+    COLUMNS,
+    AgentToken,
+    Record,
+    agent_tokens,
+    allocation_devices,
+    allocations,
+    join_tasks,
+    split_tasks,
+)
 from .ledger_url import DEFAULT_FILENAME, default_db_url, safe_url, scrub, secrets_of
 
 # The ledger's public names; those defined in ledger_* modules are re-exported here.
 __all__ = [
     "DEFAULT_FILENAME",
+    "AgentToken",
     "Ledger",
     "LedgerError",
     "Record",
@@ -299,6 +309,43 @@ class Ledger:
         since, until = checked_range(since, until, until_default=now)
         with self._db("computing GPU usage"), self.engine.connect() as conn:
             return usage_totals(conn.execute(usage_query(by, since, until)), now, since, until)
+
+    # --- node agents' tokens ------------------------------------------------------
+
+    def set_agent_token(self, host: str, token_sha256: str, issued_at: datetime | None = None) -> bool:
+        """Store ``token_sha256`` as ``host``'s agent token, replacing the one it had (in
+        one transaction: the old one stops working as the new one starts). True when it
+        replaced one."""
+        checked_name(host, "host", required=True)
+        if not isinstance(token_sha256, str) or len(token_sha256) != 64:
+            raise ValueError("token_sha256 must be a SHA-256 in hex (64 characters)")
+        when = aware_utc(issued_at, "issued_at") or utc_now()
+        t = agent_tokens
+        with self._write_lock, self._db(f"storing the agent token of {host}"), self.engine.begin() as conn:
+            replaced = conn.execute(t.delete().where(t.c.host == host)).rowcount
+            conn.execute(t.insert().values(host=host, token_sha256=token_sha256, issued_at=when))
+            return bool(replaced)
+
+    def revoke_agent_token(self, host: str) -> bool:
+        """Forget ``host``'s agent token; False when it had none."""
+        checked_name(host, "host", required=True)
+        t = agent_tokens
+        with self._write_lock, self._db(f"revoking the agent token of {host}"), self.engine.begin() as conn:
+            return bool(conn.execute(t.delete().where(t.c.host == host)).rowcount)
+
+    def agent_token(self, token_sha256: str) -> AgentToken | None:
+        """The stored token with this digest, or None."""
+        t = agent_tokens
+        with self._db("reading an agent token"), self.engine.connect() as conn:
+            row = conn.execute(sa.select(t).where(t.c.token_sha256 == token_sha256)).first()
+        return None if row is None else AgentToken(row.host, row.token_sha256, row.issued_at)
+
+    def agent_tokens(self) -> list[AgentToken]:
+        """Every host's stored token, by host."""
+        t = agent_tokens
+        with self._db("listing the agent tokens"), self.engine.connect() as conn:
+            rows = conn.execute(sa.select(t).order_by(t.c.host)).all()
+        return [AgentToken(r.host, r.token_sha256, r.issued_at) for r in rows]
 
     # --- plumbing ------------------------------------------------------------------
 

@@ -71,6 +71,24 @@ allocation_devices = sa.Table(
     sa.Index("gpuspawner_allocation_devices_uuid", "uuid"),
 )
 
+# One node agent's token per host: only its SHA-256 (gpuspawner.agent_tokens).
+agent_tokens = sa.Table(
+    "gpuspawner_agent_tokens",
+    metadata,
+    sa.Column("host", sa.String(NAME_MAX), primary_key=True),
+    sa.Column("token_sha256", sa.String(64), nullable=False, unique=True),
+    sa.Column("issued_at", UTCDateTime, nullable=False),
+)
+
+
+@dataclass(frozen=True)
+class AgentToken:
+    """A host's agent token as stored: its digest and when it was issued."""
+
+    host: str
+    token_sha256: str
+    issued_at: datetime
+
 
 # Record field: allocations column, for what is stored one to one.
 COLUMNS = {

@@ -96,6 +96,16 @@ class GPUSettings(LoggingConfigurable):
         alone) until it reports again.""",
     ).tag(config=True)
 
+    agent_shared_token = Bool(
+        False,
+        help="""Whether node agents may still report with one token shared by all of
+        them (a JupyterHub token whose role has ``custom:gpuspawner:report``). Such a
+        token can report for any node; a node's own token (``gpuspawner agent-token
+        HOST``) only for that node. Off (default): the shared token gets 403.
+        Turn it on only while moving nodes to their own tokens; ``gpuspawner
+        doctor`` warns while it is on.""",
+    ).tag(config=True)
+
     local_gpu_host = Unicode(
         help="""With ``gpu_inventory_source`` ``local``: the swarm node the
         hub's own GPUs belong to. Default: this machine's hostname.""",

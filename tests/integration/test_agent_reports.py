@@ -1,7 +1,10 @@
 """Agent reports into a real hub on the real test swarm: who may report, what
 is refused (always a clean 4xx), and what the form and the allocation map then
 show. Reports are posted here over HTTP exactly as gpuspawner-agent posts them;
-test_agents_on_nodes.py runs the agent itself on each node."""
+test_agents_on_nodes.py runs the agent itself on each node. This hub still allows
+the agents' shared token (``agent_shared_token``), which most tests here post with;
+each node's own token, issued by ``gpuspawner agent-token``, may report only for
+its node."""
 
 from __future__ import annotations
 
@@ -26,7 +29,8 @@ GTX = "NVIDIA GeForce GTX 1070"
 @pytest.fixture(scope="module")
 def hub(swarm, tmp_path_factory):
     env = {"GPUSPAWNER_INVENTORY_SOURCE": "agent", "GPUSPAWNER_AGENT_TOKEN": AGENT_TOKEN}
-    with hub_on(swarm, tmp_path_factory.mktemp("hub"), port_from=18500, env=env) as h:
+    config = "c.GPUSwarmSpawner.agent_shared_token = True\n"
+    with hub_on(swarm, tmp_path_factory.mktemp("hub"), port_from=18500, extra_config=config, env=env) as h:
         yield h
 
 
@@ -195,3 +199,53 @@ def test_a_report_naming_another_nodes_gpu_is_refused_and_the_gpu_stays_on_its_n
     assert post(hub, own).status_code == 200  # a clean report from gpu-a clears the finding
     findings = [f for f in hub.api("GET", "/gpuspawner/doctor").json()["findings"] if f["host"] == "gpu-a"]
     assert not any("GPU-b-only-0" in f["problem"] for f in findings), findings
+
+
+def agent_token_cli(hub, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, "agent-token", *args],
+        env={**os.environ, "JUPYTERHUB_API_TOKEN": hub.token},
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_a_nodes_own_token_cannot_report_for_another_node(hub, swarm):
+    """gpu-a's token says gpu-b has no GPU: 403, gpu-b keeps its GPU, and the next
+    spawn of that model lands on gpu-b."""
+    issued = {host: agent_token_cli(hub, host) for host in ("gpu-a", "gpu-b")}
+    assert all(r.returncode == 0 for r in issued.values()), {h: r.stderr for h, r in issued.items()}
+    a, b = (issued[h].stdout.strip() for h in ("gpu-a", "gpu-b"))
+    assert post(hub, gpu_a(*[device(i, f"GPU-gtx-a{i}", GTX, 8192) for i in range(3)]), token=a).status_code == 200
+    assert post(hub, report(device(0, "GPU-b-own-0")), token=b).status_code == 200
+
+    r = post(hub, report(hostname="gpu-b"), token=a)
+    assert r.status_code == 403
+    assert r.json()["message"] == "This agent token belongs to gpu-a and may report only for gpu-a, not for gpu-b."
+    r = post(hub, report(device(0, "GPU-b-own-0", ecc_uncorrected=9)), token=a)
+    assert r.status_code == 403  # nor mark its GPUs unhealthy
+    m = hub.api("GET", "/gpuspawner/alloc-map").json()
+    assert list(m["gpu-b"]) == ["GPU-b-own-0"] and m["gpu-b"]["GPU-b-own-0"]["health"] == "ok"
+    spawn_ready(hub, "vera", {"gpu_model": A100})
+    (service,) = swarm.client().services.list(filters={"label": "gpuspawner.user=vera"})
+    spec = service.attrs["Spec"]["TaskTemplate"]
+    assert "node.hostname==gpu-b" in spec["Placement"]["Constraints"]
+    assert "NVIDIA_VISIBLE_DEVICES=GPU-b-own-0" in spec["ContainerSpec"]["Env"]
+    hub.stop_server("vera")
+
+
+def test_rotating_or_revoking_a_nodes_token_stops_the_old_one_at_once(hub):
+    old = agent_token_cli(hub, "gpu-a").stdout.strip()
+    rotated = agent_token_cli(hub, "gpu-a")
+    assert rotated.returncode == 0 and "Rotated: the old token stops working now" in rotated.stderr
+    new = rotated.stdout.strip()
+    body = gpu_a(device(0, "GPU-gtx-a0", GTX, 8192))
+    assert post(hub, body, token=old).status_code == 403
+    assert post(hub, body, token=new).status_code == 200
+    listed = agent_token_cli(hub, "--list")
+    assert listed.returncode == 0 and "gpu-a  issued " in listed.stdout and new not in listed.stdout
+    revoked = agent_token_cli(hub, "--revoke", "gpu-a")
+    assert revoked.returncode == 0, revoked.stderr
+    assert post(hub, body, token=new).status_code == 403
+    again = agent_token_cli(hub, "--revoke", "gpu-a")
+    assert again.returncode == 1 and "gpu-a has no agent token" in again.stderr

@@ -1,6 +1,7 @@
 """Node agents on the real test swarm feed a real hub: examples/agent-stack.yml runs
 gpuspawner-agent on each worker (real pynvml over the fake libnvidia-ml.so.1, each
-node with its own devices file), reporting every second. What users see in the form
+node with its own devices file and its own agent token, issued by the hub), reporting
+every second. What users see in the form
 follows what the nodes say: models and counts, a GPU turning unhealthy, a node whose
 agent stops."""
 
@@ -15,7 +16,6 @@ from devtools import agent_stack, fakenvml
 from devtools.fakenvml.nodes import A100, GTX, MIXED_NODE, T4
 from tests.integration.support import hub_on, login, wait_until
 
-TOKEN = "node-agents-token-0123456789"
 INTERVAL = 1.0
 GPU_B = [
     dict(
@@ -42,14 +42,16 @@ def cluster(swarm, tmp_path_factory):
     gpus.mkdir()
     fakenvml.write_devices(gpus / "gpu-a.txt", MIXED_NODE)
     fakenvml.write_devices(gpus / "gpu-b.txt", GPU_B)
-    env = {"GPUSPAWNER_INVENTORY_SOURCE": "agent", "GPUSPAWNER_AGENT_TOKEN": TOKEN}
+    env = {"GPUSPAWNER_INVENTORY_SOURCE": "agent"}  # no shared agent token: each node has its own
     config = "c.GPUSwarmSpawner.agent_stale_intervals = 3\n"
     with hub_on(swarm, work / "hub", port_from=20000, extra_config=config, env=env) as hub:
+        tokens = {h: hub.api("POST", f"/gpuspawner/agent-tokens/{h}").json()["token"] for h in ("gpu-a", "gpu-b")}
+        agent_stack.write_tokens(work / "tokens", tokens)
         hub_api = f"http://{swarm.manager_addr}:{hub.port + 81}/"  # the hub's own port, on the bridge
         stack = agent_stack.local_stack(
-            hub_api, lib_dir, str(gpus / "{{.Node.Hostname}}.txt"), swarm.image, interval=INTERVAL
+            hub_api, lib_dir, str(gpus / "{{.Node.Hostname}}.txt"), swarm.image, work / "tokens", interval=INTERVAL
         )
-        with agent_stack.deployed(swarm, stack, TOKEN, {"gpu-a": "true", "gpu-b": "true"}, work):
+        with agent_stack.deployed(swarm, stack, {"gpu-a": "true", "gpu-b": "true"}, work):
             wait_until(lambda: set(alloc_map(hub)) == {"gpu-a", "gpu-b"}, "the agents did not report", timeout=90)
             yield hub, gpus
 

@@ -303,7 +303,7 @@ def test_a_gpu_lost_while_running_is_reported_under_its_uuid(hub, fake_lib_dir, 
             lambda hub, tmp: [],
             {},
             "gpuspawner-agent: no hub token: pass --token-file FILE or set GPUSPAWNER_AGENT_TOKEN "
-            "(the token the hub's configuration gives the agents)",
+            "(this node's own token, issued with `gpuspawner agent-token HOST`)",
         ),
         (
             lambda hub, tmp: ["--token-file", str(tmp / "missing")],

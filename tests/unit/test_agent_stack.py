@@ -27,8 +27,7 @@ def test_the_stack_runs_one_agent_on_each_labelled_gpu_node_on_the_host_network(
     assert env[HOSTNAME_ENV] == "{{.Node.Hostname}}"  # swarm fills templates in env
     [net] = service["networks"]
     assert stack["networks"][net] == {"external": True, "name": "host"}
-    [secret] = service["secrets"]
-    assert stack["secrets"][secret] == {"external": True}
+    assert "secrets" not in service and "secrets" not in stack  # one for all tasks: not per node
 
 
 def test_the_stacks_command_line_is_accepted_by_the_agent():
@@ -38,8 +37,14 @@ def test_the_stacks_command_line_is_accepted_by_the_agent():
     assert command[0] == "gpuspawner-agent"
     args = build_parser().parse_args(command[1:])
     assert args.command == "run"
-    [secret] = service["secrets"]
-    assert args.token_file == f"/run/secrets/{secret}"
+    [token] = [v for v in service["volumes"] if isinstance(v, dict) and v["target"] == args.token_file]
+    # Each node's own token, from a file on that node named by a swarm template.
+    assert token == {
+        "type": "bind",
+        "source": "/etc/gpuspawner/agent-tokens/{{.Node.Hostname}}",
+        "target": "/run/gpuspawner/agent-token",
+        "read_only": True,
+    }
     assert report_url(args.hub_url).endswith("/hub/api/gpuspawner/report")
     assert args.hostname is None  # left to the environment's template
     assert args.interval == 15

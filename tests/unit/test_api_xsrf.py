@@ -22,16 +22,16 @@ from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 
 from gpuspawner.api import handlers
 
-POSTING = [h for _, h in handlers if "post" in vars(h)]
+POSTING = list(dict.fromkeys(h for _, h in handlers if "post" in vars(h) or "delete" in vars(h)))
 
 
 def test_every_post_endpoint_is_an_api_handler_with_jupyterhubs_checks():
-    assert {h.__name__ for h in POSTING} == {"ReportHandler", "RescanHandler"}
+    assert {h.__name__ for h in POSTING} == {"ReportHandler", "RescanHandler", "AgentTokenHandler"}
     for h in POSTING:
         assert issubclass(h, APIHandler)
         assert h.prepare is BaseHandler.prepare
         assert h.check_xsrf_cookie is APIHandler.check_xsrf_cookie
-        assert "POST" not in h._xsrf_safe_methods
+        assert "POST" not in h._xsrf_safe_methods and "DELETE" not in h._xsrf_safe_methods
 
 
 def _handler(cls, headers: dict, *, token: bool):

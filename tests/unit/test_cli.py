@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import socket
 
-from gpuspawner.cli import format_alloc_map, main
+import pytest
+
+from gpuspawner.cli import format_agent_tokens, format_alloc_map, main
 
 MAP = {
     "gpu-b": {
@@ -56,3 +58,24 @@ def test_no_token_says_how_to_give_one(capsys, monkeypatch, tmp_path):
     assert "pass --token-file FILE or set JUPYTERHUB_API_TOKEN" in capsys.readouterr().err
     assert main(["--token-file", str(tmp_path / "missing"), "alloc-map"]) == 1
     assert "cannot read the token file" in capsys.readouterr().err
+
+
+def test_agent_token_needs_a_host_or_list_and_not_both(capsys, monkeypatch):
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "x")
+    for argv, message in (
+        (["agent-token"], "agent-token needs a HOST (or --list)"),
+        (["agent-token", "--revoke"], "agent-token needs a HOST (or --list)"),
+        (["agent-token", "--list", "gpu-a"], "agent-token --list takes no HOST"),
+        (["agent-token", "--list", "--revoke", "gpu-a"], "not allowed with argument"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_agent_token_prints_the_token_alone_on_stdout():
+    answer = {"host": "gpu-a", "token": "gpuspawner-node-abc", "rotated": False, "node": True}
+    assert format_agent_tokens(answer) == "gpuspawner-node-abc"
+    assert format_agent_tokens({"hosts": []}) == "No node has an agent token."
+    listed = format_agent_tokens({"hosts": [{"host": "gpu-a", "issued_at": "2026-12-01T18:00:00Z"}]})
+    assert listed == "gpu-a  issued 2026-12-01T18:00:00Z"

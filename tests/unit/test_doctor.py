@@ -87,3 +87,10 @@ def test_a_refused_report_naming_another_nodes_uuid_is_an_error_with_the_fix():
         "GPU-b0 is on gpu-b (in the static inventory), not on gpu-a"
     )
     assert f.fix == "the same UUID on two nodes: a copied inventory or a spoofed agent; check nvidia-smi -L on both"
+
+
+def test_the_shared_agent_token_is_a_warning_while_allowed():
+    assert diagnose([node("gpu-a")], [GPU("gpu-a", 0, "GPU-a0", A100, 1)], {}, {}, ["static"]) == []
+    (f,) = diagnose([node("gpu-a")], [GPU("gpu-a", 0, "GPU-a0", A100, 1)], {}, {}, ["static"], shared_token=True)
+    assert f.severity == "warning" and "agent_shared_token is on" in f.problem
+    assert "agent_shared_token = False" in f.fix

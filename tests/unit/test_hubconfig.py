@@ -50,6 +50,8 @@ def handler_for(app: JupyterHub, method: str, path: str) -> type:
     "method, path, handler",
     [
         ("POST", "/hub/api/gpuspawner/report", api.ReportHandler),
+        ("GET", "/hub/api/gpuspawner/agent-tokens", api.AgentTokenHandler),
+        ("POST", "/hub/api/gpuspawner/agent-tokens/gpu-a", api.AgentTokenHandler),
         ("GET", "/hub/api/gpuspawner/alloc-map", api.AllocMapHandler),
         ("POST", "/hub/api/gpuspawner/rescan", api.RescanHandler),
         ("GET", "/hub/api/gpuspawner/usage?by=model", api.UsageHandler),

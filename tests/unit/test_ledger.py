@@ -456,6 +456,42 @@ class LedgerContract:
         with ledger.engine.begin() as conn:  # a closed one is fine
             conn.execute(allocations.insert().values(**row, ended_at=at(2)))
 
+    # --- node agents' tokens ---------------------------------------------------------
+
+    def test_an_agent_token_is_stored_as_its_digest_and_found_by_it(self, ledger):
+        assert ledger.set_agent_token("gpu-a", "a" * 64, issued_at=at(1)) is False
+        found = ledger.agent_token("a" * 64)
+        assert (found.host, found.token_sha256, found.issued_at) == ("gpu-a", "a" * 64, at(1))
+        assert ledger.agent_token("b" * 64) is None
+
+    def test_setting_a_hosts_token_again_replaces_the_old_one(self, ledger):
+        ledger.set_agent_token("gpu-a", "a" * 64)
+        ledger.set_agent_token("gpu-b", "b" * 64)
+        assert ledger.set_agent_token("gpu-a", "c" * 64) is True
+        assert ledger.agent_token("a" * 64) is None
+        assert [(t.host, t.token_sha256) for t in ledger.agent_tokens()] == [("gpu-a", "c" * 64), ("gpu-b", "b" * 64)]
+
+    def test_a_revoked_token_is_gone_and_revoking_twice_says_so(self, ledger):
+        ledger.set_agent_token("gpu-a", "a" * 64)
+        assert ledger.revoke_agent_token("gpu-a") is True
+        assert ledger.agent_token("a" * 64) is None and ledger.agent_tokens() == []
+        assert ledger.revoke_agent_token("gpu-a") is False
+
+    def test_one_digest_cannot_belong_to_two_hosts(self, ledger):
+        ledger.set_agent_token("gpu-a", "a" * 64)
+        with pytest.raises(LedgerError, match="storing the agent token of gpu-b failed"):
+            ledger.set_agent_token("gpu-b", "a" * 64)
+        assert [t.host for t in ledger.agent_tokens()] == ["gpu-a"]
+
+    @pytest.mark.parametrize(
+        "host, digest, message",
+        [("", "a" * 64, "host must not be empty"), ("gpu-a", "abc", "SHA-256 in hex"), (7, "a" * 64, "host must be")],
+    )
+    def test_bad_agent_token_arguments_are_refused_and_change_nothing(self, ledger, host, digest, message):
+        with pytest.raises(ValueError, match=message):
+            ledger.set_agent_token(host, digest)
+        assert ledger.agent_tokens() == []
+
     # --- schema ---------------------------------------------------------------------
 
     def test_the_schema_is_created_on_first_use_with_its_own_version_table(self, ledger):
@@ -464,6 +500,7 @@ class LedgerContract:
         assert ledger_tables(ledger.engine) == {
             "gpuspawner_allocations",
             "gpuspawner_allocation_devices",
+            "gpuspawner_agent_tokens",
             VERSION_TABLE,
         }
         assert ledger_migrations.current(ledger.engine) == (ledger_migrations.head(),)
