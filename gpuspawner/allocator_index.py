@@ -41,6 +41,14 @@ class ModelIndex:
     partial: dict[str, list[GPU]] = field(default_factory=dict)  # host -> by index
     partial_room: dict[str, int] = field(default_factory=dict)  # host -> room left on its partial devices
     rooms: list[tuple[int, str, int, str]] = field(default_factory=list)
+    # For splits, hosts by their k-th largest room (k from 1, as a split takes
+    # 2 or more devices): ranks[k] holds (room, host) sorted, for available
+    # hosts whose k-th largest device room is partly booked (0 < room < 1000;
+    # a host whose k-th is untouched is in the free buckets). ranked: each
+    # such host's (free devices, rooms of its partly booked devices, largest
+    # first), from which its entries in ranks follow.
+    ranks: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+    ranked: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
     # For updates one host at a time: how many hosts have n devices of this
     # model (n -> hosts), and how many devices have each memory size.
     sizes: dict[int, int] = field(default_factory=dict)
@@ -55,6 +63,11 @@ class ModelIndex:
             if self.buckets[n]:
                 return n
         return 0
+
+    def kth_room(self, host: str, k: int) -> int:
+        """The k-th largest room (k from 0) of a host in ``ranked``."""
+        free, rooms = self.ranked[host]
+        return UNIT if k < free else rooms[k - free] if k - free < len(rooms) else 0
 
     def largest_room(self) -> int:  # most milli-shares free on one device of an available host
         if self.free_available:
@@ -163,6 +176,7 @@ class DeviceIndex:
                 mi.free_available += len(free)
             else:
                 mi.unavailable += n
+            self._rank(mi, host)
         return set(by_model)
 
     def _unindex_host(self, host: str, gpus: list[GPU]) -> set[str]:
@@ -188,6 +202,7 @@ class DeviceIndex:
                 if used < UNIT and available:
                     del mi.rooms[bisect.bisect_left(mi.rooms, (UNIT - used, host, gpu.index, gpu.uuid))]
             mi.partial_room.pop(host, None)
+            self._rank(mi, host)
         for gpu in gpus:
             memories = self.models[gpu.model].memories
             memories[gpu.memory_mib] -= 1
@@ -245,11 +260,13 @@ class DeviceIndex:
                         bisect.insort(mi.rooms, entry)
                     else:
                         del mi.rooms[bisect.bisect_left(mi.rooms, entry)]
+            self._rank(mi, host)
 
     # -- devices taken and given back -----------------------------------------------
 
-    def take_free(self, mi: ModelIndex, host: str, gpus: Iterable[GPU]) -> None:
-        """Untouched devices of the host are booked whole, or get their first share."""
+    def take_free(self, mi: ModelIndex, host: str, gpus: Iterable[GPU], rank: bool = True) -> None:
+        """Untouched devices of the host are booked whole, or get their first share.
+        ``rank=False``: the caller brings the host's split ranks up to date (:meth:`rank`)."""
         gpus = list(gpus)
         free = mi.free[host]
         before = len(free)
@@ -259,8 +276,10 @@ class DeviceIndex:
             for gpu in gpus:
                 del free[bisect.bisect_left(free, gpu)]
         self._move(mi, host, before, len(free))
+        if rank and (host in mi.partial or host in mi.ranked):
+            self._rank(mi, host)
 
-    def put_free(self, gpu: GPU) -> None:
+    def put_free(self, gpu: GPU, rank: bool = True) -> None:
         """A device is untouched again (if it is still in the inventory)."""
         current = self.gpus.get(gpu.uuid)
         if current is None:  # it left the inventory while booked
@@ -269,20 +288,24 @@ class DeviceIndex:
         free = mi.free[current.host]
         bisect.insort(free, current)
         self._move(mi, current.host, len(free) - 1, len(free))
+        if rank and (current.host in mi.partial or current.host in mi.ranked):
+            self._rank(mi, current.host)
 
-    def add_share(self, mi: ModelIndex, gpu: GPU, piece: int) -> None:
+    def add_share(self, mi: ModelIndex, gpu: GPU, piece: int, rank: bool = True) -> None:
         """A share of ``piece`` milli is booked on the device (untouched until now, or shared)."""
         before = mi.used.get(gpu.uuid)
         if before is None:  # untouched until now: out of the free lists
-            self.take_free(mi, gpu.host, [gpu])
+            self.take_free(mi, gpu.host, [gpu], rank=False)
             bisect.insort(mi.partial.setdefault(gpu.host, []), gpu)
             mi.partial_room[gpu.host] = mi.partial_room.get(gpu.host, 0) + UNIT
             before = 0
         mi.used[gpu.uuid] = before + piece
         mi.partial_room[gpu.host] -= piece
         self._set_room(mi, gpu, UNIT - before if before else 0, UNIT - before - piece)
+        if rank:
+            self._rank(mi, gpu.host)
 
-    def remove_share(self, uuid: str, piece: int) -> None:
+    def remove_share(self, uuid: str, piece: int, rank: bool = True) -> None:
         """A share of ``piece`` milli on the device is given back."""
         gpu = self.gpus.get(uuid)
         if gpu is None:  # device left the inventory while shared
@@ -293,6 +316,8 @@ class DeviceIndex:
             mi.used[uuid] = before - piece
             mi.partial_room[gpu.host] += piece
             self._set_room(mi, gpu, UNIT - before, UNIT - before + piece)
+            if rank:
+                self._rank(mi, gpu.host)
             return
         del mi.used[uuid]  # untouched again: back to the free lists
         self._set_room(mi, gpu, UNIT - before, 0)
@@ -302,7 +327,7 @@ class DeviceIndex:
         if not partial:
             del mi.partial[gpu.host]
             del mi.partial_room[gpu.host]
-        self.put_free(gpu)
+        self.put_free(gpu, rank)
 
     def _move(self, mi: ModelIndex, host: str, old: int, new: int) -> None:
         """The host's free count of this model went from old to new."""
@@ -321,3 +346,49 @@ class DeviceIndex:
             del mi.rooms[bisect.bisect_left(mi.rooms, (old, gpu.host, gpu.index, gpu.uuid))]
         if new:
             bisect.insort(mi.rooms, (new, gpu.host, gpu.index, gpu.uuid))
+
+    def rank(self, uuid: str) -> None:
+        """Bring the split ranks of the device's host up to date, after changes made with ``rank=False``."""
+        gpu = self.gpus.get(uuid)
+        if gpu is not None:
+            self._rank(self.models[gpu.model], gpu.host)
+
+    def _rank(self, mi: ModelIndex, host: str) -> None:
+        """Bring the host's entries in ``mi.ranks`` up to date (only those that changed)."""
+        new = None
+        partial = mi.partial.get(host) if self.is_available(host) else None
+        if partial:
+            used = mi.used
+            rooms = [UNIT - used[g.uuid] for g in partial if used[g.uuid] < UNIT]
+            if rooms:
+                rooms.sort(reverse=True)
+                new = (len(mi.free[host]), tuple(rooms))
+        old = mi.ranked.get(host)
+        if old == new:
+            return
+        if old and new and old[0] == new[0] and len(old[1]) == len(new[1]):  # the usual: rooms changed in place
+            changed = [(k, o, r) for k, (o, r) in enumerate(zip(old[1], new[1]), old[0]) if o != r]
+            before = {(k, o) for k, o, _ in changed}
+            after = {(k, r) for k, _, r in changed}
+        else:
+            before = {(old[0] + k, r) for k, r in enumerate(old[1])} if old else set()
+            after = {(new[0] + k, r) for k, r in enumerate(new[1])} if new else set()
+        ranks = mi.ranks
+        # ranks[0] is never asked for (a split takes at least 2 devices): not kept
+        for k, r in before - after:
+            if not k:
+                continue
+            entries = ranks[k]
+            del entries[bisect.bisect_left(entries, (r, host))]
+            if not entries:
+                del ranks[k]
+        for k, r in after - before:
+            if not k:
+                continue
+            if k not in ranks:
+                ranks[k] = []
+            bisect.insort(ranks[k], (r, host))
+        if new is None:
+            del mi.ranked[host]
+        else:
+            mi.ranked[host] = new

@@ -87,22 +87,68 @@ def _share_candidates(
 def _split_candidates(
     index: DeviceIndex, policy: Policy, mi: ModelIndex, sharing: ModelSharing, share: int, need: int, most: int
 ) -> Iterator[tuple[tuple, str, Picks]]:
-    """Several devices of one host: hosts with shared devices are scanned
-    (fragmented room is only there); among hosts with enough untouched
-    devices the policy picks, as for a whole-GPU request."""
-    pieces = split_evenly(share, need, sharing.quantum)
-    for n, h in candidates(index, policy, mi, need, None, None) if pieces else ():
-        yield (need, need * UNIT, policy.rank(n), h), h, list(zip(mi.free[h], pieces or ()))
-        break
-    for h in sorted(mi.partial):
-        if not index.is_available(h) or len(mi.free[h]) * UNIT + mi.partial_room[h] < share:
+    """Several devices of one host, the fewest that take the share: the host
+    with the partly booked device of least room that takes a piece (from
+    ``mi.ranks``), else among hosts with n untouched devices the one the
+    policy ranks first for a whole-GPU request. On the host chosen, each
+    piece goes to the device with the least room that fits it."""
+    for n in range(need, most + 1):
+        pieces = split_evenly(share, n, sharing.quantum)
+        if pieces is None:
+            if share > n * UNIT:
+                continue  # pieces too big: try more devices
+            return  # pieces below the quantum: more devices cannot help
+        found = False
+        tight = _tightest(mi, n, pieces)
+        if tight is not None:
+            room, h = tight
+            yield (n, room, 0, h), h, _best_fit(mi, h, pieces)
+            found = True
+        for free, h in candidates(index, policy, mi, n, None, None):
+            yield (n, UNIT, policy.rank(free), h), h, _best_fit(mi, h, pieces)
+            found = True
+            break
+        if found:
+            return
+
+
+def _tightest(mi: ModelIndex, n: int, pieces: tuple[int, ...]) -> tuple[int, str] | None:
+    """(room, host): the partly booked device with the least room that still
+    takes the smallest piece, on a host that takes all n pieces; ties:
+    hostname. On a host with n devices that fit, the least room among them
+    is the n-th largest or a smaller one, so ``ranks[k]`` for k ≥ n - 1 hold
+    it: one bisection per k, at most (devices per host) of them."""
+    small, large = pieces[-1], pieces[0]
+    extra = pieces.count(large) if large != small else 0
+    best = None
+    for k in range(n - 1, len(mi.buckets) - 1):
+        entries = mi.ranks.get(k)
+        if not entries:
             continue
-        fit = _fit_on_host(mi, h, share, sharing.quantum, need, most)
-        if fit is not None and fit[1] < fit[0] * UNIT:  # all untouched: the policy's pick above
-            n, room, picks = fit
-            yield (n, room, 0, h), h, picks
-            if (n, room) == (need, share):
-                return  # a perfect fit on the fewest devices: no later host does better
+        for i in range(bisect.bisect_left(entries, (small,)), len(entries)):
+            room, h = entries[i]
+            if best is not None and (room, h) >= best:
+                break
+            # k ≥ n - 1 devices have room for a smaller piece; ``extra`` need room for a larger one
+            if not extra or mi.kth_room(h, extra - 1) >= large:
+                best = room, h
+                break
+    return best
+
+
+def _best_fit(mi: ModelIndex, host: str, pieces: tuple[int, ...]) -> Picks:
+    placed = _place(_devices(mi, host), pieces)
+    assert placed is not None, "the index said the host takes the pieces"
+    return placed[1]
+
+
+def _devices(mi: ModelIndex, host: str) -> list[tuple[int, int, GPU]]:
+    """The host's devices with room, as (room, index, device), by room then index."""
+    used = mi.used
+    devices = [(UNIT - used[g.uuid], g.index, g) for g in mi.partial.get(host, ()) if used[g.uuid] < UNIT]
+    devices += [(UNIT, g.index, g) for g in mi.free[host]]
+    devices.sort()
+    return devices
 
 
 def _fit_on_host(
@@ -111,10 +157,7 @@ def _fit_on_host(
     """The fewest devices (from ``first`` to ``last``) of the host that take
     the share split as evenly as the quantum allows, each piece on the
     device with the least room that fits it: (devices, their room, picks)."""
-    used = mi.used
-    devices = [(UNIT - used[g.uuid], g.index, g) for g in mi.partial.get(host, ()) if used[g.uuid] < UNIT]
-    devices += [(UNIT, g.index, g) for g in mi.free[host]]
-    devices.sort()  # by room, then index
+    devices = _devices(mi, host)
     for n in range(first, min(last, len(devices)) + 1):
         pieces = split_evenly(share, n, quantum)
         if pieces is None:

@@ -52,6 +52,15 @@ def to_milli(value: Any, what: str = "share") -> int:
     a user can act on. Accepts int, Fraction, Decimal and float (read as the
     shortest decimal that prints as it: 0.1 is 0.1, not 0.1000000000000000055);
     refuses bools, strings, NaN, infinities, and anything finer than 0.001."""
+    kind = type(value)
+    if kind is int and -MAX_SHARE <= value <= MAX_SHARE:
+        return value * UNIT
+    if kind is float and -MAX_SHARE <= value <= MAX_SHARE:
+        # Exact without Fraction: a decimal of at most 3 places is the float's
+        # shortest form exactly when it divides back to the same float.
+        milli = round(value * UNIT)
+        if milli / UNIT == value:
+            return milli
     if isinstance(value, bool) or not isinstance(value, (int, float, Fraction, Decimal)):
         raise ValueError(f"{what} must be a number such as 0.5, got {shown(value)}")
     if isinstance(value, float) and not math.isfinite(value) or isinstance(value, Decimal) and not value.is_finite():

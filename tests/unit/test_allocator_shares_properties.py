@@ -15,9 +15,11 @@ stay identical.
 
 Each share decision is checked against an exhaustive search over every
 combination of devices of every (model, host): granted exactly when one fits,
-on the fewest devices, with the least room (best fit), or, when only untouched
-devices fit, on the host the policy ranks first; retry=False exactly when no
-state could ever grant it.
+on the fewest devices, with the least room on the host chosen (best fit); the
+host: for one device or a pinned host the least room, for a split the host
+with the partly booked device of least room that takes the smallest piece, or,
+when no partly booked device fits, the host the policy ranks first;
+retry=False exactly when no state could ever grant it.
 """
 
 from __future__ import annotations
@@ -159,18 +161,32 @@ class SharesMachine(RuleBasedStateMachine):
         assert all(rooms_before[d.uuid] >= to_milli(s) for d, s in zip(got.devices, got.shares))
         n, total = len(got.devices), sum(rooms_before[d.uuid] for d in got.devices)
         best_n = min(c[0] for c in cands)
-        best_total = min(c[1] for c in cands if c[0] == best_n)
         assert n == best_n, f"{n} devices used where {best_n} suffice"
-        if best_total < best_n * UNIT:
-            assert total == best_total, f"room {total} where {best_total} fits (best fit)"
-            assert (got.host, got.model) == min((c[2], c[3]) for c in cands if c[:2] == (best_n, best_total))
-        else:  # only untouched devices fit: the policy picks the host, as for whole GPUs
-            untouched = Counter((g.host, g.model) for g in self.gpus if rooms_before[g.uuid] == UNIT)
-            rank = (lambda k: k) if self.policy == "pack" else (lambda k: -k)
-            pick = min((rank(untouched[c[2], c[3]]), c[2], c[3]) for c in cands if c[0] == best_n)
-            assert (got.host, got.model) == pick[1:]
-            lowest = [g for g in self.gpus if (g.host, g.model) == pick[1:] and rooms_before[g.uuid] == UNIT]
-            assert got.devices == tuple(lowest[:n])
+        at_n = [c for c in cands if c[0] == best_n]
+        here = min(c[1] for c in at_n if (c[2], c[3]) == (got.host, got.model))
+        assert total == here, f"room {total} where {here} fits on {got.host} (best fit)"
+        if host is None and best_n > 1:
+            # A split: the host with the partly booked device of least room that takes the smallest piece.
+            small = split_evenly(milli, best_n, self.sharing.for_model(got.model).quantum)[-1]
+            tight = [
+                (rooms_before[g.uuid], c[2], c[3])
+                for c in at_n
+                for g in self.gpus
+                if (g.host, g.model) == (c[2], c[3]) and small <= rooms_before[g.uuid] < UNIT
+            ]
+            if tight:
+                assert (got.host, got.model) == min(tight)[1:], f"{got.host} where {min(tight)} is tighter"
+                return
+        else:
+            best_total = min(c[1] for c in at_n)
+            if best_total < best_n * UNIT:
+                assert (got.host, got.model) == min((c[2], c[3]) for c in at_n if c[1] == best_total)
+                return
+        # no partly booked device that fits: among hosts with enough untouched devices the policy picks
+        untouched = Counter((g.host, g.model) for g in self.gpus if rooms_before[g.uuid] == UNIT)
+        rank = (lambda k: k) if self.policy == "pack" else (lambda k: -k)
+        pick = min((rank(untouched[c[2], c[3]]), c[2], c[3]) for c in at_n if untouched[c[2], c[3]] >= best_n)
+        assert (got.host, got.model) == pick[1:]
 
     def valid_shares(self, model):
         """Shares the policy accepts for the model (or for some model)."""
