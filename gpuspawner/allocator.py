@@ -168,7 +168,7 @@ class Allocator:
         found = None if over else choose_share(index, self.sharing, pol, models, share, request.host)
         if found is None:
             raise share_refusal(index, self.sharing, request, share, models, limit, held)
-        model, host, picks = found
+        model, host, picks, rule = found
         mi = index.models[model]
         devices = tuple(g for g, _ in picks)
         if all(p == UNIT for _, p in picks):  # whole devices after all (e.g. 2 as 1 + 1)
@@ -176,7 +176,7 @@ class Allocator:
             index.take_free(mi, host, devices)
         else:
             milli = tuple(p for _, p in picks)
-            alloc = Allocation(holder=holder, owner=request.owner, host=host, devices=devices, milli=milli)
+            alloc = Allocation(holder=holder, owner=request.owner, host=host, devices=devices, milli=milli, rule=rule)
             for g, p in picks:
                 self._book_share(g, holder, p, rank=False)
             index.rank(devices[0].uuid)  # one host: its split ranks once, not per device

@@ -49,6 +49,7 @@ class ModelIndex:
     # first), from which its entries in ranks follow.
     ranks: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
     ranked: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    totals: list[tuple[int, str]] = field(default_factory=list)  # (room in all, host) of the ranked hosts, sorted
     # For updates one host at a time: how many hosts have n devices of this
     # model (n -> hosts), and how many devices have each memory size.
     sizes: dict[int, int] = field(default_factory=dict)
@@ -366,6 +367,7 @@ class DeviceIndex:
         old = mi.ranked.get(host)
         if old == new:
             return
+        self._retotal(mi, host, old, new)
         if old and new and old[0] == new[0] and len(old[1]) == len(new[1]):  # the usual: rooms changed in place
             changed = [(k, o, r) for k, (o, r) in enumerate(zip(old[1], new[1]), old[0]) if o != r]
             before = {(k, o) for k, o, _ in changed}
@@ -392,3 +394,15 @@ class DeviceIndex:
             del mi.ranked[host]
         else:
             mi.ranked[host] = new
+
+    @staticmethod
+    def _retotal(mi: ModelIndex, host: str, old: tuple | None, new: tuple | None) -> None:
+        """The host's entry in ``mi.totals`` (for uneven splits), from its old and new ranks."""
+        before = old[0] * UNIT + sum(old[1]) if old else None
+        after = new[0] * UNIT + sum(new[1]) if new else None
+        if before == after:
+            return
+        if before is not None:
+            del mi.totals[bisect.bisect_left(mi.totals, (before, host))]
+        if after is not None:
+            bisect.insort(mi.totals, (after, host))

@@ -13,7 +13,7 @@ import bisect
 from collections.abc import Iterator
 
 from .allocator_index import DeviceIndex, ModelIndex
-from .allocator_types import Policy
+from .allocator_types import EVEN_SPLIT, ONE_DEVICE, UNEVEN_SPLIT, Policy
 from .allocator_whole import candidates
 from .inventory import GPU
 from .sharing import UNIT, ModelSharing, SharingPolicy, split_evenly
@@ -25,8 +25,8 @@ Picks = list[tuple[GPU, int]]  # (device, milli-shares on it)
 
 def choose_share(
     index: DeviceIndex, sharing: SharingPolicy, policy: Policy, models: list[str], share: int, host: str | None
-) -> tuple[str, str, Picks] | None:
-    """The best (model, host, [(device, milli), ...]) for a share, or None.
+) -> tuple[str, str, Picks, str] | None:
+    """The best (model, host, [(device, milli), ...], rule) for a share, or None.
 
     Fewest devices first; then least room on the devices chosen (best
     fit), an untouched device counting a full room; among untouched
@@ -42,9 +42,55 @@ def choose_share(
             if best is None or key < best[0]:
                 best = (key, model, h, picks)
     if best is None:
-        return None
+        uneven = _uneven(index, sharing, models, share, host)
+        if uneven is None:
+            return None
+        model, h, picks = uneven
+        return model, h, sorted(picks), UNEVEN_SPLIT
     _, model, h, picks = best
-    return model, h, sorted(picks)
+    return model, h, sorted(picks), ONE_DEVICE if len(picks) == 1 else EVEN_SPLIT
+
+
+def _uneven(
+    index: DeviceIndex, sharing: SharingPolicy, models: list[str], share: int, host: str | None
+) -> tuple[str, str, Picks] | None:
+    """Where no even split fits and the model allows ``uneven``: the host
+    with the least room in all that takes the share (ties: hostname, then
+    model), its freest devices first, each taking as much as it has room for
+    (in whole quanta) until the share is placed. Only hosts with partly
+    booked devices can need this (n untouched devices take n GPUs evenly)."""
+    best = None  # ((room, host), model, picks)
+    for model in models:
+        settings = sharing.for_model(model)
+        if settings is None or not settings.uneven:
+            continue
+        mi = index.models[model]
+        totals = mi.totals
+        start = bisect.bisect_left(totals, (share,))
+        entries = [e for e in totals[start:] if e[1] == host] if host is not None else totals[start:]
+        for total, h in entries:
+            if best is not None and (total, h) >= best[0]:
+                break
+            picks = _fill(mi, h, share, settings.quantum)
+            if picks is not None:
+                best = (total, h), model, picks
+                break
+    return None if best is None else (best[1], best[0][1], best[2])
+
+
+def _fill(mi: ModelIndex, host: str, share: int, quantum: int) -> Picks | None:
+    """The share over the host's freest devices (lowest index first among
+    equals), each piece as much as the device has room for in whole quanta."""
+    picks = []
+    left = share
+    for room, _, gpu in sorted(_devices(mi, host), key=lambda e: (-e[0], e[1])):
+        piece = min(room - room % quantum, left)
+        if piece > 0:
+            picks.append((gpu, piece))
+            left -= piece
+            if not left:
+                return picks
+    return None
 
 
 def _share_candidates(

@@ -114,6 +114,7 @@ class ModelSharing:
     quantum: int  # every share, and every piece of a split, is a multiple of this
     allowed: tuple[int, ...] | None = None  # the only shares offered; None: any multiple of the quantum
     split: bool = False  # may a request span several devices of one host
+    uneven: bool = False  # when no even split fits, may the pieces differ (the freest devices first)
 
     def refusal(self, share: int, model: str) -> str | None:
         """Why ``share`` is never granted for this model, or None when it may be."""
@@ -132,7 +133,8 @@ class ModelSharing:
 
     def describe(self) -> str:
         what = f"one of {fmt_list(self.allowed, ', ')}" if self.allowed else f"multiples of {fmt(self.quantum)}"
-        return what + (", split over devices of one host" if self.split else "")
+        what += ", split over devices of one host" if self.split else ""
+        return what + (" (unevenly where no even split fits)" if self.uneven else "")
 
 
 class SharingPolicy:
@@ -202,7 +204,7 @@ class SharingPolicy:
 
 OFF = SharingPolicy()  # whole GPUs only: the default
 
-_ENTRY_KEYS = ("quantum", "shares", "split")
+_ENTRY_KEYS = ("quantum", "shares", "split", "uneven")
 
 
 def _parse_entry(entry: Any, where: str) -> ModelSharing | None:
@@ -218,6 +220,11 @@ def _parse_entry(entry: Any, where: str) -> ModelSharing | None:
     split = entry.get("split", False)
     if not isinstance(split, bool):
         raise ValueError(f"{where}: split must be true or false, got {split!r}")
+    uneven = entry.get("uneven", False)
+    if not isinstance(uneven, bool):
+        raise ValueError(f"{where}: uneven must be true or false, got {uneven!r}")
+    if uneven and not split:
+        raise ValueError(f"{where}: uneven splits need split: True")
     allowed = None
     if "shares" in entry:
         shares = entry["shares"]
@@ -245,7 +252,7 @@ def _parse_entry(entry: Any, where: str) -> ModelSharing | None:
         quantum = math.gcd(UNIT, *allowed)
     else:
         raise ValueError(f"{where}: give a quantum (e.g. 0.25) or a list of shares")
-    return ModelSharing(quantum=quantum, allowed=allowed, split=split)
+    return ModelSharing(quantum=quantum, allowed=allowed, split=split, uneven=uneven)
 
 
 def shown(value: Any) -> str:

@@ -23,6 +23,7 @@ T4 = "NVIDIA Tesla T4"
 GTX = "NVIDIA GeForce GTX 1070"
 MEMORY = {A100: 81920, T4: 15360, GTX: 8192}
 SPLIT = {"*": {"quantum": 0.05, "split": True}}
+UNEVEN = {"*": {"quantum": 0.05, "split": True, "uneven": True}}
 NO_SPLIT = {"*": {"quantum": 0.05}}
 
 
@@ -159,6 +160,30 @@ VECTORS = [
     ),
     Vector("allowed list", {"a": [0.5, 0]}, 0.5, {"GPU-a-0": "0.5"}, sharing={"*": {"shares": [0.25, 0.5]}}),
     Vector("exact values from floats, Decimals and Fractions", {"a": [0.1, 0]}, Decimal("0.9"), {"GPU-a-0": "0.9"}),
+    # Uneven splits, where the admin allows them and no even split fits: the
+    # freest devices first. The seed case stays even (0.2, then 1.2 -> 0.80, 0.60).
+    Vector(
+        "uneven: 0.6 on 0.2 and 0.4 free",
+        {"a": [0.8, 0.6]},
+        0.6,
+        {"GPU-a-0": "0.2", "GPU-a-1": "0.4"},
+        sharing=UNEVEN,
+    ),
+    Vector(
+        "uneven: an even split still comes first",
+        {"a": [0.2, 0]},
+        1.2,
+        {"GPU-a-0": "0.6", "GPU-a-1": "0.6"},
+        sharing=UNEVEN,
+    ),
+    Vector("uneven: 1.1 as 0.9 + 0.2", {"a": [0.1, 0.75]}, 1.1, {"GPU-a-0": "0.9", "GPU-a-1": "0.2"}, sharing=UNEVEN),
+    Vector(
+        "uneven: the host with the least room in all",
+        {"a": [0.1, 0.75, 0.5], "b": [0.1, 0.75]},
+        1.1,
+        {"GPU-b-0": "0.9", "GPU-b-1": "0.2"},
+        sharing=UNEVEN,
+    ),
 ]
 
 
@@ -526,3 +551,16 @@ def test_summary_tells_the_form_what_may_be_shared():
         False,
         0,
     )
+
+
+def test_each_share_says_which_rule_placed_it():
+    alloc = booked({"a": [0, 0]}, UNEVEN)
+    rules = [alloc.allocate(f"s{i}", Request(A100, share=share)).rule for i, share in enumerate([0.2, 1.2, 0.6])]
+    assert rules == ["one device", "even split", "uneven split"]
+    assert allocated(alloc) == {"GPU-a-0": "1", "GPU-a-1": "1"}
+    assert booked({"a": [0]}, UNEVEN).allocate("w", Request(A100, count=1)).rule is None  # whole GPUs
+
+
+def test_without_uneven_the_same_request_waits():
+    alloc = booked({"a": [0.8, 0.6]}, SPLIT)
+    assert refusal(alloc, Request(A100, share=0.6)).retry
