@@ -369,12 +369,11 @@ class DeviceIndex:
             return
         self._retotal(mi, host, old, new)
         if old and new and old[0] == new[0] and len(old[1]) == len(new[1]):  # the usual: rooms changed in place
-            changed = [(k, o, r) for k, (o, r) in enumerate(zip(old[1], new[1]), old[0]) if o != r]
-            before = {(k, o) for k, o, _ in changed}
-            after = {(k, r) for k, _, r in changed}
-        else:
-            before = {(old[0] + k, r) for k, r in enumerate(old[1])} if old else set()
-            after = {(new[0] + k, r) for k, r in enumerate(new[1])} if new else set()
+            self._rerank(mi, host, old[0], old[1], new[1])
+            mi.ranked[host] = new
+            return
+        before = {(old[0] + k, r) for k, r in enumerate(old[1])} if old else set()
+        after = {(new[0] + k, r) for k, r in enumerate(new[1])} if new else set()
         ranks = mi.ranks
         # ranks[0] is never asked for (a split takes at least 2 devices): not kept
         for k, r in before - after:
@@ -394,6 +393,16 @@ class DeviceIndex:
             del mi.ranked[host]
         else:
             mi.ranked[host] = new
+
+    @staticmethod
+    def _rerank(mi: ModelIndex, host: str, free: int, old: tuple[int, ...], new: tuple[int, ...]) -> None:
+        """The host's partly booked rooms went from old to new, as many and after as many free devices."""
+        ranks = mi.ranks
+        for k, o, r in zip(range(free, free + len(old)), old, new):
+            if o != r and k:  # ranks[0] is not kept (see _rank)
+                entries = ranks[k]
+                del entries[bisect.bisect_left(entries, (o, host))]
+                bisect.insort(entries, (r, host))
 
     @staticmethod
     def _retotal(mi: ModelIndex, host: str, old: tuple | None, new: tuple | None) -> None:

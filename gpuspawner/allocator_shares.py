@@ -144,17 +144,13 @@ def _split_candidates(
             if share > n * UNIT:
                 continue  # pieces too big: try more devices
             return  # pieces below the quantum: more devices cannot help
-        found = False
         tight = _tightest(mi, n, pieces)
-        if tight is not None:
+        if tight is not None:  # beats this model's untouched devices: no need to look at them
             room, h = tight
             yield (n, room, 0, h), h, _best_fit(mi, h, pieces)
-            found = True
+            return
         for free, h in candidates(index, policy, mi, n, None, None):
             yield (n, UNIT, policy.rank(free), h), h, _best_fit(mi, h, pieces)
-            found = True
-            break
-        if found:
             return
 
 
