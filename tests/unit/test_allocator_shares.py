@@ -14,7 +14,7 @@ from fractions import Fraction
 
 import pytest
 
-from gpuspawner.allocator import ALL, AdoptReason, AllocationRefused, Allocator, Request
+from gpuspawner.allocator import ALL, AdoptReason, AllocationRefused, Allocator, Refusal, Request
 from gpuspawner.inventory import GPU
 from gpuspawner.sharing import UNIT, fmt, to_milli
 
@@ -243,6 +243,23 @@ def test_the_seed_example():
             {},
             True,
             f"1 × {A100} requested, but not that much is free on one device or one host right now (at most 0.4 on one device)",
+        ),
+        (
+            {"a": [0.8, 0.6]},
+            SPLIT,
+            Request(A100, share=0.6),
+            {},
+            True,
+            f"0.6 × {A100} requested, but no even split fits right now: a has 0.6 free in all, on devices with 0.4, "
+            f"0.2 free (at most 0.4 on one device); uneven splits are not enabled for {A100}",
+        ),
+        (
+            {"a": [0.8, 0.7]},
+            NO_SPLIT,
+            Request(A100, share=0.6),
+            {},
+            True,
+            f"0.6 × {A100} requested, but only 0.5 is free in all right now (at most 0.3 on one device)",
         ),
         (
             {"a": [0], "b": [0]},
@@ -564,3 +581,17 @@ def test_each_share_says_which_rule_placed_it():
 def test_without_uneven_the_same_request_waits():
     alloc = booked({"a": [0.8, 0.6]}, SPLIT)
     assert refusal(alloc, Request(A100, share=0.6)).retry
+
+
+@pytest.mark.parametrize(
+    "state, sharing, share, reason",
+    [
+        ({"a": [0.6, 0.6]}, NO_SPLIT, 0.5, Refusal.NO_DEVICE_ROOM),
+        ({"a": [0.8, 0.7]}, NO_SPLIT, 0.6, Refusal.TOTAL_FREE_BELOW),
+        ({"a": [0.8, 0.6]}, SPLIT, 0.6, Refusal.NO_EVEN_SPLIT),
+        ({"a": [0.6, 0.6]}, SPLIT, 1, Refusal.NOT_ON_ONE_HOST),
+    ],
+)
+def test_share_refusals_name_the_reason(state, sharing, share, reason):
+    e = refusal(booked(state, sharing), Request(A100, share=share))
+    assert e.reason is reason and e.retry
