@@ -159,7 +159,7 @@ class Allocator:
             share = to_milli(request.share, "gpu_share")
             if request.model is not None and request.model not in index.models:
                 raise unknown_model(request.model, index.models)
-            models = self.sharing.accepting(share, request.model, list(index.models))
+            models = self.sharing.accepting(share, request.model, index.models)
         except ValueError as exc:
             raise AllocationRefused(str(exc), Refusal.BAD_SHARE) from None
         held = self._owned.get(request.owner, 0)
@@ -170,16 +170,15 @@ class Allocator:
             raise share_refusal(index, self.sharing, request, share, models, limit, held)
         model, host, picks, rule = found
         mi = index.models[model]
-        devices = tuple(g for g, _ in picks)
-        if all(p == UNIT for _, p in picks):  # whole devices after all (e.g. 2 as 1 + 1)
+        devices, milli = zip(*picks)
+        if min(milli) == UNIT:  # whole devices after all (e.g. 2 as 1 + 1)
             alloc = Allocation(holder=holder, owner=request.owner, host=host, devices=devices)
             index.take_free(mi, host, devices)
         else:
-            milli = tuple(p for _, p in picks)
             alloc = Allocation(holder=holder, owner=request.owner, host=host, devices=devices, milli=milli, rule=rule)
             for g, p in picks:
                 self._book_share(g, holder, p, rank=False)
-            index.rank(devices[0].uuid)  # one host: its split ranks once, not per device
+            index.rank_host(mi, host)  # one host: its split ranks once, not per device
         self._record(alloc)
         return alloc
 

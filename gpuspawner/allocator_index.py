@@ -354,6 +354,10 @@ class DeviceIndex:
         if gpu is not None:
             self._rank(self.models[gpu.model], gpu.host)
 
+    def rank_host(self, mi: ModelIndex, host: str) -> None:
+        """Bring the host's split ranks of the model up to date, after changes made with ``rank=False``."""
+        self._rank(mi, host)
+
     def _rank(self, mi: ModelIndex, host: str) -> None:
         """Bring the host's entries in ``mi.ranks`` up to date (only those that changed)."""
         new = None
