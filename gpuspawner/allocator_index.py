@@ -277,7 +277,7 @@ class DeviceIndex:
             for gpu in gpus:
                 del free[bisect.bisect_left(free, gpu)]
         self._move(mi, host, before, len(free))
-        if rank and (host in mi.partial or host in mi.ranked):
+        if rank and host in mi.ranked:  # a host not ranked has no partly booked room to move
             self._rank(mi, host)
 
     def put_free(self, gpu: GPU, rank: bool = True) -> None:
@@ -289,7 +289,7 @@ class DeviceIndex:
         free = mi.free[current.host]
         bisect.insort(free, current)
         self._move(mi, current.host, len(free) - 1, len(free))
-        if rank and (current.host in mi.partial or current.host in mi.ranked):
+        if rank and current.host in mi.ranked:
             self._rank(mi, current.host)
 
     def add_share(self, mi: ModelIndex, gpu: GPU, piece: int, rank: bool = True) -> None:
