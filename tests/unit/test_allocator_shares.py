@@ -576,6 +576,8 @@ def test_each_share_says_which_rule_placed_it():
     assert rules == ["one device", "even split", "uneven split"]
     assert allocated(alloc) == {"GPU-a-0": "1", "GPU-a-1": "1"}
     assert booked({"a": [0]}, UNEVEN).allocate("w", Request(A100, count=1)).rule is None  # whole GPUs
+    adopted, problems = booked({"a": [0]}, UNEVEN).adopt("x", "ann", "a", ["GPU-a-0"], [0.5])
+    assert problems == [] and adopted.milli == (500,) and adopted.rule is None  # rebuilt from the cluster
 
 
 def test_without_uneven_the_same_request_waits():
