@@ -162,6 +162,13 @@ def _tightest(mi: ModelIndex, n: int, pieces: tuple[int, ...]) -> tuple[int, str
     it: one bisection per k, at most (devices per host) of them."""
     small, large = pieces[-1], pieces[0]
     extra = pieces.count(large) if large != small else 0
+    # Usually one of the few partly booked devices with the least room that
+    # fits is on such a host: the same answer, without a bisection per k.
+    rooms = mi.rooms
+    start = bisect.bisect_left(rooms, (small,))
+    for room, h, _, _ in rooms[start : start + 4]:
+        if mi.kth_room(h, n - 1) >= small and (not extra or mi.kth_room(h, extra - 1) >= large):
+            return room, h
     best = None
     for k in range(n - 1, len(mi.buckets) - 1):
         entries = mi.ranks.get(k)
