@@ -21,6 +21,7 @@ from .sharing import UNIT, ModelSharing, SharingPolicy, split_evenly
 __all__ = ["choose_share"]
 
 Picks = list[tuple[GPU, int]]  # (device, milli-shares on it)
+PROBES = 4  # partly booked devices a split tries before the per-k bisections (0: those alone)
 
 
 def choose_share(
@@ -166,7 +167,7 @@ def _tightest(mi: ModelIndex, n: int, pieces: tuple[int, ...]) -> tuple[int, str
     # fits is on such a host: the same answer, without a bisection per k.
     rooms = mi.rooms
     start = bisect.bisect_left(rooms, (small,))
-    for room, h, _, _ in rooms[start : start + 4]:
+    for room, h, _, _ in rooms[start : start + PROBES]:
         if mi.kth_room(h, n - 1) >= small and (not extra or mi.kth_room(h, extra - 1) >= large):
             return room, h
     best = None

@@ -160,6 +160,12 @@ VECTORS = [
     ),
     Vector("allowed list", {"a": [0.5, 0]}, 0.5, {"GPU-a-0": "0.5"}, sharing={"*": {"shares": [0.25, 0.5]}}),
     Vector("exact values from floats, Decimals and Fractions", {"a": [0.1, 0]}, Decimal("0.9"), {"GPU-a-0": "0.9"}),
+    Vector(
+        "split: past devices on hosts without a second one that fits",
+        {**{f"b{i}": [0.4, "W"] for i in range(6)}, "y": [0.2, 0.35], "z": [0.3, 0.3]},
+        1.2,
+        {"GPU-y-0": "0.6", "GPU-y-1": "0.6"},
+    ),
     # Uneven splits, where the admin allows them and no even split fits: the
     # freest devices first. The seed case stays even (0.2, then 1.2 -> 0.80, 0.60).
     Vector(

@@ -32,6 +32,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from gpuspawner import allocator_shares
 from gpuspawner.allocator import ALL, AllocationRefused, Allocator, Request
 from gpuspawner.allocator_types import EVEN_SPLIT, ONE_DEVICE, UNEVEN_SPLIT
 from gpuspawner.inventory import GPU
@@ -401,6 +402,22 @@ class SharesMachine(RuleBasedStateMachine):
 
 SharesMachine.TestCase.settings = SETTINGS
 TestSharesStateMachine = SharesMachine.TestCase
+
+
+class SplitIndexAloneMachine(SharesMachine):
+    """The same, with splits found by the per-k bisections alone (the few
+    devices a split tries first would otherwise answer most of these small cases)."""
+
+    def __init__(self):
+        super().__init__()
+        self.probes, allocator_shares.PROBES = allocator_shares.PROBES, 0
+
+    def teardown(self):
+        allocator_shares.PROBES = self.probes
+
+
+SplitIndexAloneMachine.TestCase.settings = SETTINGS
+TestSplitIndexAlone = SplitIndexAloneMachine.TestCase
 
 
 @SETTINGS
