@@ -83,6 +83,7 @@ class Allocator:
         policy = SharingPolicy.parse(sharing)
         with self._lock:
             self.sharing = policy
+            self._index.set_keep_totals(policy.uneven)
 
     # -- state changes from outside --------------------------------------
 

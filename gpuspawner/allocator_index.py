@@ -19,7 +19,12 @@ from dataclasses import dataclass, field
 from .inventory import GPU
 from .sharing import UNIT
 
-__all__ = ["DeviceIndex", "ModelIndex"]
+__all__ = ["DeviceIndex", "ModelIndex", "total_room"]
+
+
+def total_room(ranked: tuple[int, tuple[int, ...]]) -> int:
+    """A host's room in all, from its entry in ``ModelIndex.ranked``."""
+    return ranked[0] * UNIT + sum(ranked[1])
 
 
 @dataclass
@@ -49,7 +54,8 @@ class ModelIndex:
     # first), from which its entries in ranks follow.
     ranks: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
     ranked: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
-    totals: list[tuple[int, str]] = field(default_factory=list)  # (room in all, host) of the ranked hosts, sorted
+    # (room in all, host) of the ranked hosts, sorted; kept only while some model splits unevenly
+    totals: list[tuple[int, str]] = field(default_factory=list)
     # For updates one host at a time: how many hosts have n devices of this
     # model (n -> hosts), and how many devices have each memory size.
     sizes: dict[int, int] = field(default_factory=dict)
@@ -89,6 +95,7 @@ class DeviceIndex:
         self.models: dict[str, ModelIndex] = {}  # by model name
         self.hosts: list[str] = []  # sorted
         self.by_host: dict[str, list[GPU]] = {}  # host -> its inventory devices, sorted
+        self.keep_totals = False  # ModelIndex.totals kept up to date (uneven splits need them)
 
     def is_available(self, host: str) -> bool:
         return self.available is None or host in self.available
@@ -371,7 +378,8 @@ class DeviceIndex:
         old = mi.ranked.get(host)
         if old == new:
             return
-        self._retotal(mi, host, old, new)
+        if self.keep_totals:
+            self._retotal(mi, host, old, new)
         if old and new and old[0] == new[0] and len(old[1]) == len(new[1]):  # the usual: rooms changed in place
             self._rerank(mi, host, old[0], old[1], new[1])
             mi.ranked[host] = new
@@ -408,11 +416,19 @@ class DeviceIndex:
                 del entries[bisect.bisect_left(entries, (o, host))]
                 bisect.insort(entries, (r, host))
 
+    def set_keep_totals(self, keep: bool) -> None:
+        """Keep ``ModelIndex.totals`` up to date (built afresh when turned on), or not (emptied)."""
+        if keep == self.keep_totals:
+            return
+        self.keep_totals = keep
+        for mi in self.models.values():
+            mi.totals = sorted((total_room(ranked), h) for h, ranked in mi.ranked.items()) if keep else []
+
     @staticmethod
     def _retotal(mi: ModelIndex, host: str, old: tuple | None, new: tuple | None) -> None:
         """The host's entry in ``mi.totals`` (for uneven splits), from its old and new ranks."""
-        before = old[0] * UNIT + sum(old[1]) if old else None
-        after = new[0] * UNIT + sum(new[1]) if new else None
+        before = total_room(old) if old else None
+        after = total_room(new) if new else None
         if before == after:
             return
         if before is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
-from .allocator_index import DeviceIndex, ModelIndex
+from .allocator_index import DeviceIndex, ModelIndex, total_room
 from .allocator_summary import ModelSummary
 from .allocator_types import ALL, Request
 from .sharing import UNIT, SharingPolicy, fmt, fmt_list
@@ -240,7 +240,7 @@ def _share_capacity_refusal(
             Refusal.NO_DEVICE_ROOM,
         )
     # The host with the most free in all: one with partly booked devices (untouched ones always split evenly).
-    tops = [(index.models[m].totals[-1], m) for m in split if index.models[m].totals]
+    tops = [(_most_room(index.models[m]), m) for m in split if index.models[m].ranked]
     (total, host), model = max(tops) if tops else ((0, ""), "")
     if total < share:
         return AllocationRefused(
@@ -254,6 +254,13 @@ def _share_capacity_refusal(
         f"with {fmt_list((UNIT,) * free + rooms, ', ')} free ({at_most}){hint}",
         Refusal.NO_EVEN_SPLIT,
     )
+
+
+def _most_room(mi: ModelIndex) -> tuple[int, str]:
+    """(room in all, host) of the host with the most, of those with partly booked devices."""
+    if mi.totals:
+        return mi.totals[-1]
+    return max((total_room(ranked), h) for h, ranked in mi.ranked.items())  # not kept: a refusal may scan
 
 
 def _free_in_all(mi: ModelIndex) -> int:

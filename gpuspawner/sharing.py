@@ -189,6 +189,11 @@ class SharingPolicy:
         raise ValueError(f"{fmt(share)} of a GPU is not offered by any model; offered: {'; '.join(offered)}")
 
     @property
+    def uneven(self) -> bool:
+        """Whether some model may be split unevenly."""
+        return any(s is not None and s.uneven for s in [*self._models.values(), self._default])
+
+    @property
     def enabled(self) -> bool:
         return self._default is not None or any(s is not None for s in self._models.values())
 

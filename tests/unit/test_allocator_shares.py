@@ -603,3 +603,13 @@ def test_without_uneven_the_same_request_waits():
 def test_share_refusals_name_the_reason(state, sharing, share, reason):
     e = refusal(booked(state, sharing), Request(A100, share=share))
     assert e.reason is reason and e.retry
+
+
+def test_uneven_turned_on_later_finds_the_hosts_a_fresh_allocator_would():
+    state = {"a": [0.8, 0.6], "b": [0.1, 0.75]}
+    alloc = booked(state, SPLIT)
+    alloc.set_sharing(UNEVEN)
+    assert alloc._index.models[A100] == booked(state, UNEVEN)._index.models[A100]
+    assert placement(alloc.allocate("s", Request(A100, share=1.1))) == {"GPU-b-0": "0.9", "GPU-b-1": "0.2"}
+    alloc.set_sharing(SPLIT)
+    assert alloc._index.models[A100].totals == []  # kept only while some model splits unevenly
