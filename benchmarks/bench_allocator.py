@@ -226,6 +226,8 @@ REASONS = [
     ("pinned host busy", ("free there",)),
     ("pinned host unavailable", ("is not available right now",)),
     ("share: no room on a device or host", ("not that much is free",)),
+    ("share: less free in all", ("is free in all right now",)),
+    ("share: no even split", ("no even split fits",)),
 ]
 
 

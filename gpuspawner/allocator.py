@@ -83,6 +83,7 @@ class Allocator:
         policy = SharingPolicy.parse(sharing)
         with self._lock:
             self.sharing = policy
+            self._index.set_keep_totals(policy.uneven)
 
     # -- state changes from outside --------------------------------------
 
@@ -159,7 +160,7 @@ class Allocator:
             share = to_milli(request.share, "gpu_share")
             if request.model is not None and request.model not in index.models:
                 raise unknown_model(request.model, index.models)
-            models = self.sharing.accepting(share, request.model, list(index.models))
+            models = self.sharing.accepting(share, request.model, index.models)
         except ValueError as exc:
             raise AllocationRefused(str(exc), Refusal.BAD_SHARE) from None
         held = self._owned.get(request.owner, 0)
@@ -168,17 +169,17 @@ class Allocator:
         found = None if over else choose_share(index, self.sharing, pol, models, share, request.host)
         if found is None:
             raise share_refusal(index, self.sharing, request, share, models, limit, held)
-        model, host, picks = found
+        model, host, picks, rule = found
         mi = index.models[model]
-        devices = tuple(g for g, _ in picks)
-        if all(p == UNIT for _, p in picks):  # whole devices after all (e.g. 2 as 1 + 1)
+        devices, milli = zip(*picks)
+        if min(milli) == UNIT:  # whole devices after all (e.g. 2 as 1 + 1)
             alloc = Allocation(holder=holder, owner=request.owner, host=host, devices=devices)
             index.take_free(mi, host, devices)
         else:
-            milli = tuple(p for _, p in picks)
-            alloc = Allocation(holder=holder, owner=request.owner, host=host, devices=devices, milli=milli)
+            alloc = Allocation(holder=holder, owner=request.owner, host=host, devices=devices, milli=milli, rule=rule)
             for g, p in picks:
-                self._book_share(g, holder, p)
+                self._book_share(g, holder, p, rank=False)
+            index.rank_host(mi, host)  # one host: its split ranks once, not per device
         self._record(alloc)
         return alloc
 
@@ -194,9 +195,9 @@ class Allocator:
             for d in alloc.devices:
                 self._held[d.uuid] = alloc.holder
 
-    def _book_share(self, gpu: GPU, holder: str, piece: int) -> None:
+    def _book_share(self, gpu: GPU, holder: str, piece: int, rank: bool = True) -> None:
         self._shares.setdefault(gpu.uuid, {})[holder] = piece
-        self._index.add_share(self._index.models[gpu.model], gpu, piece)
+        self._index.add_share(self._index.models[gpu.model], gpu, piece, rank)
 
     def release(self, holder: str) -> Allocation | None:
         """Give back what ``holder`` holds. Idempotent: None when it holds nothing."""
@@ -211,12 +212,20 @@ class Allocator:
                 self._owned[alloc.owner] = left
             else:
                 self._owned.pop(alloc.owner, None)
+            if milli is None:
+                for d in alloc.devices:
+                    if self._held.get(d.uuid) == holder:
+                        del self._held[d.uuid]
+                        self._index.put_free(d)
+                return alloc
             for d in alloc.devices:
-                if milli is not None:
-                    self._unbook_share(d.uuid, holder)
-                elif self._held.get(d.uuid) == holder:
-                    del self._held[d.uuid]
-                    self._index.put_free(d)
+                self._unbook_share(d.uuid, holder)
+            ranked = set()  # each host's split ranks once, not per device (a device may have moved or changed model)
+            for d in alloc.devices:
+                gpu = self._index.gpus.get(d.uuid)
+                if gpu is not None and (gpu.host, gpu.model) not in ranked:
+                    ranked.add((gpu.host, gpu.model))
+                    self._index.rank(d.uuid)
             return alloc
 
     def _unbook_share(self, uuid: str, holder: str) -> None:
@@ -226,7 +235,7 @@ class Allocator:
             return
         if not sharers:
             del self._shares[uuid]
-        self._index.remove_share(uuid, piece)
+        self._index.remove_share(uuid, piece, rank=False)
 
     def adopt(
         self, holder: str, owner: str, host: str, uuids: Iterable[str], shares: Iterable[Any] | None = None

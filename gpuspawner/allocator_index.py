@@ -19,7 +19,12 @@ from dataclasses import dataclass, field
 from .inventory import GPU
 from .sharing import UNIT
 
-__all__ = ["DeviceIndex", "ModelIndex"]
+__all__ = ["DeviceIndex", "ModelIndex", "total_room"]
+
+
+def total_room(ranked: tuple[int, tuple[int, ...]]) -> int:
+    """A host's room in all, from its entry in ``ModelIndex.ranked``."""
+    return ranked[0] * UNIT + sum(ranked[1])
 
 
 @dataclass
@@ -41,6 +46,16 @@ class ModelIndex:
     partial: dict[str, list[GPU]] = field(default_factory=dict)  # host -> by index
     partial_room: dict[str, int] = field(default_factory=dict)  # host -> room left on its partial devices
     rooms: list[tuple[int, str, int, str]] = field(default_factory=list)
+    # For splits, hosts by their k-th largest room (k from 1, as a split takes
+    # 2 or more devices): ranks[k] holds (room, host) sorted, for available
+    # hosts whose k-th largest device room is partly booked (0 < room < 1000;
+    # a host whose k-th is untouched is in the free buckets). ranked: each
+    # such host's (free devices, rooms of its partly booked devices, largest
+    # first), from which its entries in ranks follow.
+    ranks: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+    ranked: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    # (room in all, host) of the ranked hosts, sorted; kept only while some model splits unevenly
+    totals: list[tuple[int, str]] = field(default_factory=list)
     # For updates one host at a time: how many hosts have n devices of this
     # model (n -> hosts), and how many devices have each memory size.
     sizes: dict[int, int] = field(default_factory=dict)
@@ -55,6 +70,11 @@ class ModelIndex:
             if self.buckets[n]:
                 return n
         return 0
+
+    def kth_room(self, host: str, k: int) -> int:
+        """The k-th largest room (k from 0) of a host in ``ranked``."""
+        free, rooms = self.ranked[host]
+        return UNIT if k < free else rooms[k - free] if k - free < len(rooms) else 0
 
     def largest_room(self) -> int:  # most milli-shares free on one device of an available host
         if self.free_available:
@@ -75,6 +95,7 @@ class DeviceIndex:
         self.models: dict[str, ModelIndex] = {}  # by model name
         self.hosts: list[str] = []  # sorted
         self.by_host: dict[str, list[GPU]] = {}  # host -> its inventory devices, sorted
+        self.keep_totals = False  # ModelIndex.totals kept up to date (uneven splits need them)
 
     def is_available(self, host: str) -> bool:
         return self.available is None or host in self.available
@@ -163,6 +184,7 @@ class DeviceIndex:
                 mi.free_available += len(free)
             else:
                 mi.unavailable += n
+            self._rank(mi, host)
         return set(by_model)
 
     def _unindex_host(self, host: str, gpus: list[GPU]) -> set[str]:
@@ -188,6 +210,7 @@ class DeviceIndex:
                 if used < UNIT and available:
                     del mi.rooms[bisect.bisect_left(mi.rooms, (UNIT - used, host, gpu.index, gpu.uuid))]
             mi.partial_room.pop(host, None)
+            self._rank(mi, host)
         for gpu in gpus:
             memories = self.models[gpu.model].memories
             memories[gpu.memory_mib] -= 1
@@ -245,11 +268,13 @@ class DeviceIndex:
                         bisect.insort(mi.rooms, entry)
                     else:
                         del mi.rooms[bisect.bisect_left(mi.rooms, entry)]
+            self._rank(mi, host)
 
     # -- devices taken and given back -----------------------------------------------
 
-    def take_free(self, mi: ModelIndex, host: str, gpus: Iterable[GPU]) -> None:
-        """Untouched devices of the host are booked whole, or get their first share."""
+    def take_free(self, mi: ModelIndex, host: str, gpus: Iterable[GPU], rank: bool = True) -> None:
+        """Untouched devices of the host are booked whole, or get their first share.
+        ``rank=False``: the caller brings the host's split ranks up to date (:meth:`rank`)."""
         gpus = list(gpus)
         free = mi.free[host]
         before = len(free)
@@ -259,8 +284,10 @@ class DeviceIndex:
             for gpu in gpus:
                 del free[bisect.bisect_left(free, gpu)]
         self._move(mi, host, before, len(free))
+        if rank and host in mi.ranked:  # a host not ranked has no partly booked room to move
+            self._rank(mi, host)
 
-    def put_free(self, gpu: GPU) -> None:
+    def put_free(self, gpu: GPU, rank: bool = True) -> None:
         """A device is untouched again (if it is still in the inventory)."""
         current = self.gpus.get(gpu.uuid)
         if current is None:  # it left the inventory while booked
@@ -269,20 +296,24 @@ class DeviceIndex:
         free = mi.free[current.host]
         bisect.insort(free, current)
         self._move(mi, current.host, len(free) - 1, len(free))
+        if rank and current.host in mi.ranked:
+            self._rank(mi, current.host)
 
-    def add_share(self, mi: ModelIndex, gpu: GPU, piece: int) -> None:
+    def add_share(self, mi: ModelIndex, gpu: GPU, piece: int, rank: bool = True) -> None:
         """A share of ``piece`` milli is booked on the device (untouched until now, or shared)."""
         before = mi.used.get(gpu.uuid)
         if before is None:  # untouched until now: out of the free lists
-            self.take_free(mi, gpu.host, [gpu])
+            self.take_free(mi, gpu.host, [gpu], rank=False)
             bisect.insort(mi.partial.setdefault(gpu.host, []), gpu)
             mi.partial_room[gpu.host] = mi.partial_room.get(gpu.host, 0) + UNIT
             before = 0
         mi.used[gpu.uuid] = before + piece
         mi.partial_room[gpu.host] -= piece
         self._set_room(mi, gpu, UNIT - before if before else 0, UNIT - before - piece)
+        if rank:
+            self._rank(mi, gpu.host)
 
-    def remove_share(self, uuid: str, piece: int) -> None:
+    def remove_share(self, uuid: str, piece: int, rank: bool = True) -> None:
         """A share of ``piece`` milli on the device is given back."""
         gpu = self.gpus.get(uuid)
         if gpu is None:  # device left the inventory while shared
@@ -293,6 +324,8 @@ class DeviceIndex:
             mi.used[uuid] = before - piece
             mi.partial_room[gpu.host] += piece
             self._set_room(mi, gpu, UNIT - before, UNIT - before + piece)
+            if rank:
+                self._rank(mi, gpu.host)
             return
         del mi.used[uuid]  # untouched again: back to the free lists
         self._set_room(mi, gpu, UNIT - before, 0)
@@ -302,7 +335,7 @@ class DeviceIndex:
         if not partial:
             del mi.partial[gpu.host]
             del mi.partial_room[gpu.host]
-        self.put_free(gpu)
+        self.put_free(gpu, rank)
 
     def _move(self, mi: ModelIndex, host: str, old: int, new: int) -> None:
         """The host's free count of this model went from old to new."""
@@ -321,3 +354,84 @@ class DeviceIndex:
             del mi.rooms[bisect.bisect_left(mi.rooms, (old, gpu.host, gpu.index, gpu.uuid))]
         if new:
             bisect.insort(mi.rooms, (new, gpu.host, gpu.index, gpu.uuid))
+
+    def rank(self, uuid: str) -> None:
+        """Bring the split ranks of the device's host up to date, after changes made with ``rank=False``."""
+        gpu = self.gpus.get(uuid)
+        if gpu is not None:
+            self._rank(self.models[gpu.model], gpu.host)
+
+    def rank_host(self, mi: ModelIndex, host: str) -> None:
+        """Bring the host's split ranks of the model up to date, after changes made with ``rank=False``."""
+        self._rank(mi, host)
+
+    def _rank(self, mi: ModelIndex, host: str) -> None:
+        """Bring the host's entries in ``mi.ranks`` up to date (only those that changed)."""
+        new = None
+        partial = mi.partial.get(host) if self.is_available(host) else None
+        if partial:
+            used = mi.used
+            rooms = [UNIT - used[g.uuid] for g in partial if used[g.uuid] < UNIT]
+            if rooms:
+                rooms.sort(reverse=True)
+                new = (len(mi.free[host]), tuple(rooms))
+        old = mi.ranked.get(host)
+        if old == new:
+            return
+        if self.keep_totals:
+            self._retotal(mi, host, old, new)
+        if old and new and old[0] == new[0] and len(old[1]) == len(new[1]):  # the usual: rooms changed in place
+            self._rerank(mi, host, old[0], old[1], new[1])
+            mi.ranked[host] = new
+            return
+        before = {(old[0] + k, r) for k, r in enumerate(old[1])} if old else set()
+        after = {(new[0] + k, r) for k, r in enumerate(new[1])} if new else set()
+        ranks = mi.ranks
+        # ranks[0] is never asked for (a split takes at least 2 devices): not kept
+        for k, r in before - after:
+            if not k:
+                continue
+            entries = ranks[k]
+            del entries[bisect.bisect_left(entries, (r, host))]
+            if not entries:
+                del ranks[k]
+        for k, r in after - before:
+            if not k:
+                continue
+            if k not in ranks:
+                ranks[k] = []
+            bisect.insort(ranks[k], (r, host))
+        if new is None:
+            del mi.ranked[host]
+        else:
+            mi.ranked[host] = new
+
+    @staticmethod
+    def _rerank(mi: ModelIndex, host: str, free: int, old: tuple[int, ...], new: tuple[int, ...]) -> None:
+        """The host's partly booked rooms went from old to new, as many and after as many free devices."""
+        ranks = mi.ranks
+        for k, o, r in zip(range(free, free + len(old)), old, new):
+            if o != r and k:  # ranks[0] is not kept (see _rank)
+                entries = ranks[k]
+                del entries[bisect.bisect_left(entries, (o, host))]
+                bisect.insort(entries, (r, host))
+
+    def set_keep_totals(self, keep: bool) -> None:
+        """Keep ``ModelIndex.totals`` up to date (built afresh when turned on), or not (emptied)."""
+        if keep == self.keep_totals:
+            return
+        self.keep_totals = keep
+        for mi in self.models.values():
+            mi.totals = sorted((total_room(ranked), h) for h, ranked in mi.ranked.items()) if keep else []
+
+    @staticmethod
+    def _retotal(mi: ModelIndex, host: str, old: tuple | None, new: tuple | None) -> None:
+        """The host's entry in ``mi.totals`` (for uneven splits), from its old and new ranks."""
+        before = total_room(old) if old else None
+        after = total_room(new) if new else None
+        if before == after:
+            return
+        if before is not None:
+            del mi.totals[bisect.bisect_left(mi.totals, (before, host))]
+        if after is not None:
+            bisect.insort(mi.totals, (after, host))

@@ -12,10 +12,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
-from .allocator_index import DeviceIndex
+from .allocator_index import DeviceIndex, ModelIndex, total_room
 from .allocator_summary import ModelSummary
 from .allocator_types import ALL, Request
-from .sharing import UNIT, SharingPolicy, fmt
+from .sharing import UNIT, SharingPolicy, fmt, fmt_list
 
 __all__ = ["AllocationRefused", "Refusal", "share_refusal", "whole_refusal"]
 
@@ -35,6 +35,9 @@ class Refusal(enum.Enum):
     NONE_FREE = "none_free"
     HOST_BUSY = "host_busy"  # not enough free on the host asked for
     NOT_ON_ONE_HOST = "not_on_one_host"  # enough free in all, not together where it must be
+    NO_DEVICE_ROOM = "no_device_room"  # a share for one device: enough free in all, no device has that much
+    TOTAL_FREE_BELOW = "total_free_below"  # less free in all than the share asks
+    NO_EVEN_SPLIT = "no_even_split"  # a host has that much free in all, but no even split of it fits
 
     @property
     def retry(self) -> bool:
@@ -48,6 +51,9 @@ _MAY_SUCCEED_LATER = {
     Refusal.NONE_FREE,
     Refusal.HOST_BUSY,
     Refusal.NOT_ON_ONE_HOST,
+    Refusal.NO_DEVICE_ROOM,
+    Refusal.TOTAL_FREE_BELOW,
+    Refusal.NO_EVEN_SPLIT,
 }
 
 
@@ -210,10 +216,53 @@ def share_refusal(
         if not index.is_available(host):
             return _host_unavailable(host)
         return AllocationRefused(f"{asked} requested on {host}, not enough free there right now", Refusal.HOST_BUSY)
+    return _share_capacity_refusal(index, sharing, share, models, asked)
+
+
+def _share_capacity_refusal(
+    index: DeviceIndex, sharing: SharingPolicy, share: int, models: list[str], asked: str
+) -> AllocationRefused:
+    """Why no host takes the share now, with what would fit: no device has
+    the room (or not that much is free in all), no host has that much free in
+    all, or one has but no even split of it fits."""
     room = max(index.models[m].largest_room() for m in models)
-    split = any(getattr(sharing.for_model(m), "split", False) for m in models)
-    where = "on one device or one host" if split else "on one device"
+    at_most = f"at most {fmt(room)} on one device"
+    split = [m for m in models if getattr(sharing.for_model(m), "split", False)]
+    if not split:
+        free = sum(_free_in_all(index.models[m]) for m in models)
+        if free < share:
+            return AllocationRefused(
+                f"{asked} requested, but only {fmt(free)} is free in all right now ({at_most})",
+                Refusal.TOTAL_FREE_BELOW,
+            )
+        return AllocationRefused(
+            f"{asked} requested, but not that much is free on one device right now ({at_most})",
+            Refusal.NO_DEVICE_ROOM,
+        )
+    # The host with the most free in all: one with partly booked devices (untouched ones always split evenly).
+    tops = [(_most_room(index.models[m]), m) for m in split if index.models[m].ranked]
+    (total, host), model = max(tops) if tops else ((0, ""), "")
+    if total < share:
+        return AllocationRefused(
+            f"{asked} requested, but not that much is free on one device or one host right now ({at_most})",
+            Refusal.NOT_ON_ONE_HOST,
+        )
+    free, rooms = index.models[model].ranked[host]
+    hint = "" if getattr(sharing.for_model(model), "uneven", False) else f"; uneven splits are not enabled for {model}"
     return AllocationRefused(
-        f"{asked} requested, but not that much is free {where} right now (at most {fmt(room)} on one device)",
-        Refusal.NOT_ON_ONE_HOST,
+        f"{asked} requested, but no even split fits right now: {host} has {fmt(total)} free in all, on devices "
+        f"with {fmt_list((UNIT,) * free + rooms, ', ')} free ({at_most}){hint}",
+        Refusal.NO_EVEN_SPLIT,
     )
+
+
+def _most_room(mi: ModelIndex) -> tuple[int, str]:
+    """(room in all, host) of the host with the most, of those with partly booked devices."""
+    if mi.totals:
+        return mi.totals[-1]
+    return max((total_room(ranked), h) for h, ranked in mi.ranked.items())  # not kept: a refusal may scan
+
+
+def _free_in_all(mi: ModelIndex) -> int:
+    """Milli-shares free on the available hosts' devices of the model."""
+    return mi.free_available * UNIT + sum(sum(rooms) for _, rooms in mi.ranked.values())

@@ -13,7 +13,7 @@ import bisect
 from collections.abc import Iterator
 
 from .allocator_index import DeviceIndex, ModelIndex
-from .allocator_types import Policy
+from .allocator_types import EVEN_SPLIT, ONE_DEVICE, UNEVEN_SPLIT, Policy
 from .allocator_whole import candidates
 from .inventory import GPU
 from .sharing import UNIT, ModelSharing, SharingPolicy, split_evenly
@@ -21,12 +21,13 @@ from .sharing import UNIT, ModelSharing, SharingPolicy, split_evenly
 __all__ = ["choose_share"]
 
 Picks = list[tuple[GPU, int]]  # (device, milli-shares on it)
+PROBES = 4  # partly booked devices a split tries before the per-k bisections (0: those alone)
 
 
 def choose_share(
     index: DeviceIndex, sharing: SharingPolicy, policy: Policy, models: list[str], share: int, host: str | None
-) -> tuple[str, str, Picks] | None:
-    """The best (model, host, [(device, milli), ...]) for a share, or None.
+) -> tuple[str, str, Picks, str] | None:
+    """The best (model, host, [(device, milli), ...], rule) for a share, or None.
 
     Fewest devices first; then least room on the devices chosen (best
     fit), an untouched device counting a full room; among untouched
@@ -42,9 +43,55 @@ def choose_share(
             if best is None or key < best[0]:
                 best = (key, model, h, picks)
     if best is None:
-        return None
+        uneven = _uneven(index, sharing, models, share, host)
+        if uneven is None:
+            return None
+        model, h, picks = uneven
+        return model, h, sorted(picks), UNEVEN_SPLIT
     _, model, h, picks = best
-    return model, h, sorted(picks)
+    return model, h, sorted(picks), ONE_DEVICE if len(picks) == 1 else EVEN_SPLIT
+
+
+def _uneven(
+    index: DeviceIndex, sharing: SharingPolicy, models: list[str], share: int, host: str | None
+) -> tuple[str, str, Picks] | None:
+    """Where no even split fits and the model allows ``uneven``: the host
+    with the least room in all that takes the share (ties: hostname, then
+    model), its freest devices first, each taking as much as it has room for
+    (in whole quanta) until the share is placed. Only hosts with partly
+    booked devices can need this (n untouched devices take n GPUs evenly)."""
+    best = None  # ((room, host), model, picks)
+    for model in models:
+        settings = sharing.for_model(model)
+        if settings is None or not settings.uneven:
+            continue
+        mi = index.models[model]
+        totals = mi.totals
+        start = bisect.bisect_left(totals, (share,))
+        entries = [e for e in totals[start:] if e[1] == host] if host is not None else totals[start:]
+        for total, h in entries:
+            if best is not None and (total, h) >= best[0]:
+                break
+            picks = _fill(mi, h, share, settings.quantum)
+            if picks is not None:
+                best = (total, h), model, picks
+                break
+    return None if best is None else (best[1], best[0][1], best[2])
+
+
+def _fill(mi: ModelIndex, host: str, share: int, quantum: int) -> Picks | None:
+    """The share over the host's freest devices (lowest index first among
+    equals), each piece as much as the device has room for in whole quanta."""
+    picks = []
+    left = share
+    for room, _, gpu in sorted(_devices(mi, host), key=lambda e: (-e[0], e[1])):
+        piece = min(room - room % quantum, left)
+        if piece > 0:
+            picks.append((gpu, piece))
+            left -= piece
+            if not left:
+                return picks
+    return None
 
 
 def _share_candidates(
@@ -87,22 +134,71 @@ def _share_candidates(
 def _split_candidates(
     index: DeviceIndex, policy: Policy, mi: ModelIndex, sharing: ModelSharing, share: int, need: int, most: int
 ) -> Iterator[tuple[tuple, str, Picks]]:
-    """Several devices of one host: hosts with shared devices are scanned
-    (fragmented room is only there); among hosts with enough untouched
-    devices the policy picks, as for a whole-GPU request."""
-    pieces = split_evenly(share, need, sharing.quantum)
-    for n, h in candidates(index, policy, mi, need, None, None) if pieces else ():
-        yield (need, need * UNIT, policy.rank(n), h), h, list(zip(mi.free[h], pieces or ()))
-        break
-    for h in sorted(mi.partial):
-        if not index.is_available(h) or len(mi.free[h]) * UNIT + mi.partial_room[h] < share:
+    """Several devices of one host, the fewest that take the share: the host
+    with the partly booked device of least room that takes a piece (from
+    ``mi.ranks``), else among hosts with n untouched devices the one the
+    policy ranks first for a whole-GPU request. On the host chosen, each
+    piece goes to the device with the least room that fits it."""
+    for n in range(need, most + 1):
+        pieces = split_evenly(share, n, sharing.quantum)
+        if pieces is None:
+            if share > n * UNIT:
+                continue  # pieces too big: try more devices
+            return  # pieces below the quantum: more devices cannot help
+        tight = _tightest(mi, n, pieces)
+        if tight is not None:  # beats this model's untouched devices: no need to look at them
+            room, h = tight
+            yield (n, room, 0, h), h, _best_fit(mi, h, pieces)
+            return
+        for free, h in candidates(index, policy, mi, n, None, None):
+            yield (n, UNIT, policy.rank(free), h), h, _best_fit(mi, h, pieces)
+            return
+
+
+def _tightest(mi: ModelIndex, n: int, pieces: tuple[int, ...]) -> tuple[int, str] | None:
+    """(room, host): the partly booked device with the least room that still
+    takes the smallest piece, on a host that takes all n pieces; ties:
+    hostname. On a host with n devices that fit, the least room among them
+    is the n-th largest or a smaller one, so ``ranks[k]`` for k ≥ n - 1 hold
+    it: one bisection per k, at most (devices per host) of them."""
+    small, large = pieces[-1], pieces[0]
+    extra = pieces.count(large) if large != small else 0
+    # Usually one of the few partly booked devices with the least room that
+    # fits is on such a host: the same answer, without a bisection per k.
+    rooms = mi.rooms
+    start = bisect.bisect_left(rooms, (small,))
+    for room, h, _, _ in rooms[start : start + PROBES]:
+        if mi.kth_room(h, n - 1) >= small and (not extra or mi.kth_room(h, extra - 1) >= large):
+            return room, h
+    best = None
+    for k in range(n - 1, len(mi.buckets) - 1):
+        entries = mi.ranks.get(k)
+        if not entries:
             continue
-        fit = _fit_on_host(mi, h, share, sharing.quantum, need, most)
-        if fit is not None and fit[1] < fit[0] * UNIT:  # all untouched: the policy's pick above
-            n, room, picks = fit
-            yield (n, room, 0, h), h, picks
-            if (n, room) == (need, share):
-                return  # a perfect fit on the fewest devices: no later host does better
+        for i in range(bisect.bisect_left(entries, (small,)), len(entries)):
+            room, h = entries[i]
+            if best is not None and (room, h) >= best:
+                break
+            # k ≥ n - 1 devices have room for a smaller piece; ``extra`` need room for a larger one
+            if not extra or mi.kth_room(h, extra - 1) >= large:
+                best = room, h
+                break
+    return best
+
+
+def _best_fit(mi: ModelIndex, host: str, pieces: tuple[int, ...]) -> Picks:
+    placed = _place(_devices(mi, host), pieces)
+    assert placed is not None, "the index said the host takes the pieces"
+    return placed[1]
+
+
+def _devices(mi: ModelIndex, host: str) -> list[tuple[int, int, GPU]]:
+    """The host's devices with room, as (room, index, device), by room then index."""
+    used = mi.used
+    devices = [(UNIT - used[g.uuid], g.index, g) for g in mi.partial.get(host, ()) if used[g.uuid] < UNIT]
+    devices += [(UNIT, g.index, g) for g in mi.free[host]]
+    devices.sort()
+    return devices
 
 
 def _fit_on_host(
@@ -111,10 +207,7 @@ def _fit_on_host(
     """The fewest devices (from ``first`` to ``last``) of the host that take
     the share split as evenly as the quantum allows, each piece on the
     device with the least room that fits it: (devices, their room, picks)."""
-    used = mi.used
-    devices = [(UNIT - used[g.uuid], g.index, g) for g in mi.partial.get(host, ()) if used[g.uuid] < UNIT]
-    devices += [(UNIT, g.index, g) for g in mi.free[host]]
-    devices.sort()  # by room, then index
+    devices = _devices(mi, host)
     for n in range(first, min(last, len(devices)) + 1):
         pieces = split_evenly(share, n, quantum)
         if pieces is None:

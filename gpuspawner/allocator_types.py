@@ -11,10 +11,15 @@ from typing import Any
 from .inventory import GPU
 from .sharing import UNIT, fraction
 
-__all__ = ["ALL", "POLICIES", "Allocation", "Policy", "Request"]
+__all__ = ["ALL", "EVEN_SPLIT", "ONE_DEVICE", "POLICIES", "UNEVEN_SPLIT", "Allocation", "Policy", "Request"]
 
 #: ``Request.count`` value asking for every device of a host (of the model, if given).
 ALL = "all"
+
+#: ``Allocation.rule``: which rule placed a share (see docs/sharing.md).
+ONE_DEVICE = "one device"
+EVEN_SPLIT = "even split"
+UNEVEN_SPLIT = "uneven split"
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,9 @@ class Allocation:
     # None when every device is held whole (also a share that came out as
     # whole devices, e.g. 2 split as 1 + 1).
     milli: tuple[int, ...] | None = None
+    # Which rule placed a share (ONE_DEVICE, EVEN_SPLIT, UNEVEN_SPLIT); None
+    # for whole GPUs and for holdings adopted from the cluster.
+    rule: str | None = None
 
     @property
     def uuids(self) -> tuple[str, ...]:

@@ -52,6 +52,15 @@ def to_milli(value: Any, what: str = "share") -> int:
     a user can act on. Accepts int, Fraction, Decimal and float (read as the
     shortest decimal that prints as it: 0.1 is 0.1, not 0.1000000000000000055);
     refuses bools, strings, NaN, infinities, and anything finer than 0.001."""
+    kind = type(value)
+    if kind is int and -MAX_SHARE <= value <= MAX_SHARE:
+        return value * UNIT
+    if kind is float and -MAX_SHARE <= value <= MAX_SHARE:
+        # Exact without Fraction: a decimal of at most 3 places is the float's
+        # shortest form exactly when it divides back to the same float.
+        milli = round(value * UNIT)
+        if milli / UNIT == value:
+            return milli
     if isinstance(value, bool) or not isinstance(value, (int, float, Fraction, Decimal)):
         raise ValueError(f"{what} must be a number such as 0.5, got {shown(value)}")
     if isinstance(value, float) and not math.isfinite(value) or isinstance(value, Decimal) and not value.is_finite():
@@ -105,6 +114,7 @@ class ModelSharing:
     quantum: int  # every share, and every piece of a split, is a multiple of this
     allowed: tuple[int, ...] | None = None  # the only shares offered; None: any multiple of the quantum
     split: bool = False  # may a request span several devices of one host
+    uneven: bool = False  # when no even split fits, may the pieces differ (the freest devices first)
 
     def refusal(self, share: int, model: str) -> str | None:
         """Why ``share`` is never granted for this model, or None when it may be."""
@@ -123,7 +133,8 @@ class ModelSharing:
 
     def describe(self) -> str:
         what = f"one of {fmt_list(self.allowed, ', ')}" if self.allowed else f"multiples of {fmt(self.quantum)}"
-        return what + (", split over devices of one host" if self.split else "")
+        what += ", split over devices of one host" if self.split else ""
+        return what + (" (unevenly where no even split fits)" if self.uneven else "")
 
 
 class SharingPolicy:
@@ -178,6 +189,11 @@ class SharingPolicy:
         raise ValueError(f"{fmt(share)} of a GPU is not offered by any model; offered: {'; '.join(offered)}")
 
     @property
+    def uneven(self) -> bool:
+        """Whether some model may be split unevenly."""
+        return any(s is not None and s.uneven for s in [*self._models.values(), self._default])
+
+    @property
     def enabled(self) -> bool:
         return self._default is not None or any(s is not None for s in self._models.values())
 
@@ -193,7 +209,7 @@ class SharingPolicy:
 
 OFF = SharingPolicy()  # whole GPUs only: the default
 
-_ENTRY_KEYS = ("quantum", "shares", "split")
+_ENTRY_KEYS = ("quantum", "shares", "split", "uneven")
 
 
 def _parse_entry(entry: Any, where: str) -> ModelSharing | None:
@@ -209,6 +225,11 @@ def _parse_entry(entry: Any, where: str) -> ModelSharing | None:
     split = entry.get("split", False)
     if not isinstance(split, bool):
         raise ValueError(f"{where}: split must be true or false, got {split!r}")
+    uneven = entry.get("uneven", False)
+    if not isinstance(uneven, bool):
+        raise ValueError(f"{where}: uneven must be true or false, got {uneven!r}")
+    if uneven and not split:
+        raise ValueError(f"{where}: uneven splits need split: True")
     allowed = None
     if "shares" in entry:
         shares = entry["shares"]
@@ -236,7 +257,7 @@ def _parse_entry(entry: Any, where: str) -> ModelSharing | None:
         quantum = math.gcd(UNIT, *allowed)
     else:
         raise ValueError(f"{where}: give a quantum (e.g. 0.25) or a list of shares")
-    return ModelSharing(quantum=quantum, allowed=allowed, split=split)
+    return ModelSharing(quantum=quantum, allowed=allowed, split=split, uneven=uneven)
 
 
 def shown(value: Any) -> str:

@@ -14,7 +14,7 @@ from fractions import Fraction
 
 import pytest
 
-from gpuspawner.allocator import ALL, AdoptReason, AllocationRefused, Allocator, Request
+from gpuspawner.allocator import ALL, AdoptReason, AllocationRefused, Allocator, Refusal, Request
 from gpuspawner.inventory import GPU
 from gpuspawner.sharing import UNIT, fmt, to_milli
 
@@ -23,6 +23,7 @@ T4 = "NVIDIA Tesla T4"
 GTX = "NVIDIA GeForce GTX 1070"
 MEMORY = {A100: 81920, T4: 15360, GTX: 8192}
 SPLIT = {"*": {"quantum": 0.05, "split": True}}
+UNEVEN = {"*": {"quantum": 0.05, "split": True, "uneven": True}}
 NO_SPLIT = {"*": {"quantum": 0.05}}
 
 
@@ -159,6 +160,36 @@ VECTORS = [
     ),
     Vector("allowed list", {"a": [0.5, 0]}, 0.5, {"GPU-a-0": "0.5"}, sharing={"*": {"shares": [0.25, 0.5]}}),
     Vector("exact values from floats, Decimals and Fractions", {"a": [0.1, 0]}, Decimal("0.9"), {"GPU-a-0": "0.9"}),
+    Vector(
+        "split: past devices on hosts without a second one that fits",
+        {**{f"b{i}": [0.4, "W"] for i in range(6)}, "y": [0.2, 0.35], "z": [0.3, 0.3]},
+        1.2,
+        {"GPU-y-0": "0.6", "GPU-y-1": "0.6"},
+    ),
+    # Uneven splits, where the admin allows them and no even split fits: the
+    # freest devices first. The seed case stays even (0.2, then 1.2 -> 0.80, 0.60).
+    Vector(
+        "uneven: 0.6 on 0.2 and 0.4 free",
+        {"a": [0.8, 0.6]},
+        0.6,
+        {"GPU-a-0": "0.2", "GPU-a-1": "0.4"},
+        sharing=UNEVEN,
+    ),
+    Vector(
+        "uneven: an even split still comes first",
+        {"a": [0.2, 0]},
+        1.2,
+        {"GPU-a-0": "0.6", "GPU-a-1": "0.6"},
+        sharing=UNEVEN,
+    ),
+    Vector("uneven: 1.1 as 0.9 + 0.2", {"a": [0.1, 0.75]}, 1.1, {"GPU-a-0": "0.9", "GPU-a-1": "0.2"}, sharing=UNEVEN),
+    Vector(
+        "uneven: the host with the least room in all",
+        {"a": [0.1, 0.75, 0.5], "b": [0.1, 0.75]},
+        1.1,
+        {"GPU-b-0": "0.9", "GPU-b-1": "0.2"},
+        sharing=UNEVEN,
+    ),
 ]
 
 
@@ -218,6 +249,23 @@ def test_the_seed_example():
             {},
             True,
             f"1 × {A100} requested, but not that much is free on one device or one host right now (at most 0.4 on one device)",
+        ),
+        (
+            {"a": [0.8, 0.6]},
+            SPLIT,
+            Request(A100, share=0.6),
+            {},
+            True,
+            f"0.6 × {A100} requested, but no even split fits right now: a has 0.6 free in all, on devices with 0.4, "
+            f"0.2 free (at most 0.4 on one device); uneven splits are not enabled for {A100}",
+        ),
+        (
+            {"a": [0.8, 0.7]},
+            NO_SPLIT,
+            Request(A100, share=0.6),
+            {},
+            True,
+            f"0.6 × {A100} requested, but only 0.5 is free in all right now (at most 0.3 on one device)",
         ),
         (
             {"a": [0], "b": [0]},
@@ -526,3 +574,42 @@ def test_summary_tells_the_form_what_may_be_shared():
         False,
         0,
     )
+
+
+def test_each_share_says_which_rule_placed_it():
+    alloc = booked({"a": [0, 0]}, UNEVEN)
+    rules = [alloc.allocate(f"s{i}", Request(A100, share=share)).rule for i, share in enumerate([0.2, 1.2, 0.6])]
+    assert rules == ["one device", "even split", "uneven split"]
+    assert allocated(alloc) == {"GPU-a-0": "1", "GPU-a-1": "1"}
+    assert booked({"a": [0]}, UNEVEN).allocate("w", Request(A100, count=1)).rule is None  # whole GPUs
+    adopted, problems = booked({"a": [0]}, UNEVEN).adopt("x", "ann", "a", ["GPU-a-0"], [0.5])
+    assert problems == [] and adopted.milli == (500,) and adopted.rule is None  # rebuilt from the cluster
+
+
+def test_without_uneven_the_same_request_waits():
+    alloc = booked({"a": [0.8, 0.6]}, SPLIT)
+    assert refusal(alloc, Request(A100, share=0.6)).retry
+
+
+@pytest.mark.parametrize(
+    "state, sharing, share, reason",
+    [
+        ({"a": [0.6, 0.6]}, NO_SPLIT, 0.5, Refusal.NO_DEVICE_ROOM),
+        ({"a": [0.8, 0.7]}, NO_SPLIT, 0.6, Refusal.TOTAL_FREE_BELOW),
+        ({"a": [0.8, 0.6]}, SPLIT, 0.6, Refusal.NO_EVEN_SPLIT),
+        ({"a": [0.6, 0.6]}, SPLIT, 1, Refusal.NOT_ON_ONE_HOST),
+    ],
+)
+def test_share_refusals_name_the_reason(state, sharing, share, reason):
+    e = refusal(booked(state, sharing), Request(A100, share=share))
+    assert e.reason is reason and e.retry
+
+
+def test_uneven_turned_on_later_finds_the_hosts_a_fresh_allocator_would():
+    state = {"a": [0.8, 0.6], "b": [0.1, 0.75]}
+    alloc = booked(state, SPLIT)
+    alloc.set_sharing(UNEVEN)
+    assert alloc._index.models[A100] == booked(state, UNEVEN)._index.models[A100]
+    assert placement(alloc.allocate("s", Request(A100, share=1.1))) == {"GPU-b-0": "0.9", "GPU-b-1": "0.2"}
+    alloc.set_sharing(SPLIT)
+    assert alloc._index.models[A100].totals == []  # kept only while some model splits unevenly

@@ -135,6 +135,8 @@ def test_quantum_of_an_allowed_list_is_their_common_divisor():
         ({A100: {"shares": [-0.5]}}, "shares must be more than 0, got -0.5"),
         ({A100: {"split": True}}, "give a quantum (e.g. 0.25) or a list of shares"),
         ({A100: {"quantum": 0.5, "split": "yes"}}, "split must be true or false, got 'yes'"),
+        ({A100: {"quantum": 0.5, "split": True, "uneven": 1}}, "uneven must be true or false, got 1"),
+        ({A100: {"quantum": 0.5, "uneven": True}}, "uneven splits need split: True"),
         ({A100: {"quantum": 0.5, "fraction": 1}}, "unknown key(s) fraction; valid keys: quantum, shares, split"),
         ({"": {"quantum": 0.5}}, "'' is not a GPU model name"),
     ],
