@@ -77,6 +77,7 @@ bench: $(VENV)/.installed
 	$(PYTHON) -m benchmarks.bench_allocator
 	$(PYTHON) -m benchmarks.bench_agent
 	$(PYTHON) -m benchmarks.bench_loop
+	$(PYTHON) -m benchmarks.bench_shares
 
 clean: demo-down
 	rm -rf $(VENV) $(WHEEL_VENV) $(LOWEST_VENV) dist $(STATE) /var/cache/gpuspawner-image
