@@ -227,7 +227,7 @@ def _share_capacity_refusal(
     all, or one has but no even split of it fits."""
     room = max(index.models[m].largest_room() for m in models)
     at_most = f"at most {fmt(room)} on one device"
-    split = [m for m in models if getattr(sharing.for_model(m), "split", False)]
+    split = [m for m in models if (s := sharing.for_model(m)) is not None and s.spans(share)]
     if not split:
         free = sum(_free_in_all(index.models[m]) for m in models)
         if free < share:
