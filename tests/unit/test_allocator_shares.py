@@ -637,3 +637,14 @@ def test_a_share_of_at_most_one_gpu_stays_on_one_device_unless_split_small(shari
     assert placement(
         booked({"a": [0.6, 0.6]}, {"*": {**sharing["*"], "split_small": True}}).allocate("s", Request(A100, share=0.8))
     ) == {"GPU-a-0": "0.4", "GPU-a-1": "0.4"}
+
+
+def test_a_refusal_counts_free_room_only_up_to_the_request():
+    """Telling no_device_room from total_free_below needs the total only when it is below the request."""
+    from gpuspawner.allocator_refusals import _free_up_to
+
+    alloc = booked({f"h{i}": [0.6, 0.6] for i in range(50)}, SPLIT)
+    mi = alloc._index.models[A100]
+    assert _free_up_to([mi], 41 * UNIT) == 40 * UNIT  # below the request: exact (50 hosts × 0.8)
+    assert 800 <= _free_up_to([mi], 800) < 40 * UNIT  # stops once there is enough
+    assert refusal(alloc, Request(A100, share=0.8)).reason is Refusal.NO_DEVICE_ROOM
