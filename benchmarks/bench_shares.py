@@ -21,7 +21,9 @@ of share requests: ``uniform`` draws 0.1, 0.2 ... 1.5 (a third above one GPU);
 * ``packing``: one node of 8 A100 fed random requests of the mix until the
   first refusal, over many seeds: the share placed, of 8.0.
 
-``--uneven`` also allows uneven splits where no even split fits.
+``--uneven`` also allows uneven splits where no even split fits;
+``--split-small`` lets a share of at most one GPU be split too (by default it
+stays on one device).
 
 Throughput is decisions over the sum of their times (the allocator's own cost).
 """
@@ -197,7 +199,8 @@ def run(args) -> dict:
 def table(out: dict, args) -> str:
     us = lambda v: f"{v:.0f} µs" if v < 1000 else f"{v / 1000:.2f} ms"  # noqa: E731
     lines = [
-        f"{args.nodes} nodes × 8 A100, quantum 0.01, split allowed{', uneven' if args.uneven else ''}; "
+        f"{args.nodes} nodes × 8 A100, quantum 0.01, split allowed{', uneven' if args.uneven else ''}"
+        f"{', split_small' if args.split_small else ''}; "
         f"{args.ops:,} decisions per churn run; "
         f"Python {out['python']}",
         "",
@@ -238,10 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=200, help="seeds of the one-node packing test")
     p.add_argument("--repeat", type=int, default=200, help="1.2 requests per split-cost point")
     p.add_argument("--uneven", action="store_true", help="allow uneven splits where no even split fits")
+    p.add_argument("--split-small", action="store_true", help="let shares of at most 1 GPU be split too")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if args.uneven:
         SHARING[MODEL]["uneven"] = True
+    if args.split_small:
+        SHARING[MODEL]["split_small"] = True
     out = run(args)
     print(json.dumps(out, indent=2) if args.json else table(out, args))
     return 0

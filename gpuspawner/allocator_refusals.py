@@ -227,9 +227,9 @@ def _share_capacity_refusal(
     all, or one has but no even split of it fits."""
     room = max(index.models[m].largest_room() for m in models)
     at_most = f"at most {fmt(room)} on one device"
-    split = [m for m in models if getattr(sharing.for_model(m), "split", False)]
+    split = [m for m in models if (s := sharing.for_model(m)) is not None and s.spans(share)]
     if not split:
-        free = sum(_free_in_all(index.models[m]) for m in models)
+        free = _free_up_to([index.models[m] for m in models], share)
         if free < share:
             return AllocationRefused(
                 f"{asked} requested, but only {fmt(free)} is free in all right now ({at_most})",
@@ -263,6 +263,14 @@ def _most_room(mi: ModelIndex) -> tuple[int, str]:
     return max((total_room(ranked), h) for h, ranked in mi.ranked.items())  # not kept: a refusal may scan
 
 
-def _free_in_all(mi: ModelIndex) -> int:
-    """Milli-shares free on the available hosts' devices of the model."""
-    return mi.free_available * UNIT + sum(sum(rooms) for _, rooms in mi.ranked.values())
+def _free_up_to(mis: list[ModelIndex], cap: int) -> int:
+    """Milli-shares free on the available hosts' devices of the models:
+    exact below ``cap``, else some count of at least ``cap`` (the walk over
+    every partly booked host stops there; a refusal in a busy cluster is common)."""
+    free = sum(mi.free_available for mi in mis) * UNIT
+    for mi in mis:
+        for _, rooms in mi.ranked.values():
+            if free >= cap:
+                return free
+            free += sum(rooms)
+    return free

@@ -63,7 +63,7 @@ def _uneven(
     best = None  # ((room, host), model, picks)
     for model in models:
         settings = sharing.for_model(model)
-        if settings is None or not settings.uneven:
+        if settings is None or not settings.uneven or not settings.spans(share):
             continue
         mi = index.models[model]
         totals = mi.totals
@@ -104,7 +104,7 @@ def _share_candidates(
     host: str | None,
 ) -> Iterator[tuple[tuple, str, Picks]]:
     """Candidates of one model as (key, host, picks); keys compare across models."""
-    most = len(mi.buckets) - 1 if sharing.split else 1
+    most = len(mi.buckets) - 1 if sharing.spans(share) else 1
     if host is not None:
         if host in mi.total and index.is_available(host):
             fit = _fit_on_host(mi, host, share, sharing.quantum, need, most)
@@ -125,8 +125,8 @@ def _share_candidates(
         for n, h in candidates(index, policy, mi, 1, None, None):
             yield (1, UNIT, policy.rank(n), h), h, [(mi.free[h][0], share)]
             return
-        if not sharing.split:
-            return
+        if not sharing.spans(share):
+            return  # a share of at most 1 GPU stays on one device unless split_small
         need = 2
     yield from _split_candidates(index, policy, mi, sharing, share, need, most)
 

@@ -129,15 +129,18 @@ class Holdings:
 
     def holders_of(self, uuid: str) -> list[dict]:
         """Who holds the device, for the allocation map: each holder's user,
-        server, share and phase (and why a device being removed is still held)."""
+        server, share, the rule that placed it (None: whole GPUs, or adopted
+        after a restart) and phase (and why a device being removed is still held)."""
         allocator = self.allocator
         out = []
         for name, milli in allocator.booked_on(uuid).items():
             h = self._holdings.get(name)
+            alloc = allocator.holding(name)
             holder = {
-                "user": h.labels.user if h else getattr(allocator.holding(name), "owner", ""),
+                "user": h.labels.user if h else getattr(alloc, "owner", ""),
                 "server": h.labels.server if h else "",
                 "share": milli / UNIT,
+                "rule": getattr(alloc, "rule", None),
                 "phase": (h.phase if h else Phase.RUNNING).value,
             }
             if h is not None and h.problem:

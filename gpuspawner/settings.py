@@ -142,8 +142,10 @@ class GPUSettings(LoggingConfigurable):
         model name, ``"*"`` for the rest: ``{"NVIDIA A100 80GB PCIe":
         {"quantum": 0.05, "split": True}, "Tesla T4": {"shares": [0.25, 0.5]}}``.
         ``quantum``: shares are multiples of it; ``shares``: the only ones
-        offered; ``split``: a share larger than one device has free may span
-        devices of one host. Empty (default): whole GPUs only. What a share
+        offered; ``split``: a share above one GPU may span devices of one
+        host; ``uneven``: where no even split fits, the pieces may differ;
+        ``split_small``: a share of at most one GPU may span devices too
+        (otherwise it stays on one device). Empty (default): whole GPUs only. What a share
         means on the GPU depends on ``gpu_share_enforcement``.""",
     ).tag(config=True)
 

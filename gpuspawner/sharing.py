@@ -115,6 +115,12 @@ class ModelSharing:
     allowed: tuple[int, ...] | None = None  # the only shares offered; None: any multiple of the quantum
     split: bool = False  # may a request span several devices of one host
     uneven: bool = False  # when no even split fits, may the pieces differ (the freest devices first)
+    split_small: bool = False  # may a share of at most 1 GPU span devices (when no one device has room)
+
+    def spans(self, share: int) -> bool:
+        """Whether ``share`` may be spread over several devices: above one GPU
+        where the model splits; at most one only where ``split_small`` says so."""
+        return self.split and (share > UNIT or self.split_small)
 
     def refusal(self, share: int, model: str) -> str | None:
         """Why ``share`` is never granted for this model, or None when it may be."""
@@ -134,6 +140,7 @@ class ModelSharing:
     def describe(self) -> str:
         what = f"one of {fmt_list(self.allowed, ', ')}" if self.allowed else f"multiples of {fmt(self.quantum)}"
         what += ", split over devices of one host" if self.split else ""
+        what += " (also shares of at most 1 GPU)" if self.split_small else ""
         return what + (" (unevenly where no even split fits)" if self.uneven else "")
 
 
@@ -209,7 +216,14 @@ class SharingPolicy:
 
 OFF = SharingPolicy()  # whole GPUs only: the default
 
-_ENTRY_KEYS = ("quantum", "shares", "split", "uneven")
+_ENTRY_KEYS = ("quantum", "shares", "split", "split_small", "uneven")
+
+
+def _flag(entry: Mapping, key: str, where: str) -> bool:
+    value = entry.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
+    return value
 
 
 def _parse_entry(entry: Any, where: str) -> ModelSharing | None:
@@ -222,14 +236,11 @@ def _parse_entry(entry: Any, where: str) -> ModelSharing | None:
     unknown = sorted(str(k) for k in entry if k not in _ENTRY_KEYS)
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(_ENTRY_KEYS)}")
-    split = entry.get("split", False)
-    if not isinstance(split, bool):
-        raise ValueError(f"{where}: split must be true or false, got {split!r}")
-    uneven = entry.get("uneven", False)
-    if not isinstance(uneven, bool):
-        raise ValueError(f"{where}: uneven must be true or false, got {uneven!r}")
+    split, split_small, uneven = (_flag(entry, key, where) for key in ("split", "split_small", "uneven"))
     if uneven and not split:
         raise ValueError(f"{where}: uneven splits need split: True")
+    if split_small and not split:
+        raise ValueError(f"{where}: split_small needs split: True")
     allowed = None
     if "shares" in entry:
         shares = entry["shares"]
@@ -257,7 +268,7 @@ def _parse_entry(entry: Any, where: str) -> ModelSharing | None:
         quantum = math.gcd(UNIT, *allowed)
     else:
         raise ValueError(f"{where}: give a quantum (e.g. 0.25) or a list of shares")
-    return ModelSharing(quantum=quantum, allowed=allowed, split=split, uneven=uneven)
+    return ModelSharing(quantum=quantum, allowed=allowed, split=split, uneven=uneven, split_small=split_small)
 
 
 def shown(value: Any) -> str:

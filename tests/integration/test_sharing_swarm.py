@@ -34,8 +34,11 @@ def test_seed_example_two_a100s_shared_by_0_2_and_1_2(hub, swarm):
     assert sorted(d["allocated"] for d in m.values()) == [0.6, 0.8]
     (shared,) = [u for u, d in m.items() if d["allocated"] == 0.8]
     other = B1 if shared == B0 else B0
-    assert sorted((h["user"], h["share"]) for h in m[shared]["holders"]) == [("alice", 0.2), ("bob", 0.6)]
-    assert m[other]["holders"] == [{"user": "bob", "server": "", "share": 0.6, "phase": "running"}]
+    holders = sorted((h["user"], h["share"], h["rule"]) for h in m[shared]["holders"])
+    assert holders == [("alice", 0.2, "one device"), ("bob", 0.6, "even split")]
+    assert m[other]["holders"] == [
+        {"user": "bob", "server": "", "share": 0.6, "rule": "even split", "phase": "running"}
+    ]
 
     # What the services carry, read from the swarm: every device touched, and the shares.
     env, labels = spec_of(swarm, "alice")

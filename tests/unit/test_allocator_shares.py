@@ -25,6 +25,8 @@ MEMORY = {A100: 81920, T4: 15360, GTX: 8192}
 SPLIT = {"*": {"quantum": 0.05, "split": True}}
 UNEVEN = {"*": {"quantum": 0.05, "split": True, "uneven": True}}
 NO_SPLIT = {"*": {"quantum": 0.05}}
+SPLIT_SMALL = {"*": {"quantum": 0.05, "split": True, "split_small": True}}  # shares of at most 1 GPU split too
+UNEVEN_SMALL = {"*": {"quantum": 0.05, "split": True, "uneven": True, "split_small": True}}
 
 
 def inventory(state: dict, model: str = A100) -> list[GPU]:
@@ -129,7 +131,7 @@ VECTORS = [
         sharing={"*": {"quantum": 0.1, "split": True}},
     ),
     Vector("seed: 1.2 next to a 0.2 share", {"a": [0.2, 0]}, 1.2, {"GPU-a-0": "0.6", "GPU-a-1": "0.6"}),
-    Vector("no single device has room: 0.8 -> 0.4 + 0.4", {"a": [0.6, 0.6]}, 0.8, {"GPU-a-0": "0.4", "GPU-a-1": "0.4"}),
+    Vector("split_small: 0.8 -> 0.4 + 0.4", {"a": [0.6, 0.6]}, 0.8, {"GPU-a-0": "0.4", "GPU-a-1": "0.4"}, SPLIT_SMALL),
     Vector(
         "fewest devices wins over least room",
         {"a": [0.5, 0.5, 0.5], "b": [0, 0]},
@@ -169,11 +171,11 @@ VECTORS = [
     # Uneven splits, where the admin allows them and no even split fits: the
     # freest devices first. The seed case stays even (0.2, then 1.2 -> 0.80, 0.60).
     Vector(
-        "uneven: 0.6 on 0.2 and 0.4 free",
+        "uneven, split_small: 0.6 on 0.2 and 0.4 free",
         {"a": [0.8, 0.6]},
         0.6,
         {"GPU-a-0": "0.2", "GPU-a-1": "0.4"},
-        sharing=UNEVEN,
+        sharing=UNEVEN_SMALL,
     ),
     Vector(
         "uneven: an even split still comes first",
@@ -244,7 +246,7 @@ def test_the_seed_example():
         ),
         (
             {"a": [0.6, 0.6]},
-            SPLIT,
+            SPLIT_SMALL,
             Request(A100, share=1),
             {},
             True,
@@ -252,7 +254,7 @@ def test_the_seed_example():
         ),
         (
             {"a": [0.8, 0.6]},
-            SPLIT,
+            SPLIT_SMALL,
             Request(A100, share=0.6),
             {},
             True,
@@ -577,7 +579,7 @@ def test_summary_tells_the_form_what_may_be_shared():
 
 
 def test_each_share_says_which_rule_placed_it():
-    alloc = booked({"a": [0, 0]}, UNEVEN)
+    alloc = booked({"a": [0, 0]}, UNEVEN_SMALL)
     rules = [alloc.allocate(f"s{i}", Request(A100, share=share)).rule for i, share in enumerate([0.2, 1.2, 0.6])]
     assert rules == ["one device", "even split", "uneven split"]
     assert allocated(alloc) == {"GPU-a-0": "1", "GPU-a-1": "1"}
@@ -596,8 +598,11 @@ def test_without_uneven_the_same_request_waits():
     [
         ({"a": [0.6, 0.6]}, NO_SPLIT, 0.5, Refusal.NO_DEVICE_ROOM),
         ({"a": [0.8, 0.7]}, NO_SPLIT, 0.6, Refusal.TOTAL_FREE_BELOW),
-        ({"a": [0.8, 0.6]}, SPLIT, 0.6, Refusal.NO_EVEN_SPLIT),
-        ({"a": [0.6, 0.6]}, SPLIT, 1, Refusal.NOT_ON_ONE_HOST),
+        ({"a": [0.8, 0.6]}, SPLIT_SMALL, 0.6, Refusal.NO_EVEN_SPLIT),
+        ({"a": [0.6, 0.6]}, SPLIT_SMALL, 1, Refusal.NOT_ON_ONE_HOST),
+        ({"a": [0.6, 0.6]}, SPLIT, 0.8, Refusal.NO_DEVICE_ROOM),  # at most 1 GPU: one device unless split_small
+        ({"a": [0.8, 0.6]}, UNEVEN, 0.6, Refusal.NO_DEVICE_ROOM),
+        ({"a": [0.1, 0.75]}, SPLIT, 1.1, Refusal.NO_EVEN_SPLIT),  # 0.9 + 0.2 only with uneven
     ],
 )
 def test_share_refusals_name_the_reason(state, sharing, share, reason):
@@ -613,3 +618,33 @@ def test_uneven_turned_on_later_finds_the_hosts_a_fresh_allocator_would():
     assert placement(alloc.allocate("s", Request(A100, share=1.1))) == {"GPU-b-0": "0.9", "GPU-b-1": "0.2"}
     alloc.set_sharing(SPLIT)
     assert alloc._index.models[A100].totals == []  # kept only while some model splits unevenly
+
+
+@pytest.mark.parametrize("sharing", [SPLIT, UNEVEN], ids=["split", "uneven"])
+def test_a_share_of_at_most_one_gpu_stays_on_one_device_unless_split_small(sharing):
+    """Without split_small, 0.8 waits for a device with 0.8 free and is told
+    what one device has; shares above 1 still split."""
+    alloc = booked({"a": [0.6, 0.6]}, sharing)
+    e = refusal(alloc, Request(A100, share=0.8))
+    assert e.reason is Refusal.NO_DEVICE_ROOM and e.retry
+    assert e.message == (
+        f"0.8 × {A100} requested, but not that much is free on one device right now (at most 0.4 on one device)"
+    )
+    assert placement(booked({"a": [0.6, 0, 0]}, sharing).allocate("s", Request(A100, share=1.2))) == {
+        "GPU-a-1": "0.6",
+        "GPU-a-2": "0.6",
+    }
+    assert placement(
+        booked({"a": [0.6, 0.6]}, {"*": {**sharing["*"], "split_small": True}}).allocate("s", Request(A100, share=0.8))
+    ) == {"GPU-a-0": "0.4", "GPU-a-1": "0.4"}
+
+
+def test_a_refusal_counts_free_room_only_up_to_the_request():
+    """Telling no_device_room from total_free_below needs the total only when it is below the request."""
+    from gpuspawner.allocator_refusals import _free_up_to
+
+    alloc = booked({f"h{i}": [0.6, 0.6] for i in range(50)}, SPLIT)
+    mi = alloc._index.models[A100]
+    assert _free_up_to([mi], 41 * UNIT) == 40 * UNIT  # below the request: exact (50 hosts × 0.8)
+    assert 800 <= _free_up_to([mi], 800) < 40 * UNIT  # stops once there is enough
+    assert refusal(alloc, Request(A100, share=0.8)).reason is Refusal.NO_DEVICE_ROOM

@@ -59,6 +59,8 @@ def policies(draw) -> dict:
             config[key] = {"quantum": draw(st.sampled_from(QUANTA)), "split": split}
             if split and draw(st.booleans()):
                 config[key]["uneven"] = True
+            if split and draw(st.booleans()):
+                config[key]["split_small"] = True
         elif kind == "shares":
             shares = draw(st.lists(st.sampled_from([0.1, 0.25, 0.5, 0.75, 1, 1.5, 2]), min_size=1, max_size=3))
             config[key] = {"shares": shares if split else [s for s in shares if s <= 1] or [0.5], "split": split}
@@ -223,7 +225,9 @@ class SharesMachine(RuleBasedStateMachine):
                 if not self.is_available(h):
                     continue
                 devices = [g for g in self.gpus if (g.host, g.model) == (h, model) and rooms[g.uuid] > 0]
-                for n in range(need, (len(devices) if sharing.split else 1) + 1):
+                # A share of at most 1 GPU spans devices only with split_small.
+                spans = sharing.split and (share > UNIT or sharing.split_small)
+                for n in range(need, (len(devices) if spans else 1) + 1):
                     pieces = split_evenly(share, n, sharing.quantum)
                     for combo in itertools.combinations(devices, n) if pieces else ():
                         have = sorted((rooms[g.uuid] for g in combo), reverse=True)
@@ -237,7 +241,7 @@ class SharesMachine(RuleBasedStateMachine):
         for model in models:
             sharing = self.sharing.for_model(model)
             for h in [host] if host is not None else self.hosts:
-                if not sharing.uneven or not self.is_available(h):
+                if not sharing.uneven or share <= UNIT and not sharing.split_small or not self.is_available(h):
                     continue
                 have = [rooms[g.uuid] for g in self.gpus if (g.host, g.model) == (h, model)]
                 if sum(r - r % sharing.quantum for r in have) >= share:
@@ -459,7 +463,9 @@ def test_uneven_splits_only_where_no_even_split_fits(hosts, share, policy, pinne
         for h, row in enumerate(hosts)
         for i in range(len(row))
     ]
-    even, uneven = ({MODELS[0]: {"quantum": 0.05, "split": True, "uneven": u}} for u in (False, True))
+    even, uneven = (
+        {MODELS[0]: {"quantum": 0.05, "split": True, "split_small": True, "uneven": u}} for u in (False, True)
+    )
     allocators = [Allocator(gpus, policy, sharing=config) for config in (even, uneven)]
     rooms = {}
     for gpu, booked in zip(gpus, (b for row in hosts for b in row)):

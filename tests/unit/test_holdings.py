@@ -293,7 +293,7 @@ async def test_defect5_a_service_by_another_name_is_not_charged_to_the_user(tmp_
     world = World(
         tmp_path,
         max_gpus_per_user=1,
-        inventory={"gpu-b": [{"uuid": f"GPU-b{i}", "model": A100, "memory_mib": 81920} for i in range(2)]},
+        inventory={"gpu-b": [{"uuid": f"GPU-b{i}", "model": A100, "memory_mib": 81920} for i in range(3)]},
     )
     world.leftover("alice", name="evil")  # labelled as alice's running server
     await world.owner.reconcile()
@@ -490,3 +490,29 @@ async def test_user_options_are_taken_without_jupyterhubs_unhandled_warning(tmp_
         alice.apply_user_options = None  # what JupyterHub does without gpuspawner's hook
         await alice._run_apply_user_options(alice.user_options)
         assert unhandled()
+
+
+async def test_the_map_says_which_rule_placed_each_share_and_none_for_one_adopted(tmp_path):
+    """Each holder entry names the rule that placed it; a holding rebuilt from
+    a service's labels after a restart has no rule (its labels do not say)."""
+    two = {"gpu-b": [{"uuid": f"GPU-b{i}", "model": A100, "memory_mib": 81920} for i in range(3)]}
+    world = World(tmp_path, inventory=two, gpu_sharing={A100: {"quantum": 0.05, "split": True}}, max_gpus_per_user=2)
+    await world.started(world.spawner("alice", {"gpu_model": A100, "gpu_share": 0.2}))
+    await world.started(world.spawner("bob", {"gpu_model": A100, "gpu_share": 1.2}))
+    await world.started(world.spawner("carol", {"gpu_model": A100}))  # a whole GPU: no rule
+    owner = world.owner
+    m = json.loads(await owner.cluster.views.alloc_map_json())["gpu-b"]
+    rules = sorted((h["user"], h["share"], h["rule"]) for d in m.values() for h in d["holders"])
+    assert rules == [
+        ("alice", 0.2, "one device"),
+        ("bob", 0.6, "even split"),
+        ("bob", 0.6, "even split"),
+        ("carol", 1.0, None),
+    ]
+
+    settings_module._OWNERS.clear()  # a restarted hub: the holdings come back from the services
+    owner = world.owner
+    await owner.reconcile()
+    m = json.loads(await owner.cluster.views.alloc_map_json())["gpu-b"]
+    rules = sorted((h["user"], h["share"], h["rule"]) for d in m.values() for h in d["holders"])
+    assert rules == [("alice", 0.2, None), ("bob", 0.6, None), ("bob", 0.6, None), ("carol", 1.0, None)]

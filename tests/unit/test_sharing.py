@@ -137,6 +137,8 @@ def test_quantum_of_an_allowed_list_is_their_common_divisor():
         ({A100: {"quantum": 0.5, "split": "yes"}}, "split must be true or false, got 'yes'"),
         ({A100: {"quantum": 0.5, "split": True, "uneven": 1}}, "uneven must be true or false, got 1"),
         ({A100: {"quantum": 0.5, "uneven": True}}, "uneven splits need split: True"),
+        ({A100: {"quantum": 0.5, "split": True, "split_small": "on"}}, "split_small must be true or false, got 'on'"),
+        ({A100: {"quantum": 0.5, "split_small": True}}, "split_small needs split: True"),
         ({A100: {"quantum": 0.5, "fraction": 1}}, "unknown key(s) fraction; valid keys: quantum, shares, split"),
         ({"": {"quantum": 0.5}}, "'' is not a GPU model name"),
     ],
@@ -181,3 +183,14 @@ def test_accepting_names_what_is_offered():
     )
     with pytest.raises(ValueError, match="GPU sharing is not enabled on this hub"):
         SharingPolicy().accepting(500, None, [A100])
+
+
+def test_split_small_is_parsed_and_says_which_shares_may_span_devices():
+    policy = SharingPolicy.parse({A100: {"quantum": 0.05, "split": True, "split_small": True}, "*": {"quantum": 0.05}})
+    small, plain = policy.for_model(A100), policy.for_model("other")
+    assert small == ModelSharing(50, split=True, split_small=True)
+    assert [small.spans(m) for m in (500, 1000, 1200)] == [True, True, True]
+    split = SharingPolicy.parse({A100: {"quantum": 0.05, "split": True}}).for_model(A100)
+    assert [split.spans(m) for m in (500, 1000, 1200)] == [False, False, True]
+    assert not plain.spans(1200)
+    assert small.describe() == "multiples of 0.05, split over devices of one host (also shares of at most 1 GPU)"
