@@ -91,7 +91,9 @@ def test_reports_become_the_form_and_the_allocation_map(hub, swarm):
 
     spawn_ready(hub, "nora", {"gpu_model": A100 + " · MIG 1g.10gb"})
     m = hub.api("GET", "/gpuspawner/alloc-map").json()
-    assert m["gpu-b"]["MIG-aaaa-0002"]["holders"] == [{"user": "nora", "server": "", "share": 1.0, "phase": "running"}]
+    assert m["gpu-b"]["MIG-aaaa-0002"]["holders"] == [
+        {"user": "nora", "server": "", "share": 1.0, "rule": None, "phase": "running"}
+    ]
     assert m["gpu-b"]["MIG-aaaa-0002"]["allocated"] == 1.0
     assert m["gpu-a"]["GPU-gtx-a0"]["allocated"] == 0 and m["gpu-a"]["GPU-gtx-a0"]["health"] == "ok"
     # The server really got the MIG device, by its MIG UUID.
