@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import NamedTuple
 
-__all__ = ["WEEK", "Budget", "Span", "refusal", "weekly_budget"]
+__all__ = ["WEEK", "Budget", "Span", "refusal", "summary", "weekly_budget"]
 
 WEEK = timedelta(days=7)
 Span = tuple[datetime, datetime | None, float]
@@ -78,3 +78,10 @@ def refusal(budget: Budget) -> str | None:
         message += f" GPUs can be had again from {budget.frees_at:%Y-%m-%d %H:%M} UTC"
         message += ", once your running GPU servers stop." if budget.holding else "."
     return message
+
+
+def summary(budget: Budget) -> str:
+    """What the form and the home page say of ``budget``."""
+    return refusal(budget) or (
+        f"Your weekly GPU budget: {budget.left:.1f} of {budget.hours:g} GPU-hours left (over the last 7 days)."
+    )

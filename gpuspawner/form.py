@@ -9,7 +9,7 @@ import jinja2
 
 from .access import Access
 from .budget import Budget
-from .budget import refusal as budget_refusal
+from .budget import summary as budget_summary
 from .service_spec import enforcement_mode
 from .sharing import fmt, to_milli
 
@@ -72,7 +72,7 @@ def render_form(spawner, owner, error: str = "", access: Access | None = None, b
             max_count=max_count,
             limit=limit,
             budget=budget,
-            budget_refused=budget_refusal(budget) if budget else None,
+            budget_note=budget_summary(budget) if budget else "",
             held=held,
             hosts=hosts if spawner.allow_host_choice else [],
             selected_free=selected_free,

@@ -54,6 +54,8 @@ def test_a_students_form_lists_only_the_allowed_model_and_another_gets_403(hub, 
     page = login(hub, "stu").get(hub.url + "/hub/spawn/stu", timeout=30).content.decode()
     assert f'value="{GTX}"' in page and A100 not in page
     assert "Your limit: 1 per user" in page and "of 20 GPU-hours left" in page
+    home = login(hub, "stu").get(hub.url + "/hub/home", timeout=30).content.decode()
+    assert "Your weekly GPU budget: 20.0 of 20 GPU-hours left (over the last 7 days)." in home
 
     r = hub.spawn("stu", {"gpu_model": A100})
     assert r.status_code == 403, r.text
@@ -73,6 +75,8 @@ def test_a_students_form_lists_only_the_allowed_model_and_another_gets_403(hub, 
 def test_staff_get_every_model_beyond_the_hubs_limit(hub, swarm):
     page = login(hub, "prof").get(hub.url + "/hub/spawn/prof", timeout=30).content.decode()
     assert f'value="{GTX}"' in page and f'value="{A100}"' in page and "Your limit: 4 per user" in page
+    home = login(hub, "prof").get(hub.url + "/hub/home", timeout=30).content.decode()
+    assert "My Server" in home and 'id="gpu-budget"' not in home  # staff have no budget
     spawn_ready(hub, "prof", {"gpu_model": GTX, "gpu_count": 3})  # the hub's max_gpus_per_user is 2
     assert set(visible(swarm, "prof").split(",")) == GTX_UUIDS
     hub.stop_server("prof")
@@ -93,8 +97,11 @@ def test_a_budget_used_up_in_the_ledger_refuses_with_when_it_frees_up(hub, swarm
     # 2 GPU-hours must age out: the first hour of the two-GPU span, a week after it
     assert abs(back.replace(tzinfo=timezone.utc) - (start + timedelta(hours=1, days=7))) <= timedelta(minutes=1)
     assert services_of(swarm, "spent") == []
-    page = login(hub, "spent").get(hub.url + "/hub/spawn/spent", timeout=30).content.decode()
+    session = login(hub, "spent")
+    page = session.get(hub.url + "/hub/spawn/spent", timeout=30).content.decode()
     assert "is used up" in page and 'name="gpu_count"' not in page
+    home = session.get(hub.url + "/hub/home", timeout=30).content.decode()
+    assert 'id="gpu-budget"' in home and "GPUs can be had again from" in home
     spawn_ready(hub, "spent", {"gpu_count": 0})  # CPU-only servers still start ({} reuses the stored options)
     assert visible(swarm, "spent") == "void"
     hub.stop_server("spent")
