@@ -4,15 +4,20 @@ budget used up in the ledger."""
 
 from __future__ import annotations
 
+import os
 import re
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 import yaml
 
+from devtools import browser as browser_harness
 from devtools.hub import REPO
 from gpuspawner.ledger import Ledger
+from tests.ci import skip_or_fail
 from tests.integration.support import hub_on, login, services_of, spawn_ready
+from tests.integration.test_browser import by, log_in, open_form
 
 A100 = "NVIDIA A100 80GB PCIe"
 GTX = "NVIDIA GeForce GTX 1070"
@@ -123,3 +128,20 @@ def test_membership_changed_through_the_rest_api_applies_at_the_next_spawn(hub, 
     assert r.status_code == 200, r.text
     r = hub.spawn("newbie", {"gpu_model": GTX})
     assert r.status_code == 403, r.text
+
+
+def test_a_students_form_in_the_browser(hub, tmp_path):
+    """What a student meets (the screenshot docs/access.md shows, with ``make screenshots``)."""
+    reason = browser_harness.unavailable_reason()
+    if reason:
+        skip_or_fail(f"no browser for the browser tests: {reason}")
+    shots = Path(os.environ.get("GPUSPAWNER_SCREENSHOT_DIR") or tmp_path)
+    with browser_harness.Browser(width=1000, height=760) as b:
+        driver = b.driver
+        log_in(driver, hub, "stu")
+        open_form(driver, hub)
+        radios = driver.find_elements(by().CSS_SELECTOR, 'input[name="gpu_model"]')
+        assert [r.get_attribute("value") for r in radios] == ["", GTX]
+        assert driver.find_element(by().ID, "gpu-budget").text.startswith("Your weekly GPU budget:")
+        assert "Your limit: 1 per user" in driver.find_element(by().ID, "gpu-count-help").text
+        driver.save_screenshot(str(shots / "spawn-form-student.png"))

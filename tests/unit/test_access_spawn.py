@@ -17,7 +17,8 @@ from traitlets.config import Config
 
 from gpuspawner.ledger import Ledger
 from gpuspawner.settings import validate_config
-from tests.unit.test_holdings import A100, World
+from tests.interleave import Run, Scenario, explore
+from tests.unit.test_holdings import A100, World, check_all
 
 GTX = "NVIDIA GeForce GTX 1070"
 INVENTORY = {
@@ -31,8 +32,8 @@ RULES = {
 }
 
 
-def world(tmp_path, **settings) -> World:
-    return World(tmp_path, inventory=INVENTORY, gpu_access=RULES, **settings)
+def world(tmp_path, executor=None, **settings) -> World:
+    return World(tmp_path, executor, inventory=INVENTORY, gpu_access=RULES, **settings)
 
 
 def in_groups(spawner, *groups):
@@ -153,3 +154,34 @@ def test_bad_rules_stop_the_hub_and_unknown_models_are_warned(caplog):
     with caplog.at_level(logging.WARNING):
         validate_config(c)
     assert "gpu_access names a model no GPU has: lab: Tesla T4" in caplog.text
+
+
+def test_a_budgeted_spawn_racing_a_staff_spawn_and_a_reconcile_every_interleaving(tmp_path):
+    """The budget's ledger read is one more await before anything is reserved:
+    under every schedule of a student's spawn (cancelled or not), a staff spawn of
+    both A100s and a reconciliation, no GPU is booked twice, the student gets a
+    GTX 1070 or nothing, and the ledger matches the holdings."""
+
+    def scenario(run: Run) -> Scenario:
+        w = world(tmp_path, run.executor)
+        seed(w, "carol", (30, 5, ["GPU-a0"]))
+        carol = in_groups(w.spawner("carol", {"gpu_model": GTX}), "students")
+        sam = in_groups(w.spawner("sam", {"gpu_model": A100, "gpu_count": 2}), "staff")
+        w.fake.run_all()
+
+        def check(outcome):
+            check_all(w)(outcome)
+            for service, _, visible in w.fake.running_containers().values():
+                if service == carol.service_name:
+                    assert visible.startswith("GPU-a"), visible
+
+        return Scenario(
+            ops={"carol": carol.start, "sam": sam.start, "reconcile": lambda: w.owner.reconcile()},
+            events={"run_all": w.fake.run_all},
+            cancellable=("carol",),
+            invariant=w.invariant,
+            check=check,
+        )
+
+    stats = explore(scenario, max_schedules=150)
+    assert stats.schedules >= 100
