@@ -15,7 +15,7 @@ import pytest
 from jupyterhub.spawner import SpawnException
 from traitlets.config import Config
 
-from gpuspawner.ledger import Ledger
+from gpuspawner.ledger import Ledger, LedgerError
 from gpuspawner.settings import validate_config
 from tests.interleave import Run, Scenario, explore
 from tests.unit.test_holdings import A100, World, check_all
@@ -44,7 +44,7 @@ def in_groups(spawner, *groups):
 async def refused(w: World, spawner, held: int = 0) -> SpawnException:
     with pytest.raises(SpawnException) as exc:
         await w.started(spawner)
-    assert w.owner.get(spawner.service_name) is None and w.fake.service_names() == []
+    assert w.owner.get(spawner.service_name) is None and spawner.service_name not in w.fake.service_names()
     assert w.owner.allocator.held_by_owner(spawner.user.name) == held
     return exc.value
 
@@ -81,6 +81,28 @@ async def test_groups_are_read_at_each_spawn(tmp_path):
     await w.started(carol)
     assert [v for _, _, v in w.fake.running_containers().values()] == ["GPU-b0"]
     assert carol._access().priority == 10
+
+
+async def test_the_groups_limit_counts_across_the_users_servers(tmp_path):
+    w = world(tmp_path)
+    await w.started(in_groups(w.spawner("sam", {"gpu_model": GTX, "gpu_count": 3}), "staff"))
+    exc = await refused(
+        w, in_groups(w.spawner("sam", {"gpu_model": A100, "gpu_count": 2}, server="more"), "staff"), held=3
+    )
+    assert "the limit is 4 per user and you already hold 3 on other servers" in exc.jupyterhub_message
+
+
+async def test_an_unreachable_ledger_refuses_budgeted_gpu_requests_with_503(tmp_path, monkeypatch):
+    def down(*_args):
+        raise LedgerError("the ledger's database is unreachable")
+
+    w = world(tmp_path)
+    monkeypatch.setattr(Ledger, "user_spans", down)
+    exc = await refused(w, in_groups(w.spawner("carol", {"gpu_model": GTX}), "students"))
+    assert exc.status_code == 503 and exc.reason == "ledger_unavailable"
+    # the form still renders, without the note
+    form = await in_groups(w.spawner("carol"), "students")._render_options_form()
+    assert GTX in form and "GPU-hours" not in form
 
 
 def seed(w: World, user: str, *spans):
