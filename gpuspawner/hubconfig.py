@@ -25,7 +25,7 @@ TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates"
 
 
 def configure(c) -> None:
-    from . import api, metrics
+    from . import api, home_budget, metrics
     from .settings import validate_config
 
     # JupyterHub logs that extra_handlers is deprecated in favour of services;
@@ -35,7 +35,8 @@ def configure(c) -> None:
     c.JupyterHub.custom_scopes.update(
         {api.REPORT_SCOPE: {"description": "Report a GPU node's devices to gpuspawner (node agents only)."}}
     )
-    c.JupyterHub.template_paths.append(TEMPLATES)
+    _add_templates(c)
+    c.JupyterHub.template_vars.update({"gpuspawner_budget": home_budget.budget_var(c)})  # home.html
     metrics.use_cluster(lambda: api.hub_view(c).holdings().cluster)
     validate_config(c)
     try:
@@ -49,6 +50,18 @@ def configure(c) -> None:
 
 
 _background: set = set()
+
+
+def _add_templates(c) -> None:
+    """gpuspawner's templates (the admin page, and home.html with its notes) go
+    after the admin's own ``template_paths`` but before JupyterHub's, which
+    would otherwise shadow home.html (the hub appends its own folder last
+    only when it is not listed yet)."""
+    paths = c.JupyterHub.template_paths
+    if isinstance(paths, list):
+        paths.append(TEMPLATES)
+    else:  # not set yet: a lazy value that JupyterHub's default comes into
+        paths.insert(0, TEMPLATES)
 
 
 def _untracked(user: str, server: str) -> bool:

@@ -68,6 +68,18 @@ def test_the_handlers_see_the_hubs_own_spawner_settings_scope_and_templates(hub)
     assert hub.tornado_application.settings["config"].GPUSwarmSpawner.max_gpus_per_user == 2
     assert api.REPORT_SCOPE in hub.custom_scopes
     assert TEMPLATES in hub.template_paths
+    # gpuspawner's home.html (its notes above JupyterHub's page) is the one the hub renders
+    home = hub.tornado_settings["jinja2_env"].get_template("home.html")
+    assert home.filename.startswith(TEMPLATES)
+    assert "gpuspawner_budget" in hub.tornado_settings["template_vars"]
+
+
+def test_the_admins_own_template_folders_come_first(tmp_path, monkeypatch):
+    monkeypatch.setattr(metrics._collector, "find", metrics._collector.find)  # configure sets it; put it back
+    c = Config()
+    c.JupyterHub.template_paths = [str(tmp_path)]
+    configure(c)
+    assert c.JupyterHub.template_paths == [str(tmp_path), TEMPLATES]
 
 
 def test_other_urls_under_the_prefix_are_still_jupyterhubs(hub):
