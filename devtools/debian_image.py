@@ -69,6 +69,9 @@ class Recipe:
 
     name: str  # e.g. gpuspawner-test/jupyter:latest
     packages: tuple[str, ...]  # Debian packages of the base (debootstrap --include)
+    # What provides a virtual package that one of them depends on: debootstrap does not
+    # resolve those (apt does, e.g. in a Dockerfile).
+    providers: tuple[str, ...] = ()
     requirements: tuple[str, ...] = ()  # pip requirements for the venv (none: no venv)
     venv: str = "/opt/venv"
     changes: tuple[str, ...] = ()  # Dockerfile instructions for docker import (ENV, USER, ...)
@@ -224,9 +227,10 @@ def _build_base(recipe: Recipe, cache: Path) -> Path:
     _prune(cache, f"base-{recipe.slug}", base_key)
     work = cache / f"base-{recipe.slug}-{base_key}.partial"
     shutil.rmtree(work, ignore_errors=True)
-    _say(f"debootstrap {SUITE} (minbase + {', '.join(recipe.packages)}) from {DEBIAN_MIRROR}")
+    packages = recipe.packages + recipe.providers
+    _say(f"debootstrap {SUITE} (minbase + {', '.join(packages)}) from {DEBIAN_MIRROR}")
     stream(
-        ["debootstrap", "--variant=minbase", "--include=" + ",".join(recipe.packages), SUITE, str(work), DEBIAN_MIRROR],
+        ["debootstrap", "--variant=minbase", "--include=" + ",".join(packages), SUITE, str(work), DEBIAN_MIRROR],
         "debootstrap",
     )
     for rel in TRIM:

@@ -26,6 +26,7 @@ the secrets (made here, kept in the state directory), the health checks and the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import secrets
@@ -36,6 +37,7 @@ from pathlib import Path
 
 import requests
 import yaml
+from docker import errors as docker_errors
 
 from . import demo, jupyter_image, stack_images
 from . import swarm as swarm_harness
@@ -127,15 +129,17 @@ def local_stack(cluster, state_dir: Path, images: dict[str, str], lib_dir: Path,
     return stack
 
 
-def _label_nodes(cluster) -> None:
+def _label_nodes(cluster, set_them: bool = True) -> None:
+    """The stack's node labels: gpu=true on the workers, gpuspawner.db=true on DB_NODE
+    (or none of them)."""
     for node in cluster.client().nodes.list():
         hostname = node.attrs["Description"]["Hostname"]
         spec = node.attrs["Spec"]
         labels = dict(spec.get("Labels") or {})
         labels.pop("gpu", None), labels.pop("gpuspawner.db", None)
-        if hostname in WORKERS:
+        if set_them and hostname in WORKERS:
             labels["gpu"] = "true"
-        if hostname == DB_NODE:
+        if set_them and hostname == DB_NODE:
             labels["gpuspawner.db"] = "true"
         node.update(dict(spec, Labels=labels))
 
@@ -150,28 +154,34 @@ def _create_secrets(cluster, values: dict[str, str]) -> None:
         client.secrets.create(name=full, data=value.encode())
 
 
+def network(cluster):
+    """The stack's overlay network, or None (the API's name filter also matches longer names)."""
+    return next((n for n in cluster.client().networks.list(names=[NETWORK]) if n.name == NETWORK), None)
+
+
 def down(cluster, state_dir: Path = DEFAULT_STATE, keep_data: bool = False) -> None:
-    """Remove the stack, the servers its hub started, its secrets (and its database's
-    volume unless ``keep_data``), waiting until the network is gone too."""
-    docker(cluster, "stack", "rm", STACK_NAME, check=False)
+    """Remove the stack, the servers its hub started (those on its network), its secrets
+    and node labels (and its database's volume unless ``keep_data``), waiting until the
+    network is gone too."""
     client = cluster.client()
-    for service in client.services.list(filters={"label": "gpuspawner.user"}):
-        service.remove()
+    net = network(cluster)
+    docker(cluster, "stack", "rm", STACK_NAME, check=False)
+    for service in client.services.list(filters={"label": "gpuspawner.user"}) if net else []:
+        if any(n.get("Target") == net.id for n in service.attrs["Spec"]["TaskTemplate"].get("Networks", [])):
+            service.remove()
     deadline = time.monotonic() + 90
-    while client.networks.list(names=[NETWORK]) or client.services.list(
-        filters={"label": f"com.docker.stack.namespace={STACK_NAME}"}
-    ):
+    while network(cluster) or client.services.list(filters={"label": f"com.docker.stack.namespace={STACK_NAME}"}):
         if time.monotonic() > deadline:
             raise StackError(f"the {STACK_NAME} stack was not removed within 90 s")
-        for net in client.networks.list(names=[NETWORK]):
-            try:
-                net.remove()
-            except Exception:  # noqa: BLE001 (still in use: its containers are exiting)
-                pass
+        left = network(cluster)
+        if left is not None:
+            with contextlib.suppress(docker_errors.APIError):  # still in use: its containers are exiting
+                left.remove()
         time.sleep(1)
     for s in client.secrets.list():
-        if s.name.startswith("gpuspawner-"):
+        if s.name in {f"gpuspawner-{n}" for n in SECRETS}:
             s.remove()
+    _label_nodes(cluster, set_them=False)
     if not keep_data:
         for node in WORKERS:
             for volume in cluster.client(node).volumes.list(filters={"name": f"{STACK_NAME}_pgdata"}):
@@ -183,7 +193,7 @@ def _remove_when_free(volume, timeout: float = 60) -> None:
     while True:
         try:
             return volume.remove()
-        except Exception:  # noqa: BLE001 (its container is still exiting)
+        except docker_errors.APIError:  # its container is still exiting
             if time.monotonic() > deadline:
                 raise
             time.sleep(1)

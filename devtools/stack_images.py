@@ -49,6 +49,7 @@ def hub_recipe() -> debian_image.Recipe:
     return debian_image.Recipe(
         name=HUB_IMAGE,
         packages=("python3", "python3-venv", "node-configurable-http-proxy"),
+        providers=("node-fast-safe-stringify",),  # node-logform's node-safe-stable-stringify
         requirements=(
             f"jupyterhub=={importlib.metadata.version('jupyterhub')}",
             f"gpuspawner[postgres]=={__version__}",

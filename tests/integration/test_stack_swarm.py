@@ -37,7 +37,7 @@ def stack(swarm, jupyter_image, tmp_path_factory):
     print(f"\nstack deployed: hub ready {seconds:.1f} s after `docker stack deploy`")
     yield hub, state
     stack_harness.down(swarm, state)
-    assert not swarm.client().networks.list(names=[stack_harness.NETWORK])
+    assert stack_harness.network(swarm) is None
     print("\n" + "\n".join(f"{what}: {s:.1f} s" for what, s in TIMES.items()))
 
 
@@ -115,7 +115,7 @@ def test_the_stack_runs_as_deployed(stack, swarm):
 def test_gpu_and_cpu_servers_on_the_overlay_network_and_a_hub_restart(stack, swarm):
     hub, state = stack
     password = stack_harness.secret_values(state)["login-password"]
-    network = swarm.client().networks.get(stack_harness.NETWORK)
+    network = stack_harness.network(swarm)
     t0 = time.monotonic()
     assert hub.spawn("alice", {"gpu_model": A100, "gpu_count": 1}).status_code in (201, 202)
     assert hub.spawn("bob", {}).status_code in (201, 202)

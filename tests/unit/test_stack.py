@@ -5,9 +5,11 @@ only this machine's stand-ins. The stack itself runs in tests/integration/test_s
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import yaml
 
 from devtools import stack, stack_images
@@ -95,3 +97,63 @@ def test_the_local_stack_swaps_in_only_this_machines_stand_ins(tmp_path):
         k: v for k, v in STACK["services"]["hub"]["environment"].items() if k != "GPUSPAWNER_SERVER_IMAGE"
     } | {"GPUSPAWNER_SERVER_IMAGE": "s:1"}
     assert local["networks"] == STACK["networks"] and local["secrets"] == STACK["secrets"]
+
+
+def stack_config(monkeypatch, secrets_dir: Path, **env):
+    from tests.unit.test_examples import load_config
+
+    return load_config(
+        stack.STACK_DIR / "jupyterhub_config.py", monkeypatch, GPUSPAWNER_SECRETS_DIR=str(secrets_dir), **env
+    )
+
+
+def write_secrets(folder: Path, skip: str = "") -> dict[str, str]:
+    values = {name.replace("-", "_"): "ab" * 32 for name in stack.SECRETS if name.replace("-", "_") != skip}
+    folder.mkdir(exist_ok=True)
+    for name, value in values.items():
+        (folder / name).write_text(value + "\n")
+    return values
+
+
+def test_the_stack_config_reads_every_secret_and_the_environment(monkeypatch, tmp_path):
+    write_secrets(tmp_path)
+    (tmp_path / "postgres_password").write_text("p@ss:word\n")
+    c = stack_config(
+        monkeypatch, tmp_path, GPUSPAWNER_SERVER_CONSTRAINTS="node.labels.jupyter == true, node.role == worker"
+    )
+    assert c.JupyterHub.db_url == "postgresql+psycopg://jupyterhub:p%40ss%3Aword@postgres:5432/jupyterhub"
+    assert c.GPUSwarmSpawner.gpu_db_url == c.JupyterHub.db_url  # the ledger shares the hub's database
+    assert c.JupyterHub.cookie_secret == bytes.fromhex("ab" * 32)
+    assert c.ConfigurableHTTPProxy.auth_token == "ab" * 32
+    assert c.JupyterHub.services == [{"name": "gpuspawner-admin", "api_token": "ab" * 32}]
+    assert c.JupyterHub.hub_connect_ip == "hub" and c.GPUSwarmSpawner.network_name == "gpuspawner"
+    assert c.GPUSwarmSpawner.use_internal_ip is True and c.GPUSwarmSpawner.extra_endpoint_spec == {"mode": "dnsrr"}
+    assert c.GPUSwarmSpawner.extra_placement_spec == {
+        "constraints": ["node.labels.jupyter == true", "node.role == worker"]
+    }
+    assert c.JupyterHub.cleanup_servers is False
+    assert c.GPUSwarmSpawner.gpu_inventory_source == ["agent"]
+
+
+def test_the_stack_config_can_keep_the_ledger_elsewhere(monkeypatch, tmp_path):
+    write_secrets(tmp_path)
+    c = stack_config(monkeypatch, tmp_path, GPUSPAWNER_LEDGER_URL="postgresql+psycopg://jupyterhub@db2:5432/ledger")
+    assert c.GPUSwarmSpawner.gpu_db_url == f"postgresql+psycopg://jupyterhub:{'ab' * 32}@db2:5432/ledger"
+
+
+def test_a_missing_secret_stops_the_hub_with_its_name(monkeypatch, tmp_path):
+    write_secrets(tmp_path, skip="cookie_secret")
+    with pytest.raises(SystemExit, match=f"the swarm secret cookie_secret is missing \\({tmp_path}/cookie_secret\\)"):
+        stack_config(monkeypatch, tmp_path)
+
+
+def test_the_alerts_name_metrics_the_hub_serves():
+    from gpuspawner import metrics
+
+    alerts = yaml.safe_load((stack.STACK_DIR / "alerts.yml").read_text())
+    exprs = " ".join(rule["expr"] for group in alerts["groups"] for rule in group["rules"])
+    named = set(re.findall(r"\bgpuspawner_[a-z_]+", exprs))
+    served = {name for name, _ in metrics._GAUGES} | {
+        f"{m._name}_total" for m in (metrics.DOUBLE_BOOKINGS, metrics.REFUSED)
+    }
+    assert named and named <= served, named - served
