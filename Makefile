@@ -34,16 +34,20 @@ unit: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/pre-commit run --all-files --show-diff-on-failure
 
-# The wheel, installed alone into a fresh venv and checked from outside the source tree
-# (.ci/check_installed.py): what `pip install gpuspawner` gives a hub.
+# The release as users install it: `python -m build` makes the sdist and the wheel
+# (.ci/check_dist.py: the version, templates, migrations and CHANGELOG in both); the
+# wheel, installed alone into a fresh venv, is checked from outside the source tree
+# (.ci/check_installed.py), then the unit tests run against it (.ci/unit_installed.py).
 wheel-check:
 	rm -rf dist $(WHEEL_VENV)
 	$(PY) -m venv $(WHEEL_VENV)
-	$(WHEEL_VENV)/bin/python -m pip install -q --upgrade pip
-	$(WHEEL_VENV)/bin/python -m pip wheel -q --no-deps -w dist .
-	$(WHEEL_VENV)/bin/python -m pip install -q dist/gpuspawner-*.whl
+	$(WHEEL_VENV)/bin/python -m pip install -q --upgrade pip build
+	$(WHEEL_VENV)/bin/python -m build --sdist --wheel --outdir dist .
+	$(WHEEL_VENV)/bin/python .ci/check_dist.py dist $(CURDIR)
+	$(WHEEL_VENV)/bin/python -m pip install -q "$$(ls dist/gpuspawner-*.whl)[test]"
 	$(WHEEL_VENV)/bin/python -m pip check
 	cd "$$(mktemp -d)" && $(CURDIR)/$(WHEEL_VENV)/bin/python $(CURDIR)/.ci/check_installed.py $(CURDIR)
+	$(WHEEL_VENV)/bin/python .ci/unit_installed.py $(CURDIR)
 
 # The unit tests on the lowest versions setup.cfg allows: each dependency pinned to its
 # floor (.ci/lowest-constraints.txt), the test tools as they come.
