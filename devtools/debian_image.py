@@ -335,13 +335,14 @@ def _install(recipe: Recipe, root: Path, cache: Path, t0: float) -> None:
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, dest)
         os.chmod(dest, mode)
-    for change in recipe.changes:  # docker does not make a missing WORKDIR of an imported image
-        if change.startswith("WORKDIR "):
-            (root / change.split(" ", 1)[1].lstrip("/")).mkdir(parents=True, exist_ok=True)
     if recipe.user:
         name, uid, gid = recipe.user
         useradd = ["useradd", "--uid", str(uid), "--gid", str(gid), "--create-home", "--shell", "/bin/bash", name]
         stream(_chroot(root, *useradd), "useradd")
+    # After useradd, which leaves an existing home (here: root's) as it is.
+    for change in recipe.changes:  # docker does not make a missing WORKDIR of an imported image
+        if change.startswith("WORKDIR "):
+            (root / change.split(" ", 1)[1].lstrip("/")).mkdir(parents=True, exist_ok=True)
     (root / ".complete").unlink(missing_ok=True)
 
 

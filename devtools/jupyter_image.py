@@ -55,7 +55,7 @@ def recipe() -> debian_image.Recipe:
         user=(USER, UID, GID),
         # The hub's own web pages: jupyterhub-singleuser serves its templates from the package.
         drop=(f"{VENV}/share/jupyterhub",),
-        recipe=2,
+        recipe=3,  # 3: the home made by useradd, not before it
     )
 
 

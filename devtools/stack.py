@@ -212,10 +212,18 @@ def wait_serving(url: str, timeout: float) -> float:
     raise StackError(f"the hub did not answer at {url} within {timeout:.0f} s")
 
 
+def hub_log(cluster, lines: int = 60) -> str:
+    """The end of the hub service's log (without the proxy's lines)."""
+    out = docker(cluster, "service", "logs", "--raw", f"{STACK_NAME}_hub", check=False)
+    return "\n".join([x for x in (out.stdout + out.stderr).splitlines() if "ConfigProxy" not in x][-lines:])
+
+
 def client_hub(cluster, state_dir: Path) -> Hub:
-    """devtools.hub.Hub's REST calls, on the stack's hub with its admin token."""
+    """devtools.hub.Hub's REST calls, on the stack's hub with its admin token; its
+    log_tail() is the hub service's log."""
     hub = Hub(state_dir)
     hub.url, hub.token = hub_url(cluster), secret_values(state_dir)["admin-token"]
+    hub.log_tail = lambda lines=60: hub_log(cluster, lines)  # type: ignore[method-assign]
     return hub
 
 
@@ -233,14 +241,17 @@ def up(cluster, state_dir: Path = DEFAULT_STATE, timeout: float = 300) -> tuple[
     t0 = time.monotonic()
     docker(cluster, "stack", "deploy", "--resolve-image", "never", "-c", str(stack_file), STACK_NAME)
     hub = client_hub(cluster, state_dir)
-    wait_serving(hub.url, timeout)
+    try:
+        wait_serving(hub.url, timeout)
+    except StackError as e:
+        raise StackError(f"{e}: {json.dumps(service_errors(cluster))}\n{hub_log(cluster)}") from None
     ready = time.monotonic() - t0
     demo._issue_tokens(hub, list(WORKERS), state_dir / "agent-tokens")
     docker(cluster, "service", "update", "--detach", "--force", f"{STACK_NAME}_agent")
     deadline = time.monotonic() + 90
     while set(hub.api("GET", "/gpuspawner/alloc-map").json()) != set(WORKERS):
         if time.monotonic() > deadline:
-            raise StackError("the agents did not report within 90 s: " + json.dumps(service_errors(cluster)))
+            raise StackError(f"the agents did not report within 90 s: {json.dumps(service_errors(cluster))}")
         time.sleep(1)
     return hub, ready
 

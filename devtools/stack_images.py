@@ -38,7 +38,7 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 def _source_key() -> str:
     """What the gpuspawner wheel is made from."""
     h = hashlib.sha256()
-    files = [REPO / "setup.cfg", REPO / "pyproject.toml", REPO / "README.md"]
+    files = [REPO / "setup.cfg", REPO / "pyproject.toml"]  # (README.md only describes it)
     files += sorted(p for p in (REPO / "gpuspawner").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     for path in files:
         h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
