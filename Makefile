@@ -63,12 +63,19 @@ test-lowest:
 # spawning real JupyterLab servers (DEMO_SERVER=standin: the fast busybox stand-in),
 # GPUs reported by node agents over a fake NVML (DEMO_GPUS=static: from the file).
 # Everything it builds is reused by the next run; demo-down stops and removes it all.
+# DEMO_MODE=stack: examples/stack/stack.yml instead, the hub as a swarm service
+# (devtools/stack.py; `python -m devtools.stack down` removes it).
+DEMO_MODE ?= hub
 DEMO_SERVER ?= jupyter
 DEMO_GPUS ?= agent
 demo:
 	@bash .ci/install-system-deps demo
 	@$(MAKE) --no-print-directory $(VENV)/.installed
+ifeq ($(DEMO_MODE),stack)
+	$(PYTHON) -m devtools.stack up
+else
 	$(PYTHON) -m devtools.demo --state-dir $(STATE) --server $(DEMO_SERVER) --gpus $(DEMO_GPUS)
+endif
 
 demo-down: $(VENV)/.installed
 	$(PYTHON) -m devtools.demo --state-dir $(STATE) --down

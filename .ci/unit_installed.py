@@ -36,7 +36,9 @@ def main(source: Path) -> int:
         ).stdout.strip()
         assert where == str((installed / "__init__.py").resolve()), where
         print(f"unit tests against {installed}", flush=True)
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit"], cwd=copy).returncode
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit"], cwd=copy
+        ).returncode
 
 
 if __name__ == "__main__":
