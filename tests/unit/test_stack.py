@@ -28,6 +28,8 @@ def test_the_dockerfile_and_the_local_hub_image_say_the_same():
     assert settings["changes"] == list(recipe.changes)
     assert settings["cmd"] == list(recipe.cmd)
     assert f"python3 -m venv {recipe.venv}" in stack_images.DOCKERFILE.read_text()
+    # The stack runs the image of this release.
+    assert {STACK["services"][s]["image"].rsplit(":", 1)[1] for s in ("hub", "agent")} == {__version__}
 
 
 def test_the_dockerfile_parser_reads_continued_lines_and_several_commands():
