@@ -9,6 +9,8 @@ user and an admin meet them. Each step prints how long it took (``-s`` shows the
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -105,6 +107,14 @@ def test_the_stack_runs_as_deployed(stack, swarm):
     # Every password and token of the stack is a swarm secret.
     names = {s.name for s in client.secrets.list()}
     assert {f"gpuspawner-{n}" for n in stack_harness.SECRETS} <= names
+    # The admin token reads the metrics Prometheus scrapes (examples/stack/prometheus.yml)
+    # and drives the `gpuspawner` command.
+    metrics = requests.get(hub.url + "/hub/metrics", headers={"Authorization": f"token {hub.token}"}, timeout=30)
+    assert metrics.status_code == 200 and "gpuspawner_devices_unhealthy{" in metrics.text
+    token_file = state / "secrets" / "admin-token"
+    cli = [sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, "--token-file", str(token_file)]
+    listed = subprocess.run([*cli, "agent-token", "--list"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and {line.split()[0] for line in listed.stdout.splitlines()} == {"gpu-a", "gpu-b"}
     # A wrong password is refused at the published port.
     s = requests.Session()
     s.get(hub.url + "/hub/login", timeout=10)
