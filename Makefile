@@ -91,7 +91,7 @@ bench: $(VENV)/.installed
 	$(PYTHON) -m benchmarks.bench_shares
 
 clean: demo-down
-	rm -rf $(VENV) $(WHEEL_VENV) $(LOWEST_VENV) dist $(STATE) /var/cache/gpuspawner-image
+	rm -rf $(VENV) $(WHEEL_VENV) $(LOWEST_VENV) dist $(STATE) stack-state /var/cache/gpuspawner-image
 
 # Every input surface fuzzed at length (the unit tests run a short subset).
 fuzz: $(VENV)/.installed
