@@ -34,16 +34,20 @@ unit: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(VENV)/bin/pre-commit run --all-files --show-diff-on-failure
 
-# The wheel, installed alone into a fresh venv and checked from outside the source tree
-# (.ci/check_installed.py): what `pip install gpuspawner` gives a hub.
+# The release as users install it: `python -m build` makes the sdist and the wheel
+# (.ci/check_dist.py: the version, templates, migrations and CHANGELOG in both); the
+# wheel, installed alone into a fresh venv, is checked from outside the source tree
+# (.ci/check_installed.py), then the unit tests run against it (.ci/unit_installed.py).
 wheel-check:
 	rm -rf dist $(WHEEL_VENV)
 	$(PY) -m venv $(WHEEL_VENV)
-	$(WHEEL_VENV)/bin/python -m pip install -q --upgrade pip
-	$(WHEEL_VENV)/bin/python -m pip wheel -q --no-deps -w dist .
-	$(WHEEL_VENV)/bin/python -m pip install -q dist/gpuspawner-*.whl
+	$(WHEEL_VENV)/bin/python -m pip install -q --upgrade pip build
+	$(WHEEL_VENV)/bin/python -m build --sdist --wheel --outdir dist .
+	$(WHEEL_VENV)/bin/python .ci/check_dist.py dist $(CURDIR)
+	$(WHEEL_VENV)/bin/python -m pip install -q "$$(ls dist/gpuspawner-*.whl)[test]"
 	$(WHEEL_VENV)/bin/python -m pip check
 	cd "$$(mktemp -d)" && $(CURDIR)/$(WHEEL_VENV)/bin/python $(CURDIR)/.ci/check_installed.py $(CURDIR)
+	$(WHEEL_VENV)/bin/python .ci/unit_installed.py $(CURDIR)
 
 # The unit tests on the lowest versions setup.cfg allows: each dependency pinned to its
 # floor (.ci/lowest-constraints.txt), the test tools as they come.
@@ -59,12 +63,19 @@ test-lowest:
 # spawning real JupyterLab servers (DEMO_SERVER=standin: the fast busybox stand-in),
 # GPUs reported by node agents over a fake NVML (DEMO_GPUS=static: from the file).
 # Everything it builds is reused by the next run; demo-down stops and removes it all.
+# DEMO_MODE=stack: examples/stack/stack.yml instead, the hub as a swarm service
+# (devtools/stack.py; `python -m devtools.stack down` removes it).
+DEMO_MODE ?= hub
 DEMO_SERVER ?= jupyter
 DEMO_GPUS ?= agent
 demo:
 	@bash .ci/install-system-deps demo
 	@$(MAKE) --no-print-directory $(VENV)/.installed
+ifeq ($(DEMO_MODE),stack)
+	$(PYTHON) -m devtools.stack up
+else
 	$(PYTHON) -m devtools.demo --state-dir $(STATE) --server $(DEMO_SERVER) --gpus $(DEMO_GPUS)
+endif
 
 demo-down: $(VENV)/.installed
 	$(PYTHON) -m devtools.demo --state-dir $(STATE) --down
@@ -80,7 +91,7 @@ bench: $(VENV)/.installed
 	$(PYTHON) -m benchmarks.bench_shares
 
 clean: demo-down
-	rm -rf $(VENV) $(WHEEL_VENV) $(LOWEST_VENV) dist $(STATE) /var/cache/gpuspawner-image
+	rm -rf $(VENV) $(WHEEL_VENV) $(LOWEST_VENV) dist $(STATE) stack-state /var/cache/gpuspawner-image
 
 # Every input surface fuzzed at length (the unit tests run a short subset).
 fuzz: $(VENV)/.installed

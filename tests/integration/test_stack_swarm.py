@@ -1,0 +1,188 @@
+"""examples/stack/stack.yml, the production stack, deployed with `docker stack deploy`
+on the real test swarm (devtools/stack.py): the hub and its proxy as a swarm service,
+PostgreSQL, the node agents, swarm secrets, and users' servers on the attachable
+overlay network, reached by their service names.
+
+What the tests check comes from the swarm and through the hub's published port, as a
+user and an admin meet them. Each step prints how long it took (``-s`` shows them).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+import yaml
+
+from devtools import stack as stack_harness
+from devtools.hub import REPO
+from tests.integration.support import services_of
+
+A100 = "NVIDIA A100 80GB PCIe"
+INVENTORY = yaml.safe_load((REPO / "examples/local/gpus.yaml").read_text())
+UUIDS = {host: [d["uuid"] for d in devices] for host, devices in INVENTORY.items()}
+HUB_SERVICE = f"{stack_harness.STACK_NAME}_hub"
+TIMES: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def stack(swarm, jupyter_image, tmp_path_factory):
+    state = tmp_path_factory.mktemp("stack")
+    try:
+        hub, seconds = stack_harness.up(swarm, state)
+    except stack_harness.StackError as e:
+        pytest.fail(f"the stack did not come up:\n{e}\n{stack_harness.service_errors(swarm)}", pytrace=False)
+    TIMES["deploy to a ready hub"] = seconds
+    print(f"\nstack deployed: hub ready {seconds:.1f} s after `docker stack deploy`")
+    yield hub, state
+    stack_harness.down(swarm, state)
+    assert stack_harness.network(swarm) is None
+    print("\n" + "\n".join(f"{what}: {s:.1f} s" for what, s in TIMES.items()))
+
+
+def login(hub, user: str, password: str) -> requests.Session:
+    s = requests.Session()
+    s.get(hub.url + "/hub/login", timeout=10)
+    r = s.post(
+        hub.url + "/hub/login",
+        data={"username": user, "password": password, "_xsrf": s.cookies.get("_xsrf")},
+        timeout=10,
+    )
+    r.raise_for_status()
+    return s
+
+
+def task_of(swarm, service) -> tuple[str, dict]:
+    [task] = [t for t in service.tasks() if t["Status"]["State"] == "running"]
+    return swarm.hostname_of(task["NodeID"]), task
+
+
+def container_env(swarm, node: str, service) -> dict[str, str]:
+    [container] = swarm.client(node).containers.list(filters={"label": f"com.docker.swarm.service.id={service.id}"})
+    out = container.exec_run(["env"]).output.decode()
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def holders(hub) -> dict[str, list[str]]:
+    """{device uuid: [user, ...]} from the hub's allocation map."""
+    alloc_map = hub.api("GET", "/gpuspawner/alloc-map").json()
+    return {uuid: sorted(h["user"] for h in d["holders"]) for host in alloc_map.values() for uuid, d in host.items()}
+
+
+def open_allocations(swarm) -> list[tuple[str, str, str]]:
+    """(user, host, devices) of each allocation the ledger has open, read with psql in
+    the stack's database container."""
+    db = swarm.client().services.get(f"{stack_harness.STACK_NAME}_postgres")
+    node, task = task_of(swarm, db)
+    [container] = swarm.client(node).containers.list(filters={"label": f"com.docker.swarm.task.id={task['ID']}"})
+    query = (
+        "SELECT a.username, a.host, string_agg(d.uuid, ',' ORDER BY d.position) FROM gpuspawner_allocations a "
+        "LEFT JOIN gpuspawner_allocation_devices d ON d.allocation_id = a.id WHERE a.ended_at IS NULL "
+        "GROUP BY a.id, a.username, a.host ORDER BY a.username"
+    )
+    run = container.exec_run(["psql", "-U", "jupyterhub", "-d", "jupyterhub", "-At", "-F", " ", "-c", query])
+    assert run.exit_code == 0, run.output
+    return [tuple(line.split(" ")) for line in run.output.decode().splitlines()]  # type: ignore[misc]
+
+
+def test_the_stack_runs_as_deployed(stack, swarm):
+    hub, state = stack
+    client = swarm.client()
+    services = {
+        s.name.split("_", 1)[1]: s
+        for s in client.services.list(filters={"label": "com.docker.stack.namespace=gpuspawner"})
+    }
+    assert set(services) == {"hub", "postgres", "agent"}
+    node, task = task_of(swarm, services["hub"])
+    assert node == stack_harness.HUB_NODE
+    [container] = swarm.client(node).containers.list(filters={"label": f"com.docker.swarm.task.id={task['ID']}"})
+    assert container.attrs["State"]["Health"]["Status"] == "healthy"  # the stack's health check
+    env = container_env(swarm, node, services["hub"])
+    assert not any(v in env for v in ("POSTGRES_PASSWORD", "CONFIGPROXY_AUTH_TOKEN"))  # secrets stay files
+    db_node, _ = task_of(swarm, services["postgres"])
+    assert db_node == stack_harness.DB_NODE  # node.labels.gpuspawner.db == true
+    # Every password and token of the stack is a swarm secret.
+    names = {s.name for s in client.secrets.list()}
+    assert {f"gpuspawner-{n}" for n in stack_harness.SECRETS} <= names
+    # The admin token reads the metrics Prometheus scrapes (examples/stack/prometheus.yml)
+    # and drives the `gpuspawner` command.
+    metrics = requests.get(hub.url + "/hub/metrics", headers={"Authorization": f"token {hub.token}"}, timeout=30)
+    assert metrics.status_code == 200 and "gpuspawner_devices_unhealthy{" in metrics.text
+    token_file = state / "secrets" / "admin-token"
+    cli = [sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, "--token-file", str(token_file)]
+    listed = subprocess.run([*cli, "agent-token", "--list"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and {line.split()[0] for line in listed.stdout.splitlines()} == {"gpu-a", "gpu-b"}
+    # A wrong password is refused at the published port.
+    s = requests.Session()
+    s.get(hub.url + "/hub/login", timeout=10)
+    r = s.post(hub.url + "/hub/login", data={"username": "mallory", "password": "x", "_xsrf": s.cookies.get("_xsrf")})
+    assert r.status_code == 403
+
+
+def test_gpu_and_cpu_servers_on_the_overlay_network_and_a_hub_restart(stack, swarm):
+    hub, state = stack
+    password = stack_harness.secret_values(state)["login-password"]
+    network = stack_harness.network(swarm)
+    t0 = time.monotonic()
+    assert hub.spawn("alice", {"gpu_model": A100, "gpu_count": 1}).status_code in (201, 202)
+    assert hub.spawn("bob", {}).status_code in (201, 202)
+    hub.wait_ready("alice", timeout=200)
+    hub.wait_ready("bob", timeout=200)
+    TIMES["spawn to ready servers (GPU and CPU-only, started together)"] = time.monotonic() - t0
+
+    (alice,) = services_of(swarm, "alice")
+    (bob,) = services_of(swarm, "bob")
+    node, _ = task_of(swarm, alice)
+    assert node == "gpu-b"
+    env = container_env(swarm, node, alice)
+    assert env["NVIDIA_VISIBLE_DEVICES"] in UUIDS["gpu-b"]
+    node_of_bob = task_of(swarm, bob)[0]
+    assert container_env(swarm, node_of_bob, bob)["NVIDIA_VISIBLE_DEVICES"] == "void"
+    for service in (alice, bob):
+        spec = service.attrs["Spec"]
+        assert [n["Target"] for n in spec["TaskTemplate"]["Networks"]] == [network.id]
+        assert spec["EndpointSpec"]["Mode"] == "dnsrr"
+        assert "node.role == worker" in spec["TaskTemplate"]["Placement"]["Constraints"]
+
+    # Through the published port into JupyterLab: the server checks the login with the
+    # hub's API at hub:8081, over the overlay network.
+    session = login(hub, "alice", password)
+    page = session.get(hub.url + "/user/alice/", timeout=60)
+    assert page.status_code == 200 and page.url == hub.url + "/user/alice/lab"
+    before = holders(hub)
+    assert before[env["NVIDIA_VISIBLE_DEVICES"]] == ["alice"]
+    ledger = open_allocations(swarm)  # GPU allocations only: bob holds none
+    assert ledger == [("alice", "gpu-b", env["NVIDIA_VISIBLE_DEVICES"])]
+
+    # The hub's service restarted: the servers and their GPUs are kept, nothing twice.
+    t0 = time.monotonic()
+    stack_harness.docker(swarm, "service", "update", "--force", "--detach", HUB_SERVICE)
+    time.sleep(2)  # the old task is being stopped
+    stack_harness.wait_serving(hub.url, 240)
+    while not all((hub.server_model(u) or {}).get("ready") for u in ("alice", "bob")):
+        assert time.monotonic() - t0 < 300, "the servers are not back after the hub's restart"
+        time.sleep(0.5)
+    TIMES["hub restart to serving again (servers ready)"] = time.monotonic() - t0
+    # The new hub knows the nodes' GPUs again at each agent's next report (an agent whose
+    # posts failed meanwhile retries with backoff).
+    while set(hub.api("GET", "/gpuspawner/alloc-map").json()) != set(stack_harness.WORKERS):
+        assert time.monotonic() - t0 < 300, "the agents did not report to the restarted hub"
+        time.sleep(0.5)
+    TIMES["hub restart to both agents' GPUs known again"] = time.monotonic() - t0
+    assert services_of(swarm, "alice") == [alice] and services_of(swarm, "bob") == [bob]
+    after = holders(hub)
+    assert after == before
+    # The one other A100 goes to the next user; two are not free any more.
+    r = hub.spawn("carol", {"gpu_model": A100, "gpu_count": 2})
+    assert r.status_code == 503 and "at most 1 free" in r.json()["message"], r.text
+    assert open_allocations(swarm) == ledger
+    assert session.get(hub.url + "/user/alice/api/status", timeout=30).status_code == 200
+
+    for user in ("alice", "bob"):
+        hub.stop_server(user, timeout=120)
+    assert services_of(swarm, "alice") == services_of(swarm, "bob") == []
+    assert all(not users for users in holders(hub).values())
+    assert open_allocations(swarm) == []

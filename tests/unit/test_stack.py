@@ -1,0 +1,161 @@
+"""examples/stack: the Dockerfile and the locally built hub image agree, the stack file
+holds what docs/deploy.md promises, and the local variant (devtools/stack.py) swaps in
+only this machine's stand-ins. The stack itself runs in tests/integration/test_stack_swarm.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from devtools import stack, stack_images
+from gpuspawner import __version__
+
+STACK = yaml.safe_load((stack.STACK_DIR / "stack.yml").read_text())
+
+
+def test_the_dockerfile_and_the_local_hub_image_say_the_same():
+    settings = stack_images.dockerfile_settings(stack_images.DOCKERFILE.read_text())
+    recipe = stack_images.hub_recipe()
+    assert settings["from"] == f"debian:{stack_images.debian_image.SUITE}-slim"
+    assert settings["packages"] == list(recipe.packages)
+    assert settings["requirements"] == list(recipe.requirements)  # the hub's jupyterhub, this gpuspawner
+    assert f"gpuspawner[postgres]=={__version__}" in settings["requirements"]
+    assert settings["changes"] == list(recipe.changes)
+    assert settings["cmd"] == list(recipe.cmd)
+    assert f"python3 -m venv {recipe.venv}" in stack_images.DOCKERFILE.read_text()
+    # The stack runs the image of this release.
+    assert {STACK["services"][s]["image"].rsplit(":", 1)[1] for s in ("hub", "agent")} == {__version__}
+
+
+def test_the_dockerfile_parser_reads_continued_lines_and_several_commands():
+    text = 'FROM x\nRUN apt-get update \\\n && apt-get install -y --no-install-recommends a b \\\n && true\nCMD ["c"]\n'
+    assert stack_images.dockerfile_settings(text) == {
+        "from": "x",
+        "packages": ["a", "b"],
+        "requirements": [],
+        "changes": [],
+        "cmd": ["c"],
+    }
+
+
+def test_every_password_and_token_is_a_swarm_secret():
+    hub, db = STACK["services"]["hub"], STACK["services"]["postgres"]
+    assert {s["target"] for s in hub["secrets"]} == {
+        "postgres_password",
+        "cookie_secret",
+        "proxy_auth_token",
+        "admin_token",
+        "login_password",
+    }
+    assert all(s["mode"] == 0o400 for s in hub["secrets"])
+    assert all(STACK["secrets"][s["source"]] == {"external": True} for s in hub["secrets"] + db["secrets"])
+    assert {f"gpuspawner-{n}" for n in stack.SECRETS} == set(STACK["secrets"])
+    values = " ".join(str(v) for s in STACK["services"].values() for v in s.get("environment", {}).values())
+    assert "PASSWORD=" not in values and "TOKEN=" not in values
+    assert db["environment"]["POSTGRES_PASSWORD_FILE"] == "/run/secrets/postgres_password"
+
+
+def test_the_services_have_health_checks_placement_and_the_overlay_network():
+    services = STACK["services"]
+    assert {n: s["deploy"]["placement"]["constraints"] for n, s in services.items()} == {
+        "hub": ["node.role == manager"],
+        "postgres": ["node.labels.gpuspawner.db == true"],
+        "agent": ["node.labels.gpu == true"],
+    }
+    assert "healthcheck" in services["hub"] and "healthcheck" in services["postgres"]
+    assert all(s["networks"] == ["gpuspawner"] for s in services.values())
+    assert STACK["networks"]["gpuspawner"] == {"name": "gpuspawner", "driver": "overlay", "attachable": True}
+    assert services["hub"]["environment"]["GPUSPAWNER_NETWORK"] == "gpuspawner"
+    assert services["agent"]["deploy"]["mode"] == "global"
+    assert services["hub"]["deploy"]["update_config"]["order"] == "stop-first"
+
+
+def test_the_local_stack_swaps_in_only_this_machines_stand_ins(tmp_path):
+    (tmp_path / "swarm").mkdir()
+    (tmp_path / "swarm" / "daemon.json").write_text("{}")
+    cluster = SimpleNamespace(manager_url="unix:///run/x/manager.sock", state_dir=tmp_path / "swarm")
+    images = {"hub": "h:1", "postgres": "p:1", "server": "s:1"}
+    local = stack.local_stack(cluster, tmp_path, images, Path("/lib-dir"), Path("/gpus"))
+    hub, db, agent = (local["services"][n] for n in ("hub", "postgres", "agent"))
+    assert (hub["image"], db["image"], agent["image"]) == ("h:1", "p:1", "h:1")
+    assert hub["deploy"]["placement"]["constraints"] == ["node.hostname == gpu-a"]
+    assert hub["volumes"] == ["/run/x/manager.sock:/var/run/docker.sock"]
+    assert hub["environment"]["GPUSPAWNER_SERVER_IMAGE"] == "s:1"
+    assert agent["environment"]["FAKE_NVML_DEVICES"] == "/opt/gpus/{{.Node.Hostname}}.txt"
+    assert json.loads((tmp_path / "docker-etc" / "daemon.json").read_text()) == {}
+    # The rest is the file as users get it.
+    for name in ("hub", "postgres", "agent"):
+        for key in ("secrets", "networks", "healthcheck"):
+            assert local["services"][name].get(key) == STACK["services"][name].get(key), (name, key)
+    command = STACK["services"]["agent"]["command"]
+    interval = command.index("--interval") + 1
+    assert agent["command"] == command[:interval] + ["2"] + command[interval + 1 :]  # reports come faster
+    assert {k: v for k, v in hub["environment"].items() if k in STACK["services"]["hub"]["environment"]} == {
+        k: v for k, v in STACK["services"]["hub"]["environment"].items() if k != "GPUSPAWNER_SERVER_IMAGE"
+    } | {"GPUSPAWNER_SERVER_IMAGE": "s:1"}
+    assert local["networks"] == STACK["networks"] and local["secrets"] == STACK["secrets"]
+
+
+def stack_config(monkeypatch, secrets_dir: Path, **env):
+    from tests.unit.test_examples import load_config
+
+    return load_config(
+        stack.STACK_DIR / "jupyterhub_config.py", monkeypatch, GPUSPAWNER_SECRETS_DIR=str(secrets_dir), **env
+    )
+
+
+def write_secrets(folder: Path, skip: str = "") -> dict[str, str]:
+    values = {name.replace("-", "_"): "ab" * 32 for name in stack.SECRETS if name.replace("-", "_") != skip}
+    folder.mkdir(exist_ok=True)
+    for name, value in values.items():
+        (folder / name).write_text(value + "\n")
+    return values
+
+
+def test_the_stack_config_reads_every_secret_and_the_environment(monkeypatch, tmp_path):
+    write_secrets(tmp_path)
+    (tmp_path / "postgres_password").write_text("p@ss:word\n")
+    c = stack_config(
+        monkeypatch, tmp_path, GPUSPAWNER_SERVER_CONSTRAINTS="node.labels.jupyter == true, node.role == worker"
+    )
+    assert c.JupyterHub.db_url == "postgresql+psycopg://jupyterhub:p%40ss%3Aword@postgres:5432/jupyterhub"
+    assert c.GPUSwarmSpawner.gpu_db_url == c.JupyterHub.db_url  # the ledger shares the hub's database
+    assert c.JupyterHub.cookie_secret == bytes.fromhex("ab" * 32)
+    assert c.ConfigurableHTTPProxy.auth_token == "ab" * 32
+    assert c.JupyterHub.services == [{"name": "gpuspawner-admin", "api_token": "ab" * 32}]
+    assert c.JupyterHub.hub_connect_ip == "hub" and c.GPUSwarmSpawner.network_name == "gpuspawner"
+    assert c.GPUSwarmSpawner.use_internal_ip is True and c.GPUSwarmSpawner.extra_endpoint_spec == {"mode": "dnsrr"}
+    assert c.GPUSwarmSpawner.extra_placement_spec == {
+        "constraints": ["node.labels.jupyter == true", "node.role == worker"]
+    }
+    assert c.JupyterHub.cleanup_servers is False
+    assert c.GPUSwarmSpawner.gpu_inventory_source == ["agent"]
+
+
+def test_the_stack_config_can_keep_the_ledger_elsewhere(monkeypatch, tmp_path):
+    write_secrets(tmp_path)
+    c = stack_config(monkeypatch, tmp_path, GPUSPAWNER_LEDGER_URL="postgresql+psycopg://jupyterhub@db2:5432/ledger")
+    assert c.GPUSwarmSpawner.gpu_db_url == f"postgresql+psycopg://jupyterhub:{'ab' * 32}@db2:5432/ledger"
+
+
+def test_a_missing_secret_stops_the_hub_with_its_name(monkeypatch, tmp_path):
+    write_secrets(tmp_path, skip="cookie_secret")
+    with pytest.raises(SystemExit, match=f"the swarm secret cookie_secret is missing \\({tmp_path}/cookie_secret\\)"):
+        stack_config(monkeypatch, tmp_path)
+
+
+def test_the_alerts_name_metrics_the_hub_serves():
+    from gpuspawner import metrics
+
+    alerts = yaml.safe_load((stack.STACK_DIR / "alerts.yml").read_text())
+    exprs = " ".join(rule["expr"] for group in alerts["groups"] for rule in group["rules"])
+    named = set(re.findall(r"\bgpuspawner_[a-z_]+", exprs))
+    served = {name for name, _ in metrics._GAUGES} | {
+        f"{m._name}_total" for m in (metrics.DOUBLE_BOOKINGS, metrics.REFUSED)
+    }
+    assert named and named <= served, named - served
