@@ -41,7 +41,7 @@ from jupyterhub.spawner import SpawnException
 from markupsafe import Markup
 from tornado import web
 
-from . import agent_tokens
+from . import agent_tokens, reclaim
 from .cluster import GPUCluster
 from .doctor import diagnose
 from .holdings import Holdings
@@ -153,6 +153,7 @@ class ReportHandler(_GPUMixin, APIHandler):
             cluster.receive(report)
         except ReportError as exc:  # it names a UUID another node has: nothing of it is taken
             raise web.HTTPError(400, str(exc)) from None
+        reclaim.of(self.owner()).observe(report)  # idle timers (docs/idle.md)
         self.set_header("Content-Type", "application/json")
         self.write({"hostname": report.hostname, "devices": len(report.devices), "interval": report.interval})
 

@@ -99,21 +99,26 @@ class IdleTimers:
     def holders(self) -> list[str]:
         return sorted(self._timers)
 
-    def observe(self, holder: str, samples: Iterable[DeviceSample], limits: Limits, now: float | None = None) -> None:
-        """Take one report's readings of the holder's devices."""
+    def observe(
+        self, holder: str, samples: Iterable[DeviceSample], limits: Limits, now: float | None = None
+    ) -> bool | None:
+        """Take one report's readings of the holder's devices: whether it was busy
+        on them (None: they cannot tell)."""
         now = self.clock() if now is None else now
         self.hold(holder, now)
         t = self._timers[holder]
         verdicts = [is_active(s, limits) for s in samples]
         if not verdicts or all(v is None for v in verdicts):
-            return  # nothing known: neither idle nor active
+            return None  # nothing known: neither idle nor active
         t.last_reading = now
         if any(verdicts):
             t.idle_since = None
             t.last_active = now
             t.notices.pop(IDLE, None)  # activity in the warning cancels it
-        elif t.idle_since is None:
+            return True
+        if t.idle_since is None:
             t.idle_since = now
+        return False
 
     def idle_for(self, holder: str, now: float | None = None) -> float | None:
         """Seconds the holder has been idle; None when it is not (or not known)."""

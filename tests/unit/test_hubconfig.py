@@ -16,7 +16,7 @@ from jupyterhub.app import JupyterHub
 from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 from traitlets.config import Config
 
-from gpuspawner import api, metrics
+from gpuspawner import api, api_reclaim, metrics
 from gpuspawner.hubconfig import TEMPLATES, configure
 
 
@@ -57,6 +57,8 @@ def handler_for(app: JupyterHub, method: str, path: str) -> type:
         ("GET", "/hub/api/gpuspawner/usage?by=model", api.UsageHandler),
         ("GET", "/hub/api/gpuspawner/doctor", api.DoctorHandler),
         ("GET", "/hub/gpus", api.GPUPageHandler),
+        ("GET", "/hub/api/gpuspawner/notices", api_reclaim.NoticesHandler),
+        ("GET", "/hub/api/gpuspawner/idle", api_reclaim.IdleHandler),
     ],
 )
 def test_the_hub_routes_gpuspawners_urls_to_its_handlers(hub, method, path, handler):
