@@ -48,6 +48,9 @@ def _iso(wall: float) -> str:
     return datetime.fromtimestamp(wall, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
+_reclaimers: weakref.WeakKeyDictionary[Holdings, Reclaimer] = weakref.WeakKeyDictionary()
+
+
 class Reclaimer:
     """Idle and held-time reclaim for one hub's holdings."""
 
@@ -68,6 +71,7 @@ class Reclaimer:
             return [self._with_activity(uuid, h) for h in inner(uuid)]
 
         views.holders_of = holders_of
+        _reclaimers[holdings] = self  # the one whose stops the spawner's end_reason() names
 
     # -- readings ------------------------------------------------------------------
 
@@ -228,15 +232,10 @@ class Reclaimer:
         return holder
 
 
-_reclaimers: weakref.WeakKeyDictionary[Holdings, Reclaimer] = weakref.WeakKeyDictionary()
-
-
 def of(holdings: Holdings) -> Reclaimer:
     """The one reclaimer of these holdings."""
     found = _reclaimers.get(holdings)
-    if found is None:
-        found = _reclaimers[holdings] = Reclaimer(holdings, clock=holdings.clock)
-    return found
+    return Reclaimer(holdings, clock=holdings.clock) if found is None else found
 
 
 def end_reason(holdings: Holdings, name: str, default: str) -> str:

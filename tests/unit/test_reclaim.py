@@ -1,0 +1,151 @@
+"""The hub's side of idle reclaim (gpuspawner/reclaim.py) over the real spawner,
+holdings and SQLite ledger on the in-process Docker fake: reports read per holder,
+what a node may and may not make the hub believe, warnings, the stop and the
+ledger's end reason, with a fake clock."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from gpuspawner import reclaim
+from gpuspawner.idle import Limits
+from gpuspawner.ledger import Ledger
+from gpuspawner.reports import parse_report
+from tests.unit.test_holdings import A100, World
+from tests.unit.test_reports import device, report
+
+TWO_GPUS = {
+    "gpu-b": [
+        {"uuid": "GPU-b0", "model": A100, "memory_mib": 81920},
+        {"uuid": "GPU-b1", "model": A100, "memory_mib": 81920},
+    ]
+}
+LIMITS = Limits(idle_timeout=60, idle_warning=20)
+
+
+class Clock:
+    now = 5000.0
+
+    def __call__(self):
+        return self.now
+
+
+def reading(util: dict, procs: dict, hostname="gpu-b"):
+    """A report of gpu-b: each GPU's utilization and its processes' services."""
+    devices = [
+        device(
+            i,
+            uuid,
+            utilization_gpu=util.get(uuid, 0),
+            processes=[
+                {"pid": 100 + n, "used_mib": 500, "holder": {"service": s} if s else None}
+                for n, s in enumerate(procs.get(uuid, []))
+            ],
+        )
+        for i, uuid in enumerate(("GPU-b0", "GPU-b1"))
+    ]
+    return parse_report(json.dumps(report(*devices, hostname=hostname)))
+
+
+async def two_servers(tmp_path, shares=None):
+    world = World(tmp_path, inventory=TWO_GPUS, gpu_sharing={A100: {"quantum": 0.05}})
+    spawners = {}
+    for user in ("alice", "bob"):
+        options = {"gpu_model": A100, **({"gpu_share": shares} if shares else {})}
+        spawners[user] = s = world.spawner(user, options)
+        await world.started(s)
+    owner = world.owner
+    clock = Clock()
+    found = reclaim.Reclaimer(owner, clock=clock, wall=lambda: 1_700_000_000.0 + clock.now)
+    found.limits_for = lambda h: LIMITS
+    stopped = []
+
+    async def stop(h, reason):
+        stopped.append((h.user, reason))
+        stopping = asyncio.ensure_future(spawners[h.user].stop())  # as JupyterHub's user.stop() calls it
+        while not stopping.done():
+            for task, (service, _node, _visible) in world.fake.running_containers().items():
+                if service == h.name:
+                    world.fake.exit_container(task)  # its container exits once asked to
+            await asyncio.sleep(0.01)
+        await stopping
+        return True
+
+    found.stop = stop
+    return world, owner, found, clock, stopped
+
+
+def uuid_of(owner, user):
+    [h] = [h for h in owner.all().values() if h.user == user]
+    return h.name, h.labels.uuids[0]
+
+
+async def test_an_idle_holder_is_warned_then_stopped_with_end_reason_idle(tmp_path):
+    world, owner, found, clock, stopped = await two_servers(tmp_path)
+    a_name, a_gpu = uuid_of(owner, "alice")
+    b_name, b_gpu = uuid_of(owner, "bob")
+    await found.check()
+    for _ in range(5):  # 50 s: alice idle, bob busy with his own process
+        clock.now += 10
+        found.observe(reading({b_gpu: 80}, {a_gpu: [a_name], b_gpu: [b_name]}))
+        await found.check()
+    [notice] = found.notices_for("alice")
+    assert notice["reason"] == "idle" and notice["seconds_left"] == 20
+    assert "will be stopped at 2023-11-14T23:37:50Z unless" in notice["message"]
+    assert found.notices_for("bob") == [] and stopped == []
+    assert [r["user"] for r in found.idle_now()] == ["alice"]
+    for _ in range(2):
+        clock.now += 10
+        found.observe(reading({b_gpu: 80}, {a_gpu: [a_name], b_gpu: [b_name]}))
+        await found.check()
+    assert stopped == [("alice", "idle")]
+    assert owner.get(a_name) is None and owner.get(b_name) is not None
+    [closed] = Ledger(world.db_url).history(user="alice")
+    assert closed.end_reason == "idle"
+
+
+async def test_a_node_cannot_make_the_hub_believe_another_holder_is_busy(tmp_path):
+    world, owner, found, clock, stopped = await two_servers(tmp_path)
+    a_name, a_gpu = uuid_of(owner, "alice")
+    b_name, b_gpu = uuid_of(owner, "bob")
+    # bob's GPU is busy, and the node says alice's service runs there: she holds
+    # nothing on it, so it is a stray process, and alice stays idle.
+    for _ in range(8):
+        clock.now += 10
+        found.observe(reading({b_gpu: 90}, {b_gpu: [a_name]}))
+        await found.check()
+    assert ("alice", "idle") in stopped
+    assert found.unattributed["gpu-b"] == [{"uuid": b_gpu, "pid": 100, "used_mib": 500, "service": a_name}]
+    # A report from another host speaks of none of gpu-b's holders.
+    found.observe(reading({b_gpu: 90}, {b_gpu: [b_name]}, hostname="gpu-a"))
+    assert found.timers.last_active(b_name) == clock.now  # still only from gpu-b's own report
+
+
+async def test_on_a_shared_gpu_a_holder_without_processes_is_idle(tmp_path):
+    world, owner, found, clock, stopped = await two_servers(tmp_path, shares=0.5)
+    a_name, a_gpu = uuid_of(owner, "alice")
+    b_name, b_gpu = uuid_of(owner, "bob")
+    assert a_gpu == b_gpu
+    for _ in range(8):
+        clock.now += 10
+        found.observe(reading({a_gpu: 70}, {a_gpu: [b_name]}))
+        await found.check()
+    assert stopped == [("alice", "idle")]
+    assert found.activity(b_name)["idle_seconds"] is None
+    assert found.activity(b_name)["last_gpu_activity"] == "2023-11-14T23:38:00Z"
+
+
+async def test_held_time_counts_from_the_ledgers_start(tmp_path):
+    world, owner, found, clock, stopped = await two_servers(tmp_path)
+    found.limits_for = lambda h: Limits(max_held=3600, max_held_warning=600)
+    found.wall = lambda: Ledger(world.db_url).open_allocations()[0].started_at.timestamp() + 3300
+    await found.check()  # both held 3300 s by the ledger: inside the warning
+    assert [n["reason"] for n in found.notices_for("alice")] == ["max_hours"]
+    clock.now += 599
+    await found.check()
+    assert stopped == []
+    clock.now += 1
+    await found.check()
+    assert sorted(stopped) == [("alice", "max_hours"), ("bob", "max_hours")]
+    assert {r.end_reason for r in Ledger(world.db_url).history()} == {"max_hours"}
