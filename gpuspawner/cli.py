@@ -4,6 +4,7 @@
     gpuspawner rescan [--json]           reconcile with the swarm's services, then the map
     gpuspawner usage [--since T] [--until T] [--by user|model] [--json]   GPU-hours
     gpuspawner doctor [--json]           known misconfigurations, each with its fix (exit 1 on errors)
+    gpuspawner idle [--json]             who holds GPUs and is idle now, and GPU processes no holder owns
     gpuspawner agent-token HOST          issue HOST's node agent a token (printed once; rotates)
     gpuspawner agent-token --revoke HOST revoke it
     gpuspawner agent-token --list        the hosts that have one (never the tokens)
@@ -92,6 +93,37 @@ def format_findings(findings: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _duration(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min {int(seconds % 60):02d} s"
+
+
+def format_idle(result: dict) -> str:
+    """Who is idle now, longest first; then the processes no holder owns."""
+    rows = [("USER", "SERVER", "HOST", "IDLE FOR", "LAST GPU ACTIVITY", "WARNED")]
+    for r in result["idle"]:
+        since = r["last_gpu_activity"] or "never seen"
+        rows.append(
+            (
+                r["user"],
+                r["server"] or "-",
+                r["host"],
+                _duration(r["idle_seconds"]),
+                since,
+                "yes" if r["warned"] else "no",
+            )
+        )
+    lines = ["Nobody holding GPUs is idle now."] if len(rows) == 1 else []
+    if len(rows) > 1:
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    for host, procs in sorted(result.get("unattributed", {}).items()):
+        for p in procs:
+            owner = f"service {p['service']}, which does not hold it" if p["service"] else "no container traced"
+            lines.append(f"unattributed: {host} {p['uuid']} pid {p['pid']} ({p['used_mib']} MiB): {owner}")
+    return "\n".join(lines)
+
+
 def _token(args) -> str:
     if args.token_file:
         try:
@@ -128,6 +160,7 @@ def _parser() -> argparse.ArgumentParser:
         ("alloc-map", "who holds which share of which GPU"),
         ("rescan", "reconcile with the swarm's services, then show the map"),
         ("doctor", "check the cluster for known misconfigurations"),
+        ("idle", "who holds GPUs and is idle now"),
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -176,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "usage": format_usage,
         "doctor": lambda r: format_findings(r["findings"]),
         "agent-token": format_agent_tokens,
+        "idle": format_idle,
     }
     print(json.dumps(result, indent=2) if args.json else formats.get(args.command, format_alloc_map)(result))
     if args.command == "agent-token" and "token" in result and not args.json:

@@ -149,3 +149,49 @@ async def test_held_time_counts_from_the_ledgers_start(tmp_path):
     await found.check()
     assert sorted(stopped) == [("alice", "max_hours"), ("bob", "max_hours")]
     assert {r.end_reason for r in Ledger(world.db_url).history()} == {"max_hours"}
+
+
+async def test_the_allocation_map_and_gpu_page_show_each_holders_gpu_activity(tmp_path):
+    import jinja2
+
+    from gpuspawner.hubconfig import TEMPLATES
+
+    world, owner, found, clock, stopped = await two_servers(tmp_path)
+    a_name, a_gpu = uuid_of(owner, "alice")
+    b_name, b_gpu = uuid_of(owner, "bob")
+    for _ in range(3):
+        clock.now += 10
+        found.observe(reading({b_gpu: 80}, {b_gpu: [b_name]}))
+    views = owner.cluster.views
+    [alice] = views.holders_of(a_gpu)
+    [bob] = views.holders_of(b_gpu)
+    assert (alice["user"], alice["idle_seconds"], alice["last_gpu_activity"]) == ("alice", 20, None)
+    assert (bob["user"], bob["idle_seconds"], bob["last_gpu_activity"]) == ("bob", None, "2023-11-14T23:37:10Z")
+    card = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True).get_template("gpus_host.html")
+    devices = {
+        a_gpu: {
+            "index": 0,
+            "model": A100,
+            "memory_mib": 81920,
+            "allocated": 1,
+            "health": "ok",
+            "problems": [],
+            "holders": [alice],
+            "temperature_c": None,
+            "utilization_gpu": 0,
+        },
+        b_gpu: {
+            "index": 1,
+            "model": A100,
+            "memory_mib": 81920,
+            "allocated": 1,
+            "health": "ok",
+            "problems": [],
+            "holders": [bob],
+            "temperature_c": None,
+            "utilization_gpu": 80,
+        },
+    }
+    html = card.render(host="gpu-b", devices=devices, stale=None)
+    assert 'title="last GPU activity: never seen">idle 0 min</span>' in html
+    assert "GPU active 2023-11-14T23:37:10Z" in html
