@@ -7,7 +7,7 @@
 
 registers gpuspawner's endpoints and admin page (see ``api.py``), defines the
 ``custom:gpuspawner:report`` scope that node agents' tokens get, adds the
-admin page's template folder, and checks gpuspawner's settings at once (see
+admin page's template folder and the home page's notices (docs/idle.md), and checks gpuspawner's settings at once (see
 :func:`gpuspawner.settings.validate_config`), so that a wrong setting stops the
 hub at start with one line. Call it at the end of the file, after the
 ``c.GPUSwarmSpawner`` settings.
@@ -22,9 +22,11 @@ import os
 __all__ = ["configure"]
 
 TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
+# Only home.html, which has to come before JupyterHub's own (the rest is appended).
+HOME_TEMPLATES = os.path.join(TEMPLATES, "home")
 
 
-def configure(c) -> None:
+def configure(c, home_notices: bool = True) -> None:
     from . import api, api_reclaim, metrics, reclaim_hub
     from .settings import validate_config
 
@@ -36,7 +38,9 @@ def configure(c) -> None:
         {api.REPORT_SCOPE: {"description": "Report a GPU node's devices to gpuspawner (node agents only)."}}
     )
     c.JupyterHub.template_paths.append(TEMPLATES)
-    c.JupyterHub.template_vars.update({"gpuspawner_notices": reclaim_hub.notices_var(c)})  # home.html
+    c.JupyterHub.template_vars.update({"gpuspawner_notices": reclaim_hub.notices_var(c)})
+    if home_notices:  # a site with a home.html of its own includes gpuspawner_notices.html in it instead
+        c.JupyterHub.template_paths.prepend([HOME_TEMPLATES])
     metrics.use_cluster(lambda: api.hub_view(c).holdings().cluster)
     validate_config(c)
     try:

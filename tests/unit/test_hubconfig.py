@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import pytest
 from jupyterhub.app import JupyterHub
@@ -17,7 +18,7 @@ from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 from traitlets.config import Config
 
 from gpuspawner import api, api_reclaim, metrics
-from gpuspawner.hubconfig import TEMPLATES, configure
+from gpuspawner.hubconfig import HOME_TEMPLATES, TEMPLATES, configure
 
 
 @pytest.fixture
@@ -70,6 +71,17 @@ def test_the_handlers_see_the_hubs_own_spawner_settings_scope_and_templates(hub)
     assert hub.tornado_application.settings["config"].GPUSwarmSpawner.max_gpus_per_user == 2
     assert api.REPORT_SCOPE in hub.custom_scopes
     assert TEMPLATES in hub.template_paths
+
+
+def test_the_home_page_is_jupyterhubs_with_the_notices_of_the_users_servers(hub):
+    env = hub.tornado_application.settings["jinja2_env"]
+    _, path, _ = env.loader.get_source(env, "home.html")
+    assert path == os.path.join(HOME_TEMPLATES, "home.html")
+    assert callable(hub.template_vars["gpuspawner_notices"])
+    notices = [{"reason": "idle", "server": "", "message": "Your default server has not used its GPU for a while"}]
+    page = env.get_template("gpuspawner_notices.html").render(gpuspawner_notices=notices)
+    assert 'data-reason="idle"' in page and "has not used its GPU for a while" in page
+    assert env.get_template("gpuspawner_notices.html").render(gpuspawner_notices=[]).strip() == ""
 
 
 def test_other_urls_under_the_prefix_are_still_jupyterhubs(hub):
