@@ -14,7 +14,7 @@ from traitlets.config import LoggingConfigurable
 
 from .idle import Limits
 
-__all__ = ["ReclaimSettings"]
+__all__ = ["ReclaimSettings", "check_config"]
 
 THRESHOLD_KEYS = {"utilization": (0, 100), "memory_mib": (0, 2**40)}
 
@@ -110,3 +110,17 @@ class ReclaimSettings(LoggingConfigurable):
             max_held=self.gpu_max_hours * 3600 or None,
             max_held_warning=self.gpu_max_hours_warning,
         )
+
+
+def check_config(spawner_config) -> None:
+    """Raise ValueError, naming the setting, for a bad reclaim setting in the hub's config."""
+    settings = ReclaimSettings()
+    for name in settings.trait_names(config=True):
+        if name in spawner_config and name in ReclaimSettings.class_trait_names():
+            try:
+                setattr(settings, name, spawner_config[name])
+            except TraitError as exc:
+                text = str(exc)
+                if not text.startswith("c.GPUSwarmSpawner."):
+                    text = f"c.GPUSwarmSpawner.{name} must be a number, not {spawner_config[name]!r}"
+                raise ValueError(text) from None

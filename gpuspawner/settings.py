@@ -36,6 +36,7 @@ from .service_spec import (
     enforcement_mode,
     share_enforcement,
 )
+from .reclaim_settings import check_config as check_reclaim
 from .sharing import SharingPolicy, shown
 from .swarm import Swarm
 
@@ -361,6 +362,7 @@ def validate_config(config) -> None:
         limit = spawner_config.get("max_gpus_per_user", 1)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"max_gpus_per_user must be a whole number ≥ 0, got {limit!r}")
+        check_reclaim(spawner_config)  # docs/idle.md
         conflicts = admin_conflicts(spawner_config)
         if conflicts:
             raise ValueError(conflicts[0])

@@ -129,7 +129,10 @@ def test_processes_are_attributed_to_their_containers_and_an_idle_server_is_warn
     spawn_ready(hub, "bob", {"gpu_model": A100})
     a_uuid, a_pid = server_of(swarm, "alice")
     b_uuid, b_pid = server_of(swarm, "bob")
-    [agent] = swarm.client("gpu-b").containers.list(filters={"label": "com.docker.stack.namespace"})
+    agents = {"label": f"com.docker.stack.namespace={agent_stack.STACK_NAME}"}
+    client = swarm.client("gpu-b")
+    wait_until(lambda: len(client.containers.list(filters=agents)) == 1, "an earlier agent still runs")
+    [agent] = client.containers.list(filters=agents)
     node.busy(b_uuid, 60)
     node.run(b_uuid, b_pid)
     node.run(a_uuid, a_pid)

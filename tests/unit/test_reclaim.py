@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+
+import pytest
 
 from gpuspawner import reclaim
 from gpuspawner.idle import Limits
@@ -195,3 +198,47 @@ async def test_the_allocation_map_and_gpu_page_show_each_holders_gpu_activity(tm
     html = card.render(host="gpu-b", devices=devices, stale=None)
     assert 'title="last GPU activity: never seen">idle 0 min</span>' in html
     assert "GPU active 2023-11-14T23:37:10Z" in html
+
+
+@pytest.mark.parametrize(
+    "setting, value, message",
+    [
+        ("gpu_idle_timeout", -1, "gpu_idle_timeout must be a number of seconds from 0 up"),
+        ("gpu_idle_timeout", "2h", "gpu_idle_timeout must be a number, not '2h'"),
+        ("gpu_idle_warning", float("nan"), "gpu_idle_warning must be a number of seconds from 0 up"),
+        ("gpu_max_hours", float("inf"), "gpu_max_hours must be a number of hours from 0 up"),
+        ("gpu_idle_threshold", {"util": 3}, "unknown key 'util'; it takes memory_mib, utilization"),
+        (
+            "gpu_idle_threshold",
+            {"utilization": 101},
+            "gpu_idle_threshold['utilization'] must be a number from 0 to 100",
+        ),
+        ("gpu_idle_threshold", {"memory_mib": True}, "gpu_idle_threshold['memory_mib'] must be a number"),
+    ],
+)
+def test_a_bad_reclaim_setting_stops_the_hub_at_start_with_one_line(setting, value, message):
+    from traitlets.config import Config
+
+    from gpuspawner.settings import validate_config
+
+    c = Config()
+    setattr(c.GPUSwarmSpawner, setting, value)
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        validate_config(c)
+
+
+def test_the_settings_become_the_limits_of_each_server():
+    from gpuspawner.spawner import GPUSwarmSpawner
+
+    s = GPUSwarmSpawner(
+        gpu_idle_timeout=7200, gpu_idle_threshold={"memory_mib": 500}, gpu_max_hours=8, gpu_max_hours_warning=60
+    )
+    assert s._reclaim_limits() == Limits(
+        idle_timeout=7200,
+        idle_warning=900,
+        idle_utilization=5,
+        idle_memory_mib=500,
+        max_held=8 * 3600,
+        max_held_warning=60,
+    )
+    assert GPUSwarmSpawner()._reclaim_limits() == Limits()  # off by default
