@@ -2,7 +2,7 @@
 
     gpuspawner alloc-map [--json]        who holds which share of which GPU
     gpuspawner rescan [--json]           reconcile with the swarm's services, then the map
-    gpuspawner usage [--since T] [--until T] [--by user|model] [--json]   GPU-hours
+    gpuspawner usage [--since T] [--until T] [--by user|model|reason] [--json]   GPU-hours
     gpuspawner doctor [--json]           known misconfigurations, each with its fix (exit 1 on errors)
     gpuspawner idle [--json]             who holds GPUs and is idle now, and GPU processes no holder owns
     gpuspawner agent-token HOST          issue HOST's node agent a token (printed once; rotates)
@@ -75,7 +75,7 @@ def format_alloc_map(alloc_map: dict) -> str:
 
 def format_usage(result: dict) -> str:
     rows = [(result["by"].upper(), "GPU-HOURS")]
-    rows += [(u["key"], f"{u['gpu_hours']:.2f}") for u in result["usage"]]
+    rows += [(u["key"] or "(still held)", f"{u['gpu_hours']:.2f}") for u in result["usage"]]
     span = f"from {result['since'] or 'the start'} to {result['until'] or 'now'}"
     if len(rows) == 1:
         return f"No GPU use {span}."
@@ -167,7 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("usage", help="GPU-hours per user or per model")
     p.add_argument("--since", default="", help="ISO 8601 time, e.g. 2026-11-01 (default: the first allocation)")
     p.add_argument("--until", default="", help="ISO 8601 time (default: now)")
-    p.add_argument("--by", choices=("user", "model"), default="user")
+    p.add_argument("--by", choices=("user", "model", "reason"), default="user", help="reason: why allocations ended")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p = sub.add_parser("agent-token", help="issue, rotate, revoke or list node agents' tokens")
     p.add_argument("host", nargs="?", help="the node's hostname, as `docker node ls` shows it")

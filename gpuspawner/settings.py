@@ -28,6 +28,7 @@ from .inventory import MODEL_RE, InventoryError
 from .inventory_files import load_inventory
 from .labels import ServerLabels
 from .ledger import Ledger, LedgerError, default_db_url
+from .reclaim_settings import check_config as check_reclaim
 from .service_spec import (
     ENFORCEMENT_MODES,
     HAMI_LIBRARY,
@@ -36,7 +37,6 @@ from .service_spec import (
     enforcement_mode,
     share_enforcement,
 )
-from .reclaim_settings import check_config as check_reclaim
 from .sharing import SharingPolicy, shown
 from .swarm import Swarm
 

@@ -163,6 +163,8 @@ def test_processes_are_attributed_to_their_containers_and_an_idle_server_is_warn
     )
     [closed] = Ledger(db).history(user="alice")
     assert closed.end_reason == "idle"
+    usage = {u["key"]: u["gpu_hours"] for u in hub.api("GET", "/gpuspawner/usage?by=reason").json()["usage"]}
+    assert usage["idle"] > 0 and "" in usage  # alice's GPU-hours apart from bob's, still held
     assert running(hub, "bob") and notices(hub, "bob") == []
     # bob never used the web: his last_activity follows his GPU
     last = hub.server_model("bob")["last_activity"]
@@ -193,6 +195,8 @@ def test_on_a_shared_gpu_only_the_idle_holder_is_stopped(cluster, swarm):
     node.busy(d_uuid, 60)
     node.run(d_uuid, d_pid)  # dave computes; erin has no process on it
     wait_until(lambda: not running(hub, "erin"), "erin was not stopped", timeout=TIMEOUT + WARNING + 10)
+    [dave] = services_of(swarm, "dave")
+    assert [t["Status"]["State"] for t in dave.tasks()] == ["running"]
     assert running(hub, "dave") and notices(hub, "dave") == []
     [closed] = Ledger(db).history(user="erin")
     assert closed.end_reason == "idle"
