@@ -155,6 +155,7 @@ def test_processes_are_attributed_to_their_containers_and_an_idle_server_is_warn
 
     wait_until(lambda: not running(hub, "alice"), "alice's server was not stopped", timeout=WARNING + 10)
     stopped = time.monotonic() - t0
+    assert stopped - warned >= WARNING - 1  # the whole warning first
     wait_until(lambda: services_of(swarm, "alice") == [], "alice's service is still there", timeout=30)
     wait_until(lambda: holder(hub, "alice") is None, "alice's GPU is still held", timeout=30)
     freed = time.monotonic() - t0
@@ -207,16 +208,22 @@ def test_max_hours_stops_a_busy_server_after_its_warning(idle_hub, swarm):
     # The same hub, restarted with a held-time limit of 10.8 s (the agents keep reporting).
     hub.stop()
     extra = hub.extra_config
-    hub.extra_config = extra + "c.GPUSwarmSpawner.gpu_idle_timeout = 0\nc.GPUSwarmSpawner.gpu_max_hours = 0.003\n"
+    hub.extra_config = extra + (
+        "c.GPUSwarmSpawner.gpu_idle_timeout = 0\nc.GPUSwarmSpawner.gpu_max_hours = 0.003\n"
+        f"c.GPUSwarmSpawner.gpu_max_hours_warning = {WARNING}\n"
+    )
     try:
         hub.start()
+        wait_until(lambda: "gpu-b" in hub.api("GET", "/gpuspawner/alloc-map").json(), "no report", timeout=30)
         spawn_ready(hub, "frank", {"gpu_model": A100})
         uuid, pid = server_of(swarm, "frank")
         node.busy(uuid, 90)
         node.run(uuid, pid)
         wait_until(lambda: notices(hub, "frank"), "frank was not warned", timeout=15)
-        assert notices(hub, "frank")[0]["reason"] == "max_hours"
+        warned = time.monotonic()
+        assert notices(hub, "frank")[0]["reason"] == "max_hours"  # busy, and warned all the same
         wait_until(lambda: not running(hub, "frank"), "frank was not stopped", timeout=20)
+        assert time.monotonic() - warned >= WARNING - 1  # the whole warning first
         [closed] = Ledger(db).history(user="frank")
         assert closed.end_reason == "max_hours"
     finally:

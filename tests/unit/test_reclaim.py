@@ -242,3 +242,14 @@ def test_the_settings_become_the_limits_of_each_server():
         max_held_warning=60,
     )
     assert GPUSwarmSpawner()._reclaim_limits() == Limits()  # off by default
+
+
+async def test_a_gpu_in_mig_mode_is_not_judged(tmp_path):
+    world, owner, found, clock, stopped = await two_servers(tmp_path)
+    a_name, a_gpu = uuid_of(owner, "alice")
+    mig = device(0, a_gpu, mig_mode=True, utilization_gpu=0)
+    for _ in range(10):
+        clock.now += 10
+        found.observe(parse_report(json.dumps(report(mig))))
+        await found.check()
+    assert found.activity(a_name) == {"last_gpu_activity": None, "idle_seconds": None} and stopped == []
