@@ -40,9 +40,12 @@ async def stop_through_hub(h: Holding, reason: str) -> bool:
     user, spawner = _spawner(h)
     if spawner is None or not spawner.active or spawner.pending:
         return False  # not a server of this hub now, or mid-spawn/stop: the next check sees
-    app = _app()
-    await app.proxy.delete_user(user, h.labels.server)
-    await user.stop(h.labels.server)
+    spawner._stop_pending = True  # as JupyterHub's stop does: no start or stop of it meanwhile
+    try:
+        await _app().proxy.delete_user(user, h.labels.server)
+        await user.stop(h.labels.server)
+    finally:
+        spawner._stop_pending = False
     log.info("Stopped %s's server %r: %s", h.user, h.labels.server, reason)
     return True
 
