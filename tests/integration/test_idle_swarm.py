@@ -7,6 +7,7 @@ test sets; timeouts are seconds long."""
 from __future__ import annotations
 
 import time
+from datetime import datetime
 
 import pytest
 
@@ -118,6 +119,22 @@ def notices(hub, user: str) -> list[dict]:
     return r.json()["notices"]
 
 
+def hub_times(hub, user: str) -> dict[str, float]:
+    """When the hub's log says the user's server was added to the proxy, taken off it (the
+    reclaim's first step) and stopped, in seconds after the first."""
+    marks = {
+        "ready": f"Adding user {user} to proxy",
+        "stop begun": f"Removing user {user} from proxy",
+        "stopped": f"Stopped {user}'s server",
+    }
+    found = {}
+    for line in hub.log_path.read_text(errors="replace").splitlines():
+        for mark, text in marks.items():
+            if text in line and mark not in found:
+                found[mark] = datetime.strptime(line.split()[2], "%H:%M:%S.%f")
+    return {m: (t - found["ready"]).total_seconds() for m, t in found.items()}
+
+
 def running(hub, user: str) -> bool:
     return hub.server_model(user) is not None
 
@@ -162,6 +179,7 @@ def test_processes_are_attributed_to_their_containers_and_an_idle_server_is_warn
     print(
         f"\nreclaim timeline: ready (and idle) at 0 s, warned {warned:.1f} s, stopped {stopped:.1f} s, GPU free {freed:.1f} s"
     )
+    print(f"hub log, s after the server was ready: {hub_times(hub, 'alice')}")
     [closed] = Ledger(db).history(user="alice")
     assert closed.end_reason == "idle"
     usage = {u["key"]: u["gpu_hours"] for u in hub.api("GET", "/gpuspawner/usage?by=reason").json()["usage"]}
