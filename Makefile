@@ -71,7 +71,7 @@ demo-down: $(VENV)/.installed
 
 # The README's screenshots (docs/screenshots), taken by the browser tests.
 screenshots: deps
-	GPUSPAWNER_SCREENSHOT_DIR=$(CURDIR)/docs/screenshots $(PYTHON) -m pytest -ra tests/integration/test_browser.py
+	GPUSPAWNER_SCREENSHOT_DIR=$(CURDIR)/docs/screenshots $(PYTHON) -m pytest -ra tests/integration/test_browser.py tests/integration/test_access_swarm.py
 
 bench: $(VENV)/.installed
 	$(PYTHON) -m benchmarks.bench_allocator

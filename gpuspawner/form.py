@@ -7,6 +7,9 @@ import functools
 
 import jinja2
 
+from .access import Access
+from .budget import Budget
+from .budget import summary as budget_summary
 from .service_spec import enforcement_mode
 from .sharing import fmt, to_milli
 
@@ -46,12 +49,15 @@ def _templates(paths: tuple[str, ...]) -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.ChoiceLoader(loaders), autoescape=True)
 
 
-def render_form(spawner, owner, error: str = "") -> str:
-    """The form for ``spawner``'s user, from the hub's holdings ``owner``."""
+def render_form(spawner, owner, error: str = "", access: Access | None = None, budget: Budget | None = None) -> str:
+    """The form for ``spawner``'s user, from the hub's holdings ``owner``: the
+    models their ``access`` offers them, with its limit and ``budget``."""
     cluster, allocator = owner.cluster, owner.allocator
     held = allocator.held_by_owner(spawner.user.name)
-    summary = allocator.summary()
-    room = max(0, spawner.max_gpus_per_user - held)  # a Fraction when the user holds shares
+    access = access or Access(max_gpus=spawner.max_gpus_per_user)
+    summary = [m for m in allocator.summary() if access.allows(m.model)]
+    limit = 0 if access.cpu_only or (budget is not None and budget.over) else access.max_gpus
+    room = max(0, limit - held)  # a Fraction when the user holds shares
     hosts = [h for h in allocator.hosts() if h in cluster.nodes and cluster.nodes[h].schedulable]
     max_count = int(min(room, max((m.largest_block for m in summary), default=0)))
     # The last choice is preselected only while it can be had: a disabled
@@ -64,7 +70,9 @@ def render_form(spawner, owner, error: str = "") -> str:
         .render(
             models=summary,
             max_count=max_count,
-            limit=spawner.max_gpus_per_user,
+            limit=limit,
+            budget=budget,
+            budget_note=budget_summary(budget) if budget else "",
             held=held,
             hosts=hosts if spawner.allow_host_choice else [],
             selected_free=selected_free,

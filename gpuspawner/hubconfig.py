@@ -7,7 +7,7 @@
 
 registers gpuspawner's endpoints and admin page (see ``api.py``), defines the
 ``custom:gpuspawner:report`` scope that node agents' tokens get, adds the
-admin page's template folder and the home page's notices (docs/idle.md), and checks gpuspawner's settings at once (see
+admin page's template folder, and checks gpuspawner's settings at once (see
 :func:`gpuspawner.settings.validate_config`), so that a wrong setting stops the
 hub at start with one line. Call it at the end of the file, after the
 ``c.GPUSwarmSpawner`` settings.
@@ -22,12 +22,10 @@ import os
 __all__ = ["configure"]
 
 TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
-# Only home.html, which has to come before JupyterHub's own (the rest is appended).
-HOME_TEMPLATES = os.path.join(TEMPLATES, "home")
 
 
-def configure(c, home_notices: bool = True) -> None:
-    from . import api, api_reclaim, metrics, reclaim_hub
+def configure(c) -> None:
+    from . import api, api_reclaim, home_budget, metrics, reclaim_hub
     from .settings import validate_config
 
     # JupyterHub logs that extra_handlers is deprecated in favour of services;
@@ -37,10 +35,10 @@ def configure(c, home_notices: bool = True) -> None:
     c.JupyterHub.custom_scopes.update(
         {api.REPORT_SCOPE: {"description": "Report a GPU node's devices to gpuspawner (node agents only)."}}
     )
-    c.JupyterHub.template_paths.append(TEMPLATES)
-    c.JupyterHub.template_vars.update({"gpuspawner_notices": reclaim_hub.notices_var(c)})
-    if home_notices:  # a site with a home.html of its own includes gpuspawner_notices.html in it instead
-        c.JupyterHub.template_paths.prepend([HOME_TEMPLATES])
+    _add_templates(c)
+    c.JupyterHub.template_vars.update(
+        {"gpuspawner_budget": home_budget.budget_var(c), "gpuspawner_notices": reclaim_hub.notices_var(c)}
+    )  # home.html
     metrics.use_cluster(lambda: api.hub_view(c).holdings().cluster)
     validate_config(c)
     try:
@@ -54,6 +52,18 @@ def configure(c, home_notices: bool = True) -> None:
 
 
 _background: set = set()
+
+
+def _add_templates(c) -> None:
+    """gpuspawner's templates (the admin page, and home.html with its notes) go
+    after the admin's own ``template_paths`` but before JupyterHub's, which
+    would otherwise shadow home.html (the hub appends its own folder last
+    only when it is not listed yet)."""
+    paths = c.JupyterHub.template_paths
+    if isinstance(paths, list):
+        paths.append(TEMPLATES)
+    else:  # not set yet: a lazy value that JupyterHub's default comes into
+        paths.insert(0, TEMPLATES)
 
 
 def _untracked(user: str, server: str) -> bool:

@@ -52,6 +52,7 @@ from .ledger_reads import (
     select_records,
     usage_query,
     usage_totals,
+    user_spans,
 )
 from .ledger_schema import (
     COLUMNS,
@@ -309,6 +310,11 @@ class Ledger:
         since, until = checked_range(since, until, until_default=now)
         with self._db("computing GPU usage"), self.engine.connect() as conn:
             return usage_totals(conn.execute(usage_query(by, since, until)), now, since, until)
+
+    def user_spans(self, user: str, since: datetime) -> list[tuple[datetime, datetime | None, float]]:
+        """``user``'s GPU allocations after ``since``: (started, ended or None, GPUs)."""
+        with self._db("reading a user's GPU usage"), self.engine.connect() as conn:
+            return user_spans(conn, user, since)
 
     # --- node agents' tokens ------------------------------------------------------
 

@@ -99,6 +99,13 @@ def usage_query(by: str, since: datetime | None, until: datetime):
     )
 
 
+def user_spans(conn: sa.Connection, user: str, since: datetime) -> list[tuple[datetime, datetime | None, float]]:
+    """``user``'s allocations that held GPUs after ``since``: (started, ended or
+    None while open, GPUs held, shares as their fraction)."""
+    rows = conn.execute(usage_query("user", since, None).where(allocations.c.username == user))
+    return [(started, ended, milli / UNIT) for _, started, ended, milli in rows]
+
+
 def usage_totals(rows, now: datetime, since: datetime | None, until: datetime) -> list[Usage]:
     """GPU-hours per key from the rows of usage_query, largest first, keys without any left out."""
     totals: dict[str, float] = {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import socket
 from collections.abc import Callable, Mapping
@@ -21,6 +22,7 @@ from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Tuple,
 from traitlets.config import LoggingConfigurable
 
 from . import metrics
+from .access import AccessRules
 from .allocator import POLICIES
 from .cluster import SOURCES, GPUCluster, InventorySettings
 from .holdings import Holdings
@@ -198,6 +200,23 @@ class GPUSettings(LoggingConfigurable):
         0 allows CPU-only servers only.""",
     ).tag(config=True)
 
+    gpu_access = Dict(
+        help="""Access rules per JupyterHub group: ``{group: {"models": "*" or
+        [names], "max_gpus": n, "priority": n, "max_hours": h,
+        "weekly_gpu_hours": h, "idle_timeout": s, "idle_threshold": pct}}``,
+        ``"*"`` for users in none of the listed groups. A user in several
+        groups gets the most generous of each setting. Empty (default):
+        every model for everyone, up to ``max_gpus_per_user``. See docs/access.md.""",
+    ).tag(config=True)
+
+    @validate("gpu_access")
+    def _valid_access(self, proposal):
+        try:
+            AccessRules.parse(proposal.value, default_max_gpus=0)
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None
+        return proposal.value
+
     allow_host_choice = Bool(
         False,
         help="""Let users pin their server to a host (``gpu_host``). Off by
@@ -366,5 +385,17 @@ def validate_config(config) -> None:
         conflicts = admin_conflicts(spawner_config)
         if conflicts:
             raise ValueError(conflicts[0])
+        _check_access(spawner_config, inventory)
     except (InventoryError, LedgerError, ValueError) as exc:
         raise SystemExit(f"gpuspawner configuration error: {' '.join(str(exc).split())}") from None
+
+
+def _check_access(spawner_config: Mapping, inventory) -> None:
+    """``gpu_access`` at hub start: bad rules stop the hub (ValueError); a model
+    no static inventory has is only warned about (agents may report it later)."""
+    aliases = spawner_config.get("gpu_model_aliases", {})
+    rules = AccessRules.parse(spawner_config.get("gpu_access"), default_max_gpus=0, aliases=aliases)
+    if rules.active and inventory:
+        known = {aliases.get(d.model, d.model) for d in load_inventory(inventory)}
+        for unknown in rules.unknown_models(known):
+            logging.getLogger("JupyterHub").warning("gpuspawner: gpu_access names a model no GPU has: %s", unknown)

@@ -20,7 +20,9 @@ from jupyterhub.spawner import SpawnException
 from traitlets import default
 
 from . import metrics
+from .access import Access
 from .allocator import AllocationRefused, Request
+from .budget import refusal as budget_refusal
 from .form import render_form
 from .holdings import Holding, HoldingBusy, Holdings
 from .inventory import InventoryError
@@ -32,6 +34,7 @@ from .reclaim_settings import ReclaimSettings
 from .service_spec import admin_conflicts, build_service
 from .settings import GPUSettings, validate_config
 from .sharing import fmt_list
+from .spawn_access import access_of, budget_for_form, budget_of
 from .swarm import TASK_FAILED, TASK_WAITING, SwarmError
 
 __all__ = ["GPUSwarmSpawner", "spawn_error", "validate_config"]
@@ -133,7 +136,13 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             owner = await self._up_to_date()
         except SpawnException as exc:
             error, owner = exc.message, self.holdings()
-        return render_form(self, owner, error)
+        access = self._access()
+        return render_form(self, owner, error, access, await budget_for_form(self, owner, access))
+
+    def _access(self) -> Access:
+        """What this user may have under ``gpu_access``, from their JupyterHub
+        groups as they are now (read at each spawn and form)."""
+        return access_of(self)
 
     # -- start -------------------------------------------------------------
 
@@ -144,14 +153,19 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         async for event in self._progress.follow(lambda: self._spawn_pending):
             yield event
 
-    def _request(self, owner: Holdings) -> Request | None:
-        """The user's options as an allocator request (None: CPU-only); 400 when invalid."""
+    def _request(self, owner: Holdings, access: Access) -> Request | None:
+        """The user's options as an allocator request (None: CPU-only); 400
+        when invalid, 403 when the user's access rules forbid it."""
+        models = [m.model for m in owner.allocator.summary()]
+        forbidden = access.refusal(self.user_options, models)
+        if forbidden:
+            raise spawn_error(forbidden, reason="gpu_access", status_code=403)
         try:
             options = parse_user_options(
                 self.user_options,
-                models=[m.model for m in owner.allocator.summary()],
+                models=access.offered(models),
                 hosts=owner.allocator.hosts(),
-                max_count=self.max_gpus_per_user,
+                max_count=access.max_gpus,
                 allow_host_choice=self.allow_host_choice,
                 sharing=self.gpu_sharing,
             )
@@ -166,14 +180,17 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
     async def start(self):
         self._progress.clear()
         owner = await self._up_to_date()
-        request = self._request(owner)
+        access = self._access()
+        request = self._request(owner, access)
+        if request is not None:
+            await self._within_budget(owner, access)
         settings = await self._admin_settings()
         name = self.service_name
         # A service left by an earlier run of this server (a killed hub, a
         # failed stop) may still run on its GPUs: it goes first.
         if not await self._remove(owner):
             raise spawn_error(STALE, reason="stale_service", status_code=503)
-        holding = await self._reserve(owner, request)
+        holding = await self._reserve(owner, request, access.max_gpus)
         try:
             if holding.labels.port is not None:
                 self.port = holding.labels.port
@@ -201,14 +218,25 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             await asyncio.shield(self._remove(owner))
             raise
 
-    async def _reserve(self, owner: Holdings, request: Request | None) -> Holding:
+    async def _within_budget(self, owner: Holdings, access: Access) -> None:
+        """403 while the user's weekly GPU-hours are used up."""
+        try:
+            budget = await budget_of(owner, self.user.name, access)
+        except LedgerError as exc:
+            message, reason = NOT_RESERVED[LedgerError]
+            raise spawn_error(message, reason=reason, log_message=str(exc), status_code=503) from exc
+        over = budget_refusal(budget) if budget else None
+        if over:
+            raise spawn_error(over, reason="gpu_budget", status_code=403)
+
+    async def _reserve(self, owner: Holdings, request: Request | None, limit: int) -> Holding:
         try:
             holding = await owner.reserve(
                 self.service_name,
                 self.user.name,
                 self.name,
                 request,
-                max_per_owner=self.max_gpus_per_user,
+                max_per_owner=limit,
                 policy=self.allocation_policy,
                 port_range=self.host_network_ports if self.host_network else None,
             )

@@ -18,7 +18,7 @@ from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 from traitlets.config import Config
 
 from gpuspawner import api, api_reclaim, metrics
-from gpuspawner.hubconfig import HOME_TEMPLATES, TEMPLATES, configure
+from gpuspawner.hubconfig import TEMPLATES, configure
 
 
 @pytest.fixture
@@ -71,12 +71,24 @@ def test_the_handlers_see_the_hubs_own_spawner_settings_scope_and_templates(hub)
     assert hub.tornado_application.settings["config"].GPUSwarmSpawner.max_gpus_per_user == 2
     assert api.REPORT_SCOPE in hub.custom_scopes
     assert TEMPLATES in hub.template_paths
+    # gpuspawner's home.html (its notes above JupyterHub's page) is the one the hub renders
+    home = hub.tornado_settings["jinja2_env"].get_template("home.html")
+    assert home.filename.startswith(TEMPLATES)
+    assert "gpuspawner_budget" in hub.tornado_settings["template_vars"]
+
+
+def test_the_admins_own_template_folders_come_first(tmp_path, monkeypatch):
+    monkeypatch.setattr(metrics._collector, "find", metrics._collector.find)  # configure sets it; put it back
+    c = Config()
+    c.JupyterHub.template_paths = [str(tmp_path)]
+    configure(c)
+    assert c.JupyterHub.template_paths == [str(tmp_path), TEMPLATES]
 
 
 def test_the_home_page_is_jupyterhubs_with_the_notices_of_the_users_servers(hub):
     env = hub.tornado_application.settings["jinja2_env"]
     _, path, _ = env.loader.get_source(env, "home.html")
-    assert path == os.path.join(HOME_TEMPLATES, "home.html")
+    assert path == os.path.join(TEMPLATES, "home.html")
     assert callable(hub.template_vars["gpuspawner_notices"])
     notices = [{"reason": "idle", "server": "", "message": "Your default server has not used its GPU for a while"}]
     page = env.get_template("gpuspawner_notices.html").render(gpuspawner_notices=notices)

@@ -253,3 +253,23 @@ async def test_a_gpu_in_mig_mode_is_not_judged(tmp_path):
         found.observe(parse_report(json.dumps(report(mig))))
         await found.check()
     assert found.activity(a_name) == {"last_gpu_activity": None, "idle_seconds": None} and stopped == []
+
+
+def test_a_users_access_rules_set_their_idle_and_held_time_limits():
+    from types import SimpleNamespace
+
+    from gpuspawner.spawner import GPUSwarmSpawner
+
+    rules = {
+        "students": {"models": "*", "max_gpus": 1, "max_hours": 4, "idle_timeout": 1800, "idle_threshold": 10},
+        "*": {"models": "*", "max_gpus": 1},
+    }
+
+    def spawner(*groups):
+        user = SimpleNamespace(name="u", id=1, url="/user/u/", groups=[SimpleNamespace(name=g) for g in groups])
+        return GPUSwarmSpawner(user=user, gpu_access=rules, gpu_idle_timeout=7200, gpu_max_hours=8)
+
+    student = spawner("students")._reclaim_limits()
+    assert (student.idle_timeout, student.idle_utilization, student.max_held) == (1800, 10, 4 * 3600)
+    other = spawner()._reclaim_limits()  # "*" sets none of them: the hub's own settings
+    assert (other.idle_timeout, other.idle_utilization, other.max_held) == (7200, 5, 8 * 3600)
