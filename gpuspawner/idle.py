@@ -127,6 +127,11 @@ class IdleTimers:
             return None
         return (self.clock() if now is None else now) - t.idle_since
 
+    def read(self, holder: str) -> bool:
+        """Whether any reading of the holder's devices has told idle from busy."""
+        t = self._timers.get(holder)
+        return t is not None and t.last_reading is not None
+
     def last_active(self, holder: str) -> float | None:
         t = self._timers.get(holder)
         return None if t is None else t.last_active

@@ -226,9 +226,11 @@ class Reclaimer:
         return sorted(rows, key=lambda r: -r["idle_seconds"])
 
     def _with_activity(self, uuid: str, holder: dict) -> dict:
+        """The map's holder, with its GPU activity once a reading has told it (MIG slices,
+        CPU-only and not yet read holders are shown as before)."""
         for name, h in self.holdings.all().items():
             if h.user == holder.get("user") and h.labels.server == holder.get("server") and uuid in h.labels.uuids:
-                return dict(holder, **self.activity(name))
+                return dict(holder, **self.activity(name)) if self.timers.read(name) else holder
         return holder
 
 

@@ -168,3 +168,13 @@ def test_forget_drops_the_holder(clock):
     assert timers.holders() == ["s"]
     timers.forget("s")
     assert timers.holders() == [] and timers.decide("s", LIMITS) is None and timers.notices("s") == []
+
+
+def test_a_holder_is_read_once_a_reading_tells_idle_from_busy(clock):
+    timers = IdleTimers(clock)
+    timers.hold("s")
+    assert not timers.read("s")
+    timers.observe("s", [DeviceSample(None, (), False)], LIMITS)
+    assert not timers.read("s")
+    timers.observe("s", [IDLE_GPU], LIMITS)
+    assert timers.read("s") and not timers.read("other")
