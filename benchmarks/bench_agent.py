@@ -14,6 +14,9 @@ read at process start):
 * probe + encode: the agent's own ``Nvml.read`` and ``encode_report`` in a loop,
   NVML kept open as ``run`` keeps it; CPU time per call from
   ``time.process_time_ns``, wall time from ``perf_counter_ns``.
+* attribution: ``Attributor.attribute`` on those reports, each process's cgroup read
+  from a /proc stand-in (one file per process, as the node's /proc has), each container's
+  labels from the cache (dockerd is asked once per container, at its first process).
 * full cycles: the real ``gpuspawner-agent run`` with a tiny interval, posting to a
   stand-in hub on 127.0.0.1 (devtools/report_sink.py) in this process. When the
   n-th report arrives, the agent is blocked waiting for the answer, and this process
@@ -54,6 +57,33 @@ def percentile(values: list[int], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q * len(s)) - 1))]
 
 
+def fake_proc(root: Path, report: dict) -> None:
+    """A /proc with each GPU process in a container of its own, as on a node."""
+    for dev in report["devices"]:
+        for p in dev["processes"]:
+            (root / str(p["pid"])).mkdir(parents=True, exist_ok=True)
+            cid = f"{p['pid']:064x}"
+            (root / str(p["pid"]) / "cgroup").write_text(
+                "".join(f"{i}:{c}:/docker/{cid}\n" for i, c in enumerate(("cpu", "memory", "pids"), 1))
+                + f"0::/docker/{cid}\n"
+            )
+
+
+def attribution_cpu_us(nvml, cycles: int) -> float:
+    """The attribution's CPU per cycle, steady state: each process's cgroup read from
+    /proc, its container's labels from the cache (dockerd is asked once per container)."""
+    from gpuspawner.agent_attribution import SERVICE_LABEL, Attributor
+
+    with tempfile.TemporaryDirectory(prefix="bench-proc-") as proc:
+        fake_proc(Path(proc), nvml.read())
+        attributor = Attributor(proc, lambda cid: {SERVICE_LABEL: f"jupyter-{cid[-4:]}"})
+        reports = [nvml.read() for _ in range(cycles)]
+        c0 = cpu()
+        for report in reports:
+            attributor.attribute(report)
+        return (cpu() - c0) / cycles / 1e3
+
+
 def inner_probe(cycles: int) -> dict:
     """Runs inside the process that loaded the fake: times the agent's own read and encode."""
     from gpuspawner.agent_nvml import Nvml
@@ -73,8 +103,12 @@ def inner_probe(cycles: int) -> dict:
         read_cpu.append(c1 - c0)
         encode_cpu.append(c2 - c1)
         both_wall.append(w1 - w0)
+    attribution = attribution_cpu_us(nvml, cycles)
+    processes = sum(len(d["processes"]) for d in report["devices"])
     nvml.close()
     return {
+        "attribution_cpu_us": attribution,
+        "processes": processes,
         "cycles": cycles,
         "devices": report["device_count"],
         "body_bytes": len(body),
@@ -164,6 +198,7 @@ def fmt(r: dict) -> str:
         f"{'per cycle':<44} {'CPU µs':>8} {'wall p50 µs':>12} {'wall p99 µs':>12}",
         f"{'  NVML reads (Nvml.read)':<44} {p['read_cpu_us']:>8.0f}",
         f"{'  JSON body (encode_report, ' + str(p['body_bytes']) + ' bytes)':<44} {p['encode_cpu_us']:>8.0f}",
+        f"{'  attribution (' + str(p['processes']) + ' processes, /proc + cache)':<44} {p['attribution_cpu_us']:>8.0f}",
         f"{'  probe + encode':<44} {p['probe_encode_cpu_us']:>8.0f} "
         f"{p['probe_encode_wall_p50_us']:>12.0f} {p['probe_encode_wall_p99_us']:>12.0f}",
         f"{'  full cycle, POST to 127.0.0.1 (run)':<44} {f['cpu_per_cycle_us_median_block']:>8.0f} "

@@ -48,19 +48,35 @@ def set_gpu_label(swarm, hostname: str, value: str | None) -> None:
     node.update(dict(spec, Labels=labels))
 
 
-def local_stack(hub_url: str, lib_dir: Path, devices: str, image: str, token_dir: Path, interval: float = 1) -> dict:
+def local_stack(
+    hub_url: str,
+    lib_dir: Path,
+    devices: str,
+    image: str,
+    token_dir: Path,
+    interval: float = 1,
+    docker_sockets: str | None = None,
+) -> dict:
     """The example stack with this machine's stand-ins for the image and the driver,
     the nodes' tokens read from ``token_dir/HOSTNAME`` (see :func:`write_tokens`).
-    ``devices`` may use swarm templates, e.g. ``/x/{{.Node.Hostname}}.txt``."""
+    ``devices`` may use swarm templates, e.g. ``/x/{{.Node.Hostname}}.txt``; so may
+    ``docker_sockets``, each node's own dockerd socket (the test nodes' daemons do not
+    listen on /var/run/docker.sock); None: no socket, processes go unattributed."""
     stack = yaml.safe_load(STACK.read_text())
     [service] = stack["services"].values()
     service["image"] = image
     [token] = [v for v in service["volumes"] if isinstance(v, dict) and v.get("source") == TOKEN_SOURCE]
     folder = str(Path(devices).parent)
     mounts = {"/usr", "/lib", "/lib64", sys.base_prefix, sys.prefix, str(REPO), str(lib_dir), folder}
-    service["volumes"] = [
-        {"type": "bind", "source": m, "target": m, "read_only": True} for m in sorted(mounts) if Path(m).exists()
-    ] + [dict(token, source=str(token_dir / "{{.Node.Hostname}}"))]
+    [sock] = [v for v in service["volumes"] if isinstance(v, str) and v.endswith("docker.sock:ro")]
+    service["volumes"] = (
+        [{"type": "bind", "source": m, "target": m, "read_only": True} for m in sorted(mounts) if Path(m).exists()]
+        + [dict(token, source=str(token_dir / "{{.Node.Hostname}}"))]
+        + [v for v in service["volumes"] if isinstance(v, str) and v.startswith("/proc:")]
+    )
+    if docker_sockets is not None:
+        target = sock.split(":")[1]
+        service["volumes"].append({"type": "bind", "source": docker_sockets, "target": target, "read_only": True})
     # Live readings: a test changes a node's file while its agent runs.
     service["environment"].update(
         LD_LIBRARY_PATH=str(lib_dir), FAKE_NVML_DEVICES=devices, FAKE_NVML_WATCH="1", PYTHONPATH=str(REPO)

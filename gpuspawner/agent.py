@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 
+from .agent_attribution import Attributor, DockerLabels
 from .agent_errors import PROG, AgentError
 from .agent_hub import DEFAULT_TIMEOUT_S, TOKEN_ENV, HubClient, read_token, report_url
 from .agent_loop import Stop, report_loop, stop_on_signals
@@ -25,6 +26,8 @@ from .agent_nvml import DEFAULT_MAX_TEMPERATURE_C, Nvml, probe
 
 DEFAULT_INTERVAL_S = 15.0
 DEFAULT_DOCKER_CONFIG = "/etc/docker/daemon.json"
+DEFAULT_PROC_ROOT = "/proc"
+DEFAULT_DOCKER_SOCKET = "/var/run/docker.sock"
 HOSTNAME_ENV = "GPUSPAWNER_AGENT_HOSTNAME"
 
 log = logging.getLogger(PROG)
@@ -40,7 +43,12 @@ def run(args) -> int:
         nvml = Nvml()
         nvml.open()  # no library / no driver: stop now, with the sentence that says which
         log.info("reporting to %s every %g s as %s", hub.url, args.interval, hostname)
-        report_loop(nvml, hub, hostname, args.interval, args.max_temperature, args.cycles, args.docker_config)
+        attributor = None
+        if args.proc_root != "none":
+            attributor = Attributor(args.proc_root, DockerLabels(args.docker_socket))
+        report_loop(
+            nvml, hub, hostname, args.interval, args.max_temperature, args.cycles, args.docker_config, attributor
+        )
     except AgentError as e:
         print(e, file=sys.stderr)  # one sentence, no traceback
         return 2
@@ -103,6 +111,21 @@ def _add_run_options(p_run: argparse.ArgumentParser) -> None:
         default=DEFAULT_DOCKER_CONFIG,
         help="the node's dockerd daemon.json, read to report its default runtime "
         "(default: %(default)s; mount it read-only into the agent's container)",
+    )
+    p_run.add_argument(
+        "--proc-root",
+        metavar="DIR",
+        default=DEFAULT_PROC_ROOT,
+        help="the node's /proc, where each GPU process's cgroup names its container "
+        "(default: %(default)s; mount the node's /proc read-only into the agent's container, "
+        "e.g. at /host/proc; 'none': report processes without their holder)",
+    )
+    p_run.add_argument(
+        "--docker-socket",
+        metavar="PATH",
+        default=DEFAULT_DOCKER_SOCKET,
+        help="the node's dockerd socket, asked for the swarm service of each GPU process's container "
+        "(default: %(default)s)",
     )
     p_run.add_argument(
         "--cycles",

@@ -6,6 +6,7 @@ import logging
 import signal
 import time
 
+from .agent_attribution import Attributor
 from .agent_errors import PROG, AgentError, plain
 from .agent_hub import HubClient, HubError
 from .agent_nvml import Nvml
@@ -48,6 +49,7 @@ def report_loop(
     max_temperature_c: float,
     cycles: int | None = None,
     docker_config: str | None = None,
+    attributor: Attributor | None = None,
 ) -> None:
     """Report every ``interval`` seconds; through failures, back off and keep going.
 
@@ -59,6 +61,8 @@ def report_loop(
         started = time.monotonic()
         try:
             report = nvml.read(max_temperature_c)
+            if attributor is not None:
+                attributor.attribute(report)
             hub.post(encode_report(report, hostname, interval, docker_config))
         except (AgentError, HubError) as e:
             failures += 1

@@ -11,7 +11,7 @@
 * ``GET /hub/api/gpuspawner/alloc-map``: who holds which device, and how
   healthy each is. ``POST /hub/api/gpuspawner/rescan`` reconciles the
   holdings with the services the swarm runs, then returns the map.
-  ``GET /hub/api/gpuspawner/usage?since=&until=&by=user|model``: GPU-hours
+  ``GET /hub/api/gpuspawner/usage?since=&until=&by=user|model|reason``: GPU-hours
   from the ledger. ``GET /hub/api/gpuspawner/doctor``: known
   misconfigurations and their fixes. These need ``admin:servers`` (the admin role has it).
 * ``GET /hub/gpus``: the allocation map as a page, for admins.
@@ -41,7 +41,7 @@ from jupyterhub.spawner import SpawnException
 from markupsafe import Markup
 from tornado import web
 
-from . import agent_tokens
+from . import agent_tokens, reclaim
 from .cluster import GPUCluster
 from .doctor import diagnose
 from .holdings import Holdings
@@ -153,6 +153,7 @@ class ReportHandler(_GPUMixin, APIHandler):
             cluster.receive(report)
         except ReportError as exc:  # it names a UUID another node has: nothing of it is taken
             raise web.HTTPError(400, str(exc)) from None
+        reclaim.of(self.owner()).observe(report)  # idle timers (docs/idle.md)
         self.set_header("Content-Type", "application/json")
         self.write({"hostname": report.hostname, "devices": len(report.devices), "interval": report.interval})
 
@@ -246,14 +247,14 @@ class DoctorHandler(_GPUMixin, APIHandler):
 
 
 class UsageHandler(_GPUMixin, APIHandler):
-    """GPU-hours per user or model: ``?since=ISO&until=ISO&by=user|model``."""
+    """GPU-hours per user, model or end reason: ``?since=ISO&until=ISO&by=user|model|reason``."""
 
     async def get(self):
         self.require(ADMIN_SCOPE)
         since, until = (_time_arg(self.get_argument(k, "")) for k in ("since", "until"))
         by = self.get_argument("by", "user")
-        if by not in ("user", "model"):
-            raise web.HTTPError(400, f"by={by!r}: use user or model")
+        if by not in ("user", "model", "reason"):
+            raise web.HTTPError(400, f"by={by!r}: use user, model or reason")
         owner = await self.holdings()
         try:
             rows = await owner.ledger_call(lambda db: db.usage(since, until, by))

@@ -2,8 +2,9 @@
 
     gpuspawner alloc-map [--json]        who holds which share of which GPU
     gpuspawner rescan [--json]           reconcile with the swarm's services, then the map
-    gpuspawner usage [--since T] [--until T] [--by user|model] [--json]   GPU-hours
+    gpuspawner usage [--since T] [--until T] [--by user|model|reason] [--json]   GPU-hours
     gpuspawner doctor [--json]           known misconfigurations, each with its fix (exit 1 on errors)
+    gpuspawner idle [--json]             who holds GPUs and is idle now, and GPU processes no holder owns
     gpuspawner agent-token HOST          issue HOST's node agent a token (printed once; rotates)
     gpuspawner agent-token --revoke HOST revoke it
     gpuspawner agent-token --list        the hosts that have one (never the tokens)
@@ -74,7 +75,7 @@ def format_alloc_map(alloc_map: dict) -> str:
 
 def format_usage(result: dict) -> str:
     rows = [(result["by"].upper(), "GPU-HOURS")]
-    rows += [(u["key"], f"{u['gpu_hours']:.2f}") for u in result["usage"]]
+    rows += [(u["key"] or "(still held)", f"{u['gpu_hours']:.2f}") for u in result["usage"]]
     span = f"from {result['since'] or 'the start'} to {result['until'] or 'now'}"
     if len(rows) == 1:
         return f"No GPU use {span}."
@@ -89,6 +90,37 @@ def format_findings(findings: list[dict]) -> str:
     for f in findings:
         where = f" {f['host']}" if f["host"] else ""
         lines += [f"{f['severity'].upper()}{where}: {f['problem']}", f"  fix: {f['fix']}"]
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    minutes = int(seconds // 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min {int(seconds % 60):02d} s"
+
+
+def format_idle(result: dict) -> str:
+    """Who is idle now, longest first; then the processes no holder owns."""
+    rows = [("USER", "SERVER", "HOST", "IDLE FOR", "LAST GPU ACTIVITY", "WARNED")]
+    for r in result["idle"]:
+        since = r["last_gpu_activity"] or "never seen"
+        rows.append(
+            (
+                r["user"],
+                r["server"] or "-",
+                r["host"],
+                _duration(r["idle_seconds"]),
+                since,
+                "yes" if r["warned"] else "no",
+            )
+        )
+    lines = ["Nobody holding GPUs is idle now."] if len(rows) == 1 else []
+    if len(rows) > 1:
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    for host, procs in sorted(result.get("unattributed", {}).items()):
+        for p in procs:
+            owner = f"service {p['service']}, which does not hold it" if p["service"] else "no container traced"
+            lines.append(f"unattributed: {host} {p['uuid']} pid {p['pid']} ({p['used_mib']} MiB): {owner}")
     return "\n".join(lines)
 
 
@@ -128,13 +160,14 @@ def _parser() -> argparse.ArgumentParser:
         ("alloc-map", "who holds which share of which GPU"),
         ("rescan", "reconcile with the swarm's services, then show the map"),
         ("doctor", "check the cluster for known misconfigurations"),
+        ("idle", "who holds GPUs and is idle now"),
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p = sub.add_parser("usage", help="GPU-hours per user or per model")
     p.add_argument("--since", default="", help="ISO 8601 time, e.g. 2026-11-01 (default: the first allocation)")
     p.add_argument("--until", default="", help="ISO 8601 time (default: now)")
-    p.add_argument("--by", choices=("user", "model"), default="user")
+    p.add_argument("--by", choices=("user", "model", "reason"), default="user", help="reason: why allocations ended")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p = sub.add_parser("agent-token", help="issue, rotate, revoke or list node agents' tokens")
     p.add_argument("host", nargs="?", help="the node's hostname, as `docker node ls` shows it")
@@ -176,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "usage": format_usage,
         "doctor": lambda r: format_findings(r["findings"]),
         "agent-token": format_agent_tokens,
+        "idle": format_idle,
     }
     print(json.dumps(result, indent=2) if args.json else formats.get(args.command, format_alloc_map)(result))
     if args.command == "agent-token" and "token" in result and not args.json:

@@ -25,25 +25,27 @@ TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates"
 
 
 def configure(c) -> None:
-    from . import api, home_budget, metrics
+    from . import api, api_reclaim, home_budget, metrics, reclaim_hub
     from .settings import validate_config
 
     # JupyterHub logs that extra_handlers is deprecated in favour of services;
     # these must run inside the hub, where the holdings live (README, "How
     # configure(c) registers the endpoints"; tests/unit/test_hubconfig.py).
-    c.JupyterHub.extra_handlers.extend(api.handlers)
+    c.JupyterHub.extra_handlers.extend(api.handlers + api_reclaim.handlers)
     c.JupyterHub.custom_scopes.update(
         {api.REPORT_SCOPE: {"description": "Report a GPU node's devices to gpuspawner (node agents only)."}}
     )
     _add_templates(c)
-    c.JupyterHub.template_vars.update({"gpuspawner_budget": home_budget.budget_var(c)})  # home.html
+    c.JupyterHub.template_vars.update(
+        {"gpuspawner_budget": home_budget.budget_var(c), "gpuspawner_notices": reclaim_hub.notices_var(c)}
+    )  # home.html
     metrics.use_cluster(lambda: api.hub_view(c).holdings().cluster)
     validate_config(c)
     try:
         loop = asyncio.get_running_loop()  # JupyterHub reads its config inside its event loop
     except RuntimeError:
         return  # loaded outside a hub (a test, a linter): nothing to run
-    for job in (_keep_reconciling(c), metrics.watch_event_loop()):
+    for job in (_keep_reconciling(c), metrics.watch_event_loop(), reclaim_hub.keep_checking(c)):
         task = loop.create_task(job)
         _background.add(task)  # the loop keeps only weak references to tasks
         task.add_done_callback(_background.discard)

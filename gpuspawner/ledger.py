@@ -298,7 +298,7 @@ class Ledger:
             return select_records(conn, *where)
 
     def usage(self, since: datetime | None = None, until: datetime | None = None, by: str = "user") -> list[Usage]:
-        """GPU-hours per user (``by="user"``) or per model (``by="model"``) within
+        """GPU-hours per user (``by="user"``), per model (``by="model"``) or per end reason (``by="reason"``) within
         [since, until] (since None: from the first allocation; until None: now).
 
         Each allocation counts (its overlap of [started_at, ended_at or now] with the

@@ -29,6 +29,7 @@ __all__ = [
     "NodeReport",
     "ReportError",
     "ReportedDevice",
+    "ReportedProcess",
     "UUIDConflict",
     "device_problems",
     "gpus_of",
@@ -41,7 +42,11 @@ MAX_REPORT_BYTES = 256 * 1024  # a node with 64 MIG-split GPUs reports ~100 KiB
 MAX_DEVICES = 64
 MAX_MIG_DEVICES = 8  # NVIDIA's MIG allows 7 GPU instances per GPU
 MAX_PROBLEMS = 16
-# A report nests five deep (report > devices > device > mig_devices > MIG device);
+MAX_PROCESSES = 4096  # per device
+MAX_PID = 2**22  # Linux's pid_max limit
+# A swarm service's name (what the agent traced a GPU process to).
+SERVICE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+# A report nests six deep (report > devices > device > processes > process > holder);
 # json.loads recurses once per level, so deeper bodies are refused before decoding.
 MAX_DEPTH = 8
 # Objects and lists in one report: 64 devices with their MIG devices and thousands
@@ -99,6 +104,15 @@ class ReportedMig:
 
 
 @dataclass(frozen=True)
+class ReportedProcess:
+    """A compute process on a GPU, as the node's agent traced it."""
+
+    pid: int
+    used_mib: int | None
+    service: str | None  # the swarm service its container belongs to; None: unattributed
+
+
+@dataclass(frozen=True)
 class ReportedDevice:
     index: int
     uuid: str | None  # None when the GPU was lost before NVML gave its UUID
@@ -113,6 +127,7 @@ class ReportedDevice:
     mig_mode: bool | None
     mig_devices: tuple[ReportedMig, ...]
     agent_problems: tuple[str, ...]  # what the agent could not read
+    compute: tuple[ReportedProcess, ...] = ()  # the processes themselves
 
 
 @dataclass(frozen=True)
@@ -190,7 +205,7 @@ def _check_shape(text: str) -> None:
         if c in "[{":
             depth += 1
             if depth > MAX_DEPTH:
-                raise ReportError(f"report is nested more than {MAX_DEPTH} levels deep; a report needs 5")
+                raise ReportError(f"report is nested more than {MAX_DEPTH} levels deep; a report needs 6")
         else:
             depth -= 1
             if depth < 0:
@@ -209,6 +224,7 @@ def _device(data: Any, where: str) -> ReportedDevice:
     for i, p in enumerate(problems):
         if not isinstance(p, str) or len(p) > 200 or not p.isprintable():
             raise ReportError(f"{where}.problems[{i}]: expected a line of at most 200 printable characters")
+    compute = tuple(_process(p, f"{where}.processes[{i}]") for i, p in enumerate(f.list("processes", MAX_PROCESSES)))
     return ReportedDevice(
         index=f.integer("index", high=1023),
         uuid=f.text("uuid", pattern=UUID_RE, optional=lost),
@@ -219,10 +235,24 @@ def _device(data: Any, where: str) -> ReportedDevice:
         temperature_c=f.number("temperature_c", low=-100, high=500, optional=True),
         ecc_uncorrected=f.integer("ecc_uncorrected", optional=True),
         lost=lost,
-        processes=len(f.list("processes", 4096)),
+        processes=len(compute),
         mig_mode=f.flag("mig_mode", optional=True),
         mig_devices=mig,
         agent_problems=tuple(problems),
+        compute=compute,
+    )
+
+
+def _process(data: Any, where: str) -> ReportedProcess:
+    f = _Fields(data, where)
+    holder = f.data.get("holder")
+    service = None
+    if holder is not None:
+        service = _Fields(holder, f"{where}.holder").text("service", pattern=SERVICE_RE)
+    return ReportedProcess(
+        pid=f.integer("pid", low=1, high=MAX_PID),
+        used_mib=f.integer("used_mib", optional=True),
+        service=service,
     )
 
 

@@ -30,6 +30,7 @@ from .inventory import MODEL_RE, InventoryError
 from .inventory_files import load_inventory
 from .labels import ServerLabels
 from .ledger import Ledger, LedgerError, default_db_url
+from .reclaim_settings import check_config as check_reclaim
 from .service_spec import (
     ENFORCEMENT_MODES,
     HAMI_LIBRARY,
@@ -380,6 +381,7 @@ def validate_config(config) -> None:
         limit = spawner_config.get("max_gpus_per_user", 1)
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"max_gpus_per_user must be a whole number ≥ 0, got {limit!r}")
+        check_reclaim(spawner_config)  # docs/idle.md
         conflicts = admin_conflicts(spawner_config)
         if conflicts:
             raise ValueError(conflicts[0])

@@ -29,6 +29,8 @@ from .inventory import InventoryError
 from .ledger import LedgerError
 from .options import OptionsError, options_from_form, parse_user_options
 from .progress import Progress
+from .reclaim import end_reason
+from .reclaim_settings import ReclaimSettings
 from .service_spec import admin_conflicts, build_service
 from .settings import GPUSettings, validate_config
 from .sharing import fmt_list
@@ -65,7 +67,7 @@ def spawn_error(message: str, *, reason: str, status_code: int, log_message: str
     return exc
 
 
-class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
+class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
     """Spawn each server as a swarm service on a host with the GPUs the user chose."""
 
     task_node: str = ""  # the node the server's task runs on
@@ -257,7 +259,8 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
         """Remove this server's service; True once no task of it can run
         (its GPUs are then back). False: it stays reserved, and says why."""
         try:
-            return await owner.remove(self.service_name)
+            reason = end_reason(owner, self.service_name, "server stopped")  # "idle", "max_hours"
+            return await owner.remove(self.service_name, reason=reason)
         except SwarmError as exc:
             self.log.error("Could not remove service %s: %s", self.service_name, exc)
             return False

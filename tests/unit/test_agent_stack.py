@@ -48,3 +48,11 @@ def test_the_stacks_command_line_is_accepted_by_the_agent():
     assert report_url(args.hub_url).endswith("/hub/api/gpuspawner/report")
     assert args.hostname is None  # left to the environment's template
     assert args.interval == 15
+
+
+def test_the_stack_lets_the_agent_trace_gpu_processes_to_their_containers():
+    [service] = load()["services"].values()
+    args = build_parser().parse_args(service["command"][1:])
+    assert args.proc_root == "/host/proc"
+    assert "/proc:/host/proc:ro" in service["volumes"]
+    assert f"{args.docker_socket}:{args.docker_socket}:ro" in service["volumes"]

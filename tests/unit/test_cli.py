@@ -79,3 +79,37 @@ def test_agent_token_prints_the_token_alone_on_stdout():
     assert format_agent_tokens({"hosts": []}) == "No node has an agent token."
     listed = format_agent_tokens({"hosts": [{"host": "gpu-a", "issued_at": "2026-12-01T18:00:00Z"}]})
     assert listed == "gpu-a  issued 2026-12-01T18:00:00Z"
+
+
+def test_idle_lists_who_is_idle_now_longest_first_and_the_stray_processes():
+    from gpuspawner.cli import format_idle
+
+    result = {
+        "idle": [
+            {
+                "user": "ann",
+                "server": "",
+                "host": "gpu-b",
+                "idle_seconds": 7260,
+                "warned": True,
+                "last_gpu_activity": "2026-12-01T20:00:00Z",
+                "devices": ["GPU-b0"],
+            },
+            {
+                "user": "bob",
+                "server": "big",
+                "host": "gpu-b",
+                "idle_seconds": 75,
+                "warned": False,
+                "last_gpu_activity": None,
+                "devices": ["GPU-b1"],
+            },
+        ],
+        "unattributed": {"gpu-b": [{"uuid": "GPU-b0", "pid": 4242, "used_mib": 300, "service": None}]},
+    }
+    lines = format_idle(result).splitlines()
+    assert lines[0].split() == ["USER", "SERVER", "HOST", "IDLE", "FOR", "LAST", "GPU", "ACTIVITY", "WARNED"]
+    assert lines[1].split() == ["ann", "-", "gpu-b", "2", "h", "01", "min", "2026-12-01T20:00:00Z", "yes"]
+    assert lines[2].split() == ["bob", "big", "gpu-b", "1", "min", "15", "s", "never", "seen", "no"]
+    assert lines[3] == "unattributed: gpu-b GPU-b0 pid 4242 (300 MiB): no container traced"
+    assert format_idle({"idle": [], "unattributed": {}}) == "Nobody holding GPUs is idle now."

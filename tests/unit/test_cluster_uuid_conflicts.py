@@ -16,6 +16,7 @@ from gpuspawner.allocator import Request
 from gpuspawner.api import ReportHandler
 from gpuspawner.cluster import GPUCluster, InventorySettings
 from gpuspawner.doctor import diagnose
+from gpuspawner.holdings import Holdings
 from gpuspawner.inventory import GPU
 from gpuspawner.reports import ReportError, UUIDConflict, parse_report
 from gpuspawner.swarm import Node
@@ -210,13 +211,14 @@ class _Handler(ReportHandler):
     def __init__(self, cluster, body: bytes):
         self.request = SimpleNamespace(body=body)
         self._cluster = cluster
+        self._holdings = Holdings(cluster, swarm=None)  # holds nothing: reports only feed idle timers
         self.written = None
 
     async def reporter(self):
         return None  # the shared agent token, allowed
 
     def view(self):
-        return SimpleNamespace(holdings=lambda: SimpleNamespace(cluster=self._cluster))
+        return SimpleNamespace(holdings=lambda: self._holdings)
 
     def set_header(self, *args):
         pass

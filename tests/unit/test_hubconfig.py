@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 
 import pytest
 from jupyterhub.app import JupyterHub
 from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 from traitlets.config import Config
 
-from gpuspawner import api, metrics
+from gpuspawner import api, api_reclaim, metrics
 from gpuspawner.hubconfig import TEMPLATES, configure
 
 
@@ -57,6 +58,8 @@ def handler_for(app: JupyterHub, method: str, path: str) -> type:
         ("GET", "/hub/api/gpuspawner/usage?by=model", api.UsageHandler),
         ("GET", "/hub/api/gpuspawner/doctor", api.DoctorHandler),
         ("GET", "/hub/gpus", api.GPUPageHandler),
+        ("GET", "/hub/api/gpuspawner/notices", api_reclaim.NoticesHandler),
+        ("GET", "/hub/api/gpuspawner/idle", api_reclaim.IdleHandler),
     ],
 )
 def test_the_hub_routes_gpuspawners_urls_to_its_handlers(hub, method, path, handler):
@@ -80,6 +83,17 @@ def test_the_admins_own_template_folders_come_first(tmp_path, monkeypatch):
     c.JupyterHub.template_paths = [str(tmp_path)]
     configure(c)
     assert c.JupyterHub.template_paths == [str(tmp_path), TEMPLATES]
+
+
+def test_the_home_page_is_jupyterhubs_with_the_notices_of_the_users_servers(hub):
+    env = hub.tornado_application.settings["jinja2_env"]
+    _, path, _ = env.loader.get_source(env, "home.html")
+    assert path == os.path.join(TEMPLATES, "home.html")
+    assert callable(hub.template_vars["gpuspawner_notices"])
+    notices = [{"reason": "idle", "server": "", "message": "Your default server has not used its GPU for a while"}]
+    page = env.get_template("gpuspawner_notices.html").render(gpuspawner_notices=notices)
+    assert 'data-reason="idle"' in page and "has not used its GPU for a while" in page
+    assert env.get_template("gpuspawner_notices.html").render(gpuspawner_notices=[]).strip() == ""
 
 
 def test_other_urls_under_the_prefix_are_still_jupyterhubs(hub):

@@ -336,6 +336,14 @@ class LedgerContract:
         assert day.usage(at(-10), at(-1)) == []  # before everything
         assert day.usage(at(2.5), at(2.5)) == []  # an empty range
 
+    def test_usage_by_end_reason_counts_idle_gpu_hours_apart(self, day):
+        day.close("c", at(6), "idle")
+        # 1h..6h: a (3h × 1) and b (1h × 0.75) closed with no reason given; c (3h × 1) stopped idle
+        assert day.usage(at(1), at(6), by="reason") == [
+            Usage("", pytest.approx(3.75)),
+            Usage("idle", pytest.approx(3.0)),
+        ]
+
     def test_usage_of_allocations_written_as_float_shares_is_the_same_after_the_upgrade(self, url):
         # An older gpuspawner (revision 0001) stored shares as floats; usage then was
         # hours × the sum of the floats, computed here by hand.

@@ -1,0 +1,246 @@
+"""Idle GPUs come back: the hub's side of idle reclaim and of the held-time limit.
+
+Each accepted node report (see ``api.ReportHandler``) is read here per holder: for
+each device of the report, its holders from the hub's own holdings, and each
+holder's own processes (those the node's agent traced to the holder's service; the
+hub believes a node only about devices it holds, and about services that hold them
+there). :mod:`gpuspawner.idle` keeps the timers; :meth:`Reclaimer.check`, run by the
+hub every few seconds, warns (the notices users see on the home page and at
+``GET /hub/api/gpuspawner/notices``) and stops through the hub the servers whose
+warning has run out, with the end reason ``idle`` or ``max_hours`` in the ledger.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+
+from prometheus_client import Counter, Gauge
+
+from .holdings import Holding, Holdings, Phase
+from .idle import IDLE, DeviceSample, IdleTimers, Limits, Notice
+from .reports import NodeReport
+from .sharing import UNIT
+
+__all__ = ["Reclaimer", "end_reason", "of"]
+
+log = logging.getLogger(__name__)
+
+RECLAIMED = Counter(
+    "gpuspawner_gpu_hours_reclaimed",
+    "GPU-hours given back by stopping servers, by reason (idle: the idle time)",
+    ["reason"],
+)
+STOPPED = Counter("gpuspawner_servers_reclaimed", "Servers stopped for idleness or for their held time", ["reason"])
+IDLE_GPUS = Gauge("gpuspawner_idle_held_gpus", "GPUs (a share counts as its fraction) held by idle servers")
+UNATTRIBUTED = Gauge("gpuspawner_unattributed_gpu_processes", "GPU processes no holder of their device owns")
+
+MAX_UNATTRIBUTED = 64  # kept per host, for admins
+
+Stop = Callable[[Holding, str], Awaitable[bool]]
+LimitsFor = Callable[[Holding], Limits]
+
+
+def _iso(wall: float) -> str:
+    return datetime.fromtimestamp(wall, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+_reclaimers: weakref.WeakKeyDictionary[Holdings, Reclaimer] = weakref.WeakKeyDictionary()
+
+
+class Reclaimer:
+    """Idle and held-time reclaim for one hub's holdings."""
+
+    def __init__(self, holdings: Holdings, clock: Callable[[], float] = time.monotonic, wall=time.time):
+        self.holdings = holdings
+        self.clock, self.wall = clock, wall
+        self.timers = IdleTimers(clock)
+        self.limits_for: LimitsFor = lambda h: Limits()
+        self.stop: Stop | None = None  # set by the hub: stops a server through JupyterHub
+        self.on_active: Callable[[Holding], None] | None = None  # a holder was busy on its GPUs
+        self.unattributed: dict[str, list[dict]] = {}  # host -> processes no holder owns
+        self._reasons: dict[str, str] = {}  # service -> the end reason of the stop under way
+        self._stopping: set[str] = set()
+        views = holdings.cluster.views
+        inner = views.holders_of
+
+        def holders_of(uuid: str) -> list[dict]:
+            return [self._with_activity(uuid, h) for h in inner(uuid)]
+
+        views.holders_of = holders_of
+        _reclaimers[holdings] = self  # the one whose stops the spawner's end_reason() names
+
+    # -- readings ------------------------------------------------------------------
+
+    def observe(self, report: NodeReport) -> None:
+        """Take an accepted report: each holder's readings on this host's devices."""
+        host = report.hostname
+        samples: dict[str, list[DeviceSample]] = {}
+        stray = []
+        booked_on = self.holdings.allocator.booked_on
+        for dev in report.devices:
+            if dev.uuid is None or dev.mig_mode:
+                continue  # MIG slices' processes are not read per slice
+            holders = [n for n in booked_on(dev.uuid) if self._held_on(n, host, dev.uuid)]
+            for p in dev.compute:
+                if p.service not in holders:
+                    stray.append({"uuid": dev.uuid, "pid": p.pid, "used_mib": p.used_mib, "service": p.service})
+            for name in holders:
+                own = tuple(p.used_mib for p in dev.compute if p.service == name)
+                samples.setdefault(name, []).append(DeviceSample(dev.utilization_gpu, own, len(holders) > 1))
+        self.unattributed[host] = stray[:MAX_UNATTRIBUTED]
+        UNATTRIBUTED.set(sum(len(v) for v in self.unattributed.values()))
+        for name, got in samples.items():
+            h = self.holdings.get(name)
+            if h is None:
+                continue
+            if self.timers.observe(name, got, self.limits_for(h)) and self.on_active is not None:
+                self.on_active(h)
+        if samples:
+            self.holdings.cluster.views.holders_changed(host)  # the map shows activity
+
+    def _held_on(self, name: str, host: str, uuid: str) -> bool:
+        h = self.holdings.get(name)
+        return h is not None and h.phase is Phase.RUNNING and h.labels.host == host and uuid in h.labels.uuids
+
+    # -- decisions -----------------------------------------------------------------
+
+    async def check(self) -> list[tuple[str, str]]:
+        """Warn and stop where limits say so; the (service, reason) of each stop begun."""
+        running = {n: h for n, h in self.holdings.all().items() if h.labels.uuids and h.phase is Phase.RUNNING}
+        for name in set(self.timers.holders()) - set(running):
+            self.timers.forget(name)
+        await self._hold_new(running)
+        due, idle_gpus = [], 0.0
+        for name, h in running.items():
+            reason = self.timers.decide(name, self.limits_for(h))
+            if self.timers.idle_for(name) is not None:
+                idle_gpus += sum(h.labels.milli or [UNIT] * len(h.labels.uuids)) / UNIT
+            if reason and name not in self._stopping:
+                due.append((h, reason))
+        IDLE_GPUS.set(idle_gpus)
+        started = []
+        for h, reason in due:
+            if self.holdings.get(h.name) is h and h.phase is Phase.RUNNING:
+                started.append((h.name, reason))
+                await self._stop(h, reason)
+        return started
+
+    async def _hold_new(self, running: dict[str, Holding]) -> None:
+        """Start timing new holdings; held time counts from the ledger's start where
+        it has one (a holding adopted after a hub restart has been held for a while)."""
+        new = [n for n in running if n not in self.timers.holders()]
+        if not new:
+            return
+        started = {}
+        try:
+            records = await self.holdings.ledger_call(lambda db: db.open_allocations())
+            started = {r.service: r.started_at.timestamp() for r in records or ()}
+        except Exception as exc:  # the ledger is down: count from now
+            log.warning("Idle reclaim: the ledger could not be read: %s", exc)
+        now, wall = self.clock(), self.wall()
+        for name in new:
+            since = started.get(name)
+            self.timers.hold(name, now if since is None else now - max(0.0, wall - since))
+
+    async def _stop(self, h: Holding, reason: str) -> None:
+        if self.stop is None:
+            return
+        idle = self.timers.idle_for(h.name) or 0.0
+        gpus = sum(h.labels.milli or [UNIT] * len(h.labels.uuids)) / UNIT
+        self._stopping.add(h.name)
+        self._reasons[h.name] = reason
+        log.info("Stopping %s of %s (%s)", h.name, h.user, reason)
+        try:
+            stopped = await self.stop(h, reason)
+        except Exception as exc:  # the next check tries again
+            log.error("Idle reclaim could not stop %s: %s", h.name, exc)
+            stopped = False
+        finally:
+            self._stopping.discard(h.name)
+            self._reasons.pop(h.name, None)
+        if stopped:
+            self.timers.forget(h.name)
+            STOPPED.labels(reason).inc()
+            RECLAIMED.labels(reason).inc(gpus * (idle if reason == IDLE else 0.0) / 3600)
+
+    def end_reason(self, name: str) -> str | None:
+        """The reason of a stop this reclaimer started for the service, while it runs."""
+        return self._reasons.get(name)
+
+    # -- what users and admins see -------------------------------------------------
+
+    def notices_for(self, user: str) -> list[dict]:
+        """The warnings of the user's servers, soonest stop first."""
+        out = []
+        for name, h in sorted(self.holdings.all().items()):
+            if h.user == user:
+                out += [self._notice(h, n) for n in self.timers.notices(name)]
+        return sorted(out, key=lambda n: n["stop_at"])
+
+    def _notice(self, h: Holding, n: Notice) -> dict:
+        left = max(0.0, n.stop_at - self.clock())
+        at = _iso(self.wall() + left)
+        server = f"“{h.labels.server}”" if h.labels.server else "default"
+        if n.reason == IDLE:
+            why = f"Your {server} server has not used its GPU for a while; it will be stopped at {at} unless its GPU is used before then."
+        else:
+            why = f"Your {server} server has held its GPU for as long as allowed; it will be stopped at {at}."
+        return {
+            "server": h.labels.server,
+            "reason": n.reason,
+            "stop_at": at,
+            "seconds_left": round(left),
+            "message": why,
+        }
+
+    def activity(self, name: str) -> dict:
+        """A holder's last GPU activity (UTC) and idle time, for admins."""
+        last = self.timers.last_active(name)
+        idle = self.timers.idle_for(name)
+        return {
+            "last_gpu_activity": None if last is None else _iso(self.wall() - (self.clock() - last)),
+            "idle_seconds": None if idle is None else round(idle),
+        }
+
+    def idle_now(self) -> list[dict]:
+        """The holders idle now, longest first: for ``gpuspawner idle``."""
+        rows = []
+        for name, h in self.holdings.all().items():
+            idle = self.timers.idle_for(name)
+            if idle is not None and h.labels.uuids:
+                notices = self.timers.notices(name)
+                rows.append(
+                    dict(
+                        user=h.user,
+                        server=h.labels.server,
+                        host=h.labels.host,
+                        devices=list(h.labels.uuids),
+                        warned=bool(notices),
+                        **self.activity(name),
+                    )
+                )
+        return sorted(rows, key=lambda r: -r["idle_seconds"])
+
+    def _with_activity(self, uuid: str, holder: dict) -> dict:
+        """The map's holder, with its GPU activity once a reading has told it (MIG slices,
+        CPU-only and not yet read holders are shown as before)."""
+        for name, h in self.holdings.all().items():
+            if h.user == holder.get("user") and h.labels.server == holder.get("server") and uuid in h.labels.uuids:
+                return dict(holder, **self.activity(name)) if self.timers.read(name) else holder
+        return holder
+
+
+def of(holdings: Holdings) -> Reclaimer:
+    """The one reclaimer of these holdings."""
+    found = _reclaimers.get(holdings)
+    return Reclaimer(holdings, clock=holdings.clock) if found is None else found
+
+
+def end_reason(holdings: Holdings, name: str, default: str) -> str:
+    """The ledger's end reason for a server stopped now: the reclaimer's, else ``default``."""
+    found = _reclaimers.get(holdings)
+    return (found.end_reason(name) if found is not None else None) or default
