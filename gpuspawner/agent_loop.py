@@ -12,9 +12,11 @@ from .agent_hub import HubClient, HubError
 from .agent_nvml import Nvml
 from .agent_report import encode_report
 
-# Retries after failures wait interval, 2 × interval, 4 × … up to this cap.
-MAX_BACKOFF_S = 300.0
-MAX_BACKOFF_INTERVALS = 20
+# Retries after failures wait interval, 2 × interval, 4 × … up to this cap: low enough
+# that a restarted hub hears from every agent within a minute or two (its GPUs are offered
+# again only then), high enough that a hub that stays down is not flooded.
+MAX_BACKOFF_S = 120.0
+MAX_BACKOFF_INTERVALS = 4
 
 log = logging.getLogger(PROG)
 

@@ -142,10 +142,11 @@ def test_unreadable_token_file(tmp_path):
 
 
 def test_backoff_doubles_from_the_interval_up_to_its_cap():
-    # 20 intervals, at most 300 s.
-    assert [backoff_delay(n, 15) for n in range(1, 9)] == [15, 30, 60, 120, 240, 300, 300, 300]
-    assert [backoff_delay(n, 2) for n in range(1, 7)] == [2, 4, 8, 16, 32, 40]
-    assert backoff_delay(10_000, 15) == 300  # no overflow after a long outage
+    # 4 intervals, at most 120 s.
+    assert [backoff_delay(n, 15) for n in range(1, 6)] == [15, 30, 60, 60, 60]
+    assert [backoff_delay(n, 2) for n in range(1, 6)] == [2, 4, 8, 8, 8]
+    assert [backoff_delay(n, 60) for n in range(1, 5)] == [60, 120, 120, 120]
+    assert backoff_delay(10_000, 15) == 60  # no overflow after a long outage
 
 
 def test_report_body_is_the_probe_plus_who_sends_it():
