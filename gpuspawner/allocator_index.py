@@ -371,50 +371,45 @@ class DeviceIndex:
         partial = mi.partial.get(host) if self.is_available(host) else None
         if partial:
             used = mi.used
-            rooms = [UNIT - used[g.uuid] for g in partial if used[g.uuid] < UNIT]
+            rooms = [UNIT - u for u in [used[g.uuid] for g in partial] if u < UNIT]
             if rooms:
                 rooms.sort(reverse=True)
                 new = (len(mi.free[host]), tuple(rooms))
-        old = mi.ranked.get(host)
+        ranked = mi.ranked
+        old = ranked.get(host)
         if old == new:
             return
         if self.keep_totals:
             self._retotal(mi, host, old, new)
-        if old and new and old[0] == new[0] and len(old[1]) == len(new[1]):  # the usual: rooms changed in place
-            self._rerank(mi, host, old[0], old[1], new[1])
-            mi.ranked[host] = new
-            return
-        before = {(old[0] + k, r) for k, r in enumerate(old[1])} if old else set()
-        after = {(new[0] + k, r) for k, r in enumerate(new[1])} if new else set()
-        ranks = mi.ranks
-        # ranks[0] is never asked for (a split takes at least 2 devices): not kept
-        for k, r in before - after:
-            if not k:
-                continue
-            entries = ranks[k]
-            del entries[bisect.bisect_left(entries, (r, host))]
-            if not entries:
-                del ranks[k]
-        for k, r in after - before:
-            if not k:
-                continue
-            if k not in ranks:
-                ranks[k] = []
-            bisect.insort(ranks[k], (r, host))
+        self._rerank(mi, host, old or (0, ()), new or (0, ()))
         if new is None:
-            del mi.ranked[host]
+            del ranked[host]
         else:
-            mi.ranked[host] = new
+            ranked[host] = new
 
     @staticmethod
-    def _rerank(mi: ModelIndex, host: str, free: int, old: tuple[int, ...], new: tuple[int, ...]) -> None:
-        """The host's partly booked rooms went from old to new, as many and after as many free devices."""
+    def _rerank(mi: ModelIndex, host: str, old: tuple[int, tuple[int, ...]], new: tuple[int, tuple[int, ...]]) -> None:
+        """The host's (free devices, partly booked rooms) went from old to new:
+        only the positions k whose room changed move in ``ranks[k]``. A
+        position below the free count is untouched (no entry), one past the
+        rooms has none either; ranks[0] is never asked for (a split takes at
+        least 2 devices): not kept."""
         ranks = mi.ranks
-        for k, o, r in zip(range(free, free + len(old)), old, new):
-            if o != r and k:  # ranks[0] is not kept (see _rank)
+        of, orooms = old
+        nf, nrooms = new
+        oend, nend = of + len(orooms), nf + len(nrooms)
+        for k in range(max(1, min(of, nf)), max(oend, nend)):
+            o = orooms[k - of] if of <= k < oend else 0
+            r = nrooms[k - nf] if nf <= k < nend else 0
+            if o == r:
+                continue
+            if o:
                 entries = ranks[k]
                 del entries[bisect.bisect_left(entries, (o, host))]
-                bisect.insort(entries, (r, host))
+                if not r and not entries:
+                    del ranks[k]
+            if r:
+                bisect.insort(ranks[k] if k in ranks else ranks.setdefault(k, []), (r, host))
 
     def set_keep_totals(self, keep: bool) -> None:
         """Keep ``ModelIndex.totals`` up to date (built afresh when turned on), or not (emptied)."""
