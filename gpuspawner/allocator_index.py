@@ -76,6 +76,15 @@ class ModelIndex:
         free, rooms = self.ranked[host]
         return UNIT if k < free else rooms[k - free] if k - free < len(rooms) else 0
 
+    def most_kth_room(self, k: int, block: int) -> int:
+        """The largest k-th largest room (k ≥ 1) of any available host;
+        ``block``: :meth:`largest_block`. Below a split's smallest piece, no
+        host takes k + 1 pieces."""
+        if block > k:
+            return UNIT
+        entries = self.ranks.get(k)
+        return entries[-1][0] if entries else 0
+
     def largest_room(self) -> int:  # most milli-shares free on one device of an available host
         if self.free_available:
             return UNIT

@@ -139,12 +139,15 @@ def _split_candidates(
     ``mi.ranks``), else among hosts with n untouched devices the one the
     policy ranks first for a whole-GPU request. On the host chosen, each
     piece goes to the device with the least room that fits it."""
+    block = mi.largest_block()
     for n in range(need, most + 1):
         pieces = split_evenly(share, n, sharing.quantum)
         if pieces is None:
             if share > n * UNIT:
                 continue  # pieces too big: try more devices
             return  # pieces below the quantum: more devices cannot help
+        if mi.most_kth_room(n - 1, block) < pieces[-1]:
+            continue  # no host has n devices with room for a piece (the usual refusal: no search)
         tight = _tightest(mi, n, pieces)
         if tight is not None:  # beats this model's untouched devices: no need to look at them
             room, h = tight
