@@ -4,6 +4,7 @@ commit, alternating in one process (so both see the same machine):
     python -m benchmarks.bench_shares_ab --against main            # 3 rounds
     python -m benchmarks.bench_shares_ab --against main --uneven --split-small
     python -m benchmarks.bench_shares_ab --against main --rounds 5 --ops 20000 --json
+    python -m benchmarks.bench_shares_ab --against main --clock cpu   # on a busy machine
 
 Each round runs every figure once for each allocator, the order swapped
 every round: share churn at 1,000 nodes (both mixes, pack and spread), the
@@ -86,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--uneven", action="store_true", help="allow uneven splits where no even split fits")
     p.add_argument("--split-small", action="store_true", help="let shares of at most 1 GPU be split too")
+    bench_shares.add_clock(p)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
+    bench_shares.set_clock(args.clock)
     model = bench_shares.SHARING[bench_shares.MODEL]
     model["uneven"], model["split_small"] = args.uneven, args.split_small
     runs = compare(load(args.against), args.rounds, args.ops, args.seed)

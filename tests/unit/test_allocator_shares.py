@@ -648,3 +648,21 @@ def test_a_refusal_counts_free_room_only_up_to_the_request():
     assert _free_up_to([mi], 41 * UNIT) == 40 * UNIT  # below the request: exact (50 hosts × 0.8)
     assert 800 <= _free_up_to([mi], 800) < 40 * UNIT  # stops once there is enough
     assert refusal(alloc, Request(A100, share=0.8)).reason is Refusal.NO_DEVICE_ROOM
+
+
+def test_the_models_a_share_may_go_to_follow_policy_and_inventory_changes():
+    """What a share was accepted for before is not reused once the policy or the inventory changed."""
+    alloc = booked({"a": [0, 0]}, SPLIT)
+    assert placement(alloc.allocate("s", Request(share=0.5))) == {"GPU-a-0": "0.5"}
+    alloc.set_sharing({"*": {"quantum": 0.2}})
+    refused = refusal(alloc, Request(share=0.5))
+    assert refused.reason is Refusal.BAD_SHARE and "multiples of 0.2" in refused.message
+    alloc.set_sharing(None)
+    assert refusal(alloc, Request(share=0.5)).reason is Refusal.BAD_SHARE
+    alloc.set_sharing(SPLIT)
+    gpus = [GPU("a", i, f"GPU-a-{i}", T4, MEMORY[T4]) for i in range(2)]
+    alloc.set_host_devices("a", gpus)  # the A100s leave, T4s come
+    assert refusal(alloc, Request(A100, share=0.5)).reason is Refusal.UNKNOWN_MODEL
+    assert alloc.allocate("t", Request(share=0.5)).model == T4
+    alloc.set_inventory(inventory({"b": [0]}))
+    assert refusal(alloc, Request(T4, share=0.5)).reason is Refusal.UNKNOWN_MODEL
