@@ -19,12 +19,23 @@ from dataclasses import dataclass, field
 from .inventory import GPU
 from .sharing import UNIT
 
-__all__ = ["DeviceIndex", "ModelIndex", "total_room"]
+__all__ = ["SCAN_HOSTS", "DeviceIndex", "ModelIndex", "kth", "total_room"]
+
+# A model on at most this many hosts keeps no split ranks (``ModelIndex.scan``):
+# there a split looks at the host's devices directly, which costs less than
+# keeping the ranks up to date on every change.
+SCAN_HOSTS = 1
 
 
 def total_room(ranked: tuple[int, tuple[int, ...]]) -> int:
     """A host's room in all, from its entry in ``ModelIndex.ranked``."""
     return ranked[0] * UNIT + sum(ranked[1])
+
+
+def kth(ranked: tuple[int, tuple[int, ...]], k: int) -> int:
+    """The k-th largest room (k from 0) of a host, from its entry in ``ModelIndex.ranked``."""
+    free, rooms = ranked
+    return UNIT if k < free else rooms[k - free] if k - free < len(rooms) else 0
 
 
 @dataclass
@@ -56,6 +67,9 @@ class ModelIndex:
     ranked: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
     # (room in all, host) of the ranked hosts, sorted; kept only while some model splits unevenly
     totals: list[tuple[int, str]] = field(default_factory=list)
+    # On at most SCAN_HOSTS hosts: ranks, ranked and totals are not kept (empty);
+    # DeviceIndex.ranked() and .totals() make them when asked.
+    scan: bool = True
     # For updates one host at a time: how many hosts have n devices of this
     # model (n -> hosts), and how many devices have each memory size.
     sizes: dict[int, int] = field(default_factory=dict)
@@ -73,8 +87,7 @@ class ModelIndex:
 
     def kth_room(self, host: str, k: int) -> int:
         """The k-th largest room (k from 0) of a host in ``ranked``."""
-        free, rooms = self.ranked[host]
-        return UNIT if k < free else rooms[k - free] if k - free < len(rooms) else 0
+        return kth(self.ranked[host], k)
 
     def most_kth_room(self, k: int, block: int) -> int:
         """The largest k-th largest room (k ≥ 1) of any available host;
@@ -230,7 +243,8 @@ class DeviceIndex:
     def _finish_models(self, models: set[str]) -> None:
         """What depends on every host of a model, for the models touched: the
         largest memory, the smallest and largest host (as many buckets as the
-        largest has devices, plus one); a model without devices leaves."""
+        largest has devices, plus one), whether split ranks are kept; a model
+        without devices leaves."""
         for model in models:
             mi = self.models.get(model)
             if mi is None:
@@ -238,6 +252,7 @@ class DeviceIndex:
             if not mi.devices:
                 del self.models[model]
                 continue
+            self._set_scan(mi, len(mi.total) <= SCAN_HOSTS)
             mi.memory_mib = max(mi.memories)
             mi.smallest_host = min(mi.sizes)
             del mi.buckets[max(mi.sizes) + 1 :]  # hosts that large left: those buckets are empty
@@ -374,16 +389,47 @@ class DeviceIndex:
         """Bring the host's split ranks of the model up to date, after changes made with ``rank=False``."""
         self._rank(mi, host)
 
-    def _rank(self, mi: ModelIndex, host: str) -> None:
-        """Bring the host's entries in ``mi.ranks`` up to date (only those that changed)."""
-        new = None
+    def _set_scan(self, mi: ModelIndex, scan: bool) -> None:
+        """Keep the model's split ranks (built afresh), or not (emptied)."""
+        if scan == mi.scan:
+            return
+        mi.scan = scan
+        if scan:
+            mi.ranks, mi.ranked, mi.totals = {}, {}, []
+            return
+        for host in mi.total:
+            self._rank(mi, host)
+
+    def host_ranked(self, mi: ModelIndex, host: str) -> tuple[int, tuple[int, ...]] | None:
+        """The host's (free devices, rooms of its partly booked devices with
+        room, largest first), as in ``mi.ranked``; None: no such room, or the
+        host is not available."""
         partial = mi.partial.get(host) if self.is_available(host) else None
         if partial:
             used = mi.used
             rooms = [UNIT - u for u in [used[g.uuid] for g in partial] if u < UNIT]
             if rooms:
                 rooms.sort(reverse=True)
-                new = (len(mi.free[host]), tuple(rooms))
+                return len(mi.free[host]), tuple(rooms)
+        return None
+
+    def ranked(self, mi: ModelIndex) -> dict[str, tuple[int, tuple[int, ...]]]:
+        """``mi.ranked``, made on the spot for a model that keeps no split ranks."""
+        if not mi.scan:
+            return mi.ranked
+        return {h: r for h in mi.partial if (r := self.host_ranked(mi, h)) is not None}
+
+    def totals(self, mi: ModelIndex) -> list[tuple[int, str]]:
+        """``mi.totals`` (only while kept: see :meth:`set_keep_totals`), made on the spot where ranks are not kept."""
+        if not mi.scan:
+            return mi.totals
+        return sorted((total_room(r), h) for h, r in self.ranked(mi).items())
+
+    def _rank(self, mi: ModelIndex, host: str) -> None:
+        """Bring the host's entries in ``mi.ranks`` up to date (only those that changed)."""
+        if mi.scan:
+            return
+        new = self.host_ranked(mi, host)
         ranked = mi.ranked
         old = ranked.get(host)
         if old == new:

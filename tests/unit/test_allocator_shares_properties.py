@@ -32,7 +32,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from gpuspawner import allocator_shares
+from gpuspawner import allocator_index, allocator_shares
 from gpuspawner.allocator import ALL, AllocationRefused, Allocator, Request
 from gpuspawner.allocator_types import EVEN_SPLIT, ONE_DEVICE, UNEVEN_SPLIT
 from gpuspawner.inventory import GPU
@@ -422,6 +422,35 @@ class SplitIndexAloneMachine(SharesMachine):
 
 SplitIndexAloneMachine.TestCase.settings = SETTINGS
 TestSplitIndexAlone = SplitIndexAloneMachine.TestCase
+
+
+class ScanMachine(SharesMachine):
+    """The same, with no split ranks kept for any model (as for a model on
+    one host): every split looks at the hosts' devices directly."""
+
+    def __init__(self):
+        super().__init__()
+        self.scan_hosts, allocator_index.SCAN_HOSTS = allocator_index.SCAN_HOSTS, 10**6
+
+    def teardown(self):
+        allocator_index.SCAN_HOSTS = self.scan_hosts
+
+
+class RanksAlwaysMachine(SharesMachine):
+    """The same, with split ranks kept also for a model on one host."""
+
+    def __init__(self):
+        super().__init__()
+        self.scan_hosts, allocator_index.SCAN_HOSTS = allocator_index.SCAN_HOSTS, 0
+
+    def teardown(self):
+        allocator_index.SCAN_HOSTS = self.scan_hosts
+
+
+ScanMachine.TestCase.settings = SETTINGS
+TestScan = ScanMachine.TestCase
+RanksAlwaysMachine.TestCase.settings = SETTINGS
+TestRanksAlways = RanksAlwaysMachine.TestCase
 
 
 @SETTINGS
