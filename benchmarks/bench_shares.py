@@ -3,6 +3,7 @@
     python -m benchmarks.bench_shares              # every part below, pack and spread
     python -m benchmarks.bench_shares --json       # the same figures as JSON
     python -m benchmarks.bench_shares --ops 20000 --seeds 50   # a quicker run
+    python -m benchmarks.bench_shares --impl main              # the allocator of another commit
 
 Sharing is open on one model, the A100 (quantum 0.01, split allowed). Two mixes
 of share requests: ``uniform`` draws 0.1, 0.2 ... 1.5 (a third above one GPU);
@@ -21,7 +22,9 @@ of share requests: ``uniform`` draws 0.1, 0.2 ... 1.5 (a third above one GPU);
 * ``packing``: one node of 8 A100 fed random requests of the mix until the
   first refusal, over many seeds: the share placed, of 8.0.
 
-``--uneven`` also allows uneven splits where no even split fits;
+``--impl main`` measures the allocator of another commit (the same workloads);
+``--clock cpu`` times each decision by the thread's CPU time, which leaves out
+what other processes of a busy machine take. ``--uneven`` also allows uneven splits where no even split fits;
 ``--split-small`` lets a share of at most one GPU be split too (by default it
 stays on one device).
 
@@ -40,7 +43,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from benchmarks.bench_allocator import Stats, pc
-from benchmarks.impl import THIS, Impl
+from benchmarks.impl import THIS, Impl, load
 
 MODEL = "NVIDIA A100 80GB PCIe"
 SHARING = {MODEL: {"quantum": 0.01, "split": True}}
@@ -186,7 +189,7 @@ def bound(mix: str, seeds: int, capacity: int = 8000) -> float:
     return statistics.mean(placed) / 1000
 
 
-def run(args) -> dict:
+def run(args, impl: Impl = THIS) -> dict:
     out: dict = {
         "python": platform.python_version(),
         "churn": [],
@@ -197,15 +200,15 @@ def run(args) -> dict:
     }
     for mix in ("uniform", "70/30"):
         for policy in ("pack", "spread"):
-            out["churn"].append(asdict(churn(args.nodes, mix, policy, args.ops, args.seed)))
-            stats, placed = fill(args.nodes, mix, policy, args.seed)
+            out["churn"].append(asdict(churn(args.nodes, mix, policy, args.ops, args.seed, impl=impl)))
+            stats, placed = fill(args.nodes, mix, policy, args.seed, impl)
             out["fill"].append({"mix": mix, "policy": policy, "decisions": asdict(stats), "placed": placed / 1000})
-    costs = {h: split_cost(h, args.repeat) for h in (1, 100, 1000)}
+    costs = {h: split_cost(h, args.repeat, impl) for h in (1, 100, 1000)}
     out["split_cost_us"] = costs
     out["split_cost_ratio"] = costs[1000] / costs[1]
-    whole = churn(1, "uniform", "pack", args.ops, args.seed, whole=True)
+    whole = churn(1, "uniform", "pack", args.ops, args.seed, whole=True, impl=impl)
     for mix in ("uniform", "70/30"):
-        shares = churn(1, mix, "pack", args.ops, args.seed)
+        shares = churn(1, mix, "pack", args.ops, args.seed, impl=impl)
         out["one_node"].append(
             {
                 "mix": mix,
@@ -214,7 +217,7 @@ def run(args) -> dict:
                 "ratio": shares.decisions.per_s / whole.decisions.per_s,
             }
         )
-        out["packing"][mix] = packing(mix, args.seeds)
+        out["packing"][mix] = packing(mix, args.seeds, impl)
         out["bound"][mix] = bound(mix, args.seeds)
     return out
 
@@ -281,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--uneven", action="store_true", help="allow uneven splits where no even split fits")
     p.add_argument("--split-small", action="store_true", help="let shares of at most 1 GPU be split too")
     add_clock(p)
+    p.add_argument("--impl", metavar="COMMIT", help="measure the allocator of this commit instead (e.g. main)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     set_clock(args.clock)
@@ -288,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         SHARING[MODEL]["uneven"] = True
     if args.split_small:
         SHARING[MODEL]["split_small"] = True
-    out = run(args)
+    out = run(args, load(args.impl) if args.impl else THIS)
     print(json.dumps(out, indent=2) if args.json else table(out, args))
     return 0
 

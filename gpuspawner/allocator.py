@@ -182,9 +182,12 @@ class Allocator:
             index.take_free(mi, host, devices)
         else:
             alloc = Allocation(holder=holder, owner=request.owner, host=host, devices=devices, milli=milli, rule=rule)
-            for g, p in picks:
-                self._book_share(g, holder, p, rank=False)
-            index.rank_host(mi, host)  # one host: its split ranks once, not per device
+            if len(picks) == 1:  # one device: its room moves in the host's ranks
+                self._book_share(picks[0][0], holder, picks[0][1])
+            else:
+                for g, p in picks:
+                    self._book_share(g, holder, p, rank=False)
+                index.rank_host(mi, host)  # one host: its split ranks once, not per device
         self._record(alloc)
         return alloc
 
@@ -236,6 +239,9 @@ class Allocator:
                         del self._held[d.uuid]
                         self._index.put_free(d)
                 return alloc
+            if len(alloc.devices) == 1:  # one device: its room moves in the host's ranks
+                self._unbook_share(alloc.devices[0].uuid, holder, rank=True)
+                return alloc
             for d in alloc.devices:
                 self._unbook_share(d.uuid, holder)
             ranked = set()  # each host's split ranks once, not per device (a device may have moved or changed model)
@@ -246,14 +252,14 @@ class Allocator:
                     self._index.rank(d.uuid)
             return alloc
 
-    def _unbook_share(self, uuid: str, holder: str) -> None:
+    def _unbook_share(self, uuid: str, holder: str, rank: bool = False) -> None:
         sharers = self._shares.get(uuid)
         piece = sharers.pop(holder, None) if sharers is not None else None
         if piece is None:
             return
         if not sharers:
             del self._shares[uuid]
-        self._index.remove_share(uuid, piece, rank=False)
+        self._index.remove_share(uuid, piece, rank)
 
     def adopt(
         self, holder: str, owner: str, host: str, uuids: Iterable[str], shares: Iterable[Any] | None = None

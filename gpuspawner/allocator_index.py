@@ -326,6 +326,7 @@ class DeviceIndex:
     def add_share(self, mi: ModelIndex, gpu: GPU, piece: int, rank: bool = True) -> None:
         """A share of ``piece`` milli is booked on the device (untouched until now, or shared)."""
         before = mi.used.get(gpu.uuid)
+        shared = before is not None
         if before is None:  # untouched until now: out of the free lists
             self.take_free(mi, gpu.host, [gpu], rank=False)
             bisect.insort(mi.partial.setdefault(gpu.host, []), gpu)
@@ -334,7 +335,9 @@ class DeviceIndex:
         mi.used[gpu.uuid] = before + piece
         mi.partial_room[gpu.host] -= piece
         self._set_room(mi, gpu, UNIT - before if before else 0, UNIT - before - piece)
-        if rank:
+        if rank and shared:
+            self._rank_room(mi, gpu.host, UNIT - before, UNIT - before - piece)
+        elif rank:
             self._rank(mi, gpu.host)
 
     def remove_share(self, uuid: str, piece: int, rank: bool = True) -> None:
@@ -349,7 +352,7 @@ class DeviceIndex:
             mi.partial_room[gpu.host] += piece
             self._set_room(mi, gpu, UNIT - before, UNIT - before + piece)
             if rank:
-                self._rank(mi, gpu.host)
+                self._rank_room(mi, gpu.host, UNIT - before, UNIT - before + piece)
             return
         del mi.used[uuid]  # untouched again: back to the free lists
         self._set_room(mi, gpu, UNIT - before, 0)
@@ -442,10 +445,43 @@ class DeviceIndex:
         else:
             ranked[host] = new
 
+    def _rank_room(self, mi: ModelIndex, host: str, old: int, new: int) -> None:
+        """One partly booked device of the host went from room ``old`` to
+        ``new`` (0: full), the host's free devices as they were: its rooms
+        change in place, and its ranks only between the two rooms' places."""
+        was = mi.ranked.get(host)
+        if was is None or not old:  # not ranked (ranks not kept, host not available), or a full device
+            self._rank(mi, host)
+            return
+        free, rooms = was
+        i = rooms.index(old)
+        changed = list(rooms)
+        del changed[i]
+        j = len(changed)
+        if new:
+            j = next((p for p, r in enumerate(changed) if r < new), j)  # the first smaller room: largest first
+            changed.insert(j, new)
+        now = (free, tuple(changed)) if changed else None
+        if self.keep_totals:
+            self._retotal(mi, host, was, now)
+        self._rerank(mi, host, was, now or (0, ()), free + min(i, j), free + (max(i, j) + 1 if new else len(rooms)))
+        if now is None:
+            del mi.ranked[host]
+        else:
+            mi.ranked[host] = now
+
     @staticmethod
-    def _rerank(mi: ModelIndex, host: str, old: tuple[int, tuple[int, ...]], new: tuple[int, tuple[int, ...]]) -> None:
+    def _rerank(
+        mi: ModelIndex,
+        host: str,
+        old: tuple[int, tuple[int, ...]],
+        new: tuple[int, tuple[int, ...]],
+        lo: int = 0,
+        hi: int | None = None,
+    ) -> None:
         """The host's (free devices, partly booked rooms) went from old to new:
-        only the positions k whose room changed move in ``ranks[k]``. A
+        only the positions k whose room changed move in ``ranks[k]`` (from
+        ``lo`` to before ``hi``, when the caller knows the others did not). A
         position below the free count is untouched (no entry), one past the
         rooms has none either; ranks[0] is never asked for (a split takes at
         least 2 devices): not kept."""
@@ -453,7 +489,7 @@ class DeviceIndex:
         of, orooms = old
         nf, nrooms = new
         oend, nend = of + len(orooms), nf + len(nrooms)
-        for k in range(max(1, min(of, nf)), max(oend, nend)):
+        for k in range(max(1, lo, min(of, nf)), max(oend, nend) if hi is None else hi):
             o = orooms[k - of] if of <= k < oend else 0
             r = nrooms[k - nf] if nf <= k < nend else 0
             if o == r:
