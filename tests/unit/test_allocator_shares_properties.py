@@ -408,49 +408,29 @@ SharesMachine.TestCase.settings = SETTINGS
 TestSharesStateMachine = SharesMachine.TestCase
 
 
-class SplitIndexAloneMachine(SharesMachine):
-    """The same, with splits found by the per-k bisections alone (the few
-    devices a split tries first would otherwise answer most of these small cases)."""
+def patched(module, name: str, value, doc: str):
+    """The same machine with ``module.name`` set to ``value`` while it runs."""
 
-    def __init__(self):
-        super().__init__()
-        self.probes, allocator_shares.PROBES = allocator_shares.PROBES, 0
+    class Machine(SharesMachine):
+        __doc__ = doc
 
-    def teardown(self):
-        allocator_shares.PROBES = self.probes
+        def __init__(self):
+            super().__init__()
+            self.saved = getattr(module, name)
+            setattr(module, name, value)
 
+        def teardown(self):
+            setattr(module, name, self.saved)
 
-SplitIndexAloneMachine.TestCase.settings = SETTINGS
-TestSplitIndexAlone = SplitIndexAloneMachine.TestCase
-
-
-class ScanMachine(SharesMachine):
-    """The same, with no split ranks kept for any model (as for a model on
-    one host): every split looks at the hosts' devices directly."""
-
-    def __init__(self):
-        super().__init__()
-        self.scan_hosts, allocator_index.SCAN_HOSTS = allocator_index.SCAN_HOSTS, 10**6
-
-    def teardown(self):
-        allocator_index.SCAN_HOSTS = self.scan_hosts
+    Machine.TestCase.settings = SETTINGS
+    return Machine.TestCase
 
 
-class RanksAlwaysMachine(SharesMachine):
-    """The same, with split ranks kept also for a model on one host."""
-
-    def __init__(self):
-        super().__init__()
-        self.scan_hosts, allocator_index.SCAN_HOSTS = allocator_index.SCAN_HOSTS, 0
-
-    def teardown(self):
-        allocator_index.SCAN_HOSTS = self.scan_hosts
-
-
-ScanMachine.TestCase.settings = SETTINGS
-TestScan = ScanMachine.TestCase
-RanksAlwaysMachine.TestCase.settings = SETTINGS
-TestRanksAlways = RanksAlwaysMachine.TestCase
+# The few devices a split tries first would otherwise answer most of these small cases.
+TestSplitIndexAlone = patched(allocator_shares, "PROBES", 0, "Splits found by the per-k bisections alone.")
+# As for a model on one host: every split looks at the hosts' devices directly.
+TestScan = patched(allocator_index, "SCAN_HOSTS", 10**6, "No split ranks kept for any model.")
+TestRanksAlways = patched(allocator_index, "SCAN_HOSTS", 0, "Split ranks kept also for a model on one host.")
 
 
 @SETTINGS
