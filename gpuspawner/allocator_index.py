@@ -488,6 +488,14 @@ class DeviceIndex:
         ranks = mi.ranks
         of, orooms = old
         nf, nrooms = new
+        if of == nf and len(orooms) == len(nrooms):  # the usual: rooms changed in place
+            a, b = max(0, lo - of), len(orooms) if hi is None else hi - of
+            for k, o, r in zip(range(of + a, of + b), orooms[a:b], nrooms[a:b]):
+                if o != r and k:
+                    entries = ranks[k]
+                    del entries[bisect.bisect_left(entries, (o, host))]
+                    bisect.insort(entries, (r, host))
+            return
         oend, nend = of + len(orooms), nf + len(nrooms)
         for k in range(max(1, lo, min(of, nf)), max(oend, nend) if hi is None else hi):
             o = orooms[k - of] if of <= k < oend else 0

@@ -34,6 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from gpuspawner import allocator_index, allocator_shares
 from gpuspawner.allocator import ALL, AllocationRefused, Allocator, Request
+from gpuspawner.allocator_index import DeviceIndex
 from gpuspawner.allocator_types import EVEN_SPLIT, ONE_DEVICE, UNEVEN_SPLIT
 from gpuspawner.inventory import GPU
 from gpuspawner.sharing import UNIT, SharingPolicy, split_evenly, to_milli
@@ -376,6 +377,16 @@ class SharesMachine(RuleBasedStateMachine):
         assert list(alloc.models) == list(mirror.models) == self.models
         for model, mi in alloc.models.items():
             assert mi == mirror.models[model], model
+
+    @invariant()
+    def index_is_the_one_built_from_the_bookings_alone(self):
+        """Both allocators change their indexes step by step; one built afresh from
+        the bookings (each host ranked whole) must be the same."""
+        index = self.alloc._index
+        fresh = DeviceIndex(self.alloc._held, self.alloc._shares)
+        fresh.available, fresh.keep_totals = index.available, index.keep_totals
+        fresh.set_inventory(index.gpus.values())
+        assert fresh.models == index.models
 
     @invariant()
     def sums_never_above_one_and_whole_never_shared(self):
