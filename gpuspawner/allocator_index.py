@@ -13,6 +13,7 @@ them when a host is indexed, and is told of each device taken or given back.
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -25,6 +26,10 @@ __all__ = ["SCAN_HOSTS", "DeviceIndex", "ModelIndex", "kth", "total_room"]
 # there a split looks at the host's devices directly, which costs less than
 # keeping the ranks up to date on every change.
 SCAN_HOSTS = 1
+
+# The order of one host's devices (GPU's own order there: host, then index, then
+# UUID), made in C: a host's free and shared lists are kept sorted by it.
+_ORDER = operator.attrgetter("index", "uuid")
 
 
 def total_room(ranked: tuple[int, tuple[int, ...]]) -> int:
@@ -306,7 +311,7 @@ class DeviceIndex:
             del free[: len(gpus)]
         else:
             for gpu in gpus:
-                del free[bisect.bisect_left(free, gpu)]
+                del free[bisect.bisect_left(free, _ORDER(gpu), key=_ORDER)]
         self._move(mi, host, before, len(free))
         if rank and host in mi.ranked:  # a host not ranked has no partly booked room to move
             self._rank(mi, host)
@@ -318,7 +323,7 @@ class DeviceIndex:
             return
         mi = self.models[current.model]
         free = mi.free[current.host]
-        bisect.insort(free, current)
+        bisect.insort(free, current, key=_ORDER)
         self._move(mi, current.host, len(free) - 1, len(free))
         if rank and current.host in mi.ranked:
             self._rank(mi, current.host)
@@ -329,7 +334,7 @@ class DeviceIndex:
         shared = before is not None
         if before is None:  # untouched until now: out of the free lists
             self.take_free(mi, gpu.host, [gpu], rank=False)
-            bisect.insort(mi.partial.setdefault(gpu.host, []), gpu)
+            bisect.insort(mi.partial.setdefault(gpu.host, []), gpu, key=_ORDER)
             mi.partial_room[gpu.host] = mi.partial_room.get(gpu.host, 0) + UNIT
             before = 0
         mi.used[gpu.uuid] = before + piece
@@ -357,7 +362,7 @@ class DeviceIndex:
         del mi.used[uuid]  # untouched again: back to the free lists
         self._set_room(mi, gpu, UNIT - before, 0)
         partial = mi.partial[gpu.host]
-        del partial[bisect.bisect_left(partial, gpu)]
+        del partial[bisect.bisect_left(partial, _ORDER(gpu), key=_ORDER)]
         mi.partial_room[gpu.host] -= UNIT - before
         if not partial:
             del mi.partial[gpu.host]
