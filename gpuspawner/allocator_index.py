@@ -455,7 +455,7 @@ class DeviceIndex:
         ``new`` (0: full), the host's free devices as they were: its rooms
         change in place, and its ranks only between the two rooms' places."""
         was = mi.ranked.get(host)
-        if was is None or not old:  # not ranked (ranks not kept, host not available), or a full device
+        if was is None or old not in was[1]:  # not ranked (no ranks kept, host not available), or it was full
             self._rank(mi, host)
             return
         free, rooms = was
