@@ -73,6 +73,8 @@ class Allocator:
         self._owned: dict[str, int] = {}  # owner -> milli-shares held (whole = 1000), for O(1) limit checks
         self._versions: dict[str, int] = {}  # host -> changes to the holdings on it
         self._index = DeviceIndex(self._held, self._shares)
+        # (milli, model or None) -> the models that take such a share; emptied when the policy or inventory changes
+        self._accepting: dict[tuple[int, str | None], list[str]] = {}
         self.set_sharing(sharing)
         self.set_inventory(gpus)
 
@@ -83,6 +85,7 @@ class Allocator:
         policy = SharingPolicy.parse(sharing)
         with self._lock:
             self.sharing = policy
+            self._accepting.clear()
             self._index.set_keep_totals(policy.uneven)
 
     # -- state changes from outside --------------------------------------
@@ -90,6 +93,7 @@ class Allocator:
     def set_inventory(self, gpus: Iterable[GPU]) -> None:
         """Replace the inventory. Holdings are kept, also of devices that left it."""
         with self._lock:
+            self._accepting.clear()
             self._index.set_inventory(gpus)
 
     def set_host_devices(self, host: str, gpus: Iterable[GPU]) -> bool:
@@ -105,6 +109,7 @@ class Allocator:
             if gpu.host != host:
                 raise ValueError(f"{gpu.uuid} is on {gpu.host}, not on {host}")
         with self._lock:
+            self._accepting.clear()
             return self._index.set_host_devices(host, new)
 
     def set_available_hosts(self, hosts: Iterable[str] | None) -> None:
@@ -158,11 +163,11 @@ class Allocator:
         index = self._index
         try:
             share = to_milli(request.share, "gpu_share")
-            if request.model is not None and request.model not in index.models:
-                raise unknown_model(request.model, index.models)
-            models = self.sharing.accepting(share, request.model, index.models)
         except ValueError as exc:
             raise AllocationRefused(str(exc), Refusal.BAD_SHARE) from None
+        models = self._accepting.get((share, request.model))
+        if models is None:
+            models = self._models_accepting(share, request.model)
         held = self._owned.get(request.owner, 0)
         over = limit is not None and held + share > limit * UNIT
         pol = self.policy if policy is None else POLICIES[policy]
@@ -177,11 +182,27 @@ class Allocator:
             index.take_free(mi, host, devices)
         else:
             alloc = Allocation(holder=holder, owner=request.owner, host=host, devices=devices, milli=milli, rule=rule)
-            for g, p in picks:
-                self._book_share(g, holder, p, rank=False)
-            index.rank_host(mi, host)  # one host: its split ranks once, not per device
+            if len(picks) == 1:  # one device: its room moves in the host's ranks
+                self._book_share(picks[0][0], holder, picks[0][1])
+            else:
+                for g, p in picks:
+                    self._book_share(g, holder, p, rank=False)
+                index.rank_host(mi, host)  # one host: its split ranks once, not per device
         self._record(alloc)
         return alloc
+
+    def _models_accepting(self, share: int, model: str | None) -> list[str]:
+        """The models that take the share (remembered: few shares are asked for), or a refusal."""
+        models = self._index.models
+        if model is not None and model not in models:
+            raise unknown_model(model, models)
+        try:
+            ok = self.sharing.accepting(share, model, models)
+        except ValueError as exc:
+            raise AllocationRefused(str(exc), Refusal.BAD_SHARE) from None
+        if len(self._accepting) < 1024:  # bounded: any multiple of the quantum may be asked for
+            self._accepting[(share, model)] = ok
+        return ok
 
     def _record(self, alloc: Allocation) -> None:
         """Book a holding in the holder and owner records; whole devices in
@@ -218,6 +239,9 @@ class Allocator:
                         del self._held[d.uuid]
                         self._index.put_free(d)
                 return alloc
+            if len(alloc.devices) == 1:  # one device: its room moves in the host's ranks
+                self._unbook_share(alloc.devices[0].uuid, holder, rank=True)
+                return alloc
             for d in alloc.devices:
                 self._unbook_share(d.uuid, holder)
             ranked = set()  # each host's split ranks once, not per device (a device may have moved or changed model)
@@ -228,14 +252,14 @@ class Allocator:
                     self._index.rank(d.uuid)
             return alloc
 
-    def _unbook_share(self, uuid: str, holder: str) -> None:
+    def _unbook_share(self, uuid: str, holder: str, rank: bool = False) -> None:
         sharers = self._shares.get(uuid)
         piece = sharers.pop(holder, None) if sharers is not None else None
         if piece is None:
             return
         if not sharers:
             del self._shares[uuid]
-        self._index.remove_share(uuid, piece, rank=False)
+        self._index.remove_share(uuid, piece, rank)
 
     def adopt(
         self, holder: str, owner: str, host: str, uuids: Iterable[str], shares: Iterable[Any] | None = None

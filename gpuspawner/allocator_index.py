@@ -13,18 +13,34 @@ them when a host is indexed, and is told of each device taken or given back.
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from .inventory import GPU
 from .sharing import UNIT
 
-__all__ = ["DeviceIndex", "ModelIndex", "total_room"]
+__all__ = ["SCAN_HOSTS", "DeviceIndex", "ModelIndex", "kth", "total_room"]
+
+# A model on at most this many hosts keeps no split ranks (``ModelIndex.scan``):
+# there a split looks at the host's devices directly, which costs less than
+# keeping the ranks up to date on every change.
+SCAN_HOSTS = 1
+
+# The order of one host's devices (GPU's own order there: host, then index, then
+# UUID), made in C: a host's free and shared lists are kept sorted by it.
+_ORDER = operator.attrgetter("index", "uuid")
 
 
 def total_room(ranked: tuple[int, tuple[int, ...]]) -> int:
     """A host's room in all, from its entry in ``ModelIndex.ranked``."""
     return ranked[0] * UNIT + sum(ranked[1])
+
+
+def kth(ranked: tuple[int, tuple[int, ...]], k: int) -> int:
+    """The k-th largest room (k from 0) of a host, from its entry in ``ModelIndex.ranked``."""
+    free, rooms = ranked
+    return UNIT if k < free else rooms[k - free] if k - free < len(rooms) else 0
 
 
 @dataclass
@@ -56,6 +72,9 @@ class ModelIndex:
     ranked: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
     # (room in all, host) of the ranked hosts, sorted; kept only while some model splits unevenly
     totals: list[tuple[int, str]] = field(default_factory=list)
+    # On at most SCAN_HOSTS hosts: ranks, ranked and totals are not kept (empty);
+    # DeviceIndex.ranked() and .totals() make them when asked.
+    scan: bool = True
     # For updates one host at a time: how many hosts have n devices of this
     # model (n -> hosts), and how many devices have each memory size.
     sizes: dict[int, int] = field(default_factory=dict)
@@ -73,8 +92,16 @@ class ModelIndex:
 
     def kth_room(self, host: str, k: int) -> int:
         """The k-th largest room (k from 0) of a host in ``ranked``."""
-        free, rooms = self.ranked[host]
-        return UNIT if k < free else rooms[k - free] if k - free < len(rooms) else 0
+        return kth(self.ranked[host], k)
+
+    def most_kth_room(self, k: int, block: int) -> int:
+        """The largest k-th largest room (k ≥ 1) of any available host;
+        ``block``: :meth:`largest_block`. Below a split's smallest piece, no
+        host takes k + 1 pieces."""
+        if block > k:
+            return UNIT
+        entries = self.ranks.get(k)
+        return entries[-1][0] if entries else 0
 
     def largest_room(self) -> int:  # most milli-shares free on one device of an available host
         if self.free_available:
@@ -221,7 +248,8 @@ class DeviceIndex:
     def _finish_models(self, models: set[str]) -> None:
         """What depends on every host of a model, for the models touched: the
         largest memory, the smallest and largest host (as many buckets as the
-        largest has devices, plus one); a model without devices leaves."""
+        largest has devices, plus one), whether split ranks are kept; a model
+        without devices leaves."""
         for model in models:
             mi = self.models.get(model)
             if mi is None:
@@ -229,6 +257,7 @@ class DeviceIndex:
             if not mi.devices:
                 del self.models[model]
                 continue
+            self._set_scan(mi, len(mi.total) <= SCAN_HOSTS)
             mi.memory_mib = max(mi.memories)
             mi.smallest_host = min(mi.sizes)
             del mi.buckets[max(mi.sizes) + 1 :]  # hosts that large left: those buckets are empty
@@ -282,7 +311,7 @@ class DeviceIndex:
             del free[: len(gpus)]
         else:
             for gpu in gpus:
-                del free[bisect.bisect_left(free, gpu)]
+                del free[bisect.bisect_left(free, _ORDER(gpu), key=_ORDER)]
         self._move(mi, host, before, len(free))
         if rank and host in mi.ranked:  # a host not ranked has no partly booked room to move
             self._rank(mi, host)
@@ -294,7 +323,7 @@ class DeviceIndex:
             return
         mi = self.models[current.model]
         free = mi.free[current.host]
-        bisect.insort(free, current)
+        bisect.insort(free, current, key=_ORDER)
         self._move(mi, current.host, len(free) - 1, len(free))
         if rank and current.host in mi.ranked:
             self._rank(mi, current.host)
@@ -302,15 +331,18 @@ class DeviceIndex:
     def add_share(self, mi: ModelIndex, gpu: GPU, piece: int, rank: bool = True) -> None:
         """A share of ``piece`` milli is booked on the device (untouched until now, or shared)."""
         before = mi.used.get(gpu.uuid)
+        shared = before is not None
         if before is None:  # untouched until now: out of the free lists
             self.take_free(mi, gpu.host, [gpu], rank=False)
-            bisect.insort(mi.partial.setdefault(gpu.host, []), gpu)
+            bisect.insort(mi.partial.setdefault(gpu.host, []), gpu, key=_ORDER)
             mi.partial_room[gpu.host] = mi.partial_room.get(gpu.host, 0) + UNIT
             before = 0
         mi.used[gpu.uuid] = before + piece
         mi.partial_room[gpu.host] -= piece
         self._set_room(mi, gpu, UNIT - before if before else 0, UNIT - before - piece)
-        if rank:
+        if rank and shared:
+            self._rank_room(mi, gpu.host, UNIT - before, UNIT - before - piece)
+        elif rank:
             self._rank(mi, gpu.host)
 
     def remove_share(self, uuid: str, piece: int, rank: bool = True) -> None:
@@ -325,12 +357,12 @@ class DeviceIndex:
             mi.partial_room[gpu.host] += piece
             self._set_room(mi, gpu, UNIT - before, UNIT - before + piece)
             if rank:
-                self._rank(mi, gpu.host)
+                self._rank_room(mi, gpu.host, UNIT - before, UNIT - before + piece)
             return
         del mi.used[uuid]  # untouched again: back to the free lists
         self._set_room(mi, gpu, UNIT - before, 0)
         partial = mi.partial[gpu.host]
-        del partial[bisect.bisect_left(partial, gpu)]
+        del partial[bisect.bisect_left(partial, _ORDER(gpu), key=_ORDER)]
         mi.partial_room[gpu.host] -= UNIT - before
         if not partial:
             del mi.partial[gpu.host]
@@ -365,56 +397,123 @@ class DeviceIndex:
         """Bring the host's split ranks of the model up to date, after changes made with ``rank=False``."""
         self._rank(mi, host)
 
-    def _rank(self, mi: ModelIndex, host: str) -> None:
-        """Bring the host's entries in ``mi.ranks`` up to date (only those that changed)."""
-        new = None
+    def _set_scan(self, mi: ModelIndex, scan: bool) -> None:
+        """Keep the model's split ranks (built afresh), or not (emptied)."""
+        if scan == mi.scan:
+            return
+        mi.scan = scan
+        if scan:
+            mi.ranks, mi.ranked, mi.totals = {}, {}, []
+            return
+        for host in mi.total:
+            self._rank(mi, host)
+
+    def host_ranked(self, mi: ModelIndex, host: str) -> tuple[int, tuple[int, ...]] | None:
+        """The host's (free devices, rooms of its partly booked devices with
+        room, largest first), as in ``mi.ranked``; None: no such room, or the
+        host is not available."""
         partial = mi.partial.get(host) if self.is_available(host) else None
         if partial:
             used = mi.used
-            rooms = [UNIT - used[g.uuid] for g in partial if used[g.uuid] < UNIT]
+            rooms = [UNIT - u for u in [used[g.uuid] for g in partial] if u < UNIT]
             if rooms:
                 rooms.sort(reverse=True)
-                new = (len(mi.free[host]), tuple(rooms))
-        old = mi.ranked.get(host)
+                return len(mi.free[host]), tuple(rooms)
+        return None
+
+    def ranked(self, mi: ModelIndex) -> dict[str, tuple[int, tuple[int, ...]]]:
+        """``mi.ranked``, made on the spot for a model that keeps no split ranks."""
+        if not mi.scan:
+            return mi.ranked
+        return {h: r for h in mi.partial if (r := self.host_ranked(mi, h)) is not None}
+
+    def totals(self, mi: ModelIndex) -> list[tuple[int, str]]:
+        """``mi.totals`` (only while kept: see :meth:`set_keep_totals`), made on the spot where ranks are not kept."""
+        if not mi.scan:
+            return mi.totals
+        return sorted((total_room(r), h) for h, r in self.ranked(mi).items())
+
+    def _rank(self, mi: ModelIndex, host: str) -> None:
+        """Bring the host's entries in ``mi.ranks`` up to date (only those that changed)."""
+        if mi.scan:
+            return
+        new = self.host_ranked(mi, host)
+        ranked = mi.ranked
+        old = ranked.get(host)
         if old == new:
             return
         if self.keep_totals:
             self._retotal(mi, host, old, new)
-        if old and new and old[0] == new[0] and len(old[1]) == len(new[1]):  # the usual: rooms changed in place
-            self._rerank(mi, host, old[0], old[1], new[1])
-            mi.ranked[host] = new
-            return
-        before = {(old[0] + k, r) for k, r in enumerate(old[1])} if old else set()
-        after = {(new[0] + k, r) for k, r in enumerate(new[1])} if new else set()
-        ranks = mi.ranks
-        # ranks[0] is never asked for (a split takes at least 2 devices): not kept
-        for k, r in before - after:
-            if not k:
-                continue
-            entries = ranks[k]
-            del entries[bisect.bisect_left(entries, (r, host))]
-            if not entries:
-                del ranks[k]
-        for k, r in after - before:
-            if not k:
-                continue
-            if k not in ranks:
-                ranks[k] = []
-            bisect.insort(ranks[k], (r, host))
+        self._rerank(mi, host, old or (0, ()), new or (0, ()))
         if new is None:
+            del ranked[host]
+        else:
+            ranked[host] = new
+
+    def _rank_room(self, mi: ModelIndex, host: str, old: int, new: int) -> None:
+        """One partly booked device of the host went from room ``old`` to
+        ``new`` (0: full), the host's free devices as they were: its rooms
+        change in place, and its ranks only between the two rooms' places."""
+        was = mi.ranked.get(host)
+        if was is None or old not in was[1]:  # not ranked (no ranks kept, host not available), or it was full
+            self._rank(mi, host)
+            return
+        free, rooms = was
+        i = rooms.index(old)
+        changed = list(rooms)
+        del changed[i]
+        j = len(changed)
+        if new:
+            j = next((p for p, r in enumerate(changed) if r < new), j)  # the first smaller room: largest first
+            changed.insert(j, new)
+        now = (free, tuple(changed)) if changed else None
+        if self.keep_totals:
+            self._retotal(mi, host, was, now)
+        self._rerank(mi, host, was, now or (0, ()), free + min(i, j), free + (max(i, j) + 1 if new else len(rooms)))
+        if now is None:
             del mi.ranked[host]
         else:
-            mi.ranked[host] = new
+            mi.ranked[host] = now
 
     @staticmethod
-    def _rerank(mi: ModelIndex, host: str, free: int, old: tuple[int, ...], new: tuple[int, ...]) -> None:
-        """The host's partly booked rooms went from old to new, as many and after as many free devices."""
+    def _rerank(
+        mi: ModelIndex,
+        host: str,
+        old: tuple[int, tuple[int, ...]],
+        new: tuple[int, tuple[int, ...]],
+        lo: int = 0,
+        hi: int | None = None,
+    ) -> None:
+        """The host's (free devices, partly booked rooms) went from old to new:
+        only the positions k whose room changed move in ``ranks[k]`` (from
+        ``lo`` to before ``hi``, when the caller knows the others did not). A
+        position below the free count is untouched (no entry), one past the
+        rooms has none either; ranks[0] is never asked for (a split takes at
+        least 2 devices): not kept."""
         ranks = mi.ranks
-        for k, o, r in zip(range(free, free + len(old)), old, new):
-            if o != r and k:  # ranks[0] is not kept (see _rank)
+        of, orooms = old
+        nf, nrooms = new
+        if of == nf and len(orooms) == len(nrooms):  # the usual: rooms changed in place
+            a, b = max(0, lo - of), len(orooms) if hi is None else hi - of
+            for k, o, r in zip(range(of + a, of + b), orooms[a:b], nrooms[a:b]):
+                if o != r and k:
+                    entries = ranks[k]
+                    del entries[bisect.bisect_left(entries, (o, host))]
+                    bisect.insort(entries, (r, host))
+            return
+        oend, nend = of + len(orooms), nf + len(nrooms)
+        for k in range(max(1, lo, min(of, nf)), max(oend, nend) if hi is None else hi):
+            o = orooms[k - of] if of <= k < oend else 0
+            r = nrooms[k - nf] if nf <= k < nend else 0
+            if o == r:
+                continue
+            if o:
                 entries = ranks[k]
                 del entries[bisect.bisect_left(entries, (o, host))]
-                bisect.insort(entries, (r, host))
+                if not r and not entries:
+                    del ranks[k]
+            if r:
+                bisect.insort(ranks[k] if k in ranks else ranks.setdefault(k, []), (r, host))
 
     def set_keep_totals(self, keep: bool) -> None:
         """Keep ``ModelIndex.totals`` up to date (built afresh when turned on), or not (emptied)."""

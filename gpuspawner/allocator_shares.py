@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 
-from .allocator_index import DeviceIndex, ModelIndex
+from .allocator_index import DeviceIndex, ModelIndex, kth
 from .allocator_types import EVEN_SPLIT, ONE_DEVICE, UNEVEN_SPLIT, Policy
 from .allocator_whole import candidates
 from .inventory import GPU
@@ -66,7 +66,7 @@ def _uneven(
         if settings is None or not settings.uneven or not settings.spans(share):
             continue
         mi = index.models[model]
-        totals = mi.totals
+        totals = index.totals(mi)
         start = bisect.bisect_left(totals, (share,))
         entries = [e for e in totals[start:] if e[1] == host] if host is not None else totals[start:]
         for total, h in entries:
@@ -139,13 +139,20 @@ def _split_candidates(
     ``mi.ranks``), else among hosts with n untouched devices the one the
     policy ranks first for a whole-GPU request. On the host chosen, each
     piece goes to the device with the least room that fits it."""
+    block = mi.largest_block()
+    scanned = index.ranked(mi) if mi.scan else None  # a model on few hosts: their rooms, looked at directly
     for n in range(need, most + 1):
         pieces = split_evenly(share, n, sharing.quantum)
         if pieces is None:
             if share > n * UNIT:
                 continue  # pieces too big: try more devices
             return  # pieces below the quantum: more devices cannot help
-        tight = _tightest(mi, n, pieces)
+        if scanned is not None:
+            tight = _tightest_of(scanned, n, pieces)
+        elif mi.most_kth_room(n - 1, block) < pieces[-1]:
+            continue  # no host has n devices with room for a piece (the usual refusal: no search)
+        else:
+            tight = _tightest(mi, n, pieces)
         if tight is not None:  # beats this model's untouched devices: no need to look at them
             room, h = tight
             yield (n, room, 0, h), h, _best_fit(mi, h, pieces)
@@ -183,6 +190,21 @@ def _tightest(mi: ModelIndex, n: int, pieces: tuple[int, ...]) -> tuple[int, str
             if not extra or mi.kth_room(h, extra - 1) >= large:
                 best = room, h
                 break
+    return best
+
+
+def _tightest_of(
+    ranked: dict[str, tuple[int, tuple[int, ...]]], n: int, pieces: tuple[int, ...]
+) -> tuple[int, str] | None:
+    """What :func:`_tightest` finds, from the hosts' rooms themselves (``ranked``: a few hosts)."""
+    small, large = pieces[-1], pieces[0]
+    extra = pieces.count(large) if large != small else 0
+    best = None
+    for h, entry in ranked.items():
+        if kth(entry, n - 1) >= small and (not extra or kth(entry, extra - 1) >= large):
+            room = min(r for r in entry[1] if r >= small) if entry[1][0] >= small else None
+            if room is not None and (best is None or (room, h) < best):
+                best = room, h
     return best
 
 

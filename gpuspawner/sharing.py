@@ -78,6 +78,7 @@ def fraction(milli: int) -> Fraction:
     return Fraction(milli, UNIT)
 
 
+@functools.lru_cache(maxsize=4096)  # refusals and labels write the same few values again and again
 def fmt(milli: int) -> str:
     """Thousandths as the shortest decimal text: 600 -> '0.6', 1000 -> '1', 1650 -> '1.65'."""
     if milli < 0:

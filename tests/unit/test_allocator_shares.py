@@ -645,6 +645,43 @@ def test_a_refusal_counts_free_room_only_up_to_the_request():
 
     alloc = booked({f"h{i}": [0.6, 0.6] for i in range(50)}, SPLIT)
     mi = alloc._index.models[A100]
-    assert _free_up_to([mi], 41 * UNIT) == 40 * UNIT  # below the request: exact (50 hosts × 0.8)
-    assert 800 <= _free_up_to([mi], 800) < 40 * UNIT  # stops once there is enough
+    assert _free_up_to(alloc._index, [mi], 41 * UNIT) == 40 * UNIT  # below the request: exact (50 hosts × 0.8)
+    assert 800 <= _free_up_to(alloc._index, [mi], 800) < 40 * UNIT  # stops once there is enough
     assert refusal(alloc, Request(A100, share=0.8)).reason is Refusal.NO_DEVICE_ROOM
+
+
+def test_the_models_a_share_may_go_to_follow_policy_and_inventory_changes():
+    """What a share was accepted for before is not reused once the policy or the inventory changed."""
+    alloc = booked({"a": [0, 0]}, SPLIT)
+    assert placement(alloc.allocate("s", Request(share=0.5))) == {"GPU-a-0": "0.5"}
+    alloc.set_sharing({"*": {"quantum": 0.2}})
+    refused = refusal(alloc, Request(share=0.5))
+    assert refused.reason is Refusal.BAD_SHARE and "multiples of 0.2" in refused.message
+    alloc.set_sharing(None)
+    assert refusal(alloc, Request(share=0.5)).reason is Refusal.BAD_SHARE
+    alloc.set_sharing(SPLIT)
+    gpus = [GPU("a", i, f"GPU-a-{i}", T4, MEMORY[T4]) for i in range(2)]
+    alloc.set_host_devices("a", gpus)  # the A100s leave, T4s come
+    assert refusal(alloc, Request(A100, share=0.5)).reason is Refusal.UNKNOWN_MODEL
+    assert alloc.allocate("t", Request(share=0.5)).model == T4
+    alloc.set_inventory(inventory({"b": [0]}))
+    assert refusal(alloc, Request(T4, share=0.5)).reason is Refusal.UNKNOWN_MODEL
+
+
+@pytest.mark.parametrize("scan_hosts", [1, 0])
+def test_a_split_goes_where_the_tightest_partly_booked_device_is_on_hosts_of_one_model(monkeypatch, scan_hosts):
+    """Two models, one host each: no split ranks are kept (each host's devices
+    are looked at directly), and the answer is the one the ranks give (scan_hosts=0)."""
+    from gpuspawner import allocator_index
+
+    monkeypatch.setattr(allocator_index, "SCAN_HOSTS", scan_hosts)
+    state = {"a": [(A100, 0.1), (A100, 0.4)], "b": [(T4, 0.3), (T4, 0.3)]}  # rooms 0.9, 0.6 / 0.7, 0.7
+    alloc = Allocator(inventory(state), sharing=SPLIT)
+    for host, devices in state.items():
+        for index, (_, used) in enumerate(devices):
+            alloc.adopt(f"pre-{host}{index}", "pre", host, [f"GPU-{host}-{index}"], [used])
+    assert all(mi.scan is (scan_hosts == 1) for mi in alloc._index.models.values())
+    got = alloc.allocate("s", Request(share=1.2))  # 0.6 + 0.6: the device with 0.6 free is on a
+    assert (got.host, got.rule, placement(got)) == ("a", "even split", {"GPU-a-0": "0.6", "GPU-a-1": "0.6"})
+    assert placement(alloc.allocate("t", Request(share=1.4))) == {"GPU-b-0": "0.7", "GPU-b-1": "0.7"}
+    assert refusal(alloc, Request(share=1.2)).reason is Refusal.NOT_ON_ONE_HOST  # 0.3 left in all

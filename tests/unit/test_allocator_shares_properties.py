@@ -32,8 +32,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from gpuspawner import allocator_shares
+from gpuspawner import allocator_index, allocator_shares
 from gpuspawner.allocator import ALL, AllocationRefused, Allocator, Request
+from gpuspawner.allocator_index import DeviceIndex
 from gpuspawner.allocator_types import EVEN_SPLIT, ONE_DEVICE, UNEVEN_SPLIT
 from gpuspawner.inventory import GPU
 from gpuspawner.sharing import UNIT, SharingPolicy, split_evenly, to_milli
@@ -378,6 +379,16 @@ class SharesMachine(RuleBasedStateMachine):
             assert mi == mirror.models[model], model
 
     @invariant()
+    def index_is_the_one_built_from_the_bookings_alone(self):
+        """Both allocators change their indexes step by step; one built afresh from
+        the bookings (each host ranked whole) must be the same."""
+        index = self.alloc._index
+        fresh = DeviceIndex(self.alloc._held, self.alloc._shares)
+        fresh.available, fresh.keep_totals = index.available, index.keep_totals
+        fresh.set_inventory(index.gpus.values())
+        assert fresh.models == index.models
+
+    @invariant()
     def sums_never_above_one_and_whole_never_shared(self):
         whole, shared = self.booked()  # asserts no device held whole twice
         assert not set(whole) & set(shared), "a device held whole is also shared"
@@ -408,20 +419,29 @@ SharesMachine.TestCase.settings = SETTINGS
 TestSharesStateMachine = SharesMachine.TestCase
 
 
-class SplitIndexAloneMachine(SharesMachine):
-    """The same, with splits found by the per-k bisections alone (the few
-    devices a split tries first would otherwise answer most of these small cases)."""
+def patched(module, name: str, value, doc: str):
+    """The same machine with ``module.name`` set to ``value`` while it runs."""
 
-    def __init__(self):
-        super().__init__()
-        self.probes, allocator_shares.PROBES = allocator_shares.PROBES, 0
+    class Machine(SharesMachine):
+        __doc__ = doc
 
-    def teardown(self):
-        allocator_shares.PROBES = self.probes
+        def __init__(self):
+            super().__init__()
+            self.saved = getattr(module, name)
+            setattr(module, name, value)
+
+        def teardown(self):
+            setattr(module, name, self.saved)
+
+    Machine.TestCase.settings = SETTINGS
+    return Machine.TestCase
 
 
-SplitIndexAloneMachine.TestCase.settings = SETTINGS
-TestSplitIndexAlone = SplitIndexAloneMachine.TestCase
+# The few devices a split tries first would otherwise answer most of these small cases.
+TestSplitIndexAlone = patched(allocator_shares, "PROBES", 0, "Splits found by the per-k bisections alone.")
+# As for a model on one host: every split looks at the hosts' devices directly.
+TestScan = patched(allocator_index, "SCAN_HOSTS", 10**6, "No split ranks kept for any model.")
+TestRanksAlways = patched(allocator_index, "SCAN_HOSTS", 0, "Split ranks kept also for a model on one host.")
 
 
 @SETTINGS
