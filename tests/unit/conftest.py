@@ -6,9 +6,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from devtools import fakenvml
 from tests.ci import skip_or_fail
+
+# Properties are checked for what they find, not for how fast: a loaded machine must not
+# fail one on hypothesis's 200 ms deadline (speed is measured in benchmarks/).
+settings.register_profile("gpuspawner", deadline=None)
+settings.load_profile("gpuspawner")
 
 
 @pytest.fixture(scope="module")
