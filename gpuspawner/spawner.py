@@ -25,6 +25,7 @@ from .form import render_form
 from .holdings import Holding, HoldingBusy, Holdings
 from .inventory import InventoryError
 from .ledger import LedgerError
+from .line_wait import extend_start_timeout, reserve_or_wait
 from .options import OptionsError, options_from_form, parse_user_options
 from .progress import Progress
 from .service_spec import admin_conflicts, build_service
@@ -142,8 +143,9 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
         async for event in self._progress.follow(lambda: self._spawn_pending):
             yield event
 
-    def _request(self, owner: Holdings) -> Request | None:
-        """The user's options as an allocator request (None: CPU-only); 400 when invalid."""
+    def _request(self, owner: Holdings) -> tuple[Request | None, bool]:
+        """The user's options as an allocator request (None: CPU-only), and
+        whether it may wait in line; 400 when invalid."""
         try:
             options = parse_user_options(
                 self.user_options,
@@ -156,22 +158,40 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
         except OptionsError as exc:
             raise spawn_error(str(exc), reason="invalid_options", status_code=400) from exc
         if options.cpu_only:
-            return None
-        return Request(
+            return None, False
+        request = Request(
             model=options.model, count=options.count, host=options.host, owner=self.user.name, share=options.share
         )
+        return request, options.wait
+
+    def _line_priority(self) -> int:
+        """This user's priority in a model's line (higher goes first)."""
+        return 0
+
+    def run_pre_spawn_hook(self):
+        # JupyterHub's start_timeout timer starts after this hook: a spawn that
+        # may wait in line gets gpu_wait_timeout more (the wait has its own limit).
+        extend_start_timeout(self)
+        return super().run_pre_spawn_hook()
 
     async def start(self):
         self._progress.clear()
         owner = await self._up_to_date()
-        request = self._request(owner)
+        request, wait = self._request(owner)
         settings = await self._admin_settings()
         name = self.service_name
         # A service left by an earlier run of this server (a killed hub, a
         # failed stop) may still run on its GPUs: it goes first.
         if not await self._remove(owner):
             raise spawn_error(STALE, reason="stale_service", status_code=503)
-        holding = await self._reserve(owner, request)
+        try:
+            holding = await reserve_or_wait(
+                self, owner, request and request.model, wait, lambda: self._reserve(owner, request, wait), spawn_error
+            )
+        except BaseException:
+            if owner.get(name) is not None:  # the line reserved for it as the wait was cancelled
+                await asyncio.shield(self._remove(owner))
+            raise
         try:
             if holding.labels.port is not None:
                 self.port = holding.labels.port
@@ -199,7 +219,7 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
             await asyncio.shield(self._remove(owner))
             raise
 
-    async def _reserve(self, owner: Holdings, request: Request | None) -> Holding:
+    async def _reserve(self, owner: Holdings, request: Request | None, waiting: bool = False) -> Holding:
         try:
             holding = await owner.reserve(
                 self.service_name,
@@ -211,7 +231,8 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
                 port_range=self.host_network_ports if self.host_network else None,
             )
         except AllocationRefused as exc:
-            metrics.REFUSED.labels("capacity" if exc.retry else "request").inc()
+            if not (waiting and exc.retry):  # a waiting request is refused again at each look
+                metrics.REFUSED.labels("capacity" if exc.retry else "request").inc()
             reason = "gpu_unavailable" if exc.retry else "gpu_request"
             raise spawn_error(exc.message, reason=reason, status_code=exc.status) from exc
         except (HoldingBusy, ValueError, LedgerError) as exc:
