@@ -257,10 +257,7 @@ class QueueHandler(_GPUMixin, APIHandler):
 
 async def queue_json(owner: Holdings) -> dict:
     line = line_of(owner)
-    try:
-        await line.load()
-    except LedgerError as exc:
-        raise web.HTTPError(503, str(exc)) from None
+    await line.load()
     return {
         model: [
             {"user": w.user, "server": w.server, "since": _iso(w.since), "position": i, "request": w.request}

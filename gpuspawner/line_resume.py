@@ -30,12 +30,12 @@ async def resume_waiting(owner: Holdings) -> int:
 
     if not JupyterHub.initialized():
         return 0
+    line = line_of(owner)
+    await line.load()  # first, as the hub starts: a request that does not wait checks it
     app = JupyterHub.instance()
     started = getattr(app, "_start_future", None)
     if started is not None:
         await started  # the proxy and the users are ready
-    line = line_of(owner)
-    await line.load()
     resumed = 0
     for w in ordered(line.rows):
         try:

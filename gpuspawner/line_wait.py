@@ -72,6 +72,7 @@ class WaitLine:
         self._ids = count(1)  # without a ledger
         self._serving: asyncio.Task | None = None
         self._again = False
+        self._cancelled: set[str] = set()  # waits cancelled whose server is not stopped yet
         owner.on_free.append(self.poke)
 
     # -- the rows ------------------------------------------------------------------
@@ -79,7 +80,11 @@ class WaitLine:
     async def load(self) -> None:
         """The ledger's rows, at first use (a restarted hub finds its line)."""
         if not self.loaded:
-            rows = await self.owner.ledger_call(lambda db: db.waiting())
+            try:
+                rows = await self.owner.ledger_call(lambda db: db.waiting())
+            except LedgerError as exc:  # tried again at the next spawn
+                log.warning("%s", exc)
+                return
             if not self.loaded:
                 self.rows, self.loaded = list(rows or []), True
                 self._count()
@@ -173,6 +178,7 @@ class WaitLine:
         result: asyncio.Future = loop.create_future()
         self._live[service] = (reserve, result)
         deadline, last, poked = loop.time() + timeout, None, 0.0
+        cancelled = False
         try:
             while not result.done():
                 place = self.place(service)
@@ -191,11 +197,35 @@ class WaitLine:
             if not result.done():
                 raise TimeoutError
             return result.result()
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
         finally:
             self._live.pop(service, None)
             if not result.done():
                 result.cancel()  # a reservation under way is given back (see _serve)
-            await asyncio.shield(self.leave(service))  # served or not, its row goes
+            if cancelled:
+                self.cancel(service)
+                if result.done() and not result.cancelled() and result.exception() is None:
+                    # Served as it was cancelled: what the line reserved goes back.
+                    if self.owner.get(service) is result.result():
+                        await asyncio.shield(self.owner.remove(service))
+            else:
+                await asyncio.shield(self.leave(service))  # served or not, its row goes
+
+    def cancel(self, service: str) -> None:
+        """A cancelled wait: out of line at once; its row goes when its server
+        is stopped (:meth:`stopped`), as JupyterHub stops a spawn it cancels.
+        A hub that shuts down cancels every task too, and stops nothing
+        (``cleanup_servers = False``): its rows stay for the next hub."""
+        self._drop(service)
+        self._cancelled.add(service)
+
+    async def stopped(self, service: str) -> None:
+        """The server was stopped: a wait of it that was cancelled leaves the ledger's line too."""
+        if service in self._cancelled:
+            self._cancelled.discard(service)
+            await self.leave(service)
 
     async def _words(self, model: str, place: int) -> str:
         """ "You are number N in line for MODEL", and the estimate."""
@@ -246,7 +276,8 @@ async def reserve_or_wait(
     free: a request never goes ahead of those in line for its model.
     ``spawn_error`` makes the SpawnExceptions users see."""
     line = line_of(owner)
-    await line.load()
+    if wait:  # a hub loads its line at start (line_resume): others need not wait for the ledger here
+        await line.load()
     name = spawner.service_name
     if model is None or (not line.waiting_for(model) and line.place(name) is None):
         try:
@@ -262,9 +293,9 @@ async def reserve_or_wait(
     )
     try:
         await asyncio.shield(joining)
-    except asyncio.CancelledError:  # cancelled as its row was written: the row goes too
+    except asyncio.CancelledError:  # cancelled as its row was written: out of line
         await asyncio.wait([joining])
-        await asyncio.shield(line.leave(name))
+        line.cancel(name)
         raise
     except (LedgerError, ValueError) as exc:
         spawner.log.error("%s could not wait in line: %s", name, exc)
@@ -278,8 +309,19 @@ async def reserve_or_wait(
     return await _wait(spawner, line, reserve, spawn_error)
 
 
+def _hub_settings() -> dict | None:
+    """The settings JupyterHub's handlers read ``concurrent_spawn_limit`` from
+    (the tornado application's: a copy of the hub's ``tornado_settings``)."""
+    from jupyterhub.app import JupyterHub
+
+    if not JupyterHub.initialized():
+        return None  # not inside a hub
+    application = getattr(JupyterHub.instance(), "tornado_application", None)
+    return None if application is None else application.settings
+
+
 async def _wait(spawner, line: WaitLine, reserve: Reserve, spawn_error) -> Holding:
-    settings = getattr(spawner.user, "settings", None)
+    settings = _hub_settings()
     hold_spawn_slot(settings, +1)
     since = time.monotonic()
     try:

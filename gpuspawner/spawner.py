@@ -25,7 +25,7 @@ from .form import render_form
 from .holdings import Holding, HoldingBusy, Holdings
 from .inventory import InventoryError
 from .ledger import LedgerError
-from .line_wait import extend_start_timeout, reserve_or_wait
+from .line_wait import extend_start_timeout, line_of, reserve_or_wait
 from .options import OptionsError, options_from_form, parse_user_options
 from .progress import Progress
 from .service_spec import admin_conflicts, build_service
@@ -184,14 +184,9 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
         # failed stop) may still run on its GPUs: it goes first.
         if not await self._remove(owner):
             raise spawn_error(STALE, reason="stale_service", status_code=503)
-        try:
-            holding = await reserve_or_wait(
-                self, owner, request and request.model, wait, lambda: self._reserve(owner, request, wait), spawn_error
-            )
-        except BaseException:
-            if owner.get(name) is not None:  # the line reserved for it as the wait was cancelled
-                await asyncio.shield(self._remove(owner))
-            raise
+        holding = await reserve_or_wait(
+            self, owner, request and request.model, wait, lambda: self._reserve(owner, request, wait), spawn_error
+        )
         try:
             if holding.labels.port is not None:
                 self.port = holding.labels.port
@@ -406,7 +401,9 @@ class GPUSwarmSpawner(GPUSettings, SwarmSpawner):
     # -- stop / poll / state --------------------------------------------------
 
     async def stop(self, now=False):
-        if not await self._remove(await self._up_to_date()):
+        owner = await self._up_to_date()
+        await line_of(owner).stopped(self.service_name)  # a cancelled wait in line
+        if not await self._remove(owner):
             raise spawn_error(
                 f"Your server's service {self.service_name} could not be removed yet; please try again.",
                 reason="service_remove",

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.integration.support import hub_on, services_of, spawn_ready, wait_until
+from tests.integration.support import hub_on, services_of, spawn_ready
 
 A100 = "NVIDIA A100 80GB PCIe"
 WAIT = {"gpu_model": A100, "gpu_wait": True}
@@ -34,6 +34,13 @@ def line(hub) -> list[tuple[str, int]]:
     r = hub.api("GET", "/gpuspawner/queue")
     assert r.status_code == 200, r.text
     return [(w["user"], w["position"]) for w in r.json().get(A100, [])]
+
+
+def wait_until(hub, condition, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}\n{hub.log_tail(40)}"
+        time.sleep(0.2)
 
 
 def told(hub, user: str, text: str, timeout: float = 60) -> str:
@@ -76,9 +83,9 @@ def test_the_line_end_to_end_through_a_hub_restart(hub, swarm):
     # The hub restarts in the middle: the waiting users are still waiting, in order.
     hub.stop()
     hub.start()
-    wait_until(lambda: line(hub) == [("cara", 1), ("dan", 2)], f"line after restart: {line(hub)}", timeout=60)
-    wait_until(lambda: (hub.server_model("cara") or {}).get("pending") == "spawn", "cara's spawn resumed", 60)
-    wait_until(lambda: (hub.server_model("dan") or {}).get("pending") == "spawn", "dan's spawn resumed", 60)
+    wait_until(hub, lambda: line(hub) == [("cara", 1), ("dan", 2)], "the line after the restart")
+    wait_until(hub, lambda: (hub.server_model("cara") or {}).get("pending") == "spawn", "cara's spawn resumed")
+    wait_until(hub, lambda: (hub.server_model("dan") or {}).get("pending") == "spawn", "dan's spawn resumed")
     assert told(hub, "cara", f"You are number 1 in line for {A100}")
     assert told(hub, "dan", f"You are number 2 in line for {A100}")
     page = hub.api("GET", "/gpuspawner/alloc-map").json()
@@ -98,6 +105,6 @@ def test_the_line_end_to_end_through_a_hub_restart(hub, swarm):
     r = hub.api("DELETE", "/users/dan/server")
     assert r.status_code in (202, 204), r.text
     assert line(hub) == []
-    wait_until(lambda: hub.server_model("dan") is None, "dan's pending server is gone")
+    wait_until(hub, lambda: hub.server_model("dan") is None, "dan's pending server is gone")
     assert services_of(swarm, "dan") == []
     hub.stop_all_servers()

@@ -5,15 +5,20 @@ spawner over the fake swarm, also under interleavings (tests/interleave.py)."""
 from __future__ import annotations
 
 import asyncio
+import os
 from datetime import datetime, timedelta, timezone
 
+import jinja2
 import pytest
 from jupyterhub.spawner import SpawnException
+from prometheus_client import REGISTRY
 
 from gpuspawner import line_wait
+from gpuspawner.api import queue_json
 from gpuspawner.ledger import Ledger
 from gpuspawner.line import Waiter, by_model, estimate, fmt_duration, ordered, position
 from tests.interleave import Run, Scenario, random_schedules
+from tests.unit.test_form_template import _TreeBuilder
 from tests.unit.test_holdings import A100, World, clean
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
@@ -144,11 +149,34 @@ async def test_a_waiter_gets_the_gpu_its_holder_gives_back_and_the_next_moves_up
     assert world.owner.get(bob.service_name).labels.uuids == ("GPU-b0",)
     await until(lambda: any("number 1" in m for m in messages(carol)))
     assert [w.user for w in Ledger(world.db_url).waiting()] == ["carol"]
+    assert REGISTRY.get_sample_value("gpuspawner_line_length", {"model": A100}) == 1
+    assert REGISTRY.get_sample_value("gpuspawner_wait_seconds_count", {"model": A100}) >= 1
+    lines = await queue_json(world.owner)
+    assert [(w["user"], w["position"], w["request"]) for w in lines[A100]] == [("carol", 1, WAIT)]
+    assert admin_page(lines) == [["1", "carol", "", lines[A100][0]["since"]]]
     carol_start.cancel()  # the Cancel button
     with pytest.raises(asyncio.CancelledError):
         await carol_start
-    assert line_wait.line_of(world.owner).rows == [] and Ledger(world.db_url).waiting() == []
+    assert line_wait.line_of(world.owner).rows == []  # out of line at once
+    assert [w.user for w in Ledger(world.db_url).waiting()] == ["carol"]  # the row: until her server is stopped
+    await carol.stop()  # as JupyterHub's DELETE does after cancelling
+    assert Ledger(world.db_url).waiting() == []
+    assert REGISTRY.get_sample_value("gpuspawner_line_length", {"model": A100}) == 0
+    assert await queue_json(world.owner) == {} and admin_page({}) == []
     world.ledger_matches()
+
+
+def admin_page(lines: dict) -> list[list[str]]:
+    """The rows of the lines on /hub/gpus (gpus.html, in a stand-in page)."""
+    templates = os.path.join(os.path.dirname(line_wait.__file__), "templates")
+    page = jinja2.DictLoader({"page.html": "<main>{% block main %}{% endblock %}</main>"})
+    env = jinja2.Environment(loader=jinja2.ChoiceLoader([page, jinja2.FileSystemLoader(templates)]), autoescape=True)
+    html = env.get_template("gpus.html").render(base_url="/hub/", hosts="", stale={}, lines=lines)
+    if not lines:
+        assert "Nobody is waiting for a GPU." in html
+    builder = _TreeBuilder()
+    builder.feed(html)
+    return [[td.text for td in tr.find_all("td")] for tr in builder.root.find_all("tr") if tr.find_all("td")]
 
 
 async def test_a_wait_ends_after_gpu_wait_timeout_with_a_clear_message(tmp_path):
@@ -213,43 +241,56 @@ def line_is_consistent(world: World, *waiters):
     return check
 
 
-def waiting_scenario(run: Run, tmp_path, extra_events=None) -> Scenario:
+def waiting_scenario(run: Run, tmp_path, extra_events=None, seen=None, cancel=True) -> Scenario:
     """Alice's server (left by an earlier hub, adopted at first use) holds the
     one GPU; bob waits in line for it; alice's server may be stopped at any point."""
     world = World(tmp_path, run.executor, gpu_wait_timeout=5)
     world.leftover("alice")
     bob = world.spawner("bob", WAIT)
 
+    async def bob_starts():
+        try:
+            await bob.start()
+        except asyncio.CancelledError:  # JupyterHub's DELETE: cancel, then stop
+            try:
+                await bob.stop()
+            except SpawnException:
+                pass  # its container still runs: the reconcile finishes the removal
+            raise
+
     def check(outcome):
         clean(outcome)
-        # Bob's allocation is open in the ledger exactly while he holds the GPU (a
-        # cancel during the first reconciliation may leave alice's adoption unrecorded).
-        open_ = {r.service for r in Ledger(world.db_url).open_allocations()}
-        assert (bob.service_name in open_) == (world.owner.get(bob.service_name) is not None)
         assert line_wait.line_of(world.owner).rows == [] and Ledger(world.db_url).waiting() == []
         h = world.owner.get(bob.service_name)
+        if seen is not None:  # served: the line reserved for him (his start may still fail after)
+            served = any(m.startswith("Reserved") for m in messages(bob))
+            seen.append("served" if served else type(outcome.errors.get("bob")).__name__)
         if "bob" in outcome.errors:  # cancelled or timed out: holds nothing (or is being removed)
             assert h is None or h.phase.value == "removing", h
-        else:
+        else:  # served: he holds the GPU, and the ledger says so
             assert h is not None and h.labels.uuids == ("GPU-b0",)
+            assert bob.service_name in {r.service for r in Ledger(world.db_url).open_allocations()}
 
     return Scenario(
-        ops={"bob": bob.start},
+        ops={"bob": bob_starts},
         events={
-            "stop_alice": lambda: world.owner.remove("jupyter-alice"),
+            # (once the hub holds it: a leftover removed before it is adopted is another matter)
+            "stop_alice": lambda: world.owner.remove("jupyter-alice") if world.owner.get("jupyter-alice") else None,
             "run_all": world.fake.run_all,
             "exit_all": world.fake.exit_all,
             **(extra_events(world, bob) if extra_events else {}),
         },
-        cancellable=("bob",),
+        cancellable=("bob",) if cancel else (),
         invariant=world.invariant,
         check=check,
     )
 
 
 def test_cancel_during_the_wake_up_leaves_no_gpu_reserved_and_the_line_empty(tmp_path):
-    stats = random_schedules(lambda run: waiting_scenario(run, tmp_path), seed=14, n=150)
+    seen: list[str] = []
+    stats = random_schedules(lambda run: waiting_scenario(run, tmp_path, seen=seen), seed=14, n=150)
     assert stats.schedules == 150
+    assert "CancelledError" in seen
 
 
 def test_a_release_racing_a_new_request_never_lets_it_go_ahead_of_the_waiter(tmp_path):
@@ -264,5 +305,9 @@ def test_a_release_racing_a_new_request_never_lets_it_go_ahead_of_the_waiter(tmp
 
         return {"carol": start}
 
-    stats = random_schedules(lambda run: waiting_scenario(run, tmp_path, extra_events=carol), seed=15, n=150)
+    seen: list[str] = []
+    stats = random_schedules(
+        lambda run: waiting_scenario(run, tmp_path, extra_events=carol, seen=seen, cancel=False), seed=15, n=150
+    )
     assert stats.schedules == 150 and not any(ahead)
+    assert "served" in seen, sorted(set(seen))  # bob got the GPU in some schedules, timed out in others
