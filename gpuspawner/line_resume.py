@@ -44,7 +44,7 @@ async def resume_waiting(owner: Holdings) -> int:
             log.warning("%s waited in line for %s, but user %s is gone: out of line", w.service, w.model, w.user)
             await line.leave(w.service)
             continue
-        spawner = user.get_or_create_spawner(w.server)
+        spawner = user.spawners[w.server]
         if spawner.active:
             if owner.get(w.service) is not None:  # it runs after all
                 await line.leave(w.service)

@@ -17,11 +17,13 @@ import time
 
 import pytest
 
-from tests.integration.support import hub_on, services_of, spawn_ready
+from tests.integration import test_browser as browser_tests
+from tests.integration.support import hub_on, login, services_of, spawn_ready
 
 A100 = "NVIDIA A100 80GB PCIe"
 WAIT = {"gpu_model": A100, "gpu_wait": True}
 CONFIG = "c.JupyterHub.concurrent_spawn_limit = 2\n"
+browsers, shots = browser_tests.browsers, browser_tests.shots  # the browser tests' fixtures
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +41,9 @@ def line(hub) -> list[tuple[str, int]]:
 def wait_until(hub, condition, what: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, f"{what}\n{hub.log_tail(40)}"
+        if time.monotonic() > deadline:
+            log = [x for x in hub.log_path.read_text(errors="replace").splitlines() if " 200 GET " not in x]
+            raise AssertionError(what + "\n" + "\n".join(log[-60:]))
         time.sleep(0.2)
 
 
@@ -66,6 +70,8 @@ def test_the_line_end_to_end_through_a_hub_restart(hub, swarm):
         r = hub.spawn(user, WAIT)
         assert r.status_code == 202, r.text  # pending: waiting in line
     assert line(hub) == [("cara", 1), ("dan", 2)]
+    # The line is for admins: a user's own login gets 403.
+    assert login(hub, "fay").get(hub.url + "/hub/api/gpuspawner/queue", timeout=10).status_code == 403
     assert told(hub, "cara", f"You are number 1 in line for {A100}")
     dan_words = told(hub, "dan", f"You are number 2 in line for {A100}")
     assert "Estimate" not in dan_words  # no server of this model has ended yet: no history to go by
@@ -108,3 +114,19 @@ def test_the_line_end_to_end_through_a_hub_restart(hub, swarm):
     wait_until(hub, lambda: hub.server_model("dan") is None, "dan's pending server is gone")
     assert services_of(swarm, "dan") == []
     hub.stop_all_servers()
+
+
+def test_the_waiting_page_shows_the_place_in_line(hub, browsers, shots):
+    """In a real browser: the spawn-pending page of a waiting user (screenshot:
+    docs/screenshots/spawn-waiting.png with ``make screenshots``)."""
+    spawn_ready(hub, "gil", {"gpu_model": A100, "gpu_count": 2})
+    assert hub.spawn("hal", WAIT).status_code == 202
+    driver = browsers(width=1000, height=700).driver
+    browser_tests.log_in(driver, hub, "hal")
+    driver.get(hub.url + "/hub/spawn-pending/hal")
+    words = f"You are number 1 in line for {A100}"
+    message = browser_tests.by().ID, "progress-message"
+    browser_tests.wait(driver, lambda d: words in d.find_element(*message).text, "no place in line shown", 60)
+    driver.save_screenshot(str(shots / "spawn-waiting.png"))
+    hub.stop_all_servers()
+    assert line(hub) == []
