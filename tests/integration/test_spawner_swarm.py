@@ -144,7 +144,7 @@ def test_several_gpus_come_from_one_host(hub, swarm):
     hub.stop_server("frank")
 
 
-def test_spawn_form_shows_free_counts_and_disables_full_models(hub, swarm):
+def test_spawn_form_shows_free_counts_and_offers_full_models_to_wait_for(hub, swarm):
     spawn_ready(hub, "holly", {"gpu_model": A100, "gpu_count": 2})
     page = login(hub, "ivan").get(hub.url + "/hub/spawn/ivan", timeout=30).text
     assert "0 of 2 free now" in page and "3 of 3 free now, up to 3 on one host" in page
