@@ -13,7 +13,8 @@
   holdings with the services the swarm runs, then returns the map.
   ``GET /hub/api/gpuspawner/usage?since=&until=&by=user|model|reason``: GPU-hours
   from the ledger. ``GET /hub/api/gpuspawner/doctor``: known
-  misconfigurations and their fixes. These need ``admin:servers`` (the admin role has it).
+  misconfigurations and their fixes. ``GET /hub/api/gpuspawner/queue``: who waits
+  in line for which model (docs/line.md). These need ``admin:servers`` (the admin role has it).
 * ``GET /hub/gpus``: the allocation map as a page, for admins.
 
 They use the hub's one :class:`~gpuspawner.holdings.Holdings`, the same the
@@ -46,6 +47,7 @@ from .cluster import GPUCluster
 from .doctor import diagnose
 from .holdings import Holdings
 from .ledger import LedgerError
+from .line_wait import line_of
 from .reports import MAX_REPORT_BYTES, ReportError, parse_report
 from .swarm import SwarmError
 from .views import batches
@@ -246,6 +248,26 @@ class DoctorHandler(_GPUMixin, APIHandler):
         self.write({"findings": [f.as_dict() for f in findings]})
 
 
+class QueueHandler(_GPUMixin, APIHandler):
+    """Each model's line: ``{model: [{user, server, since, position, request}]}``."""
+
+    async def get(self):
+        self.require(ADMIN_SCOPE)
+        self.write(await queue_json(self.owner()))
+
+
+async def queue_json(owner: Holdings) -> dict:
+    line = line_of(owner)
+    await line.load()
+    return {
+        model: [
+            {"user": w.user, "server": w.server, "since": _iso(w.since), "position": i, "request": w.request}
+            for i, w in enumerate(waiters, 1)
+        ]
+        for model, waiters in line.lines().items()
+    }
+
+
 class UsageHandler(_GPUMixin, APIHandler):
     """GPU-hours per user, model or end reason: ``?since=ISO&until=ISO&by=user|model|reason``."""
 
@@ -326,8 +348,13 @@ class GPUPageHandler(_GPUMixin, BaseHandler):
     @web.authenticated
     async def get(self):
         self.require(ADMIN_SCOPE)
-        cluster = (await self.holdings()).cluster
-        render = functools.partial(self.render_template, "gpus.html")
+        owner = await self.holdings()
+        cluster = owner.cluster
+        lines = {
+            model: [{**w, "since": w["since"].replace("T", " ")} for w in ws]
+            for model, ws in (await queue_json(owner)).items()
+        }
+        render = functools.partial(self.render_template, "gpus.html", lines=lines)
         head, cards, tail = await gpu_page(cluster, render, self.get_template("gpus_host.html", sync=True))
         # Sent a piece at a time: one copy of megabytes would hold up the event loop for milliseconds.
         for piece in batches([head.encode(), *cards, tail.encode()]):
@@ -343,6 +370,7 @@ handlers = [
     (r"/api/gpuspawner/alloc-map", AllocMapHandler),
     (r"/api/gpuspawner/rescan", RescanHandler),
     (r"/api/gpuspawner/usage", UsageHandler),
+    (r"/api/gpuspawner/queue", QueueHandler),
     (r"/api/gpuspawner/doctor", DoctorHandler),
     (r"/gpus", GPUPageHandler),
 ]

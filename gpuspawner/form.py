@@ -76,6 +76,7 @@ def render_form(spawner, owner, error: str = "", access: Access | None = None, b
             held=held,
             hosts=hosts if spawner.allow_host_choice else [],
             selected_free=selected_free,
+            wait_checked=(spawner.user_options or {}).get("gpu_wait") is True,
             error=error,
             room=room,
             share_choices=_share_choices(summary, room),

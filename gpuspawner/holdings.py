@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -44,6 +45,7 @@ from typing import TypeVar
 from . import metrics
 from .allocator import Allocation, Request
 from .cluster import GPUCluster
+from .holdings_views import holders_of
 from .labels import LABEL, LabelError, ServerLabels, parse_labels
 from .ledger import Ledger, LedgerError
 from .ports import PortPool
@@ -117,7 +119,8 @@ class Holdings:
         self._changed: dict[str, int] = {}
         self._reconciling = asyncio.Lock()
         self.rebuilt = False
-        cluster.views.holders_of = self.holders_of
+        cluster.views.holders_of = functools.partial(holders_of, self)
+        self.on_free: list[Callable[[], None]] = []  # called when devices come back (the line is served)
 
     # -- views -------------------------------------------------------------------
 
@@ -126,27 +129,6 @@ class Holdings:
 
     def all(self) -> dict[str, Holding]:
         return dict(self._holdings)
-
-    def holders_of(self, uuid: str) -> list[dict]:
-        """Who holds the device, for the allocation map: each holder's user,
-        server, share, the rule that placed it (None: whole GPUs, or adopted
-        after a restart) and phase (and why a device being removed is still held)."""
-        allocator = self.allocator
-        out = []
-        for name, milli in allocator.booked_on(uuid).items():
-            h = self._holdings.get(name)
-            alloc = allocator.holding(name)
-            holder = {
-                "user": h.labels.user if h else getattr(alloc, "owner", ""),
-                "server": h.labels.server if h else "",
-                "share": milli / UNIT,
-                "rule": getattr(alloc, "rule", None),
-                "phase": (h.phase if h else Phase.RUNNING).value,
-            }
-            if h is not None and h.problem:
-                holder["problem"] = h.problem
-            out.append(holder)
-        return out
 
     # -- transitions ---------------------------------------------------------------
 
@@ -310,6 +292,8 @@ class Holdings:
             self.cluster.pending.pop(h.name, None)
             self.ports.release(h.name)
             self._touch(h.name)
+            for freed in self.on_free:
+                freed()
 
     # -- reconciliation ------------------------------------------------------------
 

@@ -42,13 +42,11 @@ def configure(c) -> None:
     metrics.use_cluster(lambda: api.hub_view(c).holdings().cluster)
     validate_config(c)
     try:
-        loop = asyncio.get_running_loop()  # JupyterHub reads its config inside its event loop
+        asyncio.get_running_loop()  # JupyterHub reads its config inside its event loop
     except RuntimeError:
         return  # loaded outside a hub (a test, a linter): nothing to run
     for job in (_keep_reconciling(c), metrics.watch_event_loop(), reclaim_hub.keep_checking(c)):
-        task = loop.create_task(job)
-        _background.add(task)  # the loop keeps only weak references to tasks
-        task.add_done_callback(_background.discard)
+        _run(job)
 
 
 _background: set = set()
@@ -64,6 +62,21 @@ def _add_templates(c) -> None:
         paths.append(TEMPLATES)
     else:  # not set yet: a lazy value that JupyterHub's default comes into
         paths.insert(0, TEMPLATES)
+
+
+def _run(job) -> None:
+    task = asyncio.get_running_loop().create_task(job)
+    _background.add(task)  # the loop keeps only weak references to tasks
+    task.add_done_callback(_background.discard)
+
+
+async def _resume(owner, log) -> None:
+    from .line_resume import resume_waiting
+
+    try:
+        await resume_waiting(owner)
+    except Exception as exc:  # the hub runs on; say what happened in one line
+        log.error("Resuming the spawns waiting in line failed: %s", getattr(exc, "message", exc))
 
 
 def _untracked(user: str, server: str) -> bool:
@@ -91,7 +104,9 @@ async def _keep_reconciling(config) -> None:
     while True:
         try:
             owner = await view._up_to_date()  # the first use rebuilds holdings from the swarm
-            if not first:
+            if first:
+                _run(_resume(owner, log))  # the spawns waiting in line when the hub stopped
+            else:
                 await owner.reconcile(_untracked)
             first = False
         except SwarmError as exc:

@@ -43,6 +43,7 @@ import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
 from .ledger_checks import aware_utc, checked_name, checked_range, checked_shares, checked_task_ids, utc_now
+from .ledger_queue import LedgerQueue
 from .ledger_reads import (
     USAGE_KEYS,
     Usage,
@@ -94,7 +95,7 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(cause).__name__
 
 
-class Ledger:
+class Ledger(LedgerQueue):
     """Allocations and their history in the database at ``url`` (any SQLAlchemy URL).
 
     Nothing is connected at construction: the tables are created or upgraded on first

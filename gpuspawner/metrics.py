@@ -14,15 +14,25 @@ scrapes. Decisions are counted as they happen.
 ``gpuspawner_allocation_seconds``                 time the allocator took to decide
 ``gpuspawner_event_loop_lag_seconds``             how late the hub's event loop woke a 50 ms timer
 ``gpuspawner_double_bookings_total``              devices reconciliation found booked by two services
+``gpuspawner_line_length{model}``                 requests waiting in line (docs/line.md)
+``gpuspawner_wait_seconds{model}``                how long served requests waited in line
 ================================================  =====================================
 """
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-__all__ = ["ALLOCATION_SECONDS", "GRANTED", "REFUSED", "register_cluster", "use_cluster"]
+__all__ = [
+    "ALLOCATION_SECONDS",
+    "GRANTED",
+    "REFUSED",
+    "WAIT_SECONDS",
+    "line_lengths",
+    "register_cluster",
+    "use_cluster",
+]
 
 GRANTED = Counter("gpuspawner_allocations_granted", "GPU requests that got devices", ["model"])
 DOUBLE_BOOKINGS = Counter(
@@ -34,6 +44,25 @@ ALLOCATION_SECONDS = Histogram(
     "Time the allocator took to decide a request",
     buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1),
 )
+
+LINE_LENGTH = Gauge("gpuspawner_line_length", "Requests waiting in line for a GPU model", ["model"])
+WAIT_SECONDS = Histogram(
+    "gpuspawner_wait_seconds",
+    "How long requests that got their GPUs had waited in line",
+    ["model"],
+    buckets=(10, 30, 60, 300, 900, 1800, 3600, 7200, 14400, 28800),
+)
+_LINE_MODELS: set[str] = set()
+
+
+def line_lengths(lengths: dict[str, int]) -> None:
+    """Each model's line length; a model whose line emptied shows 0."""
+    for model in _LINE_MODELS - set(lengths):
+        LINE_LENGTH.labels(model).set(0)
+    for model, n in lengths.items():
+        LINE_LENGTH.labels(model).set(n)
+    _LINE_MODELS.update(lengths)
+
 
 EVENT_LOOP_LAG = Histogram(
     "gpuspawner_event_loop_lag_seconds",

@@ -9,6 +9,9 @@ Only values that pass it ever reach service env, constraints or labels.
 one host) instead of ``gpu_count`` whole ones, where the admin's sharing
 policy offers it; it counts against the per-user limit as what it is (a
 user with a limit of 2 may hold 1.2 and 0.8).
+
+``gpu_wait`` (true or false): when none of the chosen model is free, wait in
+its line instead of failing (docs/line.md). It needs ``gpu_model``.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from .sharing import UNIT, SharingPolicy, fmt, fraction, shown, to_milli
 
 __all__ = ["KEYS", "GPURequest", "OptionsError", "options_from_form", "parse_user_options"]
 
-KEYS = ("gpu_model", "gpu_count", "gpu_host", "gpu_share")
-_WHOLE_KEYS = KEYS[:3]  # what is offered while no model is shared
+KEYS = ("gpu_model", "gpu_count", "gpu_host", "gpu_share", "gpu_wait")
+_WHOLE_KEYS = ("gpu_model", "gpu_count", "gpu_host", "gpu_wait")  # what is offered while no model is shared
 _DECIMAL_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?|\.[0-9]+")
 _NUMBER_CHARS = 12  # longer numbers are passed on as text (int() refuses 4,300 digits; float() overflows)
 
@@ -40,6 +43,7 @@ class GPURequest:
     count: int | str  # 0: CPU-only; ALL: every GPU of one host; 1 with a share
     host: str | None
     share: Fraction | None = None  # a share of a GPU; None: ``count`` whole GPUs
+    wait: bool = False  # wait in line when none is free
 
     @property
     def cpu_only(self) -> bool:
@@ -59,6 +63,8 @@ def options_from_form(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
         if key == "gpu_count":
             number = len(value) <= _NUMBER_CHARS and value.isascii() and value.isdigit()
             options[key] = int(value) if number else value
+        elif key == "gpu_wait":  # a checkbox: sent only when ticked
+            options[key] = value in ("on", "true")
         elif key == "gpu_share":
             if value:  # empty: whole GPUs
                 number = len(value) <= _NUMBER_CHARS and _DECIMAL_RE.fullmatch(value) is not None
@@ -103,8 +109,10 @@ def parse_user_options(
             f"Unknown GPU model {shown(model)}; choose one of: {', '.join(models) or '(none configured)'}"
         )
     host = _host(options, hosts, allow_host_choice)
+    wait = _wait(options, model)
     if "gpu_share" in options:
-        return GPURequest(model=model, count=1, host=host, share=_share(options, model, models, max_count, sharing))
+        share = _share(options, model, models, max_count, sharing)
+        return GPURequest(model=model, count=1, host=host, share=share, wait=wait)
 
     count = options.get("gpu_count", 0 if model is None else 1)
     if count == ALL:
@@ -118,7 +126,16 @@ def parse_user_options(
         raise OptionsError(f"{asked} requested; the limit is {max_count} per user (0 for CPU-only)")
     if count == 0 and model is not None:
         raise OptionsError("gpu_count 0 means CPU-only: leave gpu_model out, or ask for at least 1 GPU")
-    return GPURequest(model=model, count=count, host=host)
+    return GPURequest(model=model, count=count, host=host, wait=wait and count != 0)
+
+
+def _wait(options: Mapping, model: str | None) -> bool:
+    wait = options.get("gpu_wait", False)
+    if not isinstance(wait, bool):
+        raise OptionsError(f"gpu_wait must be true or false; got {shown(wait)}")
+    if wait and model is None and (options.get("gpu_count", 0) != 0 or "gpu_share" in options):
+        raise OptionsError("gpu_wait needs gpu_model: a line is per GPU model")
+    return wait
 
 
 def _host(options: Mapping, hosts: list[str], allow_host_choice: bool) -> str | None:

@@ -238,6 +238,14 @@ class GPUSettings(LoggingConfigurable):
         ``Spawner.start_timeout`` so that users see this clearer message.""",
     ).tag(config=True)
 
+    gpu_wait_timeout = Integer(
+        4 * 3600,
+        min=1,
+        help="""Seconds a request may wait in line for a GPU model
+        (``gpu_wait``, docs/line.md) before it fails with a message saying so.
+        While a spawn may wait, JupyterHub's ``start_timeout`` is extended by this much.""",
+    ).tag(config=True)
+
     server_stop_timeout = Integer(
         30,
         min=0,

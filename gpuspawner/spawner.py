@@ -27,6 +27,7 @@ from .form import render_form
 from .holdings import Holding, HoldingBusy, Holdings
 from .inventory import InventoryError
 from .ledger import LedgerError
+from .line_wait import extend_start_timeout, line_of, reserve_or_wait
 from .options import OptionsError, options_from_form, parse_user_options
 from .progress import Progress
 from .reclaim import end_reason
@@ -153,9 +154,10 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         async for event in self._progress.follow(lambda: self._spawn_pending):
             yield event
 
-    def _request(self, owner: Holdings, access: Access) -> Request | None:
-        """The user's options as an allocator request (None: CPU-only); 400
-        when invalid, 403 when the user's access rules forbid it."""
+    def _request(self, owner: Holdings, access: Access) -> tuple[Request | None, bool]:
+        """The user's options as an allocator request (None: CPU-only), and
+        whether it may wait in line; 400 when invalid, 403 when the user's
+        access rules forbid it (such a request never enters a line)."""
         models = [m.model for m in owner.allocator.summary()]
         forbidden = access.refusal(self.user_options, models)
         if forbidden:
@@ -172,16 +174,28 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         except OptionsError as exc:
             raise spawn_error(str(exc), reason="invalid_options", status_code=400) from exc
         if options.cpu_only:
-            return None
-        return Request(
+            return None, False
+        request = Request(
             model=options.model, count=options.count, host=options.host, owner=self.user.name, share=options.share
         )
+        return request, options.wait
+
+    def _line_priority(self) -> int:
+        """This user's priority in a model's line (higher goes first): the
+        most generous of their groups' ``priority`` in ``gpu_access``."""
+        return self._access().priority
+
+    def run_pre_spawn_hook(self):
+        # JupyterHub's start_timeout timer starts after this hook: a spawn that
+        # may wait in line gets gpu_wait_timeout more (the wait has its own limit).
+        extend_start_timeout(self)
+        return super().run_pre_spawn_hook()
 
     async def start(self):
         self._progress.clear()
         owner = await self._up_to_date()
         access = self._access()
-        request = self._request(owner, access)
+        request, wait = self._request(owner, access)
         if request is not None:
             await self._within_budget(owner, access)
         settings = await self._admin_settings()
@@ -190,7 +204,14 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         # failed stop) may still run on its GPUs: it goes first.
         if not await self._remove(owner):
             raise spawn_error(STALE, reason="stale_service", status_code=503)
-        holding = await self._reserve(owner, request, access.max_gpus)
+        holding = await reserve_or_wait(
+            self,
+            owner,
+            request and request.model,
+            wait,
+            lambda: self._reserve(owner, request, access.max_gpus, wait),
+            spawn_error,
+        )
         try:
             if holding.labels.port is not None:
                 self.port = holding.labels.port
@@ -229,7 +250,9 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         if over:
             raise spawn_error(over, reason="gpu_budget", status_code=403)
 
-    async def _reserve(self, owner: Holdings, request: Request | None, limit: int) -> Holding:
+    async def _reserve(
+        self, owner: Holdings, request: Request | None, limit: int, waiting: bool = False
+    ) -> Holding:
         try:
             holding = await owner.reserve(
                 self.service_name,
@@ -241,7 +264,8 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                 port_range=self.host_network_ports if self.host_network else None,
             )
         except AllocationRefused as exc:
-            metrics.REFUSED.labels("capacity" if exc.retry else "request").inc()
+            if not (waiting and exc.retry):  # a waiting request is refused again at each look
+                metrics.REFUSED.labels("capacity" if exc.retry else "request").inc()
             reason = "gpu_unavailable" if exc.retry else "gpu_request"
             raise spawn_error(exc.message, reason=reason, status_code=exc.status) from exc
         except (HoldingBusy, ValueError, LedgerError) as exc:
@@ -416,7 +440,9 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
     # -- stop / poll / state --------------------------------------------------
 
     async def stop(self, now=False):
-        if not await self._remove(await self._up_to_date()):
+        owner = await self._up_to_date()
+        await line_of(owner).stopped(self.service_name)  # a cancelled wait in line
+        if not await self._remove(owner):
             raise spawn_error(
                 f"Your server's service {self.service_name} could not be removed yet; please try again.",
                 reason="service_remove",

@@ -119,17 +119,21 @@ def test_from_the_form_to_jupyterlab_and_the_next_user_sees_one_less(hub, swarm,
     log_in(anna, hub, "anna")
     open_form(anna, hub)
     assert model_help(anna, A100) == "80 GiB memory · 0 of 2 free now"
-    assert not model_radio(anna, A100).is_enabled()
+    assert model_radio(anna, A100).is_enabled()  # none free, but it can be waited for
     assert model_help(anna, GTX) == "8 GiB memory · 3 of 3 free now, up to 3 on one host"
     assert model_radio(anna, "").is_selected()
     anna.save_screenshot(str(shots / "spawn-form.png"))
 
-    # Keyboard only: the arrow key skips the full A100 to the GTX, Tab goes on to the count.
+    # Keyboard only: the arrow keys go through the models (the full A100 too), Tab goes on to the count.
     model_radio(anna, "").send_keys(Keys.ARROW_DOWN)
+    assert model_radio(anna, A100).is_selected()
+    anna.switch_to.active_element.send_keys(Keys.ARROW_DOWN)
     assert model_radio(anna, GTX).is_selected()
     anna.switch_to.active_element.send_keys(Keys.TAB)
     assert anna.switch_to.active_element.get_attribute("id") == "gpu-count"
     assert Select(anna.find_element(B.ID, "gpu-count")).first_selected_option.text == "1"
+    anna.switch_to.active_element.send_keys(Keys.TAB)
+    assert anna.switch_to.active_element.get_attribute("id") == "gpu-wait"
     anna.switch_to.active_element.send_keys(Keys.TAB)
     assert anna.switch_to.active_element.text == "Start"
     t0 = time.monotonic()

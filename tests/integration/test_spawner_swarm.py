@@ -144,13 +144,13 @@ def test_several_gpus_come_from_one_host(hub, swarm):
     hub.stop_server("frank")
 
 
-def test_spawn_form_shows_free_counts_and_disables_full_models(hub, swarm):
+def test_spawn_form_shows_free_counts_and_offers_full_models_to_wait_for(hub, swarm):
     spawn_ready(hub, "holly", {"gpu_model": A100, "gpu_count": 2})
     page = login(hub, "ivan").get(hub.url + "/hub/spawn/ivan", timeout=30).text
     assert "0 of 2 free now" in page and "3 of 3 free now, up to 3 on one host" in page
     a100_input = re.search(r"<input[^>]*value=\"" + re.escape(A100) + r"\"[^>]*>", page, re.S).group(0)
     gtx_input = re.search(r"<input[^>]*value=\"" + re.escape(GTX) + r"\"[^>]*>", page, re.S).group(0)
-    assert "disabled" in a100_input and "disabled" not in gtx_input
+    assert "disabled" not in a100_input and "disabled" not in gtx_input  # none free: it can be waited for
     assert "No GPU (CPU only)" in page
     # The count choice stops at the per-user limit (2), though 3 GTX are free.
     assert '<option value="2">' in page and '<option value="3">' not in page

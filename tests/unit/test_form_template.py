@@ -72,7 +72,7 @@ class _TreeBuilder(HTMLParser):
 
 
 def render_html(paths=(), **kw) -> str:
-    ctx = dict(models=[A100, GTX], max_count=2, limit=2, held=0, hosts=[], selected_free=None, error="")
+    ctx = dict(models=[A100, GTX], max_count=2, limit=2, held=0, room=2, hosts=[], selected_free=None, error="")
     ctx.update(kw)
     return _templates(tuple(paths)).get_template("options_form.html").render(**ctx)
 
@@ -117,16 +117,31 @@ def test_memory_in_gib_without_needless_decimals(mib, shown):
     assert help_of(form, radio(form, "X")).startswith(shown + " memory ·")
 
 
-def test_a_model_with_none_free_is_disabled_and_says_so():
+def test_a_model_with_none_free_says_so_and_can_be_chosen_to_wait_in_line():
     form = render()
     gtx, a100 = radio(form, GTX.model), radio(form, A100.model)
-    assert "disabled" in gtx.attrs and "disabled" not in a100.attrs
+    assert "disabled" not in gtx.attrs and "disabled" not in a100.attrs
+    assert "bg-body-tertiary" in gtx.parent.classes() and "bg-body-tertiary" not in a100.parent.classes()
     badges = [b.text for b in form.find_all("span") if "badge" in b.classes()]
     assert badges == ["3 free", "none free"]
+    (wait,) = form.find_all("input", name="gpu_wait")
+    assert wait.attrs["type"] == "checkbox" and "checked" not in wait.attrs
+    assert form.find_all("label", for_="gpu-wait")[0].text == "If none is free, wait in line"
+    assert "checked" in render(wait_checked=True).find_all("input", name="gpu_wait")[0].attrs
+
+
+def test_a_model_with_none_free_is_disabled_when_the_user_may_hold_no_more():
+    form = render(room=0)
+    assert "disabled" in radio(form, GTX.model).attrs and "disabled" not in radio(form, A100.model).attrs
+
+
+def test_a_model_whose_devices_are_all_on_hosts_that_are_down_is_disabled():
+    down = ModelSummary("NVIDIA GeForce GTX 1070", 8192, total=4, free=0, largest_block=0, unavailable=4)
+    assert "disabled" in radio(render(models=[A100, down]), down.model).attrs
 
 
 def test_no_model_is_offered_when_the_user_may_hold_no_more():
-    form = render(models=[A100], max_count=0, held=2)
+    form = render(models=[A100], max_count=0, held=2, room=0)
     assert "disabled" in radio(form, A100.model).attrs
     assert form.find_all("select") == []
     assert (
@@ -153,7 +168,7 @@ def test_every_control_has_a_label_and_ids_are_unique():
     ids = [n.attrs["id"] for n in form.iter() if "id" in n.attrs]
     assert len(ids) == len(set(ids))
     controls = form.find_all("input") + form.find_all("select")
-    assert len(controls) == 5  # no GPU, two models, count, host
+    assert len(controls) == 6  # no GPU, two models, wait, count, host
     for control in controls:
         assert label_of(form, control).text, control.attrs
         for ref in control.attrs.get("aria-describedby", "").split():
@@ -249,7 +264,7 @@ def test_shares_are_offered_for_shareable_models_with_what_they_mean():
     a100 = radio(form, full_but_shareable.model)
     assert "disabled" not in a100.attrs  # no whole GPU free, but a share is
     assert "can be shared: up to 0.5 of one GPU free" in help_of(form, a100)
-    assert "disabled" in radio(form, GTX.model).attrs
+    assert "disabled" not in radio(form, GTX.model).attrs  # none free: it can be waited for
     select = form.by_id("gpu-share")
     assert label_of(form, select).text == "Or a share of a GPU"
     assert [o.attrs["value"] for o in select.find_all("option")] == ["", "0.25", "0.5"]

@@ -33,7 +33,7 @@ def test_the_package_has_no_import_cycle():
 
 
 ALLOCATOR = sorted(p.stem for p in PACKAGE.glob("allocator*.py"))
-PURE = [*ALLOCATOR, "sharing", "labels", "options", "inventory", "reports", "views", "ports"]
+PURE = [*ALLOCATOR, "sharing", "labels", "line", "options", "inventory", "reports", "views", "ports"]
 
 
 def test_the_pure_core_imports_neither_docker_nor_jupyterhub():

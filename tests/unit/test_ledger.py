@@ -509,6 +509,7 @@ class LedgerContract:
             "gpuspawner_allocations",
             "gpuspawner_allocation_devices",
             "gpuspawner_agent_tokens",
+            "gpuspawner_queue",
             VERSION_TABLE,
         }
         assert ledger_migrations.current(ledger.engine) == (ledger_migrations.head(),)

@@ -175,9 +175,9 @@ def test_share_needs_sharing_enabled():
 
 
 def test_valid_options_are_named_by_what_the_hub_offers():
-    with pytest.raises(OptionsError, match="valid options: gpu_model, gpu_count, gpu_host, gpu_share$"):
+    with pytest.raises(OptionsError, match="valid options: gpu_model, gpu_count, gpu_host, gpu_share, gpu_wait$"):
         parse_share({"extra": 1})
-    with pytest.raises(OptionsError, match="valid options: gpu_model, gpu_count, gpu_host$"):
+    with pytest.raises(OptionsError, match="valid options: gpu_model, gpu_count, gpu_host, gpu_wait$"):
         parse_share({"extra": 1}, sharing=None)
 
 
@@ -231,3 +231,33 @@ def test_anything_with_shares_is_either_valid_or_a_clear_refusal(options):
         assert isinstance(request.share, Fraction) and 0 < request.share <= 2
         assert "gpu_count" not in options
         assert (request.share * 1000).denominator == 1
+
+
+# -- gpu_wait ---------------------------------------------------------------------
+
+
+def test_gpu_wait_is_read_for_whole_gpus_and_shares():
+    assert parse({"gpu_model": A100, "gpu_count": 2, "gpu_wait": True}).wait is True
+    assert parse({"gpu_model": A100}).wait is False
+    assert parse_share({"gpu_model": A100, "gpu_share": 0.5, "gpu_wait": True}).wait is True
+    # CPU-only never waits: the checkbox ticked with "No GPU" changes nothing.
+    assert parse({"gpu_count": 0, "gpu_wait": True}).wait is False
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"gpu_model": A100, "gpu_wait": "yes"}, "gpu_wait must be true or false; got 'yes'"),
+        ({"gpu_model": A100, "gpu_wait": 1}, "gpu_wait must be true or false; got 1"),
+        ({"gpu_count": 1, "gpu_wait": True}, "gpu_wait needs gpu_model: a line is per GPU model"),
+    ],
+)
+def test_bad_gpu_wait_is_refused_with_a_clear_message(options, message):
+    with pytest.raises(OptionsError) as exc:
+        parse(options)
+    assert str(exc.value) == message
+
+
+def test_the_forms_wait_checkbox_becomes_a_boolean():
+    assert options_from_form({"gpu_model": [A100], "gpu_count": ["1"], "gpu_wait": ["on"]})["gpu_wait"] is True
+    assert "gpu_wait" not in options_from_form({"gpu_model": [A100], "gpu_count": ["1"]})

@@ -1,0 +1,132 @@
+"""Waiting in line for a GPU model, end to end: a real JupyterHub (with its
+proxy) on the real three-node test swarm, driven through the hub's REST API.
+
+Two users hold the two A100s; a third and a fourth wait in line (the queue
+endpoint and their progress events say positions 1 and 2); a fifth without
+gpu_wait is refused at once, though the hub's concurrent_spawn_limit (2) is
+what the two waiting spawns alone would fill. The hub restarts in the middle:
+the line and its order survive. Stopping a holder starts the first waiter by
+itself (the time from the stop to its server being ready is printed) and moves
+the other up; cancelling the other empties the line.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.integration import test_browser as browser_tests
+from tests.integration.support import hub_on, login, services_of, spawn_ready
+
+A100 = "NVIDIA A100 80GB PCIe"
+WAIT = {"gpu_model": A100, "gpu_wait": True}
+CONFIG = "c.JupyterHub.concurrent_spawn_limit = 2\n"
+browsers, shots = browser_tests.browsers, browser_tests.shots  # the browser tests' fixtures
+
+
+@pytest.fixture(scope="module")
+def hub(swarm, tmp_path_factory):
+    with hub_on(swarm, tmp_path_factory.mktemp("hub"), port_from=19700, extra_config=CONFIG) as h:
+        yield h
+
+
+def line(hub) -> list[tuple[str, int]]:
+    r = hub.api("GET", "/gpuspawner/queue")
+    assert r.status_code == 200, r.text
+    return [(w["user"], w["position"]) for w in r.json().get(A100, [])]
+
+
+def wait_until(hub, condition, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            log = [x for x in hub.log_path.read_text(errors="replace").splitlines() if " 200 GET " not in x]
+            raise AssertionError(what + "\n" + "\n".join(log[-60:]))
+        time.sleep(0.2)
+
+
+def told(hub, user: str, text: str, timeout: float = 60) -> str:
+    """The first of the spawn's progress events that starts with ``text``."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    with hub.api("GET", f"/users/{user}/server/progress", stream=True) as r:
+        r.raise_for_status()
+        for raw in r.iter_lines(decode_unicode=True):
+            if raw and raw.startswith("data:"):
+                message = json.loads(raw[5:]).get("message", "")
+                seen.append(message)
+                if message.startswith(text):
+                    return message
+            assert time.monotonic() < deadline, seen
+    raise AssertionError(f"{user}'s progress ended without {text!r}: {seen}")
+
+
+def test_the_line_end_to_end_through_a_hub_restart(hub, swarm):
+    spawn_ready(hub, "anna", {"gpu_model": A100})
+    spawn_ready(hub, "ben", {"gpu_model": A100})
+    for user in ("cara", "dan"):
+        r = hub.spawn(user, WAIT)
+        assert r.status_code == 202, r.text  # pending: waiting in line
+    assert line(hub) == [("cara", 1), ("dan", 2)]
+    # The line is for admins: a user's own login gets 403.
+    assert login(hub, "fay").get(hub.url + "/hub/api/gpuspawner/queue", timeout=10).status_code == 403
+    assert told(hub, "cara", f"You are number 1 in line for {A100}")
+    dan_words = told(hub, "dan", f"You are number 2 in line for {A100}")
+    assert "Estimate" not in dan_words  # no server of this model has ended yet: no history to go by
+    assert services_of(swarm, "cara") == [] and services_of(swarm, "dan") == []
+
+    # Without gpu_wait: refused at once, with the line named (not JupyterHub's 429:
+    # the two waiting spawns hold no slot of the concurrent_spawn_limit of 2).
+    t = time.monotonic()
+    r = hub.spawn("eve", {"gpu_model": A100})
+    assert r.status_code == 503, r.text
+    assert "2 requests are waiting in line" in r.json()["message"]
+    assert time.monotonic() - t < 10
+    assert hub.server_model("eve") is None
+
+    # The hub restarts in the middle: the waiting users are still waiting, in order.
+    hub.stop()
+    hub.start()
+    wait_until(hub, lambda: line(hub) == [("cara", 1), ("dan", 2)], "the line after the restart")
+    wait_until(hub, lambda: (hub.server_model("cara") or {}).get("pending") == "spawn", "cara's spawn resumed")
+    wait_until(hub, lambda: (hub.server_model("dan") or {}).get("pending") == "spawn", "dan's spawn resumed")
+    assert told(hub, "cara", f"You are number 1 in line for {A100}")
+    assert told(hub, "dan", f"You are number 2 in line for {A100}")
+    page = hub.api("GET", "/gpuspawner/alloc-map").json()
+    assert sorted(h["user"] for d in page["gpu-b"].values() for h in d["holders"]) == ["anna", "ben"]
+
+    # A holder stops: the first in line gets the GPU, by itself.
+    t0 = time.monotonic()
+    hub.stop_server("anna")
+    t1 = time.monotonic()
+    hub.wait_ready("cara", timeout=90)
+    t2 = time.monotonic()
+    print(f"\nrelease -> ready: {t2 - t1:.1f} s after the stop returned ({t2 - t0:.1f} s after the DELETE)")
+    assert line(hub) == [("dan", 1)]
+    assert told(hub, "dan", f"You are number 1 in line for {A100}")
+
+    # Cancel (DELETE on the pending server) leaves the line at once.
+    r = hub.api("DELETE", "/users/dan/server")
+    assert r.status_code in (202, 204), r.text
+    assert line(hub) == []
+    wait_until(hub, lambda: hub.server_model("dan") is None, "dan's pending server is gone")
+    assert services_of(swarm, "dan") == []
+    hub.stop_all_servers()
+
+
+def test_the_waiting_page_shows_the_place_in_line(hub, browsers, shots):
+    """In a real browser: the spawn-pending page of a waiting user (screenshot:
+    docs/screenshots/spawn-waiting.png with ``make screenshots``)."""
+    spawn_ready(hub, "gil", {"gpu_model": A100, "gpu_count": 2})
+    assert hub.spawn("hal", WAIT).status_code == 202
+    driver = browsers(width=1000, height=700).driver
+    browser_tests.log_in(driver, hub, "hal")
+    driver.get(hub.url + "/hub/spawn-pending/hal")
+    words = f"You are number 1 in line for {A100}"
+    message = browser_tests.by().ID, "progress-message"
+    browser_tests.wait(driver, lambda d: words in d.find_element(*message).text, "no place in line shown", 60)
+    driver.save_screenshot(str(shots / "spawn-waiting.png"))
+    hub.stop_all_servers()
+    assert line(hub) == []

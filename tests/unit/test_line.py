@@ -1,0 +1,313 @@
+"""The line per GPU model: the pure order rules (gpuspawner.line), its rows in
+the ledger (gpuspawner.ledger_queue, on SQLite), and waiting spawns of the real
+spawner over the fake swarm, also under interleavings (tests/interleave.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import datetime, timedelta, timezone
+
+import jinja2
+import pytest
+from jupyterhub.spawner import SpawnException
+from prometheus_client import REGISTRY
+
+from gpuspawner import line_wait
+from gpuspawner.api import queue_json
+from gpuspawner.ledger import Ledger
+from gpuspawner.line import Waiter, by_model, estimate, fmt_duration, ordered, position
+from tests.interleave import Run, Scenario, random_schedules
+from tests.unit.test_form_template import _TreeBuilder
+from tests.unit.test_holdings import A100, World, clean
+
+T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+WAIT = {"gpu_model": A100, "gpu_wait": True}
+
+
+def waiter(id_, model=A100, priority=0, minutes=0, service=None):
+    return Waiter(id_, service or f"s{id_}", f"u{id_}", "", model, priority, T0 + timedelta(minutes=minutes))
+
+
+# -- the order ---------------------------------------------------------------------
+
+
+def test_higher_priority_first_then_first_come_first_served():
+    a, b, c = waiter(1, minutes=0), waiter(2, minutes=1), waiter(3, priority=10, minutes=2)
+    assert ordered([a, b, c]) == [c, a, b]
+    # Equal times: arrival order (the database's id) decides.
+    d, e = waiter(5), waiter(4)
+    assert ordered([d, e]) == [e, d]
+
+
+def test_each_model_has_its_own_line_and_positions_count_from_one():
+    a, b, g = waiter(1), waiter(2), waiter(3, model="GTX")
+    assert by_model([g, b, a]) == {A100: [a, b], "GTX": [g]}
+    assert position([a, b, g], "s2") == (A100, 2)
+    assert position([a, b, g], "s3") == ("GTX", 1)
+    assert position([a, b, g], "nobody") is None
+
+
+def test_the_estimate_is_labelled_and_grows_with_the_place_in_line():
+    assert estimate([], 1, 2) == ""
+    one = estimate([3600, 1800, 7200], 1, 2)
+    assert one == "Estimate: about 60 min (servers of this model run 60 min at the median)"
+    assert estimate([3600], 3, 2).startswith("Estimate: about 2.0 h")
+    assert [fmt_duration(s) for s in (0.2, 59, 600, 9000)] == ["1 s", "59 s", "10 min", "2.5 h"]
+
+
+# -- the ledger's rows ---------------------------------------------------------------
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    return Ledger(f"sqlite:///{tmp_path}/ledger.sqlite")
+
+
+def test_the_line_is_kept_in_the_ledger_in_arrival_order(ledger, tmp_path):
+    first = ledger.enqueue("jupyter-a", "a", "", A100, 0, {"gpu_model": A100, "gpu_wait": True})
+    second = ledger.enqueue("jupyter-b", "b", "gpu", A100, 5, {"gpu_model": A100})
+    again = ledger.enqueue("jupyter-a", "a", "", A100, 0, {})  # a resumed spawn keeps its place
+    assert again == first and first.id < second.id
+    # Another Ledger on the same database (a restarted hub) reads the same line.
+    rows = Ledger(f"sqlite:///{tmp_path}/ledger.sqlite").waiting()
+    assert [(w.service, w.user, w.server, w.priority, w.request) for w in rows] == [
+        ("jupyter-a", "a", "", 0, {"gpu_model": A100, "gpu_wait": True}),
+        ("jupyter-b", "b", "gpu", 5, {"gpu_model": A100}),
+    ]
+    assert ledger.dequeue("jupyter-a") is True and ledger.dequeue("jupyter-a") is False
+    assert [w.service for w in ledger.waiting()] == ["jupyter-b"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("", "a", "", A100, 0, {}), "service must not be empty"),
+        (("s", "a", "", "", 0, {}), "model must not be empty"),
+        (("s", "a", "", A100, "1", {}), "priority must be a whole number"),
+        (("s", "a", "", A100, 0, {"x": "y" * 5000}), "longer than 4096 characters"),
+    ],
+)
+def test_bad_rows_are_refused_and_change_nothing(ledger, args, message):
+    with pytest.raises(ValueError, match=message):
+        ledger.enqueue(*args)
+    assert ledger.waiting() == []
+
+
+def test_run_seconds_are_those_of_ended_servers_of_the_model(ledger):
+    ledger.open("s1", "a", "", "gpu-a", A100, ["GPU-1"], [1000], started_at=T0)
+    ledger.close("s1", T0 + timedelta(minutes=30))
+    ledger.open("s2", "b", "", "gpu-a", A100, ["GPU-2"], [1000], started_at=T0)  # still open: not counted
+    ledger.open("s3", "c", "", "gpu-b", "GTX", ["GPU-3"], [1000], started_at=T0)
+    ledger.close("s3", T0 + timedelta(hours=2))
+    assert ledger.run_seconds(A100) == [1800.0]
+    assert ledger.run_seconds("GTX") == [7200.0]
+
+
+# -- waiting spawns (the real spawner, the fake swarm, a SQLite ledger) ------------------
+
+
+async def until(predicate, seconds=30.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not predicate():
+        assert loop.time() < deadline, "timed out"
+        await asyncio.sleep(0.02)
+
+
+async def stopped(world: World, spawner) -> None:
+    """The spawner's stop, with its containers exiting as the swarm removes them."""
+    stop = asyncio.ensure_future(spawner.stop())
+    while not stop.done():
+        world.fake.exit_all()
+        await asyncio.sleep(0.01)
+    await stop
+
+
+def messages(spawner) -> list[str]:
+    return [e["message"] for e in spawner._progress.events]
+
+
+async def test_a_waiter_gets_the_gpu_its_holder_gives_back_and_the_next_moves_up(tmp_path):
+    world = World(tmp_path)
+    alice = world.spawner("alice", {"gpu_model": A100})
+    await world.started(alice)
+    bob, carol = world.spawner("bob", WAIT), world.spawner("carol", WAIT)
+    bob_start = asyncio.ensure_future(world.started(bob))
+    await until(lambda: line_wait.line_of(world.owner).place(bob.service_name) == (A100, 1))
+    carol_start = asyncio.ensure_future(carol.start())  # she never gets a task: no swarm to drive
+    await until(lambda: any("number 2" in m for m in messages(carol)))
+    assert messages(bob)[-1] == f"You are number 1 in line for {A100}"
+    assert messages(carol)[-1] == f"You are number 2 in line for {A100}"
+    assert [w.user for w in Ledger(world.db_url).waiting()] == ["bob", "carol"]
+    # Someone without gpu_wait is refused at once: the line goes first.
+    with pytest.raises(SpawnException) as exc:
+        await world.spawner("dave", {"gpu_model": A100}).start()
+    assert exc.value.status_code == 503 and "2 requests are waiting in line" in exc.value.message
+    await stopped(world, alice)
+    await bob_start
+    assert world.owner.get(bob.service_name).labels.uuids == ("GPU-b0",)
+    await until(lambda: any("number 1" in m for m in messages(carol)))
+    assert [w.user for w in Ledger(world.db_url).waiting()] == ["carol"]
+    assert REGISTRY.get_sample_value("gpuspawner_line_length", {"model": A100}) == 1
+    assert REGISTRY.get_sample_value("gpuspawner_wait_seconds_count", {"model": A100}) >= 1
+    lines = await queue_json(world.owner)
+    assert [(w["user"], w["position"], w["request"]) for w in lines[A100]] == [("carol", 1, WAIT)]
+    assert admin_page(lines) == [["1", "carol", "", lines[A100][0]["since"]]]
+    carol_start.cancel()  # the Cancel button
+    with pytest.raises(asyncio.CancelledError):
+        await carol_start
+    assert line_wait.line_of(world.owner).rows == []  # out of line at once
+    assert [w.user for w in Ledger(world.db_url).waiting()] == ["carol"]  # the row: until her server is stopped
+    await carol.stop()  # as JupyterHub's DELETE does after cancelling
+    assert Ledger(world.db_url).waiting() == []
+    assert REGISTRY.get_sample_value("gpuspawner_line_length", {"model": A100}) == 0
+    assert await queue_json(world.owner) == {} and admin_page({}) == []
+    world.ledger_matches()
+
+
+def admin_page(lines: dict) -> list[list[str]]:
+    """The rows of the lines on /hub/gpus (gpus.html, in a stand-in page)."""
+    templates = os.path.join(os.path.dirname(line_wait.__file__), "templates")
+    page = jinja2.DictLoader({"page.html": "<main>{% block main %}{% endblock %}</main>"})
+    env = jinja2.Environment(loader=jinja2.ChoiceLoader([page, jinja2.FileSystemLoader(templates)]), autoescape=True)
+    html = env.get_template("gpus.html").render(base_url="/hub/", hosts="", stale={}, lines=lines)
+    if not lines:
+        assert "Nobody is waiting for a GPU." in html
+    builder = _TreeBuilder()
+    builder.feed(html)
+    return [[td.text for td in tr.find_all("td")] for tr in builder.root.find_all("tr") if tr.find_all("td")]
+
+
+async def test_a_wait_ends_after_gpu_wait_timeout_with_a_clear_message(tmp_path):
+    world = World(tmp_path, gpu_wait_timeout=2)
+    await world.started(world.spawner("alice", {"gpu_model": A100}))
+    bob = world.spawner("bob", WAIT)
+    with pytest.raises(SpawnException) as exc:
+        await bob.start()
+    assert exc.value.status_code == 503
+    assert exc.value.message == (
+        "No GPU became free for you within 0.000555556 h of waiting in line (gpu_wait_timeout); please try again later."
+    )
+    assert Ledger(world.db_url).waiting() == [] and world.owner.get(bob.service_name) is None
+
+
+async def test_a_request_that_could_never_fit_does_not_enter_the_line(tmp_path):
+    world = World(tmp_path, max_gpus_per_user=2)
+    with pytest.raises(SpawnException) as exc:
+        await world.spawner("bob", {**WAIT, "gpu_count": 2}).start()
+    assert exc.value.status_code == 400 and Ledger(world.db_url).waiting() == []
+
+
+def test_waiting_spawns_hold_no_slot_of_the_concurrent_spawn_limit():
+    settings = {"concurrent_spawn_limit": 3}
+    line_wait.hold_spawn_slot(settings, +1)
+    line_wait.hold_spawn_slot(settings, +1)
+    assert settings["concurrent_spawn_limit"] == 5
+    line_wait.hold_spawn_slot(settings, -1)
+    line_wait.hold_spawn_slot(settings, -1)
+    assert settings["concurrent_spawn_limit"] == 3
+    unlimited = {"concurrent_spawn_limit": 0}
+    line_wait.hold_spawn_slot(unlimited, +1)
+    assert unlimited["concurrent_spawn_limit"] == 0
+
+
+def test_jupyterhubs_start_timeout_is_extended_while_a_spawn_may_wait(tmp_path):
+    world = World(tmp_path, gpu_wait_timeout=600)
+    s = world.spawner("bob", WAIT)
+    s.start_timeout = 60
+    s.run_pre_spawn_hook()
+    assert s.start_timeout == 660
+    s.user_options = {"gpu_model": A100}
+    s.run_pre_spawn_hook()
+    assert s.start_timeout == 60
+
+
+# -- interleavings -------------------------------------------------------------------
+
+
+def line_is_consistent(world: World, *waiters):
+    def check(outcome):
+        clean(outcome)
+        world.ledger_matches()
+        # Whoever finished is out of line, in memory and in the ledger.
+        assert line_wait.line_of(world.owner).rows == []
+        assert Ledger(world.db_url).waiting() == []
+        for s in waiters:
+            h = world.owner.get(s.service_name)
+            if s.service_name in outcome.errors:  # cancelled or refused: holds nothing
+                assert h is None or h.phase.value == "removing", (s.service_name, h)
+
+    return check
+
+
+def waiting_scenario(run: Run, tmp_path, extra_events=None, seen=None, cancel=True) -> Scenario:
+    """Alice's server (left by an earlier hub, adopted at first use) holds the
+    one GPU; bob waits in line for it; alice's server may be stopped at any point."""
+    world = World(tmp_path, run.executor, gpu_wait_timeout=5)
+    world.leftover("alice")
+    bob = world.spawner("bob", WAIT)
+
+    async def bob_starts():
+        try:
+            await bob.start()
+        except asyncio.CancelledError:  # JupyterHub's DELETE: cancel, then stop
+            try:
+                await bob.stop()
+            except SpawnException:
+                pass  # its container still runs: the reconcile finishes the removal
+            raise
+
+    def check(outcome):
+        clean(outcome)
+        assert line_wait.line_of(world.owner).rows == [] and Ledger(world.db_url).waiting() == []
+        h = world.owner.get(bob.service_name)
+        if seen is not None:  # served: the line reserved for him (his start may still fail after)
+            served = any(m.startswith("Reserved") for m in messages(bob))
+            seen.append("served" if served else type(outcome.errors.get("bob")).__name__)
+        if "bob" in outcome.errors:  # cancelled or timed out: holds nothing (or is being removed)
+            assert h is None or h.phase.value == "removing", h
+        else:  # served: he holds the GPU, and the ledger says so
+            assert h is not None and h.labels.uuids == ("GPU-b0",)
+            assert bob.service_name in {r.service for r in Ledger(world.db_url).open_allocations()}
+
+    return Scenario(
+        ops={"bob": bob_starts},
+        events={
+            # (once the hub holds it: a leftover removed before it is adopted is another matter)
+            "stop_alice": lambda: world.owner.remove("jupyter-alice") if world.owner.get("jupyter-alice") else None,
+            "run_all": world.fake.run_all,
+            "exit_all": world.fake.exit_all,
+            **(extra_events(world, bob) if extra_events else {}),
+        },
+        cancellable=("bob",) if cancel else (),
+        invariant=world.invariant,
+        check=check,
+    )
+
+
+def test_cancel_during_the_wake_up_leaves_no_gpu_reserved_and_the_line_empty(tmp_path):
+    seen: list[str] = []
+    stats = random_schedules(lambda run: waiting_scenario(run, tmp_path, seen=seen), seed=14, n=150)
+    assert stats.schedules == 150
+    assert "CancelledError" in seen
+
+
+def test_a_release_racing_a_new_request_never_lets_it_go_ahead_of_the_waiter(tmp_path):
+    """Carol (no gpu_wait) asks at any point: while bob waits she never gets the GPU."""
+    ahead: list[bool] = []
+
+    def carol(world: World, bob):
+        async def start():
+            s = world.spawner("carol", {"gpu_model": A100})
+            await s.start()
+            ahead.append(line_wait.line_of(world.owner).place(bob.service_name) is not None)
+
+        return {"carol": start}
+
+    seen: list[str] = []
+    stats = random_schedules(
+        lambda run: waiting_scenario(run, tmp_path, extra_events=carol, seen=seen, cancel=False), seed=15, n=150
+    )
+    assert stats.schedules == 150 and not any(ahead)
+    assert "served" in seen, sorted(set(seen))  # bob got the GPU in some schedules, timed out in others
