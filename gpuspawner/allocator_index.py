@@ -384,9 +384,11 @@ class DeviceIndex:
         if old == new or not self.is_available(gpu.host):
             return
         key = (gpu.host, gpu.index, gpu.uuid)
-        if old:
+        if old and new:
+            mi.rooms.move(old, new, key)
+        elif old:
             mi.rooms.remove(old, key)
-        if new:
+        else:
             mi.rooms.add(new, key)
 
     def rank(self, uuid: str) -> None:
@@ -466,7 +468,7 @@ class DeviceIndex:
         del changed[i]
         j = len(changed)
         if new:
-            j = next((p for p, r in enumerate(changed) if r < new), j)  # the first smaller room: largest first
+            j = bisect.bisect_right(changed, -new, key=operator.neg)  # the first smaller room: largest first
             changed.insert(j, new)
         now = (free, tuple(changed)) if changed else None
         if self.keep_totals:
@@ -499,9 +501,7 @@ class DeviceIndex:
             a, b = max(0, lo - of), len(orooms) if hi is None else hi - of
             for k, o, r in zip(range(of + a, of + b), orooms[a:b], nrooms[a:b]):
                 if o != r and k:
-                    entries = ranks[k]
-                    entries.remove(o, host)
-                    entries.add(r, host)
+                    ranks[k].move(o, r, host)
             return
         oend, nend = of + len(orooms), nf + len(nrooms)
         for k in range(max(1, lo, min(of, nf)), max(oend, nend) if hi is None else hi):

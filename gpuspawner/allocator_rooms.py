@@ -42,6 +42,22 @@ class Rooms:
         else:
             del keys[bisect.bisect_left(keys, key)]
 
+    def move(self, old: int, new: int, key: Hashable) -> None:
+        """The key's room went from ``old`` to ``new`` (both with an entry)."""
+        by_room = self.by_room
+        keys = by_room[old]
+        if len(keys) == 1:
+            del by_room[old]
+            del self.values[bisect.bisect_left(self.values, old)]
+        else:
+            del keys[bisect.bisect_left(keys, key)]
+        keys = by_room.get(new)
+        if keys is None:
+            by_room[new] = [key]
+            bisect.insort(self.values, new)
+        else:
+            bisect.insort(keys, key)
+
     def largest(self) -> int:
         """The largest room (0: no entries)."""
         return self.values[-1] if self.values else 0
