@@ -509,6 +509,9 @@ class DeviceIndex:
             r = nrooms[k - nf] if nf <= k < nend else 0
             if o == r:
                 continue
+            if o and r:
+                ranks[k].move(o, r, host)
+                continue
             if o:
                 entries = ranks[k]
                 entries.remove(o, host)
