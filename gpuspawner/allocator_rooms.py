@@ -51,12 +51,12 @@ class Rooms:
             del self.values[bisect.bisect_left(self.values, old)]
         else:
             del keys[bisect.bisect_left(keys, key)]
-        keys = by_room.get(new)
-        if keys is None:
+        to = by_room.get(new)
+        if to is None:
             by_room[new] = [key]
             bisect.insort(self.values, new)
         else:
-            bisect.insort(keys, key)
+            bisect.insort(to, key)
 
     def largest(self) -> int:
         """The largest room (0: no entries)."""

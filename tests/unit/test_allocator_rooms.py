@@ -12,9 +12,19 @@ def test_rooms_agree_with_one_sorted_list_through_random_changes():
     rng = random.Random(3)
     rooms, plain = Rooms(), []
     for _ in range(3000):
-        if plain and rng.random() < 0.45:
+        roll = rng.random()
+        if plain and roll < 0.3:
             room, key = plain.pop(rng.randrange(len(plain)))
             rooms.remove(room, key)
+        elif plain and roll < 0.5:
+            i = rng.randrange(len(plain))
+            room, key = plain[i]
+            new = rng.randrange(1, 40)
+            if new == room or (new, key) in plain:
+                continue
+            del plain[i]
+            bisect.insort(plain, (new, key))
+            rooms.move(room, new, key)
         else:
             entry = (rng.randrange(1, 40), f"h{rng.randrange(30):02d}")
             if entry in plain:
