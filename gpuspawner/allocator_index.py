@@ -17,6 +17,7 @@ import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from .allocator_rooms import Rooms
 from .inventory import GPU
 from .sharing import UNIT
 
@@ -57,18 +58,18 @@ class ModelIndex:
     free_available: int = 0  # free devices on available hosts
     unavailable: int = 0  # devices on unavailable hosts
     # Devices holding shares ("partial"): what is booked on each, by host, and
-    # those with room left on available hosts sorted by (room, host, index).
+    # those with room left on available hosts by room, then (host, index, uuid).
     used: dict[str, int] = field(default_factory=dict)  # uuid -> milli booked
     partial: dict[str, list[GPU]] = field(default_factory=dict)  # host -> by index
     partial_room: dict[str, int] = field(default_factory=dict)  # host -> room left on its partial devices
-    rooms: list[tuple[int, str, int, str]] = field(default_factory=list)
+    rooms: Rooms = field(default_factory=Rooms)  # keys (host, index, uuid)
     # For splits, hosts by their k-th largest room (k from 1, as a split takes
-    # 2 or more devices): ranks[k] holds (room, host) sorted, for available
+    # 2 or more devices): ranks[k] holds hosts by room, for available
     # hosts whose k-th largest device room is partly booked (0 < room < 1000;
     # a host whose k-th is untouched is in the free buckets). ranked: each
     # such host's (free devices, rooms of its partly booked devices, largest
     # first), from which its entries in ranks follow.
-    ranks: dict[int, list[tuple[int, str]]] = field(default_factory=dict)
+    ranks: dict[int, Rooms] = field(default_factory=dict)  # keys: hostnames
     ranked: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
     # (room in all, host) of the ranked hosts, sorted; kept only while some model splits unevenly
     totals: list[tuple[int, str]] = field(default_factory=list)
@@ -101,12 +102,12 @@ class ModelIndex:
         if block > k:
             return UNIT
         entries = self.ranks.get(k)
-        return entries[-1][0] if entries else 0
+        return entries.largest() if entries else 0
 
     def largest_room(self) -> int:  # most milli-shares free on one device of an available host
         if self.free_available:
             return UNIT
-        return self.rooms[-1][0] if self.rooms else 0
+        return self.rooms.largest()
 
 
 class DeviceIndex:
@@ -200,7 +201,7 @@ class DeviceIndex:
                     mi.partial.setdefault(host, []).append(gpu)
                     mi.partial_room[host] = mi.partial_room.get(host, 0) + UNIT - used
                     if used < UNIT and available:
-                        bisect.insort(mi.rooms, (UNIT - used, host, gpu.index, gpu.uuid))
+                        mi.rooms.add(UNIT - used, (host, gpu.index, gpu.uuid))
                 elif gpu.uuid not in self._held:
                     free.append(gpu)
             mi.free[host] = free
@@ -235,7 +236,7 @@ class DeviceIndex:
             for gpu in mi.partial.pop(host, ()):
                 used = mi.used.pop(gpu.uuid)
                 if used < UNIT and available:
-                    del mi.rooms[bisect.bisect_left(mi.rooms, (UNIT - used, host, gpu.index, gpu.uuid))]
+                    mi.rooms.remove(UNIT - used, (host, gpu.index, gpu.uuid))
             mi.partial_room.pop(host, None)
             self._rank(mi, host)
         for gpu in gpus:
@@ -292,11 +293,11 @@ class DeviceIndex:
             for gpu in mi.partial.get(host, ()):
                 room = UNIT - mi.used[gpu.uuid]
                 if room:
-                    entry = (room, host, gpu.index, gpu.uuid)
+                    key = (host, gpu.index, gpu.uuid)
                     if available:
-                        bisect.insort(mi.rooms, entry)
+                        mi.rooms.add(room, key)
                     else:
-                        del mi.rooms[bisect.bisect_left(mi.rooms, entry)]
+                        mi.rooms.remove(room, key)
             self._rank(mi, host)
 
     # -- devices taken and given back -----------------------------------------------
@@ -382,10 +383,13 @@ class DeviceIndex:
         """A shared device's room went from old to new (0: not in the room list)."""
         if old == new or not self.is_available(gpu.host):
             return
-        if old:
-            del mi.rooms[bisect.bisect_left(mi.rooms, (old, gpu.host, gpu.index, gpu.uuid))]
-        if new:
-            bisect.insort(mi.rooms, (new, gpu.host, gpu.index, gpu.uuid))
+        key = (gpu.host, gpu.index, gpu.uuid)
+        if old and new:
+            mi.rooms.move(old, new, key)
+        elif old:
+            mi.rooms.remove(old, key)
+        else:
+            mi.rooms.add(new, key)
 
     def rank(self, uuid: str) -> None:
         """Bring the split ranks of the device's host up to date, after changes made with ``rank=False``."""
@@ -464,7 +468,7 @@ class DeviceIndex:
         del changed[i]
         j = len(changed)
         if new:
-            j = next((p for p, r in enumerate(changed) if r < new), j)  # the first smaller room: largest first
+            j = bisect.bisect_right(changed, -new, key=operator.neg)  # the first smaller room: largest first
             changed.insert(j, new)
         now = (free, tuple(changed)) if changed else None
         if self.keep_totals:
@@ -497,9 +501,7 @@ class DeviceIndex:
             a, b = max(0, lo - of), len(orooms) if hi is None else hi - of
             for k, o, r in zip(range(of + a, of + b), orooms[a:b], nrooms[a:b]):
                 if o != r and k:
-                    entries = ranks[k]
-                    del entries[bisect.bisect_left(entries, (o, host))]
-                    bisect.insort(entries, (r, host))
+                    ranks[k].move(o, r, host)
             return
         oend, nend = of + len(orooms), nf + len(nrooms)
         for k in range(max(1, lo, min(of, nf)), max(oend, nend) if hi is None else hi):
@@ -507,13 +509,16 @@ class DeviceIndex:
             r = nrooms[k - nf] if nf <= k < nend else 0
             if o == r:
                 continue
+            if o and r:
+                ranks[k].move(o, r, host)
+                continue
             if o:
                 entries = ranks[k]
-                del entries[bisect.bisect_left(entries, (o, host))]
+                entries.remove(o, host)
                 if not r and not entries:
                     del ranks[k]
             if r:
-                bisect.insort(ranks[k] if k in ranks else ranks.setdefault(k, []), (r, host))
+                (ranks[k] if k in ranks else ranks.setdefault(k, Rooms())).add(r, host)
 
     def set_keep_totals(self, keep: bool) -> None:
         """Keep ``ModelIndex.totals`` up to date (built afresh when turned on), or not (emptied)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
+from itertools import islice
 
 from .allocator_index import DeviceIndex, ModelIndex, kth
 from .allocator_types import EVEN_SPLIT, ONE_DEVICE, UNEVEN_SPLIT, Policy
@@ -117,9 +118,9 @@ def _share_candidates(
     if need == 1:
         # One device: the shared device with least room that fits, else an
         # untouched one where the policy would put a 1-GPU request.
-        i = bisect.bisect_left(mi.rooms, (share,))
-        if i < len(mi.rooms):
-            room, h, _, uuid = mi.rooms[i]
+        tightest = mi.rooms.first(share)
+        if tightest is not None:
+            room, (h, _, uuid) = tightest
             yield (1, room, 0, h), h, [(index.gpus[uuid], share)]
             return
         for n, h in candidates(index, policy, mi, 1, None, None):
@@ -172,9 +173,7 @@ def _tightest(mi: ModelIndex, n: int, pieces: tuple[int, ...]) -> tuple[int, str
     extra = pieces.count(large) if large != small else 0
     # Usually one of the few partly booked devices with the least room that
     # fits is on such a host: the same answer, without a bisection per k.
-    rooms = mi.rooms
-    start = bisect.bisect_left(rooms, (small,))
-    for room, h, _, _ in rooms[start : start + PROBES]:
+    for room, (h, _, _) in islice(mi.rooms.starting(small), PROBES):
         if mi.kth_room(h, n - 1) >= small and (not extra or mi.kth_room(h, extra - 1) >= large):
             return room, h
     best = None
@@ -182,8 +181,7 @@ def _tightest(mi: ModelIndex, n: int, pieces: tuple[int, ...]) -> tuple[int, str
         entries = mi.ranks.get(k)
         if not entries:
             continue
-        for i in range(bisect.bisect_left(entries, (small,)), len(entries)):
-            room, h = entries[i]
+        for room, h in entries.starting(small):
             if best is not None and (room, h) >= best:
                 break
             # k ≥ n - 1 devices have room for a smaller piece; ``extra`` need room for a larger one
