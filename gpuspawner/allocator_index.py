@@ -15,13 +15,13 @@ from __future__ import annotations
 import bisect
 import operator
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 
+from .allocator_model import ModelIndex, total_room
 from .allocator_rooms import Rooms
 from .inventory import GPU
 from .sharing import UNIT
 
-__all__ = ["SCAN_HOSTS", "DeviceIndex", "ModelIndex", "kth", "total_room"]
+__all__ = ["SCAN_HOSTS", "DeviceIndex"]
 
 # A model on at most this many hosts keeps no split ranks (``ModelIndex.scan``):
 # there a split looks at the host's devices directly, which costs less than
@@ -31,83 +31,6 @@ SCAN_HOSTS = 1
 # The order of one host's devices (GPU's own order there: host, then index, then
 # UUID), made in C: a host's free and shared lists are kept sorted by it.
 _ORDER = operator.attrgetter("index", "uuid")
-
-
-def total_room(ranked: tuple[int, tuple[int, ...]]) -> int:
-    """A host's room in all, from its entry in ``ModelIndex.ranked``."""
-    return ranked[0] * UNIT + sum(ranked[1])
-
-
-def kth(ranked: tuple[int, tuple[int, ...]], k: int) -> int:
-    """The k-th largest room (k from 0) of a host, from its entry in ``ModelIndex.ranked``."""
-    free, rooms = ranked
-    return UNIT if k < free else rooms[k - free] if k - free < len(rooms) else 0
-
-
-@dataclass
-class ModelIndex:
-    """Per model: each host's free devices, hosts bucketed by free count (only
-    available hosts), and the counts a summary needs, all kept up to date."""
-
-    free: dict[str, list[GPU]] = field(default_factory=dict)  # host -> free, by index
-    total: dict[str, int] = field(default_factory=dict)  # host -> devices
-    buckets: list[list[str]] = field(default_factory=lambda: [[]])  # n -> sorted hosts
-    memory_mib: int = 0
-    devices: int = 0
-    smallest_host: int = 0  # fewest devices of this model on one host
-    free_available: int = 0  # free devices on available hosts
-    unavailable: int = 0  # devices on unavailable hosts
-    # Devices holding shares ("partial"): what is booked on each, by host, and
-    # those with room left on available hosts by room, then (host, index, uuid).
-    used: dict[str, int] = field(default_factory=dict)  # uuid -> milli booked
-    partial: dict[str, list[GPU]] = field(default_factory=dict)  # host -> by index
-    partial_room: dict[str, int] = field(default_factory=dict)  # host -> room left on its partial devices
-    rooms: Rooms = field(default_factory=Rooms)  # keys (host, index, uuid)
-    # For splits, hosts by their k-th largest room (k from 1, as a split takes
-    # 2 or more devices): ranks[k] holds hosts by room, for available
-    # hosts whose k-th largest device room is partly booked (0 < room < 1000;
-    # a host whose k-th is untouched is in the free buckets). ranked: each
-    # such host's (free devices, rooms of its partly booked devices, largest
-    # first), from which its entries in ranks follow.
-    ranks: dict[int, Rooms] = field(default_factory=dict)  # keys: hostnames
-    ranked: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
-    # (room in all, host) of the ranked hosts, sorted; kept only while some model splits unevenly
-    totals: list[tuple[int, str]] = field(default_factory=list)
-    # On at most SCAN_HOSTS hosts: ranks, ranked and totals are not kept (empty);
-    # DeviceIndex.ranked() and .totals() make them when asked.
-    scan: bool = True
-    # For updates one host at a time: how many hosts have n devices of this
-    # model (n -> hosts), and how many devices have each memory size.
-    sizes: dict[int, int] = field(default_factory=dict)
-    memories: dict[int, int] = field(default_factory=dict)
-
-    @property
-    def biggest_host(self) -> int:  # most devices of this model on one host
-        return len(self.buckets) - 1
-
-    def largest_block(self) -> int:
-        for n in range(len(self.buckets) - 1, 0, -1):
-            if self.buckets[n]:
-                return n
-        return 0
-
-    def kth_room(self, host: str, k: int) -> int:
-        """The k-th largest room (k from 0) of a host in ``ranked``."""
-        return kth(self.ranked[host], k)
-
-    def most_kth_room(self, k: int, block: int) -> int:
-        """The largest k-th largest room (k ≥ 1) of any available host;
-        ``block``: :meth:`largest_block`. Below a split's smallest piece, no
-        host takes k + 1 pieces."""
-        if block > k:
-            return UNIT
-        entries = self.ranks.get(k)
-        return entries.largest() if entries else 0
-
-    def largest_room(self) -> int:  # most milli-shares free on one device of an available host
-        if self.free_available:
-            return UNIT
-        return self.rooms.largest()
 
 
 class DeviceIndex:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
-from .allocator_index import DeviceIndex, ModelIndex, total_room
+from .allocator_index import DeviceIndex
+from .allocator_model import ModelIndex, total_room
 from .allocator_summary import ModelSummary
 from .allocator_types import ALL, Request
 from .sharing import UNIT, SharingPolicy, fmt, fmt_list

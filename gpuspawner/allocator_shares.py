@@ -13,7 +13,8 @@ import bisect
 from collections.abc import Iterator
 from itertools import islice
 
-from .allocator_index import DeviceIndex, ModelIndex, kth
+from .allocator_index import DeviceIndex
+from .allocator_model import ModelIndex, kth
 from .allocator_types import EVEN_SPLIT, ONE_DEVICE, UNEVEN_SPLIT, Policy
 from .allocator_whole import candidates
 from .inventory import GPU

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .allocator_index import ModelIndex
+from .allocator_model import ModelIndex
 from .sharing import UNIT, SharingPolicy, fraction
 
 __all__ = ["ModelSummary", "summarize"]

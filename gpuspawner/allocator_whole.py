@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import cast
 
-from .allocator_index import DeviceIndex, ModelIndex
+from .allocator_index import DeviceIndex
+from .allocator_model import ModelIndex
 from .allocator_types import ALL, Policy
 
 __all__ = ["candidates", "choose"]

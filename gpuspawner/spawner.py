@@ -250,9 +250,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         if over:
             raise spawn_error(over, reason="gpu_budget", status_code=403)
 
-    async def _reserve(
-        self, owner: Holdings, request: Request | None, limit: int, waiting: bool = False
-    ) -> Holding:
+    async def _reserve(self, owner: Holdings, request: Request | None, limit: int, waiting: bool = False) -> Holding:
         try:
             holding = await owner.reserve(
                 self.service_name,
