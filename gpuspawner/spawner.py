@@ -36,36 +36,16 @@ from .service_spec import admin_conflicts, build_service
 from .settings import GPUSettings, validate_config
 from .sharing import fmt_list
 from .spawn_access import access_of, budget_for_form, budget_of
+from .spawn_errors import CONFLICT, NOT_RESERVED, STALE, spawn_error
 from .swarm import TASK_FAILED, TASK_WAITING, SwarmError
 
 __all__ = ["GPUSwarmSpawner", "spawn_error", "validate_config"]
 
 HOST_NETWORK = "host"
-CONFLICT = "Servers cannot start: the hub's configuration conflicts with how GPUs are assigned. Please tell an admin."
-STALE = "Your previous server is still being removed; please try again in a minute."
-# Why a start could not reserve (each a 503: trying again later may work).
-NOT_RESERVED = {
-    HoldingBusy: (STALE, "stale_service"),
-    LedgerError: (
-        "GPU bookings cannot be recorded right now (the hub's GPU ledger database is unreachable); "
-        "please try again in a minute.",
-        "ledger_unavailable",
-    ),
-    ValueError: ("Too many servers are running for the ports configured; please try again later.", "no_port"),
-}
 
 
 def _read_at_start(spawner, user_options) -> None:
     """JupyterHub's apply_user_options hook: nothing to apply before start()."""
-
-
-def spawn_error(message: str, *, reason: str, status_code: int, log_message: str = "") -> SpawnException:
-    """A SpawnException whose message is what the user sees, on the form, the
-    progress page and the REST API alike (JupyterHub otherwise shows str(exc),
-    which carries the status and class name)."""
-    exc = SpawnException(message, reason=reason, status_code=status_code, log_message=log_message)
-    exc.jupyterhub_message = message
-    return exc
 
 
 class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
