@@ -77,6 +77,7 @@ class Holding:
     created: bool = False  # a service may exist (its creation was asked for)
     creating: asyncio.Future | None = None  # the create call, which runs on even if its caller is cancelled
     gone_since: float | None = None  # when its service was first seen gone without a known task
+    end_reason: str = ""  # set by the stop that began its end (idle reclaim): the ledger's reason
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one removal at a time
 
     @property
@@ -299,7 +300,7 @@ class Holdings:
         if h.labels.uuids:
             log.info("Released %s from %s", ", ".join(h.labels.uuids), h.name)
             try:
-                await self.ledger_call(lambda db: db.close(h.name, None, reason))
+                await self.ledger_call(lambda db: db.close(h.name, None, h.end_reason or reason))
             except LedgerError as exc:  # the next reconciliation closes it
                 log.warning("%s", exc)
 
@@ -473,10 +474,7 @@ class Holdings:
             if h is None or h.lock.locked():
                 continue
             log.warning(
-                "Service %s runs a server the hub does not know (%s/%s); removing it",
-                name,
-                h.labels.user,
-                h.labels.server,
+                "Service %s runs a server the hub does not know (%s/%s); removing it", name, h.user, h.labels.server
             )
             await self._settle(h)
             removed += 1
