@@ -296,13 +296,14 @@ class Holdings:
         return await self.swarm.wait_tasks_ended(sorted(tasks), timeout)
 
     async def _release(self, h: Holding, reason: str) -> None:
-        self._forget(h)
+        # Closed while still held: a reconcile's close_missing meanwhile would close it as gone.
         if h.labels.uuids:
-            log.info("Released %s from %s", ", ".join(h.labels.uuids), h.name)
             try:
                 await self.ledger_call(lambda db: db.close(h.name, None, h.end_reason or reason))
             except LedgerError as exc:  # the next reconciliation closes it
                 log.warning("%s", exc)
+            log.info("Released %s from %s", ", ".join(h.labels.uuids), h.name)
+        self._forget(h)
 
     def _forget(self, h: Holding) -> None:
         if self._holdings.get(h.name) is h:

@@ -16,7 +16,7 @@ from gpuspawner import reclaim, reclaim_hub
 from gpuspawner.holdings import Phase
 from gpuspawner.idle import IDLE, Limits
 from gpuspawner.ledger import Ledger
-from tests.interleave import Run, Scenario, random_schedules, replay
+from tests.interleave import Run, Scenario, explore, random_schedules
 from tests.unit.test_holdings import A100, World, clean
 from tests.unit.test_reclaim import TWO_GPUS, Clock, reading
 
@@ -113,6 +113,17 @@ class Hub:
             if service not in names:
                 self.world.fake.exit_container(task)
 
+    def exit_on_remove(self) -> None:
+        """From now on a removed service's container exits at once."""
+        remove = self.world.fake.remove_service
+
+        def remove_and_exit(service):
+            removed = remove(service)
+            self.exit_removed()
+            return removed
+
+        self.world.fake.remove_service = remove_and_exit
+
     def check(self, outcome, reasons=("idle", "server stopped")) -> None:
         clean(outcome)
         self.world.ledger_matches()
@@ -130,22 +141,54 @@ class Hub:
 
 
 def test_a_reclaim_racing_the_users_stop_and_a_reconcile(tmp_path, monkeypatch):
+    reasons = set()  # the end reasons the schedules came to
+
     def scenario(run: Run) -> Scenario:
         hub = Hub(tmp_path, run, monkeypatch)
+        hub.exit_on_remove()  # the lingering container: the next test
+
+        def check(outcome):
+            hub.check(outcome)
+            reasons.update(r.end_reason for r in Ledger(hub.world.db_url).history(user="alice") if r.ended_at)
+
+        return Scenario(
+            ops={"setup": hub.setup, "reconcile": lambda: hub.after_setup(hub.owner.reconcile)},
+            # events: each begins at any point, so either may be first
+            events={
+                "reclaim": lambda: hub.after_setup(hub.found.check),
+                "stop": lambda: hub.after_setup(hub.user_stops),
+            },
+            invariant=hub.world.invariant,
+            check=check,
+        )
+
+    stats = random_schedules(scenario, seed=11, n=100)
+    assert stats.schedules == 100 and reasons == {"idle", "server stopped"}  # both won some schedules
+
+
+def test_a_users_stop_racing_a_reconcile_is_closed_as_stopped(tmp_path, monkeypatch):
+    """The reconcile lists the swarm after the stop removed alice's service, and closes
+    what it does not hold while the stop closes her allocation: one reason, the stop's."""
+
+    def scenario(run: Run) -> Scenario:
+        hub = Hub(tmp_path, run, monkeypatch)
+        hub.exit_on_remove()
+
+        def check(outcome):
+            hub.check(outcome, reasons=("server stopped",))
+            assert hub.owner.get("jupyter-alice") is None
+
         return Scenario(
             ops={
                 "setup": hub.setup,
-                "reclaim": lambda: hub.after_setup(hub.found.check),
                 "stop": lambda: hub.after_setup(hub.user_stops),
                 "reconcile": lambda: hub.after_setup(hub.owner.reconcile),
             },
-            events={"exit_removed": hub.exit_removed},
-            invariant=hub.world.invariant,
-            check=hub.check,
+            check=check,
         )
 
-    stats = random_schedules(scenario, seed=11, n=200)
-    assert stats.schedules == 200
+    stats = explore(scenario, max_schedules=300)
+    assert stats.schedules >= 20
 
 
 def test_a_reclaim_whose_container_lingers_keeps_its_reason_when_the_reconcile_ends_it(tmp_path, monkeypatch):
@@ -216,15 +259,7 @@ def test_a_respawn_during_the_reclaim_starts_its_idle_time_afresh(tmp_path, monk
 
     def scenario(run: Run) -> Scenario:
         hub = Hub(tmp_path, run, monkeypatch)
-        fake = hub.world.fake
-        remove = fake.remove_service
-
-        def remove_and_exit(service):  # the node stops the container at once
-            removed = remove(service)
-            hub.exit_removed()
-            return removed
-
-        fake.remove_service = remove_and_exit
+        hub.exit_on_remove()
 
         async def stop_and_respawn():
             await hub.after_setup(hub.user_stops)
