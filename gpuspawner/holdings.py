@@ -79,6 +79,7 @@ class Holding:
     created: bool = False  # a service may exist (its creation was asked for)
     creating: asyncio.Future | None = None  # the create call, which runs on even if its caller is cancelled
     gone_since: float | None = None  # when its service was first seen gone without a known task
+    end_reason: str = ""  # set by the stop that began its end (idle reclaim): the ledger's reason
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one removal at a time
 
     @property
@@ -277,13 +278,14 @@ class Holdings:
         return await self.swarm.wait_tasks_ended(sorted(tasks), timeout)
 
     async def _release(self, h: Holding, reason: str) -> None:
-        self._forget(h)
+        # Closed while still held: a reconcile's close_missing meanwhile would close it as gone.
         if h.labels.uuids:
-            log.info("Released %s from %s", ", ".join(h.labels.uuids), h.name)
             try:
-                await self.ledger_call(lambda db: db.close(h.name, None, reason))
+                await self.ledger_call(lambda db: db.close(h.name, None, h.end_reason or reason))
             except LedgerError as exc:  # the next reconciliation closes it
                 log.warning("%s", exc)
+            log.info("Released %s from %s", ", ".join(h.labels.uuids), h.name)
+        self._forget(h)
 
     def _forget(self, h: Holding) -> None:
         if self._holdings.get(h.name) is h:
@@ -457,10 +459,7 @@ class Holdings:
             if h is None or h.lock.locked():
                 continue
             log.warning(
-                "Service %s runs a server the hub does not know (%s/%s); removing it",
-                name,
-                h.labels.user,
-                h.labels.server,
+                "Service %s runs a server the hub does not know (%s/%s); removing it", name, h.user, h.labels.server
             )
             await self._settle(h)
             removed += 1

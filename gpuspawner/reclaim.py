@@ -25,7 +25,7 @@ from .idle import IDLE, DeviceSample, IdleTimers, Limits, Notice
 from .reports import NodeReport
 from .sharing import UNIT
 
-__all__ = ["Reclaimer", "end_reason", "of"]
+__all__ = ["Reclaimer", "of"]
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class Reclaimer:
         self.stop: Stop | None = None  # set by the hub: stops a server through JupyterHub
         self.on_active: Callable[[Holding], None] | None = None  # a holder was busy on its GPUs
         self.unattributed: dict[str, list[dict]] = {}  # host -> processes no holder owns
-        self._reasons: dict[str, str] = {}  # service -> the end reason of the stop under way
+        self._timed: dict[str, Holding] = {}  # service -> the holding its timers are of
         self._stopping: set[str] = set()
         views = holdings.cluster.views
         inner = views.holders_of
@@ -71,7 +71,7 @@ class Reclaimer:
             return [self._with_activity(uuid, h) for h in inner(uuid)]
 
         views.holders_of = holders_of
-        _reclaimers[holdings] = self  # the one whose stops the spawner's end_reason() names
+        _reclaimers[holdings] = self
 
     # -- readings ------------------------------------------------------------------
 
@@ -97,10 +97,18 @@ class Reclaimer:
             h = self.holdings.get(name)
             if h is None:
                 continue
+            self._own_timers(h)
             if self.timers.observe(name, got, self.limits_for(h)) and self.on_active is not None:
                 self.on_active(h)
         if samples:
             self.holdings.cluster.views.holders_changed(host)  # the map shows activity
+
+    def _own_timers(self, h: Holding) -> None:
+        """The timers of h's name are h's own: a server started again under the
+        same name starts from zero, with no warning of the one before."""
+        if self._timed.get(h.name) is not h:
+            self.timers.forget(h.name)
+            self._timed[h.name] = h
 
     def _held_on(self, name: str, host: str, uuid: str) -> bool:
         h = self.holdings.get(name)
@@ -111,8 +119,11 @@ class Reclaimer:
     async def check(self) -> list[tuple[str, str]]:
         """Warn and stop where limits say so; the (service, reason) of each stop begun."""
         running = {n: h for n, h in self.holdings.all().items() if h.labels.uuids and h.phase is Phase.RUNNING}
-        for name in set(self.timers.holders()) - set(running):
+        for name in (set(self.timers.holders()) | set(self._timed)) - set(running):
             self.timers.forget(name)
+            self._timed.pop(name, None)
+        for h in running.values():
+            self._own_timers(h)
         await self._hold_new(running)
         due, idle_gpus = [], 0.0
         for name, h in running.items():
@@ -124,10 +135,15 @@ class Reclaimer:
         IDLE_GPUS.set(idle_gpus)
         started = []
         for h, reason in due:
-            if self.holdings.get(h.name) is h and h.phase is Phase.RUNNING:
+            # Decided again: an earlier stop's awaits may have let a reading in (activity
+            # cancels an idle stop), the holding end, or its name go to a new server.
+            if self._current(h) and self.timers.decide(h.name, self.limits_for(h)) == reason:
                 started.append((h.name, reason))
                 await self._stop(h, reason)
         return started
+
+    def _current(self, h: Holding) -> bool:
+        return self.holdings.get(h.name) is h and h.phase is Phase.RUNNING and self._timed.get(h.name) is h
 
     async def _hold_new(self, running: dict[str, Holding]) -> None:
         """Start timing new holdings; held time counts from the ledger's start where
@@ -152,24 +168,22 @@ class Reclaimer:
         idle = self.timers.idle_for(h.name) or 0.0
         gpus = sum(h.labels.milli or [UNIT] * len(h.labels.uuids)) / UNIT
         self._stopping.add(h.name)
-        self._reasons[h.name] = reason
+        h.end_reason = reason  # whoever releases it (this stop, the reconcile) records this reason
         log.info("Stopping %s of %s (%s)", h.name, h.user, reason)
         try:
             stopped = await self.stop(h, reason)
-        except Exception as exc:  # the next check tries again
+            if not stopped:
+                h.end_reason = ""  # not begun (a stop or spawn under way): the reason is the other's
+        except Exception as exc:  # begun, not done (its container still runs): the reconcile ends it
             log.error("Idle reclaim could not stop %s: %s", h.name, exc)
             stopped = False
         finally:
             self._stopping.discard(h.name)
-            self._reasons.pop(h.name, None)
-        if stopped:
+        if stopped and self._timed.get(h.name) is h:
             self.timers.forget(h.name)
+            self._timed.pop(h.name, None)
             STOPPED.labels(reason).inc()
             RECLAIMED.labels(reason).inc(gpus * (idle if reason == IDLE else 0.0) / 3600)
-
-    def end_reason(self, name: str) -> str | None:
-        """The reason of a stop this reclaimer started for the service, while it runs."""
-        return self._reasons.get(name)
 
     # -- what users and admins see -------------------------------------------------
 
@@ -238,9 +252,3 @@ def of(holdings: Holdings) -> Reclaimer:
     """The one reclaimer of these holdings."""
     found = _reclaimers.get(holdings)
     return Reclaimer(holdings, clock=holdings.clock) if found is None else found
-
-
-def end_reason(holdings: Holdings, name: str, default: str) -> str:
-    """The ledger's end reason for a server stopped now: the reclaimer's, else ``default``."""
-    found = _reclaimers.get(holdings)
-    return (found.end_reason(name) if found is not None else None) or default

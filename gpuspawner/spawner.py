@@ -30,7 +30,6 @@ from .ledger import LedgerError
 from .line_wait import extend_start_timeout, line_of, reserve_or_wait
 from .options import OptionsError, options_from_form, parse_user_options
 from .progress import Progress
-from .reclaim import end_reason
 from .reclaim_settings import ReclaimSettings
 from .service_spec import admin_conflicts, build_service
 from .settings import GPUSettings, validate_config
@@ -261,8 +260,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         """Remove this server's service; True once no task of it can run
         (its GPUs are then back). False: it stays reserved, and says why."""
         try:
-            reason = end_reason(owner, self.service_name, "server stopped")  # "idle", "max_hours"
-            return await owner.remove(self.service_name, reason=reason)
+            return await owner.remove(self.service_name)  # an idle reclaim's stop names its own reason
         except SwarmError as exc:
             self.log.error("Could not remove service %s: %s", self.service_name, exc)
             return False

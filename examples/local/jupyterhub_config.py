@@ -31,6 +31,8 @@ c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{c.JupyterHub.port + 1}"
 c.JupyterHub.db_url = "sqlite:///" + os.path.join(state, "jupyterhub.sqlite")
 c.JupyterHub.cookie_secret_file = os.path.join(state, "jupyterhub_cookie_secret")
 c.ConfigurableHTTPProxy.pid_file = os.path.join(state, "jupyterhub-proxy.pid")
+# gpuspawner's own lines (holdings, ledger, reclaim) go to the hub's log with the hub's format.
+c.JupyterHub.logging_config = {"loggers": {"gpuspawner": {"level": "INFO", "handlers": ["console"]}}}
 # Servers outlive a hub restart; the spawner rebuilds their GPU holdings.
 c.JupyterHub.cleanup_servers = False
 c.JupyterHub.cleanup_proxy = False

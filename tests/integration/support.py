@@ -24,8 +24,22 @@ def hub_on(swarm, state_dir, port_from: int = 18000, extra_config: str = "", env
         yield hub
     finally:
         hub.stop()
-        for service in swarm.client().services.list(filters={"label": "gpuspawner.devices"}):
+        for service in services_of_hub(swarm, hub):
             service.remove()
+
+
+def services_of_hub(swarm, hub: Hub) -> list:
+    """The gpuspawner services this hub created (their servers call its API port).
+    Other test sessions share the swarm: their hubs' servers are not this one's to remove."""
+    mine = f":{hub.port + 81}/"
+    return [
+        s
+        for s in swarm.client().services.list(filters={"label": "gpuspawner.devices"})
+        if any(
+            e.startswith("JUPYTERHUB_API_URL=") and mine in e
+            for e in s.attrs["Spec"]["TaskTemplate"]["ContainerSpec"].get("Env") or []
+        )
+    ]
 
 
 def services_of(swarm, user: str) -> list:
