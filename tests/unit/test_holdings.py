@@ -209,12 +209,13 @@ def test_a_reconcile_snapshot_never_closes_a_newer_reservations_ledger_row(tmp_p
 
 
 def test_a_second_reconcile_never_closes_the_ledger_row_of_a_server_started_again(tmp_path):
-    """No budget: a restarted hub's open record whose container lingers; a
-    second reconcile's close_missing, with a snapshot from before alice's new
-    reservation, closed the allocation that reservation had just opened."""
+    """A restarted hub's open record whose container lingers, and a budget (a
+    ledger read in start()): a second reconcile's close_missing, with a
+    snapshot from before alice's new reservation, closed the allocation that
+    reservation had just opened."""
 
     def scenario(run: Run) -> Scenario:
-        world = World(tmp_path, run.executor)
+        world = World(tmp_path, run.executor, gpu_access={"*": {"models": "*", "weekly_gpu_hours": 100}})
         world.leftover("alice")
         (task,) = world.fake.task_ids("jupyter-alice")
         db = Ledger(world.db_url)
