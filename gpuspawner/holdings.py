@@ -119,6 +119,7 @@ class Holdings:
         self._version = 0  # counts transitions; reconciliation skips what changed under it
         self._changed: dict[str, int] = {}
         self._reconciling = asyncio.Lock()
+        self._ledger_order = asyncio.Lock()  # see _ledger_write
         self.rebuilt = False
         cluster.views.holders_of = functools.partial(holders_of, self)
         self.on_free: list[Callable[[], None]] = []  # called when devices come back (the line is served)
@@ -281,7 +282,7 @@ class Holdings:
         # Closed while still held: a reconcile's close_missing meanwhile would close it as gone.
         if h.labels.uuids:
             try:
-                await self.ledger_call(lambda db: db.close(h.name, None, h.end_reason or reason))
+                await self._ledger_write(lambda db: db.close(h.name, None, h.end_reason or reason))
             except LedgerError as exc:  # the next reconciliation closes it
                 log.warning("%s", exc)
             log.info("Released %s from %s", ", ".join(h.labels.uuids), h.name)
@@ -347,12 +348,7 @@ class Holdings:
                 log.warning("Service %s is gone; its GPUs come back once its tasks have ended", h.name)
             if await self._settle(h):
                 released += 1
-        if self.ledger is not None:
-            held = set(self._holdings)
-            try:  # also closes what a stop could not record while the database was down
-                await self.ledger_call(lambda db: db.close_missing(held))
-            except LedgerError as exc:
-                log.warning("%s", exc)
+        await self._close_missing()
         self.rebuilt = True
         self._changed = {n: v for n, v in self._changed.items() if v > version}
         held_devices = sum(len(h.labels.uuids) for h in self._holdings.values())
@@ -471,9 +467,28 @@ class Holdings:
     async def _ledger_open(self, name: str, labels: ServerLabels, alloc: Allocation) -> None:
         """Record the holding as open: its server (``labels``) and the devices booked for it."""
         milli = alloc.milli or (UNIT,) * len(alloc.devices)
-        await self.ledger_call(
+        await self._ledger_write(
             lambda db: db.open(name, labels.user, labels.server, labels.host, labels.model, alloc.uuids, milli)
         )
+
+    async def _close_missing(self) -> None:
+        """Close the allocations of services not held (also those a stop could not close)."""
+        if self.ledger is not None:
+            async with self._ledger_order:
+                held = set(self._holdings)  # taken in its turn: see _ledger_write
+                try:
+                    await self.ledger_call(lambda db: db.close_missing(held))
+                except LedgerError as exc:
+                    log.warning("%s", exc)
+
+    async def _ledger_write(self, call: Callable[[Ledger], T]) -> T | None:
+        """Invariant: allocations are opened and closed in the order the
+        holdings changed. Each write queues (FIFO) in the step of its change (a
+        holding added or forgotten); close_missing snapshots the holdings in
+        its turn. Else a new holding's open could run before an earlier close
+        of its name, or a close_missing from before it, and lose its row."""
+        async with self._ledger_order:
+            return await self.ledger_call(call)
 
     async def ledger_call(self, call: Callable[[Ledger], T]) -> T | None:
         """One ledger call, off the event loop (database I/O); None without a

@@ -187,6 +187,57 @@ def test_defect1_a_restart_with_a_leftover_never_books_its_gpu_twice(tmp_path):
     assert stats.schedules == 300 and stats.choice_points > 300
 
 
+def test_a_reconcile_snapshot_never_closes_a_newer_reservations_ledger_row(tmp_path):
+    """With a weekly budget, start() reads the ledger before removing the
+    leftover. A reconcile (bob's first use of the hub) saw alice's leftover
+    forgotten and her new reservation not yet made; its close_missing ran after
+    her new open and closed it: a live holding with no open allocation."""
+
+    def scenario(run: Run) -> Scenario:
+        world = World(tmp_path, run.executor, gpu_access={"*": {"models": "*", "weekly_gpu_hours": 100}})
+        world.leftover("alice")
+        alice, bob = world.spawner("alice", {"gpu_model": A100}), world.spawner("bob", {"gpu_model": A100})
+        return Scenario(
+            ops={"alice": alice.start, "reconcile": lambda: world.owner.reconcile(), "bob": bob.start},
+            events={"exit_all": world.fake.exit_all, "run_all": world.fake.run_all},
+            invariant=world.invariant,
+            check=check_all(world),
+        )
+
+    stats = random_schedules(scenario, seed=1, n=100)
+    assert stats.schedules == 100
+
+
+def test_a_second_reconcile_never_closes_the_ledger_row_of_a_server_started_again(tmp_path):
+    """A restarted hub's open record whose container lingers, and a budget (a
+    ledger read in start()): a second reconcile's close_missing, with a
+    snapshot from before alice's new reservation, closed the allocation that
+    reservation had just opened."""
+
+    def scenario(run: Run) -> Scenario:
+        world = World(tmp_path, run.executor, gpu_access={"*": {"models": "*", "weekly_gpu_hours": 100}})
+        world.leftover("alice")
+        (task,) = world.fake.task_ids("jupyter-alice")
+        db = Ledger(world.db_url)
+        db.open("jupyter-alice", "alice", "", "gpu-b", A100, ["GPU-b0"], [1000])
+        db.note_tasks("jupyter-alice", [task])
+        world.fake.remove_service("jupyter-alice")  # gone while the hub was down; the container lingers
+        alice = world.spawner("alice", {"gpu_model": A100})
+        return Scenario(
+            ops={"reconcile": lambda: world.owner.reconcile(), "alice": alice.start},
+            events={
+                "exit_all": world.fake.exit_all,
+                "run_all": world.fake.run_all,
+                "reconcile2": lambda: world.owner.reconcile(),
+            },
+            invariant=world.invariant,
+            check=check_all(world),
+        )
+
+    stats = random_schedules(scenario, seed=4, n=100)
+    assert stats.schedules == 100
+
+
 def test_defect2_a_failed_stop_keeps_the_gpu_until_the_container_is_gone(tmp_path):
     """A stop whose removal failed left the GPU reserved only until the next
     reconciliation, which released it without waiting for the task."""
