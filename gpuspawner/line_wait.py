@@ -21,7 +21,8 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from itertools import count
 
 from jupyterhub.spawner import SpawnException
@@ -33,7 +34,14 @@ from .ledger import LedgerError
 from .ledger_checks import utc_now
 from .line import Waiter, by_model, estimate, position
 
-__all__ = ["WaitLine", "extend_start_timeout", "hold_spawn_slot", "line_of", "reserve_or_wait"]
+__all__ = [
+    "WaitLine",
+    "extend_start_timeout",
+    "hold_spawn_slot",
+    "line_of",
+    "refused_out_of_line",
+    "reserve_or_wait",
+]
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +275,20 @@ def busy_refusal(model: str, waiting: int, make_error) -> SpawnException:
         reason="gpu_unavailable",
         status_code=503,
     )
+
+
+@asynccontextmanager
+async def refused_out_of_line(owner: Holdings, service: str) -> AsyncIterator[None]:
+    """A spawn's checks before the line: a spawn resumed after a hub restart
+    that they refuse (its user's rules changed, a stale service) leaves the
+    place it had, so that nobody waits behind a spawn that has failed."""
+    try:
+        yield
+    except Exception:
+        line = line_of(owner)
+        if line.place(service) is not None:
+            await line.leave(service)
+        raise
 
 
 async def reserve_or_wait(

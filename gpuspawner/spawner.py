@@ -27,7 +27,7 @@ from .form import render_form
 from .holdings import Holding, HoldingBusy, Holdings
 from .inventory import InventoryError
 from .ledger import LedgerError
-from .line_wait import extend_start_timeout, line_of, reserve_or_wait
+from .line_wait import extend_start_timeout, line_of, refused_out_of_line, reserve_or_wait
 from .options import OptionsError, options_from_form, parse_user_options
 from .progress import Progress
 from .reclaim_settings import ReclaimSettings
@@ -172,17 +172,18 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
 
     async def start(self):
         self._progress.clear()
-        owner = await self._up_to_date()
-        access = self._access()
-        request, wait = self._request(owner, access)
-        if request is not None:
-            await self._within_budget(owner, access)
-        settings = await self._admin_settings()
         name = self.service_name
-        # A service left by an earlier run of this server (a killed hub, a
-        # failed stop) may still run on its GPUs: it goes first.
-        if not await self._remove(owner):
-            raise spawn_error(STALE, reason="stale_service", status_code=503)
+        async with refused_out_of_line(self.holdings(), name):
+            owner = await self._up_to_date()
+            access = self._access()
+            request, wait = self._request(owner, access)
+            if request is not None:
+                await self._within_budget(owner, access)
+            settings = await self._admin_settings()
+            # A service left by an earlier run of this server (a killed hub, a
+            # failed stop) may still run on its GPUs: it goes first.
+            if not await self._remove(owner):
+                raise spawn_error(STALE, reason="stale_service", status_code=503)
         holding = await reserve_or_wait(
             self,
             owner,

@@ -7,7 +7,8 @@ gpu_wait is refused at once, though the hub's concurrent_spawn_limit (2) is
 what the two waiting spawns alone would fill. The hub restarts in the middle:
 the line and its order survive. Stopping a holder starts the first waiter by
 itself (the time from the stop to its server being ready is printed) and moves
-the other up; cancelling the other empties the line.
+the other up; cancelling the other empties the line. Under gpu_access, a staff
+member (priority 10) who waits after a student (priority 0) goes ahead of them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from tests.integration.support import hub_on, login, services_of, spawn_ready
 
 A100 = "NVIDIA A100 80GB PCIe"
 WAIT = {"gpu_model": A100, "gpu_wait": True}
-CONFIG = "c.JupyterHub.concurrent_spawn_limit = 2\n"
+# Students may wait for an A100, staff go first; users in neither group have the hub's defaults.
+RULES = {"students": {"models": [A100], "max_gpus": 1}, "staff": {"models": "*", "max_gpus": 4, "priority": 10}}
+CONFIG = (
+    "c.JupyterHub.concurrent_spawn_limit = 2\n"
+    f"c.GPUSwarmSpawner.gpu_access = {RULES!r}\n"
+    "c.JupyterHub.load_groups = {'students': {'users': ['stu']}, 'staff': {'users': ['prof']}}\n"
+)
 browsers, shots = browser_tests.browsers, browser_tests.shots  # the browser tests' fixtures
 
 
@@ -128,5 +135,24 @@ def test_the_waiting_page_shows_the_place_in_line(hub, browsers, shots):
     message = browser_tests.by().ID, "progress-message"
     browser_tests.wait(driver, lambda d: words in d.find_element(*message).text, "no place in line shown", 60)
     driver.save_screenshot(str(shots / "spawn-waiting.png"))
+    hub.stop_all_servers()
+    assert line(hub) == []
+
+
+def test_a_staff_waiter_goes_ahead_of_an_earlier_student(hub, swarm):
+    spawn_ready(hub, "ivy", {"gpu_model": A100})
+    spawn_ready(hub, "jon", {"gpu_model": A100})
+    assert hub.spawn("stu", WAIT).status_code == 202
+    assert told(hub, "stu", f"You are number 1 in line for {A100}")
+    assert hub.spawn("prof", WAIT).status_code == 202  # later, with priority 10
+    assert line(hub) == [("prof", 1), ("stu", 2)]
+    assert told(hub, "prof", f"You are number 1 in line for {A100}")
+    assert told(hub, "stu", f"You are number 2 in line for {A100}")
+
+    hub.stop_server("ivy")
+    hub.wait_ready("prof", timeout=90)  # the release starts the staff member's server
+    assert line(hub) == [("stu", 1)]
+    assert services_of(swarm, "stu") == []
+    assert told(hub, "stu", f"You are number 1 in line for {A100}")
     hub.stop_all_servers()
     assert line(hub) == []

@@ -1,0 +1,153 @@
+"""Priority in the line under gpu_access, with the real spawner, owner and
+SQLite ledger over the fake swarm: a user's priority comes from their groups
+at the spawn, a place in line keeps the priority it was taken with (also
+across a hub restart), and a request the rules forbid never enters the line."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from jupyterhub.spawner import SpawnException
+
+from gpuspawner import line_wait
+from gpuspawner.ledger import Ledger
+from tests.unit.test_access_spawn import in_groups
+from tests.unit.test_holdings import A100, World
+from tests.unit.test_line import WAIT, messages, stopped, until
+
+GTX = "NVIDIA GeForce GTX 1070"
+RULES = {
+    "students": {"models": [A100], "max_gpus": 1},
+    "staff": {"models": "*", "max_gpus": 4, "priority": 10},
+    "guests": {"models": [GTX], "max_gpus": 1},
+}
+
+
+def world(tmp_path, rules=RULES) -> World:
+    return World(tmp_path, gpu_access=rules)
+
+
+def place(w: World, spawner):
+    return line_wait.line_of(w.owner).place(spawner.service_name)
+
+
+def rows(w: World) -> list[tuple[str, int]]:
+    return [(r.user, r.priority) for r in Ledger(w.db_url).waiting()]
+
+
+async def waiting(w: World, spawner, at: int) -> asyncio.Future:
+    """``spawner``'s start, once it is number ``at`` in line."""
+    start = asyncio.ensure_future(spawner.start())
+    await until(lambda: place(w, spawner) == (A100, at))
+    return start
+
+
+async def served(w: World, start: asyncio.Future) -> None:
+    """A waiting start carries on: the swarm starts its task."""
+    while not start.done():
+        w.fake.run_all()
+        await asyncio.sleep(0.01)
+    await start
+
+
+async def cancelled(spawner, start: asyncio.Future) -> None:
+    """The Cancel button: JupyterHub cancels the spawn, then stops the server."""
+    start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await start
+    await spawner.stop()
+
+
+async def test_a_staff_waiter_goes_ahead_of_an_earlier_student_and_is_served_first(tmp_path):
+    w = world(tmp_path)
+    alice = w.spawner("alice", {"gpu_model": A100})  # in no group: the hub's defaults
+    await w.started(alice)
+    stu = in_groups(w.spawner("stu", WAIT), "students")
+    stu_start = await waiting(w, stu, 1)
+    prof = in_groups(w.spawner("prof", WAIT), "staff")
+    prof_start = await waiting(w, prof, 1)
+    assert place(w, stu) == (A100, 2)
+    assert rows(w) == [("stu", 0), ("prof", 10)]  # arrival order in the ledger; priority orders the line
+    await until(lambda: messages(stu)[-1] == f"You are number 2 in line for {A100}")
+    assert messages(prof)[-1] == f"You are number 1 in line for {A100}"
+    await stopped(w, alice)
+    await served(w, prof_start)
+    assert w.owner.get(prof.service_name).labels.uuids == ("GPU-b0",)
+    assert place(w, stu) == (A100, 1) and rows(w) == [("stu", 0)]
+    await cancelled(stu, stu_start)
+    assert rows(w) == []
+
+
+async def test_a_membership_change_applies_at_the_next_spawn_not_to_a_place_taken(tmp_path):
+    w = world(tmp_path)
+    await w.started(w.spawner("alice", {"gpu_model": A100}))
+    carol = in_groups(w.spawner("carol", WAIT), "students")
+    carol_start = await waiting(w, carol, 1)
+    stu = in_groups(w.spawner("stu", WAIT), "students")
+    stu_start = await waiting(w, stu, 2)
+    in_groups(stu, "students", "staff")  # an admin adds him to staff while he waits
+    await asyncio.sleep(0.1)
+    assert place(w, stu) == (A100, 2)  # his place keeps the priority it was taken with
+    await cancelled(stu, stu_start)
+    stu_again = await waiting(w, stu, 1)  # his next spawn: staff's priority, ahead of carol
+    assert rows(w) == [("carol", 0), ("stu", 10)]
+    assert place(w, carol) == (A100, 2)
+    await cancelled(stu, stu_again)
+    await cancelled(carol, carol_start)
+    assert rows(w) == []
+
+
+@pytest.mark.parametrize(
+    "groups, options",
+    [
+        (["guests"], WAIT),  # a model the group does not have
+        (["students"], {**WAIT, "gpu_count": 2}),  # over the group's max_gpus
+    ],
+)
+async def test_a_request_the_rules_forbid_never_enters_the_line(tmp_path, groups, options):
+    w = world(tmp_path)
+    await w.started(w.spawner("alice", {"gpu_model": A100}))
+    ahead = in_groups(w.spawner("stu", WAIT), "students")
+    ahead_start = await waiting(w, ahead, 1)
+    with pytest.raises(SpawnException) as exc:
+        await w.started(in_groups(w.spawner("gus", options), *groups))
+    assert exc.value.status_code == 403 and exc.value.reason == "gpu_access"
+    assert rows(w) == [("stu", 0)] and [r.user for r in line_wait.line_of(w.owner).rows] == ["stu"]
+    await cancelled(ahead, ahead_start)
+
+
+async def restarted_hub(tmp_path, rules=RULES) -> World:
+    """A hub that restarted: alice's server (left by the earlier hub) holds the
+    GPU, and the ledger has the earlier hub's line: stu (a student) waited
+    first, prof (staff, priority 10) after him."""
+    w = world(tmp_path, rules)
+    w.leftover("alice")
+    ledger = Ledger(w.db_url)
+    ledger.enqueue("jupyter-stu", "stu", "", A100, 0, WAIT)
+    ledger.enqueue("jupyter-prof", "prof", "", A100, 10, WAIT)
+    await line_wait.line_of(w.owner).load()  # as line_resume does, before the spawns are issued again
+    return w
+
+
+async def test_a_resumed_spawn_keeps_the_priority_stored_in_the_line(tmp_path):
+    w = await restarted_hub(tmp_path)
+    prof = w.spawner("prof", WAIT)  # no longer staff: the place he had is kept
+    stu = in_groups(w.spawner("stu", WAIT), "students")
+    prof_start = await waiting(w, prof, 1)
+    stu_start = await waiting(w, stu, 2)
+    assert rows(w) == [("stu", 0), ("prof", 10)]
+    await w.owner.remove("jupyter-alice")
+    await served(w, prof_start)
+    assert w.owner.get(prof.service_name) is not None and place(w, stu) == (A100, 1)
+    await cancelled(stu, stu_start)
+
+
+async def test_a_resumed_spawn_the_rules_now_forbid_leaves_the_line(tmp_path):
+    w = await restarted_hub(tmp_path, {**RULES, "*": {"models": [], "max_gpus": 0}})
+    prof = w.spawner("prof", WAIT)  # in no group now: CPU only
+    with pytest.raises(SpawnException) as exc:
+        await w.started(prof)
+    assert exc.value.status_code == 403
+    assert rows(w) == [("stu", 0)] and place(w, prof) is None  # nobody waits behind a refused spawn
+    assert Ledger(w.db_url).waiting()[0].service == "jupyter-stu"
