@@ -96,6 +96,17 @@ def test_the_home_page_is_jupyterhubs_with_the_notices_of_the_users_servers(hub)
     assert env.get_template("gpuspawner_notices.html").render(gpuspawner_notices=[]).strip() == ""
 
 
+def test_the_spawn_page_shows_the_same_notices_above_jupyterhubs_form(hub):
+    env = hub.tornado_application.settings["jinja2_env"]
+    _, path, _ = env.loader.get_source(env, "spawn.html")
+    assert path == os.path.join(TEMPLATES, "spawn.html")
+    source, _, _ = env.loader.get_source(env, "spawn.html")
+    assert '{% include "gpuspawner_notices.html" %}' in source and "{{ super() }}" in source
+    # it extends JupyterHub's own page, which still renders the form
+    _, parent, _ = env.loader.get_source(env, "templates/spawn.html")
+    assert not parent.startswith(TEMPLATES) and "spawn_form" in open(parent).read()
+
+
 def test_other_urls_under_the_prefix_are_still_jupyterhubs(hub):
     assert handler_for(hub, "GET", "/hub/api/gpuspawner/nothing-here").__module__ == "jupyterhub.apihandlers.base"
     assert handler_for(hub, "GET", "/hub/api/users").__module__ == "jupyterhub.apihandlers.users"
