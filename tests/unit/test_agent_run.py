@@ -228,8 +228,11 @@ def test_waits_out_a_hub_outage_with_one_line_per_failure(hub, fake_lib_dir, dev
     ]
     refused = failures[4:]
     assert refused, "no attempt met the hub down"
-    for line in refused:  # at the cap of 4 intervals (0.2 s)
-        assert line == "report failed: cannot reach the hub: connection refused; retrying in 0.2 s"
+    for line in refused:  # at the cap of 4 intervals (0.2 s); a retry may meet the hub going down or up
+        assert line in {
+            "report failed: cannot reach the hub: connection refused; retrying in 0.2 s",
+            "report failed: cannot reach the hub: Connection reset by peer; retrying in 0.2 s",
+        }, line
     assert lines == [
         f"reporting to {hub.url()}hub/api/gpuspawner/report every 0.05 s as {lines[0].rsplit(' ', 1)[1]}",
         "first report sent: 8 GPUs, 3 unhealthy",

@@ -23,7 +23,9 @@ def test_the_dockerfile_and_the_local_hub_image_say_the_same():
     recipe = stack_images.hub_recipe()
     assert settings["from"] == f"debian:{stack_images.debian_image.SUITE}-slim"
     assert settings["packages"] == list(recipe.packages)
-    assert settings["requirements"] == list(recipe.requirements)  # the hub's jupyterhub, this gpuspawner
+    # The same packages: the local image pins the jupyterhub installed here (the lowest-versions
+    # run has another), the Dockerfile a release; both pin this gpuspawner.
+    assert [r.split("==")[0] for r in settings["requirements"]] == [r.split("==")[0] for r in recipe.requirements]
     assert f"gpuspawner[postgres]=={__version__}" in settings["requirements"]
     assert settings["changes"] == list(recipe.changes)
     assert settings["cmd"] == list(recipe.cmd)
