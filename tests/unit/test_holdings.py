@@ -167,13 +167,11 @@ def check_all(world: World):
 # -- the six defects, as named regressions ----------------------------------------------
 
 
-def test_defect1_a_restart_with_a_leftover_never_books_its_gpu_twice(tmp_path):
-    """A server started again while its earlier service is left over; a
-    reconciliation between the new allocation and the service's creation used
-    to release the new allocation, and the next user got the same GPU."""
+def leftover_scenario(tmp_path, **settings):
+    """Alice starts again over her leftover service while a reconcile runs and bob starts."""
 
     def scenario(run: Run) -> Scenario:
-        world = World(tmp_path, run.executor)
+        world = World(tmp_path, run.executor, **settings)
         world.leftover("alice")
         alice, bob = world.spawner("alice", {"gpu_model": A100}), world.spawner("bob", {"gpu_model": A100})
         return Scenario(
@@ -183,7 +181,15 @@ def test_defect1_a_restart_with_a_leftover_never_books_its_gpu_twice(tmp_path):
             check=check_all(world),
         )
 
-    stats = random_schedules(scenario, seed=1, n=300)
+    return scenario
+
+
+def test_defect1_a_restart_with_a_leftover_never_books_its_gpu_twice(tmp_path):
+    """A server started again while its earlier service is left over; a
+    reconciliation between the new allocation and the service's creation used
+    to release the new allocation, and the next user got the same GPU."""
+
+    stats = random_schedules(leftover_scenario(tmp_path), seed=1, n=300)
     assert stats.schedules == 300 and stats.choice_points > 300
 
 
@@ -193,18 +199,8 @@ def test_a_reconcile_snapshot_never_closes_a_newer_reservations_ledger_row(tmp_p
     forgotten and her new reservation not yet made; its close_missing ran after
     her new open and closed it: a live holding with no open allocation."""
 
-    def scenario(run: Run) -> Scenario:
-        world = World(tmp_path, run.executor, gpu_access={"*": {"models": "*", "weekly_gpu_hours": 100}})
-        world.leftover("alice")
-        alice, bob = world.spawner("alice", {"gpu_model": A100}), world.spawner("bob", {"gpu_model": A100})
-        return Scenario(
-            ops={"alice": alice.start, "reconcile": lambda: world.owner.reconcile(), "bob": bob.start},
-            events={"exit_all": world.fake.exit_all, "run_all": world.fake.run_all},
-            invariant=world.invariant,
-            check=check_all(world),
-        )
-
-    stats = random_schedules(scenario, seed=1, n=100)
+    budget = {"*": {"models": "*", "weekly_gpu_hours": 100}}
+    stats = random_schedules(leftover_scenario(tmp_path, gpu_access=budget), seed=1, n=100)
     assert stats.schedules == 100
 
 
