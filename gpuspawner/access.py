@@ -69,8 +69,8 @@ class Access:
         """Why the user's raw ``options`` ask for more than this allows (None:
         they do not). Only what the rules decide is checked here; the rest
         (types, names) is parse_user_options's, with the offered models."""
-        if not isinstance(options, Mapping):
-            return None
+        if not isinstance(options, Mapping) or not self.groups:
+            return None  # under no rule (no gpu_access, or in no listed group): as without rules
         model, count, share = (options.get(k) for k in ("gpu_model", "gpu_count", "gpu_share"))
         asks = share is not None or model is not None or (_number(count) and count != 0) or count == ALL
         if not asks:

@@ -71,8 +71,12 @@ def test_without_rules_everybody_gets_every_model_and_the_hubs_limit():
         assert a == Access(max_gpus=2)
         assert a.offered(MODELS) == MODELS
         assert a.refusal({"gpu_model": A100, "gpu_count": 2}, MODELS) is None
+        # over the hub's limit: left to the options' own check (400 naming the limit), as without rules
+        assert a.refusal({"gpu_model": A100, "gpu_share": 3}, MODELS) is None
+        assert a.refusal({"gpu_model": A100, "gpu_count": 3}, MODELS) is None
     # rules without "*": users in no listed group are not restricted either
-    assert rules({"staff": {"max_gpus": 4}}, default=1).effective([]) == Access(max_gpus=1)
+    outside = rules({"staff": {"max_gpus": 4}}, default=1).effective([])
+    assert outside == Access(max_gpus=1) and outside.refusal({"gpu_model": A100, "gpu_count": 2}, MODELS) is None
 
 
 def test_aliases_name_models_as_the_hub_shows_them():
