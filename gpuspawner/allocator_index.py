@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import operator
+from itertools import zip_longest
 from collections.abc import Iterable, Mapping
 
 from .allocator_model import ModelIndex, total_room
@@ -342,9 +343,10 @@ class DeviceIndex:
         partial = mi.partial.get(host) if self.is_available(host) else None
         if partial:
             used = mi.used
-            rooms = [UNIT - u for u in [used[g.uuid] for g in partial] if u < UNIT]
+            rooms = sorted([UNIT - used[g.uuid] for g in partial], reverse=True)
+            while rooms and not rooms[-1]:  # full devices (room 0) sort last
+                rooms.pop()
             if rooms:
-                rooms.sort(reverse=True)
                 return len(mi.free[host]), tuple(rooms)
         return None
 
@@ -380,15 +382,19 @@ class DeviceIndex:
     def _rank_room(self, mi: ModelIndex, host: str, old: int, new: int) -> None:
         """One partly booked device of the host went from room ``old`` to
         ``new`` (0: full), the host's free devices as they were: its rooms
-        change in place, and its ranks only between the two rooms' places."""
+        change in place, and its ranks only between the two rooms' places
+        (a full device's place: just past the last room)."""
         was = mi.ranked.get(host)
-        if was is None or old not in was[1]:  # not ranked (no ranks kept, host not available), or it was full
+        if was is None or old and old not in was[1]:  # not ranked (no ranks kept, host not available)
             self._rank(mi, host)
             return
         free, rooms = was
-        i = rooms.index(old)
         changed = list(rooms)
-        del changed[i]
+        if old:
+            i = rooms.index(old)
+            del changed[i]
+        else:  # it was full: its room comes in, as if from just past the end
+            i = len(rooms)
         j = len(changed)
         if new:
             j = bisect.bisect_right(changed, -new, key=operator.neg)  # the first smaller room: largest first
@@ -426,10 +432,12 @@ class DeviceIndex:
                 if o != r and k:
                     ranks[k].move(o, r, host)
             return
-        oend, nend = of + len(orooms), nf + len(nrooms)
-        for k in range(max(1, lo, min(of, nf)), max(oend, nend) if hi is None else hi):
-            o = orooms[k - of] if of <= k < oend else 0
-            r = nrooms[k - nf] if nf <= k < nend else 0
+        # Position k's room (0: none there), both vectors from position lo on, compared in C.
+        lo = max(1, lo, min(of, nf))
+        end = max(of + len(orooms), nf + len(nrooms)) if hi is None else hi
+        before = ((0,) * of + orooms)[lo:end]
+        after = ((0,) * nf + nrooms)[lo:end]
+        for k, o, r in zip_longest(range(lo, end), before, after, fillvalue=0):
             if o == r:
                 continue
             if o and r:
