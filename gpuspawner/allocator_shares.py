@@ -16,7 +16,7 @@ from itertools import islice
 from .allocator_index import DeviceIndex
 from .allocator_model import ModelIndex, kth
 from .allocator_types import EVEN_SPLIT, ONE_DEVICE, UNEVEN_SPLIT, Policy
-from .allocator_whole import candidates
+from .allocator_whole import first_host
 from .inventory import GPU
 from .sharing import UNIT, ModelSharing, SharingPolicy, split_evenly
 
@@ -35,23 +35,24 @@ def choose_share(
     fit), an untouched device counting a full room; among untouched
     devices the policy picks the host. Ties: hostname, then model."""
     need = -(-share // UNIT)  # fewest devices it can span
-    best = None  # (key, model, host, picks)
+    best = None  # (key, host, picks, model)
     for model in models:
-        mi = index.models[model]
         settings = sharing.for_model(model)
         if settings is None or need > 1 and not settings.split:
             continue
-        for key, h, picks in _share_candidates(index, policy, mi, settings, share, need, host):
-            if best is None or key < best[0]:
-                best = (key, model, h, picks)
+        found = _best_of_model(index, policy, index.models[model], settings, share, need, host)
+        if found is not None and (best is None or found[0] < best[0]):
+            best = (*found, model)
     if best is None:
         uneven = _uneven(index, sharing, models, share, host)
         if uneven is None:
             return None
         model, h, picks = uneven
         return model, h, sorted(picks), UNEVEN_SPLIT
-    _, model, h, picks = best
-    return model, h, sorted(picks), ONE_DEVICE if len(picks) == 1 else EVEN_SPLIT
+    _, h, picks, model = best
+    if len(picks) == 1:
+        return model, h, picks, ONE_DEVICE
+    return model, h, sorted(picks), EVEN_SPLIT
 
 
 def _uneven(
@@ -96,7 +97,7 @@ def _fill(mi: ModelIndex, host: str, share: int, quantum: int) -> Picks | None:
     return None
 
 
-def _share_candidates(
+def _best_of_model(
     index: DeviceIndex,
     policy: Policy,
     mi: ModelIndex,
@@ -104,8 +105,8 @@ def _share_candidates(
     share: int,
     need: int,
     host: str | None,
-) -> Iterator[tuple[tuple, str, Picks]]:
-    """Candidates of one model as (key, host, picks); keys compare across models."""
+) -> tuple[tuple, str, Picks] | None:
+    """The best placement of one model as (key, host, picks), or None; keys compare across models."""
     most = len(mi.buckets) - 1 if sharing.spans(share) else 1
     if host is not None:
         if host in mi.total and index.is_available(host):
@@ -114,28 +115,28 @@ def _share_candidates(
                 n, room, picks = fit
                 # Only untouched devices: models are ranked as for a whole-GPU request.
                 rank = policy.rank(len(mi.free[host])) if room == n * UNIT else 0
-                yield (n, room, rank, host), host, picks
-        return
+                return (n, room, rank, host), host, picks
+        return None
     if need == 1:
         # One device: the shared device with least room that fits, else an
         # untouched one where the policy would put a 1-GPU request.
         tightest = mi.rooms.first(share)
         if tightest is not None:
             room, (h, _, uuid) = tightest
-            yield (1, room, 0, h), h, [(index.gpus[uuid], share)]
-            return
-        for n, h in candidates(index, policy, mi, 1, None, None):
-            yield (1, UNIT, policy.rank(n), h), h, [(mi.free[h][0], share)]
-            return
+            return (1, room, 0, h), h, [(index.gpus[uuid], share)]
+        untouched = first_host(policy, mi, 1)
+        if untouched is not None:
+            n, h = untouched
+            return (1, UNIT, policy.rank(n), h), h, [(mi.free[h][0], share)]
         if not sharing.spans(share):
-            return  # a share of at most 1 GPU stays on one device unless split_small
+            return None  # a share of at most 1 GPU stays on one device unless split_small
         need = 2
-    yield from _split_candidates(index, policy, mi, sharing, share, need, most)
+    return _split(index, policy, mi, sharing, share, need, most)
 
 
-def _split_candidates(
+def _split(
     index: DeviceIndex, policy: Policy, mi: ModelIndex, sharing: ModelSharing, share: int, need: int, most: int
-) -> Iterator[tuple[tuple, str, Picks]]:
+) -> tuple[tuple, str, Picks] | None:
     """Several devices of one host, the fewest that take the share: the host
     with the partly booked device of least room that takes a piece (from
     ``mi.ranks``), else among hosts with n untouched devices the one the
@@ -148,20 +149,21 @@ def _split_candidates(
         if pieces is None:
             if share > n * UNIT:
                 continue  # pieces too big: try more devices
-            return  # pieces below the quantum: more devices cannot help
+            return None  # pieces below the quantum: more devices cannot help
         if scanned is not None:
-            tight = _tightest_of(scanned, n, pieces)
+            tight = _tightest_of(scanned, n, pieces) if scanned else None
         elif mi.most_kth_room(n - 1, block) < pieces[-1]:
-            continue  # no host has n devices with room for a piece (the usual refusal: no search)
+            tight = None  # no partly booked host has n devices with room for a piece (no search)
         else:
             tight = _tightest(mi, n, pieces)
         if tight is not None:  # beats this model's untouched devices: no need to look at them
             room, h = tight
-            yield (n, room, 0, h), h, _best_fit(mi, h, pieces)
-            return
-        for free, h in candidates(index, policy, mi, n, None, None):
-            yield (n, UNIT, policy.rank(free), h), h, _best_fit(mi, h, pieces)
-            return
+            return (n, room, 0, h), h, _best_fit(mi, h, pieces)
+        untouched = first_host(policy, mi, n) if n <= block else None
+        if untouched is not None:
+            free, h = untouched
+            return (n, UNIT, policy.rank(free), h), h, _best_fit(mi, h, pieces)
+    return None
 
 
 def _tightest(mi: ModelIndex, n: int, pieces: tuple[int, ...]) -> tuple[int, str] | None:

@@ -4,14 +4,13 @@ never changed)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import cast
 
 from .allocator_index import DeviceIndex
 from .allocator_model import ModelIndex
 from .allocator_types import ALL, Policy
 
-__all__ = ["candidates", "choose"]
+__all__ = ["best_host", "choose", "first_host"]
 
 
 def choose(
@@ -21,37 +20,45 @@ def choose(
     model. ``room``: how many more devices the owner may hold (None: no limit)."""
     best: tuple[int, str, str] | None = None  # (rank, host, model)
     for model in models:
-        for n, h in candidates(index, policy, index.models[model], count, host, room):
-            key = (policy.rank(n), h, model)
+        found = best_host(index, policy, index.models[model], count, host, room)
+        if found is not None:
+            key = (policy.rank(found[0]), found[1], model)
             if best is None or key < best:
                 best = key
-            break  # candidates come best first within a model
     return None if best is None else (best[2], best[1])
 
 
-def candidates(
+def best_host(
     index: DeviceIndex, policy: Policy, mi: ModelIndex, count: int | str, host: str | None, room: int | None
-) -> Iterator[tuple[int, str]]:
-    """(free count, host) of one model's hosts that take the request, best first."""
+) -> tuple[int, str] | None:
+    """(free count, host): the one of this model's hosts that takes the request best, or None."""
     if host is not None:
         if host in mi.free and index.is_available(host):
             n = len(mi.free[host])
             fits = n == mi.total[host] and (room is None or n <= room) if count == ALL else n >= cast(int, count)
             if fits and n > 0:
-                yield n, host
-        return
+                return n, host
+        return None
     if count == ALL:
         # Rare request: a plain scan of the hosts whose devices are all free.
-        whole = sorted(
-            (policy.rank(n), h)
+        whole = [
+            (policy.rank(n), h, n)
             for h, n in mi.total.items()
             if index.is_available(h) and len(mi.free[h]) == n and (room is None or n <= room)
-        )
-        for _, h in whole:
-            yield mi.total[h], h
-        return
-    top = len(mi.buckets) - 1
-    for n in policy.sizes(cast(int, count), top):
-        bucket = mi.buckets[n]
+        ]
+        if not whole:
+            return None
+        _, h, n = min(whole)
+        return n, h
+    return first_host(policy, mi, cast(int, count))
+
+
+def first_host(policy: Policy, mi: ModelIndex, count: int) -> tuple[int, str] | None:
+    """(free count, host): of the available hosts with at least ``count``
+    untouched devices, the one the policy ranks first (ties: hostname), or None."""
+    buckets = mi.buckets
+    for n in policy.sizes(count, len(buckets) - 1):
+        bucket = buckets[n]
         if bucket:
-            yield n, bucket[0]
+            return n, bucket[0]
+    return None
