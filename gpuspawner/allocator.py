@@ -186,8 +186,8 @@ class Allocator:
                 self._book_share(picks[0][0], holder, picks[0][1])
             else:
                 for g, p in picks:
-                    self._book_share(g, holder, p, rank=False)
-                index.rank_host(mi, host)  # one host: its split ranks once, not per device
+                    self._shares.setdefault(g.uuid, {})[holder] = p
+                index.add_shares(mi, host, picks)  # one host: its free lists and split ranks once
         self._record(alloc)
         return alloc
 
@@ -216,9 +216,9 @@ class Allocator:
             for d in alloc.devices:
                 self._held[d.uuid] = alloc.holder
 
-    def _book_share(self, gpu: GPU, holder: str, piece: int, rank: bool = True) -> None:
+    def _book_share(self, gpu: GPU, holder: str, piece: int) -> None:
         self._shares.setdefault(gpu.uuid, {})[holder] = piece
-        self._index.add_share(self._index.models[gpu.model], gpu, piece, rank)
+        self._index.add_share(self._index.models[gpu.model], gpu, piece)
 
     def release(self, holder: str) -> Allocation | None:
         """Give back what ``holder`` holds. Idempotent: None when it holds nothing."""

@@ -253,22 +253,36 @@ class DeviceIndex:
         if rank and current.host in mi.ranked:
             self._rank(mi, current.host)
 
-    def add_share(self, mi: ModelIndex, gpu: GPU, piece: int, rank: bool = True) -> None:
+    def add_share(self, mi: ModelIndex, gpu: GPU, piece: int) -> None:
         """A share of ``piece`` milli is booked on the device (untouched until now, or shared)."""
         before = mi.used.get(gpu.uuid)
-        shared = before is not None
-        if before is None:  # untouched until now: out of the free lists
-            self.take_free(mi, gpu.host, [gpu], rank=False)
-            bisect.insort(mi.partial.setdefault(gpu.host, []), gpu, key=_ORDER)
-            mi.partial_room[gpu.host] = mi.partial_room.get(gpu.host, 0) + UNIT
-            before = 0
+        if before is None:  # untouched until now: the host's free count changes too
+            self.add_shares(mi, gpu.host, [(gpu, piece)])
+            return
         mi.used[gpu.uuid] = before + piece
         mi.partial_room[gpu.host] -= piece
-        self._set_room(mi, gpu, UNIT - before if before else 0, UNIT - before - piece)
-        if rank and shared:
-            self._rank_room(mi, gpu.host, UNIT - before, UNIT - before - piece)
-        elif rank:
-            self._rank(mi, gpu.host)
+        self._set_room(mi, gpu, UNIT - before, UNIT - before - piece)
+        self._rank_room(mi, gpu.host, UNIT - before, UNIT - before - piece)
+
+    def add_shares(self, mi: ModelIndex, host: str, picks: Iterable[tuple[GPU, int]]) -> None:
+        """Shares booked on devices of one host, (device, milli) each: the
+        untouched ones leave the free lists together, and the host's split
+        ranks are brought up to date once."""
+        picks = list(picks)
+        used = mi.used
+        fresh = [g for g, _ in picks if g.uuid not in used]
+        if fresh:
+            self.take_free(mi, host, fresh, rank=False)
+            partial = mi.partial.setdefault(host, [])
+            for gpu in fresh:
+                bisect.insort(partial, gpu, key=_ORDER)
+            mi.partial_room[host] = mi.partial_room.get(host, 0) + UNIT * len(fresh)
+        for gpu, piece in picks:
+            before = used.get(gpu.uuid, 0)
+            used[gpu.uuid] = before + piece
+            mi.partial_room[host] -= piece
+            self._set_room(mi, gpu, UNIT - before if before else 0, UNIT - before - piece)
+        self._rank(mi, host)
 
     def remove_share(self, uuid: str, piece: int, rank: bool = True) -> None:
         """A share of ``piece`` milli on the device is given back."""
@@ -320,10 +334,6 @@ class DeviceIndex:
         gpu = self.gpus.get(uuid)
         if gpu is not None:
             self._rank(self.models[gpu.model], gpu.host)
-
-    def rank_host(self, mi: ModelIndex, host: str) -> None:
-        """Bring the host's split ranks of the model up to date, after changes made with ``rank=False``."""
-        self._rank(mi, host)
 
     def _set_scan(self, mi: ModelIndex, scan: bool) -> None:
         """Keep the model's split ranks (built afresh), or not (emptied)."""

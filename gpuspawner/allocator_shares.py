@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
-from itertools import islice
 
 from .allocator_index import DeviceIndex
 from .allocator_model import ModelIndex, kth
@@ -23,7 +22,6 @@ from .sharing import UNIT, ModelSharing, SharingPolicy, split_evenly
 __all__ = ["choose_share"]
 
 Picks = list[tuple[GPU, int]]  # (device, milli-shares on it)
-PROBES = 4  # partly booked devices a split tries before the per-k bisections (0: those alone)
 
 
 def choose_share(
@@ -174,21 +172,22 @@ def _tightest(mi: ModelIndex, n: int, pieces: tuple[int, ...]) -> tuple[int, str
     it: one bisection per k, at most (devices per host) of them."""
     small, large = pieces[-1], pieces[0]
     extra = pieces.count(large) if large != small else 0
-    # Usually one of the few partly booked devices with the least room that
-    # fits is on such a host: the same answer, without a bisection per k.
-    for room, (h, _, _) in islice(mi.rooms.starting(small), PROBES):
-        if mi.kth_room(h, n - 1) >= small and (not extra or mi.kth_room(h, extra - 1) >= large):
-            return room, h
     best = None
+    ranks = mi.ranks
     for k in range(n - 1, len(mi.buckets) - 1):
-        entries = mi.ranks.get(k)
+        entries = ranks.get(k)
         if not entries:
+            continue
+        if not extra:  # equal pieces: k ≥ n - 1 devices with room for one are all it takes
+            found = entries.first(small)
+            if found is not None and (best is None or found < best):
+                best = found
             continue
         for room, h in entries.starting(small):
             if best is not None and (room, h) >= best:
                 break
             # k ≥ n - 1 devices have room for a smaller piece; ``extra`` need room for a larger one
-            if not extra or mi.kth_room(h, extra - 1) >= large:
+            if mi.kth_room(h, extra - 1) >= large:
                 best = room, h
                 break
     return best

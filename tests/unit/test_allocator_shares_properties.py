@@ -32,7 +32,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from gpuspawner import allocator_index, allocator_shares
+from gpuspawner import allocator_index
 from gpuspawner.allocator import ALL, AllocationRefused, Allocator, Request
 from gpuspawner.allocator_index import DeviceIndex
 from gpuspawner.allocator_types import EVEN_SPLIT, ONE_DEVICE, UNEVEN_SPLIT
@@ -437,8 +437,6 @@ def patched(module, name: str, value, doc: str):
     return Machine.TestCase
 
 
-# The few devices a split tries first would otherwise answer most of these small cases.
-TestSplitIndexAlone = patched(allocator_shares, "PROBES", 0, "Splits found by the per-k bisections alone.")
 # As for a model on one host: every split looks at the hosts' devices directly.
 TestScan = patched(allocator_index, "SCAN_HOSTS", 10**6, "No split ranks kept for any model.")
 TestRanksAlways = patched(allocator_index, "SCAN_HOSTS", 0, "Split ranks kept also for a model on one host.")
