@@ -84,7 +84,7 @@ class ModelIndex:
         if block > k:
             return UNIT
         entries = self.ranks.get(k)
-        return entries.largest() if entries else 0
+        return entries.largest() if entries is not None else 0  # ranks[k] exists only while it has entries
 
     def largest_room(self) -> int:  # most milli-shares free on one device of an available host
         if self.free_available:

@@ -48,9 +48,7 @@ def choose_share(
         model, h, picks = uneven
         return model, h, sorted(picks), UNEVEN_SPLIT
     _, h, picks, model = best
-    if len(picks) == 1:
-        return model, h, picks, ONE_DEVICE
-    return model, h, sorted(picks), EVEN_SPLIT
+    return model, h, picks, ONE_DEVICE if len(picks) == 1 else EVEN_SPLIT
 
 
 def _uneven(
@@ -176,7 +174,7 @@ def _tightest(mi: ModelIndex, n: int, pieces: tuple[int, ...]) -> tuple[int, str
     ranks = mi.ranks
     for k in range(n - 1, len(mi.buckets) - 1):
         entries = ranks.get(k)
-        if not entries:
+        if entries is None:  # ranks[k] exists only while it has entries
             continue
         if not extra:  # equal pieces: k ≥ n - 1 devices with room for one are all it takes
             found = entries.first(small)
@@ -217,9 +215,8 @@ def _best_fit(mi: ModelIndex, host: str, pieces: tuple[int, ...]) -> Picks:
 def _devices(mi: ModelIndex, host: str) -> list[tuple[int, int, GPU]]:
     """The host's devices with room, as (room, index, device), by room then index."""
     used = mi.used
-    devices = [(UNIT - used[g.uuid], g.index, g) for g in mi.partial.get(host, ()) if used[g.uuid] < UNIT]
-    devices += [(UNIT, g.index, g) for g in mi.free[host]]
-    devices.sort()
+    devices = sorted([(UNIT - used[g.uuid], g.index, g) for g in mi.partial.get(host, ()) if used[g.uuid] < UNIT])
+    devices += [(UNIT, g.index, g) for g in mi.free[host]]  # untouched: the most room, already by index
     return devices
 
 
@@ -244,17 +241,17 @@ def _fit_on_host(
 
 def _place(devices: list[tuple[int, int, GPU]], pieces: tuple[int, ...]) -> tuple[int, Picks] | None:
     """Each piece (larger first) on the device with the least room that takes
-    it, a device taking one piece: (the room of those chosen, picks), or None."""
-    picks = []
+    it, a device taking one piece: (the room of those chosen, picks by device
+    index), or None. ``devices``: as :func:`_devices` gives them."""
+    chosen = []
     total = 0
     left = list(devices)
     for piece in pieces:
-        for i, entry in enumerate(left):  # noqa: B007 (i is the break index)
-            if entry[0] >= piece:
-                break
-        else:
+        i = bisect.bisect_left(left, (piece,))  # the first device with room for it (rooms come first)
+        if i == len(left):
             return None  # no device left takes this piece
-        del left[i]
-        total += entry[0]
-        picks.append((entry[2], piece))
-    return total, picks
+        room, index, gpu = left.pop(i)
+        total += room
+        chosen.append((index, gpu, piece))
+    chosen.sort()  # by device index: unique on a host, so devices themselves are never compared
+    return total, [(gpu, piece) for _, gpu, piece in chosen]
