@@ -24,9 +24,9 @@ from .sharing import UNIT
 
 __all__ = ["SCAN_HOSTS", "DeviceIndex"]
 
-# A model on at most this many hosts keeps no split ranks (``ModelIndex.scan``):
-# there a split looks at the host's devices directly, which costs less than
-# keeping the ranks up to date on every change.
+# A model on at most this many hosts keeps no split ranks (``ModelIndex.scan``),
+# only each host's rooms (``ModelIndex.ranked``): there a split looks at those
+# directly, which costs less than keeping the ranks up to date on every change.
 SCAN_HOSTS = 1
 
 # The order of one host's devices (GPU's own order there: host, then index, then
@@ -341,8 +341,9 @@ class DeviceIndex:
             return
         mi.scan = scan
         if scan:
-            mi.ranks, mi.ranked, mi.totals = {}, {}, []
+            mi.ranks, mi.totals = {}, []
             return
+        mi.ranked = {}  # made afresh with the ranks
         for host in mi.total:
             self._rank(mi, host)
 
@@ -360,30 +361,23 @@ class DeviceIndex:
                 return len(mi.free[host]), tuple(rooms)
         return None
 
-    def ranked(self, mi: ModelIndex) -> dict[str, tuple[int, tuple[int, ...]]]:
-        """``mi.ranked``, made on the spot for a model that keeps no split ranks."""
-        if not mi.scan:
-            return mi.ranked
-        return {h: r for h in mi.partial if (r := self.host_ranked(mi, h)) is not None}
-
     def totals(self, mi: ModelIndex) -> list[tuple[int, str]]:
         """``mi.totals`` (only while kept: see :meth:`set_keep_totals`), made on the spot where ranks are not kept."""
         if not mi.scan:
             return mi.totals
-        return sorted((total_room(r), h) for h, r in self.ranked(mi).items())
+        return sorted((total_room(r), h) for h, r in mi.ranked.items())
 
     def _rank(self, mi: ModelIndex, host: str) -> None:
-        """Bring the host's entries in ``mi.ranks`` up to date (only those that changed)."""
-        if mi.scan:
-            return
+        """Bring the host's entries in ``mi.ranked`` and ``mi.ranks`` up to date (only those that changed)."""
         new = self.host_ranked(mi, host)
         ranked = mi.ranked
         old = ranked.get(host)
         if old == new:
             return
-        if self.keep_totals:
-            self._retotal(mi, host, old, new)
-        self._rerank(mi, host, old or (0, ()), new or (0, ()))
+        if not mi.scan:
+            if self.keep_totals:
+                self._retotal(mi, host, old, new)
+            self._rerank(mi, host, old or (0, ()), new or (0, ()))
         if new is None:
             del ranked[host]
         else:
@@ -395,7 +389,7 @@ class DeviceIndex:
         change in place, and its ranks only between the two rooms' places
         (a full device's place: just past the last room)."""
         was = mi.ranked.get(host)
-        if was is None or old and old not in was[1]:  # not ranked (no ranks kept, host not available)
+        if was is None or old and old not in was[1]:  # not ranked (host not available, or no room until now)
             self._rank(mi, host)
             return
         free, rooms = was
@@ -410,9 +404,11 @@ class DeviceIndex:
             j = bisect.bisect_right(changed, -new, key=operator.neg)  # the first smaller room: largest first
             changed.insert(j, new)
         now = (free, tuple(changed)) if changed else None
-        if self.keep_totals:
-            self._retotal(mi, host, was, now)
-        self._rerank(mi, host, was, now or (0, ()), free + min(i, j), free + (max(i, j) + 1 if new else len(rooms)))
+        if not mi.scan:
+            if self.keep_totals:
+                self._retotal(mi, host, was, now)
+            hi = free + (max(i, j) + 1 if new else len(rooms))
+            self._rerank(mi, host, was, now or (0, ()), free + min(i, j), hi)
         if now is None:
             del mi.ranked[host]
         else:
@@ -467,7 +463,7 @@ class DeviceIndex:
             return
         self.keep_totals = keep
         for mi in self.models.values():
-            mi.totals = sorted((total_room(ranked), h) for h, ranked in mi.ranked.items()) if keep else []
+            mi.totals = sorted((total_room(r), h) for h, r in mi.ranked.items()) if keep and not mi.scan else []
 
     @staticmethod
     def _retotal(mi: ModelIndex, host: str, old: tuple | None, new: tuple | None) -> None:

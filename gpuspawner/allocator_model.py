@@ -55,8 +55,8 @@ class ModelIndex:
     ranked: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
     # (room in all, host) of the ranked hosts, sorted; kept only while some model splits unevenly
     totals: list[tuple[int, str]] = field(default_factory=list)
-    # On at most allocator_index.SCAN_HOSTS hosts: ranks, ranked and totals are not kept (empty);
-    # DeviceIndex.ranked() and .totals() make them when asked.
+    # On at most allocator_index.SCAN_HOSTS hosts: ranks and totals are not kept (empty; ranked is);
+    # DeviceIndex.totals() makes them when asked.
     scan: bool = True
     # For updates one host at a time: how many hosts have n devices of this
     # model (n -> hosts), and how many devices have each memory size.

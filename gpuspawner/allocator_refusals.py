@@ -241,14 +241,14 @@ def _share_capacity_refusal(
             Refusal.NO_DEVICE_ROOM,
         )
     # The host with the most free in all: one with partly booked devices (untouched ones always split evenly).
-    tops = [(_most_room(index, index.models[m]), m) for m in split if index.ranked(index.models[m])]
+    tops = [(_most_room(index, index.models[m]), m) for m in split if index.models[m].ranked]
     (total, host), model = max(tops) if tops else ((0, ""), "")
     if total < share:
         return AllocationRefused(
             f"{asked} requested, but not that much is free on one device or one host right now ({at_most})",
             Refusal.NOT_ON_ONE_HOST,
         )
-    free, rooms = index.ranked(index.models[model])[host]
+    free, rooms = index.models[model].ranked[host]
     hint = "" if getattr(sharing.for_model(model), "uneven", False) else f"; uneven splits are not enabled for {model}"
     return AllocationRefused(
         f"{asked} requested, but no even split fits right now: {host} has {fmt(total)} free in all, on devices "
@@ -261,7 +261,7 @@ def _most_room(index: DeviceIndex, mi: ModelIndex) -> tuple[int, str]:
     """(room in all, host) of the host with the most, of those with partly booked devices."""
     if mi.totals:
         return mi.totals[-1]
-    return max((total_room(ranked), h) for h, ranked in index.ranked(mi).items())  # not kept: a refusal may scan
+    return max((total_room(ranked), h) for h, ranked in mi.ranked.items())  # not kept: a refusal may scan
 
 
 def _free_up_to(index: DeviceIndex, mis: list[ModelIndex], cap: int) -> int:
@@ -270,7 +270,7 @@ def _free_up_to(index: DeviceIndex, mis: list[ModelIndex], cap: int) -> int:
     every partly booked host stops there; a refusal in a busy cluster is common)."""
     free = sum(mi.free_available for mi in mis) * UNIT
     for mi in mis:
-        for _, rooms in index.ranked(mi).values():
+        for _, rooms in mi.ranked.values():
             if free >= cap:
                 return free
             free += sum(rooms)

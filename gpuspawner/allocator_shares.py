@@ -139,7 +139,7 @@ def _split(
     policy ranks first for a whole-GPU request. On the host chosen, each
     piece goes to the device with the least room that fits it."""
     block = mi.largest_block()
-    scanned = index.ranked(mi) if mi.scan else None  # a model on few hosts: their rooms, looked at directly
+    scanned = mi.ranked if mi.scan else None  # a model on few hosts: their rooms, looked at directly
     for n in range(need, most + 1):
         pieces = split_evenly(share, n, sharing.quantum)
         if pieces is None:
