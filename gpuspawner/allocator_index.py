@@ -133,6 +133,7 @@ class DeviceIndex:
                 mi.buckets.append([])
             if available:
                 bisect.insort(mi.buckets[len(free)], host)
+                mi.entered_bucket(len(free))
                 mi.free_available += len(free)
             else:
                 mi.unavailable += n
@@ -209,6 +210,7 @@ class DeviceIndex:
             n = len(mi.free[host])
             if available:
                 bisect.insort(mi.buckets[n], host)
+                mi.entered_bucket(n)
             else:
                 bucket = mi.buckets[n]
                 del bucket[bisect.bisect_left(bucket, host)]
@@ -316,6 +318,8 @@ class DeviceIndex:
         bucket = mi.buckets[old]
         del bucket[bisect.bisect_left(bucket, host)]
         bisect.insort(mi.buckets[new], host)
+        if new > mi.block_hint:  # mi.entered_bucket(new), without the call: every decision comes here
+            mi.block_hint = new
 
     def _set_room(self, mi: ModelIndex, gpu: GPU, old: int, new: int) -> None:
         """A shared device's room went from old to new (0: not in the room list)."""

@@ -34,6 +34,7 @@ class ModelIndex:
     free: dict[str, list[GPU]] = field(default_factory=dict)  # host -> free, by index
     total: dict[str, int] = field(default_factory=dict)  # host -> devices
     buckets: list[list[str]] = field(default_factory=lambda: [[]])  # n -> sorted hosts
+    block_hint: int = field(default=0, compare=False)  # no bucket above it has hosts (see largest_block)
     memory_mib: int = 0
     devices: int = 0
     smallest_host: int = 0  # fewest devices of this model on one host
@@ -68,10 +69,18 @@ class ModelIndex:
         return len(self.buckets) - 1
 
     def largest_block(self) -> int:
-        for n in range(len(self.buckets) - 1, 0, -1):
-            if self.buckets[n]:
-                return n
-        return 0
+        """Most untouched devices on one available host."""
+        buckets = self.buckets
+        n = min(self.block_hint, len(buckets) - 1)
+        while n and not buckets[n]:
+            n -= 1
+        self.block_hint = n
+        return n
+
+    def entered_bucket(self, n: int) -> None:
+        """A host just entered ``buckets[n]`` (keeps ``block_hint`` an upper bound)."""
+        if n > self.block_hint:
+            self.block_hint = n
 
     def kth_room(self, host: str, k: int) -> int:
         """The k-th largest room (k from 0) of a host in ``ranked``."""

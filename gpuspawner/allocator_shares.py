@@ -13,7 +13,7 @@ import bisect
 from collections.abc import Iterator
 
 from .allocator_index import DeviceIndex
-from .allocator_model import ModelIndex, kth
+from .allocator_model import ModelIndex, kth, total_room
 from .allocator_types import EVEN_SPLIT, ONE_DEVICE, UNEVEN_SPLIT, Policy
 from .allocator_whole import first_host
 from .inventory import GPU
@@ -140,6 +140,10 @@ def _split(
     piece goes to the device with the least room that fits it."""
     block = mi.largest_block()
     scanned = mi.ranked if mi.scan else None  # a model on few hosts: their rooms, looked at directly
+    if scanned is not None:
+        if share > max(block * UNIT, max(map(total_room, scanned.values()), default=0)):
+            return None  # no host has that much room in all
+        most = min(most, max(block, max((f + len(r) for f, r in scanned.values()), default=0)))  # devices with room
     for n in range(need, most + 1):
         pieces = split_evenly(share, n, sharing.quantum)
         if pieces is None:
