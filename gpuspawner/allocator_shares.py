@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 from .allocator_index import DeviceIndex
 from .allocator_model import ModelIndex, kth, total_room
+from .allocator_rooms import first_of
 from .allocator_types import EVEN_SPLIT, ONE_DEVICE, UNEVEN_SPLIT, Policy
 from .allocator_whole import first_host
 from .inventory import GPU
@@ -174,17 +175,12 @@ def _tightest(mi: ModelIndex, n: int, pieces: tuple[int, ...]) -> tuple[int, str
     it: one bisection per k, at most (devices per host) of them."""
     small, large = pieces[-1], pieces[0]
     extra = pieces.count(large) if large != small else 0
-    best = None
     ranks = mi.ranks
-    for k in range(n - 1, len(mi.buckets) - 1):
-        entries = ranks.get(k)
-        if entries is None:  # ranks[k] exists only while it has entries
-            continue
-        if not extra:  # equal pieces: k ≥ n - 1 devices with room for one are all it takes
-            found = entries.first(small)
-            if found is not None and (best is None or found < best):
-                best = found
-            continue
+    many = [ranks[k] for k in range(n - 1, len(mi.buckets) - 1) if k in ranks]  # ranks[k]: only while it has entries
+    if not extra:  # equal pieces: k ≥ n - 1 devices with room for one are all it takes
+        return first_of(many, small)
+    best = None
+    for entries in many:
         for room, h in entries.starting(small):
             if best is not None and (room, h) >= best:
                 break

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import random
 
-from gpuspawner.allocator_rooms import Rooms
+from gpuspawner.allocator_rooms import Rooms, first_of
 
 
 def test_rooms_agree_with_one_sorted_list_through_random_changes():
@@ -49,3 +49,19 @@ def test_rooms_compare_by_entries_not_by_the_order_they_came_in():
     assert a == b
     b.remove(3, "y")
     assert a != b and list(b.starting(0)) == [(5, "a"), (5, "x")]
+
+
+def test_first_of_several_is_the_least_first_entry_of_any():
+    rng = random.Random(5)
+    for _ in range(300):
+        many = [Rooms() for _ in range(rng.randrange(0, 5))]
+        entries = []
+        for rooms in many:
+            for key in rng.sample(range(12), rng.randrange(0, 6)):
+                room = rng.randrange(1, 10)
+                rooms.add(room, f"h{key:02d}")
+                entries.append((room, f"h{key:02d}"))
+        least = rng.randrange(0, 11)
+        firsts = [f for f in (r.first(least) for r in many) if f is not None]
+        assert first_of(many, least) == (min(firsts) if firsts else None)
+        assert first_of(many, least) == min((e for e in entries if e[0] >= least), default=None)
