@@ -453,11 +453,8 @@ class DeviceIndex:
             if o and r:
                 ranks[k].move(o, r, host)
                 continue
-            if o:
-                entries = ranks[k]
-                entries.remove(o, host)
-                if not r and not entries:
-                    del ranks[k]
+            if o and ranks[k].remove(o, host) and not r:
+                del ranks[k]  # no entries left
             if r:
                 (ranks[k] if k in ranks else ranks.setdefault(k, Rooms())).add(r, host)
 

@@ -34,13 +34,15 @@ class Rooms:
         else:
             bisect.insort(keys, key)
 
-    def remove(self, room: int, key: Hashable) -> None:
+    def remove(self, room: int, key: Hashable) -> bool:
+        """Take the entry out; True when none are left."""
         keys = self.by_room[room]
         if len(keys) == 1:
             del self.by_room[room]
             del self.values[bisect.bisect_left(self.values, room)]
-        else:
-            del keys[bisect.bisect_left(keys, key)]
+            return not self.values
+        del keys[bisect.bisect_left(keys, key)]
+        return False
 
     def move(self, old: int, new: int, key: Hashable) -> None:
         """The key's room went from ``old`` to ``new`` (both with an entry)."""

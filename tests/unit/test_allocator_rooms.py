@@ -15,7 +15,7 @@ def test_rooms_agree_with_one_sorted_list_through_random_changes():
         roll = rng.random()
         if plain and roll < 0.3:
             room, key = plain.pop(rng.randrange(len(plain)))
-            rooms.remove(room, key)
+            assert rooms.remove(room, key) is (not plain), "remove says when none are left"
         elif plain and roll < 0.5:
             i = rng.randrange(len(plain))
             room, key = plain[i]
