@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import bisect
 import operator
-from itertools import zip_longest
 from collections.abc import Iterable, Mapping
+from itertools import zip_longest
 
 from .allocator_model import ModelIndex, total_room
 from .allocator_rooms import Rooms

@@ -10,7 +10,6 @@ choosing least room. Shares are milli-shares (see :mod:`gpuspawner.sharing`).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
 
 from .allocator_index import DeviceIndex
 from .allocator_model import ModelIndex, kth, total_room
@@ -128,11 +127,11 @@ def _best_of_model(
         if not sharing.spans(share):
             return None  # a share of at most 1 GPU stays on one device unless split_small
         need = 2
-    return _split(index, policy, mi, sharing, share, need, most)
+    return _split(policy, mi, sharing, share, need, most)
 
 
 def _split(
-    index: DeviceIndex, policy: Policy, mi: ModelIndex, sharing: ModelSharing, share: int, need: int, most: int
+    policy: Policy, mi: ModelIndex, sharing: ModelSharing, share: int, need: int, most: int
 ) -> tuple[tuple, str, Picks] | None:
     """Several devices of one host, the fewest that take the share: the host
     with the partly booked device of least room that takes a piece (from
