@@ -38,6 +38,7 @@ GRANTED = Counter("gpuspawner_allocations_granted", "GPU requests that got devic
 DOUBLE_BOOKINGS = Counter(
     "gpuspawner_double_bookings", "Devices that reconciliation found booked by two services (or above 1 in shares)"
 )
+# reason: capacity (none free now), request (never as asked), access (gpu_access forbids it), budget (weekly GPU-hours used up)
 REFUSED = Counter("gpuspawner_allocations_refused", "GPU requests refused, by reason", ["reason"])
 ALLOCATION_SECONDS = Histogram(
     "gpuspawner_allocation_seconds",

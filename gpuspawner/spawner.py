@@ -140,6 +140,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         models = [m.model for m in owner.allocator.summary()]
         forbidden = access.refusal(self.user_options, models)
         if forbidden:
+            metrics.REFUSED.labels("access").inc()
             raise spawn_error(forbidden, reason="gpu_access", status_code=403)
         try:
             options = parse_user_options(
@@ -228,6 +229,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             raise spawn_error(message, reason=reason, log_message=str(exc), status_code=503) from exc
         over = budget_refusal(budget) if budget else None
         if over:
+            metrics.REFUSED.labels("budget").inc()
             raise spawn_error(over, reason="gpu_budget", status_code=403)
 
     async def _reserve(self, owner: Holdings, request: Request | None, limit: int, waiting: bool = False) -> Holding:

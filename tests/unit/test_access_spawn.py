@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 from jupyterhub.spawner import SpawnException
+from prometheus_client import REGISTRY
 from traitlets.config import Config
 
 from gpuspawner.ledger import Ledger, LedgerError
@@ -59,9 +60,15 @@ async def refused(w: World, spawner, held: int = 0) -> SpawnException:
 )
 async def test_a_request_the_rules_forbid_gets_403_naming_what_the_user_may_have(tmp_path, groups, options, sentence):
     w = world(tmp_path)
+    before = refusals("access")
     exc = await refused(w, in_groups(w.spawner("carol", options), *groups))
     assert exc.status_code == 403 and exc.reason == "gpu_access"
     assert sentence in exc.jupyterhub_message
+    assert refusals("access") == before + 1, "counted in gpuspawner_allocations_refused{reason=access}"
+
+
+def refusals(reason: str) -> float:
+    return REGISTRY.get_sample_value("gpuspawner_allocations_refused_total", {"reason": reason}) or 0.0
 
 
 async def test_staff_get_more_than_the_hubs_limit_and_everyone_cpu_only(tmp_path):
@@ -125,8 +132,10 @@ async def test_a_used_up_weekly_budget_refuses_gpus_with_when_it_is_back(tmp_pat
     # 2 GPU-hours must age out: 1 h of the 2-GPU span, 6 days ago + 1 h + 7 days.
     now = seed(w, "carol", (6 * 24, 6, ["GPU-a0", "GPU-a1"]), (24, 10, ["GPU-a2"]), (9 * 24, 10, ["GPU-a0"]))
     carol = in_groups(w.spawner("carol", {"gpu_model": GTX}), "students")
+    before = refusals("budget")
     exc = await refused(w, carol)
     assert exc.status_code == 403 and exc.reason == "gpu_budget"
+    assert refusals("budget") == before + 1
     message = exc.jupyterhub_message
     assert "Your weekly GPU budget of 20 GPU-hours is used up (22.0 GPU-hours in the last 7 days)" in message
     back = datetime.strptime(re.search(r"from (\S+ \S+) UTC", message)[1], "%Y-%m-%d %H:%M")
