@@ -151,3 +151,21 @@ async def test_a_resumed_spawn_the_rules_now_forbid_leaves_the_line(tmp_path):
     assert exc.value.status_code == 403
     assert rows(w) == [("stu", 0)] and place(w, prof) is None  # nobody waits behind a refused spawn
     assert Ledger(w.db_url).waiting()[0].service == "jupyter-stu"
+
+
+async def test_after_a_refused_resumed_spawn_left_the_line_the_next_is_served_when_a_gpu_frees(tmp_path):
+    """The one behind a spawn that left the line is its head now: the release
+    serves it at once, not the periodic retry (10 s)."""
+    w = await restarted_hub(tmp_path, {**RULES, "*": {"models": [], "max_gpus": 0}})
+    with pytest.raises(SpawnException):
+        await w.started(w.spawner("prof", WAIT))  # in no group now: refused, out of line
+    stu = in_groups(w.spawner("stu", WAIT), "students")
+    stu_start = await waiting(w, stu, 1)
+    removal = asyncio.ensure_future(w.owner.remove("jupyter-alice"))
+    await asyncio.sleep(0.05)
+    w.fake.exit_all()  # alice's container exits: her GPU comes back
+    assert await removal
+    released = asyncio.get_running_loop().time()
+    await asyncio.wait_for(served(w, stu_start), line_wait.RETRY_SECONDS / 2)
+    assert asyncio.get_running_loop().time() - released < 2
+    assert w.owner.get(stu.service_name).labels.uuids == ("GPU-b0",) and rows(w) == []
