@@ -80,8 +80,18 @@ class Churn:
     utilisation: float  # mean booked share over the run, of all devices
 
 
-def churn(nodes: int, mix: str, policy: str, ops: int, seed: int, whole: bool = False, impl: Impl = THIS) -> Churn:
-    """Allocate and release around a swinging utilisation target (see the module docstring)."""
+def churn(
+    nodes: int,
+    mix: str,
+    policy: str,
+    ops: int,
+    seed: int,
+    whole: bool = False,
+    impl: Impl = THIS,
+    times_out: list[int] | None = None,
+) -> Churn:
+    """Allocate and release around a swinging utilisation target (see the module
+    docstring); ``times_out`` gets each timed decision's time (ns), in order."""
     gpus = inventory(nodes, impl=impl)
     alloc = impl.Allocator(gpus, policy, sharing=SHARING)
     Request, AllocationRefused = impl.Request, impl.Refused  # noqa: N806
@@ -135,6 +145,8 @@ def churn(nodes: int, mix: str, policy: str, ops: int, seed: int, whole: bool = 
             release()
         one(True)
         util_sum += booked / capacity
+    if times_out is not None:
+        times_out.extend(times)
     return Churn(mix, policy, Stats.of(times), Stats.of(split_times), granted, refused, util_sum / max(1, ops))
 
 

@@ -25,3 +25,18 @@ def test_no_allocator_places_more_than_the_bound(mix):
     bounds = [most(mix, seed) for seed in range(30)]
     assert all(p <= b for p, b in zip(placed, bounds))
     assert sum(placed) < sum(bounds)  # those rules refuse some requests that the room in all would take
+
+
+def test_the_ab_least_times_are_at_least_as_fast_as_every_round(monkeypatch):
+    from benchmarks import bench_shares_ab
+    from benchmarks.impl import THIS
+
+    monkeypatch.setattr(
+        bench_shares_ab, "CASES", [("2 nodes", 2, "uniform", "pack", False), ("1 node", 1, "70/30", "pack", False)]
+    )
+    runs = bench_shares_ab.compare(THIS, rounds=3, ops=300, seed=1)
+    for key, least in zip(("before", "after"), runs["least_per_s"]):
+        for name in ("2 nodes", "1 node"):
+            rates = [r[name]["per_s"] for r in runs[key]]
+            assert len(rates) == 3 and least[name] >= max(rates) * (1 - 1e-9), (key, name, least[name], rates)
+    assert "least times" in bench_shares_ab.table(runs, "other")
