@@ -107,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     bench_shares.set_clock(args.clock)
     model = bench_shares.SHARING[bench_shares.MODEL]
-    model["uneven"], model["split_small"] = args.uneven, args.split_small
+    for key, on in (("uneven", args.uneven), ("split_small", args.split_small)):
+        if on:
+            model[key] = True
+        else:  # left out, not False: an older commit may not know the key
+            model.pop(key, None)
     runs = compare(load(args.against), args.rounds, args.ops, args.seed)
     print(json.dumps(runs, indent=2) if args.json else table(runs, args.against))
     return 0

@@ -40,3 +40,11 @@ def test_the_ab_least_times_are_at_least_as_fast_as_every_round(monkeypatch):
             rates = [r[name]["per_s"] for r in runs[key]]
             assert len(rates) == 3 and least[name] >= max(rates) * (1 - 1e-9), (key, name, least[name], rates)
     assert "least times" in bench_shares_ab.table(runs, "other")
+
+
+def test_bytecodes_per_decision_are_the_same_every_run_and_fewer_for_whole_gpus():
+    from benchmarks.bench_bytecodes import per_decision
+
+    shares = [per_decision(2, "uniform", "pack", False, 200) for _ in range(2)]
+    whole = per_decision(2, "uniform", "pack", True, 200)
+    assert shares[0] == shares[1] > whole > 50
