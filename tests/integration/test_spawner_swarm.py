@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
 import threading
 import time
 
@@ -242,3 +243,33 @@ def test_metrics_follow_spawns_and_refusals(hub, swarm):
     assert metric(hub, "gpuspawner_allocation_seconds_count") == decisions + 2
     hub.stop_server("quinn")
     assert metric(hub, "gpuspawner_devices_free", host="gpu-b", model=A100) == 2
+
+
+def test_the_readme_rest_example_runs_as_written_with_a_token_made_as_readme_says(hub, swarm):
+    """README's curl command, with the hub's address for the demo's and a token that alice
+    made herself, logged in: the page README names is there, and the API it calls makes one."""
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"```sh\n(curl -X POST .*?/hub/api/users/alice/server)\n```", text, re.S)[1]
+    session = login(hub, "alice")
+    assert session.get(hub.url + "/hub/token", timeout=30).status_code == 200
+    made = session.post(
+        hub.url + "/hub/api/users/alice/tokens",
+        json={"note": "README example"},
+        headers={"X-XSRFToken": session.cookies.get("_xsrf")},
+        timeout=30,
+    )
+    assert made.status_code == 201, made.text
+    command = block.replace("\\\n", " ").replace("http://127.0.0.1:8000", hub.url)
+    out = subprocess.run(
+        ["bash", "-c", command + " -s -o /dev/null -w '%{http_code}'"],
+        env={"PATH": "/usr/bin:/bin", "TOKEN": made.json()["token"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.stdout in ("201", "202"), (out.stdout, out.stderr)
+    hub.wait_ready("alice")
+    (service,) = services_of(swarm, "alice")
+    env = container_env(swarm, running_node(swarm, service), service)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(UUIDS["gpu-b"])  # 2 × A100, as the example asks
+    hub.stop_server("alice")
