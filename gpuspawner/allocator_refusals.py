@@ -230,7 +230,7 @@ def _share_capacity_refusal(
     at_most = f"at most {fmt(room)} on one device"
     split = [m for m in models if (s := sharing.for_model(m)) is not None and s.spans(share)]
     if not split:
-        free = _free_up_to(index, [index.models[m] for m in models], share)
+        free = _free_up_to([index.models[m] for m in models], share)
         if free < share:
             return AllocationRefused(
                 f"{asked} requested, but only {fmt(free)} is free in all right now ({at_most})",
@@ -241,7 +241,7 @@ def _share_capacity_refusal(
             Refusal.NO_DEVICE_ROOM,
         )
     # The host with the most free in all: one with partly booked devices (untouched ones always split evenly).
-    tops = [(_most_room(index, index.models[m]), m) for m in split if index.models[m].ranked]
+    tops = [(_most_room(index.models[m]), m) for m in split if index.models[m].ranked]
     (total, host), model = max(tops) if tops else ((0, ""), "")
     if total < share:
         return AllocationRefused(
@@ -257,14 +257,14 @@ def _share_capacity_refusal(
     )
 
 
-def _most_room(index: DeviceIndex, mi: ModelIndex) -> tuple[int, str]:
+def _most_room(mi: ModelIndex) -> tuple[int, str]:
     """(room in all, host) of the host with the most, of those with partly booked devices."""
     if mi.totals:
         return mi.totals[-1]
     return max((total_room(ranked), h) for h, ranked in mi.ranked.items())  # not kept: a refusal may scan
 
 
-def _free_up_to(index: DeviceIndex, mis: list[ModelIndex], cap: int) -> int:
+def _free_up_to(mis: list[ModelIndex], cap: int) -> int:
     """Milli-shares free on the available hosts' devices of the models:
     exact below ``cap``, else some count of at least ``cap`` (the walk over
     every partly booked host stops there; a refusal in a busy cluster is common)."""

@@ -645,8 +645,8 @@ def test_a_refusal_counts_free_room_only_up_to_the_request():
 
     alloc = booked({f"h{i}": [0.6, 0.6] for i in range(50)}, SPLIT)
     mi = alloc._index.models[A100]
-    assert _free_up_to(alloc._index, [mi], 41 * UNIT) == 40 * UNIT  # below the request: exact (50 hosts × 0.8)
-    assert 800 <= _free_up_to(alloc._index, [mi], 800) < 40 * UNIT  # stops once there is enough
+    assert _free_up_to([mi], 41 * UNIT) == 40 * UNIT  # below the request: exact (50 hosts × 0.8)
+    assert 800 <= _free_up_to([mi], 800) < 40 * UNIT  # stops once there is enough
     assert refusal(alloc, Request(A100, share=0.8)).reason is Refusal.NO_DEVICE_ROOM
 
 
