@@ -91,13 +91,13 @@ def run(nodes: int, reports: int, seed: int) -> dict:
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=1000)
     p.add_argument("--reports", type=int, default=20000)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", action="store_true")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     result = run(args.nodes, args.reports, args.seed)
     if args.json:
         print(json.dumps(result, indent=2))
