@@ -26,7 +26,7 @@ import sys
 from collections.abc import Iterable
 
 from benchmarks import bench_shares
-from benchmarks.bench_shares import MODEL, churn
+from benchmarks.bench_shares import MODEL, SHARING, churn
 from benchmarks.impl import THIS, Impl
 from gpuspawner.allocator import Request
 from gpuspawner.inventory import GPU
@@ -56,10 +56,11 @@ class Floor:
     devices of lowest index."""
 
     def __init__(self, gpus: Iterable[GPU], policy: str = "pack", sharing: dict | None = None):
+        # ``policy`` is the allocator's signature only: on one host pack and spread decide alike.
         self.gpus = sorted(gpus)
         if len({g.host for g in self.gpus}) != 1:
             raise ValueError("the floor takes the devices of one host")
-        self.quantum = round(sharing[MODEL]["quantum"] * UNIT)
+        self.quantum = round((sharing or SHARING)[MODEL]["quantum"] * UNIT)
         self.rooms = [UNIT] * len(self.gpus)
         self.holders: dict[str, tuple[tuple[int, int], ...]] = {}
 
