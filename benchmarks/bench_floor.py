@@ -3,11 +3,13 @@
     python -m benchmarks.bench_floor                 # 3 rounds, CPU time
     python -m benchmarks.bench_floor --rounds 5 --ops 20000 --json
 
-:class:`Floor` makes the allocator's decisions on one host (the tests check
-that they are the same, decision by decision) from nothing but a list of the
-devices' rooms: no index for other hosts, no summary, no per-owner count, no
-lock, no refusal that says what would fit, a plain record of each holding.
-It is a lower bound on the cost of those decisions, not an allocator.
+:class:`Floor` makes the allocator's decisions on one host, with the sharing
+of :mod:`benchmarks.bench_shares` (even splits; a share of at most 1 GPU on
+one device), from nothing but a list of the devices' rooms: no index for
+other hosts, no summary, no per-owner count, no lock, no refusal that says
+what would fit, a plain record of each holding (the tests check, decision by
+decision, that it decides as the allocator does). It is a lower bound on the
+cost of those decisions, not an allocator.
 
 Each round runs the one-node churn of :mod:`benchmarks.bench_shares` (shares
 of each mix, and whole GPUs, 1 or 2) on the floor and on the allocator,
