@@ -29,7 +29,9 @@ class Parsed(Exception):
     pass
 
 
-@pytest.mark.parametrize(("doc", "module", "argv"), documented(), ids=lambda v: " ".join(v) if isinstance(v, list) else v)
+@pytest.mark.parametrize(
+    ("doc", "module", "argv"), documented(), ids=lambda v: " ".join(v) if isinstance(v, list) else v
+)
 def test_a_documented_benchmark_command_parses(monkeypatch, doc, module, argv):
     parse = argparse.ArgumentParser.parse_args
 
