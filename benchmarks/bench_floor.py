@@ -32,10 +32,9 @@ from benchmarks.bench_shares import MODEL, SHARING, churn
 from benchmarks.impl import THIS, Impl
 from gpuspawner.allocator import Request
 from gpuspawner.inventory import GPU
+from gpuspawner.sharing import UNIT, split_evenly, to_milli
 
 __all__ = ["FLOOR", "Floor", "FloorRefused"]
-
-UNIT = 1000
 
 
 class FloorRefused(Exception):
@@ -69,7 +68,7 @@ class Floor:
     def allocate(self, holder: str, request: Request) -> Held:
         if request.share is None:
             return self._whole(holder, request.count)
-        share = round(request.share * UNIT)
+        share = to_milli(request.share)
         rooms = self.rooms
         if share <= UNIT:
             best, least = -1, UNIT + 1
@@ -79,13 +78,14 @@ class Floor:
             if best < 0:
                 raise FloorRefused(share)
             return self._book(holder, ((best, share),))
-        q = self.quantum
         order = sorted(range(len(rooms)), key=rooms.__getitem__)  # least room first, then index
         for n in range(-(-share // UNIT), len(rooms) + 1):
-            base, extra = divmod(share // q, n)
+            pieces = split_evenly(share, n, self.quantum)
+            if pieces is None:
+                break  # pieces below the quantum: more devices cannot help
             picks = []
             left = list(order)
-            for piece in ((base + 1) * q,) * extra + (base * q,) * (n - extra):
+            for piece in pieces:
                 for j, i in enumerate(left):
                     if rooms[i] >= piece:
                         picks.append((i, piece))
@@ -98,13 +98,13 @@ class Floor:
         raise FloorRefused(share)
 
     def _whole(self, holder: str, count: int) -> Held:
-        free = [i for i, room in enumerate(self.rooms) if room == UNIT]
+        free = [i for i, room in enumerate(self.rooms) if room == UNIT][:count]
         if len(free) < count:
             raise FloorRefused(count)
-        for i in free[:count]:
+        for i in free:
             self.rooms[i] = 0
-        self.holders[holder] = tuple((i, UNIT) for i in free[:count])
-        return Held(tuple(self.gpus[i] for i in free[:count]), None, count * UNIT)
+        self.holders[holder] = tuple((i, UNIT) for i in free)
+        return Held(tuple(self.gpus[i] for i in free), None, count * UNIT)
 
     def _book(self, holder: str, picks: tuple[tuple[int, int], ...]) -> Held:
         for i, piece in picks:
@@ -145,9 +145,9 @@ def table(out: dict[str, dict[str, list[float]]]) -> str:
         "| floor: share / whole | allocator: share / whole |",
         "|---|---|---|---|---|---|",
     ]
+    fw, aw = med["floor", "whole GPUs"], med["allocator", "whole GPUs"]
     for case in out["floor"]:
         f, a = med["floor", case], med["allocator", case]
-        fw, aw = med["floor", "whole GPUs"], med["allocator", "whole GPUs"]
         lines.append(
             f"| {case} | {rng(out['floor'][case])} | {rng(out['allocator'][case])} | {a / f:.2f} "
             f"| {f / fw:.2f} | {a / aw:.2f} |"
