@@ -7,7 +7,7 @@ WHEEL_VENV := .venv-wheel
 LOWEST_VENV := .venv-lowest
 STATE := $(CURDIR)/demo-state
 
-.PHONY: deps test unit fuzz demo demo-down screenshots bench clean lint wheel-check test-lowest
+.PHONY: deps test unit fuzz demo demo-down screenshots bench clean lint wheel-check test-lowest configref
 
 # System packages (Debian) first (the venv needs python3-venv), then the Python
 # environment. Safe to run again.
@@ -33,6 +33,11 @@ unit: $(VENV)/.installed
 # ruff check, ruff format --check and mypy: the hooks of .pre-commit-config.yaml, on every tracked file.
 lint: $(VENV)/.installed
 	$(VENV)/bin/pre-commit run --all-files --show-diff-on-failure
+
+# docs/configuration.md, the configuration reference, generated from the traits of
+# c.GPUSwarmSpawner (tests/unit/test_configref.py fails when it is out of date).
+configref: $(VENV)/.installed
+	$(PYTHON) -m devtools.configref --write docs/configuration.md
 
 # The release as users install it: `python -m build` makes the sdist and the wheel
 # (.ci/check_dist.py: the version, templates, migrations and CHANGELOG in both); the

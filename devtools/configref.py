@@ -1,0 +1,248 @@
+"""The configuration reference, docs/configuration.md, generated from the traits.
+
+Every configurable trait (``.tag(config=True)``) that gpuspawner's own classes
+define on ``GPUSwarmSpawner`` is found by introspection, so a new trait appears
+here without editing this script; those inherited from dockerspawner and
+JupyterHub are left to their own docs::
+
+    python -m devtools.configref                                  # print the reference
+    python -m devtools.configref --write docs/configuration.md    # write it
+    python -m devtools.configref --check docs/configuration.md    # exit 1 if it is out of date
+
+The output depends only on the code, never on the machine: a default computed
+at start (e.g. ``local_gpu_host``, the hub's hostname) is shown as computed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from traitlets import Container, Dict, Enum, Float, HasTraits, Int, TraitType, Tuple, Union
+from traitlets.traitlets import DefaultHandler
+
+from gpuspawner.spawner import GPUSwarmSpawner
+
+COMMAND = "python -m devtools.configref --write docs/configuration.md"
+DOCKERSPAWNER_DOCS = "https://jupyterhub-dockerspawner.readthedocs.io/en/latest/api/index.html"
+JUPYTERHUB_DOCS = "https://jupyterhub.readthedocs.io/en/stable/reference/api/spawner.html"
+# The group headings, by defining module; a module not named here is headed by its own name.
+GROUP_TITLES = {
+    "gpuspawner.spawner": "The spawner",
+    "gpuspawner.settings": "GPU settings",
+    "gpuspawner.reclaim_settings": "Reclaim settings: idle and held-time limits",
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    module: str
+    type: str
+    default: str
+    help: str
+
+
+def first_sentence(text: str) -> str:
+    """The first sentence of a docstring, on one line."""
+    flat = " ".join(inspect.cleandoc(text).split())
+    match = re.match(r"(.+?[.!?])(\s|$)", flat)
+    return match.group(1) if match else flat
+
+
+def paragraphs(text: str) -> str:
+    """Help text dedented, each paragraph on one line, paragraphs separated by a blank line."""
+    blocks = re.split(r"\n\s*\n", inspect.cleandoc(text))
+    return "\n\n".join(" ".join(block.split()) for block in blocks if block.strip())
+
+
+def type_name(trait: TraitType) -> str:
+    """A readable name of a trait's type: ``List of Enum('static','agent','local')``."""
+    if isinstance(trait, Union):
+        name = "Union of " + "/".join(type_name(t) for t in trait.trait_types)
+    elif isinstance(trait, Enum):
+        name = "Enum(" + ",".join(repr(v) for v in trait.values or ()) + ")"
+    elif isinstance(trait, Tuple):
+        inner = getattr(trait, "_traits", None)
+        name = "Tuple(" + ", ".join(type_name(t) for t in inner) + ")" if inner else "Tuple"
+    elif isinstance(trait, Dict):
+        key, value = getattr(trait, "_key_trait", None), getattr(trait, "_value_trait", None)
+        if key is not None and value is not None:
+            name = f"Dict of {type_name(key)} to {type_name(value)}"
+        elif value is not None:
+            name = f"Dict of {type_name(value)} values"
+        elif key is not None:
+            name = f"Dict of {type_name(key)} keys"
+        else:
+            name = "Dict"
+    elif isinstance(trait, Container):  # List, Set
+        item = getattr(trait, "_trait", None)
+        name = type(trait).__name__ + (f" of {type_name(item)}" if item is not None else "")
+    elif type(trait) is Int:
+        name = "Integer"
+    else:
+        name = type(trait).__name__
+    if getattr(trait, "allow_none", False):
+        name += " or None"
+    return name
+
+
+def bounds(trait: TraitType) -> str:
+    """`` (min 0)``, `` (1 to 65535)`` or nothing, for an Integer or Float."""
+    if not isinstance(trait, (Int, Float)):
+        return ""
+    low, high = (b if b is not None and math.isfinite(b) else None for b in (trait.min, trait.max))
+    if low is not None and high is not None:
+        return f" ({low!r} to {high!r})"
+    if low is not None:
+        return f" (min {low!r})"
+    if high is not None:
+        return f" (max {high!r})"
+    return ""
+
+
+def default_handler(name: str, root: type[HasTraits] = GPUSwarmSpawner) -> object | None:
+    """The method that computes ``name``'s default on ``root``, if one does:
+    the first, along the MRO, of a ``@default(name)`` method (or a legacy
+    ``_NAME_default``) and the class that defines the trait itself."""
+    for cls in root.__mro__:
+        for value in vars(cls).values():
+            if isinstance(value, DefaultHandler) and value.trait_name == name:
+                return value.func
+        if f"_{name}_default" in vars(cls):
+            return vars(cls)[f"_{name}_default"]
+        if name in vars(cls):
+            return None
+    return None
+
+
+def default_text(name: str, trait: TraitType, root: type[HasTraits] = GPUSwarmSpawner) -> str:
+    """``repr`` of the default, or what computes it: never a value of this machine."""
+    handler = default_handler(name, root)
+    if handler is not None:
+        doc = inspect.getdoc(handler)
+        return f"computed: {first_sentence(doc)}" if doc else "computed at start"
+    return repr(trait.default())
+
+
+def gpuspawner_classes(root: type[HasTraits] = GPUSwarmSpawner) -> Iterator[type[HasTraits]]:
+    """``root`` and the classes it inherits from gpuspawner, in MRO order."""
+    for cls in root.__mro__:
+        if cls.__module__.startswith("gpuspawner") and isinstance(cls, type) and issubclass(cls, HasTraits):
+            yield cls
+
+
+def settings(root: type[HasTraits] = GPUSwarmSpawner) -> list[Setting]:
+    """Every configurable trait gpuspawner defines, grouped by module (in MRO
+    order), sorted by name within a group. A trait defined twice counts where
+    GPUSwarmSpawner takes it from: the first definition along the MRO."""
+    seen: set[str] = set()
+    out: list[Setting] = []
+    modules: list[str] = []
+    for cls in gpuspawner_classes(root):
+        for name, trait in cls.class_own_traits(config=True).items():
+            if name in seen:
+                continue
+            seen.add(name)
+            if cls.__module__ not in modules:
+                modules.append(cls.__module__)
+            out.append(
+                Setting(
+                    name=name,
+                    module=cls.__module__,
+                    type=type_name(trait) + bounds(trait),
+                    default=default_text(name, trait, root),
+                    help=paragraphs(trait.help or ""),
+                )
+            )
+    return sorted(out, key=lambda s: (modules.index(s.module), s.name))
+
+
+def group_intro(module: str, root: type[HasTraits] = GPUSwarmSpawner) -> str:
+    """The first paragraph of the docstrings of the module's classes that define settings."""
+    lines = []
+    for cls in gpuspawner_classes(root):
+        if cls.__module__ == module and cls.__doc__:
+            lines.append(paragraphs(cls.__doc__).split("\n\n")[0])
+    return " ".join(lines)
+
+
+def render(root: type[HasTraits] = GPUSwarmSpawner) -> str:
+    """docs/configuration.md, as the code defines it now."""
+    items = settings(root)
+    out = [
+        "# Configuration reference",
+        "",
+        f"<!-- Generated by `{COMMAND}`: edit the traits' help in gpuspawner/, not this file. -->",
+        "",
+        "Every setting that gpuspawner adds to `c.GPUSwarmSpawner`, with its type, default and help,"
+        f" generated from the traits' definitions by `{COMMAND}`;"
+        " a unit test (`tests/unit/test_configref.py`) fails when this file is out of date."
+        " `GPUSwarmSpawner` is a dockerspawner `SwarmSpawner`, so dockerspawner's settings"
+        " (`image`, `network_name`, `extra_placement_spec`, …) and JupyterHub's `Spawner` settings"
+        f" apply too, as the [DockerSpawner API reference]({DOCKERSPAWNER_DOCS}) and"
+        f" [JupyterHub's Spawner reference]({JUPYTERHUB_DOCS}) describe them.",
+        "",
+        "A default marked *computed* is worked out when the hub starts.",
+        "",
+    ]
+    groups = list(dict.fromkeys(s.module for s in items))
+    for module in groups:
+        names = ", ".join(f"[`{s.name}`](#{s.name})" for s in items if s.module == module)
+        out.append(f"- [{GROUP_TITLES.get(module, module)}](#{module.rpartition('.')[2]}): {names}")
+    out.append("")
+    for module in groups:
+        short = module.rpartition(".")[2]
+        out += [f'<a id="{short}"></a>', "", f"## {GROUP_TITLES.get(module, module)} (`{module}`)", ""]
+        intro = group_intro(module, root)
+        if intro:
+            out += [intro, ""]
+        for s in (s for s in items if s.module == module):
+            out += [
+                f'<a id="{s.name}"></a>',
+                "",
+                f"### `c.GPUSwarmSpawner.{s.name}`",
+                "",
+                f"- Type: {s.type}",
+                f"- Default: *{s.default}*" if s.default.startswith("computed") else f"- Default: `{s.default}`",
+                "",
+                s.help or "(no help text)",
+                "",
+            ]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m devtools.configref", description=__doc__.split("\n\n")[0])
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--write", metavar="FILE", type=Path, help="write the reference to FILE")
+    what.add_argument("--check", metavar="FILE", type=Path, help="exit 1 if FILE is not the reference as generated now")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.write is not None:
+        args.write.write_text(text)
+        return 0
+    if args.check is not None:
+        try:
+            current = args.check.read_text()
+        except OSError:
+            current = None
+        if current != text:
+            print(
+                f"{args.check} is out of date: regenerate it with python -m devtools.configref --write {args.check}",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
