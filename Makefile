@@ -7,7 +7,7 @@ WHEEL_VENV := .venv-wheel
 LOWEST_VENV := .venv-lowest
 STATE := $(CURDIR)/demo-state
 
-.PHONY: deps test unit fuzz demo demo-down screenshots bench clean lint wheel-check test-lowest configref
+.PHONY: deps test unit explore fuzz demo demo-down screenshots bench clean lint wheel-check test-lowest configref
 
 # System packages (Debian) first (the venv needs python3-venv), then the Python
 # environment. Safe to run again.
@@ -26,9 +26,13 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 test: deps
 	$(PYTHON) -m pytest -ra tests
 
-# Only the tests that need no docker.
+# The tests that need no docker, less the long explorations of interleavings (about two
+# minutes here); `make explore` runs those alone, and `make test` runs everything.
 unit: $(VENV)/.installed
-	$(PYTHON) -m pytest -ra tests/unit
+	$(PYTHON) -m pytest -ra -m "not explore" tests/unit
+
+explore: $(VENV)/.installed
+	$(PYTHON) -m pytest -ra -m explore tests/unit
 
 # ruff check, ruff format --check and mypy: the hooks of .pre-commit-config.yaml, on every tracked file.
 lint: $(VENV)/.installed

@@ -17,7 +17,7 @@
   in line for which model (docs/line.md). These need ``admin:servers`` (the admin role has it).
 * ``GET /hub/gpus``: the allocation map as a page, for admins.
 
-They use the hub's one :class:`~gpuspawner.holdings.Holdings`, the same the
+They use the hub's one :class:`~gpuspawner.app.GPUHub`, the same the
 spawners use, built from the hub's own ``c.GPUSwarmSpawner`` settings.
 Register them with :func:`gpuspawner.hubconfig.configure`.
 
@@ -33,21 +33,20 @@ from __future__ import annotations
 import functools
 import time
 from datetime import datetime, timezone
-from types import SimpleNamespace
 
 from jupyterhub.apihandlers.base import APIHandler
 from jupyterhub.handlers.base import BaseHandler
 from jupyterhub.scopes import has_scope
-from jupyterhub.spawner import SpawnException
 from markupsafe import Markup
 from tornado import web
 
-from . import agent_tokens, reclaim
+from . import agent_tokens
+from .app import KEY, GPUHub, HubConfigError
 from .cluster import GPUCluster
 from .doctor import diagnose
 from .holdings import Holdings
 from .ledger import LedgerError
-from .line_wait import line_of
+from .line_wait import WaitLine
 from .reports import MAX_REPORT_BYTES, ReportError, parse_report
 from .swarm import SwarmError
 from .views import batches
@@ -57,24 +56,12 @@ __all__ = ["ADMIN_SCOPE", "REPORT_SCOPE", "handlers"]
 ADMIN_SCOPE = "admin:servers"
 REPORT_SCOPE = "custom:gpuspawner:report"  # node agents' tokens: report, nothing else
 NODE_REFRESH_SECONDS = 2.0  # an unknown hostname asks the swarm at most this often
-
-
-def hub_view(config, spawner_class=None, log=None):
-    """The hub's spawner settings (a GPUSwarmSpawner configured like the hub's
-    spawners, which never spawns), from which the hub's holdings are built."""
-    from .spawner import GPUSwarmSpawner
-
-    cls = spawner_class
-    if not (isinstance(cls, type) and issubclass(cls, GPUSwarmSpawner)):
-        cls = GPUSwarmSpawner
-    # dockerspawner's name templates, evaluated on init, only need a user name.
-    nobody = SimpleNamespace(name="gpuspawner-hub", id=0)
-    kwargs = {"log": log} if log is not None else {}
-    return cls(config=config, user=nobody, **kwargs)
+UNCONFIGURED = "The hub's GPU configuration is invalid:"
+UNREACHABLE = "The cluster cannot be reached right now; please try again in a minute."
 
 
 class _GPUMixin:
-    """The cluster, and scope checks that work with custom scopes (JupyterHub's
+    """The hub's GPUHub, and scope checks that work with custom scopes (JupyterHub's
     ``needs_scope`` decorator checks its scope when the module is imported,
     before the hub has defined custom scopes)."""
 
@@ -84,20 +71,19 @@ class _GPUMixin:
         if not has_scope(scope, self.parsed_scopes, db=self.db):
             raise web.HTTPError(403, f"Action is not authorized with current scopes; requires {scope}")
 
-    def view(self):
-        """The hub's spawner settings, shared by these handlers."""
-        view = self.settings.get("gpuspawner_view")
-        if view is None:
-            view = hub_view(self.settings["config"], self.settings.get("spawner_class"), self.log)
-            self.settings["gpuspawner_view"] = view
-        return view
+    def gpu_hub(self) -> GPUHub:
+        """The hub's GPUHub (``configure(c)``, which registers these handlers, made
+        it), with its parts made; 503 while its GPU settings cannot work."""
+        hub: GPUHub = self.settings[KEY]
+        try:
+            hub.holdings  # noqa: B018 - made at first use
+        except HubConfigError as exc:
+            raise web.HTTPError(503, f"{UNCONFIGURED} {exc}") from None
+        return hub
 
     def owner(self) -> Holdings:
         """The hub's holdings as they are (no swarm call)."""
-        try:
-            return self.view().holdings()
-        except SpawnException as exc:
-            raise web.HTTPError(503, exc.message) from None
+        return self.gpu_hub().holdings
 
     async def ledger(self, call):
         """``call(ledger)`` in the ledger's executor; 503 with the reason when it fails."""
@@ -108,10 +94,12 @@ class _GPUMixin:
 
     async def holdings(self) -> Holdings:
         """The hub's holdings, with fresh node status."""
+        hub = self.gpu_hub()
         try:
-            return await self.view()._up_to_date()
-        except SpawnException as exc:
-            raise web.HTTPError(503, exc.message) from None
+            return await hub.up_to_date()
+        except SwarmError as exc:
+            self.log.warning("The swarm could not be asked: %s", exc)
+            raise web.HTTPError(503, UNREACHABLE) from None
 
 
 class ReportHandler(_GPUMixin, APIHandler):
@@ -120,7 +108,7 @@ class ReportHandler(_GPUMixin, APIHandler):
         agent token while ``agent_shared_token`` allows it; else 403."""
         if self.current_user:  # a JupyterHub token (or a login cookie)
             self.require(REPORT_SCOPE)
-            if not self.view().agent_shared_token:
+            if not self.gpu_hub().settings.agent_shared_token:
                 raise web.HTTPError(403, agent_tokens.SHARED_TOKEN_REFUSED)
             return None
         token = self.get_auth_token()
@@ -155,7 +143,7 @@ class ReportHandler(_GPUMixin, APIHandler):
             cluster.receive(report)
         except ReportError as exc:  # it names a UUID another node has: nothing of it is taken
             raise web.HTTPError(400, str(exc)) from None
-        reclaim.of(self.owner()).observe(report)  # idle timers (docs/idle.md)
+        self.gpu_hub().reclaimer.observe(report)  # idle timers (docs/idle.md)
         self.set_header("Content-Type", "application/json")
         self.write({"hostname": report.hostname, "devices": len(report.devices), "interval": report.interval})
 
@@ -242,7 +230,7 @@ class DoctorHandler(_GPUMixin, APIHandler):
             cluster.aliases,
             foreign=owner.foreign,
             conflicts=cluster.uuid_conflicts,
-            shared_token=self.view().agent_shared_token,
+            shared_token=self.gpu_hub().settings.agent_shared_token,
         )
         self.set_header("Content-Type", "application/json")
         self.write({"findings": [f.as_dict() for f in findings]})
@@ -253,11 +241,10 @@ class QueueHandler(_GPUMixin, APIHandler):
 
     async def get(self):
         self.require(ADMIN_SCOPE)
-        self.write(await queue_json(self.owner()))
+        self.write(await queue_json(self.gpu_hub().line))
 
 
-async def queue_json(owner: Holdings) -> dict:
-    line = line_of(owner)
+async def queue_json(line: WaitLine) -> dict:
     await line.load()
     return {
         model: [
@@ -352,7 +339,7 @@ class GPUPageHandler(_GPUMixin, BaseHandler):
         cluster = owner.cluster
         lines = {
             model: [{**w, "since": w["since"].replace("T", " ")} for w in ws]
-            for model, ws in (await queue_json(owner)).items()
+            for model, ws in (await queue_json(self.gpu_hub().line)).items()
         }
         render = functools.partial(self.render_template, "gpus.html", lines=lines)
         head, cards, tail = await gpu_page(cluster, render, self.get_template("gpus_host.html", sync=True))

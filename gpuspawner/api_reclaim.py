@@ -11,7 +11,6 @@ from __future__ import annotations
 from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
 
-from . import reclaim
 from .api import ADMIN_SCOPE, _GPUMixin
 
 __all__ = ["handlers"]
@@ -23,13 +22,13 @@ class NoticesHandler(_GPUMixin, APIHandler):
         if not user or getattr(user, "kind", "user") != "user":
             raise web.HTTPError(403, "Missing or invalid credentials.")
         self.set_header("Content-Type", "application/json")
-        self.write({"notices": reclaim.of(self.owner()).notices_for(user.name)})
+        self.write({"notices": self.gpu_hub().reclaimer.notices_for(user.name)})
 
 
 class IdleHandler(_GPUMixin, APIHandler):
     async def get(self):
         self.require(ADMIN_SCOPE)
-        found = reclaim.of(self.owner())
+        found = self.gpu_hub().reclaimer
         self.set_header("Content-Type", "application/json")
         self.write({"idle": found.idle_now(), "unattributed": found.unattributed})
 

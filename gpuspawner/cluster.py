@@ -24,7 +24,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from .allocator import AdoptProblem, Allocation, Allocator
 from .cluster_devices import SOURCES, DeviceState, InventorySettings, host_states
@@ -34,6 +34,7 @@ from .labels import ServerLabels
 from .reports import Conflict, NodeReport, UUIDConflict, parse_report, report_uuids
 from .sharing import fraction
 from .swarm import Node, Swarm
+from .views import HoldersOf
 
 __all__ = ["GPUCluster", "DeviceState", "SOURCES", "InventorySettings"]
 
@@ -41,19 +42,7 @@ NODES_MAX_AGE = 1.0  # seconds a node list is good for
 
 
 class GPUCluster:
-    _shared: dict[str, GPUCluster] = {}
-
-    @classmethod
-    def shared(cls, key: object, settings: Callable[[], InventorySettings]) -> GPUCluster:
-        """The one instance for this configuration in this process (spawners
-        that differ in policy still share one allocator); ``settings`` is
-        called (and the static inventory read) the first time only."""
-        k = json.dumps(key, sort_keys=True, default=str)
-        if k not in cls._shared:
-            cls._shared[k] = cls(settings())
-        return cls._shared[k]
-
-    def __init__(self, settings: InventorySettings | Iterable[GPU] = ()):
+    def __init__(self, settings: InventorySettings | Iterable[GPU] = (), holders_of: HoldersOf | None = None):
         if not isinstance(settings, InventorySettings):
             settings = InventorySettings(static=tuple(settings))
         self.settings = settings
@@ -73,7 +62,7 @@ class GPUCluster:
         # Holdings found in the swarm on devices not offered yet, by service name.
         self.pending: dict[str, ServerLabels] = {}
         self._offered = False  # the allocator has had a first inventory
-        self.views = ClusterViews(self)
+        self.views = ClusterViews(self, holders_of)  # who holds a device: the hub's holdings say
         self._schedulable: set[str] | None = None
         self._nodes_read = False
         self._nodes_at = 0.0  # when the node list was last read

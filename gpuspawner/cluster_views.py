@@ -45,11 +45,11 @@ class Viewed(Protocol):
 class ClusterViews:
     """The admin views of one cluster (its ``views``)."""
 
-    def __init__(self, cluster: Viewed):
+    def __init__(self, cluster: Viewed, holders_of: HoldersOf | None = None):
         self.cluster = cluster
         self.allocator = cluster.allocator
-        #: Who holds a device, as the map lists them (see :meth:`allocator_holders`); the hub's holdings set theirs.
-        self.holders_of: HoldersOf = self.allocator_holders
+        #: Who holds a device, as the map lists them (default: :meth:`allocator_holders`).
+        self.holders_of: HoldersOf = holders_of or self.allocator_holders
         self._readings: dict[str, int] = {}  # host -> reports taken (its device states were replaced)
         self._health: dict[str, tuple] = {}  # host -> its devices and whether each is healthy
         self._health_changes: dict[str, int] = {}  # host -> changes of the above
@@ -70,7 +70,7 @@ class ClusterViews:
     def allocator_holders(self, uuid: str) -> list[dict]:
         """Who holds the device, as the allocation map lists them, by holder
         name: ``[{"user", "server", "share", ...}]``, from the allocator alone.
-        The hub's holdings put their own answer in :attr:`holders_of`; whoever
+        The hub gives its own answer as :attr:`holders_of`; whoever
         changes it other than by booking or giving back devices in the
         allocator calls :meth:`holders_changed`."""
         allocator = self.allocator

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import functools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -45,7 +44,6 @@ from typing import TypeVar
 from . import metrics
 from .allocator import Allocation, Request
 from .cluster import GPUCluster
-from .holdings_views import holders_of
 from .labels import LABEL, LabelError, ServerLabels, parse_labels
 from .ledger import Ledger, LedgerError
 from .ports import PortPool
@@ -103,6 +101,7 @@ class Holdings:
         name_for: Callable[[str, str], str] | None = None,
         stop_timeout: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        on_free: Callable[[], None] = lambda: None,
     ):
         self.cluster = cluster
         self.allocator = cluster.allocator
@@ -121,8 +120,7 @@ class Holdings:
         self._reconciling = asyncio.Lock()
         self._ledger_order = asyncio.Lock()  # see _ledger_write
         self.rebuilt = False
-        cluster.views.holders_of = functools.partial(holders_of, self)
-        self.on_free: list[Callable[[], None]] = []  # called when devices come back (the line is served)
+        self.on_free = on_free  # called when devices come back (the line is served)
 
     # -- views -------------------------------------------------------------------
 
@@ -295,8 +293,7 @@ class Holdings:
             self.cluster.pending.pop(h.name, None)
             self.ports.release(h.name)
             self._touch(h.name)
-            for freed in self.on_free:
-                freed()
+            self.on_free()
 
     # -- reconciliation ------------------------------------------------------------
 

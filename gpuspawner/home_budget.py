@@ -23,18 +23,16 @@ log = logging.getLogger("JupyterHub")
 class BudgetNote:
     """One user's note, worked out when the template first asks."""
 
-    def __init__(self, config, user):
-        self.config, self.user = config, user
+    def __init__(self, hub, user):
+        self.hub, self.user = hub, user
 
     @functools.cached_property
     def budget(self) -> Budget | None:
-        from .api import hub_view
-
         try:
-            view = hub_view(self.config)
+            settings = self.hub.settings
             groups = [g.name for g in getattr(self.user, "groups", None) or ()]
-            hours = rules_of(view).effective(groups).weekly_gpu_hours
-            ledger = view.holdings().ledger if hours is not None else None
+            hours = rules_of(settings).effective(groups).weekly_gpu_hours
+            ledger = self.hub.holdings.ledger if hours is not None else None
             if ledger is None:
                 return None
             now = utc_now()
@@ -52,12 +50,12 @@ class BudgetNote:
         return bool(self.budget and self.budget.over)
 
 
-def budget_var(config):
-    """For ``c.JupyterHub.template_vars``: the logged-in user's BudgetNote."""
+def budget_var(hub):
+    """For ``c.JupyterHub.template_vars``: the logged-in user's BudgetNote (``hub``: the GPUHub)."""
 
     def note(user) -> BudgetNote | None:
         if user is None or getattr(user, "kind", "user") != "user":
             return None
-        return BudgetNote(config, user)
+        return BudgetNote(hub, user)
 
     return note

@@ -5,11 +5,14 @@
     from gpuspawner.hubconfig import configure
     configure(c)
 
+checks gpuspawner's settings at once (see
+:func:`gpuspawner.settings.validate_config`), so that a wrong setting stops the
+hub at start with one line; builds the hub's one
+:class:`~gpuspawner.app.GPUHub` and keeps it in the hub's tornado settings;
 registers gpuspawner's endpoints and admin page (see ``api.py``), defines the
 ``custom:gpuspawner:report`` scope that node agents' tokens get, adds the
-admin page's template folder, and checks gpuspawner's settings at once (see
-:func:`gpuspawner.settings.validate_config`), so that a wrong setting stops the
-hub at start with one line. Call it at the end of the file, after the
+admin page's template folder, and, inside the running hub, starts the hub's
+background loops. Call it at the end of the file, after the
 ``c.GPUSwarmSpawner`` settings.
 """
 
@@ -19,15 +22,23 @@ import asyncio
 import logging
 import os
 
+from traitlets import TraitError
+
 __all__ = ["configure"]
 
 TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
 
 
 def configure(c) -> None:
-    from . import api, api_reclaim, home_budget, metrics, reclaim_hub
+    from . import api, api_reclaim, home_budget
+    from .app import KEY, GPUHub
     from .settings import validate_config
 
+    validate_config(c)
+    try:
+        hub = GPUHub.from_config(c, _spawner_class(c), logging.getLogger("JupyterHub"))
+    except TraitError as exc:
+        raise SystemExit(f"gpuspawner configuration error: {' '.join(str(exc).split())}") from None
     # JupyterHub logs that extra_handlers is deprecated in favour of services;
     # these must run inside the hub, where the holdings live (README, "How
     # configure(c) registers the endpoints"; tests/unit/test_hubconfig.py).
@@ -36,20 +47,24 @@ def configure(c) -> None:
         {api.REPORT_SCOPE: {"description": "Report a GPU node's devices to gpuspawner (node agents only)."}}
     )
     _add_templates(c)
+    c.JupyterHub.tornado_settings.update({KEY: hub})  # handlers' and users' settings
     c.JupyterHub.template_vars.update(
-        {"gpuspawner_budget": home_budget.budget_var(c), "gpuspawner_notices": reclaim_hub.notices_var(c)}
+        {"gpuspawner_budget": home_budget.budget_var(hub), "gpuspawner_notices": hub.notices_for}
     )  # home.html
-    metrics.use_cluster(lambda: api.hub_view(c).holdings().cluster)
-    validate_config(c)
     try:
         asyncio.get_running_loop()  # JupyterHub reads its config inside its event loop
     except RuntimeError:
         return  # loaded outside a hub (a test, a linter): nothing to run
-    for job in (_keep_reconciling(c), metrics.watch_event_loop(), reclaim_hub.keep_checking(c)):
-        _run(job)
+    hub.start()
 
 
-_background: set = set()
+def _spawner_class(c) -> type:
+    """The hub's spawner class where it is a GPUSwarmSpawner (a subclass, or a
+    name that JupyterHub resolves later: GPUSwarmSpawner itself)."""
+    from .spawner import GPUSwarmSpawner
+
+    cls = c.JupyterHub.get("spawner_class")
+    return cls if isinstance(cls, type) and issubclass(cls, GPUSwarmSpawner) else GPUSwarmSpawner
 
 
 def _add_templates(c) -> None:
@@ -62,57 +77,3 @@ def _add_templates(c) -> None:
         paths.append(TEMPLATES)
     else:  # not set yet: a lazy value that JupyterHub's default comes into
         paths.insert(0, TEMPLATES)
-
-
-def _run(job) -> None:
-    task = asyncio.get_running_loop().create_task(job)
-    _background.add(task)  # the loop keeps only weak references to tasks
-    task.add_done_callback(_background.discard)
-
-
-async def _resume(owner, log) -> None:
-    from .line_resume import resume_waiting
-
-    try:
-        await resume_waiting(owner)
-    except Exception as exc:  # the hub runs on; say what happened in one line
-        log.error("Resuming the spawns waiting in line failed: %s", getattr(exc, "message", exc))
-
-
-def _untracked(user: str, server: str) -> bool:
-    """True when the running hub has no such server running or starting."""
-    from jupyterhub.app import JupyterHub
-
-    if not JupyterHub.initialized():
-        return False
-    try:
-        spawner = JupyterHub.instance().users[user].spawners.get(server)
-    except KeyError:  # no such user
-        return True
-    return spawner is None or not spawner.active
-
-
-async def _keep_reconciling(config) -> None:
-    """At hub start, and then every ``reconcile_interval`` seconds, make the
-    GPU holdings match the services the swarm runs (see Holdings.reconcile)."""
-    from .api import hub_view
-    from .swarm import SwarmError
-
-    log = logging.getLogger("JupyterHub")
-    view = hub_view(config, log=log)
-    first = True
-    while True:
-        try:
-            owner = await view._up_to_date()  # the first use rebuilds holdings from the swarm
-            if first:
-                _run(_resume(owner, log))  # the spawns waiting in line when the hub stopped
-            else:
-                await owner.reconcile(_untracked)
-            first = False
-        except SwarmError as exc:
-            log.warning("GPU reconciliation: the swarm could not be asked: %s", exc)
-        except Exception as exc:  # never let the loop die; say what happened in one line
-            log.error("GPU reconciliation failed: %s", getattr(exc, "message", exc))
-        if view.reconcile_interval <= 0:
-            return
-        await asyncio.sleep(view.reconcile_interval)

@@ -12,39 +12,33 @@ stopped first, as JupyterHub would stop any server it finds gone.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
+from . import hub_port
 from .holdings import Holdings
 from .line import ordered
-from .line_wait import line_of
+from .line_wait import WaitLine
 
 __all__ = ["resume_waiting"]
 
 log = logging.getLogger(__name__)
 
 
-async def resume_waiting(owner: Holdings) -> int:
+async def resume_waiting(line: WaitLine, owner: Holdings) -> int:
     """Re-issue the spawns of the line's rows (at hub start); how many."""
-    from jupyterhub.app import JupyterHub
-
-    if not JupyterHub.initialized():
+    app = hub_port.running_hub()
+    if app is None:
         return 0
-    line = line_of(owner)
     await line.load()  # first, as the hub starts: a request that does not wait checks it
-    app = JupyterHub.instance()
-    started = getattr(app, "_start_future", None)
-    if started is not None:
-        await started  # the proxy and the users are ready
+    await hub_port.hub_started(app)  # the proxy and the users are ready
     resumed = 0
     for w in ordered(line.rows):
-        try:
-            user = app.users[w.user]
-        except KeyError:
+        user, _ = hub_port.user_spawner(app, w.user, w.server)
+        if user is None:
             log.warning("%s waited in line for %s, but user %s is gone: out of line", w.service, w.model, w.user)
             await line.leave(w.service)
             continue
-        spawner = user.spawners[w.server]
+        spawner = user.spawners[w.server]  # made for a server not yet known
         if spawner.active:
             if owner.get(w.service) is not None:  # it runs after all
                 await line.leave(w.service)
@@ -52,34 +46,8 @@ async def resume_waiting(owner: Holdings) -> int:
             # The old hub's record of a spawn that died waiting (it has a
             # server entry, and no service yet to say it is gone): stopped first.
             await user.stop(w.server)
-        _spawn(app, user, w.server, w.request)
+        hub_port.spawn_in_background(app, user, w.server, w.request)
         resumed += 1
     if resumed:
         log.info("Resumed %d spawns waiting in line for GPUs", resumed)
     return resumed
-
-
-def _spawn(app, user, server: str, options: dict) -> None:
-    """What JupyterHub's spawn handler does for a spawn nobody waits on: the
-    spawn, then the proxy route; pending meanwhile, cancellable by DELETE."""
-    spawner = user.spawners[server]
-    spawner._spawn_pending = True
-
-    async def spawn_and_route():
-        await user.spawn(server, options=options)
-        spawner._proxy_pending = True
-        try:
-            await app.proxy.add_user(user, server)
-        finally:
-            spawner._proxy_pending = False
-
-    future = spawner._spawn_future = asyncio.ensure_future(spawn_and_route())
-
-    def done(f: asyncio.Future) -> None:
-        spawner._spawn_pending = False
-        if f.cancelled() or f.exception() is None:
-            spawner._spawn_future = None
-        else:
-            log.warning("The resumed spawn of %s failed: %s", spawner._log_name, f.exception())
-
-    future.add_done_callback(done)

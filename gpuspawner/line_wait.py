@@ -1,18 +1,19 @@
 """Waiting in line for a GPU model: the hub's live line, and a spawn's wait in it.
 
-One :class:`WaitLine` per hub (per :class:`~gpuspawner.holdings.Holdings`).
+One :class:`WaitLine` per hub (the hub's :class:`~gpuspawner.app.GPUHub` makes it).
 Its rows mirror the ledger's (:mod:`gpuspawner.ledger_queue`), so the order
 survives a hub restart; the order rules are :mod:`gpuspawner.line`'s.
 
 A waiting spawn registers how to reserve for itself; whenever devices come
-back (a holding is released: ``Holdings.on_free``), and every few seconds
+back (a holding is released: the hub calls :meth:`WaitLine.poke`), and every few seconds
 anyway, the line is served: each model's first waiter tries to reserve, and
 on success its spawn carries on. A head whose spawn is not live (a hub
 restart, before it is resumed) holds its place: nobody behind it is served.
 
 While a spawn waits it holds no slot of JupyterHub's ``concurrent_spawn_limit``:
 JupyterHub counts every pending spawn against that limit, so the limit the hub
-checks is raised by one per waiting spawn (see docs/line.md).
+checks is raised by one per waiting spawn (see docs/line.md and
+:func:`gpuspawner.hub_port.hold_spawn_slot`).
 """
 
 from __future__ import annotations
@@ -20,48 +21,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from itertools import count
 
 from jupyterhub.spawner import SpawnException
 
-from . import metrics
+from . import hub_port, metrics
 from .allocator_refusals import AllocationRefused, Refusal
 from .holdings import Holding, Holdings
 from .ledger import LedgerError
 from .ledger_checks import utc_now
 from .line import Waiter, by_model, estimate, position
 
-__all__ = [
-    "WaitLine",
-    "extend_start_timeout",
-    "hold_spawn_slot",
-    "line_of",
-    "refused_out_of_line",
-    "reserve_or_wait",
-]
+__all__ = ["WaitLine", "extend_start_timeout", "refused_out_of_line", "reserve_or_wait"]
 
 log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 10.0  # a waiter's line is served at least this often (devices may come back unannounced)
 LOOK_SECONDS = 1.0  # how often a waiting spawn looks at its place in line
-LIMIT = "concurrent_spawn_limit"
-LIMIT_BASE = "gpuspawner_concurrent_spawn_limit"  # the admin's own limit
-WAITING = "gpuspawner_waiting_spawns"
 
 Reserve = Callable[[], Awaitable[Holding]]
-
-_LINES: weakref.WeakKeyDictionary[Holdings, WaitLine] = weakref.WeakKeyDictionary()
-
-
-def line_of(owner: Holdings) -> WaitLine:
-    """The hub's line for these holdings (made at first use)."""
-    line = _LINES.get(owner)
-    if line is None:
-        line = _LINES[owner] = WaitLine(owner)
-    return line
 
 
 def waits_for(exc: SpawnException) -> bool:
@@ -81,7 +61,6 @@ class WaitLine:
         self._serving: asyncio.Task | None = None
         self._again = False
         self._cancelled: set[str] = set()  # waits cancelled whose server is not stopped yet
-        owner.on_free.append(self.poke)
 
     # -- the rows ------------------------------------------------------------------
 
@@ -246,17 +225,6 @@ class WaitLine:
         return f"You are number {place} in line for {model}" + (f". {guess}" if guess else "")
 
 
-def hold_spawn_slot(settings: dict | None, delta: int) -> None:
-    """Raise (or lower back) the hub's ``concurrent_spawn_limit`` by ``delta``
-    waiting spawns, so that waiting spawns don't use up its slots."""
-    if settings is None:
-        return
-    base = settings.setdefault(LIMIT_BASE, settings.get(LIMIT, 0) or 0)
-    settings[WAITING] = max(0, settings.get(WAITING, 0) + delta)
-    if base:
-        settings[LIMIT] = base + settings[WAITING]
-
-
 def extend_start_timeout(spawner) -> None:
     """JupyterHub's ``start_timeout`` for this spawn: the admin's, plus
     ``gpu_wait_timeout`` when it may wait in line (read before each spawn)."""
@@ -278,26 +246,24 @@ def busy_refusal(model: str, waiting: int, make_error) -> SpawnException:
 
 
 @asynccontextmanager
-async def refused_out_of_line(owner: Holdings, service: str) -> AsyncIterator[None]:
+async def refused_out_of_line(line: WaitLine, service: str) -> AsyncIterator[None]:
     """A spawn's checks before the line: a spawn resumed after a hub restart
     that they refuse (its user's rules changed, a stale service) leaves the
     place it had, so that nobody waits behind a spawn that has failed."""
     try:
         yield
     except Exception:
-        line = line_of(owner)
         if line.place(service) is not None:
             await line.leave(service)
         raise
 
 
 async def reserve_or_wait(
-    spawner, owner: Holdings, model: str | None, wait: bool, reserve: Reserve, spawn_error
+    spawner, line: WaitLine, model: str | None, wait: bool, reserve: Reserve, spawn_error
 ) -> Holding:
     """Reserve now, or (with ``wait``) wait in ``model``'s line while none is
     free: a request never goes ahead of those in line for its model.
     ``spawn_error`` makes the SpawnExceptions users see."""
-    line = line_of(owner)
     if wait:  # a hub loads its line at start (line_resume): others need not wait for the ledger here
         await line.load()
     name = spawner.service_name
@@ -331,20 +297,9 @@ async def reserve_or_wait(
     return await _wait(spawner, line, reserve, spawn_error)
 
 
-def _hub_settings() -> dict | None:
-    """The settings JupyterHub's handlers read ``concurrent_spawn_limit`` from
-    (the tornado application's: a copy of the hub's ``tornado_settings``)."""
-    from jupyterhub.app import JupyterHub
-
-    if not JupyterHub.initialized():
-        return None  # not inside a hub
-    application = getattr(JupyterHub.instance(), "tornado_application", None)
-    return None if application is None else application.settings
-
-
 async def _wait(spawner, line: WaitLine, reserve: Reserve, spawn_error) -> Holding:
-    settings = _hub_settings()
-    hold_spawn_slot(settings, +1)
+    settings = hub_port.spawn_limit_settings()
+    hub_port.hold_spawn_slot(settings, +1)
     since = time.monotonic()
     try:
         holding = await line.wait(spawner.service_name, reserve, spawner.gpu_wait_timeout, spawner._report)
@@ -356,6 +311,6 @@ async def _wait(spawner, line: WaitLine, reserve: Reserve, spawn_error) -> Holdi
             status_code=503,
         ) from None
     finally:
-        hold_spawn_slot(settings, -1)
+        hub_port.hold_spawn_slot(settings, -1)
     metrics.WAIT_SECONDS.labels(holding.labels.model).observe(time.monotonic() - since)
     return holding

@@ -21,6 +21,9 @@ scrapes. Decisions are counted as they happen.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
@@ -29,9 +32,10 @@ __all__ = [
     "GRANTED",
     "REFUSED",
     "WAIT_SECONDS",
+    "DeviceGauges",
+    "hide",
     "line_lengths",
-    "register_cluster",
-    "use_cluster",
+    "show",
 ]
 
 GRANTED = Counter("gpuspawner_allocations_granted", "GPU requests that got devices", ["model"])
@@ -93,8 +97,9 @@ _GAUGES = (
 )
 
 
-class _ClusterCollector:
-    """The gauges above, read from the clusters at each scrape.
+class DeviceGauges:
+    """The gauges above, read from one hub's cluster at each scrape
+    (``cluster()`` returns it; nothing is shown while it cannot be made).
 
     Each host's counts are kept by the cluster until that host changes (see
     ClusterViews.device_counts), and their samples here, so a scrape makes new
@@ -104,34 +109,24 @@ class _ClusterCollector:
     as text in JupyterHub's /hub/metrics handler (~16 ms at 1,000 hosts, on the
     event loop: see docs/benchmarks.md)."""
 
-    def __init__(self):
-        self.clusters: list = []
-        self.find = None  # the hub's cluster, from hubconfig.configure: metrics before the first spawn
+    def __init__(self, cluster: Callable[[], Any]):
+        self.cluster = cluster
         self._samples: dict[str, tuple[list, list[list]]] = {}  # host -> (its counts, its samples per gauge)
-        self._of = None  # the cluster the samples are of
+
+    def describe(self):  # the names, for the registry: no cluster is made for them
+        return [GaugeMetricFamily(name, doc, labels=["host", "model"]) for name, doc in _GAUGES]
 
     def collect(self):
-        if not self.clusters and self.find is not None:
-            register_cluster(self.find())
-        families = [GaugeMetricFamily(name, doc, labels=["host", "model"]) for name, doc in _GAUGES]
-        if len(self.clusters) == 1:
-            self._add_kept(self.clusters[0], families)
-        else:  # several hubs' clusters in one process (tests): a host's counts are summed over them
-            counts: dict[tuple[str, str], list[float]] = {}
-            for cluster in self.clusters:
-                for host, rows in cluster.views.device_counts():
-                    for model, values in rows:
-                        c = counts.setdefault((host, model), [0, 0, 0, 0.0])
-                        for i, value in enumerate(values):
-                            c[i] += value
-            for (host, model), values in sorted(counts.items()):
-                for family, value in zip(families, values):
-                    family.add_metric([host, model], value)
+        families = self.describe()
+        try:
+            cluster = self.cluster()
+        except Exception:  # noqa: BLE001 - a hub whose GPU settings cannot work shows no devices
+            cluster = None
+        if cluster is not None:
+            self._add_kept(cluster, families)
         yield from families
 
     def _add_kept(self, cluster, families: list[GaugeMetricFamily]) -> None:
-        if cluster is not self._of:
-            self._samples, self._of = {}, cluster
         kept = self._samples
         for host, rows in cluster.views.device_counts():
             entry = kept.get(host)
@@ -145,17 +140,18 @@ class _ClusterCollector:
                 family.samples.extend(samples)
 
 
-_collector = _ClusterCollector()
-REGISTRY.register(_collector)
+def show(gauges: DeviceGauges) -> bool:
+    """Show a hub's device gauges at /metrics; False when another hub's are
+    shown already (one process, one hub)."""
+    try:
+        REGISTRY.register(gauges)
+    except ValueError:  # its names are taken
+        return False
+    return True
 
 
-def use_cluster(find) -> None:
-    """Show the devices from hub start, before any spawner has run:
-    ``find()`` returns the hub's cluster."""
-    _collector.find = find
-
-
-def register_cluster(cluster) -> None:
-    """Count this cluster's devices in the hub's metrics."""
-    if cluster not in _collector.clusters:
-        _collector.clusters.append(cluster)
+def hide(gauges: DeviceGauges) -> None:
+    try:
+        REGISTRY.unregister(gauges)
+    except KeyError:  # never shown
+        pass

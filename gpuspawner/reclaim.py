@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 
@@ -25,7 +24,7 @@ from .idle import IDLE, DeviceSample, IdleTimers, Limits, Notice
 from .reports import NodeReport
 from .sharing import UNIT
 
-__all__ = ["Reclaimer", "of"]
+__all__ = ["Reclaimer"]
 
 log = logging.getLogger(__name__)
 
@@ -48,30 +47,31 @@ def _iso(wall: float) -> str:
     return datetime.fromtimestamp(wall, timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-_reclaimers: weakref.WeakKeyDictionary[Holdings, Reclaimer] = weakref.WeakKeyDictionary()
-
-
 class Reclaimer:
-    """Idle and held-time reclaim for one hub's holdings."""
+    """Idle and held-time reclaim for one hub's holdings. ``limits_for(h)``: the
+    limits the holding's server is held to; ``stop(h, reason)``: stops a server
+    through the hub (True when the stop began); ``on_active(h)``: a holder was
+    busy on its GPUs."""
 
-    def __init__(self, holdings: Holdings, clock: Callable[[], float] = time.monotonic, wall=time.time):
+    def __init__(
+        self,
+        holdings: Holdings,
+        *,
+        limits_for: LimitsFor = lambda h: Limits(),
+        stop: Stop | None = None,
+        on_active: Callable[[Holding], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall=time.time,
+    ):
         self.holdings = holdings
         self.clock, self.wall = clock, wall
         self.timers = IdleTimers(clock)
-        self.limits_for: LimitsFor = lambda h: Limits()
-        self.stop: Stop | None = None  # set by the hub: stops a server through JupyterHub
-        self.on_active: Callable[[Holding], None] | None = None  # a holder was busy on its GPUs
+        self.limits_for = limits_for
+        self.stop = stop
+        self.on_active = on_active
         self.unattributed: dict[str, list[dict]] = {}  # host -> processes no holder owns
         self._timed: dict[str, Holding] = {}  # service -> the holding its timers are of
         self._stopping: set[str] = set()
-        views = holdings.cluster.views
-        inner = views.holders_of
-
-        def holders_of(uuid: str) -> list[dict]:
-            return [self._with_activity(uuid, h) for h in inner(uuid)]
-
-        views.holders_of = holders_of
-        _reclaimers[holdings] = self
 
     # -- readings ------------------------------------------------------------------
 
@@ -239,16 +239,10 @@ class Reclaimer:
                 )
         return sorted(rows, key=lambda r: -r["idle_seconds"])
 
-    def _with_activity(self, uuid: str, holder: dict) -> dict:
+    def with_activity(self, uuid: str, holder: dict) -> dict:
         """The map's holder, with its GPU activity once a reading has told it (MIG slices,
         CPU-only and not yet read holders are shown as before)."""
         for name, h in self.holdings.all().items():
             if h.user == holder.get("user") and h.labels.server == holder.get("server") and uuid in h.labels.uuids:
                 return dict(holder, **self.activity(name)) if self.timers.read(name) else holder
         return holder
-
-
-def of(holdings: Holdings) -> Reclaimer:
-    """The one reclaimer of these holdings."""
-    found = _reclaimers.get(holdings)
-    return Reclaimer(holdings, clock=holdings.clock) if found is None else found

@@ -1,7 +1,7 @@
 """The idle-reclaim and held-time settings of ``c.GPUSwarmSpawner`` (docs/idle.md).
 
 A mixin of :class:`~gpuspawner.spawner.GPUSwarmSpawner`, like
-:class:`~gpuspawner.settings.GPUSettings`; :meth:`ReclaimSettings._reclaim_limits`
+:class:`~gpuspawner.settings.GPUSettings`; :meth:`ReclaimSettings.reclaim_limits`
 turns them into the :class:`~gpuspawner.idle.Limits` one server is held to.
 """
 
@@ -98,7 +98,7 @@ class ReclaimSettings(LoggingConfigurable):
                 raise TraitError(f"c.GPUSwarmSpawner.gpu_idle_threshold[{key!r}] must be a number from {low} to {high}")
         return value
 
-    def _reclaim_limits(self) -> Limits:
+    def reclaim_limits(self) -> Limits:
         """The limits this server is held to: its user's access rules where they set
         ``idle_timeout``, ``idle_threshold`` or ``max_hours`` (docs/access.md), else these settings."""
         access = self._access() if hasattr(self, "_access") else None

@@ -1,6 +1,5 @@
-"""gpuspawner's settings: the GPU traits of ``c.GPUSwarmSpawner``, their
-checks, and the hub's one :class:`~gpuspawner.holdings.Holdings` built from
-them.
+"""gpuspawner's settings: the GPU traits of ``c.GPUSwarmSpawner`` and their
+checks (the hub's state built from them is :class:`gpuspawner.app.GPUHub`'s).
 
 :class:`GPUSettings` is a mixin of :class:`~gpuspawner.spawner.GPUSwarmSpawner`
 (so the traits are configured as ``c.GPUSwarmSpawner.…``, and dockerspawner's
@@ -10,26 +9,20 @@ at hub start.
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
-import os
 import socket
-from collections.abc import Callable, Mapping
-from types import SimpleNamespace
+from collections.abc import Mapping
 
 from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Tuple, Unicode, Union, default, validate
 from traitlets.config import LoggingConfigurable
 
-from . import metrics
 from .access import AccessRules
 from .allocator import POLICIES
-from .cluster import SOURCES, GPUCluster, InventorySettings
-from .holdings import Holdings
+from .cluster import SOURCES
 from .inventory import MODEL_RE, InventoryError
 from .inventory_files import load_inventory
 from .labels import ServerLabels
-from .ledger import Ledger, LedgerError, default_db_url
+from .ledger import Ledger, LedgerError
 from .reclaim_settings import check_config as check_reclaim
 from .service_spec import (
     ENFORCEMENT_MODES,
@@ -40,7 +33,6 @@ from .service_spec import (
     share_enforcement,
 )
 from .sharing import SharingPolicy, shown
-from .swarm import Swarm
 
 __all__ = ["GPUSettings", "validate_config"]
 
@@ -125,10 +117,6 @@ class GPUSettings(LoggingConfigurable):
         docs/ledger.md), e.g. the hub's own PostgreSQL. Empty (default): the
         SQLite file ``gpuspawner.sqlite`` beside the hub's SQLite database.""",
     ).tag(config=True)
-
-    def _ledger_url(self) -> str:
-        hub_db = self.config.JupyterHub.get("db_url", "sqlite:///jupyterhub.sqlite")
-        return self.gpu_db_url or default_db_url(hub_db, os.getcwd())
 
     reconcile_interval = Integer(
         60,
@@ -273,17 +261,6 @@ class GPUSettings(LoggingConfigurable):
         help="Folders with templates that override gpuspawner's own (e.g. options_form.html).",
     ).tag(config=True)
 
-    def _inventory_settings(self) -> InventorySettings:
-        spec = self.gpu_inventory
-        return InventorySettings(
-            static=tuple(load_inventory(spec)) if spec and "static" in self.gpu_inventory_source else (),
-            sources=tuple(self.gpu_inventory_source),
-            aliases=tuple(sorted(self.gpu_model_aliases.items())),
-            stale_intervals=self.agent_stale_intervals,
-            max_temperature_c=self.gpu_max_temperature,
-            local_host=self.local_gpu_host,
-        )
-
     def share_enforcement_for(self, c: ServerLabels, allocator) -> tuple[dict, list]:
         """Env and mounts that carry a server's shares (none for whole GPUs)."""
         if not c.uuids or not c.milli:
@@ -296,53 +273,6 @@ class GPUSettings(LoggingConfigurable):
             hami_library=self.gpu_share_hami_library,
             mps_pipe_dir=self.gpu_share_mps_pipe_dir,
         )
-
-    def build_holdings(self) -> Holdings:
-        """The hub's holdings for these settings, built on first use. Raises
-        InventoryError or LedgerError for a configuration that cannot work."""
-        key = json.dumps(
-            [
-                self.gpu_inventory,
-                self.gpu_inventory_source,
-                self.gpu_model_aliases,
-                self.agent_stale_intervals,
-                self.gpu_max_temperature,
-                self.local_gpu_host,
-                self.gpu_sharing,
-                self._ledger_url(),
-            ],
-            sort_keys=True,
-            default=str,
-        )
-        owner = _OWNERS.get(key)
-        if owner is None:
-            cluster = GPUCluster(self._inventory_settings())
-            cluster.allocator.set_sharing(self.gpu_sharing)
-            owner = _OWNERS[key] = Holdings(
-                cluster,
-                Swarm(self.client, self.executor),
-                ledger=Ledger(self._ledger_url()),
-                name_for=_service_names(type(self), self.config),
-                stop_timeout=self.server_stop_timeout,
-            )
-            metrics.register_cluster(cluster)
-        return owner
-
-
-#: The hub's owners of holdings, by the settings they were built from.
-_OWNERS: dict[str, Holdings] = {}
-
-
-def _service_names(cls: type, config) -> Callable[[str, str], str]:
-    """The service name the hub gives a user's server, as its spawners
-    render dockerspawner's ``name_template``."""
-
-    @functools.lru_cache(maxsize=4096)
-    def name_for(user: str, server: str) -> str:
-        named = SimpleNamespace(name=server, display_name=server, server=None, state=None)
-        return cls(config=config, user=SimpleNamespace(name=user, id=0), orm_spawner=named).service_name
-
-    return name_for
 
 
 def _check_aliases(aliases) -> None:

@@ -13,21 +13,20 @@ The GPU settings are in :mod:`gpuspawner.settings`, the form in
 from __future__ import annotations
 
 import asyncio
-import inspect
 
 from dockerspawner import SwarmSpawner
 from jupyterhub.spawner import SpawnException
 from traitlets import default
 
-from . import metrics
+from . import hub_port, metrics
 from .access import Access
 from .allocator import AllocationRefused, Request
+from .app import GPUHub, HubConfigError
 from .budget import refusal as budget_refusal
 from .form import render_form
 from .holdings import Holding, HoldingBusy, Holdings
-from .inventory import InventoryError
 from .ledger import LedgerError
-from .line_wait import extend_start_timeout, line_of, refused_out_of_line, reserve_or_wait
+from .line_wait import extend_start_timeout, refused_out_of_line, reserve_or_wait
 from .options import OptionsError, options_from_form, parse_user_options
 from .progress import Progress
 from .reclaim_settings import ReclaimSettings
@@ -76,12 +75,16 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
     def host_network(self) -> bool:
         return self.network_name == HOST_NETWORK
 
+    @property
+    def gpu_hub(self) -> GPUHub:
+        """The hub's one owner of GPU state (every spawner and endpoint of the hub gets the same one)."""
+        return GPUHub.of_spawner(self)
+
     def holdings(self) -> Holdings:
-        """The hub's one owner of GPU holdings, built at first use from these
-        settings (every spawner and endpoint of the hub gets the same one)."""
+        """The hub's holdings (no swarm call)."""
         try:
-            return self.build_holdings()
-        except (InventoryError, LedgerError) as exc:
+            return self.gpu_hub.holdings
+        except HubConfigError as exc:
             self.log.error("%s", exc)
             raise spawn_error(
                 "GPU servers are unavailable: the hub's GPU configuration is invalid. Please tell an admin.",
@@ -93,11 +96,9 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
     async def _up_to_date(self) -> Holdings:
         """The holdings with fresh node status; at the hub's first use, rebuilt
         from what the swarm runs and what the ledger has open."""
-        owner = self.holdings()
+        self.holdings()  # a hub whose GPU settings cannot work: the message above
         try:
-            await owner.cluster.refresh(owner.swarm, self.log)
-            if not owner.rebuilt:
-                await owner.reconcile()
+            return await self.gpu_hub.up_to_date()
         except SwarmError as exc:
             raise spawn_error(
                 "The cluster cannot be reached right now; please try again in a minute.",
@@ -105,10 +106,6 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                 log_message=str(exc),
                 status_code=503,
             ) from exc
-        return owner
-
-    def _holding(self) -> Holding | None:
-        return self.holdings().get(self.service_name)
 
     async def _render_options_form(self) -> str:
         error = ""
@@ -130,7 +127,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         self._progress.report(message, progress)
 
     async def progress(self):
-        async for event in self._progress.follow(lambda: self._spawn_pending):
+        async for event in self._progress.follow(lambda: self.pending == "spawn"):
             yield event
 
     def _request(self, owner: Holdings, access: Access) -> tuple[Request | None, bool]:
@@ -174,7 +171,9 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
     async def start(self):
         self._progress.clear()
         name = self.service_name
-        async with refused_out_of_line(self.holdings(), name):
+        self.holdings()  # a hub whose GPU settings cannot work: the message above
+        line = self.gpu_hub.line
+        async with refused_out_of_line(line, name):
             owner = await self._up_to_date()
             access = self._access()
             request, wait = self._request(owner, access)
@@ -187,7 +186,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                 raise spawn_error(STALE, reason="stale_service", status_code=503)
         holding = await reserve_or_wait(
             self,
-            owner,
+            line,
             request and request.model,
             wait,
             lambda: self._reserve(owner, request, access.max_gpus, wait),
@@ -272,20 +271,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         """The admin's settings that go into the service, evaluated. One that
         could only conflict with what gpuspawner guarantees (validate_config
         refuses it at hub start) fails the spawn before any GPU is reserved."""
-        extra_create = self._eval_if_callable(self.extra_create_kwargs)
-        if inspect.isawaitable(extra_create):
-            extra_create = await extra_create
-        settings = dict(
-            environment=self.environment,
-            extra_container_spec=self.extra_container_spec,
-            extra_placement_spec=self.extra_placement_spec,
-            extra_task_spec=self.extra_task_spec,
-            extra_create_kwargs=self._render_templates(extra_create or {}),
-            extra_resources_spec=self.extra_resources_spec,
-            # as the spec will mount them: {source: {"bind": target, ...}}, templates filled in
-            volumes=self._volumes_to_binds(self.volumes, {}),
-            read_only_volumes=self._volumes_to_binds(self.read_only_volumes, {}, mode="ro"),
-        )
+        settings = await hub_port.admin_settings(self)
         conflicts = admin_conflicts(settings)
         if conflicts:
             detail = "gpuspawner configuration error: " + "; ".join(conflicts)
@@ -420,7 +406,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
 
     async def stop(self, now=False):
         owner = await self._up_to_date()
-        await line_of(owner).stopped(self.service_name)  # a cancelled wait in line
+        await self.gpu_hub.line.stopped(self.service_name)  # a cancelled wait in line
         if not await self._remove(owner):
             raise spawn_error(
                 f"Your server's service {self.service_name} could not be removed yet; please try again.",

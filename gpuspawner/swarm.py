@@ -8,6 +8,7 @@ of the package deals with plain records and one exception type.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
@@ -47,15 +48,36 @@ class Node:
 
 
 class Swarm:
-    def __init__(self, client: Any, executor: Executor):
-        self.client = client  # a docker.APIClient talking to a manager
+    """The swarm manager, through a docker.APIClient whose blocking calls run in
+    ``executor``. Built from a ``connect()`` that returns both instead, it
+    connects at its first call (off the event loop; a daemon that cannot be
+    reached then is a SwarmError like any other)."""
+
+    def __init__(self, client: Any, executor: Executor | None = None):
+        if executor is None:
+            self._connect: Callable[[], tuple[Any, Executor]] | None = client
+            self.client: Any = None
+        else:
+            self._connect, self.client = None, client  # a docker.APIClient talking to a manager
         self.executor = executor
 
+    async def _connected(self) -> tuple[Any, Executor | None]:
+        if self._connect is not None:
+            connect = self._connect
+            try:
+                client, executor = await asyncio.get_running_loop().run_in_executor(None, connect)
+            except (requests.RequestException, docker.errors.DockerException, OSError) as exc:
+                raise SwarmError(f"cannot reach the swarm manager: {exc}") from exc
+            if self._connect is connect:  # not connected by another call meanwhile
+                self.client, self.executor, self._connect = client, executor, None
+        return self.client, self.executor
+
     async def _call(self, method: str, *args, **kwargs):
-        fn = getattr(self.client, method)
+        client, executor = await self._connected()
+        fn = getattr(client, method)
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self.executor, lambda: fn(*args, **kwargs))
+            return await loop.run_in_executor(executor, lambda: fn(*args, **kwargs))
         except docker.errors.APIError as exc:
             status = exc.response.status_code if exc.response is not None else None
             raise SwarmError(f"swarm {method} failed: {exc.explanation or exc}", status) from exc

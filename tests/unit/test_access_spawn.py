@@ -187,6 +187,7 @@ def test_bad_rules_stop_the_hub_and_unknown_models_are_warned(caplog):
     assert "gpu_access names a model no GPU has: lab: Tesla T4" in caplog.text
 
 
+@pytest.mark.explore
 def test_a_budgeted_spawn_racing_a_staff_spawn_and_a_reconcile_every_interleaving(tmp_path):
     """The budget's ledger read is one more await before anything is reserved:
     under every schedule of a student's spawn (cancelled or not), a staff spawn of

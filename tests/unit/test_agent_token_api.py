@@ -17,8 +17,8 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 from traitlets.config import Config
 
-from gpuspawner import agent_tokens, hubconfig, metrics
-from gpuspawner import settings as settings_module
+from gpuspawner import agent_tokens
+from gpuspawner.app import KEY
 from gpuspawner.cli import main
 from gpuspawner.hubconfig import configure
 from gpuspawner.spawner import GPUSwarmSpawner
@@ -82,15 +82,14 @@ class Client:
 @pytest.fixture
 async def hub(monkeypatch, tmp_path):
     """A started hub's client, for a config built by the test: ``await hub(config)``."""
-    monkeypatch.setattr(metrics._collector, "find", metrics._collector.find)  # configure sets it
-    monkeypatch.setattr(settings_module, "_OWNERS", {})
     monkeypatch.chdir(tmp_path)
-    servers = []
+    servers, hubs = [], []
 
     async def start(config: Config) -> Client:
         app = JupyterHub()
         app.update_config(config)
         await app.initialize([])
+        hubs.append(app.tornado_settings[KEY])
         sockets = bind_sockets(0, "127.0.0.1")
         server = HTTPServer(app.tornado_application)
         server.add_sockets(sockets)
@@ -100,8 +99,8 @@ async def hub(monkeypatch, tmp_path):
     yield start
     for server in servers:
         server.stop()
-    for task in list(hubconfig._background):  # configure(c) started them in this test's loop
-        task.cancel()
+    for gpu_hub in hubs:  # configure(c) started its loops in this test's loop
+        await gpu_hub.stop()
 
 
 def b0():

@@ -18,6 +18,7 @@ from gpuspawner.cluster import GPUCluster, InventorySettings
 from gpuspawner.doctor import diagnose
 from gpuspawner.holdings import Holdings
 from gpuspawner.inventory import GPU
+from gpuspawner.reclaim import Reclaimer
 from gpuspawner.reports import ReportError, UUIDConflict, parse_report
 from gpuspawner.swarm import Node
 from tests.unit.test_cluster_views import served_map
@@ -217,8 +218,8 @@ class _Handler(ReportHandler):
     async def reporter(self):
         return None  # the shared agent token, allowed
 
-    def view(self):
-        return SimpleNamespace(holdings=lambda: self._holdings)
+    def gpu_hub(self):
+        return SimpleNamespace(holdings=self._holdings, reclaimer=Reclaimer(self._holdings))
 
     def set_header(self, *args):
         pass

@@ -85,8 +85,7 @@ def book(c: GPUCluster, holder: str, request: Request) -> None:
 
 
 def gauges(c: GPUCluster) -> dict[tuple[str, str, str], float]:
-    collector = metrics._ClusterCollector()
-    collector.clusters.append(c)
+    collector = metrics.DeviceGauges(lambda: c)
     return {(f.name, s.labels["host"], s.labels["model"]): s.value for f in collector.collect() for s in f.samples}
 
 

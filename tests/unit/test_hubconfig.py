@@ -17,13 +17,12 @@ from jupyterhub.app import JupyterHub
 from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 from traitlets.config import Config
 
-from gpuspawner import api, api_reclaim, metrics
+from gpuspawner import api, api_reclaim
 from gpuspawner.hubconfig import TEMPLATES, configure
 
 
 @pytest.fixture
 def hub(monkeypatch, tmp_path, caplog) -> JupyterHub:
-    monkeypatch.setattr(metrics._collector, "find", metrics._collector.find)  # configure sets it; put it back
     monkeypatch.chdir(tmp_path)  # whatever the hub writes, it writes here
     c = Config()
     c.JupyterHub.spawner_class = "gpuswarm"
@@ -78,7 +77,6 @@ def test_the_handlers_see_the_hubs_own_spawner_settings_scope_and_templates(hub)
 
 
 def test_the_admins_own_template_folders_come_first(tmp_path, monkeypatch):
-    monkeypatch.setattr(metrics._collector, "find", metrics._collector.find)  # configure sets it; put it back
     c = Config()
     c.JupyterHub.template_paths = [str(tmp_path)]
     configure(c)

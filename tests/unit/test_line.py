@@ -13,7 +13,7 @@ import pytest
 from jupyterhub.spawner import SpawnException
 from prometheus_client import REGISTRY
 
-from gpuspawner import line_wait
+from gpuspawner import hub_port, line_wait
 from gpuspawner.api import queue_json
 from gpuspawner.ledger import Ledger
 from gpuspawner.line import Waiter, by_model, estimate, fmt_duration, ordered, position
@@ -134,7 +134,7 @@ async def test_a_waiter_gets_the_gpu_its_holder_gives_back_and_the_next_moves_up
     await world.started(alice)
     bob, carol = world.spawner("bob", WAIT), world.spawner("carol", WAIT)
     bob_start = asyncio.ensure_future(world.started(bob))
-    await until(lambda: line_wait.line_of(world.owner).place(bob.service_name) == (A100, 1))
+    await until(lambda: world.hub.line.place(bob.service_name) == (A100, 1))
     carol_start = asyncio.ensure_future(carol.start())  # she never gets a task: no swarm to drive
     await until(lambda: any("number 2" in m for m in messages(carol)))
     assert messages(bob)[-1] == f"You are number 1 in line for {A100}"
@@ -151,18 +151,18 @@ async def test_a_waiter_gets_the_gpu_its_holder_gives_back_and_the_next_moves_up
     assert [w.user for w in Ledger(world.db_url).waiting()] == ["carol"]
     assert REGISTRY.get_sample_value("gpuspawner_line_length", {"model": A100}) == 1
     assert REGISTRY.get_sample_value("gpuspawner_wait_seconds_count", {"model": A100}) >= 1
-    lines = await queue_json(world.owner)
+    lines = await queue_json(world.hub.line)
     assert [(w["user"], w["position"], w["request"]) for w in lines[A100]] == [("carol", 1, WAIT)]
     assert admin_page(lines) == [["1", "carol", "", lines[A100][0]["since"]]]
     carol_start.cancel()  # the Cancel button
     with pytest.raises(asyncio.CancelledError):
         await carol_start
-    assert line_wait.line_of(world.owner).rows == []  # out of line at once
+    assert world.hub.line.rows == []  # out of line at once
     assert [w.user for w in Ledger(world.db_url).waiting()] == ["carol"]  # the row: until her server is stopped
     await carol.stop()  # as JupyterHub's DELETE does after cancelling
     assert Ledger(world.db_url).waiting() == []
     assert REGISTRY.get_sample_value("gpuspawner_line_length", {"model": A100}) == 0
-    assert await queue_json(world.owner) == {} and admin_page({}) == []
+    assert await queue_json(world.hub.line) == {} and admin_page({}) == []
     world.ledger_matches()
 
 
@@ -201,14 +201,14 @@ async def test_a_request_that_could_never_fit_does_not_enter_the_line(tmp_path):
 
 def test_waiting_spawns_hold_no_slot_of_the_concurrent_spawn_limit():
     settings = {"concurrent_spawn_limit": 3}
-    line_wait.hold_spawn_slot(settings, +1)
-    line_wait.hold_spawn_slot(settings, +1)
+    hub_port.hold_spawn_slot(settings, +1)
+    hub_port.hold_spawn_slot(settings, +1)
     assert settings["concurrent_spawn_limit"] == 5
-    line_wait.hold_spawn_slot(settings, -1)
-    line_wait.hold_spawn_slot(settings, -1)
+    hub_port.hold_spawn_slot(settings, -1)
+    hub_port.hold_spawn_slot(settings, -1)
     assert settings["concurrent_spawn_limit"] == 3
     unlimited = {"concurrent_spawn_limit": 0}
-    line_wait.hold_spawn_slot(unlimited, +1)
+    hub_port.hold_spawn_slot(unlimited, +1)
     assert unlimited["concurrent_spawn_limit"] == 0
 
 
@@ -231,7 +231,7 @@ def line_is_consistent(world: World, *waiters):
         clean(outcome)
         world.ledger_matches()
         # Whoever finished is out of line, in memory and in the ledger.
-        assert line_wait.line_of(world.owner).rows == []
+        assert world.hub.line.rows == []
         assert Ledger(world.db_url).waiting() == []
         for s in waiters:
             h = world.owner.get(s.service_name)
@@ -260,7 +260,7 @@ def waiting_scenario(run: Run, tmp_path, extra_events=None, seen=None, cancel=Tr
 
     def check(outcome):
         clean(outcome)
-        assert line_wait.line_of(world.owner).rows == [] and Ledger(world.db_url).waiting() == []
+        assert world.hub.line.rows == [] and Ledger(world.db_url).waiting() == []
         h = world.owner.get(bob.service_name)
         if seen is not None:  # served: the line reserved for him (his start may still fail after)
             served = any(m.startswith("Reserved") for m in messages(bob))
@@ -286,6 +286,7 @@ def waiting_scenario(run: Run, tmp_path, extra_events=None, seen=None, cancel=Tr
     )
 
 
+@pytest.mark.explore
 def test_cancel_during_the_wake_up_leaves_no_gpu_reserved_and_the_line_empty(tmp_path):
     seen: list[str] = []
     stats = random_schedules(lambda run: waiting_scenario(run, tmp_path, seen=seen), seed=14, n=150)
@@ -293,6 +294,7 @@ def test_cancel_during_the_wake_up_leaves_no_gpu_reserved_and_the_line_empty(tmp
     assert "CancelledError" in seen
 
 
+@pytest.mark.explore
 def test_a_release_racing_a_new_request_never_lets_it_go_ahead_of_the_waiter(tmp_path):
     """Carol (no gpu_wait) asks at any point: while bob waits she never gets the GPU."""
     ahead: list[bool] = []
@@ -301,7 +303,7 @@ def test_a_release_racing_a_new_request_never_lets_it_go_ahead_of_the_waiter(tmp
         async def start():
             s = world.spawner("carol", {"gpu_model": A100})
             await s.start()
-            ahead.append(line_wait.line_of(world.owner).place(bob.service_name) is not None)
+            ahead.append(world.hub.line.place(bob.service_name) is not None)
 
         return {"carol": start}
 

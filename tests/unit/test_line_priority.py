@@ -29,7 +29,7 @@ def world(tmp_path, rules=RULES) -> World:
 
 
 def place(w: World, spawner):
-    return line_wait.line_of(w.owner).place(spawner.service_name)
+    return w.hub.line.place(spawner.service_name)
 
 
 def rows(w: World) -> list[tuple[str, int]]:
@@ -113,7 +113,7 @@ async def test_a_request_the_rules_forbid_never_enters_the_line(tmp_path, groups
     with pytest.raises(SpawnException) as exc:
         await w.started(in_groups(w.spawner("gus", options), *groups))
     assert exc.value.status_code == 403 and exc.value.reason == "gpu_access"
-    assert rows(w) == [("stu", 0)] and [r.user for r in line_wait.line_of(w.owner).rows] == ["stu"]
+    assert rows(w) == [("stu", 0)] and [r.user for r in w.hub.line.rows] == ["stu"]
     await cancelled(ahead, ahead_start)
 
 
@@ -126,7 +126,7 @@ async def restarted_hub(tmp_path, rules=RULES) -> World:
     ledger = Ledger(w.db_url)
     ledger.enqueue("jupyter-stu", "stu", "", A100, 0, WAIT)
     ledger.enqueue("jupyter-prof", "prof", "", A100, 10, WAIT)
-    await line_wait.line_of(w.owner).load()  # as line_resume does, before the spawns are issued again
+    await w.hub.line.load()  # as line_resume does, before the spawns are issued again
     return w
 
 

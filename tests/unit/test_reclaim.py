@@ -11,7 +11,6 @@ import re
 
 import pytest
 
-from gpuspawner import reclaim
 from gpuspawner.idle import Limits
 from gpuspawner.ledger import Ledger
 from gpuspawner.reports import parse_report
@@ -52,15 +51,20 @@ def reading(util: dict, procs: dict, hostname="gpu-b"):
 
 
 async def two_servers(tmp_path, shares=None):
-    world = World(tmp_path, inventory=TWO_GPUS, gpu_sharing={A100: {"quantum": 0.05}})
+    clock = Clock()
+    world = World(
+        tmp_path,
+        inventory=TWO_GPUS,
+        clocks=dict(clock=clock, wall=lambda: 1_700_000_000.0 + clock.now),
+        gpu_sharing={A100: {"quantum": 0.05}},
+    )
     spawners = {}
     for user in ("alice", "bob"):
         options = {"gpu_model": A100, **({"gpu_share": shares} if shares else {})}
         spawners[user] = s = world.spawner(user, options)
         await world.started(s)
     owner = world.owner
-    clock = Clock()
-    found = reclaim.Reclaimer(owner, clock=clock, wall=lambda: 1_700_000_000.0 + clock.now)
+    found = world.hub.reclaimer  # the one the hub's allocation map reads
     found.limits_for = lambda h: LIMITS
     stopped = []
 
@@ -233,7 +237,7 @@ def test_the_settings_become_the_limits_of_each_server():
     s = GPUSwarmSpawner(
         gpu_idle_timeout=7200, gpu_idle_threshold={"memory_mib": 500}, gpu_max_hours=8, gpu_max_hours_warning=60
     )
-    assert s._reclaim_limits() == Limits(
+    assert s.reclaim_limits() == Limits(
         idle_timeout=7200,
         idle_warning=900,
         idle_utilization=5,
@@ -241,7 +245,7 @@ def test_the_settings_become_the_limits_of_each_server():
         max_held=8 * 3600,
         max_held_warning=60,
     )
-    assert GPUSwarmSpawner()._reclaim_limits() == Limits()  # off by default
+    assert GPUSwarmSpawner().reclaim_limits() == Limits()  # off by default
 
 
 async def test_a_gpu_in_mig_mode_is_not_judged(tmp_path):
@@ -269,7 +273,7 @@ def test_a_users_access_rules_set_their_idle_and_held_time_limits():
         user = SimpleNamespace(name="u", id=1, url="/user/u/", groups=[SimpleNamespace(name=g) for g in groups])
         return GPUSwarmSpawner(user=user, gpu_access=rules, gpu_idle_timeout=7200, gpu_max_hours=8)
 
-    student = spawner("students")._reclaim_limits()
+    student = spawner("students").reclaim_limits()
     assert (student.idle_timeout, student.idle_utilization, student.max_held) == (1800, 10, 4 * 3600)
-    other = spawner()._reclaim_limits()  # "*" sets none of them: the hub's own settings
+    other = spawner().reclaim_limits()  # "*" sets none of them: the hub's own settings
     assert (other.idle_timeout, other.idle_utilization, other.max_held) == (7200, 5, 8 * 3600)

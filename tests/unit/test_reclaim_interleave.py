@@ -1,6 +1,6 @@
 """Idle reclaim's stops against the user's own Stop and spawn, the reconcile and
 GPU activity, under the deterministic scheduler (tests/interleave.py): the real
-spawner, holdings, reclaimer, ``stop_through_hub`` and SQLite ledger over the
+spawner, holdings, reclaimer, ``hub_port.stop_server`` and SQLite ledger over the
 Docker fake, with JupyterHub's user and proxy as small fakes. Under every
 schedule explored, alice's holding is released at most once and her ledger row
 closed at most once with one reason, and bob's server is not touched."""
@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
 from jupyterhub import orm
 
-from gpuspawner import reclaim, reclaim_hub
+from gpuspawner import hub_port, reclaim
 from gpuspawner.holdings import Phase
 from gpuspawner.idle import IDLE, Limits
 from gpuspawner.ledger import Ledger
@@ -57,19 +58,19 @@ class Hub:
             s.orm_spawner.server = running_row(s.user.name)
         self.users = {"alice": User(self.alice), "bob": User(self.bob)}
         app = SimpleNamespace(users=self.users, proxy=SimpleNamespace(delete_user=self._unroute))
-        monkeypatch.setattr(reclaim_hub, "_app", lambda: app)
+        monkeypatch.setattr(hub_port, "running_hub", lambda: app)
         self.owner = w.owner
         self.clock = Clock()
         self.clock.now = 0.0
         self.found = reclaim.Reclaimer(self.owner, clock=self.clock, wall=lambda: 1_700_000_000.0 + self.clock.now)
         self.found.limits_for = lambda h: LIMITS
         self.found.stop = self._reclaim_stop
-        self.reclaim_stops: list[object] = []  # what each stop_through_hub of the reclaim gave
+        self.reclaim_stops: list[object] = []  # what each hub_port.stop_server of the reclaim gave
         self.ready = asyncio.Event()
 
     async def _reclaim_stop(self, h, reason) -> bool:
         try:
-            stopped = await reclaim_hub.stop_through_hub(h, reason)
+            stopped = await hub_port.stop_server(hub_port.running_hub(), h.labels.user, h.labels.server)
         except Exception:
             self.reclaim_stops.append("raised")
             raise
@@ -140,6 +141,7 @@ class Hub:
         assert self.bob.active and not [r for r in Ledger(self.world.db_url).history(user="bob") if r.ended_at]
 
 
+@pytest.mark.explore
 def test_a_reclaim_racing_the_users_stop_and_a_reconcile(tmp_path, monkeypatch):
     reasons = set()  # the end reasons the schedules came to
 
@@ -216,6 +218,7 @@ def test_a_reclaim_whose_container_lingers_keeps_its_reason_when_the_reconcile_e
     assert stats.schedules == 5
 
 
+@pytest.mark.explore
 def test_activity_between_the_decision_and_the_stop_keeps_the_server(tmp_path, monkeypatch):
     """bob, also idle past his warning, uses his GPU while alice's stop runs (his
     reading lands as alice's route is taken off the proxy): he stays."""
@@ -240,7 +243,7 @@ def test_activity_between_the_decision_and_the_stop_keeps_the_server(tmp_path, m
                 hub.report()  # bob busy now
 
         hub._unroute = unroute
-        app = reclaim_hub._app()
+        app = hub_port.running_hub()
         app.proxy.delete_user = unroute
         return Scenario(
             ops={"setup": setup, "reclaim": lambda: hub.after_setup(hub.found.check)},
@@ -252,6 +255,7 @@ def test_activity_between_the_decision_and_the_stop_keeps_the_server(tmp_path, m
     assert stats.schedules == 60
 
 
+@pytest.mark.explore
 def test_a_respawn_during_the_reclaim_starts_its_idle_time_afresh(tmp_path, monkeypatch):
     """The user stops alice's server as the reclaim is about to, and starts it
     again before the next check: the new server is not stopped for the old one's
