@@ -16,11 +16,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import gpuspawner
-from gpuspawner.allocator import Allocator
-from gpuspawner.form import render_form
-from gpuspawner.inventory import parse_inventory
-from gpuspawner.ledger import Ledger
-from gpuspawner.ledger_migrations import current, head
+from gpuspawner.allocator.allocator import Allocator
+from gpuspawner.core.inventory import parse_inventory
+from gpuspawner.ledger.ledger import Ledger
+from gpuspawner.ledger.migrations import current, head
+from gpuspawner.spawn.form import render_form
 
 MODEL = "NVIDIA GeForce GTX 1070"
 UUID = "GPU-5d1c6f2e-0000-4000-8000-000000000001"

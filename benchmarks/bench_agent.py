@@ -72,7 +72,7 @@ def fake_proc(root: Path, report: dict) -> None:
 def attribution_cpu_us(nvml, cycles: int) -> float:
     """The attribution's CPU per cycle, steady state: each process's cgroup read from
     /proc, its container's labels from the cache (dockerd is asked once per container)."""
-    from gpuspawner.agent_attribution import SERVICE_LABEL, Attributor
+    from gpuspawner.agent.attribution import SERVICE_LABEL, Attributor
 
     with tempfile.TemporaryDirectory(prefix="bench-proc-") as proc:
         fake_proc(Path(proc), nvml.read())
@@ -86,8 +86,8 @@ def attribution_cpu_us(nvml, cycles: int) -> float:
 
 def inner_probe(cycles: int) -> dict:
     """Runs inside the process that loaded the fake: times the agent's own read and encode."""
-    from gpuspawner.agent_nvml import Nvml
-    from gpuspawner.agent_report import encode_report
+    from gpuspawner.agent.nvml import Nvml
+    from gpuspawner.agent.report import encode_report
 
     nvml = Nvml()
     nvml.open()
@@ -145,7 +145,7 @@ def full_cycles(env: dict, cycles: int, token_file: Path) -> dict:
             [
                 sys.executable,
                 "-m",
-                "gpuspawner.agent",
+                "gpuspawner.agent.command",
                 "run",
                 "--hub-url",
                 sink.url(),

@@ -52,8 +52,8 @@ import time
 import tracemalloc
 from dataclasses import asdict, dataclass, field
 
-from gpuspawner.allocator import ALL, AllocationRefused, Allocator, Request
-from gpuspawner.inventory import GPU
+from gpuspawner.allocator.allocator import ALL, AllocationRefused, Allocator, Request
+from gpuspawner.core.inventory import GPU
 
 # (model, memory MiB, share of nodes)
 MODELS = [

@@ -30,9 +30,9 @@ from collections.abc import Iterable
 from benchmarks import bench_shares
 from benchmarks.bench_shares import MODEL, SHARING, churn
 from benchmarks.impl import THIS, Impl
-from gpuspawner.allocator import Request
-from gpuspawner.inventory import GPU
-from gpuspawner.sharing import UNIT, split_evenly, to_milli
+from gpuspawner.allocator.allocator import Request
+from gpuspawner.core.inventory import GPU
+from gpuspawner.core.sharing import UNIT, split_evenly, to_milli
 
 __all__ = ["FLOOR", "Floor", "FloorRefused"]
 

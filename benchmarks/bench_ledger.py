@@ -22,8 +22,8 @@ import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 
-from gpuspawner.ledger import Ledger
-from gpuspawner.ledger_schema import allocation_devices, allocations
+from gpuspawner.ledger.ledger import Ledger
+from gpuspawner.ledger.schema import allocation_devices, allocations
 
 MODELS = ["NVIDIA GeForce GTX 1070", "NVIDIA A100 80GB PCIe", "NVIDIA Tesla T4", "NVIDIA H100 80GB HBM3"]
 

@@ -59,11 +59,11 @@ import jinja2
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpuspawner import metrics
-from gpuspawner.allocator import AllocationRefused, Request
-from gpuspawner.api import gpu_page
-from gpuspawner.cluster import GPUCluster, InventorySettings
-from gpuspawner.reports import parse_report
-from gpuspawner.views import batches
+from gpuspawner.allocator.allocator import AllocationRefused, Request
+from gpuspawner.cluster.cluster import GPUCluster, InventorySettings
+from gpuspawner.cluster.host_views import batches
+from gpuspawner.core.reports import parse_report
+from gpuspawner.web.api import gpu_page
 
 from .bench_allocator import MODELS, SHARING
 

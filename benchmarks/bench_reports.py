@@ -23,8 +23,8 @@ import random
 import statistics
 import time
 
-from gpuspawner.cluster import GPUCluster, InventorySettings
-from gpuspawner.reports import parse_report
+from gpuspawner.cluster.cluster import GPUCluster, InventorySettings
+from gpuspawner.core.reports import parse_report
 
 
 def body(host: int, temperature: int, sick: int | None) -> bytes:

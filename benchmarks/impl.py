@@ -20,7 +20,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuspawner import allocator, inventory
+from gpuspawner.allocator import allocator
+from gpuspawner.core import inventory
 
 __all__ = ["THIS", "Impl", "load"]
 

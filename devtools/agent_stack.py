@@ -83,7 +83,7 @@ def local_stack(
     )
     command = service["command"]
     assert command[0] == "gpuspawner-agent"
-    command[:1] = [sys.executable, "-m", "gpuspawner.agent"]
+    command[:1] = [sys.executable, "-m", "gpuspawner.agent.command"]
     command[command.index("--hub-url") + 1] = hub_url
     command[command.index("--interval") + 1] = str(interval)
     return stack

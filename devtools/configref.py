@@ -27,16 +27,16 @@ from pathlib import Path
 from traitlets import Container, Dict, Enum, Float, HasTraits, Int, TraitType, Tuple, Union
 from traitlets.traitlets import DefaultHandler
 
-from gpuspawner.spawner import GPUSwarmSpawner
+from gpuspawner.spawn.spawner import GPUSwarmSpawner
 
 COMMAND = "python -m devtools.configref --write docs/configuration.md"
 DOCKERSPAWNER_DOCS = "https://jupyterhub-dockerspawner.readthedocs.io/en/latest/api/index.html"
 JUPYTERHUB_DOCS = "https://jupyterhub.readthedocs.io/en/stable/reference/api/spawner.html"
 # The group headings, by defining module; a module not named here is headed by its own name.
 GROUP_TITLES = {
-    "gpuspawner.spawner": "The spawner",
-    "gpuspawner.settings": "GPU settings",
-    "gpuspawner.reclaim_settings": "Reclaim settings: idle and held-time limits",
+    "gpuspawner.spawn.spawner": "The spawner",
+    "gpuspawner.hub.settings": "GPU settings",
+    "gpuspawner.reclaim.settings": "Reclaim settings: idle and held-time limits",
 }
 
 
@@ -138,6 +138,11 @@ def gpuspawner_classes(root: type[HasTraits] = GPUSwarmSpawner) -> Iterator[type
             yield cls
 
 
+def _anchor(module: str) -> str:
+    """A group's link target: its module's path in the package (hub-settings, reclaim-settings)."""
+    return module.removeprefix("gpuspawner.").replace(".", "-")
+
+
 def settings(root: type[HasTraits] = GPUSwarmSpawner) -> list[Setting]:
     """Every configurable trait gpuspawner defines, grouped by module (in MRO
     order), sorted by name within a group. A trait defined twice counts where
@@ -195,11 +200,10 @@ def render(root: type[HasTraits] = GPUSwarmSpawner) -> str:
     groups = list(dict.fromkeys(s.module for s in items))
     for module in groups:
         names = ", ".join(f"[`{s.name}`](#{s.name})" for s in items if s.module == module)
-        out.append(f"- [{GROUP_TITLES.get(module, module)}](#{module.rpartition('.')[2]}): {names}")
+        out.append(f"- [{GROUP_TITLES.get(module, module)}](#{_anchor(module)}): {names}")
     out.append("")
     for module in groups:
-        short = module.rpartition(".")[2]
-        out += [f'<a id="{short}"></a>', "", f"## {GROUP_TITLES.get(module, module)} (`{module}`)", ""]
+        out += [f'<a id="{_anchor(module)}"></a>', "", f"## {GROUP_TITLES.get(module, module)} (`{module}`)", ""]
         intro = group_intro(module, root)
         if intro:
             out += [intro, ""]

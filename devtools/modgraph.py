@@ -1,7 +1,9 @@
-"""The gpuspawner package's import graph, read from its source.
+"""The gpuspawner package's import graph, read from its source, and its layers.
 
-The unit tests check it for cycles; CONTRIBUTING.md shows it as a Mermaid
-flowchart between two marker comments::
+The unit tests check the module graph for cycles and the layers for imports that
+go up (tests/unit/test_import_graph.py); CONTRIBUTING.md shows the layers (each
+subpackage, or top-level module, and what it imports) as a Mermaid flowchart
+between two marker comments::
 
     python -m devtools.modgraph                          # print the flowchart
     python -m devtools.modgraph --write CONTRIBUTING.md  # refresh it in place
@@ -54,19 +56,54 @@ def graph() -> dict[str, set[str]]:
     }
 
 
+#: The layers, lowest first: a part (a subpackage, or a module at the package's top) imports
+#: only parts of lower layers. Parts in one layer do not import each other.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("_version", "core"),  # pure values and rules
+    ("metrics", "hub_port"),  # Prometheus collectors; the one contact with JupyterHub's internals
+    ("allocator", "agent"),  # placement decisions; the node agent
+    ("cluster", "ledger"),  # the swarm seam, nodes, reports and views; the database
+    ("holdings",),  # who holds what
+    ("line", "reclaim"),  # the waiting line; idle reclaim
+    ("hub",),  # GPUHub and the settings it is built from
+    ("spawn",),  # GPUSwarmSpawner, its form and messages
+    ("web",),  # the endpoints and pages
+    ("hubconfig", "cli", "gpuspawner"),  # configure(c); the admin's command line; the package's public names
+)
+
+
+def part(module: str) -> str:
+    """The layer part a module belongs to: its subpackage or top-level module."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "gpuspawner"
+
+
+def layer_of(name: str) -> int:
+    return next(i for i, names in enumerate(LAYERS) if name in names)
+
+
+def parts_graph(g: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Part -> the other parts its modules import."""
+    out: dict[str, set[str]] = {}
+    for module, imported in g.items():
+        out.setdefault(part(module), set()).update(part(m) for m in imported if part(m) != part(module))
+    return out
+
+
 def mermaid(g: dict[str, set[str]]) -> str:
-    """A flowchart, importers above what they import: each module once, then
-    each import; sorted, so that the same graph always prints the same text."""
-
-    def label(name: str) -> str:
-        return "gpuspawner/__init__" if name == "gpuspawner" else name.removeprefix("gpuspawner.")
-
-    def ident(name: str) -> str:
-        return label(name).replace(".", "_").replace("/", "_")
-
+    """A flowchart of the parts, importers above what they import, each with its number of
+    modules; sorted, so that the same graph always prints the same text."""
+    counts: dict[str, int] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "versions" not in path.parts:
+            counts[part(module_name(path))] = counts.get(part(module_name(path)), 0) + 1
+    parts = parts_graph(g)
     lines = ["flowchart TD"]
-    lines += [f'    {ident(name)}["{label(name)}"]' for name in sorted(g)]
-    lines += [f"    {ident(a)} --> {ident(b)}" for a in sorted(g) for b in sorted(g[a])]
+    for name in sorted(parts):
+        what = f"{name}/ ({counts[name]} modules)" if counts[name] > 1 else f"{name}.py"
+        what = "__init__.py" if name == "gpuspawner" else what
+        lines.append(f'    {name}["{what}"]')
+    lines += [f"    {a} --> {b}" for a in sorted(parts) for b in sorted(parts[a])]
     return "\n".join(lines)
 
 

@@ -6,10 +6,10 @@
     configure(c)
 
 checks gpuspawner's settings at once (see
-:func:`gpuspawner.settings.validate_config`), so that a wrong setting stops the
+:func:`gpuspawner.hub.settings.validate_config`), so that a wrong setting stops the
 hub at start with one line; builds the hub's one
-:class:`~gpuspawner.app.GPUHub` and keeps it in the hub's tornado settings;
-registers gpuspawner's endpoints and admin page (see ``api.py``), defines the
+:class:`~gpuspawner.hub.app.GPUHub` and keeps it in the hub's tornado settings;
+registers gpuspawner's endpoints and admin page (see ``web/api.py``), defines the
 ``custom:gpuspawner:report`` scope that node agents' tokens get, adds the
 admin page's template folder, and, inside the running hub, starts the hub's
 background loops. Call it at the end of the file, after the
@@ -30,9 +30,9 @@ TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates"
 
 
 def configure(c) -> None:
-    from . import api, api_reclaim, home_budget
-    from .app import KEY, GPUHub
-    from .settings import validate_config
+    from gpuspawner.hub.app import KEY, GPUHub
+    from gpuspawner.hub.settings import validate_config
+    from gpuspawner.web import api, api_reclaim, home_budget
 
     validate_config(c)
     try:
@@ -61,7 +61,7 @@ def configure(c) -> None:
 def _spawner_class(c) -> type:
     """The hub's spawner class where it is a GPUSwarmSpawner (a subclass, or a
     name that JupyterHub resolves later: GPUSwarmSpawner itself)."""
-    from .spawner import GPUSwarmSpawner
+    from gpuspawner.spawn.spawner import GPUSwarmSpawner
 
     cls = c.JupyterHub.get("spawner_class")
     return cls if isinstance(cls, type) and issubclass(cls, GPUSwarmSpawner) else GPUSwarmSpawner

@@ -2,7 +2,7 @@
 swarm manager, behaving like the daemon where the hub's bookkeeping depends
 on it.
 
-Only the methods that ``gpuspawner.swarm.Swarm`` and dockerspawner's
+Only the methods that ``gpuspawner.cluster.swarm.Swarm`` and dockerspawner's
 ``SwarmSpawner`` call are here, with docker-py's signatures: ``nodes``,
 ``services``, ``inspect_service``, ``create_service``, ``remove_service``,
 ``tasks`` and ``inspect_image``. Anything the fake does not model (a filter,

@@ -14,7 +14,7 @@ import yaml
 
 from devtools import browser as browser_harness
 from devtools.hub import REPO
-from gpuspawner.ledger import Ledger
+from gpuspawner.ledger.ledger import Ledger
 from tests.ci import skip_or_fail
 from tests.integration.support import hub_on, login, services_of, spawn_ready
 from tests.integration.test_browser import by, log_in, open_form

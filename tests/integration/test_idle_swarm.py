@@ -12,7 +12,7 @@ from datetime import datetime
 import pytest
 
 from devtools import agent_stack, fakenvml
-from gpuspawner.ledger import Ledger
+from gpuspawner.ledger.ledger import Ledger
 from tests.integration.support import hub_on, login, services_of, spawn_ready, wait_until
 from tests.integration.test_agents_on_nodes import GPU_B
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from gpuspawner.ledger import Ledger
+from gpuspawner.ledger.ledger import Ledger
 from tests.integration.support import hub_on, services_of, spawn_ready
 
 A100 = "NVIDIA A100 80GB PCIe"

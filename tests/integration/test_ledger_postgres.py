@@ -12,7 +12,7 @@ import itertools
 
 import pytest
 
-from gpuspawner.ledger import Ledger, LedgerError
+from gpuspawner.ledger.ledger import Ledger, LedgerError
 from tests.unit.test_ledger import LedgerContract, at, gpu
 
 _databases = itertools.count(1)

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from devtools.hub import REPO
-from gpuspawner.cluster import NODES_MAX_AGE
+from gpuspawner.cluster.cluster import NODES_MAX_AGE
 from tests.integration.support import hub_on, login, services_of, spawn_ready
 
 A100 = "NVIDIA A100 80GB PCIe"

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gpuspawner.cluster import NODES_MAX_AGE
+from gpuspawner.cluster.cluster import NODES_MAX_AGE
 from tests.integration.support import hub_on, wait_until
 
 MODEL = "NVIDIA A100 80GB PCIe"

@@ -16,8 +16,8 @@ from jupyterhub.spawner import SpawnException
 from prometheus_client import REGISTRY
 from traitlets.config import Config
 
-from gpuspawner.ledger import Ledger, LedgerError
-from gpuspawner.settings import validate_config
+from gpuspawner.hub.settings import validate_config
+from gpuspawner.ledger.ledger import Ledger, LedgerError
 from tests.interleave import Run, Scenario, explore
 from tests.unit.test_holdings import A100, World, check_all
 

@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from gpuspawner.agent_attribution import SERVICE_LABEL, Attributor, DockerLabels, container_id
-from gpuspawner.reports import ReportError, parse_report
+from gpuspawner.agent.attribution import SERVICE_LABEL, Attributor, DockerLabels, container_id
+from gpuspawner.core.reports import ReportError, parse_report
 from tests.unit.test_reports import device, report
 
 CID = "4f701f36483a981eba27c31c2ce96971fea18ab9230179ef6fca70c13849e687"

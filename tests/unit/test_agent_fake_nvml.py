@@ -107,7 +107,12 @@ def run_agent(args, lib_dir, devices=None, **extra_env) -> subprocess.CompletedP
     # PYTHONPATH: works without `pip install -e .` too
     env = fakenvml.process_env(lib_dir, devices, PYTHONPATH=str(REPO), **extra_env)
     return subprocess.run(
-        [sys.executable, "-m", "gpuspawner.agent", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "gpuspawner.agent.command", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -247,22 +252,24 @@ def test_build_is_cached(fake_lib_dir):
     assert lib.stat().st_mtime_ns == before
 
 
-def test_agent_modules_import_neither_docker_nor_jupyterhub():
-    paths = sorted((REPO / "gpuspawner").glob("agent*.py"))
-    assert REPO / "gpuspawner" / "agent.py" in paths
+def test_agent_modules_import_neither_docker_nor_jupyterhub_nor_the_hubs_side():
+    paths = sorted((REPO / "gpuspawner" / "agent").glob("*.py"))
+    assert REPO / "gpuspawner" / "agent" / "command.py" in paths
     imported = set()
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
-                imported.update(a.name.split(".")[0] for a in node.names)
+                imported.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module:
-                imported.add(node.module.split(".")[0])
-    assert not imported & {"docker", "jupyterhub", "dockerspawner"}
+                imported.add(node.module)
+    assert not {m.split(".")[0] for m in imported} & {"docker", "jupyterhub", "dockerspawner"}
+    ours = {m for m in imported if m.startswith("gpuspawner.")}
+    assert all(m.startswith(("gpuspawner.agent.", "gpuspawner.core.", "gpuspawner._version")) for m in ours), ours
 
 
 def test_the_agent_runs_without_docker_or_jupyterhub_loaded():
     # GPU nodes need not have the hub's packages: importing the agent (through
     # the package) must not load them.
-    code = "import sys, gpuspawner.agent; print(sorted({'docker', 'jupyterhub', 'dockerspawner'} & set(sys.modules)))"
+    code = "import sys, gpuspawner.agent.command; print(sorted({'docker', 'jupyterhub', 'dockerspawner'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -7,13 +7,13 @@ import json
 import pytest
 
 import gpuspawner
-from gpuspawner import agent_hub
-from gpuspawner.agent import build_parser
-from gpuspawner.agent_errors import AgentError
-from gpuspawner.agent_hub import read_token, report_url
-from gpuspawner.agent_loop import backoff_delay
-from gpuspawner.agent_nvml import mig_profile_from_attributes, mig_profile_from_name, reading_problems
-from gpuspawner.agent_report import docker_default_runtime, encode_report
+from gpuspawner.agent import hub as agent_hub
+from gpuspawner.agent.command import build_parser
+from gpuspawner.agent.errors import AgentError
+from gpuspawner.agent.hub import read_token, report_url
+from gpuspawner.agent.loop import backoff_delay
+from gpuspawner.agent.nvml import mig_profile_from_attributes, mig_profile_from_name, reading_problems
+from gpuspawner.agent.report import docker_default_runtime, encode_report
 
 
 @pytest.mark.parametrize(

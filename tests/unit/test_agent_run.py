@@ -56,7 +56,7 @@ def start_agent(args, lib_dir, devices=None, **extra_env) -> subprocess.Popen:
         if key not in extra_env:
             env.pop(key, None)
     return subprocess.Popen(
-        [sys.executable, "-m", "gpuspawner.agent", "run", *args],
+        [sys.executable, "-m", "gpuspawner.agent.command", "run", *args],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -86,7 +86,7 @@ def log_lines(stderr: str) -> list[str]:
 def probe(lib_dir, devices) -> dict:
     env = fakenvml.process_env(lib_dir, devices, PYTHONPATH=str(REPO))
     out = subprocess.run(
-        [sys.executable, "-m", "gpuspawner.agent", "probe"],
+        [sys.executable, "-m", "gpuspawner.agent.command", "probe"],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import yaml
 
-from gpuspawner.agent import HOSTNAME_ENV, build_parser
-from gpuspawner.agent_hub import report_url
+from gpuspawner.agent.command import HOSTNAME_ENV, build_parser
+from gpuspawner.agent.hub import report_url
 
 STACK = Path(__file__).resolve().parents[2] / "examples" / "agent-stack.yml"
 

@@ -17,11 +17,11 @@ from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 from traitlets.config import Config
 
-from gpuspawner import agent_tokens
-from gpuspawner.app import KEY
 from gpuspawner.cli import main
+from gpuspawner.core import agent_tokens
+from gpuspawner.hub.app import KEY
 from gpuspawner.hubconfig import configure
-from gpuspawner.spawner import GPUSwarmSpawner
+from gpuspawner.spawn.spawner import GPUSwarmSpawner
 from tests.fakedocker import FakeDocker
 from tests.unit.test_reports import device, report
 

@@ -1,4 +1,4 @@
-"""Node agents' tokens (gpuspawner.agent_tokens): their shape, digest and host rule (pure)."""
+"""Node agents' tokens (gpuspawner.core.agent_tokens): their shape, digest and host rule (pure)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from gpuspawner import agent_tokens as t
+from gpuspawner.core import agent_tokens as t
 
 
 def test_a_new_token_carries_32_random_bytes_after_its_prefix():

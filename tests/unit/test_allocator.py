@@ -1,4 +1,4 @@
-"""Table-driven tests of gpuspawner.allocator: policies, pinning, limits, refusals, adopt.
+"""Table-driven tests of gpuspawner.allocator.allocator: policies, pinning, limits, refusals, adopt.
 
 The edge cases at the end were bugs once; they stay as regression tests.
 """
@@ -11,10 +11,19 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from gpuspawner.allocator import ALL, POLICIES, AdoptReason, Allocation, AllocationRefused, Allocator, Refusal, Request
-from gpuspawner.inventory import GPU
-from gpuspawner.inventory_files import load_inventory
-from gpuspawner.sharing import UNIT
+from gpuspawner.allocator.allocator import (
+    ALL,
+    POLICIES,
+    AdoptReason,
+    Allocation,
+    AllocationRefused,
+    Allocator,
+    Refusal,
+    Request,
+)
+from gpuspawner.core.inventory import GPU
+from gpuspawner.core.inventory_files import load_inventory
+from gpuspawner.core.sharing import UNIT
 
 GTX = "NVIDIA GeForce GTX 1070"
 A100 = "NVIDIA A100 80GB PCIe"

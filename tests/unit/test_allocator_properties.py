@@ -18,9 +18,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from gpuspawner.allocator import ALL, AdoptProblem, AdoptReason, Allocation, AllocationRefused, Allocator, Request
-from gpuspawner.inventory import GPU
-from gpuspawner.sharing import UNIT
+from gpuspawner.allocator.allocator import (
+    ALL,
+    AdoptProblem,
+    AdoptReason,
+    Allocation,
+    AllocationRefused,
+    Allocator,
+    Request,
+)
+from gpuspawner.core.inventory import GPU
+from gpuspawner.core.sharing import UNIT
 
 MODELS = ["NVIDIA GeForce GTX 1070", "NVIDIA A100 80GB PCIe", "NVIDIA Tesla T4"]
 MEMORY = {MODELS[0]: 8192, MODELS[1]: 81920, MODELS[2]: 15360}

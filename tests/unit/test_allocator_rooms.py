@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import random
 
-from gpuspawner.allocator_rooms import Rooms, first_of
+from gpuspawner.allocator.rooms import Rooms, first_of
 
 
 def test_rooms_agree_with_one_sorted_list_through_random_changes():

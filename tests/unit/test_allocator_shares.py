@@ -14,9 +14,9 @@ from fractions import Fraction
 
 import pytest
 
-from gpuspawner.allocator import ALL, AdoptReason, AllocationRefused, Allocator, Refusal, Request
-from gpuspawner.inventory import GPU
-from gpuspawner.sharing import UNIT, fmt, to_milli
+from gpuspawner.allocator.allocator import ALL, AdoptReason, AllocationRefused, Allocator, Refusal, Request
+from gpuspawner.core.inventory import GPU
+from gpuspawner.core.sharing import UNIT, fmt, to_milli
 
 A100 = "NVIDIA A100 80GB PCIe"
 T4 = "NVIDIA Tesla T4"
@@ -641,7 +641,7 @@ def test_a_share_of_at_most_one_gpu_stays_on_one_device_unless_split_small(shari
 
 def test_a_refusal_counts_free_room_only_up_to_the_request():
     """Telling no_device_room from total_free_below needs the total only when it is below the request."""
-    from gpuspawner.allocator_refusals import _free_up_to
+    from gpuspawner.allocator.refusals import _free_up_to
 
     alloc = booked({f"h{i}": [0.6, 0.6] for i in range(50)}, SPLIT)
     mi = alloc._index.models[A100]
@@ -672,7 +672,7 @@ def test_the_models_a_share_may_go_to_follow_policy_and_inventory_changes():
 def test_a_split_goes_where_the_tightest_partly_booked_device_is_on_hosts_of_one_model(monkeypatch, scan_hosts):
     """Two models, one host each: no split ranks are kept (each host's devices
     are looked at directly), and the answer is the one the ranks give (scan_hosts=0)."""
-    from gpuspawner import allocator_index
+    from gpuspawner.allocator import index as allocator_index
 
     monkeypatch.setattr(allocator_index, "SCAN_HOSTS", scan_hosts)
     state = {"a": [(A100, 0.1), (A100, 0.4)], "b": [(T4, 0.3), (T4, 0.3)]}  # rooms 0.9, 0.6 / 0.7, 0.7

@@ -32,12 +32,12 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from gpuspawner import allocator_index
-from gpuspawner.allocator import ALL, AllocationRefused, Allocator, Request
-from gpuspawner.allocator_index import DeviceIndex
-from gpuspawner.allocator_types import EVEN_SPLIT, ONE_DEVICE, UNEVEN_SPLIT
-from gpuspawner.inventory import GPU
-from gpuspawner.sharing import UNIT, SharingPolicy, split_evenly, to_milli
+from gpuspawner.allocator import index as allocator_index
+from gpuspawner.allocator.allocator import ALL, AllocationRefused, Allocator, Request
+from gpuspawner.allocator.index import DeviceIndex
+from gpuspawner.allocator.records import EVEN_SPLIT, ONE_DEVICE, UNEVEN_SPLIT
+from gpuspawner.core.inventory import GPU
+from gpuspawner.core.sharing import UNIT, SharingPolicy, split_evenly, to_milli
 from tests.unit.test_allocator_properties import HOSTNAMES, MEMORY, MODELS, OWNERS, Reference, inventories
 from tests.unit.test_allocator_properties import SETTINGS as WHOLE_SETTINGS
 

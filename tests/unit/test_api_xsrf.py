@@ -20,7 +20,7 @@ from jupyterhub.handlers.base import BaseHandler
 from tornado import web
 from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 
-from gpuspawner.api import handlers
+from gpuspawner.web.api import handlers
 
 POSTING = list(dict.fromkeys(h for _, h in handlers if "post" in vars(h) or "delete" in vars(h)))
 

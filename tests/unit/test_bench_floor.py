@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.bench_floor import Floor, FloorRefused, compare, table
 from benchmarks.bench_shares import SHARING, draw, inventory
-from gpuspawner.allocator import AllocationRefused, Allocator, Request
+from gpuspawner.allocator.allocator import AllocationRefused, Allocator, Request
 
 
 def outcome(impl, holder, request, refused):

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuspawner.budget import WEEK, refusal, weekly_budget
+from gpuspawner.core.budget import WEEK, refusal, weekly_budget
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 H = timedelta(hours=1)

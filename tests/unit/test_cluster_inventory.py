@@ -10,12 +10,12 @@ import random
 
 import pytest
 
-from gpuspawner.allocator import AllocationRefused, Allocator, Request
-from gpuspawner.cluster import GPUCluster, InventorySettings
-from gpuspawner.inventory import GPU
-from gpuspawner.labels import ServerLabels
-from gpuspawner.reports import parse_report
-from gpuspawner.sharing import UNIT
+from gpuspawner.allocator.allocator import AllocationRefused, Allocator, Request
+from gpuspawner.cluster.cluster import GPUCluster, InventorySettings
+from gpuspawner.core.inventory import GPU
+from gpuspawner.core.labels import ServerLabels
+from gpuspawner.core.reports import parse_report
+from gpuspawner.core.sharing import UNIT
 from tests.unit.test_cluster_views import served_map
 from tests.unit.test_reports import A100, MIG, device, report
 

@@ -12,15 +12,15 @@ from types import SimpleNamespace
 import pytest
 from tornado import web
 
-from gpuspawner.allocator import Request
-from gpuspawner.api import ReportHandler
-from gpuspawner.cluster import GPUCluster, InventorySettings
-from gpuspawner.doctor import diagnose
-from gpuspawner.holdings import Holdings
-from gpuspawner.inventory import GPU
-from gpuspawner.reclaim import Reclaimer
-from gpuspawner.reports import ReportError, UUIDConflict, parse_report
-from gpuspawner.swarm import Node
+from gpuspawner.allocator.allocator import Request
+from gpuspawner.cluster.cluster import GPUCluster, InventorySettings
+from gpuspawner.cluster.doctor import diagnose
+from gpuspawner.cluster.swarm import Node
+from gpuspawner.core.inventory import GPU
+from gpuspawner.core.reports import ReportError, UUIDConflict, parse_report
+from gpuspawner.holdings.holdings import Holdings
+from gpuspawner.reclaim.reclaimer import Reclaimer
+from gpuspawner.web.api import ReportHandler
 from tests.unit.test_cluster_views import served_map
 from tests.unit.test_reports import A100, MIG, device, report
 

@@ -12,12 +12,13 @@ import os
 import jinja2
 from tornado.escape import json_encode
 
-from gpuspawner import metrics, views
-from gpuspawner.allocator import Request
-from gpuspawner.api import gpu_page
-from gpuspawner.cluster import GPUCluster, InventorySettings
-from gpuspawner.reports import parse_report
-from gpuspawner.views import batches, host_json, join_json
+from gpuspawner import metrics
+from gpuspawner.allocator.allocator import Request
+from gpuspawner.cluster import host_views as views
+from gpuspawner.cluster.cluster import GPUCluster, InventorySettings
+from gpuspawner.cluster.host_views import batches, host_json, join_json
+from gpuspawner.core.reports import parse_report
+from gpuspawner.web.api import gpu_page
 from tests.unit.test_form_template import Node, _TreeBuilder
 from tests.unit.test_reports import A100, device, report
 

@@ -17,7 +17,7 @@ import pytest
 from traitlets import Integer, Unicode, default
 
 from devtools import configref
-from gpuspawner.spawner import GPUSwarmSpawner
+from gpuspawner.spawn.spawner import GPUSwarmSpawner
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE = REPO / "docs" / "configuration.md"

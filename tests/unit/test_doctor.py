@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from gpuspawner.doctor import diagnose
-from gpuspawner.inventory import GPU
-from gpuspawner.reports import parse_report
-from gpuspawner.swarm import Node
+from gpuspawner.cluster.doctor import diagnose
+from gpuspawner.cluster.swarm import Node
+from gpuspawner.core.inventory import GPU
+from gpuspawner.core.reports import parse_report
 from tests.unit.test_reports import A100, device, report
 
 
@@ -70,7 +70,7 @@ def test_stale_agents_and_an_empty_cluster_are_warnings():
 
 
 def test_a_refused_report_naming_another_nodes_uuid_is_an_error_with_the_fix():
-    from gpuspawner.reports import Conflict
+    from gpuspawner.core.reports import Conflict
 
     refused = Conflict("gpu-a", "GPU-b0", "gpu-b", True, since=0.0, last=5.0)
     (f,) = diagnose(

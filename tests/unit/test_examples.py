@@ -6,7 +6,7 @@ from traitlets.config.loader import PyFileConfigLoader
 
 from devtools.hub import REPO
 from gpuspawner import validate_config
-from gpuspawner.allocator import POLICIES
+from gpuspawner.allocator.allocator import POLICIES
 
 
 def load_config(path, monkeypatch, **env):

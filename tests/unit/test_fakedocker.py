@@ -9,9 +9,9 @@ import docker.errors
 import pytest
 import requests
 
-from gpuspawner.labels import ServerLabels
-from gpuspawner.service_spec import build_service, visible_devices
-from gpuspawner.swarm import TASK_FAILED, Swarm, SwarmError
+from gpuspawner.cluster.service_spec import build_service, visible_devices
+from gpuspawner.cluster.swarm import TASK_FAILED, Swarm, SwarmError
+from gpuspawner.core.labels import ServerLabels
 from tests.fakedocker import FakeDocker, api_error
 
 HOLDING = ServerLabels(user="alice", server="", host="gpu-b", uuids=("GPU-1", "GPU-2"), model="A100", port=None)

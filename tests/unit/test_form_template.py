@@ -7,8 +7,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from gpuspawner.allocator import ModelSummary
-from gpuspawner.form import _templates
+from gpuspawner.allocator.allocator import ModelSummary
+from gpuspawner.spawn.form import _templates
 
 GTX = ModelSummary("NVIDIA GeForce GTX 1070", 8192, total=4, free=0, largest_block=0, unavailable=0)
 A100 = ModelSummary("NVIDIA A100 80GB PCIe", 81920, total=8, free=3, largest_block=2, unavailable=2)
@@ -238,7 +238,7 @@ def test_admin_template_folder_overrides_the_form(tmp_path):
 def test_shares_are_offered_for_shareable_models_with_what_they_mean():
     from fractions import Fraction
 
-    from gpuspawner.form import SHARE_NOTES, _share_choices
+    from gpuspawner.spawn.form import SHARE_NOTES, _share_choices
 
     full_but_shareable = ModelSummary(
         "NVIDIA A100 80GB PCIe",

@@ -22,12 +22,23 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tornado import web
 
-from gpuspawner.api import _time_arg
-from gpuspawner.labels import DEVICES, HOST, MODEL, PORT, SERVER, SHARES, USER, LabelError, ServerLabels, parse_labels
-from gpuspawner.ledger_checks import checked_range
-from gpuspawner.options import KEYS, GPURequest, OptionsError, options_from_form, parse_user_options
-from gpuspawner.reports import NodeReport, ReportError, parse_report
-from gpuspawner.settings import validate_config
+from gpuspawner.core.labels import (
+    DEVICES,
+    HOST,
+    MODEL,
+    PORT,
+    SERVER,
+    SHARES,
+    USER,
+    LabelError,
+    ServerLabels,
+    parse_labels,
+)
+from gpuspawner.core.options import KEYS, GPURequest, OptionsError, options_from_form, parse_user_options
+from gpuspawner.core.reports import NodeReport, ReportError, parse_report
+from gpuspawner.hub.settings import validate_config
+from gpuspawner.ledger.checks import checked_range
+from gpuspawner.web.api import _time_arg
 
 LONG = os.environ.get("GPUSPAWNER_FUZZ", "") == "long"
 FUZZ = settings(

@@ -33,11 +33,11 @@ from jupyterhub.spawner import SpawnException
 from prometheus_client import REGISTRY
 from traitlets.config import Config
 
-from gpuspawner import spawner as spawner_module
-from gpuspawner.app import KEY, GPUHub
-from gpuspawner.holdings import Phase
-from gpuspawner.labels import ServerLabels, to_labels
-from gpuspawner.ledger import Ledger
+from gpuspawner.core.labels import ServerLabels, to_labels
+from gpuspawner.holdings.holdings import Phase
+from gpuspawner.hub.app import KEY, GPUHub
+from gpuspawner.ledger.ledger import Ledger
+from gpuspawner.spawn import spawner as spawner_module
 from tests.fakedocker import FakeDocker
 from tests.interleave import Run, Scenario, explore, random_schedules
 
@@ -457,7 +457,7 @@ async def test_a_server_with_a_published_port_is_reached_at_the_port_swarm_publi
 def test_the_admin_page_says_a_gpu_is_kept_while_its_container_still_runs(tmp_path):
     import jinja2
 
-    from gpuspawner.api import HostCard
+    from gpuspawner.web.api import HostCard
     from tests.unit.test_cluster_views import TEMPLATES
 
     async def body():

@@ -18,7 +18,7 @@ from traitlets.config import Config
 
 import gpuspawner
 from gpuspawner import hub_port
-from gpuspawner.spawner import GPUSwarmSpawner
+from gpuspawner.spawn.spawner import GPUSwarmSpawner
 from tests.fakedocker import FakeDocker
 
 PACKAGE = Path(gpuspawner.__file__).parent

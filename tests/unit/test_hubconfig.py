@@ -17,8 +17,8 @@ from jupyterhub.app import JupyterHub
 from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 from traitlets.config import Config
 
-from gpuspawner import api, api_reclaim
 from gpuspawner.hubconfig import TEMPLATES, configure
+from gpuspawner.web import api, api_reclaim
 
 
 @pytest.fixture

@@ -1,10 +1,10 @@
-"""Idle and held-time timers per holder, with a fake clock (gpuspawner/idle.py)."""
+"""Idle and held-time timers per holder, with a fake clock (gpuspawner/core/idle.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gpuspawner.idle import IDLE, MAX_HOURS, DeviceSample, IdleTimers, Limits, is_active
+from gpuspawner.core.idle import IDLE, MAX_HOURS, DeviceSample, IdleTimers, Limits, is_active
 
 LIMITS = Limits(idle_timeout=600, idle_warning=100, idle_utilization=5, idle_memory_mib=None)
 IDLE_GPU = DeviceSample(utilization=0, own=(500,), shared=False)

@@ -1,15 +1,17 @@
 """The package's modules import each other in one direction only: no cycle,
 counting imports inside functions too (they are cycles all the same, only
-deferred), and the allocator and its pure siblings import neither docker nor
-jupyterhub. The graph itself is devtools.modgraph's, which also draws it in
-CONTRIBUTING.md."""
+deferred); each part (a subpackage, or a module at the top) imports only parts
+of lower layers (devtools.modgraph.LAYERS); the pure core and the allocator
+import nothing of the hub's side, the allocator only the standard library, and
+the node agent nothing of the hub. The graph is devtools.modgraph's, which also
+draws the layers in CONTRIBUTING.md."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from devtools.modgraph import PACKAGE, graph, imports, refresh
+from devtools.modgraph import PACKAGE, graph, imports, layer_of, part, refresh
 
 CONTRIBUTING = Path(__file__).resolve().parents[2] / "CONTRIBUTING.md"
 
@@ -32,15 +34,50 @@ def test_the_package_has_no_import_cycle():
             visit(node, [])
 
 
-ALLOCATOR = sorted(p.stem for p in PACKAGE.glob("allocator*.py"))
-PURE = [*ALLOCATOR, "sharing", "labels", "line", "options", "inventory", "reports", "views", "ports"]
+def test_every_part_of_the_package_has_a_layer_and_imports_only_lower_layers():
+    g = graph()
+    for module, imported in g.items():
+        here = part(module)
+        for other in {part(m) for m in imported} - {here}:
+            assert layer_of(other) < layer_of(here), f"{module} imports {other}: layer {here} may not import it"
 
 
-def test_the_pure_core_imports_neither_docker_nor_jupyterhub():
-    assert {"allocator", "allocator_index", "allocator_refusals"} <= set(ALLOCATOR)
-    for name in PURE:
-        found = {m.split(".")[0] for m in imports(PACKAGE / f"{name}.py")}
-        assert not found & {"docker", "jupyterhub", "dockerspawner", "tornado", "yaml"}, (name, found)
+HUB_SIDE = {
+    "docker",
+    "dockerspawner",
+    "jupyterhub",
+    "tornado",
+    "sqlalchemy",
+    "alembic",
+    "traitlets",
+    "prometheus_client",
+}
+
+
+def _outside_imports(module: str) -> set[str]:
+    path = PACKAGE.parent / (module.replace(".", "/") + ".py")
+    if not path.exists():
+        path = PACKAGE.parent / module.replace(".", "/") / "__init__.py"
+    return {m.split(".")[0] for m in imports(path)} - {"gpuspawner"}
+
+
+def test_the_pure_core_and_the_allocator_import_nothing_of_the_hubs_side():
+    g = graph()
+    pure = [m for m in g if part(m) in ("core", "allocator")]
+    assert {"gpuspawner.allocator.allocator", "gpuspawner.core.sharing", "gpuspawner.core.options"} <= set(pure)
+    for module in pure:
+        assert not _outside_imports(module) & HUB_SIDE, (module, _outside_imports(module) & HUB_SIDE)
+
+
+def test_the_agent_imports_nothing_of_the_hub():
+    """It runs on GPU nodes: of the package, only its own modules, the pure core's
+    report rules and the version."""
+    g = graph()
+    agent = [m for m in g if part(m) == "agent"]
+    assert "gpuspawner.agent.command" in agent
+    for module in agent:
+        assert {part(m) for m in g[module]} <= {"agent", "core", "_version"}, (module, g[module])
+        assert not _outside_imports(module) & HUB_SIDE, module
 
 
 def test_contributing_md_shows_the_current_module_graph():
@@ -50,15 +87,15 @@ def test_contributing_md_shows_the_current_module_graph():
     )
 
 
-def test_the_allocator_needs_only_the_standard_library_and_pure_siblings():
+def test_the_allocator_needs_only_the_standard_library_and_the_pure_core():
     g = graph()
-    seen, todo = set(), ["gpuspawner.allocator"]
+    seen, todo = set(), ["gpuspawner.allocator.allocator"]
     while todo:
         name = todo.pop()
         if name not in seen:
             seen.add(name)
             todo.extend(g[name])
-    assert {m.rpartition(".")[2] for m in seen} <= set(PURE), seen
+    assert {part(m) for m in seen} <= {"allocator", "core"}, seen
     for name in seen:
-        outside = {m.split(".")[0] for m in imports(PACKAGE / f"{name.rpartition('.')[2]}.py")} - {"gpuspawner"}
+        outside = _outside_imports(name)
         assert outside <= sys.stdlib_module_names | {"__future__"}, (name, outside)

@@ -8,9 +8,9 @@ from datetime import datetime, timezone
 import pytest
 from tornado import web
 
-from gpuspawner.api import _time_arg
-from gpuspawner.ledger import Ledger
-from gpuspawner.reports import MAX_CONTAINERS, MAX_DEPTH, ReportError, parse_report
+from gpuspawner.core.reports import MAX_CONTAINERS, MAX_DEPTH, ReportError, parse_report
+from gpuspawner.ledger.ledger import Ledger
+from gpuspawner.web.api import _time_arg
 
 REPORT = {
     "hostname": "node1",
@@ -52,7 +52,7 @@ def test_deep_or_crowded_reports_are_refused_before_decoding(body):
 def test_the_shape_check_is_linear_for_a_full_body_of_anything(unit):
     import time
 
-    from gpuspawner.reports import MAX_REPORT_BYTES
+    from gpuspawner.core.reports import MAX_REPORT_BYTES
 
     body = unit * (MAX_REPORT_BYTES // len(unit))
     start = time.perf_counter()
@@ -103,8 +103,8 @@ def test_the_ledger_refuses_times_outside_utc_years(tmp_path):
 
 from decimal import Decimal  # noqa: E402
 
-from gpuspawner.options import OptionsError, options_from_form, parse_user_options  # noqa: E402
-from gpuspawner.sharing import shown  # noqa: E402
+from gpuspawner.core.options import OptionsError, options_from_form, parse_user_options  # noqa: E402
+from gpuspawner.core.sharing import shown  # noqa: E402
 
 SHARED = {"*": {"shares": [0.25, 0.5]}}
 
@@ -141,9 +141,9 @@ def test_shown_never_raises():
 
 # -- database URLs in messages ---------------------------------------------------------
 
-from gpuspawner.ledger import LedgerError  # noqa: E402
-from gpuspawner.ledger_url import safe_url  # noqa: E402
-from gpuspawner.settings import validate_config  # noqa: E402
+from gpuspawner.hub.settings import validate_config  # noqa: E402
+from gpuspawner.ledger.ledger import LedgerError  # noqa: E402
+from gpuspawner.ledger.url import safe_url  # noqa: E402
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ from math import comb, factorial
 
 import pytest
 
-from gpuspawner.labels import ServerLabels
-from gpuspawner.service_spec import build_service
-from gpuspawner.swarm import Swarm, SwarmError
+from gpuspawner.cluster.service_spec import build_service
+from gpuspawner.cluster.swarm import Swarm, SwarmError
+from gpuspawner.core.labels import ServerLabels
 from tests.fakedocker import FakeDocker
 from tests.interleave import (
     Nondeterminism,

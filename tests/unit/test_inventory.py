@@ -1,4 +1,4 @@
-"""gpuspawner.inventory: loading a static inventory, and the errors for bad ones.
+"""gpuspawner.core.inventory: loading a static inventory, and the errors for bad ones.
 
 Every malformed inventory must raise InventoryError whose message names where
 it came from (the file path, or "gpu_inventory (dict)") and what is wrong.
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuspawner.allocator import Allocator, Request
-from gpuspawner.inventory import GPU, InventoryError, parse_inventory
-from gpuspawner.inventory_files import load_inventory
+from gpuspawner.allocator.allocator import Allocator, Request
+from gpuspawner.core.inventory import GPU, InventoryError, parse_inventory
+from gpuspawner.core.inventory_files import load_inventory
 
 GTX = "NVIDIA GeForce GTX 1070"
 A100 = "NVIDIA A100 80GB PCIe"

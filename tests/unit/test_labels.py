@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuspawner.inventory import HOSTNAME_RE, MODEL_RE, UUID_RE
-from gpuspawner.labels import MAX_DEVICES, MAX_NAME, LabelError, ServerLabels, parse_labels, parse_share, to_labels
+from gpuspawner.core.inventory import HOSTNAME_RE, MODEL_RE, UUID_RE
+from gpuspawner.core.labels import MAX_DEVICES, MAX_NAME, LabelError, ServerLabels, parse_labels, parse_share, to_labels
 
 A100 = "NVIDIA A100 80GB PCIe"
 SHARED = ServerLabels(

@@ -1,4 +1,4 @@
-"""The allocation ledger (gpuspawner.ledger) on a real SQLite file.
+"""The allocation ledger (gpuspawner.ledger.ledger) on a real SQLite file.
 
 ``LedgerContract`` holds the behaviour every backend must show; it runs here on SQLite
 and in tests/integration/test_ledger_postgres.py on a real PostgreSQL server.
@@ -14,17 +14,10 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from gpuspawner import ledger_migrations
-from gpuspawner.ledger import (
-    SUPERSEDED,
-    Ledger,
-    LedgerError,
-    Usage,
-    default_db_url,
-    hours_within,
-)
-from gpuspawner.ledger_migrations import VERSION_TABLE
-from gpuspawner.ledger_schema import TASKS_MAX, metadata
+from gpuspawner.ledger import migrations as ledger_migrations
+from gpuspawner.ledger.ledger import SUPERSEDED, Ledger, LedgerError, Usage, default_db_url, hours_within
+from gpuspawner.ledger.migrations import VERSION_TABLE
+from gpuspawner.ledger.schema import TASKS_MAX, metadata
 
 UTC = timezone.utc
 # A fixed past day, so every range below is exact; "now" is well after it.
@@ -456,7 +449,7 @@ class LedgerContract:
 
     def test_the_database_refuses_a_second_open_allocation_for_a_service(self, ledger):
         gpu(ledger, "svc")
-        from gpuspawner.ledger_schema import allocations
+        from gpuspawner.ledger.schema import allocations
 
         row = dict(service="svc", username="x", server="", host="h", model="m", started_at=at(1), end_reason="")
         with pytest.raises(sa.exc.IntegrityError), ledger.engine.begin() as conn:

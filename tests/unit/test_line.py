@@ -1,11 +1,10 @@
-"""The line per GPU model: the pure order rules (gpuspawner.line), its rows in
-the ledger (gpuspawner.ledger_queue, on SQLite), and waiting spawns of the real
+"""The line per GPU model: the pure order rules (gpuspawner.core.line_order), its rows in
+the ledger (gpuspawner.ledger.line, on SQLite), and waiting spawns of the real
 spawner over the fake swarm, also under interleavings (tests/interleave.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 from datetime import datetime, timedelta, timezone
 
 import jinja2
@@ -13,10 +12,10 @@ import pytest
 from jupyterhub.spawner import SpawnException
 from prometheus_client import REGISTRY
 
-from gpuspawner import hub_port, line_wait
-from gpuspawner.api import queue_json
-from gpuspawner.ledger import Ledger
-from gpuspawner.line import Waiter, by_model, estimate, fmt_duration, ordered, position
+from gpuspawner import hub_port, hubconfig
+from gpuspawner.core.line_order import Waiter, by_model, estimate, fmt_duration, ordered, position
+from gpuspawner.ledger.ledger import Ledger
+from gpuspawner.web.api import queue_json
 from tests.interleave import Run, Scenario, random_schedules
 from tests.unit.test_form_template import _TreeBuilder
 from tests.unit.test_holdings import A100, World, clean
@@ -168,7 +167,7 @@ async def test_a_waiter_gets_the_gpu_its_holder_gives_back_and_the_next_moves_up
 
 def admin_page(lines: dict) -> list[list[str]]:
     """The rows of the lines on /hub/gpus (gpus.html, in a stand-in page)."""
-    templates = os.path.join(os.path.dirname(line_wait.__file__), "templates")
+    templates = hubconfig.TEMPLATES
     page = jinja2.DictLoader({"page.html": "<main>{% block main %}{% endblock %}</main>"})
     env = jinja2.Environment(loader=jinja2.ChoiceLoader([page, jinja2.FileSystemLoader(templates)]), autoescape=True)
     html = env.get_template("gpus.html").render(base_url="/hub/", hosts="", stale={}, lines=lines)

@@ -10,8 +10,8 @@ import asyncio
 import pytest
 from jupyterhub.spawner import SpawnException
 
-from gpuspawner import line_wait
-from gpuspawner.ledger import Ledger
+from gpuspawner.ledger.ledger import Ledger
+from gpuspawner.line import wait as line_wait
 from tests.unit.test_access_spawn import in_groups
 from tests.unit.test_holdings import A100, World
 from tests.unit.test_line import WAIT, messages, stopped, until

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuspawner.options import GPURequest, OptionsError, options_from_form, parse_user_options
+from gpuspawner.core.options import GPURequest, OptionsError, options_from_form, parse_user_options
 
 A100 = "NVIDIA A100 80GB PCIe"
 GTX = "NVIDIA GeForce GTX 1070"

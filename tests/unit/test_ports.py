@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from gpuspawner.ports import PortPool
+from gpuspawner.holdings.ports import PortPool
 
 
 def test_ports_go_in_turn_and_a_freed_one_is_not_reused_at_once():

@@ -10,14 +10,31 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def listed_modules() -> set[str]:
+    """The modules the tree names, as paths in the package (core/sharing.py, cli.py)."""
     text = (REPO / "README.md").read_text()
     tree = text.split("## How it is built", 1)[1].split("```", 2)[1]
     package = tree.split("gpuspawner/", 1)[1].split("\nexamples/", 1)[0]
-    return set(re.findall(r"^  (\w+\.py)\s", package, re.M))
+    listed, folder = set(), ""
+    for line in package.splitlines():
+        top = re.match(r"^  (\w+)(/|\.py)\s", line)
+        inner = re.match(r"^    (\w+\.py)\s", line)
+        if top:
+            folder = top[1] if top[2] == "/" else ""
+            if top[2] == ".py":
+                listed.add(f"{top[1]}.py")
+        elif inner and folder:
+            listed.add(f"{folder}/{inner[1]}")
+    return listed
 
 
 def test_the_readme_tree_lists_every_module_of_the_package():
-    modules = {p.name for p in (REPO / "gpuspawner").glob("*.py")} - {"__init__.py", "_version.py"}
+    package = REPO / "gpuspawner"
+    modules = {
+        p.relative_to(package).as_posix()
+        for p in package.rglob("*.py")
+        if p.name not in ("__init__.py", "__main__.py", "_version.py") and "migrations" not in p.parts
+    }
     listed = listed_modules()
+    assert "core/sharing.py" in listed and "cli.py" in listed
     assert modules - listed == set(), "modules missing from README's tree"
     assert listed - modules == set(), "README's tree names modules that do not exist"

@@ -1,4 +1,4 @@
-"""The hub's side of idle reclaim (gpuspawner/reclaim.py) over the real spawner,
+"""The hub's side of idle reclaim (gpuspawner/reclaim/reclaimer.py) over the real spawner,
 holdings and SQLite ledger on the in-process Docker fake: reports read per holder,
 what a node may and may not make the hub believe, warnings, the stop and the
 ledger's end reason, with a fake clock."""
@@ -11,9 +11,9 @@ import re
 
 import pytest
 
-from gpuspawner.idle import Limits
-from gpuspawner.ledger import Ledger
-from gpuspawner.reports import parse_report
+from gpuspawner.core.idle import Limits
+from gpuspawner.core.reports import parse_report
+from gpuspawner.ledger.ledger import Ledger
 from tests.unit.test_holdings import A100, World
 from tests.unit.test_reports import device, report
 
@@ -223,7 +223,7 @@ async def test_the_allocation_map_and_gpu_page_show_each_holders_gpu_activity(tm
 def test_a_bad_reclaim_setting_stops_the_hub_at_start_with_one_line(setting, value, message):
     from traitlets.config import Config
 
-    from gpuspawner.settings import validate_config
+    from gpuspawner.hub.settings import validate_config
 
     c = Config()
     setattr(c.GPUSwarmSpawner, setting, value)
@@ -232,7 +232,7 @@ def test_a_bad_reclaim_setting_stops_the_hub_at_start_with_one_line(setting, val
 
 
 def test_the_settings_become_the_limits_of_each_server():
-    from gpuspawner.spawner import GPUSwarmSpawner
+    from gpuspawner.spawn.spawner import GPUSwarmSpawner
 
     s = GPUSwarmSpawner(
         gpu_idle_timeout=7200, gpu_idle_threshold={"memory_mib": 500}, gpu_max_hours=8, gpu_max_hours_warning=60
@@ -262,7 +262,7 @@ async def test_a_gpu_in_mig_mode_is_not_judged(tmp_path):
 def test_a_users_access_rules_set_their_idle_and_held_time_limits():
     from types import SimpleNamespace
 
-    from gpuspawner.spawner import GPUSwarmSpawner
+    from gpuspawner.spawn.spawner import GPUSwarmSpawner
 
     rules = {
         "students": {"models": "*", "max_gpus": 1, "max_hours": 4, "idle_timeout": 1800, "idle_threshold": 10},

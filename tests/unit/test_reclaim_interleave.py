@@ -13,10 +13,11 @@ from types import SimpleNamespace
 import pytest
 from jupyterhub import orm
 
-from gpuspawner import hub_port, reclaim
-from gpuspawner.holdings import Phase
-from gpuspawner.idle import IDLE, Limits
-from gpuspawner.ledger import Ledger
+from gpuspawner import hub_port
+from gpuspawner.core.idle import IDLE, Limits
+from gpuspawner.holdings.holdings import Phase
+from gpuspawner.ledger.ledger import Ledger
+from gpuspawner.reclaim import reclaimer as reclaim
 from tests.interleave import Run, Scenario, explore, random_schedules
 from tests.unit.test_holdings import A100, World, clean
 from tests.unit.test_reclaim import TWO_GPUS, Clock, reading

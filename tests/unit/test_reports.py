@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuspawner.reports import MAX_REPORT_BYTES, ReportError, device_problems, gpus_of, parse_report
+from gpuspawner.core.reports import MAX_REPORT_BYTES, ReportError, device_problems, gpus_of, parse_report
 
 A100 = "NVIDIA A100 80GB PCIe"
 

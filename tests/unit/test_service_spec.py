@@ -8,9 +8,7 @@ from docker.types import ContainerSpec, DriverConfig, Mount, Placement, Resource
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuspawner.device_access import guarded_name
-from gpuspawner.labels import LabelError, ServerLabels, parse_labels, to_labels
-from gpuspawner.service_spec import (
+from gpuspawner.cluster.service_spec import (
     GUARDED_ENV,
     PINS_A_NODE,
     admin_conflicts,
@@ -20,6 +18,8 @@ from gpuspawner.service_spec import (
     share_enforcement,
     visible_devices,
 )
+from gpuspawner.core.device_access import guarded_name
+from gpuspawner.core.labels import LabelError, ServerLabels, parse_labels, to_labels
 
 HOLDING = ServerLabels(
     user="alice", server="", host="gpu-b", uuids=("GPU-1", "GPU-2"), model="NVIDIA A100 80GB PCIe", port=20001

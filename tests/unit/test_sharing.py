@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuspawner.sharing import ModelSharing, SharingPolicy, fmt, fmt_list, split_evenly, to_milli
+from gpuspawner.core.sharing import ModelSharing, SharingPolicy, fmt, fmt_list, split_evenly, to_milli
 
 A100 = "NVIDIA A100 80GB PCIe"
 GTX = "NVIDIA GeForce GTX 1070"

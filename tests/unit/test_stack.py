@@ -168,7 +168,7 @@ def test_the_refusals_alert_leaves_out_access_and_budget_refusals():
     alerts = yaml.safe_load((stack.STACK_DIR / "alerts.yml").read_text())
     (expr,) = [r["expr"] for g in alerts["groups"] for r in g["rules"] if r["alert"] == "GPURefusalsHigh"]
     reasons = set(re.search(r'reason=~"([^"]+)"', expr)[1].split("|"))
-    source = (Path(__file__).resolve().parents[2] / "gpuspawner" / "spawner.py").read_text()
+    source = (Path(__file__).resolve().parents[2] / "gpuspawner" / "spawn" / "spawner.py").read_text()
     used = set(re.findall(r'REFUSED\.labels\("(\w+)"', source))  # access, budget
     used |= set(re.findall(r'REFUSED\.labels\("(\w+)" if exc\.retry else "(\w+)"', source)[0])  # capacity, request
     assert reasons == {"capacity", "request"} and reasons | {"access", "budget"} == used

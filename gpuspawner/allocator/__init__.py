@@ -1,0 +1,1 @@
+"""Placement decisions: requests in, an Allocation or a reasoned refusal out (standard library only)."""

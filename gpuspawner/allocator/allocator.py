@@ -1,0 +1,371 @@
+"""Who holds which GPU: the one owner of that answer, in pure Python.
+
+Requests go in, an :class:`Allocation` or an :class:`AllocationRefused` with a
+reason a user can act on comes out. Nothing here talks to Docker or JupyterHub,
+so every decision is testable (and benchmarked) without I/O.
+
+Rules:
+
+* all devices of one request come from ONE host, and all are of one model;
+* a device is held whole by at most one holder, or shared: the shares booked
+  on it never sum above 1, and a device held whole is never shared;
+* whole-GPU requests take only untouched devices (neither held nor shared);
+* hosts that are not available (down, drained, paused) are never chosen;
+* the policy picks the host; ties are broken by hostname, then by model name,
+  and devices on a host are taken lowest index first, so a decision depends
+  only on the state, never on dict order or timing.
+
+Shares (``Request.share``, see docs/sharing.md) follow the admin's
+:class:`~gpuspawner.core.sharing.SharingPolicy`; they are exact integers of
+thousandths inside, so sums never drift.
+
+This module keeps the bookings (who holds what) and makes every change to
+them. The parts it uses: the types (:mod:`~gpuspawner.allocator.records`), the
+index of free devices and room (:mod:`~gpuspawner.allocator.index`), where
+whole GPUs and shares go (:mod:`~gpuspawner.allocator.whole`,
+:mod:`~gpuspawner.allocator.shares`), the summary per model
+(:mod:`~gpuspawner.allocator.summary`), refusals
+(:mod:`~gpuspawner.allocator.refusals`) and what an adopt may book
+(:mod:`~gpuspawner.allocator.adopt`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from fractions import Fraction
+from typing import Any
+
+from gpuspawner.allocator.adopt import AdoptProblem, AdoptReason, adopted_pieces, conflict
+from gpuspawner.allocator.index import DeviceIndex
+from gpuspawner.allocator.records import ALL, POLICIES, Allocation, Request
+from gpuspawner.allocator.refusals import (
+    AllocationRefused,
+    Refusal,
+    over_limit,
+    share_refusal,
+    unknown_model,
+    whole_refusal,
+)
+from gpuspawner.allocator.shares import choose_share
+from gpuspawner.allocator.summary import ModelSummary, summarize
+from gpuspawner.allocator.whole import choose
+from gpuspawner.core.inventory import GPU
+from gpuspawner.core.sharing import OFF, UNIT, SharingPolicy, fraction, to_milli
+
+__all__ = [
+    "ALL",
+    "POLICIES",
+    "AdoptProblem",
+    "AdoptReason",
+    "Allocation",
+    "AllocationRefused",
+    "Allocator",
+    "ModelSummary",
+    "Refusal",
+    "Request",
+]
+
+
+class Allocator:
+    def __init__(self, gpus: Iterable[GPU] = (), policy: str = "pack", sharing: SharingPolicy | dict | None = None):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown allocation policy {policy!r}; choose one of: {', '.join(POLICIES)}")
+        self.policy = POLICIES[policy]
+        self.sharing = OFF
+        self._lock = threading.RLock()
+        self._holders: dict[str, Allocation] = {}
+        self._held: dict[str, str] = {}  # uuid -> holder, for devices held whole
+        self._shares: dict[str, dict[str, int]] = {}  # uuid -> {holder: milli}, for shared devices
+        self._owned: dict[str, int] = {}  # owner -> milli-shares held (whole = 1000), for O(1) limit checks
+        self._versions: dict[str, int] = {}  # host -> changes to the holdings on it
+        self._index = DeviceIndex(self._held, self._shares)
+        # (milli, model or None) -> the models that take such a share; emptied when the policy or inventory changes
+        self._accepting: dict[tuple[int, str | None], list[str]] = {}
+        self.set_sharing(sharing)
+        self.set_inventory(gpus)
+
+    def set_sharing(self, sharing: SharingPolicy | dict | None) -> None:
+        """Which models may be shared, and how (see :class:`SharingPolicy`);
+        None: whole GPUs only. Holdings are kept; new requests follow it.
+        Raises ValueError naming a bad entry."""
+        policy = SharingPolicy.parse(sharing)
+        with self._lock:
+            self.sharing = policy
+            self._accepting.clear()
+            self._index.set_keep_totals(policy.uneven)
+
+    # -- state changes from outside --------------------------------------
+
+    def set_inventory(self, gpus: Iterable[GPU]) -> None:
+        """Replace the inventory. Holdings are kept, also of devices that left it."""
+        with self._lock:
+            self._accepting.clear()
+            self._index.set_inventory(gpus)
+
+    def set_host_devices(self, host: str, gpus: Iterable[GPU]) -> bool:
+        """Replace one host's devices (none: the host leaves the inventory),
+        touching only that host's entries in the index. The state is the same
+        as after :meth:`set_inventory` with the whole new inventory: holdings
+        are kept, also of devices that left, and a device that comes back is
+        still held. A UUID the inventory has on another host moves to this one.
+        True when the host's devices changed. Raises ValueError for a device
+        of another host."""
+        new = sorted({g.uuid: g for g in gpus}.values())
+        for gpu in new:
+            if gpu.host != host:
+                raise ValueError(f"{gpu.uuid} is on {gpu.host}, not on {host}")
+        with self._lock:
+            self._accepting.clear()
+            return self._index.set_host_devices(host, new)
+
+    def set_available_hosts(self, hosts: Iterable[str] | None) -> None:
+        """Only these hosts may be chosen (None: all). Only the hosts whose
+        availability changed are touched."""
+        with self._lock:
+            self._index.set_available_hosts(None if hosts is None else set(hosts))
+
+    # -- decisions ---------------------------------------------------------
+
+    def allocate(
+        self, holder: str, request: Request, max_per_owner: int | None = None, policy: str | None = None
+    ) -> Allocation:
+        """Reserve devices for ``holder`` or raise :class:`AllocationRefused`.
+        ``policy`` overrides the allocator's own for this request."""
+        with self._lock:
+            if holder in self._holders:
+                raise ValueError(f"{holder} already holds an allocation; release it first")
+            if request.share is not None:
+                return self._allocate_share(holder, request, max_per_owner, policy)
+            count = request.count
+            if count != ALL and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+                raise AllocationRefused(
+                    f"GPU count must be a whole number ≥ 1 or {ALL!r}, got {count!r}", Refusal.BAD_COUNT
+                )
+            index = self._index
+            if request.model is not None and request.model not in index.models:
+                raise unknown_model(request.model, index.models)
+            held = self._owned.get(request.owner, 0)
+            room = None  # how many more whole devices the owner may hold
+            if max_per_owner is not None:
+                room = (max_per_owner * UNIT - held) // UNIT
+                if count != ALL and int(count) > max_per_owner:
+                    raise over_limit(f"{count} GPUs requested", int(count) * UNIT, max_per_owner, 0)
+            models = [request.model] if request.model is not None else list(index.models)
+            over_room = room is not None and count != ALL and int(count) > room
+            pol = self.policy if policy is None else POLICIES[policy]
+            found = None if over_room else choose(index, pol, models, count, request.host, room)
+            if found is None:
+                raise whole_refusal(index, self._summaries(), request, max_per_owner, held)
+            model, host = found
+            mi = index.models[model]
+            free = mi.free[host]
+            devices = tuple(free if count == ALL else free[: int(count)])
+            index.take_free(mi, host, devices)
+            alloc = Allocation(holder=holder, owner=request.owner, host=host, devices=devices)
+            self._record(alloc)
+            return alloc
+
+    def _allocate_share(self, holder: str, request: Request, limit: int | None, policy: str | None) -> Allocation:
+        index = self._index
+        try:
+            share = to_milli(request.share, "gpu_share")
+        except ValueError as exc:
+            raise AllocationRefused(str(exc), Refusal.BAD_SHARE) from None
+        models = self._accepting.get((share, request.model))
+        if models is None:
+            models = self._models_accepting(share, request.model)
+        held = self._owned.get(request.owner, 0)
+        over = limit is not None and held + share > limit * UNIT
+        pol = self.policy if policy is None else POLICIES[policy]
+        found = None if over else choose_share(index, self.sharing, pol, models, share, request.host)
+        if found is None:
+            raise share_refusal(index, self.sharing, request, share, models, limit, held)
+        model, host, picks, rule = found
+        mi = index.models[model]
+        devices, milli = zip(*picks)
+        if min(milli) == UNIT:  # whole devices after all (e.g. 2 as 1 + 1)
+            alloc = Allocation(holder=holder, owner=request.owner, host=host, devices=devices)
+            index.take_free(mi, host, devices)
+        else:
+            alloc = Allocation(holder=holder, owner=request.owner, host=host, devices=devices, milli=milli, rule=rule)
+            if len(picks) == 1:  # one device: its room moves in the host's ranks
+                self._book_share(picks[0][0], holder, picks[0][1])
+            else:
+                for g, p in picks:
+                    self._shares.setdefault(g.uuid, {})[holder] = p
+                index.add_shares(mi, host, picks)  # one host: its free lists and split ranks once
+        self._record(alloc)
+        return alloc
+
+    def _models_accepting(self, share: int, model: str | None) -> list[str]:
+        """The models that take the share (remembered: few shares are asked for), or a refusal."""
+        models = self._index.models
+        if model is not None and model not in models:
+            raise unknown_model(model, models)
+        try:
+            ok = self.sharing.accepting(share, model, models)
+        except ValueError as exc:
+            raise AllocationRefused(str(exc), Refusal.BAD_SHARE) from None
+        if len(self._accepting) < 1024:  # bounded: any multiple of the quantum may be asked for
+            self._accepting[(share, model)] = ok
+        return ok
+
+    def _record(self, alloc: Allocation) -> None:
+        """Book a holding in the holder and owner records; whole devices in
+        ``_held`` (shares are booked device by device by ``_book_share``)."""
+        self._holders[alloc.holder] = alloc
+        self._versions[alloc.host] = self._versions.get(alloc.host, 0) + 1
+        if not alloc.devices:
+            return
+        self._owned[alloc.owner] = self._owned.get(alloc.owner, 0) + alloc.total_milli
+        if alloc.milli is None:
+            for d in alloc.devices:
+                self._held[d.uuid] = alloc.holder
+
+    def _book_share(self, gpu: GPU, holder: str, piece: int) -> None:
+        self._shares.setdefault(gpu.uuid, {})[holder] = piece
+        self._index.add_share(self._index.models[gpu.model], gpu, piece)
+
+    def release(self, holder: str) -> Allocation | None:
+        """Give back what ``holder`` holds. Idempotent: None when it holds nothing."""
+        with self._lock:
+            alloc = self._holders.pop(holder, None)
+            if alloc is None:
+                return None
+            self._versions[alloc.host] = self._versions.get(alloc.host, 0) + 1
+            milli = alloc.milli
+            left = self._owned.get(alloc.owner, 0) - alloc.total_milli
+            if left > 0:
+                self._owned[alloc.owner] = left
+            else:
+                self._owned.pop(alloc.owner, None)
+            if milli is None:
+                for d in alloc.devices:
+                    if self._held.get(d.uuid) == holder:
+                        del self._held[d.uuid]
+                        self._index.put_free(d)
+                return alloc
+            if len(alloc.devices) == 1:  # one device: its room moves in the host's ranks
+                self._unbook_share(alloc.devices[0].uuid, holder, rank=True)
+                return alloc
+            for d in alloc.devices:
+                self._unbook_share(d.uuid, holder)
+            ranked = set()  # each host's split ranks once, not per device (a device may have moved or changed model)
+            for d in alloc.devices:
+                gpu = self._index.gpus.get(d.uuid)
+                if gpu is not None and (gpu.host, gpu.model) not in ranked:
+                    ranked.add((gpu.host, gpu.model))
+                    self._index.rank(d.uuid)
+            return alloc
+
+    def _unbook_share(self, uuid: str, holder: str, rank: bool = False) -> None:
+        sharers = self._shares.get(uuid)
+        piece = sharers.pop(holder, None) if sharers is not None else None
+        if piece is None:
+            return
+        if not sharers:
+            del self._shares[uuid]
+        self._index.remove_share(uuid, piece, rank)
+
+    def adopt(
+        self, holder: str, owner: str, host: str, uuids: Iterable[str], shares: Iterable[Any] | None = None
+    ) -> tuple[Allocation, list[AdoptProblem]]:
+        """Record a holding found in the cluster (e.g. after a hub restart).
+
+        ``shares``, aligned with ``uuids``, is the share of each device (as the
+        service's labels say); None: every device whole. Returns the allocation
+        and the problems found: UUIDs the inventory does not know, or that
+        another holder already has whole (a double booking), a device held
+        whole that others share, a share that would book a device above 1.
+        Such devices are left out of the allocation. A share that cannot be
+        read, or shares that do not match the devices, book the devices whole:
+        that may reserve too much, never too little."""
+        with self._lock:
+            uuids = list(uuids)
+            pieces, problems = adopted_pieces(uuids, shares)
+            devices: list[GPU] = []
+            milli: list[int | None] = []
+            for uuid, piece in zip(uuids, pieces):
+                problem = self._adopt_problem(uuid, holder, host, piece, devices)
+                if problem is not None:
+                    problems.append(problem)
+                else:
+                    devices.append(self._index.gpus[uuid])
+                    milli.append(piece)
+            whole = all(m is None for m in milli) or all(m == UNIT for m in milli)
+            shared = None if whole else tuple(m or UNIT for m in milli)
+            alloc = Allocation(holder=holder, owner=owner, host=host, devices=tuple(devices), milli=shared)
+            old = self._holders.get(holder)
+            if old is not None and old.booking() == alloc.booking():
+                return old, problems
+            self.release(holder)
+            self._record(alloc)
+            for gpu, piece in zip(devices, shared or ()):
+                self._book_share(gpu, holder, piece)
+            if shared is None:
+                for gpu in devices:  # out of the free lists, as allocate() would
+                    self._index.take_free(self._index.models[gpu.model], gpu.host, [gpu])
+            return alloc, problems
+
+    def _adopt_problem(
+        self, uuid: str, holder: str, host: str, piece: int | None, taken: list[GPU]
+    ) -> AdoptProblem | None:
+        """Why the device may not be adopted for ``holder`` (``taken``: those adopted so far), or None."""
+        gpu = self._index.gpus.get(uuid)
+        if gpu is not None and gpu in taken:
+            return AdoptProblem(AdoptReason.LISTED_TWICE, f"{uuid} is listed twice")
+        if gpu is None:
+            return AdoptProblem(AdoptReason.NOT_IN_INVENTORY, f"{uuid} is not in the inventory")
+        found = conflict(uuid, holder, piece, self._held.get(uuid), self._shares.get(uuid, {}))
+        if found is not None:
+            return found
+        if gpu.host != host:
+            return AdoptProblem(AdoptReason.ON_ANOTHER_HOST, f"{uuid} is on {gpu.host}, not on {host}")
+        return None
+
+    # -- views ---------------------------------------------------------------
+
+    def holdings(self) -> dict[str, Allocation]:
+        with self._lock:
+            return dict(self._holders)
+
+    def holding(self, holder: str) -> Allocation | None:
+        return self._holders.get(holder)
+
+    def booked_on(self, uuid: str) -> dict[str, int]:
+        """Who holds the device, by holder name, with each one's share in
+        thousandths (1000: held whole); empty when nobody does."""
+        whole = self._held.get(uuid)
+        if whole is not None:
+            return {whole: UNIT}
+        with self._lock:
+            return dict(sorted(self._shares.get(uuid, {}).items()))
+
+    def device(self, uuid: str) -> GPU | None:
+        """The inventory's record of a device (its model and memory), or None."""
+        return self._index.gpus.get(uuid)
+
+    def held_by_owner(self, owner: str) -> int | Fraction:
+        """What the owner holds, shares counted as such (0.5 + 1 = 1.5): an int
+        when it is a whole number of GPUs, else a Fraction."""
+        milli = self._owned.get(owner, 0)
+        return milli // UNIT if milli % UNIT == 0 else fraction(milli)
+
+    def summary(self) -> list[ModelSummary]:
+        """Per model, by name: free and total counts, largest block on one host,
+        and what the form needs to offer shares."""
+        with self._lock:
+            return list(self._summaries().values())
+
+    def _summaries(self) -> dict[str, ModelSummary]:
+        return {model: summarize(model, mi, self.sharing) for model, mi in self._index.models.items()}
+
+    def hosts(self) -> list[str]:
+        return list(self._index.hosts)
+
+    def version(self, host: str) -> int:
+        """A number that changes whenever a holding on the host is booked,
+        changed or given back (a view of who holds what there may be reused
+        while it stays the same)."""
+        return self._versions.get(host, 0)

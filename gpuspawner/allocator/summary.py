@@ -1,0 +1,54 @@
+"""Per model, what the spawn form and the refusals say of the inventory:
+free and total counts, the largest block on one host, and which shares are
+offered (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+
+from gpuspawner.allocator.model import ModelIndex
+from gpuspawner.core.sharing import UNIT, SharingPolicy, fraction
+
+__all__ = ["ModelSummary", "summarize"]
+
+_ONE, _ZERO = Fraction(1), Fraction(0)
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    model: str
+    memory_mib: int
+    total: int  # devices in the inventory
+    free: int  # untouched (neither held nor shared) on available hosts
+    largest_block: int  # most untouched on any single available host
+    unavailable: int  # devices on hosts that are down, drained or paused
+    # Sharing, for the form: whether users may ask for a share of this model,
+    # which shares, and the most one device has free right now.
+    shareable: bool = False
+    quantum: Fraction | None = None  # shares are multiples of this
+    shares: tuple[Fraction, ...] | None = None  # the only shares offered; None: any multiple of quantum
+    split: bool = False  # may a share span several devices of one host
+    largest_share: Fraction = Fraction(0)  # most room on one device of an available host (1: one is untouched)
+
+
+def summarize(model: str, mi: ModelIndex, policy: SharingPolicy) -> ModelSummary:
+    sharing = policy.for_model(model)
+    largest_block = mi.largest_block()
+    if sharing is None:
+        return ModelSummary(model, mi.memory_mib, mi.devices, mi.free_available, largest_block, mi.unavailable)
+    room = mi.largest_room()
+    largest_share = _ONE if room == UNIT else fraction(room) if room else _ZERO
+    return ModelSummary(
+        model=model,
+        memory_mib=mi.memory_mib,
+        total=mi.devices,
+        free=mi.free_available,
+        largest_block=largest_block,
+        unavailable=mi.unavailable,
+        shareable=True,
+        quantum=fraction(sharing.quantum),
+        shares=None if sharing.allowed is None else tuple(fraction(m) for m in sharing.allowed),
+        split=sharing.split,
+        largest_share=largest_share,
+    )

@@ -1,0 +1,292 @@
+"""The GPU cluster as the hub sees it: which devices exist, how healthy they
+are, and which nodes may get servers.
+
+It holds the nodes' last known status and the GPUs as the inventory sources
+describe them (a static file, node agents' reports, an NVML probe in the hub
+itself: see :mod:`gpuspawner.cluster.devices`), and feeds the allocator the
+devices it may offer. Who holds which device is :mod:`gpuspawner.holdings.holdings`'
+concern; it tells the admin views (:attr:`GPUCluster.views`, see
+:mod:`gpuspawner.cluster.views`).
+
+Only healthy devices on nodes that report in time are given to the
+allocator; the others stay known here, with the reason, for admins.
+
+A UUID belongs to one host at a time: the one the static inventory lists it
+for, or else the one whose accepted report named it first. A report that
+names a UUID another host has is refused as a whole (see :meth:`GPUCluster.receive`),
+unless that host's claim rests only on its agent and its agent is late: then
+the device moves to the reporting host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Iterable, Mapping
+
+from gpuspawner.allocator.allocator import AdoptProblem, Allocation, Allocator
+from gpuspawner.cluster.devices import SOURCES, DeviceState, InventorySettings, host_states
+from gpuspawner.cluster.host_views import HoldersOf
+from gpuspawner.cluster.swarm import Node, Swarm
+from gpuspawner.cluster.views import ClusterViews
+from gpuspawner.core.inventory import GPU
+from gpuspawner.core.labels import ServerLabels
+from gpuspawner.core.reports import Conflict, NodeReport, UUIDConflict, parse_report, report_uuids
+from gpuspawner.core.sharing import fraction
+
+__all__ = ["GPUCluster", "DeviceState", "SOURCES", "InventorySettings"]
+
+NODES_MAX_AGE = 1.0  # seconds a node list is good for
+
+
+class GPUCluster:
+    def __init__(self, settings: InventorySettings | Iterable[GPU] = (), holders_of: HoldersOf | None = None):
+        if not isinstance(settings, InventorySettings):
+            settings = InventorySettings(static=tuple(settings))
+        self.settings = settings
+        self.aliases: Mapping[str, str] = dict(settings.aliases)
+        self.allocator = Allocator()
+        self.nodes: dict[str, Node] = {}
+        self.reports: dict[str, tuple[NodeReport, float]] = {}  # host -> (report, when received)
+        self.states: dict[str, dict[str, DeviceState]] = {}  # host -> uuid -> every known device
+        self._offered_by_host: dict[str, tuple[GPU, ...]] = {}  # host -> its healthy devices
+        self.stale: dict[str, str] = {}  # host -> why its devices are not offered
+        self._last_uuid: dict[tuple[str, int], str] = {}  # a lost GPU may no longer say its UUID
+        # Who has each UUID, kept as reports come in (never rebuilt from all hosts).
+        self._listed: dict[str, str] = {}  # uuid -> host, from the static inventory (when it is a source)
+        self._owner: dict[str, str] = {}  # uuid -> host: listed for it, or named by its accepted report
+        self._claims: dict[str, frozenset[str]] = {}  # host -> the UUIDs its accepted report named, less those moved
+        self.conflicts: dict[str, dict[str, Conflict]] = {}  # refused host -> uuid -> who has it; replaced, not changed
+        # Holdings found in the swarm on devices not offered yet, by service name.
+        self.pending: dict[str, ServerLabels] = {}
+        self._offered = False  # the allocator has had a first inventory
+        self.views = ClusterViews(self, holders_of)  # who holds a device: the hub's holdings say
+        self._schedulable: set[str] | None = None
+        self._nodes_read = False
+        self._nodes_at = 0.0  # when the node list was last read
+        self._local_due = 0.0
+        self._lock = asyncio.Lock()
+        if "static" in settings.sources:
+            for gpu in settings.static:
+                self._listed[gpu.uuid] = self._owner[gpu.uuid] = gpu.host
+        self.apply()
+
+    # -- inventory sources -------------------------------------------------------
+
+    @property
+    def static_hosts(self) -> set[str]:
+        return {g.host for g in self.settings.static} if "static" in self.settings.sources else set()
+
+    def receive(self, report: NodeReport, now: float | None = None) -> None:
+        """Take a node's report. A host in the static inventory keeps its
+        listed devices; its report then only says how healthy they are.
+        Only this host is recomputed; the allocator is touched only when the
+        set of devices it may offer changed.
+
+        Raises :class:`UUIDConflict` (nothing of the report is taken: the host
+        keeps its previous report) when the report names a UUID (of a GPU or a
+        MIG device) that another host has: listed for it in the static
+        inventory, or named by its accepted report while its agent is not
+        late. A device whose old host's agent is late, or whose old host's
+        report no longer names it, moves to the reporting host. The refusal is
+        kept in :attr:`conflicts` until the host's next accepted report, or
+        until the other host no longer has the UUID."""
+        now = time.monotonic() if now is None else now
+        host = report.hostname
+        uuids = report_uuids(report)
+        before = self._claims.get(host, frozenset())
+        moved: dict[str, str] = {}  # uuid -> the host it is taken from
+        if uuids != before:  # the same UUIDs as last time are this host's already
+            refused = []
+            for uuid in uuids - before:
+                owner = self._owner.get(uuid, host)
+                if owner == host:
+                    continue
+                if uuid not in self._listed and self._agent_late(owner, now):
+                    moved[uuid] = owner
+                else:
+                    refused.append((uuid, owner))
+            if refused:
+                raise self._refuse(host, refused)
+            self._claim(host, before, uuids, moved)
+        if host in self.conflicts:
+            del self.conflicts[host]
+        self.reports[host] = (report, now)
+        losers = [other for other in sorted(set(moved.values())) if self._set_host(other)]
+        changed = self._set_host(host)
+        back = host in self.stale and self._check_stale(now)
+        if changed or losers or back:
+            self._offer(losers + ([host] if changed else []))
+
+    def _agent_late(self, host: str, now: float) -> bool:
+        got = self.reports.get(host)
+        if got is None:
+            return False
+        report, received = got
+        return now - received > self.settings.stale_intervals * report.interval
+
+    def _refuse(self, host: str, refused: list[tuple[str, str]]) -> UUIDConflict:
+        """Remember why the host's report is refused (replacing what its last refusal said)."""
+        wall = time.time()
+        old = self.conflicts.get(host, {})
+        records = {}
+        for uuid, owner in sorted(refused):
+            prev = old.get(uuid)
+            since = prev.since if prev is not None and prev.owner == owner else wall
+            records[uuid] = Conflict(host, uuid, owner, uuid in self._listed, since, wall)
+        self.conflicts[host] = records
+        return UUIDConflict(tuple(records.values()))
+
+    def _claim(self, host: str, before: frozenset[str], uuids: frozenset[str], moved: Mapping[str, str]) -> None:
+        """The index after the host's report naming ``uuids`` (``before``: its last one's) is accepted."""
+        for uuid, owner in moved.items():
+            self._claims[owner] = self._claims[owner] - {uuid}
+        for uuid in before - uuids:
+            if self._owner.get(uuid) == host and uuid not in self._listed:
+                del self._owner[uuid]
+        for uuid in uuids - before:
+            self._owner[uuid] = host
+        self._claims[host] = uuids
+        if self.conflicts:  # a refusal whose UUID the other host no longer has is settled
+            for refused, records in list(self.conflicts.items()):
+                kept = {u: c for u, c in records.items() if self._owner.get(u) == c.owner}
+                if not kept:
+                    del self.conflicts[refused]
+                elif len(kept) != len(records):
+                    self.conflicts[refused] = kept
+
+    @property
+    def uuid_conflicts(self) -> list[Conflict]:
+        """The refusals still standing, by host and UUID."""
+        return [c for host in sorted(self.conflicts) for _, c in sorted(self.conflicts[host].items())]
+
+    def apply(self, now: float | None = None) -> None:
+        """Recompute every host (at start) or only which nodes are late."""
+        now = time.monotonic() if now is None else now
+        if not self._offered:
+            for host in {g.host for g in self.settings.static} | set(self.reports):
+                self._set_host(host)
+            self._offer()
+        elif self._check_stale(now):
+            self._update_availability()
+
+    def _set_host(self, host: str) -> bool:
+        """Recompute one host's devices; True when what it may offer changed."""
+        states = self._host_states(host)
+        offered = tuple(sorted(s.gpu for s in states.values() if s.healthy))
+        # Replaced, never changed in place: the admin views may read a host's
+        # states from a thread while the next report comes in.
+        self.states[host] = states
+        self.views.states_replaced(host, states)
+        if offered == self._offered_by_host.get(host, ()):
+            return False
+        self._offered_by_host[host] = offered
+        return True
+
+    def _offer(self, hosts: Iterable[str] = ()) -> None:
+        """Give the allocator what these hosts may offer now, one host at a time
+        (the first time: every host's, in one build)."""
+        if self._offered:
+            for host in hosts:
+                self.allocator.set_host_devices(host, self._offered_by_host.get(host, ()))
+        else:
+            self.allocator.set_inventory(
+                g for host in sorted(self._offered_by_host) for g in self._offered_by_host[host]
+            )
+            self._offered = True
+        self._adopt_pending()
+        self._update_availability()
+
+    def _check_stale(self, now: float) -> bool:
+        """A node whose agent is late keeps its devices in the inventory, but
+        its host is made unavailable: the form says they exist but cannot be
+        had now. True when the set of late nodes changed."""
+        stale = {}
+        for host, (report, received) in self.reports.items():
+            late = now - received
+            if host not in self.static_hosts and late > self.settings.stale_intervals * report.interval:
+                stale[host] = f"no report from its agent for {late:.0f} s"
+        changed = stale.keys() != self.stale.keys()
+        self.stale = stale
+        return changed
+
+    def _host_states(self, host: str) -> dict[str, DeviceState]:
+        report = self.reports[host][0] if host in self.reports else None
+        listed = host in self.static_hosts
+        return host_states(host, self.settings, self.aliases, listed, report, self._owner, self._last_uuid, self.states)
+
+    def is_available(self, host: str) -> bool:
+        """The node may get new servers: schedulable in the swarm, and its agent (if any) not late."""
+        return (self._schedulable is None or host in self._schedulable) and host not in self.stale
+
+    def _update_availability(self) -> None:
+        if self._schedulable is None:
+            hosts = None if not self.stale else set(self.allocator.hosts()) - set(self.stale)
+        else:
+            hosts = self._schedulable - set(self.stale)
+        self.allocator.set_available_hosts(hosts)
+
+    def adopt(self, name: str, claim: ServerLabels) -> tuple[Allocation, list[AdoptProblem]]:
+        """Book what a running service holds (its labels, read strictly).
+        Devices not offered yet (an agent has not reported, or the device is
+        unhealthy) are taken the moment they are, before any request can see
+        them free."""
+        shares = None if claim.milli is None else [fraction(m) for m in claim.milli]
+        alloc, problems = self.allocator.adopt(name, claim.user, claim.host, claim.uuids, shares)
+        if len(alloc.devices) < len(claim.uuids):
+            self.pending[name] = claim
+        else:
+            self.pending.pop(name, None)
+        return alloc, problems
+
+    def _adopt_pending(self) -> None:
+        for name, claim in list(self.pending.items()):
+            self.adopt(name, claim)
+
+    async def _probe_local(self, log) -> None:
+        """NVML in the hub's own process, at most once per interval."""
+        from gpuspawner.agent.errors import AgentError
+        from gpuspawner.agent.nvml import probe
+
+        if time.monotonic() < self._local_due:
+            return
+        self._local_due = time.monotonic() + self.settings.local_interval
+        try:
+            found = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: probe(max_temperature_c=self.settings.max_temperature_c)
+            )
+            found.update(hostname=self.settings.local_host, interval=self.settings.local_interval)
+            self.receive(parse_report(json.dumps(found)))
+        except AgentError as exc:
+            log.error("Local GPU probe: %s", exc)
+        except ValueError as exc:
+            log.error("Local GPU probe gave an unusable report: %s", exc)
+
+    # -- swarm state ---------------------------------------------------------------
+
+    async def refresh(self, swarm: Swarm, log: logging.Logger | logging.LoggerAdapter) -> None:
+        """Take node status from the swarm (at most every NODES_MAX_AGE seconds:
+        a burst of spawns asks once); on first use, rebuild holdings."""
+        async with self._lock:
+            if "local" in self.settings.sources:
+                await self._probe_local(log)
+            if not self._nodes_read or time.monotonic() - self._nodes_at >= NODES_MAX_AGE:
+                nodes = await swarm.nodes()
+                self._nodes_at = time.monotonic()
+                self.nodes = {n.hostname: n for n in nodes}
+                self._schedulable = {n.hostname for n in nodes if n.schedulable}
+            self.apply()
+            self._update_availability()
+            self._nodes_read = True
+
+    def node_addr(self, hostname: str) -> str | None:
+        node = self.nodes.get(hostname)
+        return node.addr if node else None
+
+    def hostname_of(self, node_id: str) -> str | None:
+        for node in self.nodes.values():
+            if node.id == node_id:
+                return node.hostname
+        return None

@@ -1,0 +1,196 @@
+"""Access rules per JupyterHub group (``c.GPUSwarmSpawner.gpu_access``).
+
+Pure: the rules as the admin wrote them, checked (:meth:`AccessRules.parse`),
+and :meth:`AccessRules.effective`, what one user may have given the groups
+they are in: the most generous of each setting across those groups. ``"*"``
+holds the rules of users in none of the listed groups. Without rules (an
+empty ``gpu_access``) everybody gets every model and the hub's
+``max_gpus_per_user``, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuspawner.core.requests import ALL
+from gpuspawner.core.sharing import shown
+
+__all__ = ["EVERYONE_ELSE", "KEYS", "Access", "AccessRefused", "AccessRules"]
+
+EVERYONE_ELSE = "*"
+KEYS = ("models", "max_gpus", "priority", "max_hours", "weekly_gpu_hours", "idle_timeout", "idle_threshold")
+_HOURS = ("max_hours", "weekly_gpu_hours")  # more generous when absent: no limit
+_IDLE = ("idle_timeout", "idle_threshold")  # absent: the hub's own setting
+
+
+class AccessRefused(ValueError):
+    """A request the user's rules forbid; the message says what they may have."""
+
+
+@dataclass(frozen=True)
+class Access:
+    """What one user may have."""
+
+    max_gpus: int  # across all their servers; shares count as their fraction
+    models: frozenset[str] | None = None  # None: every model
+    priority: int = 0  # in the line for a model: higher first
+    max_hours: float | None = None  # a server may hold GPUs this long (None: no limit)
+    weekly_gpu_hours: float | None = None  # GPU-hours over the last 7 days (None: no limit)
+    idle_timeout: float | None = None  # None: the hub's own setting
+    idle_threshold: float | None = None  # None: the hub's own setting
+    groups: tuple[str, ...] = field(default=())  # the rules' groups this comes from
+
+    def allows(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+    @property
+    def cpu_only(self) -> bool:
+        return self.max_gpus == 0 or self.models == frozenset()
+
+    def offered(self, models: Iterable[str]) -> list[str]:
+        """Those of ``models`` this user may have, in the order given."""
+        return [m for m in models if self.allows(m)]
+
+    def describe(self, models: Iterable[str]) -> str:
+        """One sentence: what this user may have of ``models`` (the hub's now)."""
+        several = len(self.groups) > 1
+        whose = f"Your group{'s' * several} ({', '.join(self.groups)}) allow{'' if several else 's'}"
+        if self.groups == (EVERYONE_ELSE,):
+            whose = "Users in none of the hub's GPU groups may have"
+        offered = self.offered(models)
+        if self.cpu_only or not offered:
+            return f"{whose} CPU-only servers only."
+        n = self.max_gpus
+        return f"{whose} {', '.join(offered)}, up to {n} GPU{'s' if n != 1 else ''} at a time."
+
+    def refusal(self, options: Any, models: Iterable[str]) -> str | None:
+        """Why the user's raw ``options`` ask for more than this allows (None:
+        they do not). Only what the rules decide is checked here; the rest
+        (types, names) is parse_user_options's, with the offered models."""
+        if not isinstance(options, Mapping) or not self.groups:
+            return None  # under no rule (no gpu_access, or in no listed group): as without rules
+        model, count, share = (options.get(k) for k in ("gpu_model", "gpu_count", "gpu_share"))
+        asks = share is not None or model is not None or (_number(count) and count != 0) or count == ALL
+        if not asks:
+            return None
+        models = list(models)
+        if self.cpu_only:
+            return self.describe(models)
+        if model is None and self.models is not None:
+            return f"Choose a GPU model (gpu_model). {self.describe(models)}"
+        if isinstance(model, str) and model in models and not self.allows(model):
+            return f"{model} is not available to you. {self.describe(models)}"
+        asked = share if _number(share) else count if _number(count) else None
+        if asked is not None and asked > self.max_gpus:
+            return f"{shown(asked)} GPUs requested. {self.describe(models)}"
+        return None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class AccessRules:
+    """``gpu_access``, checked: {group: its settings}, and the hub's default limit."""
+
+    groups: Mapping[str, Mapping[str, Any]]
+    default_max_gpus: int
+
+    @property
+    def active(self) -> bool:
+        return bool(self.groups)
+
+    @classmethod
+    def parse(cls, config: Any, *, default_max_gpus: int, aliases: Mapping[str, str] | None = None) -> AccessRules:
+        """Check ``config``; raise ValueError naming the group and key at fault.
+        Model names are the hub's names for them: an NVML name with an alias
+        in ``aliases`` becomes its alias."""
+        if config is None:
+            config = {}
+        if not isinstance(config, Mapping):
+            raise ValueError(f"gpu_access must be a mapping of group name to its rules, got {shown(config)}")
+        groups = {}
+        for group, rules in config.items():
+            if not isinstance(group, str) or not group:
+                raise ValueError(f"gpu_access: group names must be non-empty strings, got {shown(group)}")
+            groups[group] = _parse_group(group, rules, aliases or {})
+        return cls(groups, default_max_gpus)
+
+    def effective(self, groups: Iterable[str]) -> Access:
+        """What a user in ``groups`` may have: the most generous of each
+        setting across the listed ones among them (``"*"``'s if none is listed)."""
+        if not self.groups:
+            return Access(max_gpus=self.default_max_gpus)
+        names = sorted({g for g in groups if g in self.groups and g != EVERYONE_ELSE})
+        if not names:
+            if EVERYONE_ELSE not in self.groups:
+                return Access(max_gpus=self.default_max_gpus)
+            names = [EVERYONE_ELSE]
+        rules = [self.groups[g] for g in names]
+        return Access(
+            max_gpus=max(r.get("max_gpus", self.default_max_gpus) for r in rules),
+            models=_union(r.get("models") for r in rules),
+            priority=max(r.get("priority", 0) for r in rules),
+            groups=tuple(names),
+            **{k: _unlimited_max(r.get(k) for r in rules) for k in _HOURS},
+            idle_timeout=max((r["idle_timeout"] for r in rules if "idle_timeout" in r), default=None),
+            # A lower threshold counts fewer servers as idle: the more generous one.
+            idle_threshold=min((r["idle_threshold"] for r in rules if "idle_threshold" in r), default=None),
+        )
+
+    def unknown_models(self, known: Iterable[str]) -> list[str]:
+        """'group: model' for each model a rule names that is not in ``known``."""
+        known = set(known)
+        return [f"{g}: {m}" for g, r in self.groups.items() for m in sorted(r.get("models") or ()) if m not in known]
+
+
+def _union(models: Iterable[frozenset[str] | None]) -> frozenset[str] | None:
+    out: set[str] = set()
+    for m in models:
+        if m is None:
+            return None
+        out |= m
+    return frozenset(out)
+
+
+def _unlimited_max(values: Iterable[float | None]) -> float | None:
+    values = list(values)
+    return None if any(v is None for v in values) else max(values)  # type: ignore[type-var]
+
+
+def _parse_group(group: str, rules: Any, aliases: Mapping[str, str]) -> dict[str, Any]:
+    where = f"gpu_access[{group!r}]"
+    if not isinstance(rules, Mapping):
+        raise ValueError(f"{where} must be a mapping with keys {', '.join(KEYS)}, got {shown(rules)}")
+    unknown = sorted(str(k) for k in rules if k not in KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; valid keys: {', '.join(KEYS)}")
+    out: dict[str, Any] = {}
+    for key, value in rules.items():
+        if key == "models" and value != "*":
+            if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
+                raise ValueError(f"{where}['models'] must be \"*\" or a list of model names, got {shown(value)}")
+            if not all(isinstance(m, str) and m for m in value):
+                raise ValueError(f"{where}['models'] must list model names (strings), got {shown(value)}")
+            out[key] = frozenset(aliases.get(m, m) for m in value)
+        elif key in ("max_gpus", "priority"):
+            low = 0 if key == "max_gpus" else None
+            if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low):
+                raise ValueError(f"{where}['{key}'] must be a whole number{' ≥ 0' * (low == 0)}, got {shown(value)}")
+            out[key] = value
+        elif key != "models":
+            out[key] = _number_in(where, key, value)
+    return out
+
+
+def _number_in(where: str, key: str, value: Any) -> float:
+    top = 100 if key == "idle_threshold" else None  # a utilization, in percent
+    positive = key in _HOURS
+    ok = _number(value) and value == value and (value > 0 if positive else value >= 0) and (top is None or value <= top)
+    if not ok or value == float("inf"):
+        bounds = "> 0" if positive else f"from 0 to {top}" if top else "≥ 0"
+        raise ValueError(f"{where}['{key}'] must be a number {bounds}, got {shown(value)}")
+    return float(value)

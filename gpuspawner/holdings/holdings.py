@@ -1,0 +1,495 @@
+"""Who holds which GPUs: the one owner of every holding and of its life.
+
+A holding is one server's claim on devices (or on shares of them), named by
+its swarm service. It lives through these phases, and only this module moves
+it from one to the next::
+
+    reserved ──► creating ──► running ──► removing ──► (released: forgotten)
+        │            │                        ▲
+        └────────────┴── a failed or ─────────┘
+                         cancelled start
+
+* **reserved**: the allocator booked the devices and the ledger recorded them;
+  no service exists yet.
+* **creating**: the service is being created; it may or may not exist.
+* **running**: the service exists (its task may still be on its way).
+* **removing**: the service is being, or was, removed; its devices stay
+  booked until no task of it can still run (the swarm forgets a removed
+  service at once, but its container gets SIGTERM and a grace period).
+
+Every ``await`` here lets a spawn, a stop, a poll or the reconcile loop run.
+Reconciliation therefore never touches a holding in flight (reserved,
+creating) nor one that changed since it asked the swarm what runs; a holding
+whose service is gone goes to *removing*, never straight to released; and a
+device is free again only when the tasks its holder is known to have run have
+ended (or, where none was ever seen, ``stop_timeout`` after the service was
+seen gone).
+
+Labels are claims, not facts: a labelled service is taken as a hub server
+only when its labels parse strictly and its name is the one the hub gives
+that user's server; anything else is left alone, logged once, and listed in
+:attr:`Holdings.foreign` for ``doctor``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from gpuspawner import metrics
+from gpuspawner.allocator.allocator import Allocation, Request
+from gpuspawner.cluster.cluster import GPUCluster
+from gpuspawner.cluster.swarm import Swarm, SwarmError
+from gpuspawner.core.labels import LABEL, LabelError, ServerLabels, parse_labels
+from gpuspawner.core.sharing import UNIT
+from gpuspawner.holdings.ports import PortPool
+from gpuspawner.ledger.ledger import Ledger, LedgerError
+
+__all__ = ["Holding", "Holdings", "HoldingBusy", "Phase"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Phase(str, enum.Enum):
+    RESERVED = "reserved"
+    CREATING = "creating"
+    RUNNING = "running"
+    REMOVING = "removing"
+
+
+class HoldingBusy(Exception):
+    """The server's earlier holding is still being removed."""
+
+
+@dataclass(eq=False)
+class Holding:
+    name: str  # the service's name: one holding per name
+    labels: ServerLabels  # user, server, host, devices, shares, port
+    phase: Phase
+    tasks: set[str] = field(default_factory=set)  # every task id seen for the service
+    problem: str = ""  # why its devices are still reserved, for admins
+    created: bool = False  # a service may exist (its creation was asked for)
+    creating: asyncio.Future | None = None  # the create call, which runs on even if its caller is cancelled
+    gone_since: float | None = None  # when its service was first seen gone without a known task
+    end_reason: str = ""  # set by the stop that began its end (idle reclaim): the ledger's reason
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one removal at a time
+
+    @property
+    def user(self) -> str:
+        return self.labels.user
+
+
+class Holdings:
+    """Every holding of one hub, with the allocator and ledger it books in.
+
+    Built once per hub; spawners, endpoints, metrics and the reconcile loop
+    all use the same instance."""
+
+    def __init__(
+        self,
+        cluster: GPUCluster,
+        swarm: Swarm,
+        *,
+        ledger: Ledger | None = None,
+        executor=None,
+        name_for: Callable[[str, str], str] | None = None,
+        stop_timeout: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+        on_free: Callable[[], None] = lambda: None,
+    ):
+        self.cluster = cluster
+        self.allocator = cluster.allocator
+        self.swarm = swarm
+        self.ledger = ledger
+        self.executor = executor  # for the ledger's blocking calls (None: the loop's default)
+        self.name_for = name_for  # the service name the hub gives (user, server)
+        self.stop_timeout = stop_timeout
+        self.clock = clock
+        self._holdings: dict[str, Holding] = {}
+        self.ports = PortPool()  # for host networking
+        self.foreign: dict[str, str] = {}  # labelled services not taken as hub servers -> why
+        self._orphans: set[str] = set()
+        self._version = 0  # counts transitions; reconciliation skips what changed under it
+        self._changed: dict[str, int] = {}
+        self._reconciling = asyncio.Lock()
+        self._ledger_order = asyncio.Lock()  # see _ledger_write
+        self.rebuilt = False
+        self.on_free = on_free  # called when devices come back (the line is served)
+
+    # -- views -------------------------------------------------------------------
+
+    def get(self, name: str) -> Holding | None:
+        return self._holdings.get(name)
+
+    def all(self) -> dict[str, Holding]:
+        return dict(self._holdings)
+
+    # -- transitions ---------------------------------------------------------------
+
+    def _set(self, h: Holding, phase: Phase, problem: str = "") -> None:
+        h.phase, h.problem = phase, problem
+        self._touch(h.name)
+        if h.labels.uuids:
+            self.cluster.views.holders_changed(h.labels.host)  # the map shows phase and problem
+
+    def _touch(self, name: str) -> None:
+        self._version += 1
+        self._changed[name] = self._version
+
+    async def reserve(
+        self,
+        name: str,
+        user: str,
+        server: str,
+        request: Request | None,
+        *,
+        max_per_owner: int,
+        policy: str,
+        port_range: tuple[int, int] | None = None,
+    ) -> Holding:
+        """Book devices (``request``; None: CPU-only) and a port, and record
+        them in the ledger. Raises AllocationRefused, HoldingBusy (an earlier
+        holding of this server is still being removed), LedgerError (nothing
+        is left booked) or ValueError (no port free)."""
+        if name in self._holdings:
+            raise HoldingBusy(name)
+        alloc: Allocation | None = None
+        if request is not None:
+            with metrics.ALLOCATION_SECONDS.time():  # the decision alone, not the ledger's write
+                alloc = self.allocator.allocate(name, request, max_per_owner=max_per_owner, policy=policy)
+        port = None
+        if port_range is not None:
+            port = self.ports.pick(name, *port_range)
+            if port is None:
+                self.allocator.release(name)
+                raise ValueError(f"all host_network_ports {port_range} are in use")
+        labels = ServerLabels(
+            user=user,
+            server=server,
+            host=alloc.host if alloc else "",
+            uuids=alloc.uuids if alloc else (),
+            model=alloc.model if alloc else "",
+            port=port,
+            milli=alloc.milli if alloc else None,
+        )
+        h = self._holdings[name] = Holding(name, labels, Phase.RESERVED)
+        self._touch(name)
+        if alloc is not None and alloc.devices:
+            try:
+                await self._ledger_open(name, labels, alloc)
+            except BaseException:
+                # No service exists: nothing can run on the devices.
+                self._forget(h)
+                raise
+        return h
+
+    async def create(self, name: str, spec: dict) -> dict:
+        """Create the holding's service from ``spec`` (build_service's kwargs).
+        On failure the holding is left *creating*: the caller removes it."""
+        h = self._holdings.get(name)
+        if h is None or h.phase is not Phase.RESERVED:
+            raise SwarmError(f"{name} was stopped before its service was created")
+        self._set(h, Phase.CREATING)
+        h.created = True
+        h.creating = asyncio.ensure_future(self.swarm.create_service(**spec))
+        h.creating.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen, also if nobody awaits it
+        service = await asyncio.shield(h.creating)
+        if h.phase is Phase.CREATING:
+            self._set(h, Phase.RUNNING)
+        return service
+
+    async def note_tasks(self, name: str, task_ids: Iterable[str]) -> None:
+        """Remember the holding's tasks, here and in the ledger (a restarted hub
+        must still know what may run on its devices)."""
+        h = self._holdings.get(name)
+        new = set(task_ids) - h.tasks if h else set()
+        if h is None or not new:
+            return
+        h.tasks |= new
+        if h.labels.uuids:
+            held: Holding = h  # the tasks are read when the call runs: a later note's are written too
+            try:
+                await self.ledger_call(lambda db: db.note_tasks(name, sorted(held.tasks)))
+            except LedgerError as exc:  # kept here; written again with the next task seen
+                log.warning("%s", exc)
+
+    async def remove(self, name: str, *, wait: float | None = None, reason: str = "server stopped") -> bool:
+        """Remove the service and give back its devices once no task of it can
+        still run (waiting up to ``wait`` s, default ``stop_timeout``).
+
+        True when nothing of it is left. False when the swarm could not be
+        asked or a task still runs: its devices stay reserved (*removing*, with
+        the reason shown to admins) and a later call or reconciliation
+        finishes the job. Also removes a leftover service of that name that
+        the hub holds nothing for."""
+        h = self._holdings.get(name)
+        if h is None:
+            return await self._remove_service(name, set(), wait)
+        async with h.lock:
+            if self._holdings.get(name) is not h:
+                return True  # removed meanwhile by whoever held the lock
+            if h.phase is not Phase.REMOVING:
+                self._set(h, Phase.REMOVING, h.problem)
+            if h.creating is not None and not h.creating.done():
+                # A cancelled start: the swarm may still create the service.
+                await asyncio.wait([h.creating])
+            if not h.created:
+                await self._release(h, reason)  # no service was ever asked for
+                return True
+            try:
+                ended = await self._remove_service(name, h.tasks, wait, h)
+            except SwarmError as exc:
+                self._set(h, Phase.REMOVING, f"its service could not be removed: {exc}")
+                log.error("Could not remove service %s (its GPUs stay reserved): %s", name, exc)
+                return False
+            if not ended:
+                self._set(h, Phase.REMOVING, "its container is still running")
+                log.warning("Service %s still runs after its removal; its GPUs stay reserved", name)
+                return False
+            await self._release(h, reason)
+            return True
+
+    async def _remove_service(self, name: str, known: set[str], wait: float | None, h: Holding | None = None) -> bool:
+        """Remove the service if it exists, and wait for its tasks to end."""
+        tasks = set(known)
+        try:
+            tasks |= {t["ID"] for t in await self.swarm.tasks(name)}
+            await self.swarm.remove_service(name)
+        except SwarmError as exc:
+            if not exc.not_found:
+                raise
+        if h is not None and tasks - h.tasks:
+            await self.note_tasks(name, tasks)
+        if not tasks and h is not None and h.labels.uuids:
+            # No task was ever seen: whatever ran had the stop timeout to end.
+            now = self.clock()
+            if h.gone_since is None:
+                h.gone_since = now
+            if now - h.gone_since < self.stop_timeout:
+                return False
+        timeout = self.stop_timeout if wait is None else wait
+        return await self.swarm.wait_tasks_ended(sorted(tasks), timeout)
+
+    async def _release(self, h: Holding, reason: str) -> None:
+        # Closed while still held: a reconcile's close_missing meanwhile would close it as gone.
+        if h.labels.uuids:
+            try:
+                await self._ledger_write(lambda db: db.close(h.name, None, h.end_reason or reason))
+            except LedgerError as exc:  # the next reconciliation closes it
+                log.warning("%s", exc)
+            log.info("Released %s from %s", ", ".join(h.labels.uuids), h.name)
+        self._forget(h)
+
+    def _forget(self, h: Holding) -> None:
+        if self._holdings.get(h.name) is h:
+            del self._holdings[h.name]
+            self.allocator.release(h.name)
+            self.cluster.pending.pop(h.name, None)
+            self.ports.release(h.name)
+            self._touch(h.name)
+            self.on_free()
+
+    # -- reconciliation ------------------------------------------------------------
+
+    async def reconcile(self, untracked: Callable[[str, str], bool] | None = None) -> dict[str, int]:
+        """Make the holdings match the services the swarm runs.
+
+        A labelled service the hub does not hold is adopted (at hub start,
+        or a spawn that died with a killed hub); a holding whose service is
+        gone is removed (its devices come back once its tasks ended).
+        ``untracked(user, server)`` says the hub has no such server: its
+        service, found so at two rounds in a row, is removed."""
+        async with self._reconciling:
+            return await self._reconcile(untracked)
+
+    async def _reconcile(self, untracked) -> dict[str, int]:
+        version = self._version
+        services = await self.swarm.services(f"{LABEL}.devices")
+        found: dict[str, ServerLabels] = {}
+        present = set()  # every labelled service, also those not taken as hub servers
+        for service in services:
+            spec = service.get("Spec", {})
+            present.add(spec.get("Name", ""))
+            claim = self._claim(spec.get("Name", ""), spec.get("Labels") or {})
+            if claim is not None:
+                found[spec["Name"]] = claim
+        if not self.rebuilt:
+            await self._adopt_open_records(found)
+        adopted = 0
+        for name, claim in found.items():
+            # Skip what is held, and what changed since the swarm was asked
+            # (e.g. a server stopped meanwhile: its service is gone by now).
+            if name not in self._holdings and self._changed.get(name, 0) <= version:
+                await self._adopt(name, claim)
+                adopted += 1
+        removed = await self._remove_orphans(found, untracked, version)
+        # Holdings whose service is gone, and those being removed (a stop that
+        # failed, or whose container still ran): removed again, given back
+        # once their tasks have ended.
+        ending = [
+            h
+            for h in list(self._holdings.values())
+            if (h.phase is Phase.REMOVING or h.phase is Phase.RUNNING and h.name not in present)
+            and not h.lock.locked()
+            and self._changed.get(h.name, 0) <= version
+        ]
+        released = 0
+        for h in ending:
+            if h.phase is Phase.RUNNING:
+                log.warning("Service %s is gone; its GPUs come back once its tasks have ended", h.name)
+            if await self._settle(h):
+                released += 1
+        await self._close_missing()
+        self.rebuilt = True
+        self._changed = {n: v for n, v in self._changed.items() if v > version}
+        held_devices = sum(len(h.labels.uuids) for h in self._holdings.values())
+        log.info(
+            "GPU holdings reconciled with the swarm: %d services, %d adopted, %d released, %d devices held",
+            len(found),
+            adopted,
+            released,
+            held_devices,
+        )
+        return {
+            "services": len(found),
+            "adopted": adopted,
+            "released": released,
+            "held": held_devices,
+            "removed": removed,
+        }
+
+    async def _settle(self, h: Holding) -> bool:
+        """A holding whose service is gone: released once its tasks ended."""
+        try:
+            return await self.remove(h.name, wait=0, reason="service gone")
+        except SwarmError as exc:
+            log.warning("Service %s: %s", h.name, exc)
+            return False
+
+    def _claim(self, name: str, labels: dict) -> ServerLabels | None:
+        """The service's labels as a hub server's, or None (logged once)."""
+        try:
+            claim = parse_labels(labels)
+        except LabelError as exc:
+            why = f"its labels are not valid: {exc}"
+        else:
+            if claim is None:
+                return None
+            expected = self.name_for(claim.user, claim.server) if self.name_for else name
+            if name == expected:
+                self.foreign.pop(name, None)
+                return claim
+            why = f"its name is not {expected!r}, the hub's name for {claim.user}'s server {claim.server!r}"
+        if self.foreign.get(name) != why:
+            log.warning("Service %s is not taken as a hub server: %s", name, why)
+        self.foreign[name] = why
+        return None
+
+    async def _adopt(self, name: str, claim: ServerLabels, phase: Phase = Phase.RUNNING) -> Holding:
+        alloc, problems = self.cluster.adopt(name, claim)
+        for problem in problems:
+            log.warning("Service %s: %s", name, problem)
+            if problem.reason.double_booking:
+                metrics.DOUBLE_BOOKINGS.inc()
+        h = self._holdings[name] = Holding(name, claim, phase, created=True)
+        self._touch(name)
+        if claim.port is not None:
+            self.ports.hold(name, claim.port)
+        if alloc.devices and phase is Phase.RUNNING:
+            try:
+                await self._ledger_open(name, claim, alloc)
+            except LedgerError as exc:
+                log.warning("%s", exc)
+        return h
+
+    async def _adopt_open_records(self, running: dict[str, ServerLabels]) -> None:
+        """At hub start: allocations the ledger has open whose service is gone
+        are booked again as *removing*, with their tasks, and given back only
+        once those tasks have ended (a killed hub may have left a container
+        running on them)."""
+        try:
+            records = await self.ledger_call(lambda db: db.open_allocations())
+        except LedgerError as exc:
+            log.warning("%s", exc)
+            return
+        for r in records or ():
+            if r.service in running or r.service in self._holdings or not r.devices:
+                continue
+            whole = all(m == UNIT for m in r.milli)
+            claim = ServerLabels(
+                user=r.user,
+                server=r.server,
+                host=r.host,
+                uuids=tuple(r.devices),
+                model=r.model,
+                port=None,
+                milli=None if whole else tuple(r.milli),
+            )
+            h = await self._adopt(r.service, claim, Phase.REMOVING)
+            h.tasks, h.created = set(r.tasks), True
+            await self._settle(h)
+
+    async def _remove_orphans(self, found: dict[str, ServerLabels], untracked, version: int) -> int:
+        """Remove services of servers the hub does not know, found so twice in a
+        row (not a spawn about to register). Nothing here waits: their devices
+        come back at a later round, once their tasks have ended."""
+        orphans = set()
+        if untracked is not None:
+            orphans = {
+                name
+                for name, c in found.items()
+                if self._changed.get(name, 0) <= version and untracked(c.user, c.server)
+            }
+        removed = 0
+        for name in sorted(orphans & self._orphans):
+            h = self._holdings.get(name)
+            if h is None or h.lock.locked():
+                continue
+            log.warning(
+                "Service %s runs a server the hub does not know (%s/%s); removing it", name, h.user, h.labels.server
+            )
+            await self._settle(h)
+            removed += 1
+        self._orphans = orphans
+        return removed
+
+    # -- the ledger ----------------------------------------------------------------
+
+    async def _ledger_open(self, name: str, labels: ServerLabels, alloc: Allocation) -> None:
+        """Record the holding as open: its server (``labels``) and the devices booked for it."""
+        milli = alloc.milli or (UNIT,) * len(alloc.devices)
+        await self._ledger_write(
+            lambda db: db.open(name, labels.user, labels.server, labels.host, labels.model, alloc.uuids, milli)
+        )
+
+    async def _close_missing(self) -> None:
+        """Close the allocations of services not held (also those a stop could not close)."""
+        if self.ledger is not None:
+            async with self._ledger_order:
+                held = set(self._holdings)  # taken in its turn: see _ledger_write
+                try:
+                    await self.ledger_call(lambda db: db.close_missing(held))
+                except LedgerError as exc:
+                    log.warning("%s", exc)
+
+    async def _ledger_write(self, call: Callable[[Ledger], T]) -> T | None:
+        """Invariant: allocations are opened and closed in the order the
+        holdings changed. Each write queues (FIFO) in the step of its change (a
+        holding added or forgotten); close_missing snapshots the holdings in
+        its turn. Else a new holding's open could run before an earlier close
+        of its name, or a close_missing from before it, and lose its row."""
+        async with self._ledger_order:
+            return await self.ledger_call(call)
+
+    async def ledger_call(self, call: Callable[[Ledger], T]) -> T | None:
+        """One ledger call, off the event loop (database I/O); None without a
+        ledger. Raises LedgerError."""
+        if self.ledger is None:
+            return None
+        return await asyncio.get_running_loop().run_in_executor(self.executor, call, self.ledger)

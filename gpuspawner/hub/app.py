@@ -1,0 +1,308 @@
+"""GPUHub: the one owner of the hub's GPU state.
+
+One per hub, built from the hub's config by ``configure(c)`` (or, where the
+config does not call it, by the first spawn), and kept in the hub's tornado
+settings: handlers reach it as ``self.settings["gpuspawner"]``, spawners as
+their user's ``settings["gpuspawner"]``. It owns the cluster and its views,
+the holdings and the ledger they write, the waiting line, the idle reclaimer,
+the device gauges and the background loops, each given its collaborators when
+it is made. The parts are made at first use (the static inventory is read
+then, as before: a hub whose inventory cannot be read still serves, and says
+why at each spawn); :meth:`start` and :meth:`stop` start and end the loops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from traitlets.config import Config
+
+from gpuspawner import hub_port, metrics
+from gpuspawner.cluster.cluster import GPUCluster, InventorySettings
+from gpuspawner.cluster.swarm import Swarm, SwarmError
+from gpuspawner.core.inventory import InventoryError
+from gpuspawner.core.inventory_files import load_inventory
+from gpuspawner.holdings.holdings import Holding, Holdings
+from gpuspawner.holdings.views import holders_of
+from gpuspawner.hub.resume import resume_waiting
+from gpuspawner.hub.settings import GPUSettings
+from gpuspawner.ledger.ledger import Ledger, LedgerError, default_db_url
+from gpuspawner.line.wait import WaitLine
+from gpuspawner.reclaim.reclaimer import Reclaimer
+from gpuspawner.reclaim.settings import ReclaimSettings
+
+__all__ = ["KEY", "GPUHub", "HubConfigError", "HubSettings"]
+
+KEY = "gpuspawner"  # the GPUHub's key in the hub's tornado settings
+
+#: The config sections a GPUSwarmSpawner reads, least specific first (traitlets' order).
+SPAWNER_SECTIONS = ("Spawner", "DockerSpawner", "SwarmSpawner", "GPUSwarmSpawner")
+
+
+class HubConfigError(Exception):
+    """The hub's GPU settings cannot work (an inventory or ledger that cannot be read)."""
+
+
+class HubSettings(GPUSettings, ReclaimSettings):
+    """The hub-wide GPU settings, read from the hub's config as its spawners read them."""
+
+    @classmethod
+    def from_config(cls, config: Config, sections=SPAWNER_SECTIONS) -> HubSettings:
+        """``sections``: the spawner class's config sections, least specific first."""
+        names = set(cls.class_trait_names(config=True))
+        merged: dict[str, Any] = {}
+        for section in sections:
+            if section in config:
+                merged.update((k, v) for k, v in config[section].items() if k in names)
+        own = Config({cls.__name__: merged})
+        if "JupyterHub" in config:
+            own.JupyterHub = config.JupyterHub
+        return cls(config=own)
+
+    def inventory_settings(self) -> InventorySettings:
+        spec = self.gpu_inventory
+        return InventorySettings(
+            static=tuple(load_inventory(spec)) if spec and "static" in self.gpu_inventory_source else (),
+            sources=tuple(self.gpu_inventory_source),
+            aliases=tuple(sorted(self.gpu_model_aliases.items())),
+            stale_intervals=self.agent_stale_intervals,
+            max_temperature_c=self.gpu_max_temperature,
+            local_host=self.local_gpu_host,
+        )
+
+    def ledger_url(self) -> str:
+        hub_db = self.config.JupyterHub.get("db_url", "sqlite:///jupyterhub.sqlite")
+        return self.gpu_db_url or default_db_url(hub_db, os.getcwd())
+
+
+class GPUHub:
+    """The hub's GPU state and its background loops."""
+
+    def __init__(
+        self,
+        settings: HubSettings,
+        swarm: Swarm,
+        *,
+        name_for: Callable[[str, str], str] | None = None,
+        log: logging.Logger | logging.LoggerAdapter | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ):
+        self.settings = settings
+        self.swarm = swarm
+        self.name_for = name_for
+        self.log = log or logging.getLogger("JupyterHub")
+        self.clock, self.wall = clock, wall
+        self._holdings: Holdings | None = None
+        self._line: WaitLine | None = None
+        self._reclaimer: Reclaimer | None = None
+        self._gauges: metrics.DeviceGauges | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    @classmethod
+    def from_config(cls, config: Config, spawner_class: type, log=None, **clocks) -> GPUHub:
+        """The GPUHub of a hub whose spawners are ``spawner_class`` (a GPUSwarmSpawner)."""
+        return cls(
+            HubSettings.from_config(config, spawner_class.section_names()),
+            Swarm(hub_port.docker_connection(spawner_class, config)),
+            name_for=hub_port.service_names(spawner_class, config),
+            log=log,
+            **clocks,
+        )
+
+    @classmethod
+    def of_spawner(cls, spawner) -> GPUHub:
+        """The hub's GPUHub, from the spawner's user's hub settings; made there at
+        the first spawn when the hub's config did not call ``configure(c)``."""
+        settings = getattr(spawner.user, "settings", None)
+        if not isinstance(settings, dict):  # a spawner outside a hub: a hub of its own
+            settings = spawner.__dict__.setdefault("_gpuspawner_settings", {})
+        hub = settings.get(KEY)
+        if hub is None:
+            hub = settings[KEY] = cls.from_config(spawner.config, type(spawner), spawner.log)
+            if hub_port.running_hub() is not None:
+                hub.show_metrics()
+        return hub
+
+    def __deepcopy__(self, memo) -> GPUHub:
+        # traitlets deep-copies config values (tornado_settings); the hub's state is one.
+        return self
+
+    # -- the parts, made at first use ------------------------------------------------
+
+    @property
+    def holdings(self) -> Holdings:
+        """Raises HubConfigError while the inventory or the ledger's URL cannot work."""
+        if self._holdings is None:
+            self._make_parts()
+        assert self._holdings is not None
+        return self._holdings
+
+    @property
+    def line(self) -> WaitLine:
+        self.holdings  # noqa: B018 - made with the holdings
+        assert self._line is not None
+        return self._line
+
+    @property
+    def reclaimer(self) -> Reclaimer:
+        self.holdings  # noqa: B018 - made with the holdings
+        assert self._reclaimer is not None
+        return self._reclaimer
+
+    def _make_parts(self) -> None:
+        s = self.settings
+        try:
+            cluster = GPUCluster(s.inventory_settings(), holders_of=self._holders_of)
+            ledger = Ledger(s.ledger_url())
+        except (InventoryError, LedgerError) as exc:
+            raise HubConfigError(str(exc)) from exc
+        cluster.allocator.set_sharing(s.gpu_sharing)
+        holdings = Holdings(
+            cluster,
+            self.swarm,
+            ledger=ledger,
+            name_for=self.name_for,
+            stop_timeout=s.server_stop_timeout,
+            clock=self.clock,
+            on_free=self._devices_back,
+        )
+        self._line = WaitLine(holdings)
+        self._reclaimer = Reclaimer(
+            holdings,
+            limits_for=self._limits_for,
+            stop=self._stop_server,
+            on_active=self._touch if s.gpu_activity_updates_last_activity else None,
+            clock=self.clock,
+            wall=self.wall,
+        )
+        self._holdings = holdings
+
+    async def up_to_date(self) -> Holdings:
+        """The holdings with fresh node status; at first use, rebuilt from what
+        the swarm runs and what the ledger has open. Raises HubConfigError, SwarmError."""
+        holdings = self.holdings
+        await holdings.cluster.refresh(holdings.swarm, self.log)
+        if not holdings.rebuilt:
+            await holdings.reconcile()
+        return holdings
+
+    # -- what the parts are given ----------------------------------------------------
+
+    def _devices_back(self) -> None:
+        if self._line is not None:
+            self._line.poke()  # the line is served
+
+    def _holders_of(self, uuid: str) -> list[dict]:
+        """Who holds a device, as the map shows it: holdings, with GPU activity."""
+        if self._holdings is None or self._reclaimer is None:
+            return []
+        return [self._reclaimer.with_activity(uuid, h) for h in holders_of(self._holdings, uuid)]
+
+    def _limits_for(self, h: Holding):
+        """The reclaim limits of the holding's server: its own spawner's (its user's
+        rules), else the hub's settings."""
+        app = hub_port.running_hub()
+        _, spawner = hub_port.user_spawner(app, h.labels.user, h.labels.server) if app else (None, None)
+        return (spawner if isinstance(spawner, ReclaimSettings) else self.settings).reclaim_limits()
+
+    async def _stop_server(self, h: Holding, reason: str) -> bool:
+        app = hub_port.running_hub()
+        if app is None or not await hub_port.stop_server(app, h.labels.user, h.labels.server):
+            return False
+        self.log.info("Stopped %s's server %r: %s", h.user, h.labels.server, reason)
+        return True
+
+    def _touch(self, h: Holding) -> None:
+        app = hub_port.running_hub()
+        if app is not None:
+            hub_port.touch_activity(app, h.labels.user, h.labels.server)
+
+    # -- what users see --------------------------------------------------------------
+
+    def notices_for(self, user) -> list[dict]:
+        """For ``c.JupyterHub.template_vars``: the logged-in user's notices."""
+        if user is None or getattr(user, "kind", "user") != "user":
+            return []
+        try:
+            return self.reclaimer.notices_for(user.name)
+        except HubConfigError:  # a page must render even when the GPU side cannot
+            return []
+
+    # -- metrics and background loops -----------------------------------------------
+
+    def show_metrics(self) -> None:
+        """The device gauges at the hub's /metrics, read from this hub's cluster."""
+        if self._gauges is None:
+            self._gauges = metrics.DeviceGauges(lambda: self.holdings.cluster)
+            if not metrics.show(self._gauges):
+                self.log.warning("gpuspawner: another hub in this process shows its devices at /metrics")
+
+    def start(self) -> None:
+        """Start the background loops (in the hub's event loop) and the gauges."""
+        self.show_metrics()
+        for job in (self._keep_reconciling(), metrics.watch_event_loop(), self._keep_reclaiming()):
+            self._spawn_task(job)
+
+    async def stop(self) -> None:
+        """End the background loops and hide the gauges."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._gauges is not None:
+            metrics.hide(self._gauges)
+            self._gauges = None
+
+    async def _keep_reconciling(self) -> None:
+        """At hub start, and then every ``reconcile_interval`` seconds, make the
+        GPU holdings match the services the swarm runs (see Holdings.reconcile)."""
+        first = True
+        while True:
+            try:
+                holdings = await self.up_to_date()  # the first use rebuilds holdings from the swarm
+                if first:
+                    self._spawn_task(self._resume(holdings))  # the spawns waiting in line when the hub stopped
+                else:
+                    await holdings.reconcile(_untracked)
+                first = False
+            except SwarmError as exc:
+                self.log.warning("GPU reconciliation: the swarm could not be asked: %s", exc)
+            except Exception as exc:  # never let the loop die; say what happened in one line
+                self.log.error("GPU reconciliation failed: %s", getattr(exc, "message", exc))
+            if self.settings.reconcile_interval <= 0:
+                return
+            await asyncio.sleep(self.settings.reconcile_interval)
+
+    async def _keep_reclaiming(self) -> None:
+        """Every ``gpu_reclaim_interval`` seconds, warn and stop where limits say so."""
+        while True:
+            try:
+                await self.reclaimer.check()
+            except Exception as exc:  # never let the loop die; say what happened in one line
+                self.log.error("GPU idle reclaim failed: %s", getattr(exc, "message", exc))
+            await asyncio.sleep(self.settings.gpu_reclaim_interval)
+
+    def _spawn_task(self, job) -> None:
+        task = asyncio.get_running_loop().create_task(job)
+        self._tasks.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._tasks.discard)
+
+    async def _resume(self, holdings: Holdings) -> None:
+        try:
+            await resume_waiting(self.line, holdings)
+        except Exception as exc:  # the hub runs on; say what happened in one line
+            self.log.error("Resuming the spawns waiting in line failed: %s", getattr(exc, "message", exc))
+
+
+def _untracked(user: str, server: str) -> bool:
+    """True when the running hub has no such server running or starting."""
+    app = hub_port.running_hub()
+    if app is None:
+        return False
+    found, spawner = hub_port.user_spawner(app, user, server)
+    return found is None or spawner is None or not spawner.active

@@ -1,0 +1,339 @@
+"""gpuspawner's settings: the GPU traits of ``c.GPUSwarmSpawner`` and their
+checks (the hub's state built from them is :class:`gpuspawner.hub.app.GPUHub`'s).
+
+:class:`GPUSettings` is a mixin of :class:`~gpuspawner.spawn.spawner.GPUSwarmSpawner`
+(so the traits are configured as ``c.GPUSwarmSpawner.…``, and dockerspawner's
+own settings still apply); :func:`validate_config` checks a JupyterHub config
+at hub start.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Mapping
+
+from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Tuple, Unicode, Union, default, validate
+from traitlets.config import LoggingConfigurable
+
+from gpuspawner.allocator.allocator import POLICIES
+from gpuspawner.cluster.cluster import SOURCES
+from gpuspawner.cluster.service_spec import (
+    ENFORCEMENT_MODES,
+    HAMI_LIBRARY,
+    MPS_PIPE_DIR,
+    admin_conflicts,
+    enforcement_mode,
+    share_enforcement,
+)
+from gpuspawner.core.access import AccessRules
+from gpuspawner.core.inventory import MODEL_RE, InventoryError
+from gpuspawner.core.inventory_files import load_inventory
+from gpuspawner.core.labels import ServerLabels
+from gpuspawner.core.sharing import SharingPolicy, shown
+from gpuspawner.ledger.ledger import Ledger, LedgerError
+from gpuspawner.reclaim.settings import check_config as check_reclaim
+
+__all__ = ["GPUSettings", "validate_config"]
+
+
+class GPUSettings(LoggingConfigurable):
+    """The GPU settings of a GPUSwarmSpawner."""
+
+    gpu_inventory = Union(
+        [Dict(), Unicode()],
+        default_value={},
+        help="""The cluster's GPUs: a dict, or the path of a YAML or JSON file,
+        shaped ``{hostname: [{uuid, model, memory_mib, index?}, ...]}``.
+        ``model`` is the name NVML reports (e.g. ``NVIDIA A100 80GB PCIe``);
+        it is what users see and choose. Empty: CPU-only servers only.""",
+    ).tag(config=True)
+
+    gpu_inventory_source = List(
+        Enum(list(SOURCES)),
+        default_value=["static"],
+        help="""Where the GPUs come from, one or more of:
+        ``static`` (the ``gpu_inventory`` file or dict), ``agent`` (reports
+        that ``gpuspawner-agent`` posts from each node; see the README), and
+        ``local`` (NVML in the hub's own process, for a hub on a single GPU
+        host). With ``static`` and ``agent`` together, a host listed in the
+        static inventory keeps the devices listed there, and its agent's
+        reports only say whether they are healthy.""",
+    ).tag(config=True)
+
+    gpu_model_aliases = Dict(
+        value_trait=Unicode(),
+        help="""Friendlier names for GPU models, by the name NVML reports:
+        ``{"NVIDIA A100 80GB PCIe": "A100 (80 GB)"}``. A MIG slice is named
+        after its GPU (``"A100 (80 GB) · MIG 1g.10gb"``) unless its full name
+        has an alias of its own.""",
+    ).tag(config=True)
+
+    @validate("gpu_model_aliases")
+    def _valid_aliases(self, proposal):
+        try:
+            _check_aliases(proposal.value)
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None
+        return proposal.value
+
+    gpu_max_temperature = Float(
+        90.0,
+        help="""GPUs reported hotter than this (°C) are not offered until they
+        cool down. Lost GPUs and GPUs with uncorrected ECC errors are never offered.""",
+    ).tag(config=True)
+
+    agent_stale_intervals = Float(
+        3.0,
+        min=1.0,
+        help="""A node whose agent has not reported for this many of its
+        reporting intervals is not offered (its running servers are left
+        alone) until it reports again.""",
+    ).tag(config=True)
+
+    agent_shared_token = Bool(
+        False,
+        help="""Whether node agents may still report with one token shared by all of
+        them (a JupyterHub token whose role has ``custom:gpuspawner:report``). Such a
+        token can report for any node; a node's own token (``gpuspawner agent-token
+        HOST``) only for that node. Off (default): the shared token gets 403.
+        Turn it on only while moving nodes to their own tokens; ``gpuspawner
+        doctor`` warns while it is on.""",
+    ).tag(config=True)
+
+    local_gpu_host = Unicode(
+        help="""With ``gpu_inventory_source`` ``local``: the swarm node the
+        hub's own GPUs belong to. Default: this machine's hostname.""",
+    ).tag(config=True)
+
+    @default("local_gpu_host")
+    def _default_local_gpu_host(self):
+        return socket.gethostname()
+
+    gpu_db_url = Unicode(
+        "",
+        help="""SQLAlchemy URL of the database that keeps the history of GPU
+        allocations (who held which devices, from when to when; see
+        docs/ledger.md), e.g. the hub's own PostgreSQL. Empty (default): the
+        SQLite file ``gpuspawner.sqlite`` beside the hub's SQLite database.""",
+    ).tag(config=True)
+
+    reconcile_interval = Integer(
+        60,
+        min=0,
+        help="""Seconds between reconciliations of GPU holdings with the
+        services the swarm runs: a labelled service the hub does not track is
+        adopted, and the devices of a service that is gone are given back.
+        Also done at hub start (with ``gpuspawner.hubconfig.configure``) and by
+        the admin's rescan. 0: only at start and on rescan.""",
+    ).tag(config=True)
+
+    gpu_sharing = Dict(
+        help="""Which GPU models users may ask a share of (``gpu_share``), by
+        model name, ``"*"`` for the rest: ``{"NVIDIA A100 80GB PCIe":
+        {"quantum": 0.05, "split": True}, "Tesla T4": {"shares": [0.25, 0.5]}}``.
+        ``quantum``: shares are multiples of it; ``shares``: the only ones
+        offered; ``split``: a share above one GPU may span devices of one
+        host; ``uneven``: where no even split fits, the pieces may differ;
+        ``split_small``: a share of at most one GPU may span devices too
+        (otherwise it stays on one device). Empty (default): whole GPUs only. What a share
+        means on the GPU depends on ``gpu_share_enforcement``.""",
+    ).tag(config=True)
+
+    @validate("gpu_sharing")
+    def _valid_sharing(self, proposal):
+        try:
+            SharingPolicy.parse(proposal.value)
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None
+        return proposal.value
+
+    gpu_share_enforcement = Union(
+        [Enum(list(ENFORCEMENT_MODES)), Dict()],
+        default_value="none",
+        help="""What enforces a server's share of a GPU on its node: ``none``
+        (bookkeeping and framework hints only: a process can still use the whole
+        GPU), ``mps`` (the node runs the CUDA MPS control daemon: memory and SM
+        limits per client), ``hami`` (HAMi-core's libvgpu.so is on the node:
+        memory and SM limits enforced in the container). One mode, or
+        ``{hostname: mode, "*": mode}``. See docs/sharing.md.""",
+    ).tag(config=True)
+
+    gpu_share_mps_pipe_dir = Unicode(
+        MPS_PIPE_DIR, help="With ``mps``: the MPS control daemon's pipe directory on the nodes."
+    ).tag(config=True)
+
+    gpu_share_hami_library = Unicode(
+        HAMI_LIBRARY, help="With ``hami``: the path of HAMi-core's libvgpu.so on the nodes."
+    ).tag(config=True)
+
+    allocation_policy = Unicode(
+        "pack",
+        help=f"""How to pick a host for a request: {", ".join(POLICIES)}.
+        ``pack`` (default) takes the host with the least free room that still
+        fits, keeping whole hosts free for large requests; ``spread`` takes the
+        host with the most free room.""",
+    ).tag(config=True)
+
+    @validate("allocation_policy")
+    def _valid_policy(self, proposal):
+        if proposal.value not in POLICIES:
+            raise TraitError(f"Unknown allocation_policy {proposal.value!r}; choose one of: {', '.join(POLICIES)}")
+        return proposal.value
+
+    max_gpus_per_user = Integer(
+        1,
+        min=0,
+        help="""The most GPUs one user may hold, counted across all their servers.
+        0 allows CPU-only servers only.""",
+    ).tag(config=True)
+
+    gpu_access = Dict(
+        help="""Access rules per JupyterHub group: ``{group: {"models": "*" or
+        [names], "max_gpus": n, "priority": n, "max_hours": h,
+        "weekly_gpu_hours": h, "idle_timeout": s, "idle_threshold": pct}}``,
+        ``"*"`` for users in none of the listed groups. A user in several
+        groups gets the most generous of each setting. Empty (default):
+        every model for everyone, up to ``max_gpus_per_user``. See docs/access.md.""",
+    ).tag(config=True)
+
+    @validate("gpu_access")
+    def _valid_access(self, proposal):
+        try:
+            AccessRules.parse(proposal.value, default_max_gpus=0)
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None
+        return proposal.value
+
+    allow_host_choice = Bool(
+        False,
+        help="""Let users pin their server to a host (``gpu_host``). Off by
+        default: the allocator chooses.""",
+    ).tag(config=True)
+
+    nvidia_driver_capabilities = Unicode(
+        "compute,utility",
+        help="""``NVIDIA_DRIVER_CAPABILITIES`` for GPU servers: which driver
+        libraries the NVIDIA container runtime mounts. It wins over an
+        ``NVIDIA_DRIVER_CAPABILITIES`` in ``environment`` or the extra specs.""",
+    ).tag(config=True)
+
+    task_start_timeout = Integer(
+        50,
+        min=1,
+        help="""Seconds to wait for the service's task to run before giving up,
+        removing the service and releasing its GPUs. Keep it below
+        ``Spawner.start_timeout`` so that users see this clearer message.""",
+    ).tag(config=True)
+
+    gpu_wait_timeout = Integer(
+        4 * 3600,
+        min=1,
+        help="""Seconds a request may wait in line for a GPU model
+        (``gpu_wait``, docs/line.md) before it fails with a message saying so.
+        While a spawn may wait, JupyterHub's ``start_timeout`` is extended by this much.""",
+    ).tag(config=True)
+
+    server_stop_timeout = Integer(
+        30,
+        min=0,
+        help="""Seconds to wait, after a server's service is removed, for its
+        container to exit (it gets SIGTERM, then SIGKILL after the swarm's grace
+        period). Its GPUs go to the next user only once it has exited.""",
+    ).tag(config=True)
+
+    host_network_ports = Tuple(
+        Integer(min=1, max=65535),
+        Integer(min=1, max=65535),
+        default_value=(20000, 29999),
+        help="""With ``network_name = "host"``, each server listens on its node's
+        own network at a port picked from this range (inclusive), one per
+        server, so that servers on one node don't collide.""",
+    ).tag(config=True)
+
+    options_form_template = Unicode(
+        "options_form.html",
+        help="Name of the Jinja template of the spawn form, looked up in ``template_paths`` first.",
+    ).tag(config=True)
+
+    template_paths = List(
+        Unicode(),
+        help="Folders with templates that override gpuspawner's own (e.g. options_form.html).",
+    ).tag(config=True)
+
+    def share_enforcement_for(self, c: ServerLabels, allocator) -> tuple[dict, list]:
+        """Env and mounts that carry a server's shares (none for whole GPUs)."""
+        if not c.uuids or not c.milli:
+            return {}, []
+        memory = [(allocator.device(u).memory_mib if allocator.device(u) else 0) for u in c.uuids]
+        return share_enforcement(
+            enforcement_mode(self.gpu_share_enforcement, c.host),
+            c.milli,
+            memory,
+            hami_library=self.gpu_share_hami_library,
+            mps_pipe_dir=self.gpu_share_mps_pipe_dir,
+        )
+
+
+def _check_aliases(aliases) -> None:
+    """Aliases end up in service labels and the form: plain names only."""
+    if not isinstance(aliases, Mapping):
+        raise ValueError(f"gpu_model_aliases must be a mapping of NVML model name to alias, got {shown(aliases)}")
+    for name, alias in aliases.items():
+        if not isinstance(alias, str) or not MODEL_RE.fullmatch(alias):
+            raise ValueError(f"gpu_model_aliases[{name!r}] = {alias!r} is not a plain model name")
+
+
+def validate_config(config) -> None:
+    """Check gpuspawner's settings in a JupyterHub config now, at hub start.
+
+    Call it at the end of jupyterhub_config.py (``validate_config(c)``). A bad
+    inventory or policy then stops the hub with one line naming the file and
+    the problem, instead of failing each spawn later; so does an
+    ``extra_*`` setting, ``environment`` or ``volumes`` that could only conflict with what
+    gpuspawner guarantees (README: "What admin settings cannot change"). Settings on
+    ``c.GPUSwarmSpawner`` win over those on ``c.SwarmSpawner``/``c.Spawner``,
+    as traitlets resolves them.
+    """
+    try:
+        spawner_config = {}
+        for section in ("Spawner", "DockerSpawner", "SwarmSpawner", "GPUSwarmSpawner"):
+            if section in config:
+                spawner_config.update(config[section])
+        policy = spawner_config.get("allocation_policy", "pack")
+        if not isinstance(policy, str) or policy not in POLICIES:
+            raise ValueError(f"Unknown allocation_policy {policy!r}; choose one of: {', '.join(POLICIES)}")
+        db_url = spawner_config.get("gpu_db_url")
+        if db_url:
+            Ledger(db_url)  # checks the URL and its driver; connects only on first use
+        inventory = spawner_config.get("gpu_inventory")
+        if inventory:
+            load_inventory(inventory)
+        sources = spawner_config.get("gpu_inventory_source", ["static"])
+        unknown = [s for s in sources if s not in SOURCES] if isinstance(sources, (list, tuple)) else [sources]
+        if unknown or not sources:
+            raise ValueError(f"gpu_inventory_source must be a list of: {', '.join(SOURCES)}; got {sources!r}")
+        _check_aliases(spawner_config.get("gpu_model_aliases", {}))
+        SharingPolicy.parse(spawner_config.get("gpu_sharing") or None)
+        enforcement_mode(spawner_config.get("gpu_share_enforcement", "none"), "*")
+        limit = spawner_config.get("max_gpus_per_user", 1)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"max_gpus_per_user must be a whole number ≥ 0, got {limit!r}")
+        check_reclaim(spawner_config)  # docs/idle.md
+        conflicts = admin_conflicts(spawner_config)
+        if conflicts:
+            raise ValueError(conflicts[0])
+        _check_access(spawner_config, inventory)
+    except (InventoryError, LedgerError, ValueError) as exc:
+        raise SystemExit(f"gpuspawner configuration error: {' '.join(str(exc).split())}") from None
+
+
+def _check_access(spawner_config: Mapping, inventory) -> None:
+    """``gpu_access`` at hub start: bad rules stop the hub (ValueError); a model
+    no static inventory has is only warned about (agents may report it later)."""
+    aliases = spawner_config.get("gpu_model_aliases", {})
+    rules = AccessRules.parse(spawner_config.get("gpu_access"), default_max_gpus=0, aliases=aliases)
+    if rules.active and inventory:
+        known = {aliases.get(d.model, d.model) for d in load_inventory(inventory)}
+        for unknown in rules.unknown_models(known):
+            logging.getLogger("JupyterHub").warning("gpuspawner: gpu_access names a model no GPU has: %s", unknown)

@@ -1,0 +1,141 @@
+"""The ledger's tables, as the migrations in ``ledger_migrations`` create them, and
+:class:`Record`, one allocation read back from them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import sqlalchemy as sa
+
+from gpuspawner.core.sharing import UNIT
+
+NAME_MAX = 255
+TASKS_MAX = 64  # task ids kept per allocation (the newest)
+
+
+class UTCDateTime(sa.types.TypeDecorator):
+    """Aware UTC datetimes in Python, naive UTC in the database (alike on every backend)."""
+
+    impl = sa.DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        return None if value is None else value.astimezone(timezone.utc).replace(tzinfo=None)
+
+    def process_result_value(self, value, dialect):
+        return None if value is None else value.replace(tzinfo=timezone.utc)
+
+
+metadata = sa.MetaData()
+
+allocations = sa.Table(
+    "gpuspawner_allocations",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("service", sa.String(NAME_MAX), nullable=False),
+    sa.Column("username", sa.String(NAME_MAX), nullable=False),
+    sa.Column("server", sa.String(NAME_MAX), nullable=False),  # "": the default server
+    sa.Column("host", sa.String(NAME_MAX), nullable=False),
+    sa.Column("model", sa.String(NAME_MAX), nullable=False),  # "": no GPU
+    sa.Column("started_at", UTCDateTime, nullable=False),
+    sa.Column("ended_at", UTCDateTime, nullable=True),  # NULL: still open
+    sa.Column("end_reason", sa.Text, nullable=False),
+    sa.Column("tasks", sa.Text, nullable=False, server_default=""),  # swarm task ids, comma-separated
+    # At most one open allocation per service (created as such on SQLite and PostgreSQL).
+    sa.Index(
+        "gpuspawner_allocations_open_service",
+        "service",
+        unique=True,
+        sqlite_where=sa.text("ended_at IS NULL"),
+        postgresql_where=sa.text("ended_at IS NULL"),
+    ),
+    sa.Index("gpuspawner_allocations_started_at", "started_at"),
+    sa.Index("gpuspawner_allocations_username", "username"),
+)
+
+# One row per device of an allocation, so "who had GPU-xyz when" is one indexed query.
+allocation_devices = sa.Table(
+    "gpuspawner_allocation_devices",
+    metadata,
+    sa.Column(
+        "allocation_id",
+        sa.Integer,
+        sa.ForeignKey("gpuspawner_allocations.id", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    sa.Column("position", sa.Integer, primary_key=True),  # order as given
+    sa.Column("uuid", sa.String(NAME_MAX), nullable=False),
+    sa.Column("milli", sa.Integer, nullable=False),  # thousandths: 1000 is the whole device
+    sa.Index("gpuspawner_allocation_devices_uuid", "uuid"),
+)
+
+# One node agent's token per host: only its SHA-256 (gpuspawner.core.agent_tokens).
+agent_tokens = sa.Table(
+    "gpuspawner_agent_tokens",
+    metadata,
+    sa.Column("host", sa.String(NAME_MAX), primary_key=True),
+    sa.Column("token_sha256", sa.String(64), nullable=False, unique=True),
+    sa.Column("issued_at", UTCDateTime, nullable=False),
+)
+
+
+@dataclass(frozen=True)
+class AgentToken:
+    """A host's agent token as stored: its digest and when it was issued."""
+
+    host: str
+    token_sha256: str
+    issued_at: datetime
+
+
+# Record field: allocations column, for what is stored one to one.
+COLUMNS = {
+    "service": "service",
+    "user": "username",
+    "server": "server",
+    "host": "host",
+    "model": "model",
+    "started_at": "started_at",
+    "ended_at": "ended_at",
+    "end_reason": "end_reason",
+}
+
+
+@dataclass(frozen=True)
+class Record:
+    """One allocation: a service's devices from ``started_at`` to ``ended_at`` (None: open)."""
+
+    id: int
+    service: str
+    user: str
+    server: str
+    host: str
+    model: str
+    devices: tuple[str, ...]
+    milli: tuple[int, ...]  # each device's share in thousandths (1000: whole), aligned with devices
+    tasks: tuple[str, ...]  # the ids of the service's swarm tasks noted so far, oldest first
+    started_at: datetime
+    ended_at: datetime | None
+    end_reason: str
+
+    @property
+    def gpus(self) -> float:
+        """How many GPUs' worth the allocation held (the sum of its shares), for reports."""
+        return sum(self.milli) / UNIT
+
+    def same_as(self, other: Record) -> bool:
+        fields = ("user", "server", "host", "model", "devices", "milli")
+        return all(getattr(self, f) == getattr(other, f) for f in fields)
+
+
+def join_tasks(old: Sequence[str], new: Sequence[str]) -> tuple[str, ...]:
+    """``old`` then the ids of ``new`` not in it, in order, without repeats; at most
+    :data:`TASKS_MAX`, dropping the oldest (those replaced longest ago) first."""
+    return tuple(dict.fromkeys((*old, *new)))[-TASKS_MAX:]
+
+
+def split_tasks(text: str) -> tuple[str, ...]:
+    """The ``tasks`` column's text as ids."""
+    return tuple(text.split(",")) if text else ()

@@ -1,0 +1,316 @@
+"""Waiting in line for a GPU model: the hub's live line, and a spawn's wait in it.
+
+One :class:`WaitLine` per hub (the hub's :class:`~gpuspawner.hub.app.GPUHub` makes it).
+Its rows mirror the ledger's (:mod:`gpuspawner.ledger.line`), so the order
+survives a hub restart; the order rules are :mod:`gpuspawner.core.line_order`'s.
+
+A waiting spawn registers how to reserve for itself; whenever devices come
+back (a holding is released: the hub calls :meth:`WaitLine.poke`), and every few seconds
+anyway, the line is served: each model's first waiter tries to reserve, and
+on success its spawn carries on. A head whose spawn is not live (a hub
+restart, before it is resumed) holds its place: nobody behind it is served.
+
+While a spawn waits it holds no slot of JupyterHub's ``concurrent_spawn_limit``:
+JupyterHub counts every pending spawn against that limit, so the limit the hub
+checks is raised by one per waiting spawn (see docs/line.md and
+:func:`gpuspawner.hub_port.hold_spawn_slot`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from itertools import count
+
+from jupyterhub.spawner import SpawnException
+
+from gpuspawner import hub_port, metrics
+from gpuspawner.allocator.refusals import AllocationRefused, Refusal
+from gpuspawner.core.line_order import Waiter, by_model, estimate, position
+from gpuspawner.holdings.holdings import Holding, Holdings
+from gpuspawner.ledger.checks import utc_now
+from gpuspawner.ledger.ledger import LedgerError
+
+__all__ = ["WaitLine", "extend_start_timeout", "refused_out_of_line", "reserve_or_wait"]
+
+log = logging.getLogger(__name__)
+
+RETRY_SECONDS = 10.0  # a waiter's line is served at least this often (devices may come back unannounced)
+LOOK_SECONDS = 1.0  # how often a waiting spawn looks at its place in line
+
+Reserve = Callable[[], Awaitable[Holding]]
+
+
+def waits_for(exc: SpawnException) -> bool:
+    """Whether a refused reservation is one to wait in line for: none free right
+    now (not impossible, not forbidden, not the user's own limit)."""
+    cause = exc.__cause__
+    return isinstance(cause, AllocationRefused) and cause.retry and cause.reason is not Refusal.LIMIT_REACHED
+
+
+class WaitLine:
+    def __init__(self, owner: Holdings):
+        self.owner = owner
+        self.rows: list[Waiter] = []  # as in the ledger
+        self.loaded = False
+        self._live: dict[str, tuple[Reserve, asyncio.Future]] = {}  # waiting spawns: how to reserve, their result
+        self._ids = count(1)  # without a ledger
+        self._serving: asyncio.Task | None = None
+        self._again = False
+        self._cancelled: set[str] = set()  # waits cancelled whose server is not stopped yet
+
+    # -- the rows ------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """The ledger's rows, at first use (a restarted hub finds its line)."""
+        if not self.loaded:
+            try:
+                rows = await self.owner.ledger_call(lambda db: db.waiting())
+            except LedgerError as exc:  # tried again at the next spawn
+                log.warning("%s", exc)
+                return
+            if not self.loaded:
+                self.rows, self.loaded = list(rows or []), True
+                self._count()
+
+    def lines(self) -> dict[str, list[Waiter]]:
+        return by_model(self.rows)
+
+    def place(self, service: str) -> tuple[str, int] | None:
+        return position(self.rows, service)
+
+    def waiting_for(self, model: str) -> int:
+        return sum(1 for w in self.rows if w.model == model)
+
+    async def join(self, service: str, user: str, server: str, model: str, priority: int, request: dict) -> Waiter:
+        """Into ``model``'s line (a service in it keeps its place). Raises LedgerError."""
+        row = await self.owner.ledger_call(lambda db: db.enqueue(service, user, server, model, priority, request))
+        if row is None:  # no ledger
+            row = Waiter(next(self._ids), service, user, server, model, priority, utc_now(), dict(request))
+        if all(w.service != service for w in self.rows):
+            self.rows.append(row)
+            self._count()
+        return row
+
+    async def leave(self, service: str) -> None:
+        """Out of line at once; the ledger's row goes too (logged when it cannot)."""
+        self._drop(service)
+        try:
+            await self.owner.ledger_call(lambda db: db.dequeue(service))
+        except LedgerError as exc:
+            log.warning("%s", exc)
+
+    def _drop(self, service: str) -> None:
+        before = len(self.rows)
+        self.rows = [w for w in self.rows if w.service != service]
+        if len(self.rows) != before:
+            self._count()
+            self.poke()  # the next one may be served now
+
+    def _count(self) -> None:
+        metrics.line_lengths({model: len(line) for model, line in self.lines().items()})
+
+    # -- serving ------------------------------------------------------------------
+
+    def poke(self) -> None:
+        """Serve the line soon (devices came back, or the line changed)."""
+        self._again = True
+        if self._serving is None or self._serving.done():
+            try:
+                self._serving = asyncio.get_running_loop().create_task(self._serve_all())
+            except RuntimeError:  # no loop (a test without one): nothing waits
+                self._serving = None
+
+    async def _serve_all(self) -> None:
+        while self._again:
+            self._again = False
+            for line in self.lines().values():
+                try:
+                    await self._serve(line)
+                except Exception:  # never stop serving the others
+                    log.exception("Serving the line for %s failed", line[0].model)
+
+    async def _serve(self, line: list[Waiter]) -> None:
+        """Reserve for the first in ``line`` while what is free allows."""
+        for w in line:
+            live = self._live.get(w.service)
+            if live is None or live[1].done():
+                return  # not live yet (a restarted hub resumes it): its place holds
+            reserve, result = live
+            try:
+                holding = await reserve()
+            except SpawnException as exc:
+                if waits_for(exc) or exc.reason == "stale_service":
+                    return  # not yet
+                if not result.done():
+                    result.set_exception(exc)
+                self._drop(w.service)
+                continue
+            if result.done():  # the wait ended (cancelled) while reserving: give them back
+                if self.owner.get(w.service) is holding:
+                    await self.owner.remove(w.service)
+                return
+            self._drop(w.service)
+            result.set_result(holding)
+
+    # -- one spawn's wait ------------------------------------------------------------
+
+    async def wait(self, service: str, reserve: Reserve, timeout: float, report: Callable[[str], None]) -> Holding:
+        """Wait (at most ``timeout`` s) until the line reserves for ``service``;
+        ``report`` gets each new place in line. Cancelling it leaves the line at once."""
+        loop = asyncio.get_running_loop()
+        result: asyncio.Future = loop.create_future()
+        self._live[service] = (reserve, result)
+        deadline, last, poked = loop.time() + timeout, None, 0.0
+        cancelled = False
+        try:
+            while not result.done():
+                place = self.place(service)
+                if place is None:
+                    break
+                if place != last:
+                    last = place
+                    report(await self._words(*place))
+                if loop.time() - poked >= RETRY_SECONDS:
+                    poked = loop.time()
+                    self.poke()
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                await asyncio.wait({result}, timeout=min(LOOK_SECONDS, left))
+            if not result.done():
+                raise TimeoutError
+            return result.result()
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
+        finally:
+            self._live.pop(service, None)
+            if not result.done():
+                result.cancel()  # a reservation under way is given back (see _serve)
+            if cancelled:
+                self.cancel(service)
+                if result.done() and not result.cancelled() and result.exception() is None:
+                    # Served as it was cancelled: what the line reserved goes back.
+                    if self.owner.get(service) is result.result():
+                        await asyncio.shield(self.owner.remove(service))
+            else:
+                await asyncio.shield(self.leave(service))  # served or not, its row goes
+
+    def cancel(self, service: str) -> None:
+        """A cancelled wait: out of line at once; its row goes when its server
+        is stopped (:meth:`stopped`), as JupyterHub stops a spawn it cancels.
+        A hub that shuts down cancels every task too, and stops nothing
+        (``cleanup_servers = False``): its rows stay for the next hub."""
+        self._drop(service)
+        self._cancelled.add(service)
+
+    async def stopped(self, service: str) -> None:
+        """The server was stopped: a wait of it that was cancelled leaves the ledger's line too."""
+        if service in self._cancelled:
+            self._cancelled.discard(service)
+            await self.leave(service)
+
+    async def _words(self, model: str, place: int) -> str:
+        """ "You are number N in line for MODEL", and the estimate."""
+        try:
+            runs = await self.owner.ledger_call(lambda db: db.run_seconds(model)) or []
+        except LedgerError:
+            runs = []
+        total = sum(m.total for m in self.owner.allocator.summary() if m.model == model)
+        guess = estimate(runs, place, total)
+        return f"You are number {place} in line for {model}" + (f". {guess}" if guess else "")
+
+
+def extend_start_timeout(spawner) -> None:
+    """JupyterHub's ``start_timeout`` for this spawn: the admin's, plus
+    ``gpu_wait_timeout`` when it may wait in line (read before each spawn)."""
+    base = getattr(spawner, "_start_timeout_base", None)
+    if base is None:
+        base = spawner._start_timeout_base = spawner.start_timeout
+    options = spawner.user_options or {}
+    spawner.start_timeout = base + (spawner.gpu_wait_timeout if options.get("gpu_wait") is True else 0)
+
+
+def busy_refusal(model: str, waiting: int, make_error) -> SpawnException:
+    people = "1 request is" if waiting == 1 else f"{waiting} requests are"
+    return make_error(
+        f"No {model} is free for you now: {people} waiting in line for it. "
+        "Tick “If none is free, wait in line” (gpu_wait) to join the line.",
+        reason="gpu_unavailable",
+        status_code=503,
+    )
+
+
+@asynccontextmanager
+async def refused_out_of_line(line: WaitLine, service: str) -> AsyncIterator[None]:
+    """A spawn's checks before the line: a spawn resumed after a hub restart
+    that they refuse (its user's rules changed, a stale service) leaves the
+    place it had, so that nobody waits behind a spawn that has failed."""
+    try:
+        yield
+    except Exception:
+        if line.place(service) is not None:
+            await line.leave(service)
+        raise
+
+
+async def reserve_or_wait(
+    spawner, line: WaitLine, model: str | None, wait: bool, reserve: Reserve, spawn_error
+) -> Holding:
+    """Reserve now, or (with ``wait``) wait in ``model``'s line while none is
+    free: a request never goes ahead of those in line for its model.
+    ``spawn_error`` makes the SpawnExceptions users see."""
+    if wait:  # a hub loads its line at start (line_resume): others need not wait for the ledger here
+        await line.load()
+    name = spawner.service_name
+    if model is None or (not line.waiting_for(model) and line.place(name) is None):
+        try:
+            return await reserve()
+        except SpawnException as exc:
+            if not (wait and model and waits_for(exc)):
+                raise
+    elif not wait:
+        raise busy_refusal(model, line.waiting_for(model), spawn_error)
+    assert model is not None
+    joining = asyncio.ensure_future(
+        line.join(name, spawner.user.name, spawner.name, model, spawner._line_priority(), spawner.user_options)
+    )
+    try:
+        await asyncio.shield(joining)
+    except asyncio.CancelledError:  # cancelled as its row was written: out of line
+        await asyncio.wait([joining])
+        line.cancel(name)
+        raise
+    except (LedgerError, ValueError) as exc:
+        spawner.log.error("%s could not wait in line: %s", name, exc)
+        raise spawn_error(
+            "Your request cannot wait in line right now (the hub's GPU ledger cannot record it); "
+            "please try again in a minute.",
+            reason="ledger_unavailable",
+            log_message=str(exc),
+            status_code=503,
+        ) from exc
+    return await _wait(spawner, line, reserve, spawn_error)
+
+
+async def _wait(spawner, line: WaitLine, reserve: Reserve, spawn_error) -> Holding:
+    settings = hub_port.spawn_limit_settings()
+    hub_port.hold_spawn_slot(settings, +1)
+    since = time.monotonic()
+    try:
+        holding = await line.wait(spawner.service_name, reserve, spawner.gpu_wait_timeout, spawner._report)
+    except TimeoutError:
+        hours = spawner.gpu_wait_timeout / 3600
+        raise spawn_error(
+            f"No GPU became free for you within {hours:g} h of waiting in line (gpu_wait_timeout); please try again later.",
+            reason="gpu_wait_timeout",
+            status_code=503,
+        ) from None
+    finally:
+        hub_port.hold_spawn_slot(settings, -1)
+    metrics.WAIT_SECONDS.labels(holding.labels.model).observe(time.monotonic() - since)
+    return holding

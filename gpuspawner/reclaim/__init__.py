@@ -1,0 +1,1 @@
+"""Idle and held-time reclaim: readings per holder, warnings, stops through the hub."""

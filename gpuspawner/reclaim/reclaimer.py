@@ -1,0 +1,248 @@
+"""Idle GPUs come back: the hub's side of idle reclaim and of the held-time limit.
+
+Each accepted node report (see ``api.ReportHandler``) is read here per holder: for
+each device of the report, its holders from the hub's own holdings, and each
+holder's own processes (those the node's agent traced to the holder's service; the
+hub believes a node only about devices it holds, and about services that hold them
+there). :mod:`gpuspawner.core.idle` keeps the timers; :meth:`Reclaimer.check`, run by the
+hub every few seconds, warns (the notices users see on the home page and at
+``GET /hub/api/gpuspawner/notices``) and stops through the hub the servers whose
+warning has run out, with the end reason ``idle`` or ``max_hours`` in the ledger.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+
+from prometheus_client import Counter, Gauge
+
+from gpuspawner.core.idle import IDLE, DeviceSample, IdleTimers, Limits, Notice
+from gpuspawner.core.reports import NodeReport
+from gpuspawner.core.sharing import UNIT
+from gpuspawner.holdings.holdings import Holding, Holdings, Phase
+
+__all__ = ["Reclaimer"]
+
+log = logging.getLogger(__name__)
+
+RECLAIMED = Counter(
+    "gpuspawner_gpu_hours_reclaimed",
+    "GPU-hours given back by stopping servers, by reason (idle: the idle time)",
+    ["reason"],
+)
+STOPPED = Counter("gpuspawner_servers_reclaimed", "Servers stopped for idleness or for their held time", ["reason"])
+IDLE_GPUS = Gauge("gpuspawner_idle_held_gpus", "GPUs (a share counts as its fraction) held by idle servers")
+UNATTRIBUTED = Gauge("gpuspawner_unattributed_gpu_processes", "GPU processes no holder of their device owns")
+
+MAX_UNATTRIBUTED = 64  # kept per host, for admins
+
+Stop = Callable[[Holding, str], Awaitable[bool]]
+LimitsFor = Callable[[Holding], Limits]
+
+
+def _iso(wall: float) -> str:
+    return datetime.fromtimestamp(wall, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+class Reclaimer:
+    """Idle and held-time reclaim for one hub's holdings. ``limits_for(h)``: the
+    limits the holding's server is held to; ``stop(h, reason)``: stops a server
+    through the hub (True when the stop began); ``on_active(h)``: a holder was
+    busy on its GPUs."""
+
+    def __init__(
+        self,
+        holdings: Holdings,
+        *,
+        limits_for: LimitsFor = lambda h: Limits(),
+        stop: Stop | None = None,
+        on_active: Callable[[Holding], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall=time.time,
+    ):
+        self.holdings = holdings
+        self.clock, self.wall = clock, wall
+        self.timers = IdleTimers(clock)
+        self.limits_for = limits_for
+        self.stop = stop
+        self.on_active = on_active
+        self.unattributed: dict[str, list[dict]] = {}  # host -> processes no holder owns
+        self._timed: dict[str, Holding] = {}  # service -> the holding its timers are of
+        self._stopping: set[str] = set()
+
+    # -- readings ------------------------------------------------------------------
+
+    def observe(self, report: NodeReport) -> None:
+        """Take an accepted report: each holder's readings on this host's devices."""
+        host = report.hostname
+        samples: dict[str, list[DeviceSample]] = {}
+        stray = []
+        booked_on = self.holdings.allocator.booked_on
+        for dev in report.devices:
+            if dev.uuid is None or dev.mig_mode:
+                continue  # MIG slices' processes are not read per slice
+            holders = [n for n in booked_on(dev.uuid) if self._held_on(n, host, dev.uuid)]
+            for p in dev.compute:
+                if p.service not in holders:
+                    stray.append({"uuid": dev.uuid, "pid": p.pid, "used_mib": p.used_mib, "service": p.service})
+            for name in holders:
+                own = tuple(p.used_mib for p in dev.compute if p.service == name)
+                samples.setdefault(name, []).append(DeviceSample(dev.utilization_gpu, own, len(holders) > 1))
+        self.unattributed[host] = stray[:MAX_UNATTRIBUTED]
+        UNATTRIBUTED.set(sum(len(v) for v in self.unattributed.values()))
+        for name, got in samples.items():
+            h = self.holdings.get(name)
+            if h is None:
+                continue
+            self._own_timers(h)
+            if self.timers.observe(name, got, self.limits_for(h)) and self.on_active is not None:
+                self.on_active(h)
+        if samples:
+            self.holdings.cluster.views.holders_changed(host)  # the map shows activity
+
+    def _own_timers(self, h: Holding) -> None:
+        """The timers of h's name are h's own: a server started again under the
+        same name starts from zero, with no warning of the one before."""
+        if self._timed.get(h.name) is not h:
+            self.timers.forget(h.name)
+            self._timed[h.name] = h
+
+    def _held_on(self, name: str, host: str, uuid: str) -> bool:
+        h = self.holdings.get(name)
+        return h is not None and h.phase is Phase.RUNNING and h.labels.host == host and uuid in h.labels.uuids
+
+    # -- decisions -----------------------------------------------------------------
+
+    async def check(self) -> list[tuple[str, str]]:
+        """Warn and stop where limits say so; the (service, reason) of each stop begun."""
+        running = {n: h for n, h in self.holdings.all().items() if h.labels.uuids and h.phase is Phase.RUNNING}
+        for name in (set(self.timers.holders()) | set(self._timed)) - set(running):
+            self.timers.forget(name)
+            self._timed.pop(name, None)
+        for h in running.values():
+            self._own_timers(h)
+        await self._hold_new(running)
+        due, idle_gpus = [], 0.0
+        for name, h in running.items():
+            reason = self.timers.decide(name, self.limits_for(h))
+            if self.timers.idle_for(name) is not None:
+                idle_gpus += sum(h.labels.milli or [UNIT] * len(h.labels.uuids)) / UNIT
+            if reason and name not in self._stopping:
+                due.append((h, reason))
+        IDLE_GPUS.set(idle_gpus)
+        started = []
+        for h, reason in due:
+            # Decided again: an earlier stop's awaits may have let a reading in (activity
+            # cancels an idle stop), the holding end, or its name go to a new server.
+            if self._current(h) and self.timers.decide(h.name, self.limits_for(h)) == reason:
+                started.append((h.name, reason))
+                await self._stop(h, reason)
+        return started
+
+    def _current(self, h: Holding) -> bool:
+        return self.holdings.get(h.name) is h and h.phase is Phase.RUNNING and self._timed.get(h.name) is h
+
+    async def _hold_new(self, running: dict[str, Holding]) -> None:
+        """Start timing new holdings; held time counts from the ledger's start where
+        it has one (a holding adopted after a hub restart has been held for a while)."""
+        new = [n for n in running if n not in self.timers.holders()]
+        if not new:
+            return
+        started = {}
+        try:
+            records = await self.holdings.ledger_call(lambda db: db.open_allocations())
+            started = {r.service: r.started_at.timestamp() for r in records or ()}
+        except Exception as exc:  # the ledger is down: count from now
+            log.warning("Idle reclaim: the ledger could not be read: %s", exc)
+        now, wall = self.clock(), self.wall()
+        for name in new:
+            since = started.get(name)
+            self.timers.hold(name, now if since is None else now - max(0.0, wall - since))
+
+    async def _stop(self, h: Holding, reason: str) -> None:
+        if self.stop is None:
+            return
+        idle = self.timers.idle_for(h.name) or 0.0
+        gpus = sum(h.labels.milli or [UNIT] * len(h.labels.uuids)) / UNIT
+        self._stopping.add(h.name)
+        h.end_reason = reason  # whoever releases it (this stop, the reconcile) records this reason
+        log.info("Stopping %s of %s (%s)", h.name, h.user, reason)
+        try:
+            stopped = await self.stop(h, reason)
+            if not stopped:
+                h.end_reason = ""  # not begun (a stop or spawn under way): the reason is the other's
+        except Exception as exc:  # begun, not done (its container still runs): the reconcile ends it
+            log.error("Idle reclaim could not stop %s: %s", h.name, exc)
+            stopped = False
+        finally:
+            self._stopping.discard(h.name)
+        if stopped and self._timed.get(h.name) is h:
+            self.timers.forget(h.name)
+            self._timed.pop(h.name, None)
+            STOPPED.labels(reason).inc()
+            RECLAIMED.labels(reason).inc(gpus * (idle if reason == IDLE else 0.0) / 3600)
+
+    # -- what users and admins see -------------------------------------------------
+
+    def notices_for(self, user: str) -> list[dict]:
+        """The warnings of the user's servers, soonest stop first."""
+        out = []
+        for name, h in sorted(self.holdings.all().items()):
+            if h.user == user:
+                out += [self._notice(h, n) for n in self.timers.notices(name)]
+        return sorted(out, key=lambda n: n["stop_at"])
+
+    def _notice(self, h: Holding, n: Notice) -> dict:
+        left = max(0.0, n.stop_at - self.clock())
+        at = _iso(self.wall() + left)
+        server = f"“{h.labels.server}”" if h.labels.server else "default"
+        if n.reason == IDLE:
+            why = f"Your {server} server has not used its GPU for a while; it will be stopped at {at} unless its GPU is used before then."
+        else:
+            why = f"Your {server} server has held its GPU for as long as allowed; it will be stopped at {at}."
+        return {
+            "server": h.labels.server,
+            "reason": n.reason,
+            "stop_at": at,
+            "seconds_left": round(left),
+            "message": why,
+        }
+
+    def activity(self, name: str) -> dict:
+        """A holder's last GPU activity (UTC) and idle time, for admins."""
+        last = self.timers.last_active(name)
+        idle = self.timers.idle_for(name)
+        return {
+            "last_gpu_activity": None if last is None else _iso(self.wall() - (self.clock() - last)),
+            "idle_seconds": None if idle is None else round(idle),
+        }
+
+    def idle_now(self) -> list[dict]:
+        """The holders idle now, longest first: for ``gpuspawner idle``."""
+        rows = []
+        for name, h in self.holdings.all().items():
+            idle = self.timers.idle_for(name)
+            if idle is not None and h.labels.uuids:
+                notices = self.timers.notices(name)
+                rows.append(
+                    dict(
+                        user=h.user,
+                        server=h.labels.server,
+                        host=h.labels.host,
+                        devices=list(h.labels.uuids),
+                        warned=bool(notices),
+                        **self.activity(name),
+                    )
+                )
+        return sorted(rows, key=lambda r: -r["idle_seconds"])
+
+    def with_activity(self, uuid: str, holder: dict) -> dict:
+        """The map's holder, with its GPU activity once a reading has told it (MIG slices,
+        CPU-only and not yet read holders are shown as before)."""
+        for name, h in self.holdings.all().items():
+            if h.user == holder.get("user") and h.labels.server == holder.get("server") and uuid in h.labels.uuids:
+                return dict(holder, **self.activity(name)) if self.timers.read(name) else holder
+        return holder

@@ -1,0 +1,85 @@
+"""The spawn form: each GPU model with how many are free now, rendered from
+the hub's holdings with gpuspawner's Jinja template (or the admin's own)."""
+
+from __future__ import annotations
+
+import functools
+
+import jinja2
+
+from gpuspawner.cluster.service_spec import enforcement_mode
+from gpuspawner.core.access import Access
+from gpuspawner.core.budget import Budget
+from gpuspawner.core.budget import summary as budget_summary
+from gpuspawner.core.sharing import fmt, to_milli
+
+__all__ = ["SHARE_NOTES", "render_form"]
+
+# What a share means on the GPU, in the form, by enforcement mode (see docs/sharing.md).
+SHARE_NOTES = {
+    "none": "A share is shared with other users' servers without isolation: "
+    "each server can still use all of the GPU's memory and compute, so keep to your share.",
+    "mps": "Your share's memory and compute are enforced by CUDA MPS on the GPU.",
+    "hami": "Your share's memory and compute are enforced on the GPU (HAMi-core).",
+}
+MAX_SHARE_CHOICES = 20
+
+
+def _share_choices(summary, room) -> list[str]:
+    """The shares the form offers: each shareable model's list, or multiples of
+    its quantum up to what one device (or, with split, the user's limit) allows."""
+    out: set[int] = set()
+    for m in summary:
+        if not m.shareable or m.largest_share <= 0 or room <= 0:
+            continue
+        if m.shares:
+            out.update(to_milli(x) for x in m.shares if x <= room)
+            continue
+        top = min(room, m.largest_share if not m.split else room)
+        n = int(top / m.quantum)
+        step = max(1, -(-n // MAX_SHARE_CHOICES))
+        out.update(to_milli(m.quantum * k) for k in range(step, n + 1, step))
+    return [fmt(x) for x in sorted(out)]
+
+
+@functools.lru_cache(maxsize=8)
+def _templates(paths: tuple[str, ...]) -> jinja2.Environment:
+    """The admin's template folders first, then gpuspawner's own; autoescaped."""
+    loaders = [jinja2.FileSystemLoader(list(paths)), jinja2.PackageLoader("gpuspawner", "templates")]
+    return jinja2.Environment(loader=jinja2.ChoiceLoader(loaders), autoescape=True)
+
+
+def render_form(spawner, owner, error: str = "", access: Access | None = None, budget: Budget | None = None) -> str:
+    """The form for ``spawner``'s user, from the hub's holdings ``owner``: the
+    models their ``access`` offers them, with its limit and ``budget``."""
+    cluster, allocator = owner.cluster, owner.allocator
+    held = allocator.held_by_owner(spawner.user.name)
+    access = access or Access(max_gpus=spawner.max_gpus_per_user)
+    summary = [m for m in allocator.summary() if access.allows(m.model)]
+    limit = 0 if access.cpu_only or (budget is not None and budget.over) else access.max_gpus
+    room = max(0, limit - held)  # a Fraction when the user holds shares
+    hosts = [h for h in allocator.hosts() if h in cluster.nodes and cluster.nodes[h].schedulable]
+    max_count = int(min(room, max((m.largest_block for m in summary), default=0)))
+    # The last choice is preselected only while it can be had: a disabled
+    # radio is not submitted, and would silently give a CPU-only server.
+    last = (spawner.user_options or {}).get("gpu_model")
+    selected_free = last if any(m.model == last and m.free for m in summary) and max_count else None
+    return (
+        _templates(tuple(spawner.template_paths))
+        .get_template(spawner.options_form_template)
+        .render(
+            models=summary,
+            max_count=max_count,
+            limit=limit,
+            budget=budget,
+            budget_note=budget_summary(budget) if budget else "",
+            held=held,
+            hosts=hosts if spawner.allow_host_choice else [],
+            selected_free=selected_free,
+            wait_checked=(spawner.user_options or {}).get("gpu_wait") is True,
+            error=error,
+            room=room,
+            share_choices=_share_choices(summary, room),
+            share_note=SHARE_NOTES[enforcement_mode(spawner.gpu_share_enforcement, "*")],
+        )
+    )

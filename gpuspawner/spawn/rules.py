@@ -1,0 +1,44 @@
+"""The access rules at a spawn: the user's JupyterHub groups as the hub has
+them now (an authenticator's included), so a change applies at the next
+spawn, and the weekly GPU-hour budget from the ledger."""
+
+from __future__ import annotations
+
+from gpuspawner.core.access import Access, AccessRules
+from gpuspawner.core.budget import WEEK, Budget, weekly_budget
+from gpuspawner.ledger.checks import utc_now
+from gpuspawner.ledger.ledger import LedgerError
+
+__all__ = ["access_of", "budget_for_form", "budget_of", "rules_of"]
+
+
+def rules_of(spawner) -> AccessRules:
+    """``gpu_access`` of ``spawner``'s settings, checked (ValueError if bad)."""
+    return AccessRules.parse(
+        spawner.gpu_access, default_max_gpus=spawner.max_gpus_per_user, aliases=spawner.gpu_model_aliases
+    )
+
+
+def access_of(spawner) -> Access:
+    """What ``spawner``'s user may have, from the groups JupyterHub has for them now."""
+    groups = [g.name for g in getattr(spawner.user, "groups", None) or ()]
+    return rules_of(spawner).effective(groups)
+
+
+async def budget_of(owner, user: str, access: Access) -> Budget | None:
+    """``user``'s weekly budget as the ledger has it now (None: no budget, or
+    no ledger). Raises LedgerError."""
+    if access.weekly_gpu_hours is None:
+        return None
+    now = utc_now()
+    spans = await owner.ledger_call(lambda db: db.user_spans(user, now - WEEK))
+    return None if spans is None else weekly_budget(spans, access.weekly_gpu_hours, now)
+
+
+async def budget_for_form(spawner, owner, access: Access) -> Budget | None:
+    """The budget the form shows; None when the ledger cannot say (the form still works)."""
+    try:
+        return await budget_of(owner, spawner.user.name, access)
+    except LedgerError as exc:
+        spawner.log.warning("The GPU budget of %s is unknown: %s", spawner.user.name, exc)
+        return None

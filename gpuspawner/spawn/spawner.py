@@ -1,0 +1,474 @@
+"""GPUSwarmSpawner: dockerspawner's SwarmSpawner, with GPUs that are tracked.
+
+A thin adapter from JupyterHub's calls to the hub's holdings
+(:mod:`gpuspawner.holdings.holdings`). One start: validate the user's options, reserve
+devices, create the service with ``NVIDIA_VISIBLE_DEVICES`` and a
+``node.hostname`` constraint, and wait (with a timeout) for its task to run;
+on any failure, or a cancel, remove the service, and the devices come back
+once its task has ended. ``stop`` and ``poll`` end a holding the same way.
+The GPU settings are in :mod:`gpuspawner.hub.settings`, the form in
+:mod:`gpuspawner.spawn.form`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from dockerspawner import SwarmSpawner
+from jupyterhub.spawner import SpawnException
+from traitlets import default
+
+from gpuspawner import hub_port, metrics
+from gpuspawner.allocator.allocator import AllocationRefused, Request
+from gpuspawner.cluster.service_spec import admin_conflicts, build_service
+from gpuspawner.cluster.swarm import TASK_FAILED, TASK_WAITING, SwarmError
+from gpuspawner.core.access import Access
+from gpuspawner.core.budget import refusal as budget_refusal
+from gpuspawner.core.options import OptionsError, options_from_form, parse_user_options
+from gpuspawner.core.sharing import fmt_list
+from gpuspawner.holdings.holdings import Holding, HoldingBusy, Holdings
+from gpuspawner.hub.app import GPUHub, HubConfigError
+from gpuspawner.hub.settings import GPUSettings, validate_config
+from gpuspawner.ledger.ledger import LedgerError
+from gpuspawner.line.wait import extend_start_timeout, refused_out_of_line, reserve_or_wait
+from gpuspawner.reclaim.settings import ReclaimSettings
+from gpuspawner.spawn.errors import CONFLICT, NOT_RESERVED, STALE, spawn_error
+from gpuspawner.spawn.form import render_form
+from gpuspawner.spawn.progress import Progress
+from gpuspawner.spawn.rules import access_of, budget_for_form, budget_of
+
+__all__ = ["GPUSwarmSpawner", "spawn_error", "validate_config"]
+
+HOST_NETWORK = "host"
+
+
+def _read_at_start(spawner, user_options) -> None:
+    """JupyterHub's apply_user_options hook: nothing to apply before start()."""
+
+
+class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
+    """Spawn each server as a swarm service on a host with the GPUs the user chose."""
+
+    task_node: str = ""  # the node the server's task runs on
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._progress = Progress()  # for the spawn page
+
+    @default("options_form")
+    def _default_options_form(self):
+        return GPUSwarmSpawner._render_options_form
+
+    @default("options_from_form")
+    def _default_options_from_form(self):
+        return options_from_form
+
+    @default("apply_user_options")
+    def _default_apply_user_options(self):
+        # The options are read in start(), where they are checked against the
+        # inventory and the user's limit at every spawn (stored options too).
+        return _read_at_start
+
+    # -- the hub's holdings ---------------------------------------------------
+
+    @property
+    def host_network(self) -> bool:
+        return self.network_name == HOST_NETWORK
+
+    @property
+    def gpu_hub(self) -> GPUHub:
+        """The hub's one owner of GPU state (every spawner and endpoint of the hub gets the same one)."""
+        return GPUHub.of_spawner(self)
+
+    def holdings(self) -> Holdings:
+        """The hub's holdings (no swarm call)."""
+        try:
+            return self.gpu_hub.holdings
+        except HubConfigError as exc:
+            self.log.error("%s", exc)
+            raise spawn_error(
+                "GPU servers are unavailable: the hub's GPU configuration is invalid. Please tell an admin.",
+                reason="gpu_config",
+                log_message=str(exc),
+                status_code=500,
+            ) from exc
+
+    async def _up_to_date(self) -> Holdings:
+        """The holdings with fresh node status; at the hub's first use, rebuilt
+        from what the swarm runs and what the ledger has open."""
+        self.holdings()  # a hub whose GPU settings cannot work: the message above
+        try:
+            return await self.gpu_hub.up_to_date()
+        except SwarmError as exc:
+            raise spawn_error(
+                "The cluster cannot be reached right now; please try again in a minute.",
+                reason="swarm_unreachable",
+                log_message=str(exc),
+                status_code=503,
+            ) from exc
+
+    async def _render_options_form(self) -> str:
+        error = ""
+        try:
+            owner = await self._up_to_date()
+        except SpawnException as exc:
+            error, owner = exc.message, self.holdings()
+        access = self._access()
+        return render_form(self, owner, error, access, await budget_for_form(self, owner, access))
+
+    def _access(self) -> Access:
+        """What this user may have under ``gpu_access``, from their JupyterHub
+        groups as they are now (read at each spawn and form)."""
+        return access_of(self)
+
+    # -- start -------------------------------------------------------------
+
+    def _report(self, message: str, progress: int | None = None) -> None:
+        self._progress.report(message, progress)
+
+    async def progress(self):
+        async for event in self._progress.follow(lambda: self.pending == "spawn"):
+            yield event
+
+    def _request(self, owner: Holdings, access: Access) -> tuple[Request | None, bool]:
+        """The user's options as an allocator request (None: CPU-only), and
+        whether it may wait in line; 400 when invalid, 403 when the user's
+        access rules forbid it (such a request never enters a line)."""
+        models = [m.model for m in owner.allocator.summary()]
+        forbidden = access.refusal(self.user_options, models)
+        if forbidden:
+            metrics.REFUSED.labels("access").inc()
+            raise spawn_error(forbidden, reason="gpu_access", status_code=403)
+        try:
+            options = parse_user_options(
+                self.user_options,
+                models=access.offered(models),
+                hosts=owner.allocator.hosts(),
+                max_count=access.max_gpus,
+                allow_host_choice=self.allow_host_choice,
+                sharing=self.gpu_sharing,
+            )
+        except OptionsError as exc:
+            raise spawn_error(str(exc), reason="invalid_options", status_code=400) from exc
+        if options.cpu_only:
+            return None, False
+        request = Request(
+            model=options.model, count=options.count, host=options.host, owner=self.user.name, share=options.share
+        )
+        return request, options.wait
+
+    def _line_priority(self) -> int:
+        """This user's priority in a model's line (higher goes first): the
+        most generous of their groups' ``priority`` in ``gpu_access``."""
+        return self._access().priority
+
+    def run_pre_spawn_hook(self):
+        # JupyterHub's start_timeout timer starts after this hook: a spawn that
+        # may wait in line gets gpu_wait_timeout more (the wait has its own limit).
+        extend_start_timeout(self)
+        return super().run_pre_spawn_hook()
+
+    async def start(self):
+        self._progress.clear()
+        name = self.service_name
+        self.holdings()  # a hub whose GPU settings cannot work: the message above
+        line = self.gpu_hub.line
+        async with refused_out_of_line(line, name):
+            owner = await self._up_to_date()
+            access = self._access()
+            request, wait = self._request(owner, access)
+            if request is not None:
+                await self._within_budget(owner, access)
+            settings = await self._admin_settings()
+            # A service left by an earlier run of this server (a killed hub, a
+            # failed stop) may still run on its GPUs: it goes first.
+            if not await self._remove(owner):
+                raise spawn_error(STALE, reason="stale_service", status_code=503)
+        holding = await reserve_or_wait(
+            self,
+            line,
+            request and request.model,
+            wait,
+            lambda: self._reserve(owner, request, access.max_gpus, wait),
+            spawn_error,
+        )
+        try:
+            if holding.labels.port is not None:
+                self.port = holding.labels.port
+            try:
+                service = await owner.create(name, await self._service_spec(holding, settings))
+            except SwarmError as exc:
+                raise spawn_error(
+                    f"The server's service could not be created: {exc}", reason="service_create", status_code=500
+                ) from exc
+            self.object_id = service.get("ID", "")
+            self._report("Service created", 40)
+            await self.start_object()
+            try:
+                return await self.get_ip_and_port()
+            except SwarmError as exc:
+                raise spawn_error(
+                    "The server's address could not be found; please try again.",
+                    reason="service_address",
+                    log_message=str(exc),
+                    status_code=503,
+                ) from exc
+        except BaseException:
+            # Shielded: a cancelled spawn (JupyterHub's DELETE on a pending
+            # server) still gives its GPUs back once its task has ended.
+            await asyncio.shield(self._remove(owner))
+            raise
+
+    async def _within_budget(self, owner: Holdings, access: Access) -> None:
+        """403 while the user's weekly GPU-hours are used up."""
+        try:
+            budget = await budget_of(owner, self.user.name, access)
+        except LedgerError as exc:
+            message, reason = NOT_RESERVED[LedgerError]
+            raise spawn_error(message, reason=reason, log_message=str(exc), status_code=503) from exc
+        over = budget_refusal(budget) if budget else None
+        if over:
+            metrics.REFUSED.labels("budget").inc()
+            raise spawn_error(over, reason="gpu_budget", status_code=403)
+
+    async def _reserve(self, owner: Holdings, request: Request | None, limit: int, waiting: bool = False) -> Holding:
+        try:
+            holding = await owner.reserve(
+                self.service_name,
+                self.user.name,
+                self.name,
+                request,
+                max_per_owner=limit,
+                policy=self.allocation_policy,
+                port_range=self.host_network_ports if self.host_network else None,
+            )
+        except AllocationRefused as exc:
+            if not (waiting and exc.retry):  # a waiting request is refused again at each look
+                metrics.REFUSED.labels("capacity" if exc.retry else "request").inc()
+            reason = "gpu_unavailable" if exc.retry else "gpu_request"
+            raise spawn_error(exc.message, reason=reason, status_code=exc.status) from exc
+        except (HoldingBusy, ValueError, LedgerError) as exc:
+            message, reason = next(v for k, v in NOT_RESERVED.items() if isinstance(exc, k))
+            self.log.error("Not reserved for %s: %s", self.service_name, exc)
+            raise spawn_error(message, reason=reason, log_message=str(exc), status_code=503) from exc
+        c = holding.labels
+        if c.uuids:
+            metrics.GRANTED.labels(c.model).inc()
+            what = f"{fmt_list(c.milli, ' + ')} of" if c.milli else f"{len(c.uuids)} ×"
+            self._report(f"Reserved {what} {c.model} on {c.host}", 20)
+        return holding
+
+    async def _remove(self, owner: Holdings) -> bool:
+        """Remove this server's service; True once no task of it can run
+        (its GPUs are then back). False: it stays reserved, and says why."""
+        try:
+            return await owner.remove(self.service_name)  # an idle reclaim's stop names its own reason
+        except SwarmError as exc:
+            self.log.error("Could not remove service %s: %s", self.service_name, exc)
+            return False
+
+    async def _admin_settings(self) -> dict:
+        """The admin's settings that go into the service, evaluated. One that
+        could only conflict with what gpuspawner guarantees (validate_config
+        refuses it at hub start) fails the spawn before any GPU is reserved."""
+        settings = await hub_port.admin_settings(self)
+        conflicts = admin_conflicts(settings)
+        if conflicts:
+            detail = "gpuspawner configuration error: " + "; ".join(conflicts)
+            self.log.error("Not spawning %s: %s", self.service_name, detail)
+            raise spawn_error(CONFLICT, reason="gpu_config", log_message=detail, status_code=500)
+        return settings
+
+    async def _service_spec(self, holding: Holding, settings: dict) -> dict:
+        env, mounts = self.share_enforcement_for(holding.labels, self.holdings().allocator)
+        publish = None if (self.use_internal_ip or self.host_network) else self.port
+        return build_service(
+            name=self.service_name,
+            image=self.image,
+            command=await self.get_command(),
+            env=self.get_env(),
+            holding=holding.labels,
+            network=self.network_name,
+            publish_port=publish,
+            mounts=self.mounts,
+            enforcement=(env, mounts),
+            driver_capabilities=self.nvidia_driver_capabilities,
+            resources=self._resources(),
+            extra_container=settings["extra_container_spec"],
+            extra_placement=settings["extra_placement_spec"],
+            extra_task=settings["extra_task_spec"],
+            extra_endpoint=self.extra_endpoint_spec,
+            extra_create=settings["extra_create_kwargs"],
+        )
+
+    def _resources(self) -> dict:
+        resources = dict(
+            mem_limit=self.mem_limit,
+            mem_reservation=self.mem_guarantee,
+            cpu_limit=int(self.cpu_limit * 1e9) if self.cpu_limit else None,
+            cpu_reservation=int(self.cpu_guarantee * 1e9) if self.cpu_guarantee else None,
+        )
+        resources.update(self.extra_resources_spec)
+        return resources
+
+    async def start_object(self):
+        """Wait for the service's task to run: bounded, and stopping at the
+        first rejected or failed task with the reason the swarm gives. Every
+        task seen is remembered: the GPUs are free only once it has ended."""
+        owner = self.holdings()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.task_start_timeout
+        delay, last = 0.1, "no task yet"
+        while True:
+            try:
+                tasks = await owner.swarm.tasks(self.service_name)
+            except SwarmError as exc:
+                raise spawn_error(
+                    "The server's service could not be followed while it started; please try again.",
+                    reason="task_lookup",
+                    log_message=str(exc),
+                    status_code=503,
+                ) from exc
+            if tasks:
+                await owner.note_tasks(self.service_name, [t["ID"] for t in tasks])
+                status = tasks[0].get("Status", {})
+                state = status.get("State", "")
+                node = self._hostname_of(tasks[0].get("NodeID", ""))
+                if state == "running":
+                    self.task_node = node
+                    self._report(f"Task running on {node}", 60)
+                    return
+                why = status.get("Err") or status.get("Message") or state
+                if state in TASK_FAILED:
+                    raise spawn_error(
+                        f"The server could not start on {node or 'its node'}: {why} (task {state})",
+                        reason="task_failed",
+                        status_code=500,
+                    )
+                last = f"{state}: {why}"
+            if loop.time() >= deadline:
+                raise spawn_error(
+                    f"The server did not start within {self.task_start_timeout} s (last task state: {last})",
+                    reason="task_timeout",
+                    status_code=504,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 2.0)
+
+    def _hostname_of(self, node_id: str) -> str:
+        return self.holdings().cluster.hostname_of(node_id) or node_id[:12]
+
+    async def _node_addr(self, hostname: str) -> str:
+        cluster = self.holdings().cluster
+        addr = cluster.node_addr(hostname)
+        if not addr:
+            await self._up_to_date()  # the node may have joined after the last refresh
+            addr = cluster.node_addr(hostname)
+        if not addr:
+            raise spawn_error(f"The address of node {hostname} is unknown", reason="node_address", status_code=500)
+        return addr
+
+    async def get_command(self):
+        cmd = self.cmd or await self.holdings().swarm.image_command(self.image)
+        return cmd + self.get_args()
+
+    async def get_ip_and_port(self):
+        if self.host_network:
+            return await self._node_addr(self.task_node), self.port
+        if self.use_internal_hostname or self.use_internal_ip:
+            return self.service_name, self.port
+        service = await self.holdings().swarm.service(self.service_name)  # the port swarm published
+        for port in service.get("Endpoint", {}).get("Ports") or []:
+            if port.get("TargetPort") == self.port:
+                return self.host_ip, port["PublishedPort"]
+        raise spawn_error(
+            f"The server's published port {self.port} was not found", reason="service_port", status_code=500
+        )
+
+    async def get_url(self):
+        """Where the server really listens. With host networking that is its
+        node's address and the port in its labels, which a hub killed
+        mid-spawn never recorded: a restarted hub checks this URL."""
+        if not self.host_network or self.server is None:
+            return await super().get_url()
+        owner = await self._up_to_date()
+        h = owner.get(self.service_name)
+        if h is None or h.labels.port is None:
+            return await super().get_url()
+        if not self.task_node:
+            tasks = await owner.swarm.tasks(self.service_name)
+            self.task_node = self._hostname_of(tasks[0].get("NodeID", "")) if tasks else h.labels.host
+        self.port = h.labels.port
+        addr = await self._node_addr(self.task_node)
+        return f"{self.server.proto}://{addr}:{h.labels.port}{self.server.base_url}"
+
+    # -- stop / poll / state --------------------------------------------------
+
+    async def stop(self, now=False):
+        owner = await self._up_to_date()
+        await self.gpu_hub.line.stopped(self.service_name)  # a cancelled wait in line
+        if not await self._remove(owner):
+            raise spawn_error(
+                f"Your server's service {self.service_name} could not be removed yet; please try again.",
+                reason="service_remove",
+                status_code=503,
+            )
+        self.log.info("Removed service %s", self.service_name)
+        self.object_id = ""
+        self.clear_state()
+
+    async def poll(self):
+        """None while the task runs or is on its way; otherwise the server is
+        over: its service is removed (JupyterHub does not call stop() for a
+        server it found dead) and its GPUs come back once its task has ended."""
+        try:
+            owner = await self._up_to_date()  # a restarted hub polls before anything else
+            tasks = await owner.swarm.tasks(self.service_name)
+        except SpawnException:
+            return None  # the manager cannot be asked: that says nothing about the server
+        except SwarmError as exc:
+            if not exc.not_found:
+                return None  # the manager cannot tell: that says nothing about the server
+            await self._remove(owner)
+            return 0
+        if not tasks:
+            return None  # created, no task yet
+        await owner.note_tasks(self.service_name, [t["ID"] for t in tasks])
+        status = tasks[0].get("Status", {})
+        state = status.get("State", "")
+        down = await self._node_down(tasks[0].get("NodeID", ""))
+        if down:
+            # The manager may still say "running", but nobody can reach the
+            # server. Its service is removed (the node stops the container
+            # when it is back); its GPUs stay reserved until the swarm
+            # confirms the task ended, and that node is not offered meanwhile.
+            await self._remove(owner)
+            return f"node {down} is down"
+        if state == "running" or state in TASK_WAITING:
+            return None
+        await self._remove(owner)
+        return f"task {state}: {status.get('Err') or status.get('Message', '')}"
+
+    async def _node_down(self, node_id: str) -> str:
+        """The task's node's hostname if the swarm says the node is down, else ''."""
+        try:
+            cluster = (await self._up_to_date()).cluster
+        except SpawnException:
+            return ""  # the manager cannot be asked: that says nothing about the node
+        hostname = cluster.hostname_of(node_id)
+        node = cluster.nodes.get(hostname or "")
+        return hostname if node is not None and not node.ready else ""
+
+    def get_state(self):
+        state = super().get_state()
+        if self.task_node:
+            state["gpu_node"] = self.task_node
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.task_node = state.get("gpu_node", "")
+
+    def clear_state(self):
+        super().clear_state()
+        self.task_node = ""
