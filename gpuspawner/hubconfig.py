@@ -22,8 +22,6 @@ import asyncio
 import logging
 import os
 
-from traitlets import TraitError
-
 __all__ = ["configure"]
 
 TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
@@ -35,10 +33,7 @@ def configure(c) -> None:
     from gpuspawner.web import api, api_reclaim, home_budget
 
     validate_config(c)
-    try:
-        hub = GPUHub.from_config(c, _spawner_class(c), logging.getLogger("JupyterHub"))
-    except TraitError as exc:
-        raise SystemExit(f"gpuspawner configuration error: {' '.join(str(exc).split())}") from None
+    hub = GPUHub(lambda: _hub_config(c), log=logging.getLogger("JupyterHub"))
     # JupyterHub logs that extra_handlers is deprecated in favour of services;
     # these must run inside the hub, where the holdings live (README, "How
     # configure(c) registers the endpoints"; tests/unit/test_hubconfig.py).
@@ -58,13 +53,16 @@ def configure(c) -> None:
     hub.start()
 
 
-def _spawner_class(c) -> type:
-    """The hub's spawner class where it is a GPUSwarmSpawner (a subclass, or a
-    name that JupyterHub resolves later: GPUSwarmSpawner itself)."""
+def _hub_config(c) -> tuple:
+    """The running hub's config (all its files and its command line, read by now)
+    and spawner class; outside a hub (a test, a tool), this file's."""
+    from gpuspawner import hub_port
     from gpuspawner.spawn.spawner import GPUSwarmSpawner
 
-    cls = c.JupyterHub.get("spawner_class")
-    return cls if isinstance(cls, type) and issubclass(cls, GPUSwarmSpawner) else GPUSwarmSpawner
+    app = hub_port.running_hub()
+    config, cls = (c, c.JupyterHub.get("spawner_class")) if app is None else (app.config, app.spawner_class)
+    # A GPUSwarmSpawner subclass is the hub's own; a name not resolved yet is GPUSwarmSpawner itself.
+    return config, cls if isinstance(cls, type) and issubclass(cls, GPUSwarmSpawner) else GPUSwarmSpawner
 
 
 def _add_templates(c) -> None:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from traitlets import TraitError
 from traitlets.config import Config
 
 from gpuspawner import hub_port, metrics
@@ -81,23 +82,25 @@ class HubSettings(GPUSettings, ReclaimSettings):
 
 
 class GPUHub:
-    """The hub's GPU state and its background loops."""
+    """The hub's GPU state and its background loops.
+
+    ``source()`` returns the hub's config and its spawner class (a GPUSwarmSpawner);
+    it is read once, at first use, inside the running hub, where every config file
+    and the command line have been read (``configure(c)`` runs part-way through
+    one of them)."""
 
     def __init__(
         self,
-        settings: HubSettings,
-        swarm: Swarm,
+        source: Callable[[], tuple[Config, type]],
         *,
-        name_for: Callable[[str, str], str] | None = None,
         log: logging.Logger | logging.LoggerAdapter | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ):
-        self.settings = settings
-        self.swarm = swarm
-        self.name_for = name_for
+        self.source = source
         self.log = log or logging.getLogger("JupyterHub")
         self.clock, self.wall = clock, wall
+        self._settings: HubSettings | None = None
         self._holdings: Holdings | None = None
         self._line: WaitLine | None = None
         self._reclaimer: Reclaimer | None = None
@@ -107,13 +110,19 @@ class GPUHub:
     @classmethod
     def from_config(cls, config: Config, spawner_class: type, log=None, **clocks) -> GPUHub:
         """The GPUHub of a hub whose spawners are ``spawner_class`` (a GPUSwarmSpawner)."""
-        return cls(
-            HubSettings.from_config(config, spawner_class.section_names()),
-            Swarm(hub_port.docker_connection(spawner_class, config)),
-            name_for=hub_port.service_names(spawner_class, config),
-            log=log,
-            **clocks,
-        )
+        return cls(lambda: (config, spawner_class), log=log, **clocks)
+
+    @property
+    def settings(self) -> HubSettings:
+        """The hub's GPU settings, read at first use. Raises HubConfigError for a bad value."""
+        if self._settings is None:
+            config, spawner_class = self.source()
+            try:
+                self._settings = HubSettings.from_config(config, spawner_class.section_names())
+            except TraitError as exc:
+                raise HubConfigError(" ".join(str(exc).split())) from exc
+            self._spawner_class, self._config = spawner_class, config
+        return self._settings
 
     @classmethod
     def of_spawner(cls, spawner) -> GPUHub:
@@ -157,6 +166,7 @@ class GPUHub:
 
     def _make_parts(self) -> None:
         s = self.settings
+        swarm = Swarm(hub_port.docker_connection(self._spawner_class, self._config))
         try:
             cluster = GPUCluster(s.inventory_settings(), holders_of=self._holders_of)
             ledger = Ledger(s.ledger_url())
@@ -165,9 +175,9 @@ class GPUHub:
         cluster.allocator.set_sharing(s.gpu_sharing)
         holdings = Holdings(
             cluster,
-            self.swarm,
+            swarm,
             ledger=ledger,
-            name_for=self.name_for,
+            name_for=hub_port.service_names(self._spawner_class, self._config),
             stop_timeout=s.server_stop_timeout,
             clock=self.clock,
             on_free=self._devices_back,
@@ -274,9 +284,10 @@ class GPUHub:
                 self.log.warning("GPU reconciliation: the swarm could not be asked: %s", exc)
             except Exception as exc:  # never let the loop die; say what happened in one line
                 self.log.error("GPU reconciliation failed: %s", getattr(exc, "message", exc))
-            if self.settings.reconcile_interval <= 0:
+            interval = self._every("reconcile_interval")
+            if interval <= 0:
                 return
-            await asyncio.sleep(self.settings.reconcile_interval)
+            await asyncio.sleep(interval)
 
     async def _keep_reclaiming(self) -> None:
         """Every ``gpu_reclaim_interval`` seconds, warn and stop where limits say so."""
@@ -285,7 +296,14 @@ class GPUHub:
                 await self.reclaimer.check()
             except Exception as exc:  # never let the loop die; say what happened in one line
                 self.log.error("GPU idle reclaim failed: %s", getattr(exc, "message", exc))
-            await asyncio.sleep(self.settings.gpu_reclaim_interval)
+            await asyncio.sleep(self._every("gpu_reclaim_interval"))
+
+    def _every(self, name: str) -> float:
+        """A loop's interval: its setting, or its default while the settings cannot be read."""
+        try:
+            return getattr(self.settings, name)
+        except HubConfigError:
+            return HubSettings.class_traits()[name].default_value
 
     def _spawn_task(self, job) -> None:
         task = asyncio.get_running_loop().create_task(job)

@@ -119,3 +119,18 @@ def test_other_urls_under_the_prefix_are_still_jupyterhubs(hub):
 def test_jupyterhub_warns_that_extra_handlers_is_deprecated_as_the_readme_says(hub, caplog):
     warnings = [r.getMessage() for r in caplog.get_records("setup") if r.levelno == logging.WARNING]
     assert any(m.startswith("JupyterHub.extra_handlers is deprecated") for m in warnings), warnings
+
+
+def test_settings_made_after_configure_are_the_hubs_own(tmp_path):
+    """configure(c) may run before the last settings (a later line, another config
+    file, the command line): the GPUHub reads them at its first use."""
+    from gpuspawner.hub.app import KEY
+
+    c = Config()
+    c.GPUSwarmSpawner.max_gpus_per_user = 2
+    configure(c)
+    c.GPUSwarmSpawner.gpu_db_url = f"sqlite:///{tmp_path}/later.sqlite"
+    c.GPUSwarmSpawner.reconcile_interval = 7
+    hub = c.JupyterHub.tornado_settings.get_value({})[KEY]
+    assert hub.settings.gpu_db_url == f"sqlite:///{tmp_path}/later.sqlite"
+    assert (hub.settings.max_gpus_per_user, hub.settings.reconcile_interval) == (2, 7)
