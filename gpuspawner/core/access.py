@@ -17,16 +17,11 @@ from typing import Any
 from gpuspawner.core.requests import ALL
 from gpuspawner.core.sharing import shown
 
-__all__ = ["EVERYONE_ELSE", "KEYS", "Access", "AccessRefused", "AccessRules"]
+__all__ = ["EVERYONE_ELSE", "KEYS", "Access", "AccessRules"]
 
 EVERYONE_ELSE = "*"
 KEYS = ("models", "max_gpus", "priority", "max_hours", "weekly_gpu_hours", "idle_timeout", "idle_threshold")
 _HOURS = ("max_hours", "weekly_gpu_hours")  # more generous when absent: no limit
-_IDLE = ("idle_timeout", "idle_threshold")  # absent: the hub's own setting
-
-
-class AccessRefused(ValueError):
-    """A request the user's rules forbid; the message says what they may have."""
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from gpuspawner.cluster.cluster import GPUCluster
 from gpuspawner.cluster.swarm import Swarm, SwarmError
 from gpuspawner.core.labels import LABEL, LabelError, ServerLabels, parse_labels
 from gpuspawner.core.sharing import UNIT
-from gpuspawner.holdings.ports import PortPool
+from gpuspawner.holdings.ports import NoPortFree, PortPool
 from gpuspawner.ledger.ledger import Ledger, LedgerError
 
 __all__ = ["Holding", "Holdings", "HoldingBusy", "Phase"]
@@ -156,7 +156,7 @@ class Holdings:
         """Book devices (``request``; None: CPU-only) and a port, and record
         them in the ledger. Raises AllocationRefused, HoldingBusy (an earlier
         holding of this server is still being removed), LedgerError (nothing
-        is left booked) or ValueError (no port free)."""
+        is left booked) or NoPortFree."""
         if name in self._holdings:
             raise HoldingBusy(name)
         alloc: Allocation | None = None
@@ -168,7 +168,7 @@ class Holdings:
             port = self.ports.pick(name, *port_range)
             if port is None:
                 self.allocator.release(name)
-                raise ValueError(f"all host_network_ports {port_range} are in use")
+                raise NoPortFree(f"all host_network_ports {port_range} are in use")
         labels = ServerLabels(
             user=user,
             server=server,

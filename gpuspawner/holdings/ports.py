@@ -8,6 +8,10 @@ import random
 __all__ = ["PortPool"]
 
 
+class NoPortFree(Exception):
+    """Every port of the range is held by a server of this hub."""
+
+
 class PortPool:
     """The ports the hub's servers hold, by service name."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from jupyterhub.spawner import SpawnException
 
 from gpuspawner.holdings.holdings import HoldingBusy
+from gpuspawner.holdings.ports import NoPortFree
 from gpuspawner.ledger.ledger import LedgerError
 
 __all__ = ["CONFLICT", "NOT_RESERVED", "STALE", "spawn_error"]
@@ -20,7 +21,7 @@ NOT_RESERVED = {
         "please try again in a minute.",
         "ledger_unavailable",
     ),
-    ValueError: ("Too many servers are running for the ports configured; please try again later.", "no_port"),
+    NoPortFree: ("Too many servers are running for the ports configured; please try again later.", "no_port"),
 }
 
 

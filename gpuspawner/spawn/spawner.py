@@ -27,6 +27,7 @@ from gpuspawner.core.budget import refusal as budget_refusal
 from gpuspawner.core.options import OptionsError, options_from_form, parse_user_options
 from gpuspawner.core.sharing import fmt_list
 from gpuspawner.holdings.holdings import Holding, HoldingBusy, Holdings
+from gpuspawner.holdings.ports import NoPortFree
 from gpuspawner.hub.app import GPUHub, HubConfigError
 from gpuspawner.hub.settings import GPUSettings, validate_config
 from gpuspawner.ledger.ledger import LedgerError
@@ -247,7 +248,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                 metrics.REFUSED.labels("capacity" if exc.retry else "request").inc()
             reason = "gpu_unavailable" if exc.retry else "gpu_request"
             raise spawn_error(exc.message, reason=reason, status_code=exc.status) from exc
-        except (HoldingBusy, ValueError, LedgerError) as exc:
+        except (HoldingBusy, NoPortFree, LedgerError) as exc:
             message, reason = next(v for k, v in NOT_RESERVED.items() if isinstance(exc, k))
             self.log.error("Not reserved for %s: %s", self.service_name, exc)
             raise spawn_error(message, reason=reason, log_message=str(exc), status_code=503) from exc

@@ -1,53 +1,48 @@
 """The home page's note on the user's weekly GPU-hours, for
 ``c.JupyterHub.template_vars`` (templates/gpuspawner_budget.html).
 
-JupyterHub calls each callable template variable at every page it renders;
-this one reads the ledger only when the home page shows the note, and only
-for users whose rules set ``weekly_gpu_hours``.
+JupyterHub calls each callable template variable at every page it renders; the
+note reads the ledger only when the home page asks for it (``load()``, which
+JupyterHub's asynchronous templates await: the read runs in the ledger's
+executor, off the event loop), and only for users whose rules set
+``weekly_gpu_hours``.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
+from dataclasses import dataclass
 
-from gpuspawner.core.budget import WEEK, Budget, summary, weekly_budget
-from gpuspawner.ledger.checks import utc_now
-from gpuspawner.spawn.rules import rules_of
+from gpuspawner.core.budget import summary
+from gpuspawner.spawn.rules import budget_of, rules_of
 
 __all__ = ["BudgetNote", "budget_var"]
 
 log = logging.getLogger("JupyterHub")
 
 
+@dataclass(frozen=True)
+class Shown:
+    text: str
+    over: bool
+
+
 class BudgetNote:
-    """One user's note, worked out when the template first asks."""
+    """One user's note; ``await load()`` works it out."""
 
     def __init__(self, hub, user):
         self.hub, self.user = hub, user
 
-    @functools.cached_property
-    def budget(self) -> Budget | None:
+    async def load(self) -> Shown | None:
+        """The note as the page shows it, or None (no budget, or the GPU side cannot say)."""
         try:
-            settings = self.hub.settings
             groups = [g.name for g in getattr(self.user, "groups", None) or ()]
-            hours = rules_of(settings).effective(groups).weekly_gpu_hours
-            ledger = self.hub.holdings.ledger if hours is not None else None
-            if ledger is None:
-                return None
-            now = utc_now()
-            return weekly_budget(ledger.user_spans(self.user.name, now - WEEK), hours, now)
+            access = rules_of(self.hub.settings).effective(groups)
+            budget = await budget_of(self.hub.holdings, self.user.name, access)
         except Exception as exc:  # noqa: BLE001 - a page must render even when the GPU side cannot
             log.warning("The GPU budget of %s is unknown: %s", self.user.name, exc)
             return None
-
-    @property
-    def text(self) -> str:
-        return summary(self.budget) if self.budget else ""
-
-    @property
-    def over(self) -> bool:
-        return bool(self.budget and self.budget.over)
+        return Shown(summary(budget), budget.over) if budget else None
 
 
 def budget_var(hub):

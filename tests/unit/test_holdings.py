@@ -580,3 +580,14 @@ async def test_the_map_says_which_rule_placed_each_share_and_none_for_one_adopte
     m = json.loads(await owner.cluster.views.alloc_map_json())["gpu-b"]
     rules = sorted((h["user"], h["share"], h["rule"]) for d in m.values() for h in d["holders"])
     assert rules == [("alice", 0.2, None), ("bob", 0.6, None), ("bob", 0.6, None), ("carol", 1.0, None)]
+
+
+async def test_when_every_host_network_port_is_held_a_spawn_is_refused_with_no_port_and_nothing_held(tmp_path):
+    world = World(tmp_path, network_name="host", host_network_ports=(20000, 20000))
+    first = world.spawner("alice")
+    await world.started(first)
+    with pytest.raises(SpawnException) as refused:
+        await world.spawner("bob").start()
+    assert (refused.value.status_code, refused.value.reason) == (503, "no_port")
+    assert "Too many servers are running for the ports configured" in refused.value.message
+    assert world.owner.get("jupyter-bob") is None and world.owner.ports.held == {"jupyter-alice": 20000}

@@ -134,3 +134,27 @@ def test_settings_made_after_configure_are_the_hubs_own(tmp_path):
     hub = c.JupyterHub.tornado_settings.get_value({})[KEY]
     assert hub.settings.gpu_db_url == f"sqlite:///{tmp_path}/later.sqlite"
     assert (hub.settings.max_gpus_per_user, hub.settings.reconcile_interval) == (2, 7)
+
+
+def test_the_home_pages_budget_note_reads_the_ledger_off_the_event_loop(hub, tmp_path, monkeypatch):
+    import threading
+    from types import SimpleNamespace
+
+    from gpuspawner.hub.app import GPUHub
+    from gpuspawner.ledger.ledger import Ledger
+    from gpuspawner.spawn.spawner import GPUSwarmSpawner
+    from gpuspawner.web.home_budget import budget_var
+
+    c = Config()
+    c.GPUSwarmSpawner.gpu_access = {"*": {"weekly_gpu_hours": 20}}
+    c.GPUSwarmSpawner.gpu_db_url = f"sqlite:///{tmp_path}/budget.sqlite"
+    readers = []
+    spans = Ledger.user_spans
+    monkeypatch.setattr(Ledger, "user_spans", lambda *a: readers.append(threading.current_thread()) or spans(*a))
+    note = budget_var(GPUHub.from_config(c, GPUSwarmSpawner))
+    ann = SimpleNamespace(name="ann", kind="user", groups=[])
+    env = hub.tornado_application.settings["jinja2_env"]
+    page = _render(env, "gpuspawner_budget.html", gpuspawner_budget=note(ann))
+    assert "Your weekly GPU budget: 20.0 of 20 GPU-hours left (over the last 7 days)." in page
+    assert readers and threading.main_thread() not in readers
+    assert _render(env, "gpuspawner_budget.html", gpuspawner_budget=note(None)).strip() == ""
