@@ -18,7 +18,7 @@ def main(dist: Path, source: Path) -> None:
     assert wheel.name.startswith(f"gpuspawner-{version}-py3-none-any"), wheel.name
     data = {
         str(p.relative_to(source))
-        for folder in ("gpuspawner/templates", "gpuspawner/ledger_migrations")
+        for folder in ("gpuspawner/templates", "gpuspawner/ledger/migrations")
         for p in (source / folder).rglob("*")
         if p.is_file() and "__pycache__" not in p.parts
     }

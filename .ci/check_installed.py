@@ -29,7 +29,7 @@ UUID = "GPU-5d1c6f2e-0000-4000-8000-000000000001"
 def data_files(package: Path) -> set[str]:
     """The files that are data, not code found by `packages = find:`."""
     found = set()
-    for folder in ("templates", "ledger_migrations"):
+    for folder in ("templates", "ledger/migrations"):
         found |= {
             str(p.relative_to(package))
             for p in (package / folder).rglob("*")

@@ -20,8 +20,10 @@ Operations, each timed with ``perf_counter_ns`` around what runs on the loop:
   makes it, with the holder's user and server recorded; given back untimed;
 * release: a random holder's devices given back (booked again untimed);
 * metrics scrape: ``prometheus_client.generate_latest`` over a registry with
-  gpuspawner's cluster collector (JupyterHub's /hub/metrics does this over its own);
-  "collect only": the collector's own part, without prometheus_client writing text;
+  gpuspawner's device gauges (JupyterHub's /hub/metrics does this over its own), one
+  series per model (the default) and, "per host", one per host and model
+  (``gpu_metrics_per_host``); "collect only": the gauges' own part, without
+  prometheus_client writing text;
 * alloc-map: the work of ``GET /hub/api/gpuspawner/alloc-map``: the map as JSON bytes;
 * /hub/gpus: the page's work (``api.gpu_page`` as GPUPageHandler calls it, and the
   pieces it writes): gpus.html rendered by an async Jinja environment set up as
@@ -373,17 +375,22 @@ async def run(nodes: int, reports: int, decisions: int, views: int, seed: int) -
         hub.start(shape)
     out["ops"]["release"] = stats(times, gcs=gcs)
 
-    registry = CollectorRegistry()
-    collector = metrics._ClusterCollector()
-    collector.clusters.append(cluster)
-    registry.register(collector)
+    collectors, registries = {}, {}
+    for per_host in (False, True):  # the default (a series per model), and gpu_metrics_per_host
+        collectors[per_host] = metrics.DeviceGauges(lambda: cluster, per_host=lambda p=per_host: p)
+        registries[per_host] = CollectorRegistry()
+        registries[per_host].register(collectors[per_host])
     env = page_environments()
 
     async def view(name: str):
         """One request of a view: (longest synchronous stretch in ns, timer lag in ms or None, bytes)."""
         if name.startswith("metrics"):
+            per_host = name.endswith("per host")
             t = pc()
-            body = scrape(registry) if name.startswith("metrics scrape") else list(collector.collect())
+            if name.startswith("metrics scrape"):
+                body: bytes | list = scrape(registries[per_host])
+            else:
+                body = list(collectors[per_host].collect())
             return pc() - t, None, len(body)
         coro = gpus_page(cluster, env) if name.startswith("/hub/gpus") else alloc_map_body(cluster)
         size = []
@@ -400,7 +407,15 @@ async def run(nodes: int, reports: int, decisions: int, views: int, seed: int) -
         with gc_watch() as found:
             longest, lag, _ = await view(name)
         out["ops"][f"{name}, first"] = stats([longest], [lag] if lag is not None else None, [found])
-    for name in ("metrics scrape", "metrics, collect only", "alloc-map", "alloc-map, warm", "/hub/gpus page"):
+    for name in (
+        "metrics scrape",
+        "metrics scrape, per host",
+        "metrics, collect only",
+        "metrics, collect, per host",
+        "alloc-map",
+        "alloc-map, warm",
+        "/hub/gpus page",
+    ):
         times, lags, gcs = [], [], []
         for _ in range(views):
             if name.endswith("warm"):
@@ -408,7 +423,8 @@ async def run(nodes: int, reports: int, decisions: int, views: int, seed: int) -
             else:
                 hub.interval()
             with gc_watch() as collected:
-                longest, lag, sizes[name.split(",")[0]] = await view(name)
+                key = name if name.startswith("metrics scrape") else name.split(",")[0]
+                longest, lag, sizes[key] = await view(name)
             times.append(longest)
             gcs.append(collected)
             if lag is not None:

@@ -5,10 +5,10 @@ scrapes (a collector), so they are never out of date and cost nothing between
 scrapes. Decisions are counted as they happen.
 
 ================================================  =====================================
-``gpuspawner_devices{host,model}``                devices known (healthy or not)
-``gpuspawner_devices_free{host,model}``           healthy devices nobody holds, on an available node
-``gpuspawner_devices_unhealthy{host,model}``      lost, ECC errors, too hot, or a late node
-``gpuspawner_allocated_share{host,model}``        sum of the shares held (a whole GPU is 1)
+``gpuspawner_devices{model}``                     devices known (healthy or not)
+``gpuspawner_devices_free{model}``                healthy devices nobody holds, on an available node
+``gpuspawner_devices_unhealthy{model}``           lost, ECC errors, too hot, or a late node
+``gpuspawner_allocated_share{model}``             sum of the shares held (a whole GPU is 1)
 ``gpuspawner_allocations_granted_total{model}``   requests that got devices
 ``gpuspawner_allocations_refused_total{reason}``  ``capacity`` (503), ``request`` (400: never fits as asked)
 ``gpuspawner_allocation_seconds``                 time the allocator took to decide
@@ -17,6 +17,8 @@ scrapes. Decisions are counted as they happen.
 ``gpuspawner_line_length{model}``                 requests waiting in line (docs/line.md)
 ``gpuspawner_wait_seconds{model}``                how long served requests waited in line
 ================================================  =====================================
+
+The four device gauges carry a ``host`` label too with ``gpu_metrics_per_host``.
 """
 
 from __future__ import annotations
@@ -101,37 +103,56 @@ class DeviceGauges:
     """The gauges above, read from one hub's cluster at each scrape
     (``cluster()`` returns it; nothing is shown while it cannot be made).
 
-    Each host's counts are kept by the cluster until that host changes (see
+    By default one series per model (``{model}``): what an admin needs per host
+    and device is in the allocation map. With ``per_host()`` true
+    (``gpu_metrics_per_host``), one per host and model (``{host,model}``). Each
+    host's counts are kept by the cluster until that host changes (see
     ClusterViews.device_counts), and their samples here, so a scrape makes new
-    samples only for the hosts that changed and joins the others. What is left
-    per scrape grows with the hosts: about 1.6 µs each here, and about 4 µs for
-    each of the 4 samples per host and model that prometheus_client then writes
-    as text in JupyterHub's /hub/metrics handler (~16 ms at 1,000 hosts, on the
-    event loop: see docs/benchmarks.md)."""
+    samples only for the hosts that changed and joins the others; but
+    prometheus_client then writes each of the 4 samples per host and model as text
+    in JupyterHub's /hub/metrics handler, on the event loop, about 4 µs each
+    (~16 ms at 1,000 hosts: see docs/benchmarks.md)."""
 
-    def __init__(self, cluster: Callable[[], Any]):
+    def __init__(self, cluster: Callable[[], Any], per_host: Callable[[], bool] = lambda: False):
         self.cluster = cluster
+        self.per_host = per_host
         self._samples: dict[str, tuple[list, list[list]]] = {}  # host -> (its counts, its samples per gauge)
 
-    def describe(self):  # the names, for the registry: no cluster is made for them
-        return [GaugeMetricFamily(name, doc, labels=["host", "model"]) for name, doc in _GAUGES]
+    def describe(self, labels=("model",)):  # the names, for the registry: no cluster is made for them
+        return [GaugeMetricFamily(name, doc, labels=list(labels)) for name, doc in _GAUGES]
 
     def collect(self):
-        families = self.describe()
         try:
-            cluster = self.cluster()
+            cluster, per_host = self.cluster(), self.per_host()
         except Exception:  # noqa: BLE001 - a hub whose GPU settings cannot work shows no devices
-            cluster = None
-        if cluster is not None:
+            yield from self.describe()
+            return
+        if per_host:
+            families = self.describe(("host", "model"))
             self._add_kept(cluster, families)
+        else:
+            families = self.describe()
+            self._add_per_model(cluster, families)
         yield from families
+
+    @staticmethod
+    def _add_per_model(cluster, families: list[GaugeMetricFamily]) -> None:
+        totals: dict[str, list[float]] = {}
+        for _host, rows in cluster.views.device_counts():
+            for model, values in rows:
+                total = totals.setdefault(model, [0.0] * len(values))
+                for i, value in enumerate(values):
+                    total[i] += value
+        for model, values in sorted(totals.items()):
+            for family, value in zip(families, values):
+                family.add_metric([model], value)
 
     def _add_kept(self, cluster, families: list[GaugeMetricFamily]) -> None:
         kept = self._samples
         for host, rows in cluster.views.device_counts():
             entry = kept.get(host)
             if entry is None or entry[0] is not rows:  # the cluster made this host's counts anew
-                made = [GaugeMetricFamily(name, doc, labels=["host", "model"]) for name, doc in _GAUGES]
+                made = self.describe(("host", "model"))
                 for model, values in rows:
                     for family, value in zip(made, values):
                         family.add_metric([host, model], value)

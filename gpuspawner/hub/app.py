@@ -249,7 +249,9 @@ class GPUHub:
     def show_metrics(self) -> None:
         """The device gauges at the hub's /metrics, read from this hub's cluster."""
         if self._gauges is None:
-            self._gauges = metrics.DeviceGauges(lambda: self.holdings.cluster)
+            self._gauges = metrics.DeviceGauges(
+                lambda: self.holdings.cluster, per_host=lambda: self.settings.gpu_metrics_per_host
+            )
             if not metrics.show(self._gauges):
                 self.log.warning("gpuspawner: another hub in this process shows its devices at /metrics")
 

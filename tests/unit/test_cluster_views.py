@@ -86,7 +86,7 @@ def book(c: GPUCluster, holder: str, request: Request) -> None:
 
 
 def gauges(c: GPUCluster) -> dict[tuple[str, str, str], float]:
-    collector = metrics.DeviceGauges(lambda: c)
+    collector = metrics.DeviceGauges(lambda: c, per_host=lambda: True)
     return {(f.name, s.labels["host"], s.labels["model"]): s.value for f in collector.collect() for s in f.samples}
 
 
@@ -140,6 +140,14 @@ def test_the_metrics_count_what_the_map_shows():
             ):
                 expected[(name, *labels)] = expected.get((name, *labels), 0) + value
     assert gauges(c) == expected
+    # By default one series per model: the same counts, summed over the hosts.
+    per_model: dict[tuple[str, str], float] = {}
+    for (name, _host, model), value in expected.items():
+        per_model[(name, model)] = per_model.get((name, model), 0) + value
+    families = list(metrics.DeviceGauges(lambda: c).collect())
+    assert {(f.name, s.labels["model"]): s.value for f in families for s in f.samples} == per_model
+    assert all(set(s.labels) == {"model"} for f in families for s in f.samples)
+    assert len({model for _, model in per_model}) < len({host for _, host, _ in expected})  # fewer series
 
 
 async def test_a_report_that_changes_health_shows_in_the_next_map_and_metrics():
