@@ -24,7 +24,7 @@ __all__ = ["resume_waiting"]
 log = logging.getLogger(__name__)
 
 
-async def resume_waiting(line: WaitLine, owner: Holdings) -> int:
+async def resume_waiting(line: WaitLine, holdings: Holdings) -> int:
     """Re-issue the spawns of the line's rows (at hub start); how many."""
     app = hub_port.running_hub()
     if app is None:
@@ -40,7 +40,7 @@ async def resume_waiting(line: WaitLine, owner: Holdings) -> int:
             continue
         spawner = user.spawners[w.server]  # made for a server not yet known
         if spawner.active:
-            if owner.get(w.service) is not None:  # it runs after all
+            if holdings.get(w.service) is not None:  # it runs after all
                 await line.leave(w.service)
                 continue
             # The old hub's record of a spawn that died waiting (it has a

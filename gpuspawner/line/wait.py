@@ -52,8 +52,8 @@ def waits_for(exc: SpawnException) -> bool:
 
 
 class WaitLine:
-    def __init__(self, owner: Holdings):
-        self.owner = owner
+    def __init__(self, holdings: Holdings):
+        self.holdings = holdings
         self.rows: list[Waiter] = []  # as in the ledger
         self.loaded = False
         self._live: dict[str, tuple[Reserve, asyncio.Future]] = {}  # waiting spawns: how to reserve, their result
@@ -68,7 +68,7 @@ class WaitLine:
         """The ledger's rows, at first use (a restarted hub finds its line)."""
         if not self.loaded:
             try:
-                rows = await self.owner.ledger_call(lambda db: db.waiting())
+                rows = await self.holdings.ledger_call(lambda db: db.waiting())
             except LedgerError as exc:  # tried again at the next spawn
                 log.warning("%s", exc)
                 return
@@ -87,7 +87,7 @@ class WaitLine:
 
     async def join(self, service: str, user: str, server: str, model: str, priority: int, request: dict) -> Waiter:
         """Into ``model``'s line (a service in it keeps its place). Raises LedgerError."""
-        row = await self.owner.ledger_call(lambda db: db.enqueue(service, user, server, model, priority, request))
+        row = await self.holdings.ledger_call(lambda db: db.enqueue(service, user, server, model, priority, request))
         if row is None:  # no ledger
             row = Waiter(next(self._ids), service, user, server, model, priority, utc_now(), dict(request))
         if all(w.service != service for w in self.rows):
@@ -99,7 +99,7 @@ class WaitLine:
         """Out of line at once; the ledger's row goes too (logged when it cannot)."""
         self._drop(service)
         try:
-            await self.owner.ledger_call(lambda db: db.dequeue(service))
+            await self.holdings.ledger_call(lambda db: db.dequeue(service))
         except LedgerError as exc:
             log.warning("%s", exc)
 
@@ -150,8 +150,8 @@ class WaitLine:
                 self._drop(w.service)
                 continue
             if result.done():  # the wait ended (cancelled) while reserving: give them back
-                if self.owner.get(w.service) is holding:
-                    await self.owner.remove(w.service)
+                if self.holdings.get(w.service) is holding:
+                    await self.holdings.remove(w.service)
                 return
             self._drop(w.service)
             result.set_result(holding)
@@ -195,8 +195,8 @@ class WaitLine:
                 self.cancel(service)
                 if result.done() and not result.cancelled() and result.exception() is None:
                     # Served as it was cancelled: what the line reserved goes back.
-                    if self.owner.get(service) is result.result():
-                        await asyncio.shield(self.owner.remove(service))
+                    if self.holdings.get(service) is result.result():
+                        await asyncio.shield(self.holdings.remove(service))
             else:
                 await asyncio.shield(self.leave(service))  # served or not, its row goes
 
@@ -217,10 +217,10 @@ class WaitLine:
     async def _words(self, model: str, place: int) -> str:
         """ "You are number N in line for MODEL", and the estimate."""
         try:
-            runs = await self.owner.ledger_call(lambda db: db.run_seconds(model)) or []
+            runs = await self.holdings.ledger_call(lambda db: db.run_seconds(model)) or []
         except LedgerError:
             runs = []
-        total = sum(m.total for m in self.owner.allocator.summary() if m.model == model)
+        total = sum(m.total for m in self.holdings.allocator.summary() if m.model == model)
         guess = estimate(runs, place, total)
         return f"You are number {place} in line for {model}" + (f". {guess}" if guess else "")
 

@@ -49,10 +49,10 @@ def _templates(paths: tuple[str, ...]) -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.ChoiceLoader(loaders), autoescape=True)
 
 
-def render_form(spawner, owner, error: str = "", access: Access | None = None, budget: Budget | None = None) -> str:
-    """The form for ``spawner``'s user, from the hub's holdings ``owner``: the
+def render_form(spawner, holdings, error: str = "", access: Access | None = None, budget: Budget | None = None) -> str:
+    """The form for ``spawner``'s user, from the hub's ``holdings``: the
     models their ``access`` offers them, with its limit and ``budget``."""
-    cluster, allocator = owner.cluster, owner.allocator
+    cluster, allocator = holdings.cluster, holdings.allocator
     held = allocator.held_by_owner(spawner.user.name)
     access = access or Access(max_gpus=spawner.max_gpus_per_user)
     summary = [m for m in allocator.summary() if access.allows(m.model)]

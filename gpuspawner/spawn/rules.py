@@ -25,20 +25,20 @@ def access_of(spawner) -> Access:
     return rules_of(spawner).effective(groups)
 
 
-async def budget_of(owner, user: str, access: Access) -> Budget | None:
+async def budget_of(holdings, user: str, access: Access) -> Budget | None:
     """``user``'s weekly budget as the ledger has it now (None: no budget, or
     no ledger). Raises LedgerError."""
     if access.weekly_gpu_hours is None:
         return None
     now = utc_now()
-    spans = await owner.ledger_call(lambda db: db.user_spans(user, now - WEEK))
+    spans = await holdings.ledger_call(lambda db: db.user_spans(user, now - WEEK))
     return None if spans is None else weekly_budget(spans, access.weekly_gpu_hours, now)
 
 
-async def budget_for_form(spawner, owner, access: Access) -> Budget | None:
+async def budget_for_form(spawner, holdings, access: Access) -> Budget | None:
     """The budget the form shows; None when the ledger cannot say (the form still works)."""
     try:
-        return await budget_of(owner, spawner.user.name, access)
+        return await budget_of(holdings, spawner.user.name, access)
     except LedgerError as exc:
         spawner.log.warning("The GPU budget of %s is unknown: %s", spawner.user.name, exc)
         return None

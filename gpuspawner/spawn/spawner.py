@@ -111,11 +111,11 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
     async def _render_options_form(self) -> str:
         error = ""
         try:
-            owner = await self._up_to_date()
+            holdings = await self._up_to_date()
         except SpawnException as exc:
-            error, owner = exc.message, self.holdings()
+            error, holdings = exc.message, self.holdings()
         access = self._access()
-        return render_form(self, owner, error, access, await budget_for_form(self, owner, access))
+        return render_form(self, holdings, error, access, await budget_for_form(self, holdings, access))
 
     def _access(self) -> Access:
         """What this user may have under ``gpu_access``, from their JupyterHub
@@ -131,11 +131,11 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         async for event in self._progress.follow(lambda: self.pending == "spawn"):
             yield event
 
-    def _request(self, owner: Holdings, access: Access) -> tuple[Request | None, bool]:
+    def _request(self, holdings: Holdings, access: Access) -> tuple[Request | None, bool]:
         """The user's options as an allocator request (None: CPU-only), and
         whether it may wait in line; 400 when invalid, 403 when the user's
         access rules forbid it (such a request never enters a line)."""
-        models = [m.model for m in owner.allocator.summary()]
+        models = [m.model for m in holdings.allocator.summary()]
         forbidden = access.refusal(self.user_options, models)
         if forbidden:
             metrics.REFUSED.labels("access").inc()
@@ -144,7 +144,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             options = parse_user_options(
                 self.user_options,
                 models=access.offered(models),
-                hosts=owner.allocator.hosts(),
+                hosts=holdings.allocator.hosts(),
                 max_count=access.max_gpus,
                 allow_host_choice=self.allow_host_choice,
                 sharing=self.gpu_sharing,
@@ -175,29 +175,29 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         self.holdings()  # a hub whose GPU settings cannot work: the message above
         line = self.gpu_hub.line
         async with refused_out_of_line(line, name):
-            owner = await self._up_to_date()
+            holdings = await self._up_to_date()
             access = self._access()
-            request, wait = self._request(owner, access)
+            request, wait = self._request(holdings, access)
             if request is not None:
-                await self._within_budget(owner, access)
+                await self._within_budget(holdings, access)
             settings = await self._admin_settings()
             # A service left by an earlier run of this server (a killed hub, a
             # failed stop) may still run on its GPUs: it goes first.
-            if not await self._remove(owner):
+            if not await self._remove(holdings):
                 raise spawn_error(STALE, reason="stale_service", status_code=503)
         holding = await reserve_or_wait(
             self,
             line,
             request and request.model,
             wait,
-            lambda: self._reserve(owner, request, access.max_gpus, wait),
+            lambda: self._reserve(holdings, request, access.max_gpus, wait),
             spawn_error,
         )
         try:
             if holding.labels.port is not None:
                 self.port = holding.labels.port
             try:
-                service = await owner.create(name, await self._service_spec(holding, settings))
+                service = await holdings.create(name, await self._service_spec(holding, settings))
             except SwarmError as exc:
                 raise spawn_error(
                     f"The server's service could not be created: {exc}", reason="service_create", status_code=500
@@ -217,13 +217,13 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         except BaseException:
             # Shielded: a cancelled spawn (JupyterHub's DELETE on a pending
             # server) still gives its GPUs back once its task has ended.
-            await asyncio.shield(self._remove(owner))
+            await asyncio.shield(self._remove(holdings))
             raise
 
-    async def _within_budget(self, owner: Holdings, access: Access) -> None:
+    async def _within_budget(self, holdings: Holdings, access: Access) -> None:
         """403 while the user's weekly GPU-hours are used up."""
         try:
-            budget = await budget_of(owner, self.user.name, access)
+            budget = await budget_of(holdings, self.user.name, access)
         except LedgerError as exc:
             message, reason = NOT_RESERVED[LedgerError]
             raise spawn_error(message, reason=reason, log_message=str(exc), status_code=503) from exc
@@ -232,9 +232,9 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             metrics.REFUSED.labels("budget").inc()
             raise spawn_error(over, reason="gpu_budget", status_code=403)
 
-    async def _reserve(self, owner: Holdings, request: Request | None, limit: int, waiting: bool = False) -> Holding:
+    async def _reserve(self, holdings: Holdings, request: Request | None, limit: int, waiting: bool = False) -> Holding:
         try:
-            holding = await owner.reserve(
+            holding = await holdings.reserve(
                 self.service_name,
                 self.user.name,
                 self.name,
@@ -259,11 +259,11 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             self._report(f"Reserved {what} {c.model} on {c.host}", 20)
         return holding
 
-    async def _remove(self, owner: Holdings) -> bool:
+    async def _remove(self, holdings: Holdings) -> bool:
         """Remove this server's service; True once no task of it can run
         (its GPUs are then back). False: it stays reserved, and says why."""
         try:
-            return await owner.remove(self.service_name)  # an idle reclaim's stop names its own reason
+            return await holdings.remove(self.service_name)  # an idle reclaim's stop names its own reason
         except SwarmError as exc:
             self.log.error("Could not remove service %s: %s", self.service_name, exc)
             return False
@@ -316,13 +316,13 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         """Wait for the service's task to run: bounded, and stopping at the
         first rejected or failed task with the reason the swarm gives. Every
         task seen is remembered: the GPUs are free only once it has ended."""
-        owner = self.holdings()
+        holdings = self.holdings()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.task_start_timeout
         delay, last = 0.1, "no task yet"
         while True:
             try:
-                tasks = await owner.swarm.tasks(self.service_name)
+                tasks = await holdings.swarm.tasks(self.service_name)
             except SwarmError as exc:
                 raise spawn_error(
                     "The server's service could not be followed while it started; please try again.",
@@ -331,7 +331,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                     status_code=503,
                 ) from exc
             if tasks:
-                await owner.note_tasks(self.service_name, [t["ID"] for t in tasks])
+                await holdings.note_tasks(self.service_name, [t["ID"] for t in tasks])
                 status = tasks[0].get("Status", {})
                 state = status.get("State", "")
                 node = self._hostname_of(tasks[0].get("NodeID", ""))
@@ -392,12 +392,12 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         mid-spawn never recorded: a restarted hub checks this URL."""
         if not self.host_network or self.server is None:
             return await super().get_url()
-        owner = await self._up_to_date()
-        h = owner.get(self.service_name)
+        holdings = await self._up_to_date()
+        h = holdings.get(self.service_name)
         if h is None or h.labels.port is None:
             return await super().get_url()
         if not self.task_node:
-            tasks = await owner.swarm.tasks(self.service_name)
+            tasks = await holdings.swarm.tasks(self.service_name)
             self.task_node = self._hostname_of(tasks[0].get("NodeID", "")) if tasks else h.labels.host
         self.port = h.labels.port
         addr = await self._node_addr(self.task_node)
@@ -406,9 +406,9 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
     # -- stop / poll / state --------------------------------------------------
 
     async def stop(self, now=False):
-        owner = await self._up_to_date()
+        holdings = await self._up_to_date()
         await self.gpu_hub.line.stopped(self.service_name)  # a cancelled wait in line
-        if not await self._remove(owner):
+        if not await self._remove(holdings):
             raise spawn_error(
                 f"Your server's service {self.service_name} could not be removed yet; please try again.",
                 reason="service_remove",
@@ -423,18 +423,18 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         over: its service is removed (JupyterHub does not call stop() for a
         server it found dead) and its GPUs come back once its task has ended."""
         try:
-            owner = await self._up_to_date()  # a restarted hub polls before anything else
-            tasks = await owner.swarm.tasks(self.service_name)
+            holdings = await self._up_to_date()  # a restarted hub polls before anything else
+            tasks = await holdings.swarm.tasks(self.service_name)
         except SpawnException:
             return None  # the manager cannot be asked: that says nothing about the server
         except SwarmError as exc:
             if not exc.not_found:
                 return None  # the manager cannot tell: that says nothing about the server
-            await self._remove(owner)
+            await self._remove(holdings)
             return 0
         if not tasks:
             return None  # created, no task yet
-        await owner.note_tasks(self.service_name, [t["ID"] for t in tasks])
+        await holdings.note_tasks(self.service_name, [t["ID"] for t in tasks])
         status = tasks[0].get("Status", {})
         state = status.get("State", "")
         down = await self._node_down(tasks[0].get("NodeID", ""))
@@ -443,11 +443,11 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             # server. Its service is removed (the node stops the container
             # when it is back); its GPUs stay reserved until the swarm
             # confirms the task ended, and that node is not offered meanwhile.
-            await self._remove(owner)
+            await self._remove(holdings)
             return f"node {down} is down"
         if state == "running" or state in TASK_WAITING:
             return None
-        await self._remove(owner)
+        await self._remove(holdings)
         return f"task {state}: {status.get('Err') or status.get('Message', '')}"
 
     async def _node_down(self, node_id: str) -> str:

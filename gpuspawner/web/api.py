@@ -81,18 +81,18 @@ class _GPUMixin:
             raise web.HTTPError(503, f"{UNCONFIGURED} {exc}") from None
         return hub
 
-    def owner(self) -> Holdings:
+    def current_holdings(self) -> Holdings:
         """The hub's holdings as they are (no swarm call)."""
         return self.gpu_hub().holdings
 
     async def ledger(self, call):
         """``call(ledger)`` in the ledger's executor; 503 with the reason when it fails."""
         try:
-            return await self.owner().ledger_call(call)
+            return await self.current_holdings().ledger_call(call)
         except LedgerError as exc:
             raise web.HTTPError(503, str(exc)) from None
 
-    async def holdings(self) -> Holdings:
+    async def fresh_holdings(self) -> Holdings:
         """The hub's holdings, with fresh node status."""
         hub = self.gpu_hub()
         try:
@@ -130,13 +130,13 @@ class ReportHandler(_GPUMixin, APIHandler):
         wrong_host = token_host and agent_tokens.refusal(token_host, report.hostname)
         if wrong_host:
             raise web.HTTPError(403, wrong_host)
-        cluster = self.owner().cluster
+        cluster = self.current_holdings().cluster
         if report.hostname not in cluster.nodes:
             # A node that joined since the last look, or not a node at all.
             last = self.settings.get("gpuspawner_nodes_checked", 0.0)
             if time.monotonic() - last >= NODE_REFRESH_SECONDS:
                 self.settings["gpuspawner_nodes_checked"] = time.monotonic()
-                await self.holdings()
+                await self.fresh_holdings()
             if report.hostname not in cluster.nodes:
                 raise web.HTTPError(400, f"{report.hostname} is not a node of this swarm")
         try:
@@ -162,7 +162,7 @@ class AgentTokenHandler(_GPUMixin, APIHandler):
         self.require(ADMIN_SCOPE)
         host = self._host(host)
         try:
-            nodes = (await self.holdings()).cluster.nodes
+            nodes = (await self.fresh_holdings()).cluster.nodes
         except web.HTTPError:  # the swarm cannot be asked now; issuing does not need it
             nodes = None
         token = agent_tokens.new_token()
@@ -198,28 +198,28 @@ def _iso(t: datetime) -> str:
 class AllocMapHandler(_GPUMixin, APIHandler):
     async def get(self):
         self.require(ADMIN_SCOPE)
-        owner = await self.holdings()
+        holdings = await self.fresh_holdings()
         self.set_header("Content-Type", "application/json")
-        self.write(await owner.cluster.views.alloc_map_json())
+        self.write(await holdings.cluster.views.alloc_map_json())
 
 
 class RescanHandler(_GPUMixin, APIHandler):
     async def post(self):
         self.require(ADMIN_SCOPE)
-        owner = await self.holdings()
+        holdings = await self.fresh_holdings()
         try:
-            await owner.reconcile()
+            await holdings.reconcile()
         except SwarmError as exc:
             raise web.HTTPError(503, f"The swarm could not be asked: {exc}") from None
         self.set_header("Content-Type", "application/json")
-        self.write(await owner.cluster.views.alloc_map_json())
+        self.write(await holdings.cluster.views.alloc_map_json())
 
 
 class DoctorHandler(_GPUMixin, APIHandler):
     async def get(self):
         self.require(ADMIN_SCOPE)
-        owner = await self.holdings()
-        cluster = owner.cluster
+        holdings = await self.fresh_holdings()
+        cluster = holdings.cluster
         reports = {host: report for host, (report, _) in cluster.reports.items()}
         findings = diagnose(
             cluster.nodes.values(),
@@ -228,7 +228,7 @@ class DoctorHandler(_GPUMixin, APIHandler):
             cluster.stale,
             cluster.settings.sources,
             cluster.aliases,
-            foreign=owner.foreign,
+            foreign=holdings.foreign,
             conflicts=cluster.uuid_conflicts,
             shared_token=self.gpu_hub().settings.agent_shared_token,
         )
@@ -264,9 +264,9 @@ class UsageHandler(_GPUMixin, APIHandler):
         by = self.get_argument("by", "user")
         if by not in ("user", "model", "reason"):
             raise web.HTTPError(400, f"by={by!r}: use user, model or reason")
-        owner = await self.holdings()
+        holdings = await self.fresh_holdings()
         try:
-            rows = await owner.ledger_call(lambda db: db.usage(since, until, by))
+            rows = await holdings.ledger_call(lambda db: db.usage(since, until, by))
         except LedgerError as exc:
             raise web.HTTPError(503, str(exc)) from None
         except ValueError as exc:  # e.g. since after until
@@ -335,8 +335,8 @@ class GPUPageHandler(_GPUMixin, BaseHandler):
     @web.authenticated
     async def get(self):
         self.require(ADMIN_SCOPE)
-        owner = await self.holdings()
-        cluster = owner.cluster
+        holdings = await self.fresh_holdings()
+        cluster = holdings.cluster
         lines = {
             model: [{**w, "since": w["since"].replace("T", " ")} for w in ws]
             for model, ws in (await queue_json(self.gpu_hub().line)).items()
