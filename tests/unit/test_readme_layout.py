@@ -38,3 +38,19 @@ def test_the_readme_tree_lists_every_module_of_the_package():
     assert "core/sharing.py" in listed and "cli.py" in listed
     assert modules - listed == set(), "modules missing from README's tree"
     assert listed - modules == set(), "README's tree names modules that do not exist"
+
+
+def test_make_unit_leaves_out_the_explorations_that_make_explore_and_make_test_run():
+    """README: `make unit` runs the unit tests less those marked explore; `make explore`
+    runs those alone; `make test` runs everything."""
+    makefile = (REPO / "Makefile").read_text()
+
+    def recipe(target: str) -> str:
+        return re.search(rf"^{target}:.*\n((?:\t.*\n)+)", makefile, re.M)[1]
+
+    assert '-m "not explore" tests/unit' in recipe("unit")
+    assert "-m explore tests/unit" in recipe("explore")
+    assert "-m" not in recipe("test") and "pytest -ra tests" in recipe("test")
+    marked = [p.name for p in (REPO / "tests" / "unit").glob("test_*.py") if "@pytest.mark.explore" in p.read_text()]
+    assert len(marked) >= 4, marked
+    assert "explore:" in (REPO / "setup.cfg").read_text()  # the marker is registered
