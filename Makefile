@@ -26,8 +26,8 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 test: deps
 	$(PYTHON) -m pytest -ra tests
 
-# The tests that need no docker, less the long explorations of interleavings (about two
-# minutes here); `make explore` runs those alone, and `make test` runs everything.
+# The tests that need no docker, less the long explorations of interleavings (a minute and
+# a half here); `make explore` runs those alone, and `make test` runs everything.
 unit: $(VENV)/.installed
 	$(PYTHON) -m pytest -ra -m "not explore" tests/unit
 
