@@ -230,3 +230,41 @@ def test_dockerspawner_reads_the_fake_as_it_reads_a_daemon(fake):
     finally:
         Spawner._executor.shutdown()
     assert ("inspect_service", ("jupyter-alice",), {}) in fake.calls
+
+
+def test_a_swarm_built_from_a_connection_connects_at_its_first_call_off_the_loop_and_once(fake):
+    import threading
+
+    calls = []
+
+    def connect():
+        calls.append(threading.current_thread())
+        return fake, None
+
+    async def main():
+        swarm = Swarm(connect)
+        assert calls == []  # nothing at construction (configure(c) runs as the hub reads its config)
+        await asyncio.gather(swarm.nodes(), swarm.nodes())
+        return await swarm.nodes()
+
+    nodes = asyncio.run(main())
+    assert [n.hostname for n in nodes] == ["manager", "gpu-a", "gpu-b"]
+    assert 1 <= len(calls) <= 2 and threading.main_thread() not in calls  # two racing first calls may both connect
+
+
+def test_a_daemon_that_cannot_be_reached_at_the_first_call_is_a_swarm_error_and_the_next_call_tries_again(fake):
+    answers = [docker.errors.DockerException("Error while fetching server API version"), (fake, None)]
+
+    def connect():
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def main():
+        swarm = Swarm(connect)
+        with pytest.raises(SwarmError, match="cannot reach the swarm manager"):
+            await swarm.nodes()
+        return await swarm.nodes()
+
+    assert len(asyncio.run(main())) == 3

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from types import SimpleNamespace
 
 import pytest
 from jupyterhub.app import JupyterHub
@@ -158,3 +159,17 @@ def test_the_home_pages_budget_note_reads_the_ledger_off_the_event_loop(hub, tmp
     assert "Your weekly GPU budget: 20.0 of 20 GPU-hours left (over the last 7 days)." in page
     assert readers and threading.main_thread() not in readers
     assert _render(env, "gpuspawner_budget.html", gpuspawner_budget=note(None)).strip() == ""
+
+
+def test_a_bad_setting_made_after_configure_is_a_clear_hub_config_error():
+    from gpuspawner.hub.app import KEY, HubConfigError
+
+    c = Config()
+    configure(c)
+    c.GPUSwarmSpawner.allocation_policy = "bogus"
+    hub = c.JupyterHub.tornado_settings.get_value({})[KEY]
+    with pytest.raises(HubConfigError, match="Unknown allocation_policy 'bogus'"):
+        hub.settings  # noqa: B018
+    with pytest.raises(HubConfigError):
+        hub.holdings  # noqa: B018 - the endpoints answer 503 with it, spawns say the configuration is invalid
+    assert hub.notices_for(SimpleNamespace(name="ann", kind="user")) == []  # pages still render
