@@ -77,7 +77,7 @@ def test_service_names_are_the_spawners_own():
 def test_admin_settings_are_evaluated_as_dockerspawner_would():
     spawner = GPUSwarmSpawner(
         user=SimpleNamespace(name="ann", id=1),
-        extra_create_kwargs=lambda s: {"labels": {"owner": "{username}"}},
+        extra_create_kwargs={"labels": {"owner": "{username}"}},  # a callable too, from dockerspawner 13
         volumes={"/data/{username}": "/home/jovyan/data"},
         read_only_volumes={"/datasets": "/datasets"},
     )
