@@ -101,6 +101,8 @@ class GPUHub:
         self.log = log or logging.getLogger("JupyterHub")
         self.clock, self.wall = clock, wall
         self._settings: HubSettings | None = None
+        self._config: Config | None = None  # with the spawner class, as source() gave them
+        self._spawner_class: type | None = None
         self._holdings: Holdings | None = None
         self._line: WaitLine | None = None
         self._reclaimer: Reclaimer | None = None
