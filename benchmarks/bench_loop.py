@@ -19,6 +19,8 @@ Operations, each timed with ``perf_counter_ns`` around what runs on the loop:
 * allocate whole / allocate share: one decision (1 GPU; 0.25 of a GPU) as the spawner
   makes it, with the holder's user and server recorded; given back untimed;
 * release: a random holder's devices given back (booked again untimed);
+* counts made at start: what the hub does once, after its first reconcile, so that the
+  first scrape finds every host's counts made (stepped: it gives way between hosts);
 * metrics scrape: ``prometheus_client.generate_latest`` over a registry with
   gpuspawner's device gauges (JupyterHub's /hub/metrics does this over its own), one
   series per model (the default) and, "per host", one per host and model
@@ -403,6 +405,11 @@ async def run(nodes: int, reports: int, decisions: int, views: int, seed: int) -
         return longest, lag, size[0]
 
     sizes = {}
+    # At start the hub makes every host's counts, giving way between hosts (GPUHub's first
+    # reconcile: ClusterViews.warm_counts), so that the first scrape finds them made.
+    with gc_watch() as found:
+        longest, lag = await stepped(cluster.views.warm_counts())
+    out["ops"]["counts made at start"] = stats([longest], [lag], [found])
     for name in ("metrics scrape", "alloc-map", "/hub/gpus page"):  # the first request after start-up
         with gc_watch() as found:
             longest, lag, _ = await view(name)

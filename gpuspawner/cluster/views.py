@@ -186,20 +186,29 @@ class ClusterViews:
         kept (the same object) until its devices or their health, its holdings,
         its staleness or its availability change: readings alone do not count."""
         holders_of = self._holders_from(holders_of)
+        return [(host, self._host_counts(host, holders_of)) for host in self._hosts_with_devices()]
+
+    async def warm_counts(self) -> None:
+        """Make every host's counts now, giving way to other work every
+        ``HOSTS_PER_STEP`` hosts: the hub does this at start, so that the first
+        metrics scrape (which cannot give way) finds them made."""
+        holders_of = self._holders_from(None)
+        for n, host in enumerate(self._hosts_with_devices(), 1):
+            if n % HOSTS_PER_STEP == 0:
+                await asyncio.sleep(0)
+            if self.cluster.states.get(host):
+                self._host_counts(host, holders_of)
+
+    def _host_counts(self, host: str, holders_of: HoldersOf) -> list[tuple[str, tuple]]:
         cache = self.caches.get("counts")
         if cache is None:
             cache = self.caches["counts"] = HostCache()
-        out = []
-        for host in self._hosts_with_devices():
-            holders_key = self._holders_key(host)
-            stale, available = self.cluster.stale.get(host), self.cluster.is_available(host)
-            key = (self._health_changes.get(host, 0), stale is not None, available, holders_key)
-            found, rows = cache.get(host, key)
-            if not found:
-                holders = self._holders(host, holders_key, holders_of)
-                rows = views.host_counts(
-                    views.host_entries(self.cluster.states[host].values(), holders, stale), available
-                )
-                cache.put(host, key, rows)
-            out.append((host, rows))
-        return out
+        holders_key = self._holders_key(host)
+        stale, available = self.cluster.stale.get(host), self.cluster.is_available(host)
+        key = (self._health_changes.get(host, 0), stale is not None, available, holders_key)
+        found, rows = cache.get(host, key)
+        if not found:
+            holders = self._holders(host, holders_key, holders_of)
+            rows = views.host_counts(views.host_entries(self.cluster.states[host].values(), holders, stale), available)
+            cache.put(host, key, rows)
+        return rows

@@ -281,6 +281,7 @@ class GPUHub:
                 holdings = await self.up_to_date()  # the first use rebuilds holdings from the swarm
                 if first:
                     self._spawn_task(self._resume(holdings))  # the spawns waiting in line when the hub stopped
+                    await holdings.cluster.views.warm_counts()  # the first metrics scrape finds them made
                 else:
                     await holdings.reconcile(_untracked)
                 first = False

@@ -315,3 +315,29 @@ async def test_the_gpu_page_shows_each_host_card_and_what_changed():
     page = await render(c)
     assert "no report from its agent for 100 s" in page.find_all("h2")[3].text
     assert "unhealthy: 3 uncorrected ECC errors; no report from its agent for 100 s" in page.find_all("li")[7].text
+
+
+async def test_warm_counts_makes_every_hosts_counts_giving_way_so_the_first_scrape_makes_none(monkeypatch):
+    from gpuspawner.cluster import views as cluster_views
+    from gpuspawner.core.inventory import GPU
+
+    hosts = [f"n{i:03}" for i in range(2 * cluster_views.HOSTS_PER_STEP + 10)]
+    c = GPUCluster(InventorySettings(static=tuple(GPU(h, f"GPU-{h}", A100, 81920, 0) for h in hosts)))
+    seen = []
+
+    async def other_work():
+        await asyncio.sleep(0)
+        seen.append(warming.done())
+
+    warming = asyncio.ensure_future(c.views.warm_counts())
+    await asyncio.gather(warming, other_work())
+    assert seen == [False]  # other work ran while the hosts were counted
+
+    def made_again(*args):
+        raise AssertionError("a host's counts were made again")
+
+    monkeypatch.setattr(views, "host_counts", made_again)
+    families = list(metrics.DeviceGauges(lambda: c).collect())
+    assert {(f.name, s.value) for f in families for s in f.samples if f.name == "gpuspawner_devices"} == {
+        ("gpuspawner_devices", len(hosts))
+    }
