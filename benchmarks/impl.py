@@ -3,9 +3,10 @@ run both in one process (alternating, so that both see the same machine).
 
     impl = load("main")   # gpuspawner/ of that commit, imported as its own package
 
-The allocator modules import only the standard library and each other, so
-the other commit's package is imported under another name from a temporary
-directory (its ``__init__`` left out: that one would load the spawner).
+The allocator modules import only the standard library and each other (by
+relative imports), so the other commit's package is imported under another
+name from a temporary directory (its ``__init__`` left out: that one would load
+the spawner), in either layout: flat, or in layers.
 """
 
 from __future__ import annotations
@@ -49,6 +50,10 @@ def load(ref: str) -> Impl:
     (where / "gpuspawner").rename(where / package)
     (where / package / "__init__.py").write_text("")
     sys.path.insert(0, str(where))
-    old = importlib.import_module(f"{package}.allocator")
-    gpu = importlib.import_module(f"{package}.inventory").GPU
+    if (where / package / "allocator").is_dir():  # in layers (core/, allocator/, ...)
+        old = importlib.import_module(f"{package}.allocator.allocator")
+        gpu = importlib.import_module(f"{package}.core.inventory").GPU
+    else:  # one flat package, before the layers
+        old = importlib.import_module(f"{package}.allocator")
+        gpu = importlib.import_module(f"{package}.inventory").GPU
     return Impl(ref, old.Allocator, old.Request, old.AllocationRefused, gpu)

@@ -28,9 +28,9 @@ TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates"
 
 
 def configure(c) -> None:
-    from gpuspawner.hub.app import KEY, GPUHub
-    from gpuspawner.hub.settings import validate_config
-    from gpuspawner.web import api, api_reclaim, home_budget
+    from .hub.app import KEY, GPUHub
+    from .hub.settings import validate_config
+    from .web import api, api_reclaim, home_budget
 
     validate_config(c)
     hub = GPUHub(lambda: _hub_config(c), log=logging.getLogger("JupyterHub"))
@@ -56,8 +56,8 @@ def configure(c) -> None:
 def _hub_config(c) -> tuple:
     """The running hub's config (all its files and its command line, read by now)
     and spawner class; outside a hub (a test, a tool), this file's."""
-    from gpuspawner import hub_port
-    from gpuspawner.spawn.spawner import GPUSwarmSpawner
+    from . import hub_port
+    from .spawn.spawner import GPUSwarmSpawner
 
     app = hub_port.running_hub()
     config, cls = (c, c.JupyterHub.get("spawner_class")) if app is None else (app.config, app.spawner_class)

@@ -2,6 +2,6 @@
 
 import sys
 
-from gpuspawner.agent.command import main
+from .command import main
 
 sys.exit(main())

@@ -18,11 +18,11 @@ import os
 import socket
 import sys
 
-from gpuspawner.agent.attribution import Attributor, DockerLabels
-from gpuspawner.agent.errors import PROG, AgentError
-from gpuspawner.agent.hub import DEFAULT_TIMEOUT_S, TOKEN_ENV, HubClient, read_token, report_url
-from gpuspawner.agent.loop import Stop, report_loop, stop_on_signals
-from gpuspawner.agent.nvml import DEFAULT_MAX_TEMPERATURE_C, Nvml, probe
+from .attribution import Attributor, DockerLabels
+from .errors import PROG, AgentError
+from .hub import DEFAULT_TIMEOUT_S, TOKEN_ENV, HubClient, read_token, report_url
+from .loop import Stop, report_loop, stop_on_signals
+from .nvml import DEFAULT_MAX_TEMPERATURE_C, Nvml, probe
 
 DEFAULT_INTERVAL_S = 15.0
 DEFAULT_DOCKER_CONFIG = "/etc/docker/daemon.json"

@@ -13,8 +13,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from gpuspawner._version import __version__
-from gpuspawner.agent.errors import PROG, AgentError
+from .._version import __version__
+from .errors import PROG, AgentError
 
 DEFAULT_TIMEOUT_S = 10.0
 TOKEN_ENV = "GPUSPAWNER_AGENT_TOKEN"

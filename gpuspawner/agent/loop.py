@@ -6,11 +6,11 @@ import logging
 import signal
 import time
 
-from gpuspawner.agent.attribution import Attributor
-from gpuspawner.agent.errors import PROG, AgentError, plain
-from gpuspawner.agent.hub import HubClient, HubError
-from gpuspawner.agent.nvml import Nvml
-from gpuspawner.agent.report import encode_report
+from .attribution import Attributor
+from .errors import PROG, AgentError, plain
+from .hub import HubClient, HubError
+from .nvml import Nvml
+from .report import encode_report
 
 # Retries after failures wait interval, 2 × interval, 4 × … up to this cap: low enough
 # that a restarted hub hears from every agent within a minute or two (its GPUs are offered

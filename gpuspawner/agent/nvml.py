@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import re
 
-from gpuspawner.agent.errors import PROG, AgentError
-from gpuspawner.core.reports import device_problems
+from ..core.reports import device_problems
+from .errors import PROG, AgentError
 
 DEFAULT_MAX_TEMPERATURE_C = 90
 MIB = 1024 * 1024

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gpuspawner._version import __version__
+from .._version import __version__
 
 
 def docker_default_runtime(path: str | None) -> str | None:

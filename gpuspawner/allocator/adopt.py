@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuspawner.core.sharing import UNIT, fmt, to_milli
+from ..core.sharing import UNIT, fmt, to_milli
 
 __all__ = ["AdoptProblem", "AdoptReason"]
 

@@ -36,10 +36,12 @@ from collections.abc import Iterable
 from fractions import Fraction
 from typing import Any
 
-from gpuspawner.allocator.adopt import AdoptProblem, AdoptReason, adopted_pieces, conflict
-from gpuspawner.allocator.index import DeviceIndex
-from gpuspawner.allocator.records import ALL, POLICIES, Allocation, Request
-from gpuspawner.allocator.refusals import (
+from ..core.inventory import GPU
+from ..core.sharing import OFF, UNIT, SharingPolicy, fraction, to_milli
+from .adopt import AdoptProblem, AdoptReason, adopted_pieces, conflict
+from .index import DeviceIndex
+from .records import ALL, POLICIES, Allocation, Request
+from .refusals import (
     AllocationRefused,
     Refusal,
     over_limit,
@@ -47,11 +49,9 @@ from gpuspawner.allocator.refusals import (
     unknown_model,
     whole_refusal,
 )
-from gpuspawner.allocator.shares import choose_share
-from gpuspawner.allocator.summary import ModelSummary, summarize
-from gpuspawner.allocator.whole import choose
-from gpuspawner.core.inventory import GPU
-from gpuspawner.core.sharing import OFF, UNIT, SharingPolicy, fraction, to_milli
+from .shares import choose_share
+from .summary import ModelSummary, summarize
+from .whole import choose
 
 __all__ = [
     "ALL",

@@ -17,10 +17,10 @@ import operator
 from collections.abc import Iterable, Mapping
 from itertools import zip_longest
 
-from gpuspawner.allocator.model import ModelIndex, total_room
-from gpuspawner.allocator.rooms import Rooms
-from gpuspawner.core.inventory import GPU
-from gpuspawner.core.sharing import UNIT
+from ..core.inventory import GPU
+from ..core.sharing import UNIT
+from .model import ModelIndex, total_room
+from .rooms import Rooms
 
 __all__ = ["SCAN_HOSTS", "DeviceIndex"]
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuspawner.allocator.rooms import Rooms
-from gpuspawner.core.inventory import GPU
-from gpuspawner.core.sharing import UNIT
+from ..core.inventory import GPU
+from ..core.sharing import UNIT
+from .rooms import Rooms
 
 __all__ = ["ModelIndex", "kth", "total_room"]
 

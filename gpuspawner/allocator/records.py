@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 
-from gpuspawner.core.inventory import GPU
-from gpuspawner.core.requests import ALL, Request
-from gpuspawner.core.sharing import UNIT, fraction
+from ..core.inventory import GPU
+from ..core.requests import ALL, Request
+from ..core.sharing import UNIT, fraction
 
 __all__ = ["ALL", "EVEN_SPLIT", "ONE_DEVICE", "POLICIES", "UNEVEN_SPLIT", "Allocation", "Policy", "Request"]
 

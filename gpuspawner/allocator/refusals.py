@@ -12,11 +12,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
-from gpuspawner.allocator.index import DeviceIndex
-from gpuspawner.allocator.model import ModelIndex, total_room
-from gpuspawner.allocator.records import ALL, Request
-from gpuspawner.allocator.summary import ModelSummary
-from gpuspawner.core.sharing import UNIT, SharingPolicy, fmt, fmt_list
+from ..core.sharing import UNIT, SharingPolicy, fmt, fmt_list
+from .index import DeviceIndex
+from .model import ModelIndex, total_room
+from .records import ALL, Request
+from .summary import ModelSummary
 
 __all__ = ["AllocationRefused", "Refusal", "share_refusal", "whole_refusal"]
 

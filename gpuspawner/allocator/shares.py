@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import bisect
 
-from gpuspawner.allocator.index import DeviceIndex
-from gpuspawner.allocator.model import ModelIndex, kth, total_room
-from gpuspawner.allocator.records import EVEN_SPLIT, ONE_DEVICE, UNEVEN_SPLIT, Policy
-from gpuspawner.allocator.rooms import first_of
-from gpuspawner.allocator.whole import first_host
-from gpuspawner.core.inventory import GPU
-from gpuspawner.core.sharing import UNIT, ModelSharing, SharingPolicy, split_evenly
+from ..core.inventory import GPU
+from ..core.sharing import UNIT, ModelSharing, SharingPolicy, split_evenly
+from .index import DeviceIndex
+from .model import ModelIndex, kth, total_room
+from .records import EVEN_SPLIT, ONE_DEVICE, UNEVEN_SPLIT, Policy
+from .rooms import first_of
+from .whole import first_host
 
 __all__ = ["choose_share"]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from gpuspawner.allocator.model import ModelIndex
-from gpuspawner.core.sharing import UNIT, SharingPolicy, fraction
+from ..core.sharing import UNIT, SharingPolicy, fraction
+from .model import ModelIndex
 
 __all__ = ["ModelSummary", "summarize"]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import cast
 
-from gpuspawner.allocator.index import DeviceIndex
-from gpuspawner.allocator.model import ModelIndex
-from gpuspawner.allocator.records import ALL, Policy
+from .index import DeviceIndex
+from .model import ModelIndex
+from .records import ALL, Policy
 
 __all__ = ["best_host", "choose", "first_host"]
 

@@ -26,15 +26,15 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 
-from gpuspawner.allocator.allocator import AdoptProblem, Allocation, Allocator
-from gpuspawner.cluster.devices import SOURCES, DeviceState, InventorySettings, host_states
-from gpuspawner.cluster.host_views import HoldersOf
-from gpuspawner.cluster.swarm import Node, Swarm
-from gpuspawner.cluster.views import ClusterViews
-from gpuspawner.core.inventory import GPU
-from gpuspawner.core.labels import ServerLabels
-from gpuspawner.core.reports import Conflict, NodeReport, UUIDConflict, parse_report, report_uuids
-from gpuspawner.core.sharing import fraction
+from ..allocator.allocator import AdoptProblem, Allocation, Allocator
+from ..core.inventory import GPU
+from ..core.labels import ServerLabels
+from ..core.reports import Conflict, NodeReport, UUIDConflict, parse_report, report_uuids
+from ..core.sharing import fraction
+from .devices import SOURCES, DeviceState, InventorySettings, host_states
+from .host_views import HoldersOf
+from .swarm import Node, Swarm
+from .views import ClusterViews
 
 __all__ = ["GPUCluster", "DeviceState", "SOURCES", "InventorySettings"]
 
@@ -247,8 +247,8 @@ class GPUCluster:
 
     async def _probe_local(self, log) -> None:
         """NVML in the hub's own process, at most once per interval."""
-        from gpuspawner.agent.errors import AgentError
-        from gpuspawner.agent.nvml import probe
+        from ..agent.errors import AgentError
+        from ..agent.nvml import probe
 
         if time.monotonic() < self._local_due:
             return

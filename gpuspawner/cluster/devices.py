@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpuspawner.core.inventory import GPU
-from gpuspawner.core.reports import NodeReport, device_problems, gpus_of
+from ..core.inventory import GPU
+from ..core.reports import NodeReport, device_problems, gpus_of
 
 __all__ = ["SOURCES", "DeviceState", "InventorySettings", "host_states"]
 

@@ -9,9 +9,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
-from gpuspawner.cluster.swarm import Node
-from gpuspawner.core.inventory import GPU
-from gpuspawner.core.reports import Conflict, NodeReport, gpus_of
+from ..core.inventory import GPU
+from ..core.reports import Conflict, NodeReport, gpus_of
+from .swarm import Node
 
 __all__ = ["Finding", "diagnose"]
 

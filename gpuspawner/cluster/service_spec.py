@@ -25,7 +25,7 @@ from docker.errors import DockerException
 from docker.types import ContainerSpec, EndpointSpec, Mount, Placement, Resources, RestartPolicy, TaskTemplate
 from docker.utils import format_environment
 
-from gpuspawner.core.device_access import (
+from ..core.device_access import (
     GUARDED_ENV,
     device_mount,
     device_mounts,
@@ -33,8 +33,8 @@ from gpuspawner.core.device_access import (
     guarded_name,
     without_generic_resources,
 )
-from gpuspawner.core.labels import LABEL, ServerLabels, to_labels
-from gpuspawner.core.sharing import UNIT, fmt, fmt_list, shown
+from ..core.labels import LABEL, ServerLabels, to_labels
+from ..core.sharing import UNIT, fmt, fmt_list, shown
 
 __all__ = [
     "ENFORCEMENT_MODES",

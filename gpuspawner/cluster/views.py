@@ -16,11 +16,11 @@ import functools
 from collections.abc import Hashable, Mapping
 from typing import Protocol
 
-from gpuspawner.allocator.allocator import Allocator
-from gpuspawner.cluster import host_views as views
-from gpuspawner.cluster.devices import DeviceState
-from gpuspawner.cluster.host_views import HoldersOf, HostCache, Maker
-from gpuspawner.core.sharing import UNIT
+from ..allocator.allocator import Allocator
+from ..core.sharing import UNIT
+from . import host_views as views
+from .devices import DeviceState
+from .host_views import HoldersOf, HostCache, Maker
 
 __all__ = ["ClusterViews", "Viewed"]
 

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuspawner.core.requests import ALL
-from gpuspawner.core.sharing import shown
+from .requests import ALL
+from .sharing import shown
 
 __all__ = ["EVERYONE_ELSE", "KEYS", "Access", "AccessRules"]
 

@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import secrets
 
-from gpuspawner.core.inventory import HOSTNAME_RE
+from .inventory import HOSTNAME_RE
 
 __all__ = [
     "PREFIX",

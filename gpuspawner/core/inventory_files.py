@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from gpuspawner.core.inventory import GPU, InventoryError, parse_inventory
+from .inventory import GPU, InventoryError, parse_inventory
 
 __all__ = ["load_inventory"]
 

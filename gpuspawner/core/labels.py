@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NoReturn
 
-from gpuspawner.core.inventory import HOSTNAME_RE, MODEL_RE, UUID_RE
-from gpuspawner.core.sharing import UNIT, fmt_list
+from .inventory import HOSTNAME_RE, MODEL_RE, UUID_RE
+from .sharing import UNIT, fmt_list
 
 __all__ = [
     "LABEL",

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from gpuspawner.core.requests import ALL
-from gpuspawner.core.sharing import UNIT, SharingPolicy, fmt, fraction, shown, to_milli
+from .requests import ALL
+from .sharing import UNIT, SharingPolicy, fmt, fraction, shown, to_milli
 
 __all__ = ["KEYS", "GPURequest", "OptionsError", "options_from_form", "parse_user_options"]
 

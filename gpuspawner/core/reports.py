@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
-from gpuspawner.core.inventory import GPU, HOSTNAME_RE, MODEL_RE, UUID_RE
+from .inventory import GPU, HOSTNAME_RE, MODEL_RE, UUID_RE
 
 __all__ = [
     "MAX_REPORT_BYTES",

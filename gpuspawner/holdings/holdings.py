@@ -41,14 +41,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from gpuspawner import metrics
-from gpuspawner.allocator.allocator import Allocation, Request
-from gpuspawner.cluster.cluster import GPUCluster
-from gpuspawner.cluster.swarm import Swarm, SwarmError
-from gpuspawner.core.labels import LABEL, LabelError, ServerLabels, parse_labels
-from gpuspawner.core.sharing import UNIT
-from gpuspawner.holdings.ports import NoPortFree, PortPool
-from gpuspawner.ledger.ledger import Ledger, LedgerError
+from .. import metrics
+from ..allocator.allocator import Allocation, Request
+from ..cluster.cluster import GPUCluster
+from ..cluster.swarm import Swarm, SwarmError
+from ..core.labels import LABEL, LabelError, ServerLabels, parse_labels
+from ..core.sharing import UNIT
+from ..ledger.ledger import Ledger, LedgerError
+from .ports import NoPortFree, PortPool
 
 __all__ = ["Holding", "Holdings", "HoldingBusy", "Phase"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuspawner.core.sharing import UNIT
+from ..core.sharing import UNIT
 
 __all__ = ["holders_of"]
 

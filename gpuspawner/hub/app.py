@@ -23,19 +23,19 @@ from typing import Any
 from traitlets import TraitError
 from traitlets.config import Config
 
-from gpuspawner import hub_port, metrics
-from gpuspawner.cluster.cluster import GPUCluster, InventorySettings
-from gpuspawner.cluster.swarm import Swarm, SwarmError
-from gpuspawner.core.inventory import InventoryError
-from gpuspawner.core.inventory_files import load_inventory
-from gpuspawner.holdings.holdings import Holding, Holdings
-from gpuspawner.holdings.views import holders_of
-from gpuspawner.hub.resume import resume_waiting
-from gpuspawner.hub.settings import GPUSettings
-from gpuspawner.ledger.ledger import Ledger, LedgerError, default_db_url
-from gpuspawner.line.wait import WaitLine
-from gpuspawner.reclaim.reclaimer import Reclaimer
-from gpuspawner.reclaim.settings import ReclaimSettings
+from .. import hub_port, metrics
+from ..cluster.cluster import GPUCluster, InventorySettings
+from ..cluster.swarm import Swarm, SwarmError
+from ..core.inventory import InventoryError
+from ..core.inventory_files import load_inventory
+from ..holdings.holdings import Holding, Holdings
+from ..holdings.views import holders_of
+from ..ledger.ledger import Ledger, LedgerError, default_db_url
+from ..line.wait import WaitLine
+from ..reclaim.reclaimer import Reclaimer
+from ..reclaim.settings import ReclaimSettings
+from .resume import resume_waiting
+from .settings import GPUSettings
 
 __all__ = ["KEY", "GPUHub", "HubConfigError", "HubSettings"]
 

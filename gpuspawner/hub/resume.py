@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import logging
 
-from gpuspawner import hub_port
-from gpuspawner.core.line_order import ordered
-from gpuspawner.holdings.holdings import Holdings
-from gpuspawner.line.wait import WaitLine
+from .. import hub_port
+from ..core.line_order import ordered
+from ..holdings.holdings import Holdings
+from ..line.wait import WaitLine
 
 __all__ = ["resume_waiting"]
 

@@ -16,9 +16,9 @@ from collections.abc import Mapping
 from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Tuple, Unicode, Union, default, validate
 from traitlets.config import LoggingConfigurable
 
-from gpuspawner.allocator.allocator import POLICIES
-from gpuspawner.cluster.cluster import SOURCES
-from gpuspawner.cluster.service_spec import (
+from ..allocator.allocator import POLICIES
+from ..cluster.cluster import SOURCES
+from ..cluster.service_spec import (
     ENFORCEMENT_MODES,
     HAMI_LIBRARY,
     MPS_PIPE_DIR,
@@ -26,13 +26,13 @@ from gpuspawner.cluster.service_spec import (
     enforcement_mode,
     share_enforcement,
 )
-from gpuspawner.core.access import AccessRules
-from gpuspawner.core.inventory import MODEL_RE, InventoryError
-from gpuspawner.core.inventory_files import load_inventory
-from gpuspawner.core.labels import ServerLabels
-from gpuspawner.core.sharing import SharingPolicy, shown
-from gpuspawner.ledger.ledger import Ledger, LedgerError
-from gpuspawner.reclaim.settings import check_config as check_reclaim
+from ..core.access import AccessRules
+from ..core.inventory import MODEL_RE, InventoryError
+from ..core.inventory_files import load_inventory
+from ..core.labels import ServerLabels
+from ..core.sharing import SharingPolicy, shown
+from ..ledger.ledger import Ledger, LedgerError
+from ..reclaim.settings import check_config as check_reclaim
 
 __all__ = ["GPUSettings", "validate_config"]
 

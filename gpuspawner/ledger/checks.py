@@ -6,8 +6,8 @@ import re
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 
-from gpuspawner.core.sharing import UNIT
-from gpuspawner.ledger.schema import NAME_MAX
+from ..core.sharing import UNIT
+from .schema import NAME_MAX
 
 TASK_ID = re.compile(r"[A-Za-z0-9]{1,64}")  # a swarm task id (25 lowercase letters and digits)
 

@@ -42,9 +42,9 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
-from gpuspawner.ledger.checks import aware_utc, checked_name, checked_range, checked_shares, checked_task_ids, utc_now
-from gpuspawner.ledger.line import LedgerQueue
-from gpuspawner.ledger.reads import (
+from .checks import aware_utc, checked_name, checked_range, checked_shares, checked_task_ids, utc_now
+from .line import LedgerQueue
+from .reads import (
     USAGE_KEYS,
     Usage,
     history_conditions,
@@ -55,7 +55,7 @@ from gpuspawner.ledger.reads import (
     usage_totals,
     user_spans,
 )
-from gpuspawner.ledger.schema import (
+from .schema import (
     COLUMNS,
     AgentToken,
     Record,
@@ -65,7 +65,7 @@ from gpuspawner.ledger.schema import (
     join_tasks,
     split_tasks,
 )
-from gpuspawner.ledger.url import DEFAULT_FILENAME, default_db_url, safe_url, scrub, secrets_of
+from .url import DEFAULT_FILENAME, default_db_url, safe_url, scrub, secrets_of
 
 # The ledger's public names; those defined in ledger_* modules are re-exported here.
 __all__ = [
@@ -371,7 +371,7 @@ class Ledger(LedgerQueue):
             return
         with self._schema_lock:
             if not self._schema_ready:
-                from gpuspawner.ledger.migrations import MigrationError, upgrade  # alembic loads only when needed
+                from .migrations import MigrationError, upgrade  # alembic loads only when needed
 
                 try:
                     upgrade(self.engine, self.url)

@@ -15,9 +15,9 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
-from gpuspawner.core.line_order import Waiter
-from gpuspawner.ledger.checks import aware_utc, checked_name, utc_now
-from gpuspawner.ledger.schema import NAME_MAX, UTCDateTime, allocations, metadata
+from ..core.line_order import Waiter
+from .checks import aware_utc, checked_name, utc_now
+from .schema import NAME_MAX, UTCDateTime, allocations, metadata
 
 __all__ = ["LedgerQueue", "queue"]
 

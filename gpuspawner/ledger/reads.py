@@ -7,8 +7,8 @@ from typing import NamedTuple
 
 import sqlalchemy as sa
 
-from gpuspawner.core.sharing import UNIT
-from gpuspawner.ledger.schema import COLUMNS, Record, allocation_devices, allocations, split_tasks
+from ..core.sharing import UNIT
+from .schema import COLUMNS, Record, allocation_devices, allocations, split_tasks
 
 
 class Usage(NamedTuple):

@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 
 import sqlalchemy as sa
 
-from gpuspawner.core.sharing import UNIT
+from ..core.sharing import UNIT
 
 NAME_MAX = 255
 TASKS_MAX = 64  # task ids kept per allocation (the newest)

@@ -27,12 +27,12 @@ from itertools import count
 
 from jupyterhub.spawner import SpawnException
 
-from gpuspawner import hub_port, metrics
-from gpuspawner.allocator.refusals import AllocationRefused, Refusal
-from gpuspawner.core.line_order import Waiter, by_model, estimate, position
-from gpuspawner.holdings.holdings import Holding, Holdings
-from gpuspawner.ledger.checks import utc_now
-from gpuspawner.ledger.ledger import LedgerError
+from .. import hub_port, metrics
+from ..allocator.refusals import AllocationRefused, Refusal
+from ..core.line_order import Waiter, by_model, estimate, position
+from ..holdings.holdings import Holding, Holdings
+from ..ledger.checks import utc_now
+from ..ledger.ledger import LedgerError
 
 __all__ = ["WaitLine", "extend_start_timeout", "refused_out_of_line", "reserve_or_wait"]
 

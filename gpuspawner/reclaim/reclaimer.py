@@ -19,10 +19,10 @@ from datetime import datetime, timezone
 
 from prometheus_client import Counter, Gauge
 
-from gpuspawner.core.idle import IDLE, DeviceSample, IdleTimers, Limits, Notice
-from gpuspawner.core.reports import NodeReport
-from gpuspawner.core.sharing import UNIT
-from gpuspawner.holdings.holdings import Holding, Holdings, Phase
+from ..core.idle import IDLE, DeviceSample, IdleTimers, Limits, Notice
+from ..core.reports import NodeReport
+from ..core.sharing import UNIT
+from ..holdings.holdings import Holding, Holdings, Phase
 
 __all__ = ["Reclaimer"]
 

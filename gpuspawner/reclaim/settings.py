@@ -12,7 +12,7 @@ import math
 from traitlets import Bool, Dict, Float, TraitError, validate
 from traitlets.config import LoggingConfigurable
 
-from gpuspawner.core.idle import Limits
+from ..core.idle import Limits
 
 __all__ = ["ReclaimSettings", "check_config"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from jupyterhub.spawner import SpawnException
 
-from gpuspawner.holdings.holdings import HoldingBusy
-from gpuspawner.holdings.ports import NoPortFree
-from gpuspawner.ledger.ledger import LedgerError
+from ..holdings.holdings import HoldingBusy
+from ..holdings.ports import NoPortFree
+from ..ledger.ledger import LedgerError
 
 __all__ = ["CONFLICT", "NOT_RESERVED", "STALE", "spawn_error"]
 

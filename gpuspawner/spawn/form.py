@@ -7,11 +7,11 @@ import functools
 
 import jinja2
 
-from gpuspawner.cluster.service_spec import enforcement_mode
-from gpuspawner.core.access import Access
-from gpuspawner.core.budget import Budget
-from gpuspawner.core.budget import summary as budget_summary
-from gpuspawner.core.sharing import fmt, to_milli
+from ..cluster.service_spec import enforcement_mode
+from ..core.access import Access
+from ..core.budget import Budget
+from ..core.budget import summary as budget_summary
+from ..core.sharing import fmt, to_milli
 
 __all__ = ["SHARE_NOTES", "render_form"]
 

@@ -4,10 +4,10 @@ spawn, and the weekly GPU-hour budget from the ledger."""
 
 from __future__ import annotations
 
-from gpuspawner.core.access import Access, AccessRules
-from gpuspawner.core.budget import WEEK, Budget, weekly_budget
-from gpuspawner.ledger.checks import utc_now
-from gpuspawner.ledger.ledger import LedgerError
+from ..core.access import Access, AccessRules
+from ..core.budget import WEEK, Budget, weekly_budget
+from ..ledger.checks import utc_now
+from ..ledger.ledger import LedgerError
 
 __all__ = ["access_of", "budget_for_form", "budget_of", "rules_of"]
 

@@ -18,25 +18,25 @@ from dockerspawner import SwarmSpawner
 from jupyterhub.spawner import SpawnException
 from traitlets import default
 
-from gpuspawner import hub_port, metrics
-from gpuspawner.allocator.allocator import AllocationRefused, Request
-from gpuspawner.cluster.service_spec import admin_conflicts, build_service
-from gpuspawner.cluster.swarm import TASK_FAILED, TASK_WAITING, SwarmError
-from gpuspawner.core.access import Access
-from gpuspawner.core.budget import refusal as budget_refusal
-from gpuspawner.core.options import OptionsError, options_from_form, parse_user_options
-from gpuspawner.core.sharing import fmt_list
-from gpuspawner.holdings.holdings import Holding, HoldingBusy, Holdings
-from gpuspawner.holdings.ports import NoPortFree
-from gpuspawner.hub.app import GPUHub, HubConfigError
-from gpuspawner.hub.settings import GPUSettings, validate_config
-from gpuspawner.ledger.ledger import LedgerError
-from gpuspawner.line.wait import extend_start_timeout, refused_out_of_line, reserve_or_wait
-from gpuspawner.reclaim.settings import ReclaimSettings
-from gpuspawner.spawn.errors import CONFLICT, NOT_RESERVED, STALE, spawn_error
-from gpuspawner.spawn.form import render_form
-from gpuspawner.spawn.progress import Progress
-from gpuspawner.spawn.rules import access_of, budget_for_form, budget_of
+from .. import hub_port, metrics
+from ..allocator.allocator import AllocationRefused, Request
+from ..cluster.service_spec import admin_conflicts, build_service
+from ..cluster.swarm import TASK_FAILED, TASK_WAITING, SwarmError
+from ..core.access import Access
+from ..core.budget import refusal as budget_refusal
+from ..core.options import OptionsError, options_from_form, parse_user_options
+from ..core.sharing import fmt_list
+from ..holdings.holdings import Holding, HoldingBusy, Holdings
+from ..holdings.ports import NoPortFree
+from ..hub.app import GPUHub, HubConfigError
+from ..hub.settings import GPUSettings, validate_config
+from ..ledger.ledger import LedgerError
+from ..line.wait import extend_start_timeout, refused_out_of_line, reserve_or_wait
+from ..reclaim.settings import ReclaimSettings
+from .errors import CONFLICT, NOT_RESERVED, STALE, spawn_error
+from .form import render_form
+from .progress import Progress
+from .rules import access_of, budget_for_form, budget_of
 
 __all__ = ["GPUSwarmSpawner", "spawn_error", "validate_config"]
 

@@ -40,16 +40,16 @@ from jupyterhub.scopes import has_scope
 from markupsafe import Markup
 from tornado import web
 
-from gpuspawner.cluster.cluster import GPUCluster
-from gpuspawner.cluster.doctor import diagnose
-from gpuspawner.cluster.host_views import batches
-from gpuspawner.cluster.swarm import SwarmError
-from gpuspawner.core import agent_tokens
-from gpuspawner.core.reports import MAX_REPORT_BYTES, ReportError, parse_report
-from gpuspawner.holdings.holdings import Holdings
-from gpuspawner.hub.app import KEY, GPUHub, HubConfigError
-from gpuspawner.ledger.ledger import LedgerError
-from gpuspawner.line.wait import WaitLine
+from ..cluster.cluster import GPUCluster
+from ..cluster.doctor import diagnose
+from ..cluster.host_views import batches
+from ..cluster.swarm import SwarmError
+from ..core import agent_tokens
+from ..core.reports import MAX_REPORT_BYTES, ReportError, parse_report
+from ..holdings.holdings import Holdings
+from ..hub.app import KEY, GPUHub, HubConfigError
+from ..ledger.ledger import LedgerError
+from ..line.wait import WaitLine
 
 __all__ = ["ADMIN_SCOPE", "REPORT_SCOPE", "handlers"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
 
-from gpuspawner.web.api import ADMIN_SCOPE, _GPUMixin
+from .api import ADMIN_SCOPE, _GPUMixin
 
 __all__ = ["handlers"]
 

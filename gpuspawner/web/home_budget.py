@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from gpuspawner.core.budget import summary
-from gpuspawner.spawn.rules import budget_of, rules_of
+from ..core.budget import summary
+from ..spawn.rules import budget_of, rules_of
 
 __all__ = ["BudgetNote", "budget_var"]
 

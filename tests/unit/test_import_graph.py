@@ -99,3 +99,19 @@ def test_the_allocator_needs_only_the_standard_library_and_the_pure_core():
     for name in seen:
         outside = _outside_imports(name)
         assert outside <= sys.stdlib_module_names | {"__future__"}, (name, outside)
+
+
+def test_the_package_imports_itself_by_relative_imports_only():
+    """So that benchmarks/impl.py can load another commit's allocator under another name
+    without it reaching into this tree's modules."""
+    import ast
+
+    absolute = []
+    for path in PACKAGE.rglob("*.py"):
+        if "migrations" in path.parts and path.name != "__init__.py":
+            continue  # scripts alembic runs by their path, outside the package (env.py, versions/)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            names += [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            absolute += [f"{path.relative_to(PACKAGE)}: {n}" for n in names if n.split(".")[0] == "gpuspawner"]
+    assert absolute == []
