@@ -59,16 +59,16 @@ WAIT_SECONDS = Histogram(
     ["model"],
     buckets=(10, 30, 60, 300, 900, 1800, 3600, 7200, 14400, 28800),
 )
-_LINE_MODELS: set[str] = set()
 
 
-def line_lengths(lengths: dict[str, int]) -> None:
-    """Each model's line length; a model whose line emptied shows 0."""
-    for model in _LINE_MODELS - set(lengths):
+def line_lengths(lengths: dict[str, int], shown: set[str]) -> None:
+    """Each model's line length; a model in ``shown`` (the line's models shown so far,
+    updated here) whose line emptied shows 0."""
+    for model in shown - set(lengths):
         LINE_LENGTH.labels(model).set(0)
     for model, n in lengths.items():
         LINE_LENGTH.labels(model).set(n)
-    _LINE_MODELS.update(lengths)
+    shown.update(lengths)
 
 
 EVENT_LOOP_LAG = Histogram(

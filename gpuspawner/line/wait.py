@@ -61,6 +61,7 @@ class WaitLine:
         self._serving: asyncio.Task | None = None
         self._again = False
         self._cancelled: set[str] = set()  # waits cancelled whose server is not stopped yet
+        self._models_shown: set[str] = set()  # models whose line length the metrics show
 
     # -- the rows ------------------------------------------------------------------
 
@@ -111,7 +112,7 @@ class WaitLine:
             self.poke()  # the next one may be served now
 
     def _count(self) -> None:
-        metrics.line_lengths({model: len(line) for model, line in self.lines().items()})
+        metrics.line_lengths({model: len(line) for model, line in self.lines().items()}, self._models_shown)
 
     # -- serving ------------------------------------------------------------------
 
