@@ -18,7 +18,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any
 
 from traitlets import TraitError
 from traitlets.config import Config
@@ -35,14 +34,11 @@ from ..line.wait import WaitLine
 from ..reclaim.reclaimer import Reclaimer
 from ..reclaim.settings import ReclaimSettings
 from .resume import resume_waiting
-from .settings import GPUSettings
+from .settings import SPAWNER_SECTIONS, GPUSettings, spawner_values
 
 __all__ = ["KEY", "GPUHub", "HubConfigError", "HubSettings"]
 
 KEY = "gpuspawner"  # the GPUHub's key in the hub's tornado settings
-
-#: The config sections a GPUSwarmSpawner reads, least specific first (traitlets' order).
-SPAWNER_SECTIONS = ("Spawner", "DockerSpawner", "SwarmSpawner", "GPUSwarmSpawner")
 
 
 class HubConfigError(Exception):
@@ -56,11 +52,8 @@ class HubSettings(GPUSettings, ReclaimSettings):
     def from_config(cls, config: Config, sections=SPAWNER_SECTIONS) -> HubSettings:
         """``sections``: the spawner class's config sections, least specific first."""
         names = set(cls.class_trait_names(config=True))
-        merged: dict[str, Any] = {}
-        for section in sections:
-            if section in config:
-                merged.update((k, v) for k, v in config[section].items() if k in names)
-        own = Config({cls.__name__: merged})
+        values = spawner_values(config, sections)
+        own = Config({cls.__name__: {k: v for k, v in values.items() if k in names}})
         if "JupyterHub" in config:
             own.JupyterHub = config.JupyterHub
         return cls(config=own)

@@ -294,6 +294,20 @@ def _check_aliases(aliases) -> None:
             raise ValueError(f"gpu_model_aliases[{name!r}] = {alias!r} is not a plain model name")
 
 
+#: The config sections a GPUSwarmSpawner reads, least specific first (traitlets' order).
+SPAWNER_SECTIONS = ("Spawner", "DockerSpawner", "SwarmSpawner", "GPUSwarmSpawner")
+
+
+def spawner_values(config, sections=SPAWNER_SECTIONS) -> dict:
+    """The spawners' settings in ``config``: its ``sections`` merged, the more
+    specific (later) one winning, as traitlets resolves them."""
+    values: dict = {}
+    for section in sections:
+        if section in config:
+            values.update(config[section])
+    return values
+
+
 def validate_config(config) -> None:
     """Check gpuspawner's settings in a JupyterHub config now, at hub start.
 
@@ -306,10 +320,7 @@ def validate_config(config) -> None:
     as traitlets resolves them.
     """
     try:
-        spawner_config = {}
-        for section in ("Spawner", "DockerSpawner", "SwarmSpawner", "GPUSwarmSpawner"):
-            if section in config:
-                spawner_config.update(config[section])
+        spawner_config = spawner_values(config)
         policy = spawner_config.get("allocation_policy", "pack")
         if not isinstance(policy, str) or policy not in POLICIES:
             raise ValueError(f"Unknown allocation_policy {policy!r}; choose one of: {', '.join(POLICIES)}")
