@@ -173,3 +173,23 @@ def test_a_bad_setting_made_after_configure_is_a_clear_hub_config_error():
     with pytest.raises(HubConfigError):
         hub.holdings  # noqa: B018 - the endpoints answer 503 with it, spawns say the configuration is invalid
     assert hub.notices_for(SimpleNamespace(name="ann", kind="user")) == []  # pages still render
+
+
+def test_the_home_page_renders_without_the_budget_note_while_the_ledger_is_down(hub, tmp_path, monkeypatch, caplog):
+    from gpuspawner.hub.app import GPUHub
+    from gpuspawner.ledger.ledger import Ledger, LedgerError
+    from gpuspawner.spawn.spawner import GPUSwarmSpawner
+    from gpuspawner.web.home_budget import budget_var
+
+    c = Config()
+    c.GPUSwarmSpawner.gpu_access = {"*": {"weekly_gpu_hours": 20}}
+    c.GPUSwarmSpawner.gpu_db_url = f"sqlite:///{tmp_path}/budget.sqlite"
+
+    def down(*args):
+        raise LedgerError("the GPU ledger database is unreachable")
+
+    monkeypatch.setattr(Ledger, "user_spans", down)
+    note = budget_var(GPUHub.from_config(c, GPUSwarmSpawner))(SimpleNamespace(name="ann", kind="user", groups=[]))
+    env = hub.tornado_application.settings["jinja2_env"]
+    assert _render(env, "gpuspawner_budget.html", gpuspawner_budget=note).strip() == ""
+    assert "The GPU budget of ann is unknown: the GPU ledger database is unreachable" in caplog.text
