@@ -49,6 +49,20 @@ HUB = SimpleNamespace(
 )
 
 
+async def driven(future, tick, seconds: float = 30.0):
+    """``future``'s result, with ``tick()`` (what the swarm does meanwhile) called
+    until it is done; a start or stop that never ends fails the test, not hangs it."""
+    future = asyncio.ensure_future(future)
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not future.done():
+        if asyncio.get_running_loop().time() > deadline:
+            future.cancel()
+            raise AssertionError(f"still not done after {seconds} s")
+        tick()
+        await asyncio.sleep(0.01)
+    return await future
+
+
 class World:
     """One hub (its config, a fresh owner) over one fake swarm."""
 
@@ -117,11 +131,7 @@ class World:
 
     async def started(self, spawner):
         """The spawner's start, with the swarm starting tasks as it goes."""
-        start = asyncio.ensure_future(spawner.start())
-        while not start.done():
-            self.fake.run_all()
-            await asyncio.sleep(0.01)
-        return await start
+        return await driven(spawner.start(), self.fake.run_all)
 
     async def lingering(self, user: str = "alice"):
         """The hub's holdings, with a leftover of ``user`` adopted and then
@@ -308,14 +318,15 @@ async def test_defect3_a_leftover_cpu_only_service_of_the_same_name_is_removed_f
     world.leftover("alice", uuids=())
     (old,) = world.fake.task_ids("jupyter-alice")
     alice = world.spawner("alice", {"gpu_model": A100})
-    start = asyncio.ensure_future(alice.start())
-    while not start.done():
+
+    def swarm():
+        nonlocal old
         if old and "jupyter-alice" not in world.fake.service_names():  # removed: its container exits
             world.fake.exit_container(old)
             old = None
         world.fake.run_all()
-        await asyncio.sleep(0.01)
-    await start
+
+    await driven(alice.start(), swarm)
     env = world.fake.running_containers()
     assert [visible for _, _, visible in env.values()] == ["GPU-b0"]
 

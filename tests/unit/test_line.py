@@ -18,7 +18,7 @@ from gpuspawner.ledger.ledger import Ledger
 from gpuspawner.web.api import queue_json
 from tests.interleave import Run, Scenario, random_schedules
 from tests.unit.test_form_template import _TreeBuilder
-from tests.unit.test_holdings import A100, World, clean
+from tests.unit.test_holdings import A100, World, clean, driven
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 WAIT = {"gpu_model": A100, "gpu_wait": True}
@@ -116,11 +116,7 @@ async def until(predicate, seconds=30.0):
 
 async def stopped(world: World, spawner) -> None:
     """The spawner's stop, with its containers exiting as the swarm removes them."""
-    stop = asyncio.ensure_future(spawner.stop())
-    while not stop.done():
-        world.fake.exit_all()
-        await asyncio.sleep(0.01)
-    await stop
+    await driven(spawner.stop(), world.fake.exit_all)
 
 
 def messages(spawner) -> list[str]:

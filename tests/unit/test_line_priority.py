@@ -13,7 +13,7 @@ from jupyterhub.spawner import SpawnException
 from gpuspawner.ledger.ledger import Ledger
 from gpuspawner.line import wait as line_wait
 from tests.unit.test_access_spawn import in_groups
-from tests.unit.test_holdings import A100, World
+from tests.unit.test_holdings import A100, World, driven
 from tests.unit.test_line import WAIT, messages, stopped, until
 
 GTX = "NVIDIA GeForce GTX 1070"
@@ -37,18 +37,20 @@ def rows(w: World) -> list[tuple[str, int]]:
 
 
 async def waiting(w: World, spawner, at: int) -> asyncio.Future:
-    """``spawner``'s start, once it is number ``at`` in line."""
+    """``spawner``'s start, once it waits as number ``at`` in line (a place read
+    from the ledger is not enough: the start must have got as far as its wait)."""
     start = asyncio.ensure_future(spawner.start())
-    await until(lambda: place(w, spawner) == (A100, at))
+    await until(
+        lambda: (
+            place(w, spawner) == (A100, at) and messages(spawner)[-1:] == [f"You are number {at} in line for {A100}"]
+        )
+    )
     return start
 
 
 async def served(w: World, start: asyncio.Future) -> None:
     """A waiting start carries on: the swarm starts its task."""
-    while not start.done():
-        w.fake.run_all()
-        await asyncio.sleep(0.01)
-    await start
+    await driven(start, w.fake.run_all)
 
 
 async def cancelled(spawner, start: asyncio.Future) -> None:
@@ -126,8 +128,17 @@ async def restarted_hub(tmp_path, rules=RULES) -> World:
     ledger = Ledger(w.db_url)
     ledger.enqueue("jupyter-stu", "stu", "", A100, 0, WAIT)
     ledger.enqueue("jupyter-prof", "prof", "", A100, 10, WAIT)
+    assert (await w.owner.reconcile())["adopted"] == 1  # the restarted hub's first reconcile
     await w.hub.line.load()  # as line_resume does, before the spawns are issued again
     return w
+
+
+async def stopped_leftover(w: World, user: str) -> None:
+    """The leftover server is removed and its container exits: its GPU comes back."""
+    removal = asyncio.ensure_future(w.owner.remove(f"jupyter-{user}"))
+    await asyncio.sleep(0.05)
+    w.fake.exit_all()
+    assert await removal
 
 
 async def test_a_resumed_spawn_keeps_the_priority_stored_in_the_line(tmp_path):
@@ -137,7 +148,7 @@ async def test_a_resumed_spawn_keeps_the_priority_stored_in_the_line(tmp_path):
     prof_start = await waiting(w, prof, 1)
     stu_start = await waiting(w, stu, 2)
     assert rows(w) == [("stu", 0), ("prof", 10)]
-    await w.owner.remove("jupyter-alice")
+    await stopped_leftover(w, "alice")
     await served(w, prof_start)
     assert w.owner.get(prof.service_name) is not None and place(w, stu) == (A100, 1)
     await cancelled(stu, stu_start)
@@ -161,10 +172,7 @@ async def test_after_a_refused_resumed_spawn_left_the_line_the_next_is_served_wh
         await w.started(w.spawner("prof", WAIT))  # in no group now: refused, out of line
     stu = in_groups(w.spawner("stu", WAIT), "students")
     stu_start = await waiting(w, stu, 1)
-    removal = asyncio.ensure_future(w.owner.remove("jupyter-alice"))
-    await asyncio.sleep(0.05)
-    w.fake.exit_all()  # alice's container exits: her GPU comes back
-    assert await removal
+    await stopped_leftover(w, "alice")
     released = asyncio.get_running_loop().time()
     await asyncio.wait_for(served(w, stu_start), line_wait.RETRY_SECONDS / 2)
     assert asyncio.get_running_loop().time() - released < 2

@@ -5,7 +5,6 @@ ledger's end reason, with a fake clock."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 
@@ -14,7 +13,7 @@ import pytest
 from gpuspawner.core.idle import Limits
 from gpuspawner.core.reports import parse_report
 from gpuspawner.ledger.ledger import Ledger
-from tests.unit.test_holdings import A100, World
+from tests.unit.test_holdings import A100, World, driven
 from tests.unit.test_reports import device, report
 
 TWO_GPUS = {
@@ -70,13 +69,13 @@ async def two_servers(tmp_path, shares=None):
 
     async def stop(h, reason):
         stopped.append((h.user, reason))
-        stopping = asyncio.ensure_future(spawners[h.user].stop())  # as JupyterHub's user.stop() calls it
-        while not stopping.done():
+
+        def exits():  # its container exits once asked to
             for task, (service, _node, _visible) in world.fake.running_containers().items():
                 if service == h.name:
-                    world.fake.exit_container(task)  # its container exits once asked to
-            await asyncio.sleep(0.01)
-        await stopping
+                    world.fake.exit_container(task)
+
+        await driven(spawners[h.user].stop(), exits)  # as JupyterHub's user.stop() calls it
         return True
 
     found.stop = stop
