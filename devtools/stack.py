@@ -9,7 +9,7 @@ What this machine lacks is swapped in, and only that:
   (devtools/stack_images.py: examples/stack/Dockerfile made the debootstrap way, and
   Debian's PostgreSQL) and the servers' is devtools/jupyter_image.py's; all are
   ``docker import``-ed on the workers;
-* the hub runs on worker gpu-a, not on a manager: the test swarm's manager shares this
+* the hub and its proxy run on worker gpu-a, not on a manager: the test swarm's manager shares this
   machine's network namespace, where a published port cannot reach a container (its
   docker_gwbridge has no address here). It talks to the manager's Docker API through the
   manager's socket, bind-mounted where the stack mounts /var/run/docker.sock;
@@ -51,6 +51,7 @@ HUB_NODE = "gpu-a"
 DB_NODE = "gpu-b"
 WORKERS = ("gpu-a", "gpu-b")
 PORT = 8000
+AGENT_INTERVAL = 2  # s between the agents' reports here (15 in stack.yml)
 DEFAULT_STATE = REPO / "stack-state"
 SECRETS = ("postgres-password", "cookie-secret", "proxy-auth-token", "admin-token", "login-password")
 
@@ -74,7 +75,7 @@ def docker(cluster, *args: str, check: bool = True, timeout: float = 120) -> sub
 
 
 def hub_url(cluster) -> str:
-    """The published port, on the node the hub runs on."""
+    """The published port, on the node the proxy runs on."""
     return f"http://{cluster.nodes[HUB_NODE].addr}:{PORT}"
 
 
@@ -96,10 +97,11 @@ def secret_values(state_dir: Path) -> dict[str, str]:
 def local_stack(cluster, state_dir: Path, images: dict[str, str], lib_dir: Path, gpus: Path) -> dict:
     """The example stack with this machine's stand-ins (see the module's docstring)."""
     stack = yaml.safe_load((STACK_DIR / "stack.yml").read_text())
-    hub, db, agent = (stack["services"][name] for name in ("hub", "postgres", "agent"))
-    hub["image"] = agent["image"] = images["hub"]
+    hub, proxy, db, agent = (stack["services"][name] for name in ("hub", "proxy", "postgres", "agent"))
+    hub["image"] = proxy["image"] = agent["image"] = images["hub"]
     db["image"] = images["postgres"]
-    hub["deploy"]["placement"]["constraints"] = [f"node.hostname == {HUB_NODE}"]
+    for service in (hub, proxy):
+        service["deploy"]["placement"]["constraints"] = [f"node.hostname == {HUB_NODE}"]
     socket = cluster.manager_url.removeprefix("unix://")
     hub["volumes"] = [v.replace("/var/run/docker.sock:", f"{socket}:", 1) for v in hub["volumes"]]
     # A small shared machine starts Python slowly (and vfs copies the image per container).
@@ -119,7 +121,7 @@ def local_stack(cluster, state_dir: Path, images: dict[str, str], lib_dir: Path,
         {"type": "bind", "source": str(gpus), "target": "/opt/gpus", "read_only": True},
     ]
     agent["environment"].update(LD_LIBRARY_PATH="/opt/fakenvml", FAKE_NVML_DEVICES="/opt/gpus/{{.Node.Hostname}}.txt")
-    agent["command"][agent["command"].index("--interval") + 1] = "2"
+    agent["command"][agent["command"].index("--interval") + 1] = str(AGENT_INTERVAL)
     agent["deploy"]["restart_policy"]["delay"] = "2s"  # its token is written once the hub is up
     config = STACK_DIR / "jupyterhub_config.py"
     stack["configs"]["hub_config"] = {

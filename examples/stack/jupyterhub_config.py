@@ -27,13 +27,15 @@ def secret(name: str, required: bool = True) -> str | None:
     return path.read_text().strip()
 
 
-# The hub and its proxy, on the overlay network: the proxy at 8000 (published by the
-# stack), the hub's API at 8081, which servers and agents reach by the service's name.
-c.JupyterHub.ip = "0.0.0.0"
-c.JupyterHub.port = 8000
+# The hub and its proxy, services of their own on the overlay network: the proxy at 8000
+# (published by the stack) and its API at 8001, the hub's API at 8081, which the proxy
+# and the agents reach by the service's name. Users' servers reach the hub's API through
+# the proxy, whose address a hub restart leaves alone (see stack.yml, service proxy).
 c.JupyterHub.hub_bind_url = "http://0.0.0.0:8081"
 c.JupyterHub.hub_connect_ip = env("GPUSPAWNER_HUB_HOST", "hub")
-c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:8001"
+c.ConfigurableHTTPProxy.should_start = False
+c.ConfigurableHTTPProxy.api_url = env("GPUSPAWNER_PROXY_API_URL", "http://proxy:8001")
+c.Spawner.hub_connect_url = env("GPUSPAWNER_SERVERS_HUB_URL", "http://proxy:8000")
 c.ConfigurableHTTPProxy.auth_token = secret("proxy_auth_token")
 c.JupyterHub.cookie_secret = bytes.fromhex(secret("cookie_secret"))
 

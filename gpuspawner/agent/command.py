@@ -20,7 +20,7 @@ import sys
 
 from .attribution import Attributor, DockerLabels
 from .errors import PROG, AgentError
-from .hub import DEFAULT_TIMEOUT_S, TOKEN_ENV, HubClient, read_token, report_url
+from .hub import DEFAULT_TIMEOUT_S, TOKEN_ENV, HubClient, Token, report_url
 from .loop import Stop, report_loop, stop_on_signals
 from .nvml import DEFAULT_MAX_TEMPERATURE_C, Nvml, probe
 
@@ -38,7 +38,7 @@ def run(args) -> int:
     stop_on_signals()
     nvml = None
     try:
-        hub = HubClient(report_url(args.hub_url), read_token(args.token_file), args.timeout)
+        hub = HubClient(report_url(args.hub_url), Token(args.token_file), args.timeout)
         hostname = args.hostname or os.environ.get(HOSTNAME_ENV) or socket.gethostname()
         nvml = Nvml()
         nvml.open()  # no library / no driver: stop now, with the sentence that says which

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import urllib.error
 import urllib.parse
@@ -15,6 +16,8 @@ from pathlib import Path
 
 from .._version import __version__
 from .errors import PROG, AgentError
+
+log = logging.getLogger(PROG)
 
 DEFAULT_TIMEOUT_S = 10.0
 TOKEN_ENV = "GPUSPAWNER_AGENT_TOKEN"
@@ -27,6 +30,10 @@ NO_TOKEN = (
 
 class HubError(Exception):
     """A report did not get through; str() says why in one line."""
+
+
+class _Forbidden(HubError):
+    """The hub refused the token (403)."""
 
 
 def report_url(hub_url: str) -> str:
@@ -90,26 +97,84 @@ def _hub_message(e: urllib.error.HTTPError) -> str:
     return _one_line(message or e.reason or "no reason given")
 
 
+class Token:
+    """The agent's token, from --token-file (read again when the file changes, so that a
+    rotated token needs no restart) or from $GPUSPAWNER_AGENT_TOKEN."""
+
+    def __init__(self, token_file: str | None):
+        self.file = token_file
+        self._seen: tuple | None = None  # the file's identity when last read
+        self.value = read_token(token_file)
+        self._seen = self._stamp()
+
+    def _stamp(self) -> tuple | None:
+        try:
+            st = os.stat(self.file) if self.file else None
+        except OSError:
+            return None
+        return st and (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def changed(self) -> bool:
+        """The file is not the one last read (it may hold a new token)."""
+        return bool(self.file) and self._stamp() != self._seen
+
+    def refresh(self, force: bool = False) -> bool:
+        """Read the file again if it changed (or ``force``); True when the token is new.
+        A file that cannot be read now keeps the token in use (AgentError says why)."""
+        if not self.file:
+            return False
+        if not force and not self.changed():
+            return False
+        stamp = self._stamp()
+        token = read_token(self.file)
+        self._seen = stamp
+        changed, self.value = token != self.value, token
+        return changed
+
+
 class HubClient:
     """Posts reports to the hub: one seam, every failure turned into a one-line HubError."""
 
-    def __init__(self, url: str, token: str, timeout: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, url: str, token: Token | str, timeout: float = DEFAULT_TIMEOUT_S):
         self.url = url
         self.timeout = timeout
-        self.headers = {
+        self.token = token
+        self.opener = urllib.request.build_opener(_NoRedirect)
+
+    def token_changed(self) -> bool:
+        return isinstance(self.token, Token) and self.token.changed()
+
+    def _headers(self) -> dict[str, str]:
+        token = self.token.value if isinstance(self.token, Token) else self.token
+        return {
             "Authorization": f"token {token}",
             "Content-Type": "application/json",
             "User-Agent": f"{PROG}/{__version__}",
         }
-        self.opener = urllib.request.build_opener(_NoRedirect)
 
     def post(self, body: bytes) -> None:
-        request = urllib.request.Request(self.url, data=body, headers=self.headers, method="POST")
+        """POST a report. A changed token file is read first; a 403 reads it again and,
+        if it holds a new token, tries once more at once."""
+        if isinstance(self.token, Token):
+            self.token.refresh()
+        try:
+            self._post(body)
+        except _Forbidden:
+            if not (isinstance(self.token, Token) and self.token.refresh(force=True)):
+                raise
+            log.info("the token file %s holds a new token: using it", self.token.file)
+            self._post(body)
+
+    def _post(self, body: bytes) -> None:
+        request = urllib.request.Request(self.url, data=body, headers=self._headers(), method="POST")
         try:
             with self.opener.open(request, timeout=self.timeout) as response:
                 response.read()
         except urllib.error.HTTPError as e:
-            raise HubError(f"the hub answered {e.code}: {_hub_message(e)}") from None
+            message = f"the hub answered {e.code}: {_hub_message(e)}"
+            if e.code == 403:
+                raise _Forbidden(message) from None
+            raise HubError(message) from None
         except urllib.error.URLError as e:
             raise HubError(self._unreachable(e.reason)) from None
         except (OSError, http.client.HTTPException) as e:

@@ -43,6 +43,15 @@ def backoff_delay(failures: int, interval: float) -> float:
     return min(cap, interval * 2 ** min(failures - 1, 30))
 
 
+def _sleep_unless(seconds: float, cut_short, step: float = 1.0) -> None:
+    """Sleep ``seconds``, checking ``cut_short()`` every ``step`` s: True ends it early."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(step, left))
+        if cut_short():
+            return
+
+
 def report_loop(
     nvml: Nvml,
     hub: HubClient,
@@ -70,7 +79,7 @@ def report_loop(
             failures += 1
             delay = backoff_delay(failures, interval)
             log.warning("report failed: %s; retrying in %g s", plain(e), delay)
-            time.sleep(delay)
+            _sleep_unless(delay, hub.token_changed)  # a rotated token is tried at once
             continue
         if failures:
             log.info("reporting works again (after %d failed attempt%s)", failures, "" if failures == 1 else "s")

@@ -17,6 +17,7 @@ import pytest
 import requests
 import yaml
 
+from devtools import agent_stack
 from devtools import stack as stack_harness
 from devtools.hub import REPO
 from tests.integration.support import services_of
@@ -53,6 +54,17 @@ def login(hub, user: str, password: str) -> requests.Session:
     )
     r.raise_for_status()
     return s
+
+
+RESTART_BOUND = 60  # s from the restarted hub serving to each server answering (docs/deploy.md)
+
+
+def opened(hub, user: str, password: str) -> int | str:
+    """A fresh login, then the user's server API: its status code, or what failed."""
+    try:
+        return login(hub, user, password).get(hub.url + f"/user/{user}/api/status", timeout=30).status_code
+    except requests.RequestException as e:
+        return repr(e)
 
 
 def task_of(swarm, service) -> tuple[str, dict]:
@@ -95,9 +107,9 @@ def test_the_stack_runs_as_deployed(stack, swarm):
         s.name.split("_", 1)[1]: s
         for s in client.services.list(filters={"label": "com.docker.stack.namespace=gpuspawner"})
     }
-    assert set(services) == {"hub", "postgres", "agent"}
+    assert set(services) == {"hub", "proxy", "postgres", "agent"}
     node, task = task_of(swarm, services["hub"])
-    assert node == stack_harness.HUB_NODE
+    assert node == task_of(swarm, services["proxy"])[0] == stack_harness.HUB_NODE
     [container] = swarm.client(node).containers.list(filters={"label": f"com.docker.swarm.task.id={task['ID']}"})
     assert container.attrs["State"]["Health"]["Status"] == "healthy"  # the stack's health check
     env = container_env(swarm, node, services["hub"])
@@ -165,7 +177,15 @@ def test_gpu_and_cpu_servers_on_the_overlay_network_and_a_hub_restart(stack, swa
     while not all((hub.server_model(u) or {}).get("ready") for u in ("alice", "bob")):
         assert time.monotonic() - t0 < 300, "the servers are not back after the hub's restart"
         time.sleep(0.5)
-    TIMES["hub restart to serving again (servers ready)"] = time.monotonic() - t0
+    serving = time.monotonic()
+    TIMES["hub restart to serving again (servers ready)"] = serving - t0
+    # Each server reaches the restarted hub: a fresh login opens it, which the server
+    # checks with the hub's API, through the proxy (docs/deploy.md promises a minute).
+    for user in ("alice", "bob"):
+        while (status := opened(hub, user, password)) != 200:
+            assert time.monotonic() - serving < RESTART_BOUND, f"{user}'s server cannot reach the hub: {status}"
+            time.sleep(1)
+    TIMES["hub restart to every server answering a fresh login through the proxy"] = time.monotonic() - t0
     # The new hub knows the nodes' GPUs again at each agent's next report (an agent whose
     # posts failed meanwhile retries with backoff).
     while set(hub.api("GET", "/gpuspawner/alloc-map").json()) != set(stack_harness.WORKERS):
@@ -186,3 +206,30 @@ def test_gpu_and_cpu_servers_on_the_overlay_network_and_a_hub_restart(stack, swa
     assert services_of(swarm, "alice") == services_of(swarm, "bob") == []
     assert all(not users for users in holders(hub).values())
     assert open_allocations(swarm) == []
+
+
+def test_a_rotated_agent_token_is_picked_up_without_a_restart(stack, swarm):
+    """An admin rotates gpu-a's token: its agent's reports are refused and its GPUs go
+    stale; once the node's file holds the new token, they are offered again by
+    themselves, within two of the agent's intervals, and no agent was restarted."""
+    hub, state = stack
+    agent = swarm.client().services.get(f"{stack_harness.STACK_NAME}_agent")
+    tasks = sorted(t["ID"] for t in agent.tasks(filters={"desired-state": "running"}))
+
+    def health() -> set[str]:
+        return {d["health"] for d in hub.api("GET", "/gpuspawner/alloc-map").json()["gpu-a"].values()}
+
+    r = hub.api("POST", "/gpuspawner/agent-tokens/gpu-a")
+    assert r.status_code == 200 and r.json()["rotated"] is True
+    t0 = time.monotonic()
+    while health() != {"stale"}:  # the old token is refused: after agent_stale_intervals
+        assert time.monotonic() - t0 < 60, f"gpu-a's GPUs did not go stale: {health()}"
+        time.sleep(0.5)
+    agent_stack.write_tokens(state / "agent-tokens", {"gpu-a": r.json()["token"]})
+    t0 = time.monotonic()
+    while health() != {"ok"}:
+        assert time.monotonic() - t0 < 60, f"gpu-a's GPUs are not offered again: {health()}"
+        time.sleep(0.2)
+    TIMES["new token file written to the node's GPUs offered again"] = seconds = time.monotonic() - t0
+    assert seconds < 2 * stack_harness.AGENT_INTERVAL, f"{seconds:.1f} s"
+    assert sorted(t["ID"] for t in agent.tasks(filters={"desired-state": "running"})) == tasks

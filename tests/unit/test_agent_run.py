@@ -22,6 +22,7 @@ import gpuspawner
 from devtools import fakenvml
 from devtools.fakenvml.nodes import MIXED_NODE
 from devtools.report_sink import ReportSink
+from gpuspawner.agent.hub import HubClient, HubError, Token, report_url
 from tests.ci import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
@@ -398,3 +399,44 @@ def test_memory_stays_flat_over_many_cycles(hub, fake_lib_dir, devices_file, tok
     growth = rss[cycles] - rss[early]
     # A leak of 1 KiB a cycle would add 1.3 MiB here.
     assert growth < 512, f"RSS grew by {growth} KiB between cycle {early} and {cycles}"
+
+
+def test_a_rotated_token_file_is_used_at_once_without_a_restart(hub, fake_lib_dir, devices_file, token_file):
+    """The hub refuses the old token (an admin rotated it); once the node's file holds
+    the new one, the agent's next post carries it, within a second, not after its backoff."""
+    refused = (403, b'{"status": 403, "message": "Missing or invalid credentials."}')
+    hub.answers = [(200, b"{}")] + [refused] * 100
+    args = ["--hub-url", hub.url(), "--token-file", str(token_file), "--interval", "1", "--cycles", "3"]
+    proc = start_agent(args, fake_lib_dir, devices_file)
+    hub.wait_for(4)  # the first report, then three refused: the agent now backs off 4 s
+    time.sleep(0.5)  # it sleeps
+    token_file.write_text("the-new-token\n")
+    written = time.monotonic()
+    hub.answers.clear()
+    hub.wait_for(5)
+    arrived = time.monotonic() - written
+    rc, _, err = finish(proc)
+    assert rc == 0, err
+    tokens = [headers["Authorization"] for _, headers, _ in hub.requests]
+    assert tokens[:4] == [f"token {TOKEN}"] * 4
+    assert tokens[4:] == ["token the-new-token"] * (len(tokens) - 4)
+    assert arrived < 2.5, f"the new token was first used {arrived:.1f} s after it was written"
+    assert any(
+        "report failed: the hub answered 403: Missing or invalid credentials." in line for line in log_lines(err)
+    )
+
+
+def test_a_refused_post_reads_the_token_file_again_and_retries_once_with_a_new_one(hub, token_file):
+    """The file was rewritten while a post was on its way: the 403 makes the client read
+    it again, and the same report goes out at once with the new token."""
+    refused = (403, b'{"status": 403, "message": "Missing or invalid credentials."}')
+    hub.answers = [refused]
+    hub.on_request = lambda n: n == 1 and token_file.write_text("the-new-token\n")
+    client = HubClient(report_url(hub.url()), Token(str(token_file)), timeout=5)
+    client.post(b"{}")
+    assert [h["Authorization"] for _, h, _ in hub.requests] == [f"token {TOKEN}", "token the-new-token"]
+    # A refusal while the file holds the same token: one request, and the hub's message.
+    hub.answers, hub.on_request = [refused], None
+    with pytest.raises(HubError, match="the hub answered 403: Missing or invalid credentials."):
+        client.post(b"{}")
+    assert len(hub.requests) == 3

@@ -55,6 +55,9 @@ def test_every_password_and_token_is_a_swarm_secret():
         "login_password",
     }
     assert all(s["mode"] == 0o400 for s in hub["secrets"])
+    proxy = STACK["services"]["proxy"]
+    assert proxy["secrets"] == [s for s in hub["secrets"] if s["target"] == "proxy_auth_token"]
+    assert "$$(cat /run/secrets/proxy_auth_token)" in proxy["command"][-1]  # $$: docker stack's escape
     assert all(STACK["secrets"][s["source"]] == {"external": True} for s in hub["secrets"] + db["secrets"])
     assert {f"gpuspawner-{n}" for n in stack.SECRETS} == set(STACK["secrets"])
     values = " ".join(str(v) for s in STACK["services"].values() for v in s.get("environment", {}).values())
@@ -66,6 +69,7 @@ def test_the_services_have_health_checks_placement_and_the_overlay_network():
     services = STACK["services"]
     assert {n: s["deploy"]["placement"]["constraints"] for n, s in services.items()} == {
         "hub": ["node.role == manager"],
+        "proxy": ["node.role == manager"],
         "postgres": ["node.labels.gpuspawner.db == true"],
         "agent": ["node.labels.gpu == true"],
     }
@@ -75,6 +79,8 @@ def test_the_services_have_health_checks_placement_and_the_overlay_network():
     assert services["hub"]["environment"]["GPUSPAWNER_NETWORK"] == "gpuspawner"
     assert services["agent"]["deploy"]["mode"] == "global"
     assert services["hub"]["deploy"]["update_config"]["order"] == "stop-first"
+    # The proxy publishes the port and stays up while the hub restarts.
+    assert "ports" not in services["hub"] and services["proxy"]["ports"][0]["published"] == 8000
 
 
 def test_the_local_stack_swaps_in_only_this_machines_stand_ins(tmp_path):
@@ -83,16 +89,17 @@ def test_the_local_stack_swaps_in_only_this_machines_stand_ins(tmp_path):
     cluster = SimpleNamespace(manager_url="unix:///run/x/manager.sock", state_dir=tmp_path / "swarm")
     images = {"hub": "h:1", "postgres": "p:1", "server": "s:1"}
     local = stack.local_stack(cluster, tmp_path, images, Path("/lib-dir"), Path("/gpus"))
-    hub, db, agent = (local["services"][n] for n in ("hub", "postgres", "agent"))
-    assert (hub["image"], db["image"], agent["image"]) == ("h:1", "p:1", "h:1")
+    hub, proxy, db, agent = (local["services"][n] for n in ("hub", "proxy", "postgres", "agent"))
+    assert (hub["image"], proxy["image"], db["image"], agent["image"]) == ("h:1", "h:1", "p:1", "h:1")
+    assert hub["deploy"]["placement"]["constraints"] == proxy["deploy"]["placement"]["constraints"]
     assert hub["deploy"]["placement"]["constraints"] == ["node.hostname == gpu-a"]
     assert hub["volumes"] == ["/run/x/manager.sock:/var/run/docker.sock"]
     assert hub["environment"]["GPUSPAWNER_SERVER_IMAGE"] == "s:1"
     assert agent["environment"]["FAKE_NVML_DEVICES"] == "/opt/gpus/{{.Node.Hostname}}.txt"
     assert json.loads((tmp_path / "docker-etc" / "daemon.json").read_text()) == {}
     # The rest is the file as users get it.
-    for name in ("hub", "postgres", "agent"):
-        for key in ("secrets", "networks", "healthcheck"):
+    for name in ("hub", "proxy", "postgres", "agent"):
+        for key in ("secrets", "networks", "healthcheck", "ports"):
             assert local["services"][name].get(key) == STACK["services"][name].get(key), (name, key)
     command = STACK["services"]["agent"]["command"]
     interval = command.index("--interval") + 1
@@ -131,6 +138,10 @@ def test_the_stack_config_reads_every_secret_and_the_environment(monkeypatch, tm
     assert c.ConfigurableHTTPProxy.auth_token == "ab" * 32
     assert c.JupyterHub.services == [{"name": "gpuspawner-admin", "api_token": "ab" * 32}]
     assert c.JupyterHub.hub_connect_ip == "hub" and c.GPUSwarmSpawner.network_name == "gpuspawner"
+    # The proxy is a service of its own; servers reach the hub's API through it.
+    assert c.ConfigurableHTTPProxy.should_start is False
+    assert c.ConfigurableHTTPProxy.api_url == "http://proxy:8001"
+    assert c.Spawner.hub_connect_url == "http://proxy:8000"
     assert c.GPUSwarmSpawner.use_internal_ip is True and c.GPUSwarmSpawner.extra_endpoint_spec == {"mode": "dnsrr"}
     assert c.GPUSwarmSpawner.extra_placement_spec == {
         "constraints": ["node.labels.jupyter == true", "node.role == worker"]
