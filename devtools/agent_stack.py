@@ -6,8 +6,9 @@ gpuspawner, and the fake libnvidia-ml.so.1 instead of the NVIDIA runtime's. The 
 token files live in a folder of the caller's instead of /etc/gpuspawner/agent-tokens
 (the workers share this machine's file system, so each run keeps its own). The rest
 is the stack file as users get it: a global service placed by a node label, the host
-network, each node's own token from a bind mount whose source the swarm templates by
-node (``{{.Node.Hostname}}``), the node's hostname through the same template.
+network, the tokens' folder bind-mounted and each node's own file in it named through
+a swarm template (``GPUSPAWNER_AGENT_TOKEN_FILE``, ``{{.Node.Hostname}}``), the node's
+hostname through the same template.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 STACK = REPO / "examples" / "agent-stack.yml"
 STACK_NAME = "gpuspawner-agent-test"
-TOKEN_SOURCE = "/etc/gpuspawner/agent-tokens/{{.Node.Hostname}}"  # as the example stack has it
+TOKEN_SOURCE = "/etc/gpuspawner/agent-tokens"  # the tokens' folder, as the example stack has it
 
 
 def docker(swarm, *args, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
@@ -71,7 +72,7 @@ def local_stack(
     [sock] = [v for v in service["volumes"] if isinstance(v, str) and v.endswith("docker.sock:ro")]
     service["volumes"] = (
         [{"type": "bind", "source": m, "target": m, "read_only": True} for m in sorted(mounts) if Path(m).exists()]
-        + [dict(token, source=str(token_dir / "{{.Node.Hostname}}"))]
+        + [dict(token, source=str(token_dir))]
         + [v for v in service["volumes"] if isinstance(v, str) and v.startswith("/proc:")]
     )
     if docker_sockets is not None:

@@ -84,6 +84,7 @@ def secret_values(state_dir: Path) -> dict[str, str]:
     its volume keeps the password it was created with)."""
     folder = state_dir / "secrets"
     folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)  # as docs/deploy.md keeps them: root only
     values = {}
     for name in SECRETS:
         path = folder / name
@@ -116,7 +117,7 @@ def local_stack(cluster, state_dir: Path, images: dict[str, str], lib_dir: Path,
     (docker_etc / "daemon.json").write_text((cluster.state_dir / "daemon.json").read_text())
     agent["volumes"] = [
         f"{docker_etc}:/host/etc/docker:ro",
-        dict(agent["volumes"][1], source=str(state_dir / "agent-tokens" / "{{.Node.Hostname}}")),
+        dict(agent["volumes"][1], source=str(state_dir / "agent-tokens")),
         {"type": "bind", "source": str(lib_dir), "target": "/opt/fakenvml", "read_only": True},
         {"type": "bind", "source": str(gpus), "target": "/opt/gpus", "read_only": True},
     ]
@@ -238,6 +239,7 @@ def up(cluster, state_dir: Path = DEFAULT_STATE, timeout: float = 300) -> tuple[
     lib_dir, gpus = demo._agent_files(state_dir)
     _create_secrets(cluster, secret_values(state_dir))
     _label_nodes(cluster)
+    (state_dir / "agent-tokens").mkdir(parents=True, exist_ok=True)  # the agents' bind source
     stack_file = state_dir / "stack.yml"
     stack_file.write_text(yaml.safe_dump(local_stack(cluster, state_dir, images, lib_dir, gpus)))
     t0 = time.monotonic()
@@ -266,6 +268,27 @@ def service_errors(cluster) -> dict[str, list[str]]:
     return out
 
 
+def guide(cluster, state_dir: Path, url: str) -> str:
+    """What an admin of the running stack needs next: where to log in, the secrets' files,
+    which Docker API to talk to, the backup and restore, and how to take it down."""
+    folder = state_dir / "secrets"
+    password = secret_values(state_dir)["login-password"]
+    db_socket = cluster.nodes[DB_NODE].docker_url
+    return "\n".join(
+        [
+            f"log in:    {url}  any user name, password {password} ('admin' is an admin)",
+            f"secrets:   {folder}/ (readable by root only; admin-token for the gpuspawner command)",
+            f"admin:     .venv/bin/gpuspawner --hub-url {url} --token-file {folder}/admin-token alloc-map",
+            f"swarm:     DOCKER_HOST={cluster.manager_url} docker stack services {STACK_NAME}",
+            f"backup:    DOCKER_HOST={db_socket} examples/stack/database.sh backup {state_dir}/backup.sql",
+            f"restore:   DOCKER_HOST={cluster.manager_url} docker service scale {STACK_NAME}_hub=0",
+            f"           DOCKER_HOST={db_socket} examples/stack/database.sh restore {state_dir}/backup.sql",
+            f"           DOCKER_HOST={cluster.manager_url} docker service scale {STACK_NAME}_hub=1",
+            "down:      python -m devtools.stack down   (make demo-down also stops the swarm)",
+        ]
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.stack", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["up", "down"])
@@ -277,8 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             down(cluster, args.state_dir)
             return 0
         hub, seconds = up(cluster, args.state_dir)
-        password = secret_values(args.state_dir.resolve())["login-password"]
-        print(f"hub ready in {seconds:.0f} s at {hub.url}: any user name, password {password} ('admin' is an admin)")
+        print(f"hub ready in {seconds:.0f} s\n" + guide(cluster, args.state_dir.resolve(), hub.url))
     except (swarm_harness.HarnessError, HubError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -20,7 +20,7 @@ import sys
 
 from .attribution import Attributor, DockerLabels
 from .errors import PROG, AgentError
-from .hub import DEFAULT_TIMEOUT_S, TOKEN_ENV, HubClient, Token, report_url
+from .hub import DEFAULT_TIMEOUT_S, TOKEN_ENV, TOKEN_FILE_ENV, HubClient, Token, report_url
 from .loop import Stop, report_loop, stop_on_signals
 from .nvml import DEFAULT_MAX_TEMPERATURE_C, Nvml, probe
 
@@ -38,7 +38,9 @@ def run(args) -> int:
     stop_on_signals()
     nvml = None
     try:
-        hub = HubClient(report_url(args.hub_url), Token(args.token_file), args.timeout)
+        hub = HubClient(
+            report_url(args.hub_url), Token(args.token_file or os.environ.get(TOKEN_FILE_ENV)), args.timeout
+        )
         hostname = args.hostname or os.environ.get(HOSTNAME_ENV) or socket.gethostname()
         nvml = Nvml()
         nvml.open()  # no library / no driver: stop now, with the sentence that says which
@@ -84,7 +86,11 @@ def _add_run_options(p_run: argparse.ArgumentParser) -> None:
         help="the hub's public address, with its base path if it has one "
         "(e.g. http://hub.example.org:8000/ or http://hub:8000/jhub/)",
     )
-    p_run.add_argument("--token-file", metavar="FILE", help=f"file holding the agent token (default: ${TOKEN_ENV})")
+    p_run.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help=f"file holding the agent token, read again when it changes (default: ${TOKEN_FILE_ENV}, else the token in ${TOKEN_ENV})",
+    )
     p_run.add_argument(
         "--interval",
         type=_seconds,

@@ -21,9 +21,10 @@ log = logging.getLogger(PROG)
 
 DEFAULT_TIMEOUT_S = 10.0
 TOKEN_ENV = "GPUSPAWNER_AGENT_TOKEN"
+TOKEN_FILE_ENV = "GPUSPAWNER_AGENT_TOKEN_FILE"  # --token-file's default (stacks template it per node)
 REPORT_PATH = "hub/api/gpuspawner/report"
 NO_TOKEN = (
-    f"{PROG}: no hub token: pass --token-file FILE or set {TOKEN_ENV} "
+    f"{PROG}: no hub token: pass --token-file FILE or set {TOKEN_FILE_ENV} or {TOKEN_ENV} "
     "(this node's own token, issued with `gpuspawner agent-token HOST`)"
 )
 

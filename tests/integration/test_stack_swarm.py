@@ -233,3 +233,40 @@ def test_a_rotated_agent_token_is_picked_up_without_a_restart(stack, swarm):
     TIMES["new token file written to the node's GPUs offered again"] = seconds = time.monotonic() - t0
     assert seconds < 2 * stack_harness.AGENT_INTERVAL, f"{seconds:.1f} s"
     assert sorted(t["ID"] for t in agent.tasks(filters={"desired-state": "running"})) == tasks
+
+
+def database_sh(swarm, node: str, *args: str) -> subprocess.CompletedProcess:
+    """examples/stack/database.sh on ``node``, as an admin runs it there."""
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "DOCKER_HOST": swarm.nodes[node].docker_url}
+    run = subprocess.run(
+        ["sh", str(REPO / "examples/stack/database.sh"), *args], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    return run
+
+
+def test_a_backup_restored_into_a_new_database_gives_the_hub_its_state_back(stack, swarm):
+    """docs/deploy.md's backup and restore: dump, stop the hub, drop the database, load
+    the dump, start the hub; it serves the same holders and open allocations."""
+    hub, state = stack
+    assert hub.spawn("alice", {"gpu_model": A100, "gpu_count": 1}).status_code in (201, 202)
+    hub.wait_ready("alice", timeout=200)
+    before, ledger = holders(hub), open_allocations(swarm)
+    assert [user for user, _, _ in ledger] == ["alice"]
+    db_node, _ = task_of(swarm, swarm.client().services.get(f"{stack_harness.STACK_NAME}_postgres"))
+    dump = state / "backup.sql"
+    database_sh(swarm, db_node, "backup", str(dump))
+    assert dump.stat().st_mode & 0o777 == 0o600 and "gpuspawner_allocations" in dump.read_text()
+
+    stack_harness.docker(swarm, "service", "scale", f"{HUB_SERVICE}=0", timeout=180)
+    database_sh(swarm, db_node, "restore", str(dump))
+    stack_harness.docker(swarm, "service", "scale", f"{HUB_SERVICE}=1", "--detach")
+    stack_harness.wait_serving(hub.url, 240)
+    t0 = time.monotonic()
+    while set(hub.api("GET", "/gpuspawner/alloc-map").json()) != set(stack_harness.WORKERS):
+        assert time.monotonic() - t0 < 120, "the agents did not report to the hub"
+        time.sleep(0.5)
+    assert (hub.server_model("alice") or {}).get("ready")
+    assert holders(hub) == before and open_allocations(swarm) == ledger
+    hub.stop_server("alice", timeout=120)
+    assert open_allocations(swarm) == []

@@ -53,7 +53,7 @@ def token_file(tmp_path) -> Path:
 
 def start_agent(args, lib_dir, devices=None, **extra_env) -> subprocess.Popen:
     env = fakenvml.process_env(lib_dir, devices, PYTHONPATH=str(REPO), **extra_env)
-    for key in ("GPUSPAWNER_AGENT_TOKEN", "GPUSPAWNER_AGENT_HOSTNAME"):
+    for key in ("GPUSPAWNER_AGENT_TOKEN", "GPUSPAWNER_AGENT_TOKEN_FILE", "GPUSPAWNER_AGENT_HOSTNAME"):
         if key not in extra_env:
             env.pop(key, None)
     return subprocess.Popen(
@@ -308,7 +308,7 @@ def test_a_gpu_lost_while_running_is_reported_under_its_uuid(hub, fake_lib_dir, 
         (
             lambda hub, tmp: [],
             {},
-            "gpuspawner-agent: no hub token: pass --token-file FILE or set GPUSPAWNER_AGENT_TOKEN "
+            "gpuspawner-agent: no hub token: pass --token-file FILE or set GPUSPAWNER_AGENT_TOKEN_FILE or GPUSPAWNER_AGENT_TOKEN "
             "(this node's own token, issued with `gpuspawner agent-token HOST`)",
         ),
         (
@@ -406,11 +406,14 @@ def test_a_rotated_token_file_is_used_at_once_without_a_restart(hub, fake_lib_di
     the new one, the agent's next post carries it, within a second, not after its backoff."""
     refused = (403, b'{"status": 403, "message": "Missing or invalid credentials."}')
     hub.answers = [(200, b"{}")] + [refused] * 100
-    args = ["--hub-url", hub.url(), "--token-file", str(token_file), "--interval", "1", "--cycles", "3"]
-    proc = start_agent(args, fake_lib_dir, devices_file)
+    args = ["--hub-url", hub.url(), "--interval", "1", "--cycles", "3"]
+    # The file named as the stacks name it; replaced by a new file, as `install` does.
+    proc = start_agent(args, fake_lib_dir, devices_file, GPUSPAWNER_AGENT_TOKEN_FILE=str(token_file))
     hub.wait_for(4)  # the first report, then three refused: the agent now backs off 4 s
     time.sleep(0.5)  # it sleeps
-    token_file.write_text("the-new-token\n")
+    new = token_file.with_name("token.new")
+    new.write_text("the-new-token\n")
+    new.replace(token_file)
     written = time.monotonic()
     hub.answers.clear()
     hub.wait_for(5)

@@ -5,7 +5,7 @@ from pathlib import Path
 import yaml
 
 from gpuspawner.agent.command import HOSTNAME_ENV, build_parser
-from gpuspawner.agent.hub import report_url
+from gpuspawner.agent.hub import TOKEN_FILE_ENV, report_url
 
 STACK = Path(__file__).resolve().parents[2] / "examples" / "agent-stack.yml"
 
@@ -37,12 +37,16 @@ def test_the_stacks_command_line_is_accepted_by_the_agent():
     assert command[0] == "gpuspawner-agent"
     args = build_parser().parse_args(command[1:])
     assert args.command == "run"
-    [token] = [v for v in service["volumes"] if isinstance(v, dict) and v["target"] == args.token_file]
-    # Each node's own token, from a file on that node named by a swarm template.
+    assert args.token_file is None  # left to the environment's template
+    path = service["environment"][TOKEN_FILE_ENV]
+    assert path == "/run/gpuspawner/agent-tokens/{{.Node.Hostname}}"
+    [token] = [v for v in service["volumes"] if isinstance(v, dict) and v["target"] == str(Path(path).parent)]
+    # Each node's own token, from a file on that node named by a swarm template; its
+    # folder is mounted, so that a file replaced by a new one is seen.
     assert token == {
         "type": "bind",
-        "source": "/etc/gpuspawner/agent-tokens/{{.Node.Hostname}}",
-        "target": "/run/gpuspawner/agent-token",
+        "source": "/etc/gpuspawner/agent-tokens",
+        "target": "/run/gpuspawner/agent-tokens",
         "read_only": True,
     }
     assert report_url(args.hub_url).endswith("/hub/api/gpuspawner/report")

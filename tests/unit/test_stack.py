@@ -183,3 +183,27 @@ def test_the_refusals_alert_leaves_out_access_and_budget_refusals():
     used = set(re.findall(r'REFUSED\.labels\("(\w+)"', source))  # access, budget
     used |= set(re.findall(r'REFUSED\.labels\("(\w+)" if exc\.retry else "(\w+)"', source)[0])  # capacity, request
     assert reasons == {"capacity", "request"} and reasons | {"access", "budget"} == used
+
+
+def test_stack_up_tells_the_admin_where_everything_is(tmp_path):
+    nodes = {"gpu-b": SimpleNamespace(docker_url="unix:///run/x/gpu-b.sock")}
+    cluster = SimpleNamespace(manager_url="unix:///run/x/manager.sock", nodes=nodes)
+    text = stack.guide(cluster, tmp_path, "http://10.0.0.2:8000")
+    folder = tmp_path / "secrets"
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert all((folder / name).stat().st_mode & 0o777 == 0o600 for name in stack.SECRETS)
+    password = (folder / "login-password").read_text()
+    assert f"http://10.0.0.2:8000  any user name, password {password}" in text
+    assert f"--token-file {folder}/admin-token" in text
+    assert "DOCKER_HOST=unix:///run/x/manager.sock docker stack services gpuspawner" in text
+    assert f"DOCKER_HOST=unix:///run/x/gpu-b.sock examples/stack/database.sh backup {tmp_path}/backup.sql" in text
+    assert f"database.sh restore {tmp_path}/backup.sql" in text and "gpuspawner_hub=0" in text
+    assert "python -m devtools.stack down" in text
+
+
+def test_readme_gives_the_stacks_address_on_the_local_swarm():
+    from devtools.swarm import lifecycle, netns
+
+    hub_node = lifecycle.DEFAULT_WORKERS.index(stack.HUB_NODE)
+    cluster = SimpleNamespace(nodes={stack.HUB_NODE: SimpleNamespace(addr=netns.worker_addr(hub_node))})
+    assert f"its hub is at the proxy's node,\n{stack.hub_url(cluster)}," in (stack.REPO / "README.md").read_text()
