@@ -120,6 +120,7 @@ class Holdings:
         self._reconciling = asyncio.Lock()
         self._ledger_order = asyncio.Lock()  # see _ledger_write
         self.rebuilt = False
+        self.records_unread = False  # the ledger's open records could not be read at the rebuild
         self.on_free = on_free  # called when devices come back (the line is served)
 
     # -- views -------------------------------------------------------------------
@@ -159,6 +160,9 @@ class Holdings:
         is left booked) or NoPortFree."""
         if name in self._holdings:
             raise HoldingBusy(name)
+        if request is not None and self.records_unread:
+            # An earlier hub's server may still run on a device the ledger alone knows of.
+            raise LedgerError("the GPU bookings of the earlier hub are not read from the ledger yet")
         alloc: Allocation | None = None
         if request is not None:
             with metrics.ALLOCATION_SECONDS.time():  # the decision alone, not the ledger's write
@@ -319,8 +323,7 @@ class Holdings:
             claim = self._claim(spec.get("Name", ""), spec.get("Labels") or {})
             if claim is not None:
                 found[spec["Name"]] = claim
-        if not self.rebuilt:
-            await self._adopt_open_records(found)
+        records_read = self.rebuilt or await self._adopt_open_records(found)
         adopted = 0
         for name, claim in found.items():
             # Skip what is held, and what changed since the swarm was asked
@@ -345,8 +348,10 @@ class Holdings:
                 log.warning("Service %s is gone; its GPUs come back once its tasks have ended", h.name)
             if await self._settle(h):
                 released += 1
-        await self._close_missing()
-        self.rebuilt = True
+        if records_read:  # else an open record not yet adopted would be closed unseen
+            await self._close_missing()
+        # Not rebuilt while the ledger's open records are unread: the next round reads them.
+        self.rebuilt = records_read
         self._changed = {n: v for n, v in self._changed.items() if v > version}
         held_devices = sum(len(h.labels.uuids) for h in self._holdings.values())
         log.info(
@@ -408,16 +413,19 @@ class Holdings:
                 log.warning("%s", exc)
         return h
 
-    async def _adopt_open_records(self, running: dict[str, ServerLabels]) -> None:
+    async def _adopt_open_records(self, running: dict[str, ServerLabels]) -> bool:
         """At hub start: allocations the ledger has open whose service is gone
         are booked again as *removing*, with their tasks, and given back only
         once those tasks have ended (a killed hub may have left a container
-        running on them)."""
+        running on them). False when the ledger could not be read: until it
+        is, no GPU is handed out (see :meth:`reserve`)."""
         try:
             records = await self.ledger_call(lambda db: db.open_allocations())
         except LedgerError as exc:
-            log.warning("%s", exc)
-            return
+            self.records_unread = True
+            log.warning("The ledger's open allocations could not be read; no GPU is handed out until they are: %s", exc)
+            return False
+        self.records_unread = False
         for r in records or ():
             if r.service in running or r.service in self._holdings or not r.devices:
                 continue
@@ -434,6 +442,7 @@ class Holdings:
             h = await self._adopt(r.service, claim, Phase.REMOVING)
             h.tasks, h.created = set(r.tasks), True
             await self._settle(h)
+        return True
 
     async def _remove_orphans(self, found: dict[str, ServerLabels], untracked, version: int) -> int:
         """Remove services of servers the hub does not know, found so twice in a

@@ -36,7 +36,7 @@ from traitlets.config import Config
 from gpuspawner.core.labels import ServerLabels, to_labels
 from gpuspawner.holdings.holdings import Phase
 from gpuspawner.hub.app import KEY, GPUHub
-from gpuspawner.ledger.ledger import Ledger
+from gpuspawner.ledger.ledger import Ledger, LedgerError
 from gpuspawner.spawn import spawner as spawner_module
 from tests.fakedocker import FakeDocker
 from tests.interleave import Run, Scenario, explore, random_schedules
@@ -602,3 +602,36 @@ async def test_when_every_host_network_port_is_held_a_spawn_is_refused_with_no_p
     assert (refused.value.status_code, refused.value.reason) == (503, "no_port")
     assert "Too many servers are running for the ports configured" in refused.value.message
     assert world.owner.get("jupyter-bob") is None and world.owner.ports.held == {"jupyter-alice": 20000}
+
+
+async def test_a_restart_while_the_ledger_is_down_hands_out_no_gpu_until_its_open_records_are_read(
+    tmp_path, monkeypatch
+):
+    """Alice's service was removed while the hub was down, her container still in its
+    grace period; the restarted hub's first reconcile finds the ledger down. Only the
+    ledger knows her GPU: bob is refused (503, try again), not given it; once the ledger
+    answers, her record is booked as removing, and the GPU comes back when her container exits."""
+    w = World(tmp_path)
+    await w.started(w.spawner("alice", {"gpu_model": A100}))
+    w.fake.remove_service("jupyter-alice")  # her container keeps running
+    w.restart()
+
+    def down(*_args):
+        raise LedgerError("the ledger's database is unreachable")
+
+    with monkeypatch.context() as m:
+        m.setattr(Ledger, "open_allocations", down)
+        bob = w.spawner("bob", {"gpu_model": A100})
+        with pytest.raises(SpawnException) as exc:
+            await w.started(bob)
+        assert exc.value.status_code == 503 and exc.value.reason == "ledger_unavailable"
+        assert "jupyter-bob" not in w.fake.service_names() and not w.hub.holdings.rebuilt
+    # The ledger is back: the next spawn's reconcile reads alice's record first.
+    with pytest.raises(SpawnException) as exc:
+        await w.started(w.spawner("bob", {"gpu_model": A100}))
+    assert exc.value.status_code == 503 and "jupyter-bob" not in w.fake.service_names()
+    assert w.owner.get("jupyter-alice").phase is Phase.REMOVING
+    w.fake.exit_all()
+    await w.owner.reconcile()
+    await w.started(w.spawner("bob", {"gpu_model": A100}))
+    assert w.owner.get("jupyter-bob").labels.uuids == ("GPU-b0",)
