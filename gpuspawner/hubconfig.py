@@ -28,6 +28,7 @@ TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates"
 
 
 def configure(c) -> None:
+    from .hub import dns
     from .hub.app import KEY, GPUHub
     from .hub.settings import validate_config
     from .web import api, api_reclaim, home_budget
@@ -42,6 +43,8 @@ def configure(c) -> None:
         {api.REPORT_SCOPE: {"description": "Report a GPU node's devices to gpuspawner (node agents only)."}}
     )
     _add_templates(c)
+    # Servers reached by name get a new address at each start: no cached lookups (hub/dns.py).
+    dns.fresh_lookups(c)
     c.JupyterHub.tornado_settings.update({KEY: hub})  # handlers' and users' settings
     c.JupyterHub.template_vars.update(
         {"gpuspawner_budget": home_budget.budget_var(hub), "gpuspawner_notices": hub.notices_for}

@@ -193,3 +193,35 @@ def test_the_home_page_renders_without_the_budget_note_while_the_ledger_is_down(
     env = hub.tornado_application.settings["jinja2_env"]
     assert _render(env, "gpuspawner_budget.html", gpuspawner_budget=note).strip() == ""
     assert "The GPU budget of ann is unknown: the GPU ledger database is unreachable" in caplog.text
+
+
+async def test_the_hubs_http_client_looks_names_up_afresh_each_time(monkeypatch):
+    """Servers reached by name get a new address at each start: the hub's client must
+    not keep an old one (JupyterHub 6's aiohttp with c-ares kept it for 600 s)."""
+    import socket
+
+    from jupyterhub.httpclient import JupyterHubHTTPClient
+
+    from gpuspawner.hub.dns import FreshResolver
+
+    c = Config()
+    c.JupyterHubHTTPClient.connector_options = {"limit": 5}
+    configure(c)
+    options = c.JupyterHubHTTPClient.connector_options
+    assert isinstance(options["resolver"], FreshResolver) and options["use_dns_cache"] is False
+    assert options["limit"] == 5  # the admin's own options stay
+    client = JupyterHubHTTPClient(config=c)
+    connector = client._new_connector()
+    assert isinstance(connector._resolver, FreshResolver) and not connector.use_dns_cache
+    await connector.close()
+
+    answers = iter(["10.0.1.13", "10.0.1.42"])  # the server started again elsewhere
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (next(answers), port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    resolver = options["resolver"]
+    first = await resolver.resolve("jupyter-alice", 8888)
+    second = await resolver.resolve("jupyter-alice", 8888)
+    assert [r["host"] for r in first + second] == ["10.0.1.13", "10.0.1.42"]
