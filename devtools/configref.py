@@ -87,7 +87,9 @@ def type_name(trait: TraitType) -> str:
     elif type(trait) is Int:
         name = "Integer"
     else:
-        name = type(trait).__name__
+        # gpuspawner's own trait classes read as the traitlets type they refine (FiniteFloat: Float)
+        cls = next(c for c in type(trait).__mro__ if c.__module__.startswith("traitlets"))
+        name = cls.__name__
     if getattr(trait, "allow_none", False):
         name += " or None"
     return name

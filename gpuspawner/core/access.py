@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .numbers import finite
 from .requests import ALL
 from .sharing import shown
 
@@ -184,8 +185,9 @@ def _parse_group(group: str, rules: Any, aliases: Mapping[str, str]) -> dict[str
 def _number_in(where: str, key: str, value: Any) -> float:
     top = 100 if key == "idle_threshold" else None  # a utilization, in percent
     positive = key in _HOURS
-    ok = _number(value) and value == value and (value > 0 if positive else value >= 0) and (top is None or value <= top)
-    if not ok or value == float("inf"):
+    number = finite(value)
+    ok = number is not None and (number > 0 if positive else number >= 0) and (top is None or number <= top)
+    if not ok:
         bounds = "> 0" if positive else f"from 0 to {top}" if top else "≥ 0"
         raise ValueError(f"{where}['{key}'] must be a number {bounds}, got {shown(value)}")
-    return float(value)
+    return number

@@ -15,13 +15,13 @@ every node whatever its agent was started with.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 from .inventory import GPU, HOSTNAME_RE, MODEL_RE, UUID_RE
+from .numbers import finite
 
 __all__ = [
     "MAX_REPORT_BYTES",
@@ -343,10 +343,10 @@ class _Fields:
         value = self._get(key, optional)
         if value is None:
             return None
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        if not ok or not low <= value <= high:
+        number = finite(value)
+        if number is None or not low <= number <= high:
             raise self._bad(key, f"a number from {low} to {high}", value)
-        return float(value)
+        return number
 
     @overload
     def flag(self, key: str, *, optional: Literal[False] = ...) -> bool: ...

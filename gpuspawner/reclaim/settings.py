@@ -13,10 +13,21 @@ from traitlets import Bool, Dict, Float, TraitError, validate
 from traitlets.config import LoggingConfigurable
 
 from ..core.idle import Limits
+from ..core.numbers import finite
 
 __all__ = ["ReclaimSettings", "check_config"]
 
 THRESHOLD_KEYS = {"utilization": (0, 100), "memory_mib": (0, 2**40)}
+
+
+class FiniteFloat(Float):
+    """A Float that refuses an integer beyond a float's range with a TraitError (the
+    one-line configuration error), not an OverflowError from float()."""
+
+    def validate(self, obj, value):
+        if isinstance(value, int) and not isinstance(value, bool) and finite(value) is None:
+            self.error(obj, value)
+        return super().validate(obj, value)
 
 
 def _seconds(proposal, what: str) -> float:
@@ -29,7 +40,7 @@ def _seconds(proposal, what: str) -> float:
 class ReclaimSettings(LoggingConfigurable):
     """When a server's GPUs are taken back: idle for too long, or held for too long."""
 
-    gpu_idle_timeout = Float(
+    gpu_idle_timeout = FiniteFloat(
         0.0,
         help="""Seconds a server's GPUs may stay idle (see ``gpu_idle_threshold``)
         before the server is stopped, after a warning of ``gpu_idle_warning``
@@ -44,18 +55,18 @@ class ReclaimSettings(LoggingConfigurable):
         On a shared GPU only the server's own processes count.""",
     ).tag(config=True)
 
-    gpu_idle_warning = Float(
+    gpu_idle_warning = FiniteFloat(
         900.0,
         help="Seconds before an idle server is stopped that its user is warned (home page, REST).",
     ).tag(config=True)
 
-    gpu_max_hours = Float(
+    gpu_max_hours = FiniteFloat(
         0.0,
         help="""Hours a server may hold GPUs; it is then stopped, after a warning of
         ``gpu_max_hours_warning`` seconds, whatever its activity. 0 (the default): no limit.""",
     ).tag(config=True)
 
-    gpu_max_hours_warning = Float(
+    gpu_max_hours_warning = FiniteFloat(
         900.0, help="Seconds before a server reaches ``gpu_max_hours`` that its user is warned."
     ).tag(config=True)
 
@@ -65,7 +76,7 @@ class ReclaimSettings(LoggingConfigurable):
         JupyterHub's idle culler keeps a server that computes with no browser open.""",
     ).tag(config=True)
 
-    gpu_reclaim_interval = Float(10.0, help="Seconds between the hub's checks of idle and held-time limits.").tag(
+    gpu_reclaim_interval = FiniteFloat(10.0, help="Seconds between the hub's checks of idle and held-time limits.").tag(
         config=True
     )
 
@@ -93,8 +104,8 @@ class ReclaimSettings(LoggingConfigurable):
             v = value.get(key)
             if v is None and key == "memory_mib":
                 continue
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and low <= v <= high
-            if not ok:
+            number = finite(v)
+            if number is None or not low <= number <= high:
                 raise TraitError(f"c.GPUSwarmSpawner.gpu_idle_threshold[{key!r}] must be a number from {low} to {high}")
         return value
 
