@@ -224,10 +224,13 @@ def _teardown(lay: Layout, graceful: bool = True) -> None:
     t0 = time.monotonic()
     cluster = load_state(lay)
     if graceful and cluster is not None:
+        progress("removing the swarm's services and containers")
         remove_swarm_objects(cluster)
     stop_daemons(lay, graceful=graceful)
     teardown_network()
     unmount_under([lay.run_dir, lay.state_dir])
+    if (lay.state_dir / "nodes").is_dir():
+        progress("deleting the nodes' data (vfs keeps a full copy of each image per node: this takes a while)")
     for path in [lay.run_dir, lay.state_dir / "nodes", lay.state_file, lay.daemon_json, lay.resolv_conf]:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=False)
