@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from typing import TYPE_CHECKING, Any
 
-from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.abc import AbstractResolver
 from aiohttp.resolver import ThreadedResolver
+
+if TYPE_CHECKING:  # aiohttp >= 3.10 has it; the annotation is never evaluated
+    from aiohttp.abc import ResolveResult
 
 
 class FreshResolver(AbstractResolver):
@@ -31,7 +35,7 @@ class FreshResolver(AbstractResolver):
         pass
 
 
-def fresh_lookups(c) -> None:
+def fresh_lookups(c: Any) -> None:
     """``c.JupyterHubHTTPClient.connector_options`` with :class:`FreshResolver` and no
     aiohttp DNS cache; what the admin set there (a resolver of their own) wins."""
     fresh = {"resolver": FreshResolver(), "use_dns_cache": False}
