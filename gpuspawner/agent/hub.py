@@ -104,9 +104,8 @@ class Token:
 
     def __init__(self, token_file: str | None):
         self.file = token_file
-        self._seen: tuple | None = None  # the file's identity when last read
         self.value = read_token(token_file)
-        self._seen = self._stamp()
+        self._seen: tuple | None = self._stamp()  # the file's identity when last read
 
     def _stamp(self) -> tuple | None:
         try:
@@ -126,9 +125,8 @@ class Token:
             return False
         if not force and not self.changed():
             return False
-        stamp = self._stamp()
+        self._seen = self._stamp()  # this state of the file is dealt with, read or not: no retry loop
         token = read_token(self.file)
-        self._seen = stamp
         changed, self.value = token != self.value, token
         return changed
 

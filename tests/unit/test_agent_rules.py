@@ -10,7 +10,7 @@ import gpuspawner
 from gpuspawner.agent import hub as agent_hub
 from gpuspawner.agent.command import build_parser
 from gpuspawner.agent.errors import AgentError
-from gpuspawner.agent.hub import read_token, report_url
+from gpuspawner.agent.hub import Token, read_token, report_url
 from gpuspawner.agent.loop import backoff_delay
 from gpuspawner.agent.nvml import mig_profile_from_attributes, mig_profile_from_name, reading_problems
 from gpuspawner.agent.report import docker_default_runtime, encode_report
@@ -217,3 +217,17 @@ def test_docker_default_runtime_from_daemon_json(tmp_path):
     assert docker_default_runtime(str(f)) == "runc"  # dockerd's own default
     f.write_text("{not json")
     assert docker_default_runtime(str(f)) is None
+
+
+def test_a_token_file_is_read_again_when_it_changes_and_a_bad_one_keeps_the_token_in_use(tmp_path):
+    f = tmp_path / "token"
+    f.write_text("first\n")
+    token = Token(str(f))
+    assert not token.changed() and not token.refresh() and token.value == "first"
+    f.unlink()  # an admin replaces it: gone for a moment
+    assert token.changed()
+    with pytest.raises(AgentError, match="cannot read the token file"):
+        token.refresh()
+    assert token.value == "first" and not token.changed()  # dealt with: no retry loop on the same state
+    f.write_text("second\n")
+    assert token.changed() and token.refresh() and token.value == "second"
