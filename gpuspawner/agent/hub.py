@@ -134,19 +134,18 @@ class Token:
 class HubClient:
     """Posts reports to the hub: one seam, every failure turned into a one-line HubError."""
 
-    def __init__(self, url: str, token: Token | str, timeout: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, url: str, token: Token, timeout: float = DEFAULT_TIMEOUT_S):
         self.url = url
         self.timeout = timeout
         self.token = token
         self.opener = urllib.request.build_opener(_NoRedirect)
 
     def token_changed(self) -> bool:
-        return isinstance(self.token, Token) and self.token.changed()
+        return self.token.changed()
 
     def _headers(self) -> dict[str, str]:
-        token = self.token.value if isinstance(self.token, Token) else self.token
         return {
-            "Authorization": f"token {token}",
+            "Authorization": f"token {self.token.value}",
             "Content-Type": "application/json",
             "User-Agent": f"{PROG}/{__version__}",
         }
@@ -154,12 +153,11 @@ class HubClient:
     def post(self, body: bytes) -> None:
         """POST a report. A changed token file is read first; a 403 reads it again and,
         if it holds a new token, tries once more at once."""
-        if isinstance(self.token, Token):
-            self.token.refresh()
+        self.token.refresh()
         try:
             self._post(body)
         except _Forbidden:
-            if not (isinstance(self.token, Token) and self.token.refresh(force=True)):
+            if not self.token.refresh(force=True):
                 raise
             log.info("the token file %s holds a new token: using it", self.token.file)
             self._post(body)
