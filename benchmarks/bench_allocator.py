@@ -63,16 +63,16 @@ MODELS = [
     ("NVIDIA H100 80GB HBM3", 81920, 0.10),
 ]
 SIZES = [(1, 0.62), (2, 0.20), (4, 0.11), (8, 0.06), (ALL, 0.01)]
-SHARE_SIZES = [
-    (0.1, 0.2),
-    (0.25, 0.25),
-    (0.3, 0.1),
-    (0.5, 0.25),
-    (0.75, 0.06),
-    (1, 0.04),
-    (1.2, 0.05),
-    (1.5, 0.03),
-    (2.5, 0.02),
+SHARE_SIZES = [  # (thousandths of a GPU, weight)
+    (100, 0.2),
+    (250, 0.25),
+    (300, 0.1),
+    (500, 0.25),
+    (750, 0.06),
+    (1000, 0.04),
+    (1200, 0.05),
+    (1500, 0.03),
+    (2500, 0.02),
 ]
 SHARING = {"*": {"quantum": 0.05, "split": True}}
 ANY_MODEL = 0.12
@@ -213,7 +213,7 @@ class Workload:
         share = None
         if self.share_mix and rng.random() < self.share_mix:  # no draw at all without shares
             share = rng.choices([s for s, _ in SHARE_SIZES], [w for _, w in SHARE_SIZES])[0]
-        return f"{owner}/srv{self.serial}", Request(model=model, count=count, host=host, owner=owner, share=share)
+        return f"{owner}/srv{self.serial}", Request(model=model, count=count, host=host, owner=owner, milli=share)
 
 
 REASONS = [
@@ -267,8 +267,8 @@ def run_mix(
             in_use += a.total_milli / 1000
             result.granted += timed
             outcome = "granted"
-        if req.share is not None:
-            kind = "allocate share" if req.share <= 1 else "allocate share > 1"
+        if req.milli is not None:
+            kind = "allocate share" if req.milli <= 1000 else "allocate share > 1"
         elif req.count == ALL:
             kind = "allocate ALL"
         elif req.host is not None:
@@ -351,7 +351,7 @@ def run_extras(alloc: Allocator, gpus: list[GPU], policy: str, samples: int) -> 
     per = []
     for a in holdings:
         t1 = pc()
-        fresh.adopt(a.holder, a.owner, a.host, a.uuids, a.shares if a.shared else None)
+        fresh.adopt(a.holder, a.owner, a.host, a.uuids, a.milli)
         per.append(pc() - t1)
     total_s = (pc() - t0) / 1e9
     stats = asdict(Stats.of(per))

@@ -32,7 +32,7 @@ from benchmarks.bench_shares import MODEL, SHARING, churn
 from benchmarks.impl import THIS, Impl
 from gpuspawner.allocator.allocator import Request
 from gpuspawner.core.inventory import GPU
-from gpuspawner.core.sharing import UNIT, split_evenly, to_milli
+from gpuspawner.core.sharing import UNIT, split_evenly
 
 __all__ = ["FLOOR", "Floor", "FloorRefused"]
 
@@ -66,9 +66,9 @@ class Floor:
         self.holders: dict[str, tuple[tuple[int, int], ...]] = {}
 
     def allocate(self, holder: str, request: Request) -> Held:
-        if request.share is None:
+        if request.milli is None:
             return self._whole(holder, request.count)
-        share = to_milli(request.share)
+        share = request.milli
         rooms = self.rooms
         if share <= UNIT:
             best, least = -1, UNIT + 1

@@ -77,7 +77,7 @@ STUB_PAGE = "<!DOCTYPE html><html><body><main>{% block main %}{% endblock %}</ma
 HELD = 0.7  # of the devices
 SHARED = 0.25  # of the held devices
 WHOLE_SIZES = [1, 1, 1, 2, 4]
-SHARE_SIZES = [0.25, 0.3, 0.5]
+SHARE_SIZES = [250, 300, 500]  # thousandths of a GPU
 MAX_PER_OWNER = 8
 
 
@@ -161,7 +161,7 @@ class Hub:
             whole += len(alloc.devices) if alloc else 0
         booked: set[str] = set()
         while len(booked) < gpus * HELD * SHARED:
-            alloc = self.start(Request(share=self.rng.choice(SHARE_SIZES)))
+            alloc = self.start(Request(milli=self.rng.choice(SHARE_SIZES)))
             booked.update(alloc.uuids if alloc else ())
 
     def report(self, host: str) -> None:
@@ -172,7 +172,7 @@ class Hub:
         self.serial += 1
         user = self.rng.choice(self.users)
         holder = holder or f"jupyter-{user}-{self.serial}"
-        request = Request(model=shape.model, count=shape.count, share=shape.share, owner=user)
+        request = Request(model=shape.model, count=shape.count, milli=shape.milli, owner=user)
         try:
             alloc = self.cluster.allocator.allocate(holder, request, max_per_owner=MAX_PER_OWNER)
         except AllocationRefused:
@@ -192,7 +192,7 @@ class Hub:
             self.report(host)
         for _ in range(10):
             self.stop(self.rng.choice(list(self.requests)))
-            self.start(Request(count=1) if self.rng.random() < 0.75 else Request(share=0.25))
+            self.start(Request(count=1) if self.rng.random() < 0.75 else Request(milli=250))
         # 15 s of reports arrive here in a fraction of a second: what the young
         # generations' collections would have done in passing, they do now, so
         # that the next timed request does not pay for the burst.
@@ -352,7 +352,7 @@ async def run(nodes: int, reports: int, decisions: int, views: int, seed: int) -
     out["ops"]["report, health change"] = timed_reports(fleet.flip_health)
     out["ops"]["report, device gone/back"] = timed_reports(fleet.flip_device)
 
-    for name, shape in (("allocate whole", Request(count=1)), ("allocate share", Request(share=0.25))):
+    for name, shape in (("allocate whole", Request(count=1)), ("allocate share", Request(milli=250))):
         times, gcs = [], []
         for _ in range(decisions):
             holder = f"bench-{hub.serial}"

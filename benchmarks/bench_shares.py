@@ -47,15 +47,15 @@ from benchmarks.impl import THIS, Impl, load
 
 MODEL = "NVIDIA A100 80GB PCIe"
 SHARING = {MODEL: {"quantum": 0.01, "split": True}}
-UNIFORM = [k / 10 for k in range(1, 16)]
-SMALL, LARGE = [k / 10 for k in range(1, 6)], [k / 10 for k in range(6, 16)]
+UNIFORM = [100 * k for k in range(1, 16)]  # thousandths: 0.1 .. 1.5 GPUs
+SMALL, LARGE = UNIFORM[:5], UNIFORM[5:]
 
 
 CLOCKS = {"wall": pc, "cpu": time.thread_time_ns}
 clock = pc  # what times a decision: wall time, or this thread's CPU time (``--clock cpu``) on a busy machine
 
 
-def draw(rng: random.Random, mix: str) -> float:
+def draw(rng: random.Random, mix: str) -> int:
     if mix == "uniform":
         return rng.choice(UNIFORM)
     return rng.choice(SMALL) if rng.random() < 0.7 else rng.choice(LARGE)
@@ -108,7 +108,7 @@ def churn(
         nonlocal booked, granted, refused, serial
         serial += 1
         holder = f"s{serial}"
-        req = Request(count=rng.choice((1, 1, 1, 2))) if whole else Request(share=draw(rng, mix))
+        req = Request(count=rng.choice((1, 1, 1, 2))) if whole else impl.share(draw(rng, mix))
         t0 = clock()
         try:
             a = alloc.allocate(holder, req)
@@ -157,7 +157,7 @@ def fill(nodes: int, mix: str, policy: str, seed: int, impl: Impl = THIS) -> tup
     times: list[int] = []
     placed = 0
     while True:
-        req = impl.Request(share=draw(rng, mix))
+        req = impl.share(draw(rng, mix))
         t0 = clock()
         try:
             a = alloc.allocate(f"s{len(times)}", req)
@@ -172,11 +172,11 @@ def split_cost(hosts: int, repeat: int, impl: Impl = THIS) -> float:
     """Median µs of a 1.2 request with every device of ``hosts`` hosts half booked."""
     alloc = impl.Allocator(inventory(hosts, impl=impl), "pack", sharing=SHARING)
     for gpu in inventory(hosts, impl=impl):
-        alloc.adopt(f"half-{gpu.uuid}", "u", gpu.host, [gpu.uuid], [0.5])
+        alloc.adopt(f"half-{gpu.uuid}", "u", gpu.host, [gpu.uuid], impl.shares([500]))
     times = []
     for i in range(repeat):
         t0 = clock()
-        alloc.allocate(f"big{i}", impl.Request(share=1.2))
+        alloc.allocate(f"big{i}", impl.share(1200))
         times.append(clock() - t0)
         alloc.release(f"big{i}")
     return statistics.median(times) / 1e3
@@ -193,7 +193,7 @@ def most(mix: str, seed: int, capacity: int = 8000) -> int:
     (``capacity`` less the requests before) takes it, and the first that is
     larger than all that is free is refused whatever the devices look like."""
     rng, total = random.Random(seed), 0
-    while (share := round(draw(rng, mix) * 1000)) <= capacity - total:
+    while (share := draw(rng, mix)) <= capacity - total:
         total += share
     return total
 

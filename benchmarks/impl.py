@@ -19,6 +19,7 @@ import sys
 import tarfile
 import tempfile
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 
 from gpuspawner.allocator import allocator
@@ -34,6 +35,19 @@ class Impl:
     Request: type
     Refused: type
     GPU: type
+    in_milli: bool = True  # shares in thousandths (Request.milli, adopt's milli); older trees took Fractions
+
+    def share(self, milli: int, **fields) -> object:
+        """A request for a share of ``milli`` thousandths, in this allocator's terms."""
+        return (
+            self.Request(milli=milli, **fields)
+            if self.in_milli
+            else self.Request(share=Fraction(milli, 1000), **fields)
+        )
+
+    def shares(self, milli: list[int]) -> list:
+        """Per device shares for ``adopt``, in this allocator's terms."""
+        return milli if self.in_milli else [Fraction(m, 1000) for m in milli]
 
 
 THIS = Impl("this tree", allocator.Allocator, allocator.Request, allocator.AllocationRefused, inventory.GPU)
@@ -56,4 +70,5 @@ def load(ref: str) -> Impl:
     else:  # one flat package, before the layers
         old = importlib.import_module(f"{package}.allocator")
         gpu = importlib.import_module(f"{package}.inventory").GPU
-    return Impl(ref, old.Allocator, old.Request, old.AllocationRefused, gpu)
+    in_milli = "milli" in old.Request.__dataclass_fields__
+    return Impl(ref, old.Allocator, old.Request, old.AllocationRefused, gpu, in_milli)

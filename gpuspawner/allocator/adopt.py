@@ -7,9 +7,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from ..core.sharing import UNIT, fmt, to_milli
+from ..core.sharing import UNIT, fmt
 
 __all__ = ["AdoptProblem", "AdoptReason"]
 
@@ -48,26 +47,22 @@ class AdoptProblem:
         return self.message
 
 
-def adopted_pieces(uuids: list[str], shares: Iterable[Any] | None) -> tuple[list[int | None], list[AdoptProblem]]:
-    """Each device's share in milli (None: whole), and the problems found."""
+def adopted_pieces(uuids: list[str], milli: Iterable[int] | None) -> tuple[list[int | None], list[AdoptProblem]]:
+    """Each device's share in thousandths (None: whole), and the problems found."""
     whole: list[int | None] = [None] * len(uuids)
-    if shares is None:
+    if milli is None:
         return whole, []
-    shares = list(shares)
+    shares = list(milli)
     if len(shares) != len(uuids):
         why = f"{len(shares)} shares for {len(uuids)} devices; booked whole"
         return whole, [AdoptProblem(AdoptReason.SHARES_MISMATCH, why)]
     pieces: list[int | None] = []
     problems = []
     for uuid, share in zip(uuids, shares):
-        try:
-            milli = to_milli(share)
-        except ValueError:
-            milli = 0
-        if 0 < milli <= UNIT:
-            pieces.append(milli)
+        if type(share) is int and 0 < share <= UNIT:
+            pieces.append(share)
         else:
-            why = f"{uuid}: share {share!r} is not a share of one GPU; booked whole"
+            why = f"{uuid}: share {share!r} is not a share of one GPU in thousandths; booked whole"
             problems.append(AdoptProblem(AdoptReason.UNREADABLE_SHARE, why))
             pieces.append(None)
     return (whole if problems else pieces), problems

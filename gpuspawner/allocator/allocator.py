@@ -15,7 +15,7 @@ Rules:
   and devices on a host are taken lowest index first, so a decision depends
   only on the state, never on dict order or timing.
 
-Shares (``Request.share``, see docs/sharing.md) follow the admin's
+Shares (``Request.milli``, see docs/sharing.md) follow the admin's
 :class:`~gpuspawner.core.sharing.SharingPolicy`; they are exact integers of
 thousandths inside, so sums never drift.
 
@@ -34,10 +34,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from fractions import Fraction
-from typing import Any
 
 from ..core.inventory import GPU
-from ..core.sharing import OFF, UNIT, SharingPolicy, fraction, to_milli
+from ..core.sharing import OFF, UNIT, SharingPolicy, fraction
 from .adopt import AdoptProblem, AdoptReason, adopted_pieces, conflict
 from .index import DeviceIndex
 from .records import ALL, POLICIES, Allocation, Request
@@ -135,7 +134,7 @@ class Allocator:
         with self._lock:
             if holder in self._holders:
                 raise ValueError(f"{holder} already holds an allocation; release it first")
-            if request.share is not None:
+            if request.milli is not None:
                 return self._allocate_share(holder, request, max_per_owner, policy)
             count = request.count
             if count != ALL and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
@@ -168,10 +167,9 @@ class Allocator:
 
     def _allocate_share(self, holder: str, request: Request, limit: int | None, policy: str | None) -> Allocation:
         index = self._index
-        try:
-            share = to_milli(request.share, "gpu_share")
-        except ValueError as exc:
-            raise AllocationRefused(str(exc), Refusal.BAD_SHARE) from None
+        share = request.milli
+        if type(share) is not int:  # parsed at the edges (options, labels); a caller's slip, said plainly
+            raise AllocationRefused(f"a share must be whole thousandths of a GPU, got {share!r}", Refusal.BAD_SHARE)
         models = self._accepting.get((share, request.model))
         if models is None:
             models = self._models_accepting(share, request.model)
@@ -269,12 +267,12 @@ class Allocator:
         self._index.remove_share(uuid, piece, rank)
 
     def adopt(
-        self, holder: str, owner: str, host: str, uuids: Iterable[str], shares: Iterable[Any] | None = None
+        self, holder: str, owner: str, host: str, uuids: Iterable[str], milli: Iterable[int] | None = None
     ) -> tuple[Allocation, list[AdoptProblem]]:
         """Record a holding found in the cluster (e.g. after a hub restart).
 
-        ``shares``, aligned with ``uuids``, is the share of each device (as the
-        service's labels say); None: every device whole. Returns the allocation
+        ``milli``, aligned with ``uuids``, is the share of each device in
+        thousandths (as the service's labels say); None: every device whole. Returns the allocation
         and the problems found: UUIDs the inventory does not know, or that
         another holder already has whole (a double booking), a device held
         whole that others share, a share that would book a device above 1.
@@ -283,18 +281,18 @@ class Allocator:
         that may reserve too much, never too little."""
         with self._lock:
             uuids = list(uuids)
-            pieces, problems = adopted_pieces(uuids, shares)
+            pieces, problems = adopted_pieces(uuids, milli)
             devices: list[GPU] = []
-            milli: list[int | None] = []
+            taken: list[int | None] = []
             for uuid, piece in zip(uuids, pieces):
                 problem = self._adopt_problem(uuid, holder, host, piece, devices)
                 if problem is not None:
                     problems.append(problem)
                 else:
                     devices.append(self._index.gpus[uuid])
-                    milli.append(piece)
-            whole = all(m is None for m in milli) or all(m == UNIT for m in milli)
-            shared = None if whole else tuple(m or UNIT for m in milli)
+                    taken.append(piece)
+            whole = all(m is None for m in taken) or all(m == UNIT for m in taken)
+            shared = None if whole else tuple(m or UNIT for m in taken)
             alloc = Allocation(holder=holder, owner=owner, host=host, devices=tuple(devices), milli=shared)
             old = self._holders.get(holder)
             if old is not None and old.booking() == alloc.booking():

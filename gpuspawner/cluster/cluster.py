@@ -30,7 +30,6 @@ from ..allocator.allocator import AdoptProblem, Allocation, Allocator
 from ..core.inventory import GPU
 from ..core.labels import ServerLabels
 from ..core.reports import Conflict, NodeReport, UUIDConflict, parse_report, report_uuids
-from ..core.sharing import fraction
 from .devices import SOURCES, DeviceState, InventorySettings, host_states
 from .host_views import HoldersOf
 from .swarm import Node, Swarm
@@ -233,8 +232,7 @@ class GPUCluster:
         Devices not offered yet (an agent has not reported, or the device is
         unhealthy) are taken the moment they are, before any request can see
         them free."""
-        shares = None if claim.milli is None else [fraction(m) for m in claim.milli]
-        alloc, problems = self.allocator.adopt(name, claim.user, claim.host, claim.uuids, shares)
+        alloc, problems = self.allocator.adopt(name, claim.user, claim.host, claim.uuids, claim.milli)
         if len(alloc.devices) < len(claim.uuids):
             self.pending[name] = claim
         else:

@@ -19,11 +19,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
 from .requests import ALL
-from .sharing import UNIT, SharingPolicy, fmt, fraction, shown, to_milli
+from .sharing import UNIT, SharingPolicy, fmt, shown, to_milli
 
 __all__ = ["KEYS", "GPURequest", "OptionsError", "options_from_form", "parse_user_options"]
 
@@ -42,12 +41,12 @@ class GPURequest:
     model: str | None  # None: any model
     count: int | str  # 0: CPU-only; ALL: every GPU of one host; 1 with a share
     host: str | None
-    share: Fraction | None = None  # a share of a GPU; None: ``count`` whole GPUs
+    milli: int | None = None  # a share of a GPU in thousandths (250: a quarter); None: ``count`` whole GPUs
     wait: bool = False  # wait in line when none is free
 
     @property
     def cpu_only(self) -> bool:
-        return self.count == 0 and self.share is None
+        return self.count == 0 and self.milli is None
 
 
 def options_from_form(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
@@ -112,7 +111,7 @@ def parse_user_options(
     wait = _wait(options, model)
     if "gpu_share" in options:
         share = _share(options, model, models, max_count, sharing)
-        return GPURequest(model=model, count=1, host=host, share=share, wait=wait)
+        return GPURequest(model=model, count=1, host=host, milli=share, wait=wait)
 
     count = options.get("gpu_count", 0 if model is None else 1)
     if count == ALL:
@@ -148,7 +147,7 @@ def _host(options: Mapping, hosts: list[str], allow_host_choice: bool) -> str | 
     return host
 
 
-def _share(options: Mapping, model: str | None, models: list[str], max_count: int, sharing: SharingPolicy) -> Fraction:
+def _share(options: Mapping, model: str | None, models: list[str], max_count: int, sharing: SharingPolicy) -> int:
     if "gpu_count" in options:
         raise OptionsError("Give either gpu_count (whole GPUs) or gpu_share (a share of a GPU), not both")
     try:
@@ -158,4 +157,4 @@ def _share(options: Mapping, model: str | None, models: list[str], max_count: in
         raise OptionsError(str(exc)) from None
     if share > max_count * UNIT:
         raise OptionsError(f"{fmt(share)} of a GPU requested; the limit is {max_count} per user")
-    return fraction(share)
+    return share

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 __all__ = ["ALL", "Request"]
 
@@ -14,7 +13,9 @@ ALL = "all"
 @dataclass(frozen=True)
 class Request:
     model: str | None = None  # None: any model
-    count: int | str = 1  # 1..N, or ALL; ignored when share is given
+    count: int | str = 1  # 1..N, or ALL; ignored when milli is given
     host: str | None = None  # pin to this host
     owner: str = ""  # the user; per-owner limits count across their servers
-    share: Any = None  # a share of a GPU (Fraction, Decimal, int or float: 0.25, 1.2); None: whole GPUs
+    # A share of a GPU in thousandths (250: a quarter; 1200: 1.2 GPUs, split over
+    # devices where the sharing policy allows); None: ``count`` whole GPUs.
+    milli: int | None = None

@@ -154,7 +154,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         if options.cpu_only:
             return None, False
         request = Request(
-            model=options.model, count=options.count, host=options.host, owner=self.user.name, share=options.share
+            model=options.model, count=options.count, host=options.host, owner=self.user.name, milli=options.milli
         )
         return request, options.wait
 

@@ -51,7 +51,7 @@ def booked(state: dict, sharing: dict, policy: str = "pack") -> Allocator:
             if used == "W":
                 assert alloc.adopt(f"pre-{uuid}", "pre", host, [uuid])[1] == []
             elif used:
-                assert alloc.adopt(f"pre-{uuid}", "pre", host, [uuid], [used])[1] == []
+                assert alloc.adopt(f"pre-{uuid}", "pre", host, [uuid], [to_milli(used)])[1] == []
     return alloc
 
 
@@ -199,7 +199,7 @@ VECTORS = [
 def test_vectors(v: Vector):
     alloc = booked(v.state, v.sharing, v.policy)
     before = allocated(alloc)
-    got = alloc.allocate("s", Request(v.model, host=v.host, owner="alice", share=v.share))
+    got = alloc.allocate("s", Request(v.model, host=v.host, owner="alice", milli=to_milli(v.share)))
     assert placement(got) == v.expect
     assert got.holder == "s" and got.owner == "alice"
     assert len({d.host for d in got.devices}) == 1
@@ -213,8 +213,8 @@ def test_vectors(v: Vector):
 def test_the_seed_example():
     """Two GPUs of one model; 0.2, then 1.2: both start; the map shows 0.80 and 0.60."""
     alloc = Allocator(inventory({"gpu-a": [0, 0]}), sharing=SPLIT)
-    first = alloc.allocate("alice", Request(A100, owner="alice", share=0.2))
-    second = alloc.allocate("bob", Request(A100, owner="bob", share=1.2))
+    first = alloc.allocate("alice", Request(A100, owner="alice", milli=200))
+    second = alloc.allocate("bob", Request(A100, owner="bob", milli=1200))
     assert (first.uuids, first.shares) == (("GPU-gpu-a-0",), (Fraction(1, 5),))
     assert (second.uuids, second.shares) == (("GPU-gpu-a-0", "GPU-gpu-a-1"), (Fraction(3, 5),) * 2)
     assert allocated(alloc) == {"GPU-gpu-a-0": "0.8", "GPU-gpu-a-1": "0.6"}
@@ -231,7 +231,7 @@ def test_the_seed_example():
         (
             {"a": [0, 0]},
             NO_SPLIT,
-            Request(A100, share=1.2),
+            Request(A100, milli=1200),
             {},
             False,
             f"1.2 of a GPU requested, but shares of {A100} are at most 1 GPU (splitting over several devices is not enabled)",
@@ -239,7 +239,7 @@ def test_the_seed_example():
         (
             {"a": [0.6, 0.6]},
             NO_SPLIT,
-            Request(A100, share=0.5),
+            Request(A100, milli=500),
             {},
             True,
             f"0.5 × {A100} requested, but not that much is free on one device right now (at most 0.4 on one device)",
@@ -247,7 +247,7 @@ def test_the_seed_example():
         (
             {"a": [0.6, 0.6]},
             SPLIT_SMALL,
-            Request(A100, share=1),
+            Request(A100, milli=1000),
             {},
             True,
             f"1 × {A100} requested, but not that much is free on one device or one host right now (at most 0.4 on one device)",
@@ -255,7 +255,7 @@ def test_the_seed_example():
         (
             {"a": [0.8, 0.6]},
             SPLIT_SMALL,
-            Request(A100, share=0.6),
+            Request(A100, milli=600),
             {},
             True,
             f"0.6 × {A100} requested, but no even split fits right now: a has 0.6 free in all, on devices with 0.4, "
@@ -264,7 +264,7 @@ def test_the_seed_example():
         (
             {"a": [0.8, 0.7]},
             NO_SPLIT,
-            Request(A100, share=0.6),
+            Request(A100, milli=600),
             {},
             True,
             f"0.6 × {A100} requested, but only 0.5 is free in all right now (at most 0.3 on one device)",
@@ -272,7 +272,7 @@ def test_the_seed_example():
         (
             {"a": [0], "b": [0]},
             SPLIT,
-            Request(A100, share=1.2),
+            Request(A100, milli=1200),
             {},
             False,
             f"1.2 × {A100} requested, but no host has more than 1 to split it over",
@@ -280,7 +280,7 @@ def test_the_seed_example():
         (
             {"a": [0, 0]},
             None,
-            Request(A100, share=0.5),
+            Request(A100, milli=500),
             {},
             False,
             f"{A100} is not shared on this hub; ask for whole GPUs (gpu_count) instead",
@@ -288,7 +288,7 @@ def test_the_seed_example():
         (
             {"a": [0, 0]},
             None,
-            Request(None, share=0.5),
+            Request(None, milli=500),
             {},
             False,
             "GPU sharing is not enabled on this hub; ask for whole GPUs (gpu_count) instead",
@@ -296,7 +296,7 @@ def test_the_seed_example():
         (
             {"a": [0, 0]},
             SPLIT,
-            Request(A100, share=0.33),
+            Request(A100, milli=330),
             {},
             False,
             f"0.33 of a GPU is not offered for {A100}; choose a multiple of 0.05",
@@ -304,50 +304,50 @@ def test_the_seed_example():
         (
             {"a": [0, 0]},
             {"*": {"shares": [0.25, 0.5]}},
-            Request(A100, share=0.3),
+            Request(A100, milli=300),
             {},
             False,
             f"0.3 of a GPU is not offered for {A100}; choose one of: 0.25, 0.5",
         ),
-        ({"a": [0, 0]}, SPLIT, Request(A100, share=0), {}, False, "gpu_share must be more than 0"),
+        ({"a": [0, 0]}, SPLIT, Request(A100, milli=0), {}, False, "gpu_share must be more than 0"),
         (
             {"a": [0, 0]},
             SPLIT,
-            Request(A100, share=float("nan")),
+            Request(A100, milli=0.5),  # type: ignore[arg-type]
             {},
             False,
-            "gpu_share must be a finite number, got nan",
+            "a share must be whole thousandths of a GPU, got 0.5",
         ),
         (
             {"a": [0, 0]},
             SPLIT,
-            Request(A100, share=True),
+            Request(A100, milli=True),
             {},
             False,
-            "gpu_share must be a number such as 0.5, got True",
+            "a share must be whole thousandths of a GPU, got True",
         ),
         (
             {"a": [0, 0]},
             SPLIT,
-            Request(A100, share="0.5"),
+            Request(A100, milli="500"),  # type: ignore[arg-type]
             {},
             False,
-            "gpu_share must be a number such as 0.5, got '0.5'",
+            "a share must be whole thousandths of a GPU, got '500'",
         ),
-        ({"a": [0, 0]}, SPLIT, Request("NVIDIA H100 80GB HBM3", share=0.5), {}, False, "Unknown GPU model"),
+        ({"a": [0, 0]}, SPLIT, Request("NVIDIA H100 80GB HBM3", milli=500), {}, False, "Unknown GPU model"),
         (
             {"a": [0, 0]},
             SPLIT,
-            Request(A100, share=1.5, owner="alice"),
+            Request(A100, milli=1500, owner="alice"),
             {"max_per_owner": 1},
             False,
             f"1.5 × {A100} requested, but the limit is 1 per user",
         ),
-        ({"a": [0, 0]}, SPLIT, Request(A100, share=0.5, host="z"), {}, False, "z is not a GPU host; choose one of: a"),
+        ({"a": [0, 0]}, SPLIT, Request(A100, milli=500, host="z"), {}, False, "z is not a GPU host; choose one of: a"),
         (
             {"a": [0, 0], "b": [0]},
             SPLIT,
-            Request(A100, share=1.5, host="b"),
+            Request(A100, milli=1500, host="b"),
             {},
             False,
             f"1.5 × {A100} requested on b, which has 1 of that model",
@@ -355,7 +355,7 @@ def test_the_seed_example():
         (
             {"a": [0.9, 0.9], "b": [0]},
             SPLIT,
-            Request(A100, share=0.5, host="a"),
+            Request(A100, milli=500, host="a"),
             {},
             True,
             f"0.5 × {A100} requested on a, not enough free there right now",
@@ -372,20 +372,20 @@ def test_refusals(state, sharing, request_, kw, retry, message):
 def test_unavailable_pinned_host_may_come_back():
     alloc = booked({"a": [0], "b": [0]}, SPLIT)
     alloc.set_available_hosts(["b"])
-    e = refusal(alloc, Request(A100, share=0.5, host="a"))
+    e = refusal(alloc, Request(A100, milli=500, host="a"))
     assert e.retry is True and "a is not available right now" in e.message
-    assert placement(alloc.allocate("s", Request(A100, share=0.5))) == {"GPU-b-0": "0.5"}
+    assert placement(alloc.allocate("s", Request(A100, milli=500))) == {"GPU-b-0": "0.5"}
     alloc.set_available_hosts(None)
-    assert placement(alloc.allocate("t", Request(A100, share=0.25, host="a"))) == {"GPU-a-0": "0.25"}
+    assert placement(alloc.allocate("t", Request(A100, milli=250, host="a"))) == {"GPU-a-0": "0.25"}
 
 
 def test_shared_devices_on_unavailable_hosts_are_not_offered():
     alloc = booked({"a": [0.5], "b": [0.2]}, SPLIT)
     alloc.set_available_hosts(["b"])
-    assert placement(alloc.allocate("s", Request(A100, share=0.5))) == {"GPU-b-0": "0.5"}
-    assert refusal(alloc, Request(A100, share=0.4)).retry is True
+    assert placement(alloc.allocate("s", Request(A100, milli=500))) == {"GPU-b-0": "0.5"}
+    assert refusal(alloc, Request(A100, milli=400)).retry is True
     alloc.set_available_hosts(None)
-    assert placement(alloc.allocate("t", Request(A100, share=0.4))) == {"GPU-a-0": "0.4"}
+    assert placement(alloc.allocate("t", Request(A100, milli=400))) == {"GPU-a-0": "0.4"}
 
 
 # --------------------------------------------------------------------------
@@ -404,23 +404,23 @@ def test_whole_requests_take_only_untouched_devices():
 
 def test_per_owner_limit_counts_shares():
     alloc = booked({"a": [0, 0, 0]}, SPLIT)
-    alloc.allocate("alice-1", Request(A100, owner="alice", share=0.5), max_per_owner=2)
+    alloc.allocate("alice-1", Request(A100, owner="alice", milli=500), max_per_owner=2)
     assert alloc.held_by_owner("alice") == Fraction(1, 2)
     e = refusal(alloc, Request(A100, 2, owner="alice"), max_per_owner=2)
     assert e.retry is True and e.message.endswith("the limit is 2 per user and you already hold 0.5 on other servers")
-    e = refusal(alloc, Request(A100, owner="alice", share=1.6), max_per_owner=2)
+    e = refusal(alloc, Request(A100, owner="alice", milli=1600), max_per_owner=2)
     assert e.retry is True and "you already hold 0.5 on other servers" in e.message
-    alloc.allocate("alice-2", Request(A100, owner="alice", share=1.5), max_per_owner=2)
+    alloc.allocate("alice-2", Request(A100, owner="alice", milli=1500), max_per_owner=2)
     assert alloc.held_by_owner("alice") == 2 and isinstance(alloc.held_by_owner("alice"), int)
     alloc.release("alice-1")
     assert alloc.held_by_owner("alice") == Fraction(3, 2)
-    assert alloc.allocate("alice-3", Request(A100, owner="alice", share=0.5), max_per_owner=2)
+    assert alloc.allocate("alice-3", Request(A100, owner="alice", milli=500), max_per_owner=2)
 
 
 def test_release_is_idempotent_and_frees_the_share_only():
     alloc = booked({"a": [0, 0]}, SPLIT)
-    alloc.allocate("x", Request(A100, share=0.2))
-    y = alloc.allocate("y", Request(A100, share=1.2))
+    alloc.allocate("x", Request(A100, milli=200))
+    y = alloc.allocate("y", Request(A100, milli=1200))
     assert allocated(alloc) == {"GPU-a-0": "0.8", "GPU-a-1": "0.6"}
     assert alloc.release("y") == y
     assert alloc.release("y") is None
@@ -435,7 +435,7 @@ def test_release_is_idempotent_and_frees_the_share_only():
 
 def test_a_share_that_comes_out_whole_is_held_whole():
     alloc = booked({"a": [0, 0]}, SPLIT)
-    got = alloc.allocate("s", Request(A100, share=2))
+    got = alloc.allocate("s", Request(A100, milli=2000))
     assert got.milli is None and not got.shared and got.shares == (1, 1)
     assert alloc.booked_on("GPU-a-0") == {"s": UNIT}
     alloc.release("s")
@@ -446,7 +446,7 @@ def test_set_inventory_keeps_shares():
     alloc = booked({"a": [0.5, 0]}, SPLIT)
     alloc.set_inventory(inventory({"a": [0, 0], "b": [0]}))
     assert allocated(alloc) == {"GPU-a-0": "0.5", "GPU-a-1": "0", "GPU-b-0": "0"}
-    assert placement(alloc.allocate("s", Request(A100, share=0.5))) == {"GPU-a-0": "0.5"}
+    assert placement(alloc.allocate("s", Request(A100, milli=500))) == {"GPU-a-0": "0.5"}
     alloc.set_inventory(inventory({"b": [0]}))  # a's devices leave while shared
     alloc.release("s")
     alloc.release("pre-GPU-a-0")
@@ -457,7 +457,7 @@ def test_policy_change_keeps_holdings():
     alloc = booked({"a": [0.5, 0]}, SPLIT)
     alloc.set_sharing(None)
     assert allocated(alloc)["GPU-a-0"] == "0.5"
-    assert refusal(alloc, Request(A100, share=0.5)).retry is False
+    assert refusal(alloc, Request(A100, milli=500)).retry is False
     assert alloc.allocate("w", Request(A100, 1)).uuids == ("GPU-a-1",)
     with pytest.raises(ValueError, match="quantum must divide 1 GPU evenly"):
         alloc.set_sharing({"*": {"quantum": 0.3}})
@@ -470,15 +470,17 @@ def test_policy_change_keeps_holdings():
 
 def test_adopt_shares_and_report_over_booking():
     alloc = booked({"a": [0, 0, 0]}, SPLIT)
-    got, problems = alloc.adopt("s1", "alice", "a", ["GPU-a-0", "GPU-a-1"], [Fraction(3, 5), "0.6"])
-    assert [p.message for p in problems] == ["GPU-a-1: share '0.6' is not a share of one GPU; booked whole"]
+    got, problems = alloc.adopt("s1", "alice", "a", ["GPU-a-0", "GPU-a-1"], [600, 0.6])
+    assert [p.message for p in problems] == [
+        "GPU-a-1: share 0.6 is not a share of one GPU in thousandths; booked whole"
+    ]
     assert problems[0].reason is AdoptReason.UNREADABLE_SHARE and not problems[0].reason.double_booking
     assert got.milli is None  # a share it cannot read books the devices whole
     alloc.release("s1")
 
-    got, problems = alloc.adopt("s1", "alice", "a", ["GPU-a-0", "GPU-a-1"], [0.6, 0.6])
+    got, problems = alloc.adopt("s1", "alice", "a", ["GPU-a-0", "GPU-a-1"], [600, 600])
     assert problems == [] and got.shares == (Fraction(3, 5),) * 2
-    got, problems = alloc.adopt("s2", "bob", "a", ["GPU-a-0", "GPU-a-2"], [0.5, 0.5])
+    got, problems = alloc.adopt("s2", "bob", "a", ["GPU-a-0", "GPU-a-2"], [500, 500])
     assert [p.message for p in problems] == ["GPU-a-0 would be booked to 1.1 of 1 (0.6 by s1, 0.5 here)"]
     assert problems[0].reason is AdoptReason.OVERBOOKED and problems[0].reason.double_booking
     assert got.uuids == ("GPU-a-2",) and got.shares == (Fraction(1, 2),)
@@ -486,14 +488,14 @@ def test_adopt_shares_and_report_over_booking():
     assert [p.message for p in problems] == ["GPU-a-1 is shared (0.6 by s1); it cannot also be held whole"]
     assert problems[0].reason is AdoptReason.SHARED_BY_OTHERS and problems[0].reason.double_booking
     assert got.devices == ()
-    got, problems = alloc.adopt("s4", "erin", "a", ["GPU-a-1"], [0.4])
+    got, problems = alloc.adopt("s4", "erin", "a", ["GPU-a-1"], [400])
     assert problems == [] and allocated(alloc) == {"GPU-a-0": "0.6", "GPU-a-1": "1", "GPU-a-2": "0.5"}
     assert alloc.held_by_owner("bob") == Fraction(1, 2) and alloc.held_by_owner("carol") == 0
 
 
 def test_adopt_share_on_a_device_held_whole():
     alloc = booked({"a": ["W", 0]}, SPLIT)
-    got, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0", "GPU-a-1"], [0.5, 0.5])
+    got, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0", "GPU-a-1"], [500, 500])
     assert [p.message for p in problems] == ["GPU-a-0 is held whole by pre-GPU-a-0"]
     assert problems[0].reason is AdoptReason.HELD_WHOLE_BY_ANOTHER and problems[0].reason.double_booking
     assert got.uuids == ("GPU-a-1",)
@@ -501,23 +503,23 @@ def test_adopt_share_on_a_device_held_whole():
 
 def test_adopt_mismatched_shares_book_whole():
     alloc = booked({"a": [0, 0]}, SPLIT)
-    got, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0", "GPU-a-1"], [0.5])
+    got, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0", "GPU-a-1"], [500])
     assert [p.message for p in problems] == ["1 shares for 2 devices; booked whole"]
     assert problems[0].reason is AdoptReason.SHARES_MISMATCH and got.milli is None and len(got.devices) == 2
 
 
 def test_adopt_is_idempotent_with_shares_and_replaces_them():
     alloc = booked({"a": [0, 0]}, SPLIT)
-    first, _ = alloc.adopt("s", "alice", "a", ["GPU-a-0"], [0.25])
-    again, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0"], [Decimal("0.25")])
+    first, _ = alloc.adopt("s", "alice", "a", ["GPU-a-0"], [250])
+    again, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0"], (250,))
     assert again is first and problems == []
-    pair, _ = alloc.adopt("p", "bob", "a", ["GPU-a-0", "GPU-a-1"], [0.5, 0.25])
-    swapped, _ = alloc.adopt("p", "bob", "a", ["GPU-a-1", "GPU-a-0"], [0.5, 0.25])
+    pair, _ = alloc.adopt("p", "bob", "a", ["GPU-a-0", "GPU-a-1"], [500, 250])
+    swapped, _ = alloc.adopt("p", "bob", "a", ["GPU-a-1", "GPU-a-0"], [500, 250])
     assert swapped is not pair and swapped.booking() != pair.booking()
     assert allocated(alloc) == {"GPU-a-0": "0.5", "GPU-a-1": "0.5"}
-    assert alloc.adopt("p", "bob", "a", ["GPU-a-0", "GPU-a-1"], [0.25, 0.5])[0] is swapped
+    assert alloc.adopt("p", "bob", "a", ["GPU-a-0", "GPU-a-1"], [250, 500])[0] is swapped
     alloc.release("p")
-    moved, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0"], [0.75])
+    moved, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0"], [750])
     assert problems == [] and moved.shares == (Fraction(3, 4),)
     assert allocated(alloc)["GPU-a-0"] == "0.75" and alloc.held_by_owner("alice") == Fraction(3, 4)
 
@@ -526,10 +528,10 @@ def test_adopt_rebuilds_the_same_map():
     """A hub restart: holdings re-adopted from labels give the same allocation map."""
     alloc = booked({"a": [0, 0, 0], "b": [0, 0]}, SPLIT)
     for i, share in enumerate([0.2, 1.2, 0.35, 2, 0.5, 0.15]):
-        alloc.allocate(f"s{i}", Request(A100, owner=f"u{i % 2}", share=share))
+        alloc.allocate(f"s{i}", Request(A100, owner=f"u{i % 2}", milli=to_milli(share)))
     fresh = Allocator(inventory({"a": [0, 0, 0], "b": [0, 0]}), sharing=SPLIT)
     for a in alloc.holdings().values():
-        assert fresh.adopt(a.holder, a.owner, a.host, a.uuids, None if a.milli is None else a.shares)[1] == []
+        assert fresh.adopt(a.holder, a.owner, a.host, a.uuids, a.milli)[1] == []
     assert bookings(fresh) == bookings(alloc) and fresh.summary() == alloc.summary()
 
 
@@ -540,8 +542,8 @@ def test_adopt_rebuilds_the_same_map():
 
 def test_booked_on_names_each_holder_and_share():
     alloc = Allocator(inventory({"a": [0, 0, (T4, 0)], "b": [(T4, 0)]}), sharing=SPLIT)
-    alloc.allocate("y", Request(A100, owner="bob", share=1.2))
-    alloc.allocate("x", Request(A100, owner="alice", share=0.2))
+    alloc.allocate("y", Request(A100, owner="bob", milli=1200))
+    alloc.allocate("x", Request(A100, owner="alice", milli=200))
     alloc.allocate("w", Request(T4, 1, owner="carol"))
     alloc.set_available_hosts(["a"])
     assert list(alloc.booked_on("GPU-a-0").items()) == [("x", 200), ("y", 600)]  # by holder name
@@ -556,7 +558,7 @@ def test_summary_tells_the_form_what_may_be_shared():
     alloc = Allocator(
         inventory({"a": [0, 0, (T4, 0)]}), sharing={A100: {"quantum": 0.05, "split": True}, T4: {"shares": [0.25, 0.5]}}
     )
-    alloc.allocate("x", Request(A100, share=1.7))
+    alloc.allocate("x", Request(A100, milli=1700))
     by = {s.model: s for s in alloc.summary()}
     a100, t4 = by[A100], by[T4]
     assert (a100.shareable, a100.quantum, a100.shares, a100.split) == (True, Fraction(1, 20), None, True)
@@ -580,17 +582,17 @@ def test_summary_tells_the_form_what_may_be_shared():
 
 def test_each_share_says_which_rule_placed_it():
     alloc = booked({"a": [0, 0]}, UNEVEN_SMALL)
-    rules = [alloc.allocate(f"s{i}", Request(A100, share=share)).rule for i, share in enumerate([0.2, 1.2, 0.6])]
+    rules = [alloc.allocate(f"s{i}", Request(A100, milli=m)).rule for i, m in enumerate([200, 1200, 600])]
     assert rules == ["one device", "even split", "uneven split"]
     assert allocated(alloc) == {"GPU-a-0": "1", "GPU-a-1": "1"}
     assert booked({"a": [0]}, UNEVEN).allocate("w", Request(A100, count=1)).rule is None  # whole GPUs
-    adopted, problems = booked({"a": [0]}, UNEVEN).adopt("x", "ann", "a", ["GPU-a-0"], [0.5])
+    adopted, problems = booked({"a": [0]}, UNEVEN).adopt("x", "ann", "a", ["GPU-a-0"], [500])
     assert problems == [] and adopted.milli == (500,) and adopted.rule is None  # rebuilt from the cluster
 
 
 def test_without_uneven_the_same_request_waits():
     alloc = booked({"a": [0.8, 0.6]}, SPLIT)
-    assert refusal(alloc, Request(A100, share=0.6)).retry
+    assert refusal(alloc, Request(A100, milli=600)).retry
 
 
 @pytest.mark.parametrize(
@@ -606,7 +608,7 @@ def test_without_uneven_the_same_request_waits():
     ],
 )
 def test_share_refusals_name_the_reason(state, sharing, share, reason):
-    e = refusal(booked(state, sharing), Request(A100, share=share))
+    e = refusal(booked(state, sharing), Request(A100, milli=to_milli(share)))
     assert e.reason is reason and e.retry
 
 
@@ -615,7 +617,7 @@ def test_uneven_turned_on_later_finds_the_hosts_a_fresh_allocator_would():
     alloc = booked(state, SPLIT)
     alloc.set_sharing(UNEVEN)
     assert alloc._index.models[A100] == booked(state, UNEVEN)._index.models[A100]
-    assert placement(alloc.allocate("s", Request(A100, share=1.1))) == {"GPU-b-0": "0.9", "GPU-b-1": "0.2"}
+    assert placement(alloc.allocate("s", Request(A100, milli=1100))) == {"GPU-b-0": "0.9", "GPU-b-1": "0.2"}
     alloc.set_sharing(SPLIT)
     assert alloc._index.models[A100].totals == []  # kept only while some model splits unevenly
 
@@ -625,17 +627,17 @@ def test_a_share_of_at_most_one_gpu_stays_on_one_device_unless_split_small(shari
     """Without split_small, 0.8 waits for a device with 0.8 free and is told
     what one device has; shares above 1 still split."""
     alloc = booked({"a": [0.6, 0.6]}, sharing)
-    e = refusal(alloc, Request(A100, share=0.8))
+    e = refusal(alloc, Request(A100, milli=800))
     assert e.reason is Refusal.NO_DEVICE_ROOM and e.retry
     assert e.message == (
         f"0.8 × {A100} requested, but not that much is free on one device right now (at most 0.4 on one device)"
     )
-    assert placement(booked({"a": [0.6, 0, 0]}, sharing).allocate("s", Request(A100, share=1.2))) == {
+    assert placement(booked({"a": [0.6, 0, 0]}, sharing).allocate("s", Request(A100, milli=1200))) == {
         "GPU-a-1": "0.6",
         "GPU-a-2": "0.6",
     }
     assert placement(
-        booked({"a": [0.6, 0.6]}, {"*": {**sharing["*"], "split_small": True}}).allocate("s", Request(A100, share=0.8))
+        booked({"a": [0.6, 0.6]}, {"*": {**sharing["*"], "split_small": True}}).allocate("s", Request(A100, milli=800))
     ) == {"GPU-a-0": "0.4", "GPU-a-1": "0.4"}
 
 
@@ -647,25 +649,25 @@ def test_a_refusal_counts_free_room_only_up_to_the_request():
     mi = alloc._index.models[A100]
     assert _free_up_to([mi], 41 * UNIT) == 40 * UNIT  # below the request: exact (50 hosts × 0.8)
     assert 800 <= _free_up_to([mi], 800) < 40 * UNIT  # stops once there is enough
-    assert refusal(alloc, Request(A100, share=0.8)).reason is Refusal.NO_DEVICE_ROOM
+    assert refusal(alloc, Request(A100, milli=800)).reason is Refusal.NO_DEVICE_ROOM
 
 
 def test_the_models_a_share_may_go_to_follow_policy_and_inventory_changes():
     """What a share was accepted for before is not reused once the policy or the inventory changed."""
     alloc = booked({"a": [0, 0]}, SPLIT)
-    assert placement(alloc.allocate("s", Request(share=0.5))) == {"GPU-a-0": "0.5"}
+    assert placement(alloc.allocate("s", Request(milli=500))) == {"GPU-a-0": "0.5"}
     alloc.set_sharing({"*": {"quantum": 0.2}})
-    refused = refusal(alloc, Request(share=0.5))
+    refused = refusal(alloc, Request(milli=500))
     assert refused.reason is Refusal.BAD_SHARE and "multiples of 0.2" in refused.message
     alloc.set_sharing(None)
-    assert refusal(alloc, Request(share=0.5)).reason is Refusal.BAD_SHARE
+    assert refusal(alloc, Request(milli=500)).reason is Refusal.BAD_SHARE
     alloc.set_sharing(SPLIT)
     gpus = [GPU("a", i, f"GPU-a-{i}", T4, MEMORY[T4]) for i in range(2)]
     alloc.set_host_devices("a", gpus)  # the A100s leave, T4s come
-    assert refusal(alloc, Request(A100, share=0.5)).reason is Refusal.UNKNOWN_MODEL
-    assert alloc.allocate("t", Request(share=0.5)).model == T4
+    assert refusal(alloc, Request(A100, milli=500)).reason is Refusal.UNKNOWN_MODEL
+    assert alloc.allocate("t", Request(milli=500)).model == T4
     alloc.set_inventory(inventory({"b": [0]}))
-    assert refusal(alloc, Request(T4, share=0.5)).reason is Refusal.UNKNOWN_MODEL
+    assert refusal(alloc, Request(T4, milli=500)).reason is Refusal.UNKNOWN_MODEL
 
 
 @pytest.mark.parametrize("scan_hosts", [1, 0])
@@ -679,9 +681,9 @@ def test_a_split_goes_where_the_tightest_partly_booked_device_is_on_hosts_of_one
     alloc = Allocator(inventory(state), sharing=SPLIT)
     for host, devices in state.items():
         for index, (_, used) in enumerate(devices):
-            alloc.adopt(f"pre-{host}{index}", "pre", host, [f"GPU-{host}-{index}"], [used])
+            alloc.adopt(f"pre-{host}{index}", "pre", host, [f"GPU-{host}-{index}"], [to_milli(used)])
     assert all(mi.scan is (scan_hosts == 1) for mi in alloc._index.models.values())
-    got = alloc.allocate("s", Request(share=1.2))  # 0.6 + 0.6: the device with 0.6 free is on a
+    got = alloc.allocate("s", Request(milli=1200))  # 0.6 + 0.6: the device with 0.6 free is on a
     assert (got.host, got.rule, placement(got)) == ("a", "even split", {"GPU-a-0": "0.6", "GPU-a-1": "0.6"})
-    assert placement(alloc.allocate("t", Request(share=1.4))) == {"GPU-b-0": "0.7", "GPU-b-1": "0.7"}
-    assert refusal(alloc, Request(share=1.2)).reason is Refusal.NOT_ON_ONE_HOST  # 0.3 left in all
+    assert placement(alloc.allocate("t", Request(milli=1400))) == {"GPU-b-0": "0.7", "GPU-b-1": "0.7"}
+    assert refusal(alloc, Request(milli=1200)).reason is Refusal.NOT_ON_ONE_HOST  # 0.3 left in all

@@ -42,8 +42,9 @@ from tests.unit.test_allocator_properties import HOSTNAMES, MEMORY, MODELS, OWNE
 from tests.unit.test_allocator_properties import SETTINGS as WHOLE_SETTINGS
 
 QUANTA = [0.05, 0.1, 0.2, 0.25, 0.5]
-# Valid shares of every quantum above, and some that are not.
-SHARES = [round(k * 0.05, 2) for k in range(1, 61)] + [0.33, 0.001, 0, -0.5, float("nan"), True, "0.5"]
+# Shares in thousandths: valid ones of every quantum above, and some that are not
+# (the last two are not thousandths at all: the edges parse, the allocator refuses).
+SHARES = [50 * k for k in range(1, 61)] + [330, 1, 0, -500, True, 0.5]
 
 SETTINGS = settings(WHOLE_SETTINGS, max_examples=60)  # the reference below is exhaustive: fewer examples
 
@@ -130,7 +131,7 @@ class SharesMachine(RuleBasedStateMachine):
         share = data.draw(
             st.one_of(
                 st.sampled_from(SHARES),
-                st.builds(lambda k, q: round(k * q, 3), st.integers(1, 10), st.sampled_from(QUANTA)),
+                st.builds(lambda k, q: k * round(q * UNIT), st.integers(1, 10), st.sampled_from(QUANTA)),
                 self.valid_shares(model),
                 self.valid_shares(model),
             ),
@@ -140,14 +141,14 @@ class SharesMachine(RuleBasedStateMachine):
         owner = data.draw(st.sampled_from(OWNERS), label="owner")
         limit = data.draw(st.one_of(st.none(), st.integers(1, 4)), label="limit")
         self.serial += 1
-        req = Request(model=model, host=host, owner=owner, share=share)
+        req = Request(model=model, host=host, owner=owner, milli=share)
         rooms_before = {g.uuid: self.room(g) for g in self.gpus}
         held_before = self.held(owner)
         got, refused = self._decide(f"s{self.serial}", req, limit)
 
+        milli = share if type(share) is int else 0
         try:
-            milli = to_milli(share)
-            ok = self.sharing.accepting(milli, model, self.models)
+            ok = self.sharing.accepting(milli, model, self.models) if type(share) is int else []
         except ValueError:
             ok = []
         over = ok and limit is not None and held_before + milli > limit * UNIT
@@ -214,7 +215,7 @@ class SharesMachine(RuleBasedStateMachine):
                 options += sharing.allowed
             else:
                 options += range(sharing.quantum, (3 if sharing.split else 1) * UNIT + 1, sharing.quantum)
-        return st.sampled_from(options).map(lambda milli: Fraction(milli, UNIT)) if options else st.just(0.5)
+        return st.sampled_from(options) if options else st.just(500)
 
     def candidates(self, models, share, host, rooms) -> list[tuple[int, int, str, str]]:
         """(devices, room of those devices, host, model) of every fitting placement."""
@@ -320,7 +321,8 @@ class SharesMachine(RuleBasedStateMachine):
         uuids = data.draw(st.lists(st.sampled_from(on_host), min_size=1, max_size=3, unique=True), label="uuids")
         shares = data.draw(
             st.one_of(
-                st.none(), st.lists(st.sampled_from([0.1, 0.25, 0.5, 0.6, 1]), min_size=len(uuids), max_size=len(uuids))
+                st.none(),
+                st.lists(st.sampled_from([100, 250, 500, 600, 1000]), min_size=len(uuids), max_size=len(uuids)),
             ),
             label="shares",
         )
@@ -443,19 +445,19 @@ TestRanksAlways = patched(allocator_index, "SCAN_HOSTS", 0, "Split ranks kept al
 
 
 @SETTINGS
-@given(inventory=inventories(), shares=st.lists(st.sampled_from([0.1, 0.2, 0.25, 0.5, 0.6, 1.2, 1.5]), max_size=12))
+@given(inventory=inventories(), shares=st.lists(st.sampled_from([100, 200, 250, 500, 600, 1200, 1500]), max_size=12))
 def test_adopting_every_holding_rebuilds_the_same_state(inventory, shares):
     """After a hub restart, the holdings read back from labels give the same map."""
     config = {"*": {"quantum": 0.05, "split": True}}
     alloc = Allocator(inventory, sharing=config)
     for i, share in enumerate(shares):
         try:
-            alloc.allocate(f"s{i}", Request(share=share, owner=OWNERS[i % 2]))
+            alloc.allocate(f"s{i}", Request(milli=share, owner=OWNERS[i % 2]))
         except AllocationRefused:
             pass
     fresh = Allocator(list(reversed(inventory)), sharing=config)
     for a in alloc.holdings().values():
-        assert fresh.adopt(a.holder, a.owner, a.host, a.uuids, a.shares if a.shared else None)[1] == []
+        assert fresh.adopt(a.holder, a.owner, a.host, a.uuids, a.milli)[1] == []
     assert [fresh.booked_on(g.uuid) for g in inventory] == [alloc.booked_on(g.uuid) for g in inventory]
     assert fresh.summary() == alloc.summary()
 
@@ -464,15 +466,15 @@ BOOKED = [0, 0, 0.1, 0.25, 0.4, 0.5, 0.6, 0.75, 0.9, 1]  # per device: 0 untouch
 
 
 @settings(SETTINGS, max_examples=400)  # one host and one share: cheap, and uneven cases are rare in random states
-@example(hosts=[[0.1, 0.75]], share=1.1, policy="pack", pinned=False)  # 0.9 + 0.2, no even split
-@example(hosts=[[0.75, 0.5, 0.1], [0.6, 0.4]], share=1.15, policy="spread", pinned=False)
+@example(hosts=[[0.1, 0.75]], milli=1100, policy="pack", pinned=False)  # 0.9 + 0.2, no even split
+@example(hosts=[[0.75, 0.5, 0.1], [0.6, 0.4]], milli=1150, policy="spread", pinned=False)
 @given(
     hosts=st.lists(st.lists(st.sampled_from(BOOKED), min_size=1, max_size=4), min_size=1, max_size=3),
-    share=st.sampled_from([k / 20 for k in range(1, 41)]),
+    milli=st.sampled_from([50 * k for k in range(1, 41)]),
     policy=st.sampled_from(["pack", "spread"]),
     pinned=st.booleans(),
 )
-def test_uneven_splits_only_where_no_even_split_fits(hosts, share, policy, pinned):
+def test_uneven_splits_only_where_no_even_split_fits(hosts, milli, policy, pinned):
     """With ``uneven``, a share no even split takes goes to the host with the
     least room in all that takes it, its freest devices first; every other
     decision is the one the even rules make."""
@@ -489,18 +491,17 @@ def test_uneven_splits_only_where_no_even_split_fits(hosts, share, policy, pinne
     for gpu, booked in zip(gpus, (b for row in hosts for b in row)):
         rooms[gpu] = UNIT - round(booked * UNIT)
         for alloc in allocators if booked else ():
-            alloc.adopt(f"b-{gpu.uuid}", "bob", gpu.host, [gpu.uuid], None if booked == 1 else [booked])
+            alloc.adopt(f"b-{gpu.uuid}", "bob", gpu.host, [gpu.uuid], None if booked == 1 else [to_milli(booked)])
     host = "h0" if pinned else None
     got = []
     for alloc in allocators:
         try:
-            got.append(alloc.allocate("s", Request(host=host, share=share)))
+            got.append(alloc.allocate("s", Request(host=host, milli=milli)))
         except AllocationRefused:
             got.append(None)
     if got[0] is not None:
         assert got[1] == got[0] and got[1].rule in (ONE_DEVICE, EVEN_SPLIT, None)
         return
-    milli = to_milli(share)
     fits = sorted(
         (sum(rooms[g] for g in gpus if g.host == h), h)
         for h in {g.host for g in gpus}

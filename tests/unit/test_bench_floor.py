@@ -31,7 +31,7 @@ def test_the_floor_decides_as_the_allocator_does_on_one_host(mix):
             holder = live.pop(rng.randrange(len(live)))
             assert alloc.release(holder).total_milli == floor.release(holder).total_milli
         whole = rng.random() < 0.15
-        request = Request(count=rng.choice((1, 2))) if whole else Request(share=draw(rng, mix))
+        request = Request(count=rng.choice((1, 2))) if whole else Request(milli=draw(rng, mix))
         got = outcome(alloc, f"h{step}", request, AllocationRefused)
         assert outcome(floor, f"h{step}", request, FloorRefused) == got, (step, request)
         if got is not None:

@@ -167,8 +167,8 @@ def test_one_host_at_a_time_gives_the_allocator_a_full_rebuild_gives(seed):
         elif kind < 0.55:
             state[h]["name"] = rng.choice([A100, GTX, "renamed"])
         elif kind < 0.8:
-            share = rng.choice([None, 0.25, 0.5, 1.5])
-            decide(f"s{step}", Request(share=share) if share else Request(count=rng.choice([1, 2, 4])))
+            milli = rng.choice([None, 250, 500, 1500])
+            decide(f"s{step}", Request(milli=milli) if milli else Request(count=rng.choice([1, 2, 4])))
             continue
         else:
             holders = sorted(c.allocator.holdings())

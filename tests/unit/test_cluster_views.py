@@ -93,8 +93,8 @@ def gauges(c: GPUCluster) -> dict[tuple[str, str, str], float]:
 async def test_the_json_is_byte_for_byte_what_tornado_makes_of_the_map():
     c = fleet(stale_intervals=3)
     book(c, "jupyter-ann", Request(model=A100, count=2, host="gpu-a", owner="ann"))
-    book(c, "jupyter-bob", Request(share=0.25, host="gpu-b", owner="bob"))
-    book(c, "jupyter-cy", Request(share=0.5, host="gpu-b", owner="cy"))
+    book(c, "jupyter-bob", Request(milli=250, host="gpu-b", owner="bob"))
+    book(c, "jupyter-cy", Request(milli=500, host="gpu-b", owner="cy"))
     send(c, "gpu-c", devices_of("gpu-c", sick=1) + [{"index": 2, "uuid": None, "lost": True}], now=0)
     send(c, "gpu-d", devices_of("gpu-d"), now=-100)
     c.apply(now=0)  # gpu-d is late
@@ -124,7 +124,7 @@ def test_json_parts_escape_as_tornado_does_and_batches_keep_every_byte():
 def test_the_metrics_count_what_the_map_shows():
     c = fleet(stale_intervals=3)
     book(c, "jupyter-ann", Request(model=A100, count=2, host="gpu-a", owner="ann"))
-    book(c, "jupyter-bob", Request(share=0.35, host="gpu-b", owner="bob"))
+    book(c, "jupyter-bob", Request(milli=350, host="gpu-b", owner="bob"))
     send(c, "gpu-c", devices_of("gpu-c", sick=1), now=0)
     send(c, "gpu-d", devices_of("gpu-d"), now=-100)
     c.apply(now=0)
@@ -172,7 +172,7 @@ async def test_an_allocation_or_release_on_a_host_shows_in_the_next_map_and_metr
     await c.views.alloc_map_json()
     gauges(c)
     book(c, "jupyter-ann", Request(model=A100, count=1, host="gpu-c", owner="ann"))
-    book(c, "jupyter-bob", Request(share=0.3, host="gpu-c", owner="bob"))
+    book(c, "jupyter-bob", Request(milli=300, host="gpu-c", owner="bob"))
     m = json.loads(await c.views.alloc_map_json())["gpu-c"]
     assert m["GPU-gpu-c-0"]["holders"] == [{"user": "ann", "server": "lab", "share": 1.0}]
     assert m["GPU-gpu-c-1"]["allocated"] == 0.3
@@ -277,7 +277,7 @@ async def test_holders_are_an_input_with_a_change_signal():
 
 async def test_parts_made_in_a_thread_are_the_parts_made_inline():
     c = fleet()
-    book(c, "jupyter-ann", Request(share=0.5, host="gpu-a", owner="ann"))
+    book(c, "jupyter-ann", Request(milli=500, host="gpu-a", owner="ann"))
     threaded = await c.views.host_views("t", host_json, inline=0)
     inline = await c.views.host_views("i", host_json, inline=100)
     assert threaded == inline and join_json(threaded) == await c.views.alloc_map_json()

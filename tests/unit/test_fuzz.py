@@ -145,7 +145,7 @@ def _check_options(options, max_count, allow_host_choice, sharing):
     assert r.model is None or r.model in MODELS
     assert r.host is None or r.host in HOSTS
     assert r.count == "all" or (type(r.count) is int and 0 <= r.count <= max_count)
-    assert r.share is None or (isinstance(r.share, Fraction) and 0 < r.share <= max_count)
+    assert r.milli is None or (type(r.milli) is int and 0 < r.milli <= max_count * 1000)
 
 
 @FUZZ

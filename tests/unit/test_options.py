@@ -1,7 +1,5 @@
 """user_options validation and the form's conversion (pure, no I/O)."""
 
-from fractions import Fraction
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -121,17 +119,17 @@ def parse_share(options, max_count=2, sharing=SHARING, **kw):
 @pytest.mark.parametrize(
     "options, share",
     [
-        ({"gpu_model": A100, "gpu_share": 0.25}, Fraction(1, 4)),
-        ({"gpu_model": A100, "gpu_share": 1.2}, Fraction(6, 5)),
-        ({"gpu_model": A100, "gpu_share": 1.3}, Fraction(13, 10)),
-        ({"gpu_model": A100, "gpu_share": 2}, Fraction(2)),
-        ({"gpu_model": GTX, "gpu_share": 0.5}, Fraction(1, 2)),
-        ({"gpu_share": 0.25}, Fraction(1, 4)),  # any model that offers it
+        ({"gpu_model": A100, "gpu_share": 0.25}, 250),
+        ({"gpu_model": A100, "gpu_share": 1.2}, 1200),
+        ({"gpu_model": A100, "gpu_share": 1.3}, 1300),
+        ({"gpu_model": A100, "gpu_share": 2}, 2000),
+        ({"gpu_model": GTX, "gpu_share": 0.5}, 500),
+        ({"gpu_share": 0.25}, 250),  # any model that offers it
     ],
 )
 def test_valid_shares(options, share):
     got = parse_share(options)
-    assert got == GPURequest(model=options.get("gpu_model"), count=1, host=None, share=share)
+    assert got == GPURequest(model=options.get("gpu_model"), count=1, host=None, milli=share)
     assert not got.cpu_only
 
 
@@ -183,7 +181,7 @@ def test_valid_options_are_named_by_what_the_hub_offers():
 
 def test_pinned_share():
     got = parse_share({"gpu_model": A100, "gpu_share": 0.5, "gpu_host": "gpu-b"}, allow_host_choice=True)
-    assert got.host == "gpu-b" and got.share == Fraction(1, 2)
+    assert got.host == "gpu-b" and got.milli == 500
 
 
 def test_form_conversion_of_a_share():
@@ -203,7 +201,7 @@ def test_form_conversion_of_a_share():
     assert options_from_form({"gpu_model": [A100], "gpu_share": ["half"]})["gpu_share"] == "half"
     assert options_from_form({"gpu_model": [A100], "gpu_share": ["nan"]})["gpu_share"] == "nan"
     form = options_from_form({"gpu_model": [A100], "gpu_share": ["1.3"]})
-    assert parse_share(form).share == Fraction(13, 10)
+    assert parse_share(form).milli == 1300
 
 
 @given(
@@ -227,10 +225,9 @@ def test_anything_with_shares_is_either_valid_or_a_clear_refusal(options):
         assert str(exc) and len(str(exc)) < 300
         return
     assert request.model in (None, *MODELS) and request.host is None
-    if request.share is not None:
-        assert isinstance(request.share, Fraction) and 0 < request.share <= 2
+    if request.milli is not None:
+        assert type(request.milli) is int and 0 < request.milli <= 2000  # whole thousandths
         assert "gpu_count" not in options
-        assert (request.share * 1000).denominator == 1
 
 
 # -- gpu_wait ---------------------------------------------------------------------
