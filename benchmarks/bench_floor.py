@@ -44,7 +44,7 @@ class FloorRefused(Exception):
 class Held:
     __slots__ = ("devices", "milli", "total_milli")
 
-    def __init__(self, devices: tuple, milli: tuple | None, total: int):
+    def __init__(self, devices: tuple, milli: tuple, total: int):
         self.devices, self.milli, self.total_milli = devices, milli, total
 
 
@@ -104,21 +104,20 @@ class Floor:
         for i in free:
             self.rooms[i] = 0
         self.holders[holder] = tuple((i, UNIT) for i in free)
-        return Held(tuple(self.gpus[i] for i in free), None, count * UNIT)
+        return Held(tuple(self.gpus[i] for i in free), (UNIT,) * count, count * UNIT)
 
     def _book(self, holder: str, picks: tuple[tuple[int, int], ...]) -> Held:
         for i, piece in picks:
             self.rooms[i] -= piece
         self.holders[holder] = picks
         milli = tuple(p for _, p in picks)
-        whole = min(milli) == UNIT  # whole devices after all, as the allocator books them
-        return Held(tuple(self.gpus[i] for i, _ in picks), None if whole else milli, sum(milli))
+        return Held(tuple(self.gpus[i] for i, _ in picks), milli, sum(milli))
 
     def release(self, holder: str) -> Held:
         picks = self.holders.pop(holder)
         for i, piece in picks:
             self.rooms[i] += piece
-        return Held((), None, sum(p for _, p in picks))
+        return Held((), (), sum(p for _, p in picks))
 
 
 FLOOR = Impl("floor", Floor, Request, FloorRefused, GPU)

@@ -125,7 +125,7 @@ def churn(
             refused += 1
             return
         granted += 1
-        if len(a.devices) > 1 and a.milli is not None:
+        if len(a.devices) > 1 and a.total_milli < len(a.devices) * 1000:  # a split (any tree's Allocation)
             split_times.append(dt)
 
     def release() -> None:

@@ -48,7 +48,8 @@ class AdoptProblem:
 
 
 def adopted_pieces(uuids: list[str], milli: Iterable[int] | None) -> tuple[list[int | None], list[AdoptProblem]]:
-    """Each device's share in thousandths (None: whole), and the problems found."""
+    """Each device's share in thousandths (None: whole, as every device is when
+    all are 1000), and the problems found."""
     whole: list[int | None] = [None] * len(uuids)
     if milli is None:
         return whole, []
@@ -56,6 +57,8 @@ def adopted_pieces(uuids: list[str], milli: Iterable[int] | None) -> tuple[list[
     if len(shares) != len(uuids):
         why = f"{len(shares)} shares for {len(uuids)} devices; booked whole"
         return whole, [AdoptProblem(AdoptReason.SHARES_MISMATCH, why)]
+    if all(m == UNIT for m in shares):
+        return whole, []
     pieces: list[int | None] = []
     problems = []
     for uuid, share in zip(uuids, shares):

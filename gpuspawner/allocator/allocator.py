@@ -33,10 +33,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from fractions import Fraction
 
 from ..core.inventory import GPU
-from ..core.sharing import OFF, UNIT, SharingPolicy, fraction
+from ..core.sharing import OFF, UNIT, SharingPolicy
 from .adopt import AdoptProblem, AdoptReason, adopted_pieces, conflict
 from .index import DeviceIndex
 from .records import ALL, POLICIES, Allocation, Request
@@ -217,7 +216,7 @@ class Allocator:
         if not alloc.devices:
             return
         self._owned[alloc.owner] = self._owned.get(alloc.owner, 0) + alloc.total_milli
-        if alloc.milli is None:
+        if not alloc.shared:
             for d in alloc.devices:
                 self._held[d.uuid] = alloc.holder
 
@@ -232,13 +231,12 @@ class Allocator:
             if alloc is None:
                 return None
             self._versions[alloc.host] = self._versions.get(alloc.host, 0) + 1
-            milli = alloc.milli
             left = self._owned.get(alloc.owner, 0) - alloc.total_milli
             if left > 0:
                 self._owned[alloc.owner] = left
             else:
                 self._owned.pop(alloc.owner, None)
-            if milli is None:
+            if not alloc.shared:
                 for d in alloc.devices:
                     if self._held.get(d.uuid) == holder:
                         del self._held[d.uuid]
@@ -291,17 +289,17 @@ class Allocator:
                 else:
                     devices.append(self._index.gpus[uuid])
                     taken.append(piece)
-            whole = all(m is None for m in taken) or all(m == UNIT for m in taken)
-            shared = None if whole else tuple(m or UNIT for m in taken)
-            alloc = Allocation(holder=holder, owner=owner, host=host, devices=tuple(devices), milli=shared)
+            milli = tuple(m or UNIT for m in taken)
+            alloc = Allocation(holder=holder, owner=owner, host=host, devices=tuple(devices), milli=milli)
             old = self._holders.get(holder)
             if old is not None and old.booking() == alloc.booking():
                 return old, problems
             self.release(holder)
             self._record(alloc)
-            for gpu, piece in zip(devices, shared or ()):
-                self._book_share(gpu, holder, piece)
-            if shared is None:
+            if alloc.shared:
+                for gpu, piece in zip(devices, milli):
+                    self._book_share(gpu, holder, piece)
+            else:
                 for gpu in devices:  # out of the free lists, as allocate() would
                     self._index.take_free(self._index.models[gpu.model], gpu.host, [gpu])
             return alloc, problems
@@ -344,11 +342,9 @@ class Allocator:
         """The inventory's record of a device (its model and memory), or None."""
         return self._index.gpus.get(uuid)
 
-    def held_by_owner(self, owner: str) -> int | Fraction:
-        """What the owner holds, shares counted as such (0.5 + 1 = 1.5): an int
-        when it is a whole number of GPUs, else a Fraction."""
-        milli = self._owned.get(owner, 0)
-        return milli // UNIT if milli % UNIT == 0 else fraction(milli)
+    def milli_held_by(self, owner: str) -> int:
+        """What the owner holds in thousandths, shares counted as such (0.5 + 1: 1500)."""
+        return self._owned.get(owner, 0)
 
     def summary(self) -> list[ModelSummary]:
         """Per model, by name: free and total counts, largest block on one host,

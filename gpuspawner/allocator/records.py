@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from fractions import Fraction
 
 from ..core.inventory import GPU
 from ..core.requests import ALL, Request
-from ..core.sharing import UNIT, fraction
+from ..core.sharing import UNIT
 
 __all__ = ["ALL", "EVEN_SPLIT", "ONE_DEVICE", "POLICIES", "UNEVEN_SPLIT", "Allocation", "Policy", "Request"]
 
@@ -25,13 +24,18 @@ class Allocation:
     owner: str
     host: str
     devices: tuple[GPU, ...]
-    # The share of each device in thousandths, aligned with ``devices``;
-    # None when every device is held whole (also a share that came out as
-    # whole devices, e.g. 2 split as 1 + 1).
-    milli: tuple[int, ...] | None = None
+    # Each device's share in thousandths, aligned with ``devices``: 1000 held
+    # whole. Left out, every device is held whole.
+    milli: tuple[int, ...] = ()
     # Which rule placed a share (ONE_DEVICE, EVEN_SPLIT, UNEVEN_SPLIT); None
     # for whole GPUs and for holdings adopted from the cluster.
     rule: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.milli) != len(self.devices):
+            if self.milli:
+                raise ValueError(f"{len(self.milli)} shares for {len(self.devices)} devices")
+            object.__setattr__(self, "milli", (UNIT,) * len(self.devices))
 
     @property
     def uuids(self) -> tuple[str, ...]:
@@ -43,23 +47,18 @@ class Allocation:
 
     @property
     def shared(self) -> bool:
-        return self.milli is not None
-
-    @property
-    def shares(self) -> tuple[Fraction, ...]:
-        """Per device, aligned with ``devices``: 1 when held whole."""
-        if self.milli is None:
-            return (Fraction(1),) * len(self.devices)
-        return tuple(fraction(m) for m in self.milli)
+        """Some device is held in part: every device is booked as a share (a
+        share that came out as whole devices, 2 as 1 + 1, is not shared)."""
+        return min(self.milli, default=UNIT) < UNIT
 
     @property
     def total_milli(self) -> int:
-        """Milli-shares held in all (1000 per device held whole)."""
-        return len(self.devices) * UNIT if self.milli is None else sum(self.milli)
+        """Thousandths held in all (1000 per device held whole)."""
+        return sum(self.milli)
 
     def booking(self) -> dict[GPU, int]:
-        """Device -> milli-shares held (1000: whole), whatever the order."""
-        return dict(zip(self.devices, self.milli or (UNIT,) * len(self.devices)))
+        """Device -> thousandths held (1000: whole), whatever the order."""
+        return dict(zip(self.devices, self.milli))
 
 
 @dataclass(frozen=True)

@@ -5,14 +5,11 @@ offered (pure)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
 
-from ..core.sharing import UNIT, SharingPolicy, fraction
+from ..core.sharing import UNIT, SharingPolicy
 from .model import ModelIndex
 
 __all__ = ["ModelSummary", "summarize"]
-
-_ONE, _ZERO = Fraction(1), Fraction(0)
 
 
 @dataclass(frozen=True)
@@ -24,12 +21,17 @@ class ModelSummary:
     largest_block: int  # most untouched on any single available host
     unavailable: int  # devices on hosts that are down, drained or paused
     # Sharing, for the form: whether users may ask for a share of this model,
-    # which shares, and the most one device has free right now.
+    # which shares, and the most one device has free right now (thousandths).
     shareable: bool = False
-    quantum: Fraction | None = None  # shares are multiples of this
-    shares: tuple[Fraction, ...] | None = None  # the only shares offered; None: any multiple of quantum
+    quantum: int | None = None  # shares are multiples of this
+    shares: tuple[int, ...] | None = None  # the only shares offered; None: any multiple of quantum
     split: bool = False  # may a share span several devices of one host
-    largest_share: Fraction = Fraction(0)  # most room on one device of an available host (1: one is untouched)
+    largest_milli: int = 0  # most room on one device of an available host (1000: one is untouched)
+
+    @property
+    def largest_share(self) -> float:
+        """``largest_milli`` in GPUs, for templates."""
+        return self.largest_milli / UNIT
 
 
 def summarize(model: str, mi: ModelIndex, policy: SharingPolicy) -> ModelSummary:
@@ -37,8 +39,6 @@ def summarize(model: str, mi: ModelIndex, policy: SharingPolicy) -> ModelSummary
     largest_block = mi.largest_block()
     if sharing is None:
         return ModelSummary(model, mi.memory_mib, mi.devices, mi.free_available, largest_block, mi.unavailable)
-    room = mi.largest_room()
-    largest_share = _ONE if room == UNIT else fraction(room) if room else _ZERO
     return ModelSummary(
         model=model,
         memory_mib=mi.memory_mib,
@@ -47,8 +47,8 @@ def summarize(model: str, mi: ModelIndex, policy: SharingPolicy) -> ModelSummary
         largest_block=largest_block,
         unavailable=mi.unavailable,
         shareable=True,
-        quantum=fraction(sharing.quantum),
-        shares=None if sharing.allowed is None else tuple(fraction(m) for m in sharing.allowed),
+        quantum=sharing.quantum,
+        shares=sharing.allowed,
         split=sharing.split,
-        largest_share=largest_share,
+        largest_milli=mi.largest_room(),
     )

@@ -75,12 +75,18 @@ class ServerLabels:
     uuids: tuple[str, ...]
     model: str
     port: int | None
-    # Per device share in thousandths, aligned with ``uuids``; None: every device whole.
-    milli: tuple[int, ...] | None = None
+    # Each device's share in thousandths, aligned with ``uuids``: 1000 held
+    # whole. Left out, every device is held whole.
+    milli: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.milli and self.uuids:
+            object.__setattr__(self, "milli", (UNIT,) * len(self.uuids))
 
     @property
     def shared(self) -> bool:
-        return self.milli is not None and any(m < UNIT for m in self.milli)
+        """Some device is held in part (the labels then carry every device's share)."""
+        return min(self.milli, default=UNIT) < UNIT
 
 
 def to_labels(s: ServerLabels) -> dict[str, str]:
@@ -89,7 +95,7 @@ def to_labels(s: ServerLabels) -> dict[str, str]:
     labels = {USER: s.user, SERVER: s.server, HOST: s.host, DEVICES: ",".join(s.uuids), MODEL: s.model}
     if s.port is not None:
         labels[PORT] = str(s.port)
-    if s.milli is not None:
+    if s.shared:
         labels[SHARES] = fmt_list(s.milli)
     if parse_labels(labels) != s:
         raise LabelError(f"labels {LABEL}.*: {_shown(repr(s))} does not read back as written")
@@ -193,9 +199,9 @@ def _port(text: str | None) -> int | None:
     return int(text)
 
 
-def _shares(text: str | None, devices: int) -> tuple[int, ...] | None:
+def _shares(text: str | None, devices: int) -> tuple[int, ...]:
     if text is None:
-        return None  # whole devices (also every service made before shares)
+        return (UNIT,) * devices  # whole devices (also every service made before shares)
     if not devices:
         _fail(SHARES, text, f"is set, but {DEVICES} lists no device")
     pieces = text.split(",")

@@ -4,8 +4,9 @@ A share is a part of one device (0.25) or more than one (1.2, split over
 several devices of one host). Inside gpuspawner every share is an integer
 number of thousandths of a GPU ("milli-shares", :data:`UNIT` per device), so
 sums never drift: 0.2 + 0.6 is exactly 0.8, and a device is full at exactly
-1000. Values become :class:`~fractions.Fraction` at the public edges and text
-("0.6", never "0.6000000001") in labels, env and messages.
+1000. Numbers become thousandths where they come in (:func:`to_milli`, for the
+REST options and the admin's policy) and text ("0.6", never "0.6000000001",
+:func:`fmt`) where they go out: labels, env, pages and messages.
 
 The policy says, per GPU model, whether users may ask for shares of it and
 which: multiples of a quantum, or a list of allowed shares, and whether a
@@ -34,7 +35,6 @@ __all__ = [
     "UNIT",
     "ModelSharing",
     "SharingPolicy",
-    "fraction",
     "fmt",
     "fmt_list",
     "shown",
@@ -71,11 +71,6 @@ def to_milli(value: Any, what: str = "share") -> int:
     if milli.denominator != 1:
         raise ValueError(f"{what} must be a multiple of 0.001, got {shown(value)}")
     return int(milli)
-
-
-@functools.lru_cache(maxsize=4096)  # Fractions are immutable; views build thousands of the same few
-def fraction(milli: int) -> Fraction:
-    return Fraction(milli, UNIT)
 
 
 @functools.lru_cache(maxsize=4096)  # refusals and labels write the same few values again and again

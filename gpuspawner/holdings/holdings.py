@@ -46,7 +46,6 @@ from ..allocator.allocator import Allocation, Request
 from ..cluster.cluster import GPUCluster
 from ..cluster.swarm import Swarm, SwarmError
 from ..core.labels import LABEL, LabelError, ServerLabels, parse_labels
-from ..core.sharing import UNIT
 from ..ledger.ledger import Ledger, LedgerError
 from .ports import NoPortFree, PortPool
 
@@ -180,7 +179,7 @@ class Holdings:
             uuids=alloc.uuids if alloc else (),
             model=alloc.model if alloc else "",
             port=port,
-            milli=alloc.milli if alloc else None,
+            milli=alloc.milli if alloc else (),
         )
         h = self._holdings[name] = Holding(name, labels, Phase.RESERVED)
         self._touch(name)
@@ -429,7 +428,6 @@ class Holdings:
         for r in records or ():
             if r.service in running or r.service in self._holdings or not r.devices:
                 continue
-            whole = all(m == UNIT for m in r.milli)
             claim = ServerLabels(
                 user=r.user,
                 server=r.server,
@@ -437,7 +435,7 @@ class Holdings:
                 uuids=tuple(r.devices),
                 model=r.model,
                 port=None,
-                milli=None if whole else tuple(r.milli),
+                milli=r.milli,
             )
             h = await self._adopt(r.service, claim, Phase.REMOVING)
             h.tasks, h.created = set(r.tasks), True
@@ -472,9 +470,8 @@ class Holdings:
 
     async def _ledger_open(self, name: str, labels: ServerLabels, alloc: Allocation) -> None:
         """Record the holding as open: its server (``labels``) and the devices booked for it."""
-        milli = alloc.milli or (UNIT,) * len(alloc.devices)
         await self._ledger_write(
-            lambda db: db.open(name, labels.user, labels.server, labels.host, labels.model, alloc.uuids, milli)
+            lambda db: db.open(name, labels.user, labels.server, labels.host, labels.model, alloc.uuids, alloc.milli)
         )
 
     async def _close_missing(self) -> None:

@@ -273,7 +273,7 @@ class GPUSettings(LoggingConfigurable):
 
     def share_enforcement_for(self, c: ServerLabels, allocator) -> tuple[dict, list]:
         """Env and mounts that carry a server's shares (none for whole GPUs)."""
-        if not c.uuids or not c.milli:
+        if not c.shared:
             return {}, []
         memory = [(allocator.device(u).memory_mib if allocator.device(u) else 0) for u in c.uuids]
         return share_enforcement(

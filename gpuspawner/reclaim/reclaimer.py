@@ -129,7 +129,7 @@ class Reclaimer:
         for name, h in running.items():
             reason = self.timers.decide(name, self.limits_for(h))
             if self.timers.idle_for(name) is not None:
-                idle_gpus += sum(h.labels.milli or [UNIT] * len(h.labels.uuids)) / UNIT
+                idle_gpus += sum(h.labels.milli) / UNIT
             if reason and name not in self._stopping:
                 due.append((h, reason))
         IDLE_GPUS.set(idle_gpus)
@@ -166,7 +166,7 @@ class Reclaimer:
         if self.stop is None:
             return
         idle = self.timers.idle_for(h.name) or 0.0
-        gpus = sum(h.labels.milli or [UNIT] * len(h.labels.uuids)) / UNIT
+        gpus = sum(h.labels.milli) / UNIT
         self._stopping.add(h.name)
         h.end_reason = reason  # whoever releases it (this stop, the reconcile) records this reason
         log.info("Stopping %s of %s (%s)", h.name, h.user, reason)

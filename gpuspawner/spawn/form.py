@@ -11,7 +11,7 @@ from ..cluster.service_spec import enforcement_mode
 from ..core.access import Access
 from ..core.budget import Budget
 from ..core.budget import summary as budget_summary
-from ..core.sharing import fmt, to_milli
+from ..core.sharing import UNIT, fmt
 
 __all__ = ["SHARE_NOTES", "render_form"]
 
@@ -25,21 +25,26 @@ SHARE_NOTES = {
 MAX_SHARE_CHOICES = 20
 
 
-def _share_choices(summary, room) -> list[str]:
+def _share_choices(summary, room: int) -> list[str]:
     """The shares the form offers: each shareable model's list, or multiples of
-    its quantum up to what one device (or, with split, the user's limit) allows."""
+    its quantum up to what one device (or, with split, the user's ``room``, in
+    thousandths) allows."""
     out: set[int] = set()
     for m in summary:
-        if not m.shareable or m.largest_share <= 0 or room <= 0:
+        if not m.shareable or m.largest_milli <= 0 or room <= 0:
             continue
         if m.shares:
-            out.update(to_milli(x) for x in m.shares if x <= room)
+            out.update(x for x in m.shares if x <= room)
             continue
-        top = min(room, m.largest_share if not m.split else room)
-        n = int(top / m.quantum)
+        n = min(room, m.largest_milli if not m.split else room) // m.quantum
         step = max(1, -(-n // MAX_SHARE_CHOICES))
-        out.update(to_milli(m.quantum * k) for k in range(step, n + 1, step))
+        out.update(m.quantum * k for k in range(step, n + 1, step))
     return [fmt(x) for x in sorted(out)]
+
+
+def _gpus(milli: int) -> int | float:
+    """Thousandths as a number of GPUs that prints as people write it (2, 0.5, 1.25)."""
+    return milli // UNIT if milli % UNIT == 0 else milli / UNIT
 
 
 @functools.lru_cache(maxsize=8)
@@ -53,13 +58,13 @@ def render_form(spawner, holdings, error: str = "", access: Access | None = None
     """The form for ``spawner``'s user, from the hub's ``holdings``: the
     models their ``access`` offers them, with its limit and ``budget``."""
     cluster, allocator = holdings.cluster, holdings.allocator
-    held = allocator.held_by_owner(spawner.user.name)
+    held = allocator.milli_held_by(spawner.user.name)
     access = access or Access(max_gpus=spawner.max_gpus_per_user)
     summary = [m for m in allocator.summary() if access.allows(m.model)]
     limit = 0 if access.cpu_only or (budget is not None and budget.over) else access.max_gpus
-    room = max(0, limit - held)  # a Fraction when the user holds shares
+    room = max(0, limit * UNIT - held)
     hosts = [h for h in allocator.hosts() if h in cluster.nodes and cluster.nodes[h].schedulable]
-    max_count = int(min(room, max((m.largest_block for m in summary), default=0)))
+    max_count = min(room // UNIT, max((m.largest_block for m in summary), default=0))
     # The last choice is preselected only while it can be had: a disabled
     # radio is not submitted, and would silently give a CPU-only server.
     last = (spawner.user_options or {}).get("gpu_model")
@@ -73,12 +78,12 @@ def render_form(spawner, holdings, error: str = "", access: Access | None = None
             limit=limit,
             budget=budget,
             budget_note=budget_summary(budget) if budget else "",
-            held=held,
+            held=_gpus(held),
             hosts=hosts if spawner.allow_host_choice else [],
             selected_free=selected_free,
             wait_checked=(spawner.user_options or {}).get("gpu_wait") is True,
             error=error,
-            room=room,
+            room=_gpus(room),
             share_choices=_share_choices(summary, room),
             share_note=SHARE_NOTES[enforcement_mode(spawner.gpu_share_enforcement, "*")],
         )

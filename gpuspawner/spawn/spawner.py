@@ -255,7 +255,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         c = holding.labels
         if c.uuids:
             metrics.GRANTED.labels(c.model).inc()
-            what = f"{fmt_list(c.milli, ' + ')} of" if c.milli else f"{len(c.uuids)} ×"
+            what = f"{fmt_list(c.milli, ' + ')} of" if c.shared else f"{len(c.uuids)} ×"
             self._report(f"Reserved {what} {c.model} on {c.host}", 20)
         return holding
 

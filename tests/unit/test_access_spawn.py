@@ -46,7 +46,7 @@ async def refused(w: World, spawner, held: int = 0) -> SpawnException:
     with pytest.raises(SpawnException) as exc:
         await w.started(spawner)
     assert w.owner.get(spawner.service_name) is None and spawner.service_name not in w.fake.service_names()
-    assert w.owner.allocator.held_by_owner(spawner.user.name) == held
+    assert w.owner.allocator.milli_held_by(spawner.user.name) == held * 1000
     return exc.value
 
 

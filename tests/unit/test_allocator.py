@@ -452,7 +452,7 @@ def test_max_per_owner_counts_across_the_owners_servers():
 
     assert len(alloc.allocate("bob-1", Request(GTX, 2, owner="bob"), max_per_owner=3).devices) == 2
     alloc.allocate("alice-3", Request(GTX, 1, owner="alice"), max_per_owner=3)
-    assert alloc.held_by_owner("alice") == 3
+    assert alloc.milli_held_by("alice") == 3000
     alloc.release("alice-1")
     alloc.release("alice-3")
     assert len(alloc.allocate("alice-4", Request(GTX, 2, owner="alice"), max_per_owner=3).devices) == 2
@@ -544,7 +544,7 @@ def test_adopt_records_and_reports_problems():
     assert alloc.booked_on("GPU-a-1") == {"s1": UNIT}
     assert alloc.booked_on("GPU-a-2") == {"s2": UNIT}
     assert alloc.booked_on("GPU-b-0") == {}
-    assert alloc.held_by_owner("bob") == 1
+    assert alloc.milli_held_by("bob") == 1000
 
 
 def test_adopted_devices_are_not_handed_out_again():
@@ -661,7 +661,7 @@ def test_negative_count_is_refused_and_cannot_bypass_the_limit():
         got = alloc.allocate("s", Request(GTX, -1, owner="alice"), max_per_owner=1)
     except (ValueError, AllocationRefused):
         got = None
-    assert alloc.held_by_owner("alice") <= 1
+    assert alloc.milli_held_by("alice") <= 1000
     assert got is None
 
 
@@ -707,7 +707,7 @@ def test_all_with_limit_uses_a_host_within_the_limit():
 def test_adopt_duplicate_uuid():
     alloc = Allocator(gpus({"a": 4}))
     got, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0", "GPU-a-0"])
-    assert len(got.devices) == len(set(got.devices)) and alloc.held_by_owner("alice") == 1
+    assert len(got.devices) == len(set(got.devices)) and alloc.milli_held_by("alice") == 1000
 
 
 def test_release_of_an_adopted_holding_without_devices():
@@ -717,7 +717,7 @@ def test_release_of_an_adopted_holding_without_devices():
     alloc.allocate("alice-new", Request(GTX, 1, owner="alice"))
     alloc.release("alice-new")
     assert alloc.release("alice-old") == got
-    assert alloc.held_by_owner("alice") == 0
+    assert alloc.milli_held_by("alice") == 0
 
 
 def test_all_with_a_limit_waits_when_only_other_servers_are_in_the_way():

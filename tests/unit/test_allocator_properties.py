@@ -99,8 +99,8 @@ class Reference:
         """uuid -> holder, recounted from the holdings every time."""
         return {d.uuid: holder for holder, a in self.held.items() for d in a.devices}
 
-    def held_by_owner(self, owner: str) -> int:
-        return sum(len(a.devices) for a in self.held.values() if a.owner == owner)
+    def milli_held_by(self, owner: str) -> int:
+        return sum(len(a.devices) for a in self.held.values() if a.owner == owner) * UNIT
 
     def devices(self, host: str, model: str) -> list[GPU]:
         return [g for g in self.gpus if g.host == host and g.model == model]
@@ -116,7 +116,7 @@ class Reference:
         """Every (host, model) that could take the request right now."""
         if req.model is not None and req.model not in self.models:
             return []
-        owner_holds = self.held_by_owner(req.owner)
+        owner_holds = self.milli_held_by(req.owner) / UNIT  # GPUs; shares count as their fraction
         if limit is not None and req.count != ALL and owner_holds + req.count > limit:
             return []
         out = []
@@ -318,7 +318,7 @@ class AllocatorMachine(RuleBasedStateMachine):
     @invariant()
     def owner_counts(self):
         for owner in OWNERS:
-            assert self.alloc.held_by_owner(owner) == self.ref.held_by_owner(owner)
+            assert self.alloc.milli_held_by(owner) == self.ref.milli_held_by(owner)
 
 
 AllocatorMachine.TestCase.settings = SETTINGS

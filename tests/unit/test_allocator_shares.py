@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from decimal import Decimal
-from fractions import Fraction
 
 import pytest
 
@@ -56,7 +55,7 @@ def booked(state: dict, sharing: dict, policy: str = "pack") -> Allocator:
 
 
 def placement(a) -> dict[str, str]:
-    return {d.uuid: fmt(to_milli(s)) for d, s in zip(a.devices, a.shares)}
+    return {d.uuid: fmt(m) for d, m in zip(a.devices, a.milli)}
 
 
 def bookings(alloc: Allocator) -> dict[str, dict[str, int]]:
@@ -203,11 +202,11 @@ def test_vectors(v: Vector):
     assert placement(got) == v.expect
     assert got.holder == "s" and got.owner == "alice"
     assert len({d.host for d in got.devices}) == 1
-    assert sum(to_milli(s) for s in got.shares) == to_milli(v.share)
+    assert sum(got.milli) == got.total_milli == to_milli(v.share)
     after = allocated(alloc)
     for uuid, piece in v.expect.items():
         assert to_milli(Decimal(after[uuid])) == to_milli(Decimal(before[uuid])) + to_milli(Decimal(piece))
-    assert alloc.held_by_owner("alice") == Fraction(to_milli(v.share), 1000)
+    assert alloc.milli_held_by("alice") == to_milli(v.share)
 
 
 def test_the_seed_example():
@@ -215,8 +214,8 @@ def test_the_seed_example():
     alloc = Allocator(inventory({"gpu-a": [0, 0]}), sharing=SPLIT)
     first = alloc.allocate("alice", Request(A100, owner="alice", milli=200))
     second = alloc.allocate("bob", Request(A100, owner="bob", milli=1200))
-    assert (first.uuids, first.shares) == (("GPU-gpu-a-0",), (Fraction(1, 5),))
-    assert (second.uuids, second.shares) == (("GPU-gpu-a-0", "GPU-gpu-a-1"), (Fraction(3, 5),) * 2)
+    assert (first.uuids, first.milli) == (("GPU-gpu-a-0",), (200,))
+    assert (second.uuids, second.milli) == (("GPU-gpu-a-0", "GPU-gpu-a-1"), (600, 600))
     assert allocated(alloc) == {"GPU-gpu-a-0": "0.8", "GPU-gpu-a-1": "0.6"}
 
 
@@ -405,15 +404,15 @@ def test_whole_requests_take_only_untouched_devices():
 def test_per_owner_limit_counts_shares():
     alloc = booked({"a": [0, 0, 0]}, SPLIT)
     alloc.allocate("alice-1", Request(A100, owner="alice", milli=500), max_per_owner=2)
-    assert alloc.held_by_owner("alice") == Fraction(1, 2)
+    assert alloc.milli_held_by("alice") == 500
     e = refusal(alloc, Request(A100, 2, owner="alice"), max_per_owner=2)
     assert e.retry is True and e.message.endswith("the limit is 2 per user and you already hold 0.5 on other servers")
     e = refusal(alloc, Request(A100, owner="alice", milli=1600), max_per_owner=2)
     assert e.retry is True and "you already hold 0.5 on other servers" in e.message
     alloc.allocate("alice-2", Request(A100, owner="alice", milli=1500), max_per_owner=2)
-    assert alloc.held_by_owner("alice") == 2 and isinstance(alloc.held_by_owner("alice"), int)
+    assert alloc.milli_held_by("alice") == 2000
     alloc.release("alice-1")
-    assert alloc.held_by_owner("alice") == Fraction(3, 2)
+    assert alloc.milli_held_by("alice") == 1500
     assert alloc.allocate("alice-3", Request(A100, owner="alice", milli=500), max_per_owner=2)
 
 
@@ -426,7 +425,7 @@ def test_release_is_idempotent_and_frees_the_share_only():
     assert alloc.release("y") is None
     assert allocated(alloc) == {"GPU-a-0": "0.2", "GPU-a-1": "0"}
     (s,) = alloc.summary()
-    assert (s.free, s.largest_block, s.largest_share) == (1, 1, 1)
+    assert (s.free, s.largest_block, s.largest_milli) == (1, 1, 1000)
     alloc.release("x")
     (s,) = alloc.summary()
     assert (s.free, s.largest_block) == (2, 2)
@@ -436,7 +435,7 @@ def test_release_is_idempotent_and_frees_the_share_only():
 def test_a_share_that_comes_out_whole_is_held_whole():
     alloc = booked({"a": [0, 0]}, SPLIT)
     got = alloc.allocate("s", Request(A100, milli=2000))
-    assert got.milli is None and not got.shared and got.shares == (1, 1)
+    assert got.milli == (1000, 1000) and not got.shared
     assert alloc.booked_on("GPU-a-0") == {"s": UNIT}
     alloc.release("s")
     assert allocated(alloc) == {"GPU-a-0": "0", "GPU-a-1": "0"}
@@ -475,22 +474,22 @@ def test_adopt_shares_and_report_over_booking():
         "GPU-a-1: share 0.6 is not a share of one GPU in thousandths; booked whole"
     ]
     assert problems[0].reason is AdoptReason.UNREADABLE_SHARE and not problems[0].reason.double_booking
-    assert got.milli is None  # a share it cannot read books the devices whole
+    assert got.milli == (1000, 1000) and not got.shared  # a share it cannot read books the devices whole
     alloc.release("s1")
 
     got, problems = alloc.adopt("s1", "alice", "a", ["GPU-a-0", "GPU-a-1"], [600, 600])
-    assert problems == [] and got.shares == (Fraction(3, 5),) * 2
+    assert problems == [] and got.milli == (600, 600)
     got, problems = alloc.adopt("s2", "bob", "a", ["GPU-a-0", "GPU-a-2"], [500, 500])
     assert [p.message for p in problems] == ["GPU-a-0 would be booked to 1.1 of 1 (0.6 by s1, 0.5 here)"]
     assert problems[0].reason is AdoptReason.OVERBOOKED and problems[0].reason.double_booking
-    assert got.uuids == ("GPU-a-2",) and got.shares == (Fraction(1, 2),)
+    assert got.uuids == ("GPU-a-2",) and got.milli == (500,)
     got, problems = alloc.adopt("s3", "carol", "a", ["GPU-a-1"])
     assert [p.message for p in problems] == ["GPU-a-1 is shared (0.6 by s1); it cannot also be held whole"]
     assert problems[0].reason is AdoptReason.SHARED_BY_OTHERS and problems[0].reason.double_booking
     assert got.devices == ()
     got, problems = alloc.adopt("s4", "erin", "a", ["GPU-a-1"], [400])
     assert problems == [] and allocated(alloc) == {"GPU-a-0": "0.6", "GPU-a-1": "1", "GPU-a-2": "0.5"}
-    assert alloc.held_by_owner("bob") == Fraction(1, 2) and alloc.held_by_owner("carol") == 0
+    assert alloc.milli_held_by("bob") == 500 and alloc.milli_held_by("carol") == 0
 
 
 def test_adopt_share_on_a_device_held_whole():
@@ -505,7 +504,7 @@ def test_adopt_mismatched_shares_book_whole():
     alloc = booked({"a": [0, 0]}, SPLIT)
     got, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0", "GPU-a-1"], [500])
     assert [p.message for p in problems] == ["1 shares for 2 devices; booked whole"]
-    assert problems[0].reason is AdoptReason.SHARES_MISMATCH and got.milli is None and len(got.devices) == 2
+    assert problems[0].reason is AdoptReason.SHARES_MISMATCH and got.milli == (1000, 1000) and len(got.devices) == 2
 
 
 def test_adopt_is_idempotent_with_shares_and_replaces_them():
@@ -520,8 +519,8 @@ def test_adopt_is_idempotent_with_shares_and_replaces_them():
     assert alloc.adopt("p", "bob", "a", ["GPU-a-0", "GPU-a-1"], [250, 500])[0] is swapped
     alloc.release("p")
     moved, problems = alloc.adopt("s", "alice", "a", ["GPU-a-0"], [750])
-    assert problems == [] and moved.shares == (Fraction(3, 4),)
-    assert allocated(alloc)["GPU-a-0"] == "0.75" and alloc.held_by_owner("alice") == Fraction(3, 4)
+    assert problems == [] and moved.milli == (750,)
+    assert allocated(alloc)["GPU-a-0"] == "0.75" and alloc.milli_held_by("alice") == 750
 
 
 def test_adopt_rebuilds_the_same_map():
@@ -561,17 +560,11 @@ def test_summary_tells_the_form_what_may_be_shared():
     alloc.allocate("x", Request(A100, milli=1700))
     by = {s.model: s for s in alloc.summary()}
     a100, t4 = by[A100], by[T4]
-    assert (a100.shareable, a100.quantum, a100.shares, a100.split) == (True, Fraction(1, 20), None, True)
-    assert (a100.free, a100.largest_block, a100.largest_share) == (0, 0, Fraction(3, 20))
-    assert (t4.shareable, t4.quantum, t4.shares, t4.split, t4.largest_share) == (
-        True,
-        Fraction(1, 4),
-        (Fraction(1, 4), Fraction(1, 2)),
-        False,
-        1,
-    )
+    assert (a100.shareable, a100.quantum, a100.shares, a100.split) == (True, 50, None, True)
+    assert (a100.free, a100.largest_block, a100.largest_milli, a100.largest_share) == (0, 0, 150, 0.15)
+    assert (t4.shareable, t4.quantum, t4.shares, t4.split, t4.largest_milli) == (True, 250, (250, 500), False, 1000)
     plain = Allocator(inventory({"a": [0]})).summary()[0]
-    assert (plain.shareable, plain.quantum, plain.shares, plain.split, plain.largest_share) == (
+    assert (plain.shareable, plain.quantum, plain.shares, plain.split, plain.largest_milli) == (
         False,
         None,
         None,

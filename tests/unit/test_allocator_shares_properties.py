@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from fractions import Fraction
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -92,7 +91,7 @@ class SharesMachine(RuleBasedStateMachine):
         """uuid -> whole holder; uuid -> {holder: milli} for shared devices."""
         whole, shared = {}, {}
         for a in self.alloc.holdings().values():
-            for d, m in zip(a.devices, a.milli or [None] * len(a.devices)):
+            for d, m in zip(a.devices, a.milli if a.shared else [None] * len(a.devices)):
                 if m is None:
                     assert d.uuid not in whole, f"{d.uuid} held whole twice"
                     whole[d.uuid] = a.holder
@@ -164,17 +163,17 @@ class SharesMachine(RuleBasedStateMachine):
         assert cands or uneven, f"granted {got} although nothing fits"
         assert len({d.host for d in got.devices}) == 1 and len({d.model for d in got.devices}) == 1
         assert self.is_available(got.host) and (host is None or got.host == host)
-        assert sum(to_milli(s) for s in got.shares) == milli
+        assert sum(got.milli) == milli
         if not cands:  # no even split fits anywhere: the least room in all, the freest devices first
             _, h, m = min(uneven)
             assert (got.host, got.model, got.rule) == (h, m, UNEVEN_SPLIT)
             assert got.booking() == self.filled(h, m, milli, rooms_before)
             return
-        assert got.rule == (None if got.milli is None else ONE_DEVICE if len(got.devices) == 1 else EVEN_SPLIT)
-        assert sorted((to_milli(s) for s in got.shares), reverse=True) == list(
+        assert got.rule == (None if not got.shared else ONE_DEVICE if len(got.devices) == 1 else EVEN_SPLIT)
+        assert sorted(got.milli, reverse=True) == list(
             split_evenly(milli, len(got.devices), self.sharing.for_model(got.model).quantum)
         )
-        assert all(rooms_before[d.uuid] >= to_milli(s) for d, s in zip(got.devices, got.shares))
+        assert all(rooms_before[d.uuid] >= m for d, m in zip(got.devices, got.milli))
         n, total = len(got.devices), sum(rooms_before[d.uuid] for d in got.devices)
         best_n = min(c[0] for c in cands)
         assert n == best_n, f"{n} devices used where {best_n} suffice"
@@ -288,7 +287,7 @@ class SharesMachine(RuleBasedStateMachine):
         ref = Reference(self.gpus, self.policy)
         ref.available = self.available
         ref.held = self.alloc.holdings()
-        ref.held_by_owner = lambda o: Fraction(self.held(o), UNIT)
+        ref.milli_held_by = self.held  # type: ignore[method-assign]
         cands = ref.candidates(req, limit)
         got, refused = self._decide(f"w{self.serial}", req, limit)
         if got is None:
@@ -296,7 +295,7 @@ class SharesMachine(RuleBasedStateMachine):
             assert refused.retry is (not ref.never_satisfiable(req, limit)), refused.message
             return
         best = ref.best(cands)
-        assert got.milli is None and (got.host, got.model, got.devices) == (best.host, best.model, best.devices)
+        assert not got.shared and (got.host, got.model, got.devices) == (best.host, best.model, best.devices)
 
     @rule(data=st.data())
     def release(self, data):
@@ -412,9 +411,9 @@ class SharesMachine(RuleBasedStateMachine):
             assert s.free == len(free)
             assert s.largest_block == max(Counter(g.host for g in free).values(), default=0)
             if s.shareable:
-                assert s.largest_share == Fraction(max((self.room(g) for g in avail), default=0), UNIT)
+                assert s.largest_milli == max((self.room(g) for g in avail), default=0)
         for owner in OWNERS:
-            assert self.alloc.held_by_owner(owner) == Fraction(self.held(owner), UNIT)
+            assert self.alloc.milli_held_by(owner) == self.held(owner)
 
 
 SharesMachine.TestCase.settings = SETTINGS

@@ -236,8 +236,6 @@ def test_admin_template_folder_overrides_the_form(tmp_path):
 
 
 def test_shares_are_offered_for_shareable_models_with_what_they_mean():
-    from fractions import Fraction
-
     from gpuspawner.spawn.form import SHARE_NOTES, _share_choices
 
     full_but_shareable = ModelSummary(
@@ -248,16 +246,16 @@ def test_shares_are_offered_for_shareable_models_with_what_they_mean():
         largest_block=0,
         unavailable=0,
         shareable=True,
-        quantum=Fraction(1, 4),
+        quantum=250,
         split=False,
-        largest_share=Fraction(1, 2),
+        largest_milli=500,
     )
-    choices = _share_choices([full_but_shareable, GTX], Fraction(2))
+    choices = _share_choices([full_but_shareable, GTX], 2000)
     assert choices == ["0.25", "0.5"]  # no more than one device has free, without split
     form = render(
         models=[full_but_shareable, GTX],
         max_count=0,
-        room=Fraction(2),
+        room=2,
         share_choices=choices,
         share_note=SHARE_NOTES["none"],
     )

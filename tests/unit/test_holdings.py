@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from types import SimpleNamespace
 
@@ -152,7 +153,7 @@ class World:
         booked: dict[str, set[str]] = {}  # uuid -> services booked on it
         total: dict[str, int] = {}  # uuid -> thousandths booked
         for name, alloc in owner.allocator.holdings().items():
-            for gpu, milli in zip(alloc.devices, alloc.milli or (1000,) * len(alloc.devices)):
+            for gpu, milli in zip(alloc.devices, alloc.milli):
                 booked.setdefault(gpu.uuid, set()).add(name)
                 total[gpu.uuid] = total.get(gpu.uuid, 0) + milli
         assert all(t <= 1000 for t in total.values()), f"booked above 1: {total}"
@@ -591,6 +592,17 @@ async def test_the_map_says_which_rule_placed_each_share_and_none_for_one_adopte
     m = json.loads(await owner.cluster.views.alloc_map_json())["gpu-b"]
     rules = sorted((h["user"], h["share"], h["rule"]) for d in m.values() for h in d["holders"])
     assert rules == [("alice", 0.2, None), ("bob", 0.6, None), ("bob", 0.6, None), ("carol", 1.0, None)]
+
+
+async def test_the_form_shows_a_share_held_elsewhere_as_a_decimal_and_offers_what_the_limit_leaves(tmp_path):
+    """Shares are thousandths inside; the form prints them as people write them."""
+    three = {"gpu-b": [{"uuid": f"GPU-b{i}", "model": A100, "memory_mib": 81920} for i in range(3)]}
+    world = World(tmp_path, inventory=three, gpu_sharing={A100: {"quantum": 0.25, "split": True}}, max_gpus_per_user=2)
+    await world.started(world.spawner("alice", {"gpu_model": A100, "gpu_share": 0.5}))
+    form = " ".join((await world.spawner("alice", server="second")._render_options_form()).split())
+    assert "Your limit: 2 per user, 0.5 held by your other servers." in form
+    shares = re.findall(r'<option value="([0-9.]+)"', form[form.index('id="gpu-share"') :])
+    assert shares == ["0.25", "0.5", "0.75", "1", "1.25", "1.5"]  # 2 less the 0.5 held, in quanta
 
 
 async def test_when_every_host_network_port_is_held_a_spawn_is_refused_with_no_port_and_nothing_held(tmp_path):

@@ -42,7 +42,7 @@ def test_whole_holdings_and_older_services_have_no_shares_label():
         "gpuspawner.host": "gpu-a",
         "gpuspawner.model": A100,
     }
-    assert parse_labels(old).milli is None and not parse_labels(old).shared
+    assert parse_labels(old).milli == (1000,) * len(parse_labels(old).uuids) and not parse_labels(old).shared
 
 
 def test_whole_pieces_are_not_shared():
@@ -106,9 +106,9 @@ def server_labels(draw) -> ServerLabels:
     uuids = tuple(draw(st.lists(st.from_regex(UUID_RE, fullmatch=True), max_size=MAX_DEVICES, unique=True)))
     pinned = st.from_regex(HOSTNAME_RE, fullmatch=True)
     model = st.from_regex(MODEL_RE, fullmatch=True)
-    milli = st.none()
+    milli = st.just(())  # left out: every device whole
     if uuids:
-        milli = st.none() | st.lists(st.integers(1, 1000), min_size=len(uuids), max_size=len(uuids)).map(tuple)
+        milli = milli | st.lists(st.integers(1, 1000), min_size=len(uuids), max_size=len(uuids)).map(tuple)
     return ServerLabels(
         user=draw(st.text(names, min_size=1, max_size=MAX_NAME)),
         server=draw(st.text(names, max_size=MAX_NAME)),

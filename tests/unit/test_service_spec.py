@@ -111,7 +111,7 @@ def test_shares_label():
 def test_admin_labels_cannot_fake_shares():
     s = spec(holding=HOLDING, extra_create={"labels": {"gpuspawner.shares": "0.1", "team": "ml"}})
     assert "gpuspawner.shares" not in s["labels"] and s["labels"]["team"] == "ml"
-    assert parse_labels(s["labels"]).milli is None  # read back whole, as it is
+    assert not parse_labels(s["labels"]).shared  # read back whole, as it is
     s = spec(holding=SHARED, extra_create={"labels": {"gpuspawner.shares": "0.1,0.1"}})
     assert s["labels"]["gpuspawner.shares"] == "0.6,0.6"
 
