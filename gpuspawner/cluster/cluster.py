@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 
 from ..allocator.allocator import AdoptProblem, Allocation, Allocator
 from ..core.inventory import GPU
-from ..core.labels import ServerLabels
+from ..core.labels import Held
 from ..core.reports import Conflict, NodeReport, UUIDConflict, parse_report, report_uuids
 from .devices import SOURCES, DeviceState, InventorySettings, host_states
 from .host_views import HoldersOf
@@ -59,7 +59,7 @@ class GPUCluster:
         self._claims: dict[str, frozenset[str]] = {}  # host -> the UUIDs its accepted report named, less those moved
         self.conflicts: dict[str, dict[str, Conflict]] = {}  # refused host -> uuid -> who has it; replaced, not changed
         # Holdings found in the swarm on devices not offered yet, by service name.
-        self.pending: dict[str, ServerLabels] = {}
+        self.pending: dict[str, Held] = {}
         self._offered = False  # the allocator has had a first inventory
         self.views = ClusterViews(self, holders_of)  # who holds a device: the hub's holdings say
         self._schedulable: set[str] | None = None
@@ -227,7 +227,7 @@ class GPUCluster:
             hosts = self._schedulable - set(self.stale)
         self.allocator.set_available_hosts(hosts)
 
-    def adopt(self, name: str, claim: ServerLabels) -> tuple[Allocation, list[AdoptProblem]]:
+    def adopt(self, name: str, claim: Held) -> tuple[Allocation, list[AdoptProblem]]:
         """Book what a running service holds (its labels, read strictly).
         Devices not offered yet (an agent has not reported, or the device is
         unhealthy) are taken the moment they are, before any request can see

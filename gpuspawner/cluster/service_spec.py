@@ -33,7 +33,7 @@ from ..core.device_access import (
     guarded_name,
     without_generic_resources,
 )
-from ..core.labels import LABEL, ServerLabels, to_labels
+from ..core.labels import LABEL, Held, to_labels
 from ..core.sharing import UNIT, fmt, fmt_list, shown
 
 __all__ = [
@@ -232,7 +232,7 @@ def _task_template(spec: Any) -> dict[str, Any]:
 PINS_A_NODE = re.compile(r"\s*node\.(hostname|id)\s*==", re.IGNORECASE)
 
 
-def guarded_env(holding: ServerLabels, driver_capabilities: str, enforcement_env: Mapping[str, str]) -> dict[str, str]:
+def guarded_env(holding: Held, driver_capabilities: str, enforcement_env: Mapping[str, str]) -> dict[str, str]:
     """The env a server's container gets whatever the admin's settings say:
     its devices (``void``: none), the driver's capabilities for a GPU server,
     and what enforces its shares."""
@@ -268,7 +268,7 @@ def _guard_host(task: dict, host: str) -> None:
     task["Placement"] = placement
 
 
-def _guard_labels(labels: Mapping[str, str] | None, holding: ServerLabels) -> dict[str, str]:
+def _guard_labels(labels: Mapping[str, str] | None, holding: Held) -> dict[str, str]:
     """The whole label namespace is ours: an admin's (or a template's) stray
     gpuspawner.shares on a whole-GPU server would be read back as a share."""
     theirs = {k: v for k, v in (labels or {}).items() if not k.startswith(f"{LABEL}.")}
@@ -281,7 +281,7 @@ def build_service(
     image: str,
     command: list[str] | None,
     env: Mapping[str, str],
-    holding: ServerLabels,
+    holding: Held,
     network: str = "",
     publish_port: int | None = None,
     mounts: list | None = None,
@@ -361,7 +361,7 @@ def _guarantee(
     create: dict[str, Any],
     task: dict[str, Any],
     name: str,
-    holding: ServerLabels,
+    holding: Held,
     driver_capabilities: str,
     enforcement: tuple[Mapping[str, str], Sequence[Mount]],
 ) -> None:

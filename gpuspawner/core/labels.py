@@ -1,4 +1,4 @@
-"""The labels of a server's swarm service: what it holds, written and read back.
+"""What a server holds, and the labels of its swarm service that write it down and read it back.
 
 The hub writes these labels when it creates a server's service, and rebuilds
 who holds which GPU from them after a restart and at every reconciliation. A
@@ -25,8 +25,8 @@ __all__ = [
     "LABEL",
     "MAX_DEVICES",
     "MAX_NAME",
+    "Held",
     "LabelError",
-    "ServerLabels",
     "parse_labels",
     "parse_share",
     "to_labels",
@@ -66,8 +66,11 @@ class LabelError(ValueError):
 
 
 @dataclass(frozen=True)
-class ServerLabels:
-    """What a server's service says it holds (its labels), validated."""
+class Held:
+    """What a server holds: its user and server name, the host, the devices with
+    each one's share, and its port. The hub keeps one per holding; its service's
+    labels write it down (:func:`to_labels`) and read it back, validated
+    (:func:`parse_labels`)."""
 
     user: str
     server: str  # "" for the default server
@@ -89,7 +92,7 @@ class ServerLabels:
         return min(self.milli, default=UNIT) < UNIT
 
 
-def to_labels(s: ServerLabels) -> dict[str, str]:
+def to_labels(s: Held) -> dict[str, str]:
     """The labels for the service of ``s``. LabelError when they would not
     read back as ``s``: the hub never writes labels its own rebuild refuses."""
     labels = {USER: s.user, SERVER: s.server, HOST: s.host, DEVICES: ",".join(s.uuids), MODEL: s.model}
@@ -102,7 +105,7 @@ def to_labels(s: ServerLabels) -> dict[str, str]:
     return labels
 
 
-def parse_labels(labels: Mapping[str, str]) -> ServerLabels | None:
+def parse_labels(labels: Mapping[str, str]) -> Held | None:
     """What a service's labels say it holds. None when it is not ours (no
     ``gpuspawner.devices`` label); LabelError when it is but a label is
     malformed. Unknown ``gpuspawner.*`` labels are ignored."""
@@ -110,7 +113,7 @@ def parse_labels(labels: Mapping[str, str]) -> ServerLabels | None:
         return None
     value = _reader(labels)
     uuids = _uuids(value(DEVICES))
-    return ServerLabels(
+    return Held(
         user=_name(USER, value(USER), required=True),
         server=_name(SERVER, value(SERVER), required=False),
         host=_matching(HOST, value(HOST), HOSTNAME_RE, "a hostname", required=bool(uuids)),

@@ -45,7 +45,7 @@ from .. import metrics
 from ..allocator.allocator import Allocation, Request
 from ..cluster.cluster import GPUCluster
 from ..cluster.swarm import Swarm, SwarmError
-from ..core.labels import LABEL, LabelError, ServerLabels, parse_labels
+from ..core.labels import LABEL, Held, LabelError, parse_labels
 from ..ledger.ledger import Ledger, LedgerError
 from .ports import NoPortFree, PortPool
 
@@ -69,7 +69,7 @@ class HoldingBusy(Exception):
 @dataclass(eq=False)
 class Holding:
     name: str  # the service's name: one holding per name
-    labels: ServerLabels  # user, server, host, devices, shares, port
+    held: Held  # user, server, host, devices, shares, port (its service's labels write it down)
     phase: Phase
     tasks: set[str] = field(default_factory=set)  # every task id seen for the service
     problem: str = ""  # why its devices are still reserved, for admins
@@ -81,7 +81,7 @@ class Holding:
 
     @property
     def user(self) -> str:
-        return self.labels.user
+        return self.held.user
 
 
 class Holdings:
@@ -135,8 +135,8 @@ class Holdings:
     def _set(self, h: Holding, phase: Phase, problem: str = "") -> None:
         h.phase, h.problem = phase, problem
         self._touch(h.name)
-        if h.labels.uuids:
-            self.cluster.views.holders_changed(h.labels.host)  # the map shows phase and problem
+        if h.held.uuids:
+            self.cluster.views.holders_changed(h.held.host)  # the map shows phase and problem
 
     def _touch(self, name: str) -> None:
         self._version += 1
@@ -172,7 +172,7 @@ class Holdings:
             if port is None:
                 self.allocator.release(name)
                 raise NoPortFree(f"all host_network_ports {port_range} are in use")
-        labels = ServerLabels(
+        held = Held(
             user=user,
             server=server,
             host=alloc.host if alloc else "",
@@ -181,11 +181,11 @@ class Holdings:
             port=port,
             milli=alloc.milli if alloc else (),
         )
-        h = self._holdings[name] = Holding(name, labels, Phase.RESERVED)
+        h = self._holdings[name] = Holding(name, held, Phase.RESERVED)
         self._touch(name)
         if alloc is not None and alloc.devices:
             try:
-                await self._ledger_open(name, labels, alloc)
+                await self._ledger_open(name, held, alloc)
             except BaseException:
                 # No service exists: nothing can run on the devices.
                 self._forget(h)
@@ -215,7 +215,7 @@ class Holdings:
         if h is None or not new:
             return
         h.tasks |= new
-        if h.labels.uuids:
+        if h.held.uuids:
             held: Holding = h  # the tasks are read when the call runs: a later note's are written too
             try:
                 await self.ledger_call(lambda db: db.note_tasks(name, sorted(held.tasks)))
@@ -269,7 +269,7 @@ class Holdings:
                 raise
         if h is not None and tasks - h.tasks:
             await self.note_tasks(name, tasks)
-        if not tasks and h is not None and h.labels.uuids:
+        if not tasks and h is not None and h.held.uuids:
             # No task was ever seen: whatever ran had the stop timeout to end.
             now = self.clock()
             if h.gone_since is None:
@@ -281,12 +281,12 @@ class Holdings:
 
     async def _release(self, h: Holding, reason: str) -> None:
         # Closed while still held: a reconcile's close_missing meanwhile would close it as gone.
-        if h.labels.uuids:
+        if h.held.uuids:
             try:
                 await self._ledger_write(lambda db: db.close(h.name, None, h.end_reason or reason))
             except LedgerError as exc:  # the next reconciliation closes it
                 log.warning("%s", exc)
-            log.info("Released %s from %s", ", ".join(h.labels.uuids), h.name)
+            log.info("Released %s from %s", ", ".join(h.held.uuids), h.name)
         self._forget(h)
 
     def _forget(self, h: Holding) -> None:
@@ -314,7 +314,7 @@ class Holdings:
     async def _reconcile(self, untracked) -> dict[str, int]:
         version = self._version
         services = await self.swarm.services(f"{LABEL}.devices")
-        found: dict[str, ServerLabels] = {}
+        found: dict[str, Held] = {}
         present = set()  # every labelled service, also those not taken as hub servers
         for service in services:
             spec = service.get("Spec", {})
@@ -352,7 +352,7 @@ class Holdings:
         # Not rebuilt while the ledger's open records are unread: the next round reads them.
         self.rebuilt = records_read
         self._changed = {n: v for n, v in self._changed.items() if v > version}
-        held_devices = sum(len(h.labels.uuids) for h in self._holdings.values())
+        held_devices = sum(len(h.held.uuids) for h in self._holdings.values())
         log.info(
             "GPU holdings reconciled with the swarm: %d services, %d adopted, %d released, %d devices held",
             len(found),
@@ -376,7 +376,7 @@ class Holdings:
             log.warning("Service %s: %s", h.name, exc)
             return False
 
-    def _claim(self, name: str, labels: dict) -> ServerLabels | None:
+    def _claim(self, name: str, labels: dict) -> Held | None:
         """The service's labels as a hub server's, or None (logged once)."""
         try:
             claim = parse_labels(labels)
@@ -395,7 +395,7 @@ class Holdings:
         self.foreign[name] = why
         return None
 
-    async def _adopt(self, name: str, claim: ServerLabels, phase: Phase = Phase.RUNNING) -> Holding:
+    async def _adopt(self, name: str, claim: Held, phase: Phase = Phase.RUNNING) -> Holding:
         alloc, problems = self.cluster.adopt(name, claim)
         for problem in problems:
             log.warning("Service %s: %s", name, problem)
@@ -412,7 +412,7 @@ class Holdings:
                 log.warning("%s", exc)
         return h
 
-    async def _adopt_open_records(self, running: dict[str, ServerLabels]) -> bool:
+    async def _adopt_open_records(self, running: dict[str, Held]) -> bool:
         """At hub start: allocations the ledger has open whose service is gone
         are booked again as *removing*, with their tasks, and given back only
         once those tasks have ended (a killed hub may have left a container
@@ -428,7 +428,7 @@ class Holdings:
         for r in records or ():
             if r.service in running or r.service in self._holdings or not r.devices:
                 continue
-            claim = ServerLabels(
+            claim = Held(
                 user=r.user,
                 server=r.server,
                 host=r.host,
@@ -442,7 +442,7 @@ class Holdings:
             await self._settle(h)
         return True
 
-    async def _remove_orphans(self, found: dict[str, ServerLabels], untracked, version: int) -> int:
+    async def _remove_orphans(self, found: dict[str, Held], untracked, version: int) -> int:
         """Remove services of servers the hub does not know, found so twice in a
         row (not a spawn about to register). Nothing here waits: their devices
         come back at a later round, once their tasks have ended."""
@@ -459,7 +459,7 @@ class Holdings:
             if h is None or h.lock.locked():
                 continue
             log.warning(
-                "Service %s runs a server the hub does not know (%s/%s); removing it", name, h.user, h.labels.server
+                "Service %s runs a server the hub does not know (%s/%s); removing it", name, h.user, h.held.server
             )
             await self._settle(h)
             removed += 1
@@ -468,10 +468,10 @@ class Holdings:
 
     # -- the ledger ----------------------------------------------------------------
 
-    async def _ledger_open(self, name: str, labels: ServerLabels, alloc: Allocation) -> None:
-        """Record the holding as open: its server (``labels``) and the devices booked for it."""
+    async def _ledger_open(self, name: str, held: Held, alloc: Allocation) -> None:
+        """Record the holding as open: its server (``held``) and the devices booked for it."""
         await self._ledger_write(
-            lambda db: db.open(name, labels.user, labels.server, labels.host, labels.model, alloc.uuids, alloc.milli)
+            lambda db: db.open(name, held.user, held.server, held.host, held.model, alloc.uuids, alloc.milli)
         )
 
     async def _close_missing(self) -> None:

@@ -17,8 +17,8 @@ def holders_of(holdings, uuid: str) -> list[dict]:
         h = holdings.get(name)
         alloc = allocator.holding(name)
         holder = {
-            "user": h.labels.user if h else getattr(alloc, "owner", ""),
-            "server": h.labels.server if h else "",
+            "user": h.held.user if h else getattr(alloc, "owner", ""),
+            "server": h.held.server if h else "",
             "share": milli / UNIT,
             "rule": getattr(alloc, "rule", None),
             "phase": h.phase.value if h else "running",

@@ -213,20 +213,20 @@ class GPUHub:
         """The reclaim limits of the holding's server: its own spawner's (its user's
         rules), else the hub's settings."""
         app = hub_port.running_hub()
-        _, spawner = hub_port.user_spawner(app, h.labels.user, h.labels.server) if app else (None, None)
+        _, spawner = hub_port.user_spawner(app, h.held.user, h.held.server) if app else (None, None)
         return (spawner if isinstance(spawner, ReclaimSettings) else self.settings).reclaim_limits()
 
     async def _stop_server(self, h: Holding, reason: str) -> bool:
         app = hub_port.running_hub()
-        if app is None or not await hub_port.stop_server(app, h.labels.user, h.labels.server):
+        if app is None or not await hub_port.stop_server(app, h.held.user, h.held.server):
             return False
-        self.log.info("Stopped %s's server %r: %s", h.user, h.labels.server, reason)
+        self.log.info("Stopped %s's server %r: %s", h.user, h.held.server, reason)
         return True
 
     def _touch(self, h: Holding) -> None:
         app = hub_port.running_hub()
         if app is not None:
-            hub_port.touch_activity(app, h.labels.user, h.labels.server)
+            hub_port.touch_activity(app, h.held.user, h.held.server)
 
     # -- what users see --------------------------------------------------------------
 

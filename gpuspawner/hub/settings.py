@@ -29,7 +29,7 @@ from ..cluster.service_spec import (
 from ..core.access import AccessRules
 from ..core.inventory import MODEL_RE, InventoryError
 from ..core.inventory_files import load_inventory
-from ..core.labels import ServerLabels
+from ..core.labels import Held
 from ..core.sharing import SharingPolicy, shown
 from ..ledger.ledger import Ledger, LedgerError
 from ..reclaim.settings import check_config as check_reclaim
@@ -271,7 +271,7 @@ class GPUSettings(LoggingConfigurable):
         help="Folders with templates that override gpuspawner's own (e.g. options_form.html).",
     ).tag(config=True)
 
-    def share_enforcement_for(self, c: ServerLabels, allocator) -> tuple[dict, list]:
+    def share_enforcement_for(self, c: Held, allocator) -> tuple[dict, list]:
         """Env and mounts that carry a server's shares (none for whole GPUs)."""
         if not c.shared:
             return {}, []

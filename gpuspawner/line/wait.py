@@ -313,5 +313,5 @@ async def _wait(spawner, line: WaitLine, reserve: Reserve, spawn_error) -> Holdi
         ) from None
     finally:
         hub_port.hold_spawn_slot(settings, -1)
-    metrics.WAIT_SECONDS.labels(holding.labels.model).observe(time.monotonic() - since)
+    metrics.WAIT_SECONDS.labels(holding.held.model).observe(time.monotonic() - since)
     return holding

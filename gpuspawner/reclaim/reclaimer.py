@@ -112,13 +112,13 @@ class Reclaimer:
 
     def _held_on(self, name: str, host: str, uuid: str) -> bool:
         h = self.holdings.get(name)
-        return h is not None and h.phase is Phase.RUNNING and h.labels.host == host and uuid in h.labels.uuids
+        return h is not None and h.phase is Phase.RUNNING and h.held.host == host and uuid in h.held.uuids
 
     # -- decisions -----------------------------------------------------------------
 
     async def check(self) -> list[tuple[str, str]]:
         """Warn and stop where limits say so; the (service, reason) of each stop begun."""
-        running = {n: h for n, h in self.holdings.all().items() if h.labels.uuids and h.phase is Phase.RUNNING}
+        running = {n: h for n, h in self.holdings.all().items() if h.held.uuids and h.phase is Phase.RUNNING}
         for name in (set(self.timers.holders()) | set(self._timed)) - set(running):
             self.timers.forget(name)
             self._timed.pop(name, None)
@@ -129,7 +129,7 @@ class Reclaimer:
         for name, h in running.items():
             reason = self.timers.decide(name, self.limits_for(h))
             if self.timers.idle_for(name) is not None:
-                idle_gpus += sum(h.labels.milli) / UNIT
+                idle_gpus += sum(h.held.milli) / UNIT
             if reason and name not in self._stopping:
                 due.append((h, reason))
         IDLE_GPUS.set(idle_gpus)
@@ -166,7 +166,7 @@ class Reclaimer:
         if self.stop is None:
             return
         idle = self.timers.idle_for(h.name) or 0.0
-        gpus = sum(h.labels.milli) / UNIT
+        gpus = sum(h.held.milli) / UNIT
         self._stopping.add(h.name)
         h.end_reason = reason  # whoever releases it (this stop, the reconcile) records this reason
         log.info("Stopping %s of %s (%s)", h.name, h.user, reason)
@@ -198,13 +198,13 @@ class Reclaimer:
     def _notice(self, h: Holding, n: Notice) -> dict:
         left = max(0.0, n.stop_at - self.clock())
         at = _iso(self.wall() + left)
-        server = f"“{h.labels.server}”" if h.labels.server else "default"
+        server = f"“{h.held.server}”" if h.held.server else "default"
         if n.reason == IDLE:
             why = f"Your {server} server has not used its GPU for a while; it will be stopped at {at} unless its GPU is used before then."
         else:
             why = f"Your {server} server has held its GPU for as long as allowed; it will be stopped at {at}."
         return {
-            "server": h.labels.server,
+            "server": h.held.server,
             "reason": n.reason,
             "stop_at": at,
             "seconds_left": round(left),
@@ -225,14 +225,14 @@ class Reclaimer:
         rows = []
         for name, h in self.holdings.all().items():
             idle = self.timers.idle_for(name)
-            if idle is not None and h.labels.uuids:
+            if idle is not None and h.held.uuids:
                 notices = self.timers.notices(name)
                 rows.append(
                     dict(
                         user=h.user,
-                        server=h.labels.server,
-                        host=h.labels.host,
-                        devices=list(h.labels.uuids),
+                        server=h.held.server,
+                        host=h.held.host,
+                        devices=list(h.held.uuids),
                         warned=bool(notices),
                         **self.activity(name),
                     )
@@ -243,6 +243,6 @@ class Reclaimer:
         """The map's holder, with its GPU activity once a reading has told it (MIG slices,
         CPU-only and not yet read holders are shown as before)."""
         for name, h in self.holdings.all().items():
-            if h.user == holder.get("user") and h.labels.server == holder.get("server") and uuid in h.labels.uuids:
+            if h.user == holder.get("user") and h.held.server == holder.get("server") and uuid in h.held.uuids:
                 return dict(holder, **self.activity(name)) if self.timers.read(name) else holder
         return holder

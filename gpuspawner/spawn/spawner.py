@@ -194,8 +194,8 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             spawn_error,
         )
         try:
-            if holding.labels.port is not None:
-                self.port = holding.labels.port
+            if holding.held.port is not None:
+                self.port = holding.held.port
             try:
                 service = await holdings.create(name, await self._service_spec(holding, settings))
             except SwarmError as exc:
@@ -252,7 +252,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             message, reason = next(v for k, v in NOT_RESERVED.items() if isinstance(exc, k))
             self.log.error("Not reserved for %s: %s", self.service_name, exc)
             raise spawn_error(message, reason=reason, log_message=str(exc), status_code=503) from exc
-        c = holding.labels
+        c = holding.held
         if c.uuids:
             metrics.GRANTED.labels(c.model).inc()
             what = f"{fmt_list(c.milli, ' + ')} of" if c.shared else f"{len(c.uuids)} ×"
@@ -281,14 +281,14 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         return settings
 
     async def _service_spec(self, holding: Holding, settings: dict) -> dict:
-        env, mounts = self.share_enforcement_for(holding.labels, self.holdings().allocator)
+        env, mounts = self.share_enforcement_for(holding.held, self.holdings().allocator)
         publish = None if (self.use_internal_ip or self.host_network) else self.port
         return build_service(
             name=self.service_name,
             image=self.image,
             command=await self.get_command(),
             env=self.get_env(),
-            holding=holding.labels,
+            holding=holding.held,
             network=self.network_name,
             publish_port=publish,
             mounts=self.mounts,
@@ -394,14 +394,14 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             return await super().get_url()
         holdings = await self._up_to_date()
         h = holdings.get(self.service_name)
-        if h is None or h.labels.port is None:
+        if h is None or h.held.port is None:
             return await super().get_url()
         if not self.task_node:
             tasks = await holdings.swarm.tasks(self.service_name)
-            self.task_node = self._hostname_of(tasks[0].get("NodeID", "")) if tasks else h.labels.host
-        self.port = h.labels.port
+            self.task_node = self._hostname_of(tasks[0].get("NodeID", "")) if tasks else h.held.host
+        self.port = h.held.port
         addr = await self._node_addr(self.task_node)
-        return f"{self.server.proto}://{addr}:{h.labels.port}{self.server.base_url}"
+        return f"{self.server.proto}://{addr}:{h.held.port}{self.server.base_url}"
 
     # -- stop / poll / state --------------------------------------------------
 

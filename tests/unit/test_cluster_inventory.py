@@ -13,7 +13,7 @@ import pytest
 from gpuspawner.allocator.allocator import AllocationRefused, Allocator, Request
 from gpuspawner.cluster.cluster import GPUCluster, InventorySettings
 from gpuspawner.core.inventory import GPU
-from gpuspawner.core.labels import ServerLabels
+from gpuspawner.core.labels import Held
 from gpuspawner.core.reports import parse_report
 from gpuspawner.core.sharing import UNIT
 from tests.unit.test_cluster_views import served_map
@@ -110,7 +110,7 @@ def test_static_inventory_overrides_the_agent_for_its_hosts_and_takes_health_fro
 
 def test_a_holding_rebuilt_before_its_node_reported_takes_its_devices_the_moment_they_appear():
     c = agent_cluster()
-    holding = ServerLabels(user="ann", server="", host="gpu-b", uuids=("GPU-a100-1",), model=A100, port=None)
+    holding = Held(user="ann", server="", host="gpu-b", uuids=("GPU-a100-1",), model=A100, port=None)
     alloc, problems = c.allocator.adopt("jupyter-ann", "ann", "gpu-b", holding.uuids)
     assert problems and not alloc.devices
     c.pending["jupyter-ann"] = holding  # as Holdings records it when it adopts

@@ -11,10 +11,10 @@ import requests
 
 from gpuspawner.cluster.service_spec import build_service, visible_devices
 from gpuspawner.cluster.swarm import TASK_FAILED, Swarm, SwarmError
-from gpuspawner.core.labels import ServerLabels
+from gpuspawner.core.labels import Held
 from tests.fakedocker import FakeDocker, api_error
 
-HOLDING = ServerLabels(user="alice", server="", host="gpu-b", uuids=("GPU-1", "GPU-2"), model="A100", port=None)
+HOLDING = Held(user="alice", server="", host="gpu-b", uuids=("GPU-1", "GPU-2"), model="A100", port=None)
 
 
 def service(name="jupyter-alice", holding=HOLDING, **kw):
@@ -124,7 +124,7 @@ def test_a_second_service_of_the_same_name_is_a_409(fake):
 
 
 def test_without_a_host_the_first_worker_runs_it_and_without_a_node_it_waits(fake):
-    cpu = ServerLabels(user="bob", server="", host="", uuids=(), model="", port=None)
+    cpu = Held(user="bob", server="", host="", uuids=(), model="", port=None)
     fake.create_service(**service("jupyter-bob", cpu))
     assert fake.running_containers()[fake.task_ids("jupyter-bob")[0]] == ("jupyter-bob", "gpu-a", "void")
 

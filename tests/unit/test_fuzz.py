@@ -30,8 +30,8 @@ from gpuspawner.core.labels import (
     SERVER,
     SHARES,
     USER,
+    Held,
     LabelError,
-    ServerLabels,
     parse_labels,
 )
 from gpuspawner.core.options import KEYS, GPURequest, OptionsError, options_from_form, parse_user_options
@@ -337,7 +337,7 @@ label_text = st.one_of(
 )
 def test_fuzz_labels(labels):
     r = answer(LabelError, parse_labels, labels)
-    assert r is REFUSED or r is None or isinstance(r, ServerLabels)
+    assert r is REFUSED or r is None or isinstance(r, Held)
 
 
 # -- config traits -------------------------------------------------------------------------------

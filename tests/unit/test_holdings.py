@@ -34,7 +34,7 @@ from jupyterhub.spawner import SpawnException
 from prometheus_client import REGISTRY
 from traitlets.config import Config
 
-from gpuspawner.core.labels import ServerLabels, to_labels
+from gpuspawner.core.labels import Held, to_labels
 from gpuspawner.holdings.holdings import Phase
 from gpuspawner.hub.app import KEY, GPUHub
 from gpuspawner.ledger.ledger import Ledger, LedgerError
@@ -113,7 +113,7 @@ class World:
 
     def leftover(self, user: str, uuids=("GPU-b0",), name=None, run=True, **labels):
         """A service left by an earlier hub (labels as that hub wrote them)."""
-        claim = ServerLabels(
+        claim = Held(
             user=user,
             server="",
             host="gpu-b" if uuids else "",
@@ -168,7 +168,7 @@ class World:
     def ledger_matches(self) -> None:
         owner = self.owner
         open_ = {r.service for r in Ledger(self.db_url).open_allocations()}
-        live = {name for name, h in owner.all().items() if h.labels.uuids}
+        live = {name for name, h in owner.all().items() if h.held.uuids}
         assert open_ == live, f"ledger open {open_} but holdings {live}"
 
 
@@ -374,7 +374,7 @@ async def test_defect5_a_service_by_another_name_is_not_charged_to_the_user(tmp_
     await world.owner.reconcile()
     assert world.owner.get("evil") is None and "evil" in world.owner.foreign
     await world.started(world.spawner("alice", {"gpu_model": A100}))  # not refused for her limit
-    assert world.owner.get("jupyter-alice").labels.uuids
+    assert world.owner.get("jupyter-alice").held.uuids
 
 
 async def test_defect6_a_restarted_hub_checks_the_url_where_the_server_listens(tmp_path):
@@ -646,4 +646,4 @@ async def test_a_restart_while_the_ledger_is_down_hands_out_no_gpu_until_its_ope
     w.fake.exit_all()
     await w.owner.reconcile()
     await w.started(w.spawner("bob", {"gpu_model": A100}))
-    assert w.owner.get("jupyter-bob").labels.uuids == ("GPU-b0",)
+    assert w.owner.get("jupyter-bob").held.uuids == ("GPU-b0",)

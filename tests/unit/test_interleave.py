@@ -11,7 +11,7 @@ import pytest
 
 from gpuspawner.cluster.service_spec import build_service
 from gpuspawner.cluster.swarm import Swarm, SwarmError
-from gpuspawner.core.labels import ServerLabels
+from gpuspawner.core.labels import Held
 from tests.fakedocker import FakeDocker
 from tests.interleave import (
     Nondeterminism,
@@ -299,7 +299,7 @@ def test_an_event_can_start_an_op_that_cancels_another():
 
 
 def test_steps_name_the_docker_calls_of_swarm():
-    holding = ServerLabels(user="alice", server="", host="gpu-a", uuids=("GPU-1",), model="A100", port=None)
+    holding = Held(user="alice", server="", host="gpu-a", uuids=("GPU-1",), model="A100", port=None)
     kwargs = build_service(name="jupyter-alice", image="img", command=None, env={}, holding=holding)
 
     def scenario(run: Run) -> Scenario:
@@ -321,7 +321,7 @@ def test_steps_name_the_docker_calls_of_swarm():
 def test_a_stop_waits_for_the_container_in_every_interleaving():
     """The real Swarm seam against the fake: removing a service, then waiting
     for its task, never reports it ended while its container runs."""
-    holding = ServerLabels(user="alice", server="", host="gpu-a", uuids=("GPU-1",), model="A100", port=None)
+    holding = Held(user="alice", server="", host="gpu-a", uuids=("GPU-1",), model="A100", port=None)
 
     def scenario(run: Run) -> Scenario:
         fake = FakeDocker(nodes=["manager", "gpu-a"])

@@ -10,12 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuspawner.core.inventory import HOSTNAME_RE, MODEL_RE, UUID_RE
-from gpuspawner.core.labels import MAX_DEVICES, MAX_NAME, LabelError, ServerLabels, parse_labels, parse_share, to_labels
+from gpuspawner.core.labels import MAX_DEVICES, MAX_NAME, Held, LabelError, parse_labels, parse_share, to_labels
 
 A100 = "NVIDIA A100 80GB PCIe"
-SHARED = ServerLabels(
-    user="bob", server="", host="gpu-a", uuids=("GPU-1", "GPU-2"), model=A100, port=20001, milli=(600, 600)
-)
+SHARED = Held(user="bob", server="", host="gpu-a", uuids=("GPU-1", "GPU-2"), model=A100, port=20001, milli=(600, 600))
 LABELS = to_labels(SHARED)
 MB = 2**20
 
@@ -34,7 +32,7 @@ def test_the_labels_of_a_shared_holding():
 
 
 def test_whole_holdings_and_older_services_have_no_shares_label():
-    whole = ServerLabels(user="ann", server="gpu", host="gpu-b", uuids=("GPU-3",), model=A100, port=None)
+    whole = Held(user="ann", server="gpu", host="gpu-b", uuids=("GPU-3",), model=A100, port=None)
     assert "gpuspawner.shares" not in to_labels(whole) and "gpuspawner.port" not in to_labels(whole)
     old = {
         "gpuspawner.user": "ann",
@@ -46,13 +44,13 @@ def test_whole_holdings_and_older_services_have_no_shares_label():
 
 
 def test_whole_pieces_are_not_shared():
-    assert not ServerLabels("a", "", "h", ("GPU-1", "GPU-2"), A100, None, milli=(1000, 1000)).shared
-    assert ServerLabels("a", "", "h", ("GPU-1", "GPU-2"), A100, None, milli=(1000, 500)).shared
+    assert not Held("a", "", "h", ("GPU-1", "GPU-2"), A100, None, milli=(1000, 1000)).shared
+    assert Held("a", "", "h", ("GPU-1", "GPU-2"), A100, None, milli=(1000, 500)).shared
 
 
 def test_cpu_only_servers_may_be_pinned_or_not():
     for host in ("", "gpu-a"):
-        cpu = ServerLabels(user="ann", server="", host=host, uuids=(), model="", port=None)
+        cpu = Held(user="ann", server="", host=host, uuids=(), model="", port=None)
         assert to_labels(cpu)["gpuspawner.devices"] == "" and parse_labels(to_labels(cpu)) == cpu
 
 
@@ -63,7 +61,7 @@ def test_not_ours_and_unknown_labels():
 
 
 def test_user_and_server_names_may_be_unicode():
-    s = ServerLabels(user="jürgen-名前", server="ñ ü", host="", uuids=(), model="", port=None)
+    s = Held(user="jürgen-名前", server="ñ ü", host="", uuids=(), model="", port=None)
     assert parse_labels(to_labels(s)) == s
 
 
@@ -81,12 +79,12 @@ def test_parse_share_refuses(text):
 @pytest.mark.parametrize(
     "bad",
     [
-        ServerLabels("bob", "", "gpu-a", ("GPU-1",), A100, None, milli=(0,)),
-        ServerLabels("bob", "", "gpu-a", ("GPU-1",), A100, None, milli=(1500,)),
-        ServerLabels("bob", "", "gpu-a", ("GPU-1", "GPU-2"), A100, None, milli=(500,)),
-        ServerLabels("bob", "", "gpu-a", ("GPU-1,GPU-2",), A100, None),  # would read back as two devices
-        ServerLabels("bob", "", "gpu-a", ("GPU-1",), A100, 0),
-        ServerLabels("bob\n", "", "", (), "", None),
+        Held("bob", "", "gpu-a", ("GPU-1",), A100, None, milli=(0,)),
+        Held("bob", "", "gpu-a", ("GPU-1",), A100, None, milli=(1500,)),
+        Held("bob", "", "gpu-a", ("GPU-1", "GPU-2"), A100, None, milli=(500,)),
+        Held("bob", "", "gpu-a", ("GPU-1,GPU-2",), A100, None),  # would read back as two devices
+        Held("bob", "", "gpu-a", ("GPU-1",), A100, 0),
+        Held("bob\n", "", "", (), "", None),
     ],
 )
 def test_the_hub_never_writes_labels_it_would_refuse(bad):
@@ -102,14 +100,14 @@ names = st.characters(blacklist_categories=("Cc", "Cs"))  # Cc: C0, DEL and C1 c
 
 
 @st.composite
-def server_labels(draw) -> ServerLabels:
+def server_labels(draw) -> Held:
     uuids = tuple(draw(st.lists(st.from_regex(UUID_RE, fullmatch=True), max_size=MAX_DEVICES, unique=True)))
     pinned = st.from_regex(HOSTNAME_RE, fullmatch=True)
     model = st.from_regex(MODEL_RE, fullmatch=True)
     milli = st.just(())  # left out: every device whole
     if uuids:
         milli = milli | st.lists(st.integers(1, 1000), min_size=len(uuids), max_size=len(uuids)).map(tuple)
-    return ServerLabels(
+    return Held(
         user=draw(st.text(names, min_size=1, max_size=MAX_NAME)),
         server=draw(st.text(names, max_size=MAX_NAME)),
         host=draw(pinned if uuids else st.just("") | pinned),
@@ -224,7 +222,7 @@ def test_hostile_labels_are_refused_naming_the_label_in_one_short_line(label, va
 
 
 def test_shares_without_devices_are_refused():
-    cpu = to_labels(ServerLabels(user="bob", server="", host="", uuids=(), model="", port=None))
+    cpu = to_labels(Held(user="bob", server="", host="", uuids=(), model="", port=None))
     assert "gpuspawner.shares" in refusal({**cpu, "gpuspawner.shares": "1"})
 
 

@@ -141,7 +141,7 @@ async def test_a_waiter_gets_the_gpu_its_holder_gives_back_and_the_next_moves_up
     assert exc.value.status_code == 503 and "2 requests are waiting in line" in exc.value.message
     await stopped(world, alice)
     await bob_start
-    assert world.owner.get(bob.service_name).labels.uuids == ("GPU-b0",)
+    assert world.owner.get(bob.service_name).held.uuids == ("GPU-b0",)
     await until(lambda: any("number 1" in m for m in messages(carol)))
     assert [w.user for w in Ledger(world.db_url).waiting()] == ["carol"]
     assert REGISTRY.get_sample_value("gpuspawner_line_length", {"model": A100}) == 1
@@ -263,7 +263,7 @@ def waiting_scenario(run: Run, tmp_path, extra_events=None, seen=None, cancel=Tr
         if "bob" in outcome.errors:  # cancelled or timed out: holds nothing (or is being removed)
             assert h is None or h.phase.value == "removing", h
         else:  # served: he holds the GPU, and the ledger says so
-            assert h is not None and h.labels.uuids == ("GPU-b0",)
+            assert h is not None and h.held.uuids == ("GPU-b0",)
             assert bob.service_name in {r.service for r in Ledger(world.db_url).open_allocations()}
 
     return Scenario(

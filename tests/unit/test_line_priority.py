@@ -75,7 +75,7 @@ async def test_a_staff_waiter_goes_ahead_of_an_earlier_student_and_is_served_fir
     assert messages(prof)[-1] == f"You are number 1 in line for {A100}"
     await stopped(w, alice)
     await served(w, prof_start)
-    assert w.owner.get(prof.service_name).labels.uuids == ("GPU-b0",)
+    assert w.owner.get(prof.service_name).held.uuids == ("GPU-b0",)
     assert place(w, stu) == (A100, 1) and rows(w) == [("stu", 0)]
     await cancelled(stu, stu_start)
     assert rows(w) == []
@@ -176,4 +176,4 @@ async def test_after_a_refused_resumed_spawn_left_the_line_the_next_is_served_wh
     released = asyncio.get_running_loop().time()
     await asyncio.wait_for(served(w, stu_start), line_wait.RETRY_SECONDS / 2)
     assert asyncio.get_running_loop().time() - released < 2
-    assert w.owner.get(stu.service_name).labels.uuids == ("GPU-b0",) and rows(w) == []
+    assert w.owner.get(stu.service_name).held.uuids == ("GPU-b0",) and rows(w) == []

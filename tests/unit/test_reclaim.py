@@ -84,7 +84,7 @@ async def two_servers(tmp_path, shares=None):
 
 def uuid_of(owner, user):
     [h] = [h for h in owner.all().values() if h.user == user]
-    return h.name, h.labels.uuids[0]
+    return h.name, h.held.uuids[0]
 
 
 async def test_an_idle_holder_is_warned_then_stopped_with_end_reason_idle(tmp_path):

@@ -71,7 +71,7 @@ class Hub:
 
     async def _reclaim_stop(self, h, reason) -> bool:
         try:
-            stopped = await hub_port.stop_server(hub_port.running_hub(), h.labels.user, h.labels.server)
+            stopped = await hub_port.stop_server(hub_port.running_hub(), h.held.user, h.held.server)
         except Exception:
             self.reclaim_stops.append("raised")
             raise

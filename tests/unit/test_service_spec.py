@@ -19,9 +19,9 @@ from gpuspawner.cluster.service_spec import (
     visible_devices,
 )
 from gpuspawner.core.device_access import guarded_name
-from gpuspawner.core.labels import LabelError, ServerLabels, parse_labels, to_labels
+from gpuspawner.core.labels import Held, LabelError, parse_labels, to_labels
 
-HOLDING = ServerLabels(
+HOLDING = Held(
     user="alice", server="", host="gpu-b", uuids=("GPU-1", "GPU-2"), model="NVIDIA A100 80GB PCIe", port=20001
 )
 
@@ -43,7 +43,7 @@ def test_host_constraint_is_added_to_the_admins_own():
 
 
 def test_no_host_no_constraint():
-    cpu = ServerLabels(user="bob", server="", host="", uuids=(), model="", port=None)
+    cpu = Held(user="bob", server="", host="", uuids=(), model="", port=None)
     s = spec(holding=cpu)
     assert "Constraints" not in s["task_template"].get("Placement", {})
     assert s["labels"]["gpuspawner.devices"] == ""
@@ -81,7 +81,7 @@ def test_the_labels_read_back_as_the_holding():
 
 def test_a_holding_whose_labels_would_not_read_back_makes_no_service():
     with pytest.raises(LabelError, match="gpuspawner.user"):
-        spec(holding=ServerLabels(user="", server="", host="", uuids=(), model="", port=None))
+        spec(holding=Held(user="", server="", host="", uuids=(), model="", port=None))
 
 
 def test_swarm_does_not_restart_servers_behind_the_hubs_back():
@@ -92,7 +92,7 @@ def test_swarm_does_not_restart_servers_behind_the_hubs_back():
 # Shares: labels, env and what enforces them
 # --------------------------------------------------------------------------
 
-SHARED = ServerLabels(
+SHARED = Held(
     user="bob",
     server="",
     host="gpu-a",
@@ -208,7 +208,7 @@ def test_enforcement_mode_per_host():
 # What no admin setting changes: hostile extra_* settings, in both spellings
 # --------------------------------------------------------------------------
 
-CPU = ServerLabels(user="carol", server="", host="", uuids=(), model="", port=None)
+CPU = Held(user="carol", server="", host="", uuids=(), model="", port=None)
 HAMI = share_enforcement("hami", SHARED.milli, (81920, 81920))
 HOLDINGS = {"gpu": (HOLDING, ({}, [])), "cpu": (CPU, ({}, [])), "shared": (SHARED, HAMI)}
 
