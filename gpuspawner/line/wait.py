@@ -7,8 +7,15 @@ survives a hub restart; the order rules are :mod:`gpuspawner.core.line_order`'s.
 A waiting spawn registers how to reserve for itself; whenever devices come
 back (a holding is released: the hub calls :meth:`WaitLine.poke`), and every few seconds
 anyway, the line is served: each model's first waiter tries to reserve, and
-on success its spawn carries on. A head whose spawn is not live (a hub
-restart, before it is resumed) holds its place: nobody behind it is served.
+on success its spawn carries on. A failure that may pass (the ledger, no free
+port, the server's old service still going) keeps every place; the waits' own
+``gpu_wait_timeout`` bounds them.
+
+A row is owned by a live wait, or has a deadline, or is gone: a head whose
+spawn is not live (a hub restart, before it is resumed) holds its place for
+:data:`UNOWNED_SECONDS`, and nobody behind it is served meanwhile; a row still
+without a live wait then (its resumed spawn failed before it could wait, in a
+hook or the ledger) leaves the line.
 
 While a spawn waits it holds no slot of JupyterHub's ``concurrent_spawn_limit``:
 JupyterHub counts every pending spawn against that limit, so the limit the hub
@@ -40,6 +47,9 @@ log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 10.0  # a waiter's line is served at least this often (devices may come back unannounced)
 LOOK_SECONDS = 1.0  # how often a waiting spawn looks at its place in line
+UNOWNED_SECONDS = 120.0  # how long a row keeps its place without a live wait (a resumed spawn is live in seconds)
+# Refusals that may pass: the head keeps its place and the line is tried again.
+PASSING = frozenset({"stale_service", "ledger_unavailable", "no_port"})
 
 Reserve = Callable[[], Awaitable[Holding]]
 
@@ -61,6 +71,8 @@ class WaitLine:
         self._serving: asyncio.Task | None = None
         self._again = False
         self._cancelled: set[str] = set()  # waits cancelled whose server is not stopped yet
+        self._unowned: dict[str, float] = {}  # service -> when its row was first seen without a live wait
+        self._leaving: set[asyncio.Task] = set()
         self._models_shown: set[str] = set()  # models whose line length the metrics show
 
     # -- the rows ------------------------------------------------------------------
@@ -76,6 +88,7 @@ class WaitLine:
             if not self.loaded:
                 self.rows, self.loaded = list(rows or []), True
                 self._count()
+                self.restart_clocks()  # no row read back has a live wait yet
 
     def lines(self) -> dict[str, list[Waiter]]:
         return by_model(self.rows)
@@ -104,7 +117,14 @@ class WaitLine:
         except LedgerError as exc:
             log.warning("%s", exc)
 
+    def leave_soon(self, service: str) -> None:
+        """:meth:`leave`, from a callback."""
+        task = asyncio.get_running_loop().create_task(self.leave(service))
+        self._leaving.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._leaving.discard)
+
     def _drop(self, service: str) -> None:
+        self._unowned.pop(service, None)
         before = len(self.rows)
         self.rows = [w for w in self.rows if w.service != service]
         if len(self.rows) != before:
@@ -134,18 +154,62 @@ class WaitLine:
                 except Exception:  # never stop serving the others
                     log.exception("Serving the line for %s failed", line[0].model)
 
+    def _live_wait(self, service: str) -> tuple[Reserve, asyncio.Future] | None:
+        live = self._live.get(service)
+        if live is None or live[1].done():
+            return None
+        self._unowned.pop(service, None)
+        return live
+
+    async def _expired(self, w: Waiter) -> bool:
+        """Whether ``w``'s row, without a live wait for :data:`UNOWNED_SECONDS`, left the line now."""
+        now = time.monotonic()
+        if now - self._unowned.setdefault(w.service, now) < UNOWNED_SECONDS:
+            return False
+        log.warning(
+            "%s had no live spawn for %d s at the head of the line for %s (its resumed spawn failed "
+            "before it could wait): out of line",
+            w.service,
+            UNOWNED_SECONDS,
+            w.model,
+        )
+        self._unowned.pop(w.service, None)
+        await self.leave(w.service)
+        return True
+
+    async def clear_unowned(self, model: str) -> None:
+        """Heads of ``model``'s line past their deadline without a live wait leave it
+        (before a request that does not wait is told how many wait)."""
+        for w in self.lines().get(model, []):
+            if self._live_wait(w.service) is not None or not await self._expired(w):
+                return
+
+    def unowned(self, service: str) -> bool:
+        """In line without a live wait."""
+        return self.place(service) is not None and self._live_wait(service) is None
+
+    def restart_clocks(self) -> None:
+        """Every row's deadline counts from now (the line was read, or its spawns resumed)."""
+        now = time.monotonic()
+        self._unowned = {w.service: now for w in self.rows if w.service not in self._live}
+
     async def _serve(self, line: list[Waiter]) -> None:
         """Reserve for the first in ``line`` while what is free allows."""
         for w in line:
-            live = self._live.get(w.service)
-            if live is None or live[1].done():
+            live = self._live_wait(w.service)
+            if live is None:
+                if await self._expired(w):
+                    continue
                 return  # not live yet (a restarted hub resumes it): its place holds
             reserve, result = live
             try:
                 holding = await reserve()
             except SpawnException as exc:
-                if waits_for(exc) or exc.reason == "stale_service":
+                if waits_for(exc):
                     return  # not yet
+                if exc.reason in PASSING:
+                    log.info("%s keeps its place in line for %s: %s", w.service, w.model, exc.log_message or exc)
+                    return
                 if not result.done():
                     result.set_exception(exc)
                 self._drop(w.service)
@@ -275,7 +339,10 @@ async def reserve_or_wait(
             if not (wait and model and waits_for(exc)):
                 raise
     elif not wait:
-        raise busy_refusal(model, line.waiting_for(model), spawn_error)
+        await line.clear_unowned(model)
+        if line.waiting_for(model):
+            raise busy_refusal(model, line.waiting_for(model), spawn_error)
+        return await reserve()
     assert model is not None
     joining = asyncio.ensure_future(
         line.join(name, spawner.user.name, spawner.name, model, spawner._line_priority(), spawner.user_options)

@@ -14,7 +14,9 @@ from prometheus_client import REGISTRY
 
 from gpuspawner import hub_port, hubconfig
 from gpuspawner.core.line_order import Waiter, by_model, estimate, fmt_duration, ordered, position
-from gpuspawner.ledger.ledger import Ledger
+from gpuspawner.ledger.ledger import Ledger, LedgerError
+from gpuspawner.line import wait as line_wait
+from gpuspawner.spawn.errors import spawn_error
 from gpuspawner.web.api import queue_json
 from tests.interleave import Run, Scenario, random_schedules
 from tests.unit.test_form_template import _TreeBuilder
@@ -308,3 +310,57 @@ def test_a_release_racing_a_new_request_never_lets_it_go_ahead_of_the_waiter(tmp
     )
     assert stats.schedules == 150 and not any(ahead)
     assert "served" in seen, sorted(set(seen))  # bob got the GPU in some schedules, timed out in others
+
+
+async def test_a_ledger_error_as_a_gpu_frees_keeps_every_waiter_in_line_and_the_head_is_served_once_it_is_back(
+    tmp_path, monkeypatch
+):
+    """The head's reservation cannot be recorded for a moment: that may pass, so
+    nobody is thrown out of the line (and told to retry while their row stays)."""
+    monkeypatch.setattr(line_wait, "RETRY_SECONDS", 0.1)
+    world = World(tmp_path)
+    alice = world.spawner("alice", {"gpu_model": A100})
+    await world.started(alice)
+    bob, carol = world.spawner("bob", WAIT), world.spawner("carol", WAIT)
+    bob_start = asyncio.ensure_future(world.started(bob))
+    await until(lambda: world.hub.line.place(bob.service_name) == (A100, 1))
+    carol_start = asyncio.ensure_future(carol.start())
+    await until(lambda: any("number 2" in m for m in messages(carol)))
+
+    def down(*_args, **_kw):
+        raise LedgerError("the ledger's database is unreachable")
+
+    with monkeypatch.context() as m:
+        m.setattr(Ledger, "open", down)
+        await stopped(world, alice)
+        await asyncio.sleep(0.5)  # several tries of the line
+        assert not bob_start.done() and not carol_start.done()
+        assert world.hub.line.place(bob.service_name) == (A100, 1)
+        assert world.hub.line.place(carol.service_name) == (A100, 2)
+        assert bob.service_name not in world.fake.service_names()  # nothing made that the ledger has not recorded
+    await asyncio.wait_for(bob_start, 5)
+    assert world.owner.get(bob.service_name).held.uuids == ("GPU-b0",)
+    assert world.hub.line.place(carol.service_name) == (A100, 1)
+    carol_start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await carol_start
+    await carol.stop()
+    world.ledger_matches()
+
+
+@pytest.mark.parametrize("reason", sorted(line_wait.PASSING))
+async def test_a_refusal_that_may_pass_keeps_the_place_and_the_line_is_tried_again(tmp_path, monkeypatch, reason):
+    """The ledger down, no free host port, the old service still going: the waiter stays first."""
+    monkeypatch.setattr(line_wait, "RETRY_SECONDS", 0.05)
+    line = World(tmp_path).hub.line
+    await line.join("jupyter-bob", "bob", "", A100, 0, WAIT)
+    tries = []
+
+    async def reserve():
+        tries.append(line.place("jupyter-bob"))
+        if len(tries) < 3:
+            raise spawn_error("not now", reason=reason, status_code=503)
+        return "the holding"
+
+    assert await asyncio.wait_for(line.wait("jupyter-bob", reserve, 10, lambda _: None), 5) == "the holding"
+    assert tries == [(A100, 1)] * 3 and line.rows == []

@@ -6,11 +6,12 @@ across a hub restart), and a request the rules forbid never enters the line."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 from jupyterhub.spawner import SpawnException
 
-from gpuspawner.ledger.ledger import Ledger
+from gpuspawner.ledger.ledger import Ledger, LedgerError
 from gpuspawner.line import wait as line_wait
 from tests.unit.test_access_spawn import in_groups
 from tests.unit.test_holdings import A100, World, driven
@@ -177,3 +178,83 @@ async def test_after_a_refused_resumed_spawn_left_the_line_the_next_is_served_wh
     await asyncio.wait_for(served(w, stu_start), line_wait.RETRY_SECONDS / 2)
     assert asyncio.get_running_loop().time() - released < 2
     assert w.owner.get(stu.service_name).held.uuids == ("GPU-b0",) and rows(w) == []
+
+
+async def test_a_row_whose_resumed_spawn_never_waits_leaves_at_its_deadline_and_the_next_is_served(
+    tmp_path, monkeypatch, caplog
+):
+    """Prof's resumed spawn failed in a hook before it could wait: his row has no
+    live wait. It holds its place until its deadline, then leaves, and stu
+    (behind him, waiting) is served; nobody edits the database."""
+    monkeypatch.setattr(line_wait, "UNOWNED_SECONDS", 0.5)
+    monkeypatch.setattr(line_wait, "RETRY_SECONDS", 0.1)
+    w = await restarted_hub(tmp_path)
+    stu = in_groups(w.spawner("stu", WAIT), "students")
+    stu_start = await waiting(w, stu, 2)
+    await stopped_leftover(w, "alice")
+    await asyncio.sleep(0.2)
+    assert not stu_start.done() and place(w, stu) == (A100, 2)  # prof's place holds until its deadline
+    await asyncio.wait_for(served(w, stu_start), 5)
+    assert w.owner.get(stu.service_name).held.uuids == ("GPU-b0",) and rows(w) == []
+    assert "jupyter-prof had no live spawn" in caplog.text
+
+
+async def test_a_request_that_does_not_wait_is_not_refused_for_rows_past_their_deadline(tmp_path, monkeypatch):
+    monkeypatch.setattr(line_wait, "UNOWNED_SECONDS", 0.3)
+    w = await restarted_hub(tmp_path)  # neither stu's nor prof's spawn comes back
+    await stopped_leftover(w, "alice")
+    with pytest.raises(SpawnException) as exc:
+        await w.started(w.spawner("dave", {"gpu_model": A100}))
+    assert exc.value.status_code == 503 and "2 requests are waiting in line" in exc.value.message
+    await asyncio.sleep(0.4)
+    await w.started(w.spawner("dave", {"gpu_model": A100}))
+    assert w.owner.get("jupyter-dave").held.uuids == ("GPU-b0",) and rows(w) == []
+
+
+async def test_resuming_reads_the_line_again_while_the_ledger_is_down_goes_on_past_a_failing_row_and_a_failed_spawn_leaves(
+    tmp_path, monkeypatch
+):
+    """At hub start: the first read of the line fails (the ledger is coming up), so it is
+    read again; prof's row cannot be resumed (the hub's user store fails), which does not
+    stop stu's; stu's resumed spawn fails in a hook before it waits, so his row leaves at
+    once. The hub's objects here are small stand-ins: only what resume_waiting touches."""
+    from gpuspawner import hub_port
+    from gpuspawner.hub import resume
+
+    w = world(tmp_path)
+    ledger = Ledger(w.db_url)
+    ledger.enqueue("jupyter-stu", "stu", "", A100, 0, WAIT)
+    ledger.enqueue("jupyter-prof", "prof", "", A100, 10, WAIT)
+    reads = []
+    real = Ledger.waiting
+
+    def flaky(self):
+        reads.append(1)
+        if len(reads) == 1:
+            raise LedgerError("the ledger's database is unreachable")
+        return real(self)
+
+    class Users(dict):
+        def __getitem__(self, name):
+            if name == "prof":
+                raise RuntimeError("the user store is down")
+            return super().__getitem__(name)
+
+    stu = SimpleNamespace(spawners={"": SimpleNamespace(active=False)})
+    spawned = []
+
+    def spawn(_app, user, server, options):
+        spawned.append((user, server, options))
+        failed = asyncio.get_running_loop().create_future()
+        failed.set_exception(RuntimeError("pre_spawn_hook failed"))
+        return failed
+
+    monkeypatch.setattr(Ledger, "waiting", flaky)
+    monkeypatch.setattr(resume, "LOAD_RETRY_SECONDS", 0.01)
+    monkeypatch.setattr(hub_port, "running_hub", lambda: SimpleNamespace(users=Users(stu=stu)))
+    monkeypatch.setattr(hub_port, "spawn_in_background", spawn)
+    assert await resume.resume_waiting(w.hub.line, w.owner) == 1
+    assert len(reads) == 2 and spawned == [(stu, "", WAIT)]
+    await until(lambda: w.hub.line.place("jupyter-stu") is None)
+    assert [r.service for r in w.hub.line.rows] == ["jupyter-prof"]  # no live wait: its deadline runs
+    assert [r.service for r in real(ledger)] == ["jupyter-prof"]
