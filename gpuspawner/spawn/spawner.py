@@ -185,14 +185,16 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             # failed stop) may still run on its GPUs: it goes first.
             if not await self._remove(holdings):
                 raise spawn_error(STALE, reason="stale_service", status_code=503)
-        holding = await reserve_or_wait(
-            self,
-            line,
-            request and request.model,
-            wait,
-            lambda: self._reserve(holdings, request, access.max_gpus, wait),
-            spawn_error,
-        )
+        first = True
+
+        async def reserve() -> Holding:
+            nonlocal first
+            if request is not None and not first:  # served from the line: the wait may have used the budget up
+                await self._within_budget(holdings, access)
+            first = False
+            return await self._reserve(holdings, request, access.max_gpus, wait)
+
+        holding = await reserve_or_wait(self, line, request and request.model, wait, reserve, spawn_error)
         try:
             if holding.held.port is not None:
                 self.port = holding.held.port

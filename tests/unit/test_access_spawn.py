@@ -6,6 +6,7 @@ GPU requests with the time it is back."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from datetime import datetime, timedelta, timezone
@@ -20,6 +21,7 @@ from gpuspawner.hub.settings import validate_config
 from gpuspawner.ledger.ledger import Ledger, LedgerError
 from tests.interleave import Run, Scenario, explore
 from tests.unit.test_holdings import A100, World, check_all
+from tests.unit.test_line import stopped, until
 
 GTX = "NVIDIA GeForce GTX 1070"
 INVENTORY = {
@@ -217,3 +219,24 @@ def test_a_budgeted_spawn_racing_a_staff_spawn_and_a_reconcile_every_interleavin
 
     stats = explore(scenario, max_schedules=150)
     assert stats.schedules >= 100
+
+
+async def test_a_waiter_whose_budget_was_used_up_while_waiting_is_refused_when_served(tmp_path):
+    """The budget is checked again when the line serves a request: carol joined at
+    15 of 20 GPU-hours; her other use while she waited took her to 25, so the GPU
+    that frees up is not hers (403, as a fresh request gets), and goes back."""
+    w = world(tmp_path)
+    sam = in_groups(w.spawner("sam", {"gpu_model": GTX, "gpu_count": 3}), "staff")
+    await w.started(sam)
+    seed(w, "carol", (48, 15, ["GPU-a0"]))
+    carol = in_groups(w.spawner("carol", {"gpu_model": GTX, "gpu_wait": True}), "students")
+    carol_start = asyncio.ensure_future(carol.start())
+    await until(lambda: w.hub.line.place(carol.service_name) == (GTX, 1))
+    seed(w, "carol", (30, 10, ["GPU-a1"]))  # another of her servers ran on meanwhile
+    await stopped(w, sam)
+    with pytest.raises(SpawnException) as exc:
+        await asyncio.wait_for(carol_start, 10)
+    assert exc.value.status_code == 403 and exc.value.reason == "gpu_budget"
+    assert "25.0 GPU-hours in the last 7 days" in exc.value.jupyterhub_message
+    assert w.owner.get(carol.service_name) is None and w.hub.line.rows == []
+    assert Ledger(w.db_url).waiting() == []
