@@ -22,7 +22,10 @@ __all__ = ["EVERYONE_ELSE", "KEYS", "Access", "AccessRules"]
 
 EVERYONE_ELSE = "*"
 KEYS = ("models", "max_gpus", "priority", "max_hours", "weekly_gpu_hours", "idle_timeout", "idle_threshold")
-_HOURS = ("max_hours", "weekly_gpu_hours")  # more generous when absent: no limit
+_HOURS = ("max_hours", "weekly_gpu_hours")  # numbers > 0
+# Absent from a group: the hub's own setting (gpu_max_hours, gpu_idle_timeout,
+# gpu_idle_threshold), which then counts as that group's value in a merge.
+HUB_SETTINGS = ("max_hours", "idle_timeout", "idle_threshold")
 
 
 @dataclass(frozen=True)
@@ -32,11 +35,24 @@ class Access:
     max_gpus: int  # across all their servers; shares count as their fraction
     models: frozenset[str] | None = None  # None: every model
     priority: int = 0  # in the line for a model: higher first
-    max_hours: float | None = None  # a server may hold GPUs this long (None: no limit)
     weekly_gpu_hours: float | None = None  # GPU-hours over the last 7 days (None: no limit)
-    idle_timeout: float | None = None  # None: the hub's own setting
-    idle_threshold: float | None = None  # None: the hub's own setting
+    # HUB_SETTINGS: the most generous among the user's groups that set them (None:
+    # none does), and the keys some of those groups leave to the hub (see resolved()).
+    max_hours: float | None = None  # a server may hold GPUs this long
+    idle_timeout: float | None = None  # seconds idle before a stop (0: never)
+    idle_threshold: float | None = None  # utilization (%) at or below which a GPU is idle
+    hub_defaults: frozenset[str] = frozenset()
     groups: tuple[str, ...] = field(default=())  # the rules' groups this comes from
+
+    def resolved(self, key: str, hub: float) -> float:
+        """One of HUB_SETTINGS for this user, the hub's own setting ``hub``
+        standing in for each of their groups that leaves it unset: the most
+        generous value (the longest time, 0 for none; the lowest threshold)."""
+        own = getattr(self, key)
+        values = [own] if own is not None else []
+        if own is None or key in self.hub_defaults:
+            values.append(hub)
+        return _most_generous(key, values)
 
     def allows(self, model: str) -> bool:
         return self.models is None or model in self.models
@@ -131,10 +147,9 @@ class AccessRules:
             models=_union(r.get("models") for r in rules),
             priority=max(r.get("priority", 0) for r in rules),
             groups=tuple(names),
-            **{k: _unlimited_max(r.get(k) for r in rules) for k in _HOURS},
-            idle_timeout=max((r["idle_timeout"] for r in rules if "idle_timeout" in r), default=None),
-            # A lower threshold counts fewer servers as idle: the more generous one.
-            idle_threshold=min((r["idle_threshold"] for r in rules if "idle_threshold" in r), default=None),
+            weekly_gpu_hours=_unlimited_max(r.get("weekly_gpu_hours") for r in rules),
+            **{k: _most_generous(k, [r[k] for r in rules if k in r]) for k in HUB_SETTINGS},
+            hub_defaults=frozenset(k for k in HUB_SETTINGS if any(k not in r for r in rules)),
         )
 
     def unknown_models(self, known: Iterable[str]) -> list[str]:
@@ -150,6 +165,15 @@ def _union(models: Iterable[frozenset[str] | None]) -> frozenset[str] | None:
             return None
         out |= m
     return frozenset(out)
+
+
+def _most_generous(key: str, values: list[float]) -> float | None:
+    """None for no values; a lower threshold counts fewer servers as idle; a time of 0 is no limit."""
+    if not values:
+        return None
+    if key == "idle_threshold":
+        return min(values)
+    return 0.0 if 0 in values else max(values)
 
 
 def _unlimited_max(values: Iterable[float | None]) -> float | None:

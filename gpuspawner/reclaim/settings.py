@@ -12,6 +12,7 @@ import math
 from traitlets import Bool, Dict, Float, TraitError, validate
 from traitlets.config import LoggingConfigurable
 
+from ..core.access import Access
 from ..core.idle import Limits
 from ..core.numbers import finite
 
@@ -112,18 +113,15 @@ class ReclaimSettings(LoggingConfigurable):
     def reclaim_limits(self) -> Limits:
         """The limits this server is held to: its user's access rules where they set
         ``idle_timeout``, ``idle_threshold`` or ``max_hours`` (docs/access.md), else these settings."""
-        access = self._access() if hasattr(self, "_access") else None
+        access = self._access() if hasattr(self, "_access") else Access(max_gpus=0)
         threshold = self.gpu_idle_threshold
         memory = threshold.get("memory_mib")
-        timeout = getattr(access, "idle_timeout", None)
-        utilization = getattr(access, "idle_threshold", None)
-        hours = getattr(access, "max_hours", None)
         return Limits(
-            idle_timeout=(self.gpu_idle_timeout if timeout is None else timeout) or None,
+            idle_timeout=access.resolved("idle_timeout", self.gpu_idle_timeout) or None,
             idle_warning=self.gpu_idle_warning,
-            idle_utilization=float(threshold.get("utilization", 5) if utilization is None else utilization),
+            idle_utilization=access.resolved("idle_threshold", float(threshold.get("utilization", 5))),
             idle_memory_mib=None if memory is None else int(memory),
-            max_held=(self.gpu_max_hours if hours is None else hours) * 3600 or None,
+            max_held=access.resolved("max_hours", self.gpu_max_hours) * 3600 or None,
             max_held_warning=self.gpu_max_hours_warning,
         )
 

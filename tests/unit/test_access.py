@@ -26,19 +26,19 @@ def rules(config=ISSUE, default=1, aliases=None) -> AccessRules:
 @pytest.mark.parametrize(
     "groups, models, max_gpus, priority, max_hours, weekly",
     [
-        # in no listed group: "*"'s rules
-        ([], frozenset(), 0, 0, None, None),
-        (["physics"], frozenset(), 0, 0, None, None),
+        # in no listed group: "*"'s rules (max_hours: the hub's own, 0 here: none)
+        ([], frozenset(), 0, 0, 0.0, None),
+        (["physics"], frozenset(), 0, 0, 0.0, None),
         (["students"], frozenset({GTX}), 1, 0, 4.0, 20.0),
-        (["staff"], None, 4, 10, None, None),
+        (["staff"], None, 4, 10, 0.0, None),
         # both: every model, 4 GPUs, priority 10, no hour limits (staff has none)
-        (["students", "staff"], None, 4, 10, None, None),
+        (["students", "staff"], None, 4, 10, 0.0, None),
         (["students", "physics"], frozenset({GTX}), 1, 0, 4.0, 20.0),
     ],
 )
 def test_effective_is_the_most_generous_of_the_users_groups(groups, models, max_gpus, priority, max_hours, weekly):
     a = rules().effective(groups)
-    assert (a.models, a.max_gpus, a.priority, a.max_hours, a.weekly_gpu_hours) == (
+    assert (a.models, a.max_gpus, a.priority, a.resolved("max_hours", 0), a.weekly_gpu_hours) == (
         models,
         max_gpus,
         priority,
@@ -58,7 +58,9 @@ def test_numbers_merge_by_their_maximum_and_an_absent_limit_is_none():
     assert (ab.max_hours, ab.weekly_gpu_hours, ab.max_gpus, ab.priority) == (8.0, 10.0, 3, 0)
     assert (ab.idle_timeout, ab.idle_threshold) == (600.0, 5.0)
     abc = rules(config).effective(["a", "b", "c"])
-    assert (abc.max_hours, abc.weekly_gpu_hours) == (None, None)  # c sets no limit
+    assert abc.weekly_gpu_hours is None  # c sets no weekly limit
+    # c leaves max_hours to the hub: its setting counts as c's value
+    assert (abc.resolved("max_hours", 0), abc.resolved("max_hours", 5), abc.resolved("max_hours", 24)) == (0, 8, 24)
     assert (abc.idle_timeout, abc.idle_threshold) == (1800.0, 2.0)  # longest timeout, lowest threshold
     assert abc.groups == ("a", "b", "c")
     # max_gpus absent: the hub's max_gpus_per_user
@@ -175,17 +177,24 @@ group_rules = st.fixed_dictionaries(
 )
 
 
-def _at_least_as_generous(more: Access, less: Access) -> bool:
+def _at_least_as_generous(more: Access, less: Access, hub: dict) -> bool:
     def unlimited_ge(a, b):
         return a is None or (b is not None and a >= b)
+
+    def longer(key):  # 0: no limit
+        a, b = more.resolved(key, hub[key]), less.resolved(key, hub[key])
+        return a == 0 or (b != 0 and a >= b)
 
     models_ok = more.models is None or (less.models is not None and less.models <= more.models)
     return (
         models_ok
         and more.max_gpus >= less.max_gpus
         and more.priority >= less.priority
-        and unlimited_ge(more.max_hours, less.max_hours)
         and unlimited_ge(more.weekly_gpu_hours, less.weekly_gpu_hours)
+        and longer("max_hours")
+        and longer("idle_timeout")
+        and more.resolved("idle_threshold", hub["idle_threshold"])
+        <= less.resolved("idle_threshold", hub["idle_threshold"])
     )
 
 
@@ -194,8 +203,12 @@ def _at_least_as_generous(more: Access, less: Access) -> bool:
     groups=st.lists(st.sampled_from(GROUPS[:3] + ["other"]), max_size=3),
     extra=st.sampled_from(GROUPS[:3]),
     default=st.integers(0, 4),
+    hub=st.fixed_dictionaries(
+        {"max_hours": st.sampled_from([0, 1, 8, 200]), "idle_timeout": st.sampled_from([0, 60, 3600, 20_000])}
+    ).map(lambda d: {**d, "idle_threshold": 5.0}),
 )
-def test_adding_a_listed_group_never_takes_anything_away(config, groups, extra, default):
+def test_adding_a_listed_group_never_takes_anything_away(config, groups, extra, default, hub):
+    """Also the limits a group leaves to the hub's own setting (whatever it is)."""
     r = AccessRules.parse(config, default_max_gpus=default)
     before, after = r.effective(groups), r.effective([*groups, extra])
     in_listed = any(g in config and g != "*" for g in groups)
@@ -203,8 +216,19 @@ def test_adding_a_listed_group_never_takes_anything_away(config, groups, extra, 
         # Leaving "everyone else" for a listed group is a change of rules, not a merge;
         # within listed groups, adding one only adds.
         if in_listed:
-            assert _at_least_as_generous(after, before), (before, after)
+            assert _at_least_as_generous(after, before, hub), (before, after)
         if extra in config:
-            assert _at_least_as_generous(after, r.effective([extra])), (after, r.effective([extra]))
+            assert _at_least_as_generous(after, r.effective([extra]), hub), (after, r.effective([extra]))
     else:
         assert after == before
+
+
+def test_a_group_that_never_stops_idle_servers_is_not_undone_by_joining_one_that_does():
+    """idle_timeout 0 is "never": joining a group with 3600 s does not stop the user
+    after an hour; a group that leaves the idle settings to the hub counts the hub's."""
+    config = {"never": {"idle_timeout": 0}, "hourly": {"idle_timeout": 3600, "idle_threshold": 20}, "plain": {}}
+    both = rules(config).effective(["never", "hourly"])
+    assert both.resolved("idle_timeout", 1800) == 0
+    with_hub = rules(config).effective(["hourly", "plain"])  # plain: the hub's 7200 s and 5 %
+    assert (with_hub.resolved("idle_timeout", 7200), with_hub.resolved("idle_threshold", 5)) == (7200, 5)
+    assert (with_hub.resolved("idle_timeout", 600), with_hub.resolved("idle_threshold", 30)) == (3600, 20)

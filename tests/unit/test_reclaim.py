@@ -276,3 +276,7 @@ def test_a_users_access_rules_set_their_idle_and_held_time_limits():
     assert (student.idle_timeout, student.idle_utilization, student.max_held) == (1800, 10, 4 * 3600)
     other = spawner().reclaim_limits()  # "*" sets none of them: the hub's own settings
     assert (other.idle_timeout, other.idle_utilization, other.max_held) == (7200, 5, 8 * 3600)
+    # In students and a group that leaves them to the hub: the more generous of each.
+    rules["labs"] = {"models": "*", "max_gpus": 2}
+    both = spawner("students", "labs").reclaim_limits()
+    assert (both.idle_timeout, both.idle_utilization, both.max_held) == (7200, 5, 8 * 3600)
