@@ -86,6 +86,19 @@ def _one_line(text, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def _warn_left_out(body: bytes) -> None:
+    """The hub takes a report but leaves out a device another node has: say which."""
+    try:
+        left_out = json.loads(body).get("left_out")
+    except (ValueError, AttributeError):
+        return
+    for sentence in left_out[:8] if isinstance(left_out, list) else ():
+        log.warning(
+            "the hub left a device out: %s (a copied inventory or a spoofed agent; check nvidia-smi -L on both)",
+            _one_line(sentence),
+        )
+
+
 def _hub_message(e: urllib.error.HTTPError) -> str:
     """The hub's own message from its JSON error body, else the HTTP reason."""
     if 300 <= e.code < 400:
@@ -166,7 +179,7 @@ class HubClient:
         request = urllib.request.Request(self.url, data=body, headers=self._headers(), method="POST")
         try:
             with self.opener.open(request, timeout=self.timeout) as response:
-                response.read()
+                _warn_left_out(response.read(65536))
         except urllib.error.HTTPError as e:
             message = f"the hub answered {e.code}: {_hub_message(e)}"
             if e.code == 403:

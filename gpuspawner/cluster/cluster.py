@@ -12,10 +12,11 @@ Only healthy devices on nodes that report in time are given to the
 allocator; the others stay known here, with the reason, for admins.
 
 A UUID belongs to one host at a time: the one the static inventory lists it
-for, or else the one whose accepted report named it first. A report that
-names a UUID another host has is refused as a whole (see :meth:`GPUCluster.receive`),
-unless that host's claim rests only on its agent and its agent is late: then
-the device moves to the reporting host.
+for, or else the one whose report named it first. Another host's report that
+names it has that device left out, and only that device (see
+:meth:`GPUCluster.receive`). It moves when the host that has it by its report
+no longer names it, or is no longer a node of the swarm; a late agent is not
+enough, so a leaked node token cannot take another node's devices.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from ..allocator.allocator import AdoptProblem, Allocation, Allocator
 from ..core.inventory import GPU
 from ..core.labels import Held
-from ..core.reports import Conflict, NodeReport, UUIDConflict, parse_report, report_uuids
+from ..core.reports import Conflict, NodeReport, parse_report, report_uuids
 from .devices import SOURCES, DeviceState, InventorySettings, host_states
 from .host_views import HoldersOf
 from .swarm import Node, Swarm
@@ -78,70 +79,49 @@ class GPUCluster:
     def static_hosts(self) -> set[str]:
         return {g.host for g in self.settings.static} if "static" in self.settings.sources else set()
 
-    def receive(self, report: NodeReport, now: float | None = None) -> None:
+    def receive(self, report: NodeReport, now: float | None = None) -> tuple[Conflict, ...]:
         """Take a node's report. A host in the static inventory keeps its
         listed devices; its report then only says how healthy they are.
         Only this host is recomputed; the allocator is touched only when the
         set of devices it may offer changed.
 
-        Raises :class:`UUIDConflict` (nothing of the report is taken: the host
-        keeps its previous report) when the report names a UUID (of a GPU or a
-        MIG device) that another host has: listed for it in the static
-        inventory, or named by its accepted report while its agent is not
-        late. A device whose old host's agent is late, or whose old host's
-        report no longer names it, moves to the reporting host. The refusal is
-        kept in :attr:`conflicts` until the host's next accepted report, or
-        until the other host no longer has the UUID."""
+        A UUID (of a GPU or a MIG device) that another host has, listed for it
+        in the static inventory or named by its report, is left out with its
+        device, and returned: the rest of the report is taken. Such a conflict
+        is kept in :attr:`conflicts` (for doctor) until this host's report no
+        longer names it, or the other host no longer has the UUID."""
         now = time.monotonic() if now is None else now
         host = report.hostname
         uuids = report_uuids(report)
+        refused = sorted((u, o) for u in uuids if (o := self._owner.get(u, host)) != host)
+        mine = uuids - {u for u, _ in refused}
         before = self._claims.get(host, frozenset())
-        moved: dict[str, str] = {}  # uuid -> the host it is taken from
-        if uuids != before:  # the same UUIDs as last time are this host's already
-            refused = []
-            for uuid in uuids - before:
-                owner = self._owner.get(uuid, host)
-                if owner == host:
-                    continue
-                if uuid not in self._listed and self._agent_late(owner, now):
-                    moved[uuid] = owner
-                else:
-                    refused.append((uuid, owner))
-            if refused:
-                raise self._refuse(host, refused)
-            self._claim(host, before, uuids, moved)
-        if host in self.conflicts:
-            del self.conflicts[host]
+        if mine != before:
+            self._claim(host, before, mine)
+        self._note_conflicts(host, refused)
         self.reports[host] = (report, now)
-        losers = [other for other in sorted(set(moved.values())) if self._set_host(other)]
         changed = self._set_host(host)
         back = host in self.stale and self._check_stale(now)
-        if changed or losers or back:
-            self._offer(losers + ([host] if changed else []))
+        if changed or back:
+            self._offer([host] if changed else [])
+        return tuple(self.conflicts.get(host, {}).values())
 
-    def _agent_late(self, host: str, now: float) -> bool:
-        got = self.reports.get(host)
-        if got is None:
-            return False
-        report, received = got
-        return now - received > self.settings.stale_intervals * report.interval
-
-    def _refuse(self, host: str, refused: list[tuple[str, str]]) -> UUIDConflict:
-        """Remember why the host's report is refused (replacing what its last refusal said)."""
+    def _note_conflicts(self, host: str, refused: list[tuple[str, str]]) -> None:
+        """Remember which UUIDs of the host's report another host has (first seen kept)."""
+        if not refused:
+            self.conflicts.pop(host, None)
+            return
         wall = time.time()
         old = self.conflicts.get(host, {})
         records = {}
-        for uuid, owner in sorted(refused):
+        for uuid, owner in refused:
             prev = old.get(uuid)
             since = prev.since if prev is not None and prev.owner == owner else wall
             records[uuid] = Conflict(host, uuid, owner, uuid in self._listed, since, wall)
         self.conflicts[host] = records
-        return UUIDConflict(tuple(records.values()))
 
-    def _claim(self, host: str, before: frozenset[str], uuids: frozenset[str], moved: Mapping[str, str]) -> None:
+    def _claim(self, host: str, before: frozenset[str], uuids: frozenset[str]) -> None:
         """The index after the host's report naming ``uuids`` (``before``: its last one's) is accepted."""
-        for uuid, owner in moved.items():
-            self._claims[owner] = self._claims[owner] - {uuid}
         for uuid in before - uuids:
             if self._owner.get(uuid) == host and uuid not in self._listed:
                 del self._owner[uuid]
@@ -275,9 +255,23 @@ class GPUCluster:
                 self._nodes_at = time.monotonic()
                 self.nodes = {n.hostname: n for n in nodes}
                 self._schedulable = {n.hostname for n in nodes if n.schedulable}
+                self._forget_gone(log)
             self.apply()
             self._update_availability()
             self._nodes_read = True
+
+    def _forget_gone(self, log: logging.Logger | logging.LoggerAdapter) -> None:
+        """A host that is no longer a node of the swarm has no devices by its
+        reports: a GPU that moved from it can be taken by its new node."""
+        gone = [h for h in self._claims if h not in self.nodes and h != self.settings.local_host]
+        for host in gone:
+            log.info("%s is no longer a node of the swarm: its reported devices are forgotten", host)
+            self._claim(host, self._claims[host], frozenset())
+            del self._claims[host]
+            self.reports.pop(host, None)
+            self.conflicts.pop(host, None)
+        if gone and self._offered:
+            self._offer([h for h in gone if self._set_host(h)])
 
     def node_addr(self, hostname: str) -> str | None:
         node = self.nodes.get(hostname)

@@ -72,8 +72,8 @@ def host_states(
     source = "local" if host == settings.local_host and "local" in settings.sources else "agent"
     max_temp = settings.max_temperature_c
     for gpu, dev in gpus_of(report, aliases):
-        if owner.get(gpu.uuid, host) != host:
-            continue  # moved to another host while this one's agent was late
+        if owner.get(gpu.uuid, host) != host or owner.get(dev.uuid or "", host) != host:
+            continue  # another host has it (or the GPU a MIG device is on): left out
         state = states.get(gpu.uuid)
         if state is None:
             if listed:

@@ -39,7 +39,7 @@ def diagnose(
     shared_token: bool = False,
 ) -> list[Finding]:
     """``foreign``: labelled services the hub does not take as its servers, with why;
-    ``conflicts``: reports refused because they name a UUID another host has;
+    ``conflicts``: UUIDs left out of reports because another host has them;
     ``shared_token``: whether ``agent_shared_token`` is on."""
     nodes = {n.hostname: n for n in nodes}
     static = list(static) if "static" in set(sources) else []
@@ -176,7 +176,7 @@ def _conflict_findings(conflicts: Iterable[Conflict]) -> Iterator[Finding]:
         yield Finding(
             "error",
             c.host,
-            f"its agent's reports are refused since {since}: {c.sentence()}",
+            f"its agent's reports name a device another node has, left out since {since}: {c.sentence()}",
             "the same UUID on two nodes: a copied inventory or a spoofed agent; check nvidia-smi -L on both",
         )
 

@@ -30,7 +30,6 @@ __all__ = [
     "ReportError",
     "ReportedDevice",
     "ReportedProcess",
-    "UUIDConflict",
     "device_problems",
     "gpus_of",
     "mig_model",
@@ -67,31 +66,18 @@ class ReportError(ValueError):
 
 @dataclass(frozen=True)
 class Conflict:
-    """A report refused because it names a UUID another host has."""
+    """A UUID a host's report names that another host has: left out of that report."""
 
-    host: str  # the host whose report was refused
+    host: str  # the host whose report named it
     uuid: str
     owner: str  # the host that has it
     listed: bool  # the owner has it in the static inventory (else: by its agent's report)
-    since: float  # wall-clock time of the first refused report that named it
+    since: float  # wall-clock time of the first report that named it
     last: float  # wall-clock time of the latest one
 
     def sentence(self) -> str:
         where = "in the static inventory" if self.listed else "by its agent's report"
         return f"{self.uuid} is on {self.owner} ({where}), not on {self.host}"
-
-
-class UUIDConflict(ReportError):
-    """The report names UUIDs other hosts have; it was refused as a whole."""
-
-    def __init__(self, conflicts: tuple[Conflict, ...]):
-        self.conflicts = conflicts
-        first = conflicts[0]
-        more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
-        super().__init__(
-            f"report refused: {first.sentence()}{more}: a copied inventory or a spoofed agent; "
-            "check nvidia-smi -L on both"
-        )
 
 
 @dataclass(frozen=True)

@@ -139,13 +139,17 @@ class ReportHandler(_GPUMixin, APIHandler):
                 await self.fresh_holdings()
             if report.hostname not in cluster.nodes:
                 raise web.HTTPError(400, f"{report.hostname} is not a node of this swarm")
-        try:
-            cluster.receive(report)
-        except ReportError as exc:  # it names a UUID another node has: nothing of it is taken
-            raise web.HTTPError(400, str(exc)) from None
+        left_out = cluster.receive(report)  # a UUID another node has: that device only (doctor shows it)
         self.gpu_hub().reclaimer.observe(report)  # idle timers (docs/idle.md)
         self.set_header("Content-Type", "application/json")
-        self.write({"hostname": report.hostname, "devices": len(report.devices), "interval": report.interval})
+        self.write(
+            {
+                "hostname": report.hostname,
+                "devices": len(report.devices),
+                "interval": report.interval,
+                "left_out": [c.sentence() for c in left_out],
+            }
+        )
 
 
 class AgentTokenHandler(_GPUMixin, APIHandler):

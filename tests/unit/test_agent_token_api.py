@@ -110,7 +110,10 @@ def b0():
 async def test_a_node_token_reports_for_its_own_node_only(hub, tmp_path):
     api = await hub(hub_config(tmp_path))
     a, b = await api.issue("gpu-a"), await api.issue("gpu-b")
-    assert await api.report(b, "gpu-b", b0()) == (200, {"hostname": "gpu-b", "devices": 1, "interval": 15.0})
+    assert await api.report(b, "gpu-b", b0()) == (
+        200,
+        {"hostname": "gpu-b", "devices": 1, "interval": 15.0, "left_out": []},
+    )
     assert (await api.report(a, "gpu-a", device(0, "GPU-a0")))[0] == 200
 
     code, answer = await api.report(a, "gpu-b")  # gpu-a's token says gpu-b has no GPU

@@ -69,7 +69,7 @@ def test_stale_agents_and_an_empty_cluster_are_warnings():
     assert [(f.severity, f.host) for f in found] == [("warning", "gpu-a"), ("warning", "")]
 
 
-def test_a_refused_report_naming_another_nodes_uuid_is_an_error_with_the_fix():
+def test_a_report_naming_another_nodes_uuid_is_an_error_with_the_fix():
     from gpuspawner.core.reports import Conflict
 
     refused = Conflict("gpu-a", "GPU-b0", "gpu-b", True, since=0.0, last=5.0)
@@ -83,7 +83,7 @@ def test_a_refused_report_naming_another_nodes_uuid_is_an_error_with_the_fix():
     )
     assert (f.severity, f.host) == ("error", "gpu-a")
     assert f.problem == (
-        "its agent's reports are refused since 1970-01-01T00:00:00Z: "
+        "its agent's reports name a device another node has, left out since 1970-01-01T00:00:00Z: "
         "GPU-b0 is on gpu-b (in the static inventory), not on gpu-a"
     )
     assert f.fix == "the same UUID on two nodes: a copied inventory or a spoofed agent; check nvidia-smi -L on both"
