@@ -28,13 +28,15 @@ TEMPLATES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates"
 
 
 def configure(c) -> None:
-    from .hub import dns
+    from .hub import dns, logs
     from .hub.app import KEY, GPUHub
     from .hub.settings import validate_config
     from .web import api, api_reclaim, home_budget
 
     validate_config(c)
-    hub = GPUHub(lambda: _hub_config(c), log=logging.getLogger("JupyterHub"))
+    log = logging.getLogger("JupyterHub")
+    logs.quiet_ordinary_refusals(log)  # "none free" is an answer, not a fault (hub/logs.py)
+    hub = GPUHub(lambda: _hub_config(c), log=log)
     # JupyterHub logs that extra_handlers is deprecated in favour of services;
     # these must run inside the hub, where the holdings live (README, "How
     # configure(c) registers the endpoints"; tests/unit/test_hubconfig.py).

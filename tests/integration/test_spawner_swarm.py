@@ -278,3 +278,26 @@ def test_the_readme_rest_example_runs_as_written_with_a_token_made_as_readme_say
     env = container_env(swarm, running_node(swarm, service), service)
     assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(UUIDS["gpu-b"])  # 2 × A100, as the example asks
     hub.stop_server("alice")
+
+
+def test_a_form_refused_for_none_free_is_one_info_line_in_the_hubs_log(hub, swarm):
+    """JupyterHub logs a failed form spawn at ERROR with a traceback; "none free" is
+    an answer, so the hub's log has it as one INFO line with what the user was told."""
+    set_availability(swarm, "gpu-b", "drain")
+    try:
+        s = login(hub, "olga")
+        start = hub.log_path.stat().st_size
+        r = s.post(
+            hub.url + "/hub/spawn/olga",
+            data={"gpu_model": A100, "gpu_count": "1", "_xsrf": s.cookies.get("_xsrf")},
+            timeout=60,
+        )
+        assert f"No {A100} is free right now" in r.text
+        with open(hub.log_path, "rb") as f:
+            f.seek(start)
+            log = f.read().decode(errors="replace")
+    finally:
+        set_availability(swarm, "gpu-b", "active")
+    lines = [line for line in log.splitlines() if "Failed to spawn single-user server with form" in line]
+    assert len(lines) == 1 and lines[0].startswith("[I ") and f"No {A100} is free right now" in lines[0], log
+    assert "Traceback" not in log and "[E " not in log, log

@@ -1,0 +1,47 @@
+"""The hub's log says what went wrong, not what was refused as designed.
+
+JupyterHub logs every failed spawn at ERROR, a form's with its full traceback
+("Failed to spawn single-user server with form"). For gpuspawner most of those
+are answers, not faults: no GPU of the model is free, the user's rules forbid
+the request, the weekly budget is used up, the options are not valid. Those
+become one INFO line with the user's message; a dependency's failure (the
+ledger, the swarm) stays an ERROR with everything JupyterHub logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+__all__ = ["ORDINARY", "OrdinaryRefusals", "quiet_ordinary_refusals"]
+
+# SpawnException reasons (spawn/errors.py) that answer a request rather than report a fault.
+ORDINARY = frozenset(
+    {"gpu_unavailable", "gpu_request", "gpu_access", "gpu_budget", "invalid_options", "gpu_wait_timeout"}
+)
+
+
+class OrdinaryRefusals(logging.Filter):
+    """ERROR records about a refusal in :data:`ORDINARY` become INFO, one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        # JupyterHub logs these inside its except blocks: the exception is the one being handled.
+        exc = record.exc_info[1] if record.exc_info else sys.exc_info()[1]
+        told = getattr(exc, "jupyterhub_message", None)  # what the user was told (spawn/errors.py)
+        if getattr(exc, "reason", None) not in ORDINARY or told is None:
+            return True
+        message = record.getMessage()
+        if told not in message:
+            message = f"{message}: {told}"
+        record.msg, record.args = message, None
+        record.levelno, record.levelname = logging.INFO, "INFO"
+        record.exc_info, record.exc_text = None, None
+        return True
+
+
+def quiet_ordinary_refusals(logger: logging.Logger) -> None:
+    """Install the filter once on the hub's logger."""
+    if not any(isinstance(f, OrdinaryRefusals) for f in logger.filters):
+        logger.addFilter(OrdinaryRefusals())

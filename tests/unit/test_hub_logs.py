@@ -1,0 +1,52 @@
+"""An ordinary refusal is one INFO line in the hub's log; a fault stays an ERROR
+with its traceback. Logged the way JupyterHub logs them: inside its except
+blocks, through the hub's own logger (a logger of that name, not a running hub)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from gpuspawner.hub.logs import OrdinaryRefusals, quiet_ordinary_refusals
+from gpuspawner.spawn.errors import spawn_error
+
+NONE_FREE = "No NVIDIA A100 80GB PCIe is free right now (0 of 2 free)"
+
+
+@pytest.fixture
+def hub_log(caplog):
+    log = logging.getLogger("JupyterHub.test")
+    quiet_ordinary_refusals(log)
+    quiet_ordinary_refusals(log)  # once, however often configure(c) runs
+    assert sum(isinstance(f, OrdinaryRefusals) for f in log.filters) == 1
+    caplog.set_level(logging.INFO, logger=log.name)
+    yield log
+    log.filters.clear()
+
+
+def fail_as_jupyterhub_does(log, exc):
+    try:
+        raise exc
+    except Exception as e:
+        log.error(f"Not starting alice's server : {e}")
+        log.error("Failed to spawn single-user server with form", exc_info=True)
+
+
+def test_none_free_is_one_info_line_with_what_the_user_was_told(hub_log, caplog):
+    fail_as_jupyterhub_does(hub_log, spawn_error(NONE_FREE, reason="gpu_unavailable", status_code=503))
+    assert [r.levelname for r in caplog.records] == ["INFO", "INFO"]
+    assert caplog.records[1].getMessage() == f"Failed to spawn single-user server with form: {NONE_FREE}"
+    assert "Traceback" not in caplog.text
+
+
+@pytest.mark.parametrize("reason", ["ledger_unavailable", "service_create"])
+def test_a_fault_stays_an_error_with_its_traceback(hub_log, caplog, reason):
+    fail_as_jupyterhub_does(hub_log, spawn_error("the ledger is down", reason=reason, status_code=503))
+    assert [r.levelname for r in caplog.records] == ["ERROR", "ERROR"]
+    assert "Traceback" in caplog.text
+
+
+def test_other_exceptions_are_left_alone(hub_log, caplog):
+    fail_as_jupyterhub_does(hub_log, RuntimeError("boom"))
+    assert [r.levelname for r in caplog.records] == ["ERROR", "ERROR"] and "Traceback" in caplog.text
