@@ -11,7 +11,7 @@ from ..cluster.service_spec import enforcement_mode
 from ..core.access import Access
 from ..core.budget import Budget
 from ..core.budget import summary as budget_summary
-from ..core.sharing import UNIT, fmt
+from ..core.sharing import UNIT, fmt, to_milli
 
 __all__ = ["SHARE_NOTES", "render_form"]
 
@@ -42,6 +42,37 @@ def _share_choices(summary, room: int) -> list[str]:
     return [fmt(x) for x in sorted(out)]
 
 
+def model_flags(summary, room, max_count: int, share_choices) -> dict[str, tuple[bool, bool]]:
+    """Per model: whether it can be had now (a whole GPU or a share), and
+    whether it may be chosen at all (also to wait in line for it)."""
+    flags = {}
+    for m in summary:
+        share_ok = m.shareable and m.largest_milli > 0 and room > 0 and bool(share_choices)
+        available = (m.free > 0 and max_count > 0) or share_ok
+        flags[m.model] = (available, available or (room > 0 and m.total > m.unavailable))
+    return flags
+
+
+def last_choice(options: dict, flags: dict[str, tuple[bool, bool]], max_count: int, share_choices) -> dict:
+    """The user's last choice, to show again (after a refusal, or for the next
+    server): only what the form offers now. A model that cannot be chosen is not
+    preselected: its radio is disabled, and would not be sent (a CPU-only server)."""
+    model = options.get("gpu_model")
+    if model not in flags or not flags[model][1]:
+        return {"selected": None, "last_count": None, "last_share": None, "wait_hint": False}
+    count = options.get("gpu_count")
+    try:
+        text = fmt(to_milli(options["gpu_share"], "gpu_share"))
+    except (KeyError, ValueError):
+        text = None
+    return {
+        "selected": model,
+        "last_count": count if type(count) is int and 1 <= count <= max_count else None,
+        "last_share": text if text in share_choices else None,
+        "wait_hint": not flags[model][0] and options.get("gpu_wait") is not True,
+    }
+
+
 def _gpus(milli: int) -> int | float:
     """Thousandths as a number of GPUs that prints as people write it (2, 0.5, 1.25)."""
     return milli // UNIT if milli % UNIT == 0 else milli / UNIT
@@ -65,10 +96,9 @@ def render_form(spawner, holdings, error: str = "", access: Access | None = None
     room = max(0, limit * UNIT - held)
     hosts = [h for h in allocator.hosts() if h in cluster.nodes and cluster.nodes[h].schedulable]
     max_count = min(room // UNIT, max((m.largest_block for m in summary), default=0))
-    # The last choice is preselected only while it can be had: a disabled
-    # radio is not submitted, and would silently give a CPU-only server.
-    last = (spawner.user_options or {}).get("gpu_model")
-    selected_free = last if any(m.model == last and m.free for m in summary) and max_count else None
+    shares = _share_choices(summary, room)
+    flags = model_flags(summary, room, max_count, shares)
+    options = spawner.user_options or {}
     return (
         _templates(tuple(spawner.template_paths))
         .get_template(spawner.options_form_template)
@@ -80,11 +110,12 @@ def render_form(spawner, holdings, error: str = "", access: Access | None = None
             budget_note=budget_summary(budget) if budget else "",
             held=_gpus(held),
             hosts=hosts if spawner.allow_host_choice else [],
-            selected_free=selected_free,
-            wait_checked=(spawner.user_options or {}).get("gpu_wait") is True,
+            flags=flags,
+            **last_choice(options, flags, max_count, shares),
+            wait_checked=options.get("gpu_wait") is True,
             error=error,
             room=_gpus(room),
-            share_choices=_share_choices(summary, room),
+            share_choices=shares,
             share_note=SHARE_NOTES[enforcement_mode(spawner.gpu_share_enforcement, "*")],
         )
     )

@@ -8,7 +8,7 @@ from html.parser import HTMLParser
 import pytest
 
 from gpuspawner.allocator.allocator import ModelSummary
-from gpuspawner.spawn.form import _templates
+from gpuspawner.spawn.form import _templates, last_choice, model_flags
 
 GTX = ModelSummary("NVIDIA GeForce GTX 1070", 8192, total=4, free=0, largest_block=0, unavailable=0)
 A100 = ModelSummary("NVIDIA A100 80GB PCIe", 81920, total=8, free=3, largest_block=2, unavailable=2)
@@ -72,8 +72,9 @@ class _TreeBuilder(HTMLParser):
 
 
 def render_html(paths=(), **kw) -> str:
-    ctx = dict(models=[A100, GTX], max_count=2, limit=2, held=0, room=2, hosts=[], selected_free=None, error="")
+    ctx = dict(models=[A100, GTX], max_count=2, limit=2, held=0, room=2, hosts=[], selected=None, error="")
     ctx.update(kw)
+    ctx.setdefault("flags", model_flags(ctx["models"], ctx["room"], ctx["max_count"], ctx.get("share_choices")))
     return _templates(tuple(paths)).get_template("options_form.html").render(**ctx)
 
 
@@ -198,9 +199,27 @@ def test_works_without_javascript():
     assert radio(form, A100.model).attrs["data-max"] == "2"  # what the script narrows to
 
 
-def test_the_last_choice_is_preselected_while_it_is_free():
-    form = render(selected_free=A100.model)
+def test_the_last_choice_is_preselected_with_its_count():
+    form = render(selected=A100.model, last_count=2)
     assert "checked" in radio(form, A100.model).attrs and "checked" not in radio(form, "").attrs
+    assert [o.attrs["value"] for o in form.by_id("gpu-count").find_all("option") if "selected" in o.attrs] == ["2"]
+    assert form.find_all(id="gpu-wait-hint") == []
+
+
+def test_a_last_choice_with_none_free_is_kept_and_the_line_is_suggested():
+    flags = model_flags([A100, GTX], 2, 2, None)
+    assert flags[GTX.model] == (False, True)  # none free, but it may be chosen to wait for it
+    choice = last_choice({"gpu_model": GTX.model, "gpu_count": 1}, flags, 2, [])
+    assert choice == {"selected": GTX.model, "last_count": 1, "last_share": None, "wait_hint": True}
+    form = render(**choice)
+    assert "checked" in radio(form, GTX.model).attrs and "disabled" not in radio(form, GTX.model).attrs
+    assert form.by_id("gpu-wait-hint").text == (
+        f"None of the {GTX.model} you chose is free right now: tick this to wait in line for one."
+    )
+    # A model that cannot be chosen is not preselected (a disabled radio is not sent).
+    cannot = model_flags([A100, GTX], 0, 0, None)
+    assert last_choice({"gpu_model": GTX.model}, cannot, 0, [])["selected"] is None
+    assert last_choice({"gpu_model": GTX.model, "gpu_wait": True}, flags, 2, [])["wait_hint"] is False
 
 
 def test_jupyterhub_bootstrap_classes():

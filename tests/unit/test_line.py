@@ -5,6 +5,7 @@ spawner over the fake swarm, also under interleavings (tests/interleave.py)."""
 from __future__ import annotations
 
 import asyncio
+import re
 from datetime import datetime, timedelta, timezone
 
 import jinja2
@@ -364,3 +365,16 @@ async def test_a_refusal_that_may_pass_keeps_the_place_and_the_line_is_tried_aga
 
     assert await asyncio.wait_for(line.wait("jupyter-bob", reserve, 10, lambda _: None), 5) == "the holding"
     assert tries == [(A100, 1)] * 3 and line.rows == []
+
+
+async def test_after_none_free_the_form_keeps_the_choice_and_suggests_the_line(tmp_path):
+    world = World(tmp_path)
+    await world.started(world.spawner("alice", {"gpu_model": A100}))
+    bob = world.spawner("bob", {"gpu_model": A100, "gpu_count": 1})
+    with pytest.raises(SpawnException) as exc:
+        await bob.start()
+    assert exc.value.status_code == 503
+    html = await bob._render_options_form()  # JupyterHub shows the form again, with bob's options kept
+    radio = re.search(rf'<input[^>]*value="{re.escape(A100)}"[^>]*>', html)[0]
+    assert "checked" in radio and "disabled" not in radio
+    assert 'id="gpu-wait-hint"' in html and "tick this to wait in line for one" in html
