@@ -68,7 +68,12 @@ def _gpu_summary() -> str:
     return ", ".join(parts)
 
 
+DOWN_MARK = "down-requested"  # `make demo-down` leaves it: the running `make demo` then ends quietly
+
+
 def _down(state_dir: Path) -> int:
+    if state_dir.is_dir():
+        (state_dir / DOWN_MARK).touch()
     if Hub(state_dir).stop_leftover():
         print("Stopped the demo's JupyterHub.", flush=True)
     print("Removing the local swarm (servers, daemons, namespaces)...", flush=True)
@@ -161,6 +166,7 @@ def main(argv=None) -> int:
     if args.gpus == "agent":
         env.update(GPUSPAWNER_INVENTORY_SOURCE="agent")
     hub = Hub(state_dir, port=args.port, env=env)
+    (state_dir / DOWN_MARK).unlink(missing_ok=True)
     try:
         hub.start()
     except HubError as exc:
@@ -207,6 +213,9 @@ def _serve(hub: Hub, cluster, servers: str, gpus: str) -> int:
     try:
         while hub.proc.poll() is None:
             time.sleep(1)
+        if (hub.state_dir / DOWN_MARK).exists():
+            print("\nJupyterHub was stopped by `make demo-down`.", flush=True)
+            return 0
         print(f"JupyterHub exited:\n{hub.log_tail(20)}", file=sys.stderr)
         return 1
     except (KeyboardInterrupt, SystemExit):
