@@ -31,7 +31,7 @@ def configure(c) -> None:
     from .hub import dns, logs
     from .hub.app import KEY, GPUHub
     from .hub.settings import validate_config
-    from .web import api, api_reclaim, home_budget
+    from .web import api, api_reclaim, home_budget, home_gpus
 
     validate_config(c)
     log = logging.getLogger("JupyterHub")
@@ -49,7 +49,11 @@ def configure(c) -> None:
     dns.fresh_lookups(c)
     c.JupyterHub.tornado_settings.update({KEY: hub})  # handlers' and users' settings
     c.JupyterHub.template_vars.update(
-        {"gpuspawner_budget": home_budget.budget_var(hub), "gpuspawner_notices": hub.notices_for}
+        {
+            "gpuspawner_budget": home_budget.budget_var(hub),
+            "gpuspawner_notices": hub.notices_for,
+            "gpuspawner_servers": home_gpus.servers_var(hub),
+        }
     )  # home.html
     try:
         asyncio.get_running_loop()  # JupyterHub reads its config inside its event loop

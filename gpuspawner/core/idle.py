@@ -132,6 +132,11 @@ class IdleTimers:
         t = self._timers.get(holder)
         return t is not None and t.last_reading is not None
 
+    def held_for(self, holder: str, now: float | None = None) -> float | None:
+        """Seconds since the holder's timing began (its GPUs were first held); None: not timed."""
+        t = self._timers.get(holder)
+        return None if t is None else (self.clock() if now is None else now) - t.held_since
+
     def last_active(self, holder: str) -> float | None:
         t = self._timers.get(holder)
         return None if t is None else t.last_active

@@ -39,6 +39,12 @@ def test_admin_views_are_for_admins_only(hub, method, path):
     assert admin.request(method, hub.url + path, headers=headers, timeout=30).status_code == 200
 
 
+def test_admins_find_the_gpu_page_in_the_navigation_bar_and_users_do_not(hub):
+    link = 'href="/hub/gpus">GPUs</a>'
+    assert link in login(hub, "admin").get(hub.url + "/hub/home", timeout=30).text
+    assert link not in login(hub, "oscar").get(hub.url + "/hub/home", timeout=30).text
+
+
 values = st.one_of(
     st.none(),
     st.booleans(),

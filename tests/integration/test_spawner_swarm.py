@@ -172,6 +172,10 @@ def test_form_submission_spawns_what_was_chosen(hub, swarm):
     page = s.get(hub.url + "/user/judy/", timeout=30)
     assert page.status_code == 200
     assert f"NVIDIA_VISIBLE_DEVICES={UUIDS['gpu-a'][0]}" in page.text
+    # Her home page says which GPU she got.
+    home = " ".join(s.get(hub.url + "/hub/home", timeout=30).text.split())
+    assert "Your GPUs" in home and f"{GTX} on gpu-a" in home
+    assert f'<code class="user-select-all">{UUIDS["gpu-a"][0]}</code>: the whole GPU' in home
     (service,) = services_of(swarm, "judy")
     assert container_env(swarm, "gpu-a", service)["NVIDIA_VISIBLE_DEVICES"] == UUIDS["gpu-a"][0]
     hub.stop_server("judy")

@@ -19,6 +19,7 @@ from gpuspawner.ledger.ledger import Ledger, LedgerError
 from gpuspawner.line import wait as line_wait
 from gpuspawner.spawn.errors import spawn_error
 from gpuspawner.web.api import queue_json
+from gpuspawner.web.home_gpus import server_rows
 from tests.interleave import Run, Scenario, random_schedules
 from tests.unit.test_form_template import _TreeBuilder
 from tests.unit.test_holdings import A100, World, clean, driven
@@ -137,6 +138,7 @@ async def test_a_waiter_gets_the_gpu_its_holder_gives_back_and_the_next_moves_up
     await until(lambda: any("number 2" in m for m in messages(carol)))
     assert messages(bob)[-1] == f"You are number 1 in line for {A100}"
     assert messages(carol)[-1] == f"You are number 2 in line for {A100}"
+    assert server_rows(world.hub, "carol") == [{"server": "", "waiting": f"Number 2 in line for {A100}"}]  # home page
     assert [w.user for w in Ledger(world.db_url).waiting()] == ["bob", "carol"]
     # Someone without gpu_wait is refused at once: the line goes first.
     with pytest.raises(SpawnException) as exc:

@@ -280,3 +280,46 @@ def test_a_users_access_rules_set_their_idle_and_held_time_limits():
     rules["labs"] = {"models": "*", "max_gpus": 2}
     both = spawner("students", "labs").reclaim_limits()
     assert (both.idle_timeout, both.idle_utilization, both.max_held) == (7200, 5, 8 * 3600)
+
+
+async def test_the_home_page_shows_each_server_its_gpu_share_memory_use_and_what_would_stop_it(tmp_path):
+    from types import SimpleNamespace
+
+    from gpuspawner.spawn.form import _templates
+    from gpuspawner.web.home_gpus import server_rows, servers_var
+
+    world, owner, found, clock, _ = await two_servers(tmp_path, shares=0.5)
+    a_name, a_gpu = uuid_of(owner, "alice")
+    await found.check()  # timing begins
+    clock.now += 600
+    report = reading({a_gpu: 37}, {a_gpu: [a_name]})
+    world.hub.holdings.cluster.receive(report)  # the node's latest report, as the page reads it
+    found.observe(report)
+    [row] = server_rows(world.hub, "alice")
+    assert (row["server"], row["model"], row["host"], row["phase"], row["held_for"]) == (
+        "",
+        A100,
+        "gpu-b",
+        "running",
+        "10 min",
+    )
+    assert row["devices"] == [
+        {"uuid": a_gpu, "share": "0.5 of the GPU", "entitled_mib": 40960, "used_mib": 500, "utilization": 37}
+    ]
+    assert row["stops"] == ["idle limit: after 60 s without GPU use"]  # busy now: the whole timeout is left
+    html = " ".join(
+        _templates(())
+        .get_template("gpuspawner_servers.html")
+        .render(gpuspawner_servers=servers_var(world.hub), user=SimpleNamespace(name="alice", kind="user"))
+        .split()
+    )
+    assert "Your GPUs" in html and "Default server" in html and f"{A100} on gpu-b · held for 10 min" in html
+    assert f'<code class="user-select-all">{a_gpu}</code>: 0.5 of the GPU, 40 GiB of memory' in html
+    assert "in use by this server: 0.5 GiB · GPU busy 37 %" in html
+    assert "Stops at the idle limit: after 60 s without GPU use." in html
+    nobody = (
+        _templates(())
+        .get_template("gpuspawner_servers.html")
+        .render(gpuspawner_servers=servers_var(world.hub), user=SimpleNamespace(name="carol", kind="user"))
+    )
+    assert "Your GPUs" not in nobody  # no GPU server: nothing shown

@@ -1,0 +1,91 @@
+"""The home page's "Your GPUs": per server, what it holds and for how long.
+
+For ``c.JupyterHub.template_vars`` (templates/gpuspawner_servers.html): the
+model, host and devices with each one's share and the memory it entitles to,
+the memory the server's own processes use there and the device's utilization
+(from the node's latest report), how long the GPUs have been held, and when
+an idle or held-time limit would stop the server; a server waiting in line
+shows its place. Read from the hub's memory only (no ledger, no swarm call),
+so the page costs no I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..core.line_order import fmt_duration
+from ..core.sharing import UNIT, fmt
+
+__all__ = ["servers_var", "server_rows"]
+
+log = logging.getLogger("JupyterHub")
+
+
+def server_rows(hub, user: str) -> list[dict]:
+    """The user's servers that hold GPUs or wait in line for them (``hub``: the GPUHub)."""
+    holdings, reclaimer = hub.holdings, hub.reclaimer
+    rows = []
+    for name, h in sorted(holdings.all().items()):
+        if h.user != user or not h.held.uuids:
+            continue
+        report = holdings.cluster.reports.get(h.held.host, (None, 0.0))[0]
+        seen = {d.uuid: d for d in report.devices} if report is not None else {}
+        devices = []
+        for uuid, milli in zip(h.held.uuids, h.held.milli):
+            gpu, dev = holdings.allocator.device(uuid), seen.get(uuid)
+            own = [p.used_mib for p in dev.compute if p.service == name and p.used_mib is not None] if dev else []
+            devices.append(
+                {
+                    "uuid": uuid,
+                    "share": "the whole GPU" if milli == UNIT else f"{fmt(milli)} of the GPU",
+                    "entitled_mib": None if gpu is None else gpu.memory_mib * milli // UNIT,
+                    "used_mib": sum(own) if dev is not None else None,
+                    "utilization": None if dev is None else dev.utilization_gpu,
+                }
+            )
+        rows.append(
+            {
+                "server": h.held.server,
+                "phase": h.phase.value,
+                "model": h.held.model,
+                "host": h.held.host,
+                "devices": devices,
+                **_times(reclaimer, h),
+            }
+        )
+    for w in hub.line.rows:
+        place = hub.line.place(w.service)
+        if w.user == user and place is not None:
+            rows.append({"server": w.server, "waiting": f"Number {place[1]} in line for {place[0]}"})
+    return rows
+
+
+def _times(reclaimer, h) -> dict:
+    """How long the GPUs have been held, and what would stop the server when."""
+    held = reclaimer.timers.held_for(h.name)
+    idle = reclaimer.timers.idle_for(h.name)
+    limits = reclaimer.limits_for(h)
+    stops = []
+    if limits.max_held is not None and held is not None:
+        stops.append(f"held-time limit in {fmt_duration(max(0.0, limits.max_held - held))}")
+    if limits.idle_timeout is not None:
+        if idle is None:
+            stops.append(f"idle limit: after {fmt_duration(limits.idle_timeout)} without GPU use")
+        else:
+            stops.append(f"idle limit in {fmt_duration(max(0.0, limits.idle_timeout - idle))} unless its GPU is used")
+    return {"held_for": None if held is None else fmt_duration(held), "stops": stops}
+
+
+def servers_var(hub):
+    """For ``c.JupyterHub.template_vars``: the logged-in user's rows."""
+
+    def rows(user) -> list[dict]:
+        if user is None or getattr(user, "kind", "user") != "user":
+            return []
+        try:
+            return server_rows(hub, user.name)
+        except Exception as exc:  # noqa: BLE001 - a page must render even when the GPU side cannot
+            log.warning("The GPUs of %s cannot be shown: %s", user.name, exc)
+            return []
+
+    return rows
