@@ -53,6 +53,7 @@ def configure(c) -> None:
             "gpuspawner_budget": home_budget.budget_var(hub),
             "gpuspawner_notices": hub.notices_for,
             "gpuspawner_servers": home_gpus.servers_var(hub),
+            "gpuspawner_waiting": home_gpus.waiting_var(hub),
         }
     )  # home.html
     try:

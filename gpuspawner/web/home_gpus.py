@@ -16,7 +16,7 @@ import logging
 from ..core.line_order import fmt_duration
 from ..core.sharing import UNIT, fmt
 
-__all__ = ["servers_var", "server_rows"]
+__all__ = ["server_rows", "servers_var", "waiting_var"]
 
 log = logging.getLogger("JupyterHub")
 
@@ -89,3 +89,17 @@ def servers_var(hub):
             return []
 
     return rows
+
+
+def waiting_var(hub):
+    """For ``c.JupyterHub.template_vars``: where a pending spawn waits in line, as
+    ``{"model", "place"}``, or None (the spawn-pending page, spawn_pending.html)."""
+
+    def waiting(spawner) -> dict | None:
+        try:
+            place = hub.line.place(spawner.service_name)
+        except Exception:  # noqa: BLE001 - not a GPUSwarmSpawner, or the GPU side cannot say
+            return None
+        return None if place is None else {"model": place[0], "place": place[1]}
+
+    return waiting

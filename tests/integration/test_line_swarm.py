@@ -134,7 +134,13 @@ def test_the_waiting_page_shows_the_place_in_line(hub, browsers, shots):
     words = f"You are number 1 in line for {A100}"
     message = browser_tests.by().ID, "progress-message"
     browser_tests.wait(driver, lambda d: words in d.find_element(*message).text, "no place in line shown", 60)
+    waiting = driver.find_element(browser_tests.by().ID, "gpuspawner-waiting").text
+    assert f"waiting in line for a GPU: number 1 for {A100}" in waiting and "Cancel leaves the line" in waiting
+    cancel = driver.find_element(browser_tests.by().ID, "stop-server-btn")
+    assert cancel.text == "Cancel (leave the line)"
     driver.save_screenshot(str(shots / "spawn-waiting.png"))
+    cancel.click()  # the Cancel the form promised: out of line
+    wait_until(hub, lambda: line(hub) == [], "hal left the line")
     hub.stop_all_servers()
     assert line(hub) == []
 
