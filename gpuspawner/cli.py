@@ -5,6 +5,8 @@
     gpuspawner usage [--since T] [--until T] [--by user|model|reason] [--json]   GPU-hours
     gpuspawner doctor [--json]           known misconfigurations, each with its fix (exit 1 on errors)
     gpuspawner idle [--json]             who holds GPUs and is idle now, and GPU processes no holder owns
+    gpuspawner line [--json]             who waits in line for which model, in order
+    gpuspawner line --remove USER[/SERVER]  take a request out of the line (its wait ends, saying so)
     gpuspawner agent-token HOST          issue HOST's node agent a token (printed once; rotates)
     gpuspawner agent-token --revoke HOST revoke it
     gpuspawner agent-token --list        the hosts that have one (never the tokens)
@@ -93,6 +95,25 @@ def format_findings(findings: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def format_line(result: dict) -> str:
+    """Each model's line in order; or what --remove took out."""
+    if result.get("removed"):
+        server = f" ({result['server']})" if result["server"] else ""
+        return f"Took {result['user']}{server} out of the line for {result['model']}."
+    rows = [("MODEL", "#", "USER", "SERVER", "WAITING SINCE")]
+    for model, waiters in sorted(result.items()):
+        rows += [(model, str(w["position"]), w["user"], w["server"] or "-", w["since"]) for w in waiters]
+    if len(rows) == 1:
+        return "Nobody waits in line."
+    return _table(rows)
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    """Rows as columns padded to their widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
 def _duration(seconds: float) -> str:
     minutes = int(seconds // 60)
     return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min {int(seconds % 60):02d} s"
@@ -115,8 +136,7 @@ def format_idle(result: dict) -> str:
         )
     lines = ["Nobody holding GPUs is idle now."] if len(rows) == 1 else []
     if len(rows) > 1:
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+        lines = _table(rows).splitlines()
     for host, procs in sorted(result.get("unattributed", {}).items()):
         for p in procs:
             owner = f"service {p['service']}, which does not hold it" if p["service"] else "no container traced"
@@ -169,6 +189,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--until", default="", help="ISO 8601 time (default: now)")
     p.add_argument("--by", choices=("user", "model", "reason"), default="user", help="reason: why allocations ended")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p = sub.add_parser("line", help="who waits in line for which model; --remove takes a request out")
+    p.add_argument("--remove", metavar="USER[/SERVER]", help="the request to take out of the line")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p = sub.add_parser("agent-token", help="issue, rotate, revoke or list node agents' tokens")
     p.add_argument("host", nargs="?", help="the node's hostname, as `docker node ls` shows it")
     what = p.add_mutually_exclusive_group()
@@ -183,6 +206,13 @@ def _request(parser: argparse.ArgumentParser, args) -> tuple[str, str]:
     if args.command == "usage":
         query = urllib.parse.urlencode({"since": args.since, "until": args.until, "by": args.by})
         return "GET", f"gpuspawner/usage?{query}"
+    if args.command == "line":
+        if args.remove is None:
+            return "GET", "gpuspawner/queue"
+        user, _, server = args.remove.partition("/")
+        if not user:
+            parser.error("line --remove needs USER or USER/SERVER")
+        return "DELETE", "gpuspawner/queue/" + "/".join(urllib.parse.quote(p, safe="") for p in (user, server) if p)
     if args.command == "agent-token":
         if args.list:
             if args.host:
@@ -210,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "doctor": lambda r: format_findings(r["findings"]),
         "agent-token": format_agent_tokens,
         "idle": format_idle,
+        "line": format_line,
     }
     print(json.dumps(result, indent=2) if args.json else formats.get(args.command, format_alloc_map)(result))
     if args.command == "agent-token" and "token" in result and not args.json:

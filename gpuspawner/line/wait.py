@@ -117,6 +117,20 @@ class WaitLine:
         except LedgerError as exc:
             log.warning("%s", exc)
 
+    async def remove(self, user: str, server: str, error: Exception) -> Waiter | None:
+        """An admin takes a request out of the line (and the ledger): a live wait
+        ends with ``error``; None when the user's server is not in line."""
+        await self.load()
+        row = next((w for w in self.rows if (w.user, w.server) == (user, server)), None)
+        if row is None:
+            return None
+        live = self._live_wait(row.service)
+        if live is not None:
+            live[1].set_exception(error)
+        log.warning("%s was taken out of the line for %s by an admin", row.service, row.model)
+        await self.leave(row.service)
+        return row
+
     def leave_soon(self, service: str) -> None:
         """:meth:`leave`, from a callback."""
         task = asyncio.get_running_loop().create_task(self.leave(service))

@@ -50,6 +50,7 @@ from ..holdings.holdings import Holdings
 from ..hub.app import KEY, GPUHub, HubConfigError
 from ..ledger.ledger import LedgerError
 from ..line.wait import WaitLine
+from ..spawn.errors import spawn_error
 
 __all__ = ["ADMIN_SCOPE", "REPORT_SCOPE", "handlers"]
 
@@ -241,11 +242,29 @@ class DoctorHandler(_GPUMixin, APIHandler):
 
 
 class QueueHandler(_GPUMixin, APIHandler):
-    """Each model's line: ``{model: [{user, server, since, position, request}]}``."""
+    """Each model's line: ``{model: [{user, server, since, position, request}]}``;
+    ``DELETE .../queue/USER[/SERVER]`` takes a request out of it."""
 
     async def get(self):
         self.require(ADMIN_SCOPE)
         self.write(await queue_json(self.gpu_hub().line))
+
+    async def delete(self, user: str | None = None, server: str | None = None):
+        self.require(ADMIN_SCOPE)
+        if not user:
+            raise web.HTTPError(400, "name the request: /hub/api/gpuspawner/queue/USER[/SERVER]")
+        server = server or ""
+        ended = spawn_error(
+            "An admin took your request out of the line for a GPU; start your server again to wait anew.",
+            reason="line_removed",
+            status_code=503,
+        )
+        row = await self.gpu_hub().line.remove(user, server, ended)
+        if row is None:
+            where = f"{user}'s server {server!r}" if server else f"{user}'s default server"
+            raise web.HTTPError(404, f"{where} is not waiting in line: nothing was removed")
+        self.log.info("gpuspawner: %s took %s out of the line for %s", self.current_user.name, row.service, row.model)
+        self.write({"user": row.user, "server": row.server, "model": row.model, "removed": True})
 
 
 async def queue_json(line: WaitLine) -> dict:
@@ -362,6 +381,8 @@ handlers = [
     (r"/api/gpuspawner/rescan", RescanHandler),
     (r"/api/gpuspawner/usage", UsageHandler),
     (r"/api/gpuspawner/queue", QueueHandler),
+    (r"/api/gpuspawner/queue/([^/]+)", QueueHandler),
+    (r"/api/gpuspawner/queue/([^/]+)/([^/]+)", QueueHandler),
     (r"/api/gpuspawner/doctor", DoctorHandler),
     (r"/gpus", GPUPageHandler),
 ]

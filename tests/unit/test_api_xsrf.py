@@ -26,7 +26,7 @@ POSTING = list(dict.fromkeys(h for _, h in handlers if "post" in vars(h) or "del
 
 
 def test_every_post_endpoint_is_an_api_handler_with_jupyterhubs_checks():
-    assert {h.__name__ for h in POSTING} == {"ReportHandler", "RescanHandler", "AgentTokenHandler"}
+    assert {h.__name__ for h in POSTING} == {"ReportHandler", "RescanHandler", "AgentTokenHandler", "QueueHandler"}
     for h in POSTING:
         assert issubclass(h, APIHandler)
         assert h.prepare is BaseHandler.prepare

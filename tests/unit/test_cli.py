@@ -113,3 +113,36 @@ def test_idle_lists_who_is_idle_now_longest_first_and_the_stray_processes():
     assert lines[2].split() == ["bob", "big", "gpu-b", "1", "min", "15", "s", "never", "seen", "no"]
     assert lines[3] == "unattributed: gpu-b GPU-b0 pid 4242 (300 MiB): no container traced"
     assert format_idle({"idle": [], "unattributed": {}}) == "Nobody holding GPUs is idle now."
+
+
+def test_line_lists_each_models_waiters_in_order_and_remove_names_the_request(capsys):
+    from gpuspawner.cli import _parser, _request, format_line
+
+    since = "2026-12-03T09:00:00Z"
+    table = format_line(
+        {
+            "A100": [
+                {"user": "ann", "server": "", "position": 1, "since": since, "request": {}},
+                {"user": "bob", "server": "big", "position": 2, "since": since, "request": {}},
+            ]
+        }
+    )
+    assert table.splitlines() == [
+        "MODEL  #  USER  SERVER  WAITING SINCE",
+        f"A100   1  ann   -       {since}",
+        f"A100   2  bob   big     {since}",
+    ]
+    assert format_line({}) == "Nobody waits in line."
+    assert format_line({"user": "bob", "server": "big", "model": "A100", "removed": True}) == (
+        "Took bob (big) out of the line for A100."
+    )
+    parser = _parser()
+    assert _request(parser, parser.parse_args(["line"])) == ("GET", "gpuspawner/queue")
+    assert _request(parser, parser.parse_args(["line", "--remove", "bob"])) == ("DELETE", "gpuspawner/queue/bob")
+    assert _request(parser, parser.parse_args(["line", "--remove", "bob/big one"])) == (
+        "DELETE",
+        "gpuspawner/queue/bob/big%20one",
+    )
+    with pytest.raises(SystemExit) as usage:
+        _request(parser, parser.parse_args(["line", "--remove", "/x"]))
+    assert usage.value.code == 2 and "line --remove needs USER" in capsys.readouterr().err

@@ -380,3 +380,27 @@ async def test_after_none_free_the_form_keeps_the_choice_and_suggests_the_line(t
     radio = re.search(rf'<input[^>]*value="{re.escape(A100)}"[^>]*>', html)[0]
     assert "checked" in radio and "disabled" not in radio
     assert 'id="gpu-wait-hint"' in html and "tick this to wait in line for one" in html
+
+
+async def test_an_admin_takes_a_waiting_request_out_of_the_line_and_its_wait_ends_saying_so(tmp_path):
+    world = World(tmp_path)
+    await world.started(world.spawner("alice", {"gpu_model": A100}))
+    bob, carol = world.spawner("bob", WAIT), world.spawner("carol", WAIT)
+    bob_start = asyncio.ensure_future(bob.start())
+    await until(lambda: world.hub.line.place(bob.service_name) == (A100, 1))
+    carol_start = asyncio.ensure_future(carol.start())
+    await until(lambda: world.hub.line.place(carol.service_name) == (A100, 2))
+    ended = spawn_error("taken out", reason="line_removed", status_code=503)
+    row = await world.hub.line.remove("bob", "", ended)
+    assert (row.user, row.model) == ("bob", A100)
+    with pytest.raises(SpawnException) as exc:
+        await asyncio.wait_for(bob_start, 5)
+    assert exc.value is ended
+    assert [w.user for w in Ledger(world.db_url).waiting()] == ["carol"]
+    await until(lambda: world.hub.line.place(carol.service_name) == (A100, 1))  # carol moves up
+    assert await world.hub.line.remove("bob", "", ended) is None  # no longer in line
+    assert await world.hub.line.remove("carol", "other", ended) is None  # another server of hers: not in line
+    carol_start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await carol_start
+    await carol.stop()
