@@ -56,7 +56,7 @@ def test_only_the_agent_token_may_report(hub):
     assert post(hub, body, token=hub.token).status_code == 403  # an admin token lacks the report scope
     r = post(hub, body)
     assert r.status_code == 200, r.text
-    assert r.json() == {"hostname": "gpu-a", "devices": 1, "interval": 15.0}
+    assert r.json() == {"hostname": "gpu-a", "devices": 1, "interval": 15.0, "left_out": []}
 
 
 def test_the_agent_token_can_do_nothing_else(hub):
