@@ -4,7 +4,7 @@ JupyterHub logs every failed spawn at ERROR, a form's with its full traceback
 ("Failed to spawn single-user server with form"). For gpuspawner most of those
 are answers, not faults: no GPU of the model is free, the user's rules forbid
 the request, the weekly budget is used up, the options are not valid. Those
-become one INFO line with the user's message; a dependency's failure (the
+become one WARNING line with the user's message; a dependency's failure (the
 ledger, the swarm) stays an ERROR with everything JupyterHub logged.
 """
 
@@ -22,7 +22,7 @@ ORDINARY = frozenset(
 
 
 class OrdinaryRefusals(logging.Filter):
-    """ERROR records about a refusal in :data:`ORDINARY` become INFO, one line."""
+    """ERROR records about a refusal in :data:`ORDINARY` become WARNING, one line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.ERROR:
@@ -36,7 +36,7 @@ class OrdinaryRefusals(logging.Filter):
         if told not in message:
             message = f"{message}: {told}"
         record.msg, record.args = message, None
-        record.levelno, record.levelname = logging.INFO, "INFO"
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
         record.exc_info, record.exc_text = None, None
         return True
 

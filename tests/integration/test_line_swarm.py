@@ -192,3 +192,27 @@ def test_an_admin_lists_the_line_and_takes_a_request_out_of_it(hub, swarm):
     again = line_cli(hub, "--remove", "ivy")
     assert again.returncode == 1 and "is not waiting in line" in again.stderr, again
     hub.stop_all_servers()
+
+
+def test_a_refusal_keeps_the_choice_and_one_click_joins_the_line(hub, browsers, shots):
+    """In a real browser: kim asks for an A100 while none is free; the refused form keeps
+    A100 chosen and says so; "Wait in line for it" sends the same choice with gpu_wait."""
+    B = browser_tests.by()
+    spawn_ready(hub, "gil", {"gpu_model": A100, "gpu_count": 2})
+    driver = browsers(width=1000, height=900).driver
+    browser_tests.log_in(driver, hub, "kim")
+    browser_tests.open_form(driver, hub)
+    driver.find_element(
+        B.CSS_SELECTOR, f'label[for="{browser_tests.model_radio(driver, A100).get_attribute("id")}"]'
+    ).click()
+    driver.find_element(B.CSS_SELECTOR, "#spawn_form button[type=submit]").click()
+    error = browser_tests.wait(driver, lambda d: d.find_elements(B.CSS_SELECTOR, ".spawn-error-msg"), "no refusal")[0]
+    assert f"No {A100} is free right now" in error.text
+    assert browser_tests.model_radio(driver, A100).is_selected()  # the choice is kept
+    assert "None of the" in driver.find_element(B.ID, "gpu-wait-hint").text
+    driver.save_screenshot(str(shots / "spawn-refused-wait.png"))
+    driver.find_element(B.ID, "gpu-wait-now").click()
+    browser_tests.wait(driver, lambda d: "/hub/spawn-pending/kim" in d.current_url, "no waiting page", 60)
+    wait_until(hub, lambda: line(hub) == [("kim", 1)], "kim waits in line")
+    hub.stop_all_servers()
+    wait_until(hub, lambda: line(hub) == [], "the line is empty again")

@@ -284,9 +284,9 @@ def test_the_readme_rest_example_runs_as_written_with_a_token_made_as_readme_say
     hub.stop_server("alice")
 
 
-def test_a_form_refused_for_none_free_is_one_info_line_in_the_hubs_log(hub, swarm):
+def test_a_form_refused_for_none_free_is_one_warning_line_in_the_hubs_log(hub, swarm):
     """JupyterHub logs a failed form spawn at ERROR with a traceback; "none free" is
-    an answer, so the hub's log has it as one INFO line with what the user was told."""
+    an answer, so the hub's log has it as one WARNING line with what the user was told."""
     set_availability(swarm, "gpu-b", "drain")
     try:
         s = login(hub, "olga")
@@ -303,5 +303,5 @@ def test_a_form_refused_for_none_free_is_one_info_line_in_the_hubs_log(hub, swar
     finally:
         set_availability(swarm, "gpu-b", "active")
     lines = [line for line in log.splitlines() if "Failed to spawn single-user server with form" in line]
-    assert len(lines) == 1 and lines[0].startswith("[I ") and f"No {A100} is free right now" in lines[0], log
+    assert len(lines) == 1 and lines[0].startswith("[W ") and f"No {A100} is free right now" in lines[0], log
     assert "Traceback" not in log and "[E " not in log, log

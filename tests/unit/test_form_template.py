@@ -203,7 +203,7 @@ def test_the_last_choice_is_preselected_with_its_count():
     form = render(selected=A100.model, last_count=2)
     assert "checked" in radio(form, A100.model).attrs and "checked" not in radio(form, "").attrs
     assert [o.attrs["value"] for o in form.by_id("gpu-count").find_all("option") if "selected" in o.attrs] == ["2"]
-    assert form.find_all(id="gpu-wait-hint") == []
+    assert form.find_all(id="gpu-wait-hint") == [] and form.find_all(id="gpu-wait-now") == []
 
 
 def test_a_last_choice_with_none_free_is_kept_and_the_line_is_suggested():
@@ -214,8 +214,12 @@ def test_a_last_choice_with_none_free_is_kept_and_the_line_is_suggested():
     form = render(**choice)
     assert "checked" in radio(form, GTX.model).attrs and "disabled" not in radio(form, GTX.model).attrs
     assert form.by_id("gpu-wait-hint").text == (
-        f"None of the {GTX.model} you chose is free right now: tick this to wait in line for one."
+        f"None of the {GTX.model} you chose is free right now: tick this to wait in line for one, or"
     )
+    button = form.by_id("gpu-wait-now")  # one click: ticks gpu_wait and submits the same choice
+    assert (button.tag, button.attrs["type"], button.text) == ("button", "button", "Wait in line for it")
+    # Not a submit button: Enter in the form still means JupyterHub's Start.
+    assert all(b.attrs.get("type") != "submit" for b in form.find_all("button"))
     # A model that cannot be chosen is not preselected (a disabled radio is not sent).
     cannot = model_flags([A100, GTX], 0, 0, None)
     assert last_choice({"gpu_model": GTX.model}, cannot, 0, [])["selected"] is None

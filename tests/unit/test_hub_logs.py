@@ -1,4 +1,4 @@
-"""An ordinary refusal is one INFO line in the hub's log; a fault stays an ERROR
+"""An ordinary refusal is one WARNING line in the hub's log; a fault stays an ERROR
 with its traceback. Logged the way JupyterHub logs them: inside its except
 blocks, through the hub's own logger (a logger of that name, not a running hub)."""
 
@@ -33,9 +33,9 @@ def fail_as_jupyterhub_does(log, exc):
         log.error("Failed to spawn single-user server with form", exc_info=True)
 
 
-def test_none_free_is_one_info_line_with_what_the_user_was_told(hub_log, caplog):
+def test_none_free_is_one_warning_line_with_what_the_user_was_told(hub_log, caplog):
     fail_as_jupyterhub_does(hub_log, spawn_error(NONE_FREE, reason="gpu_unavailable", status_code=503))
-    assert [r.levelname for r in caplog.records] == ["INFO", "INFO"]
+    assert [r.levelname for r in caplog.records] == ["WARNING", "WARNING"]
     assert caplog.records[1].getMessage() == f"Failed to spawn single-user server with form: {NONE_FREE}"
     assert "Traceback" not in caplog.text
 
