@@ -4,9 +4,11 @@ The code under test makes its blocking calls (Docker, the database) through an
 executor. Here that executor is a :class:`StepExecutor`, which runs nothing by
 itself: each call becomes a pending *step*. Whenever the event loop has
 nothing left to run, the scheduler makes a *choice*: run one pending step,
-fire an external event (a container exits, a user cancels a spawn), or jump
-virtual time to the next timer. A schedule is the sequence of choices, by
-index, so a failing one can be replayed exactly.
+fire an external event (a container exits, a user cancels a spawn), make a
+pending step fail instead of running it (a dependency that blinks: the
+scenario's ``faults`` says which steps may, with what), or jump virtual time to
+the next timer. A schedule is the sequence of choices, by index, so a failing
+one can be replayed exactly.
 
 :func:`explore` walks every schedule depth-first (bounded), and
 :func:`random_schedules` samples them for scenarios too large for that.
@@ -81,6 +83,12 @@ class StepExecutor(concurrent.futures.Executor):
         self.pending[1:] = [s for s in self.pending[1:] if not s.future.cancelled()]
         return self.pending[:1]
 
+    def fail(self, step: Step, exc: BaseException) -> None:
+        """The step's call fails with ``exc`` without running (the dependency blinked)."""
+        self.pending.remove(step)
+        if step.future.set_running_or_notify_cancel():
+            step.future.set_exception(exc)
+
     def run(self, step: Step) -> None:
         """Run a step. One whose caller gave up waiting (its future cancelled)
         still runs when chosen: a worker thread may already have sent it."""
@@ -105,12 +113,16 @@ class Scenario:
     at time 0, each to finish. ``events``: callables the scheduler may fire at
     any choice point, at most once each (one that returns an awaitable starts
     a new op of that name). ``cancellable``: ops the scheduler may cancel
-    while they run, as JupyterHub cancels a pending spawn. ``invariant()``
+    while they run, as JupyterHub cancels a pending spawn. ``faults(step)``:
+    the exception a pending step may fail with instead of running (None: it
+    cannot fail), at most ``max_faults`` times per schedule. ``invariant()``
     runs whenever the loop has settled; ``check(outcome)`` at the end."""
 
     ops: dict[str, Callable[[], Awaitable]] | list[Callable[[], Awaitable]]
     events: dict[str, Callable[[], Any]] = field(default_factory=dict)
     cancellable: tuple[str, ...] = ()
+    faults: Callable[[Step], BaseException | None] | None = None
+    max_faults: int = 1
     invariant: Callable[[], None] | None = None
     check: Callable[[Outcome], None] | None = None
 
@@ -124,6 +136,7 @@ class Run:
     executor: StepExecutor
     tasks: dict[str, asyncio.Task] = field(default_factory=dict)
     executors: list[StepExecutor] = field(default_factory=list)
+    faults: int = 0  # steps made to fail so far
 
     def __post_init__(self):
         self.executors.append(self.executor)
@@ -279,6 +292,11 @@ def _choices(run: Run, scenario: Scenario, waiting: list[str], fired: set[str]) 
     choices: list[tuple[str, Callable | None]] = [
         (s.label + (" (abandoned)" if s.future.cancelled() else ""), functools.partial(e.run, s)) for e, s in steps
     ]
+    if scenario.faults is not None and run.faults < scenario.max_faults:
+        for e, s in steps:
+            exc = None if s.future.cancelled() else scenario.faults(s)
+            if exc is not None:
+                choices.append((f"fail {s.label}: {type(exc).__name__}", functools.partial(_fail, run, e, s, exc)))
     if not waiting:
         return choices + [("end", None)] if choices else []
     choices += [
@@ -319,6 +337,11 @@ def _guard(fn: Callable[[], Any], what: str, outcome: Outcome) -> None:
         raise ScheduleFailure(
             f"{what}: {type(exc).__name__}: {exc}", outcome.schedule, outcome.labels, outcome
         ) from exc
+
+
+def _fail(run: Run, executor: StepExecutor, step: Step, exc: BaseException) -> None:
+    run.faults += 1
+    executor.fail(step, exc)
 
 
 def _fire(run: Run, name: str, fn: Callable, fired: set) -> None:

@@ -277,6 +277,7 @@ class GPUHub:
                     await holdings.cluster.views.warm_counts()  # the first metrics scrape finds them made
                 else:
                     await holdings.reconcile(_untracked)
+                    await self.line.record_leaves()  # rows the ledger could not drop when their wait ended
                 first = False
             except SwarmError as exc:
                 self.log.warning("GPU reconciliation: the swarm could not be asked: %s", exc)

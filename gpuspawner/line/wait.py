@@ -73,6 +73,7 @@ class WaitLine:
         self._cancelled: set[str] = set()  # waits cancelled whose server is not stopped yet
         self._unowned: dict[str, float] = {}  # service -> when its row was first seen without a live wait
         self._leaving: set[asyncio.Task] = set()
+        self._unrecorded: set[str] = set()  # left the line, but the ledger's row could not be removed yet
         self._models_shown: set[str] = set()  # models whose line length the metrics show
 
     # -- the rows ------------------------------------------------------------------
@@ -101,6 +102,7 @@ class WaitLine:
 
     async def join(self, service: str, user: str, server: str, model: str, priority: int, request: dict) -> Waiter:
         """Into ``model``'s line (a service in it keeps its place). Raises LedgerError."""
+        self._unrecorded.discard(service)  # its row, if still in the ledger, is its place again
         row = await self.holdings.ledger_call(lambda db: db.enqueue(service, user, server, model, priority, request))
         if row is None:  # no ledger
             row = Waiter(next(self._ids), service, user, server, model, priority, utc_now(), dict(request))
@@ -110,12 +112,24 @@ class WaitLine:
         return row
 
     async def leave(self, service: str) -> None:
-        """Out of line at once; the ledger's row goes too (logged when it cannot)."""
+        """Out of line at once; the ledger's row goes too, now or, when the ledger
+        cannot be written, at the next serving of the line (a row left there would
+        have the next hub resume a spawn its user was told had ended)."""
         self._drop(service)
         try:
             await self.holdings.ledger_call(lambda db: db.dequeue(service))
         except LedgerError as exc:
-            log.warning("%s", exc)
+            self._unrecorded.add(service)
+            log.warning("%s left the line; its row is removed from the ledger once it answers: %s", service, exc)
+        else:
+            self._unrecorded.discard(service)
+
+    async def record_leaves(self) -> None:
+        """The ledger rows of those who left while it could not be written (the
+        line's serving and the hub's reconcile loop call it)."""
+        for service in sorted(self._unrecorded):
+            if self.place(service) is None:
+                await self.leave(service)
 
     async def remove(self, user: str, server: str, error: Exception) -> Waiter | None:
         """An admin takes a request out of the line (and the ledger): a live wait
@@ -160,6 +174,8 @@ class WaitLine:
                 self._serving = None
 
     async def _serve_all(self) -> None:
+        if self._unrecorded:
+            await self.record_leaves()
         while self._again:
             self._again = False
             for line in self.lines().values():

@@ -647,3 +647,63 @@ async def test_a_restart_while_the_ledger_is_down_hands_out_no_gpu_until_its_ope
     await w.owner.reconcile()
     await w.started(w.spawner("bob", {"gpu_model": A100}))
     assert w.owner.get("jupyter-bob").held.uuids == ("GPU-b0",)
+
+
+# -- a dependency that blinks: ledger calls failing at any step ----------------------------
+
+
+def ledger_faults(step):
+    """Any call on the ledger may fail, as a database that is down for a moment does."""
+    if step.args and isinstance(step.args[0], Ledger):
+        return LedgerError("the ledger's database is unreachable")
+    return None
+
+
+def ledger_keeps_up(world: World):
+    """Refused or failed for a user, never another exception; and every live holding has
+    its open ledger row (a row left open by a failed close is the reconcile's to close)."""
+
+    def check(outcome):
+        clean(outcome)
+        open_ = {r.service for r in Ledger(world.db_url).open_allocations()}
+        live = {name for name, h in world.owner.all().items() if h.held.uuids}
+        assert live <= open_, f"holdings {live - open_} have no open ledger row"
+
+    return check
+
+
+@pytest.mark.explore
+def test_ledger_faults_at_any_step_never_give_a_gpu_away_while_a_container_may_run(tmp_path):
+    """A restarted hub (alice's leftover server), bob's and carol's spawns, a cancel and
+    a stop, reconciles; up to two ledger calls fail anywhere. Checked after every step:
+    no device booked above 1, and no running container names a device not booked to it."""
+
+    def scenario(run: Run) -> Scenario:
+        world = World(tmp_path, run.executor)
+        world.leftover("alice")
+        bob, carol = world.spawner("bob", {"gpu_model": A100}), world.spawner("carol", {"gpu_model": A100})
+        alice = world.spawner("alice")
+
+        async def stop_alice():
+            try:
+                await alice.stop()
+            except SpawnException:
+                pass  # JupyterHub reports it; the GPU must stay reserved while her container may run
+
+        return Scenario(
+            ops={"reconcile": lambda: world.owner.reconcile(), "bob": bob.start, "carol": carol.start},
+            events={
+                "exit_all": world.fake.exit_all,
+                "run_all": world.fake.run_all,
+                "stop_alice": stop_alice,
+                "reconcile2": lambda: world.owner.reconcile(),
+            },
+            cancellable=("bob",),
+            faults=ledger_faults,
+            max_faults=2,
+            invariant=world.invariant,
+            check=ledger_keeps_up(world),
+        )
+
+    stats = random_schedules(scenario, seed=11, n=300)
+    assert stats.schedules == 300

@@ -371,3 +371,40 @@ def test_a_scenario_with_a_step_executor_of_its_own_is_not_needed():
 
     outcome = replay(scenario, [])
     assert outcome.results == {"op": 42} and outcome.labels == ["op: <lambda>()"]
+
+
+def test_a_step_may_fail_instead_of_running_at_most_max_faults_times():
+    """Each of two calls may fail (the dependency blinked) instead of running; with
+    one fault per schedule: no fault, the first fails, or the second does."""
+
+    def scenario(run: Run, max_faults: int = 1) -> Scenario:
+        async def op():
+            loop = asyncio.get_running_loop()
+            got = []
+            for i in range(2):
+                try:
+                    got.append(await loop.run_in_executor(run.executor, lambda i=i: f"ran {i}"))
+                except ConnectionError:
+                    got.append("failed")
+            return got
+
+        def faults(step):
+            return ConnectionError("the database is down") if "lambda" in step.label else None
+
+        return Scenario(ops={"op": op}, faults=faults, max_faults=max_faults)
+
+    seen = set()
+
+    def check(outcome):
+        seen.add(tuple(outcome.results["op"]))
+
+    def checked(run):
+        s = scenario(run)
+        s.check = check
+        return s
+
+    stats = explore(checked)
+    assert stats.complete and stats.schedules == 3
+    assert seen == {("ran 0", "ran 1"), ("failed", "ran 1"), ("ran 0", "failed")}
+    two = explore(lambda run: scenario(run, max_faults=2))
+    assert two.complete and two.schedules == 4  # and both may fail
