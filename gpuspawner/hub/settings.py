@@ -10,10 +10,11 @@ at hub start.
 from __future__ import annotations
 
 import logging
+import math
 import socket
 from collections.abc import Mapping
 
-from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Tuple, Unicode, Union, default, validate
+from traitlets import Bool, Dict, Enum, Integer, List, TraitError, Tuple, Unicode, Union, default, validate
 from traitlets.config import LoggingConfigurable
 
 from ..allocator.allocator import POLICIES
@@ -32,6 +33,7 @@ from ..core.inventory_files import load_inventory
 from ..core.labels import Held
 from ..core.sharing import SharingPolicy, shown
 from ..ledger.ledger import Ledger, LedgerError
+from ..reclaim.settings import FiniteFloat
 from ..reclaim.settings import check_config as check_reclaim
 
 __all__ = ["GPUSettings", "validate_config"]
@@ -77,19 +79,26 @@ class GPUSettings(LoggingConfigurable):
             raise TraitError(str(exc)) from None
         return proposal.value
 
-    gpu_max_temperature = Float(
+    gpu_max_temperature = FiniteFloat(
         90.0,
         help="""GPUs reported hotter than this (°C) are not offered until they
         cool down. Lost GPUs and GPUs with uncorrected ECC errors are never offered.""",
     ).tag(config=True)
 
-    agent_stale_intervals = Float(
+    agent_stale_intervals = FiniteFloat(
         3.0,
         min=1.0,
         help="""A node whose agent has not reported for this many of its
         reporting intervals is not offered (its running servers are left
         alone) until it reports again.""",
     ).tag(config=True)
+
+    @validate("gpu_max_temperature", "agent_stale_intervals")
+    def _finite(self, proposal):
+        value = proposal["value"]
+        if not math.isfinite(value):
+            raise TraitError(f"c.GPUSwarmSpawner.{proposal['trait'].name} must be a finite number, not {value!r}")
+        return value
 
     agent_shared_token = Bool(
         False,
@@ -341,12 +350,24 @@ def validate_config(config) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ValueError(f"max_gpus_per_user must be a whole number ≥ 0, got {limit!r}")
         check_reclaim(spawner_config)  # docs/idle.md
+        _check_numbers(spawner_config)
         conflicts = admin_conflicts(spawner_config)
         if conflicts:
             raise ValueError(conflicts[0])
         _check_access(spawner_config, inventory)
     except (InventoryError, LedgerError, ValueError) as exc:
         raise SystemExit(f"gpuspawner configuration error: {' '.join(str(exc).split())}") from None
+
+
+def _check_numbers(spawner_config: Mapping) -> None:
+    """The numeric node settings, as their traits check them (ValueError)."""
+    settings = GPUSettings()
+    for name in ("gpu_max_temperature", "agent_stale_intervals"):
+        if name in spawner_config:
+            try:
+                setattr(settings, name, spawner_config[name])
+            except TraitError as exc:
+                raise ValueError(str(exc)) from None
 
 
 def _check_access(spawner_config: Mapping, inventory) -> None:

@@ -23,11 +23,15 @@ THRESHOLD_KEYS = {"utilization": (0, 100), "memory_mib": (0, 2**40)}
 
 class FiniteFloat(Float):
     """A Float that refuses an integer beyond a float's range with a TraitError (the
-    one-line configuration error), not an OverflowError from float()."""
+    one-line configuration error), not an OverflowError from float(); NaN and the
+    infinities are for each trait's own validator to refuse, with its sentence."""
 
     def validate(self, obj, value):
         if isinstance(value, int) and not isinstance(value, bool) and finite(value) is None:
-            self.error(obj, value)
+            digits = len(str(abs(value)))
+            raise TraitError(
+                f"c.GPUSwarmSpawner.{self.name} must be a finite number, not an integer of {digits} digits"
+            )
         return super().validate(obj, value)
 
 
