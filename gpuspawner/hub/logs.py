@@ -11,6 +11,7 @@ ledger, the swarm) stays an ERROR with everything JupyterHub logged.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 __all__ = ["ORDINARY", "OrdinaryRefusals", "quiet_ordinary_refusals"]
@@ -19,6 +20,8 @@ __all__ = ["ORDINARY", "OrdinaryRefusals", "quiet_ordinary_refusals"]
 ORDINARY = frozenset(
     {"gpu_unavailable", "gpu_request", "gpu_access", "gpu_budget", "invalid_options", "gpu_wait_timeout"}
 )
+# How JupyterHub writes a SpawnException into the lines it logs outside an except block.
+_NAMED = re.compile(r"SpawnException\(reason=([a-z_]+)\)")
 
 
 class OrdinaryRefusals(logging.Filter):
@@ -27,14 +30,17 @@ class OrdinaryRefusals(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.ERROR:
             return True
-        # JupyterHub logs these inside its except blocks: the exception is the one being handled.
+        message = record.getMessage()
+        # Inside JupyterHub's except blocks the exception is the one being handled;
+        # after them, its text names the reason.
         exc = record.exc_info[1] if record.exc_info else sys.exc_info()[1]
         told = getattr(exc, "jupyterhub_message", None)  # what the user was told (spawn/errors.py)
-        if getattr(exc, "reason", None) not in ORDINARY or told is None:
-            return True
-        message = record.getMessage()
-        if told not in message:
-            message = f"{message}: {told}"
+        if told is not None and getattr(exc, "reason", None) in ORDINARY:
+            message = message if told in message else f"{message}: {told}"
+        else:
+            named = _NAMED.search(message)
+            if named is None or named[1] not in ORDINARY:
+                return True
         record.msg, record.args = message, None
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         record.exc_info, record.exc_text = None, None

@@ -92,8 +92,9 @@ def servers_var(hub):
 
 
 def waiting_var(hub):
-    """For ``c.JupyterHub.template_vars``: where a pending spawn waits in line, as
-    ``{"model", "place"}``, or None (the spawn-pending page, spawn_pending.html)."""
+    """For ``c.JupyterHub.template_vars`` (JupyterHub calls it with the user): a
+    function of a spawner, where that spawn waits in line as ``{"model", "place"}``,
+    or None (the spawn-pending page, spawn_pending.html)."""
 
     def waiting(spawner) -> dict | None:
         try:
@@ -102,4 +103,4 @@ def waiting_var(hub):
             return None
         return None if place is None else {"model": place[0], "place": place[1]}
 
-    return waiting
+    return lambda user: waiting

@@ -47,6 +47,13 @@ def test_a_fault_stays_an_error_with_its_traceback(hub_log, caplog, reason):
     assert "Traceback" in caplog.text
 
 
+def test_the_lines_jupyterhub_logs_after_the_except_block_are_warnings_too(hub_log, caplog):
+    """Outside an except block only the text says which refusal it was, as JupyterHub writes it."""
+    hub_log.error(f"Error starting server alice: 503 SpawnException(reason=gpu_unavailable): {NONE_FREE}")
+    hub_log.error("Error starting server bob: 503 SpawnException(reason=ledger_unavailable): the ledger is down")
+    assert [r.levelname for r in caplog.records] == ["WARNING", "ERROR"]
+
+
 def test_other_exceptions_are_left_alone(hub_log, caplog):
     fail_as_jupyterhub_does(hub_log, RuntimeError("boom"))
     assert [r.levelname for r in caplog.records] == ["ERROR", "ERROR"] and "Traceback" in caplog.text

@@ -289,6 +289,7 @@ async def test_the_home_page_shows_each_server_its_gpu_share_memory_use_and_what
     from gpuspawner.web.home_gpus import server_rows, servers_var
 
     world, owner, found, clock, _ = await two_servers(tmp_path, shares=0.5)
+    alice, carol = (SimpleNamespace(name=n, kind="user") for n in ("alice", "carol"))
     a_name, a_gpu = uuid_of(owner, "alice")
     await found.check()  # timing begins
     clock.now += 600
@@ -310,7 +311,7 @@ async def test_the_home_page_shows_each_server_its_gpu_share_memory_use_and_what
     html = " ".join(
         _templates(())
         .get_template("gpuspawner_servers.html")
-        .render(gpuspawner_servers=servers_var(world.hub), user=SimpleNamespace(name="alice", kind="user"))
+        .render(gpuspawner_servers=servers_var(world.hub)(alice), user=alice)  # as JupyterHub calls it
         .split()
     )
     assert "Your GPUs" in html and "Default server" in html and f"{A100} on gpu-b · held for 10 min" in html
@@ -320,6 +321,6 @@ async def test_the_home_page_shows_each_server_its_gpu_share_memory_use_and_what
     nobody = (
         _templates(())
         .get_template("gpuspawner_servers.html")
-        .render(gpuspawner_servers=servers_var(world.hub), user=SimpleNamespace(name="carol", kind="user"))
+        .render(gpuspawner_servers=servers_var(world.hub)(carol), user=carol)
     )
     assert "Your GPUs" not in nobody  # no GPU server: nothing shown

@@ -37,7 +37,8 @@ async def test_a_waiting_spawn_says_its_place_and_offers_cancel(tmp_path):
     bob = world.spawner("bob", WAIT)
     start = asyncio.ensure_future(bob.start())
     await until(lambda: any("number 1" in m for m in messages(bob)))
-    html = page(waiting_var(world.hub), bob)
+    user = SimpleNamespace(name="bob", kind="user")
+    html = page(waiting_var(world.hub)(user), bob)  # JupyterHub calls template variables with the user
     assert f"Your server is waiting in line for a GPU: number 1 for {A100}." in html
     assert "<strong>Cancel</strong> leaves the line." in html and "Cancel (leave the line)" in html
     assert "starting up" not in html
@@ -49,5 +50,5 @@ async def test_a_waiting_spawn_says_its_place_and_offers_cancel(tmp_path):
     await bob.stop()
     # Not waiting (or not ours): JupyterHub's own page, unchanged.
     for spawner in (bob, SimpleNamespace()):
-        html = page(waiting_var(world.hub), spawner)
+        html = page(waiting_var(world.hub)(user), spawner)
         assert "Your server is starting up." in html and "Cancel" not in html and "Stop Server" in html
