@@ -35,7 +35,8 @@ def configure(c) -> None:
 
     validate_config(c)
     log = logging.getLogger("JupyterHub")
-    logs.quiet_ordinary_refusals(log)  # "none free" is an answer, not a fault: one line (hub/logs.py)
+    # "none free" is an answer, not a fault (hub/logs.py)
+    logs.quiet_ordinary_refusals(log, logging.getLogger("tornado.application"))
     hub = GPUHub(lambda: _hub_config(c), log=log)
     # JupyterHub logs that extra_handlers is deprecated in favour of services;
     # these must run inside the hub, where the holdings live (README, "How

@@ -47,7 +47,10 @@ class OrdinaryRefusals(logging.Filter):
         return True
 
 
-def quiet_ordinary_refusals(logger: logging.Logger) -> None:
-    """Install the filter once on the hub's logger."""
-    if not any(isinstance(f, OrdinaryRefusals) for f in logger.filters):
-        logger.addFilter(OrdinaryRefusals())
+def quiet_ordinary_refusals(*loggers: logging.Logger) -> None:
+    """Install the filter once on each logger (the hub's handlers log through the
+    hub's own logger, its User objects through tornado's ``app_log``, which
+    JupyterHub shows under the hub's name)."""
+    for logger in loggers:
+        if not any(isinstance(f, OrdinaryRefusals) for f in logger.filters):
+            logger.addFilter(OrdinaryRefusals())

@@ -14,6 +14,19 @@ from gpuspawner.spawn.errors import spawn_error
 NONE_FREE = "No NVIDIA A100 80GB PCIe is free right now (0 of 2 free)"
 
 
+def test_configure_quiets_the_hubs_logger_and_tornados_which_jupyterhubs_users_log_through():
+    from tornado.log import app_log
+    from traitlets.config import Config
+
+    from gpuspawner.hubconfig import configure
+
+    c = Config()
+    c.GPUSwarmSpawner.gpu_inventory = {"gpu-a": [{"uuid": "GPU-a0", "model": "A100", "memory_mib": 1024}]}
+    configure(c)
+    for logger in (logging.getLogger("JupyterHub"), app_log):
+        assert sum(isinstance(f, OrdinaryRefusals) for f in logger.filters) == 1, logger.name
+
+
 @pytest.fixture
 def hub_log(caplog):
     log = logging.getLogger("JupyterHub.test")
