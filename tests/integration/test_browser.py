@@ -155,6 +155,13 @@ def test_from_the_form_to_jupyterlab_and_the_next_user_sees_one_less(hub, swarm,
     (service,) = services_of(swarm, "anna")
     assert service.attrs["Spec"]["Labels"]["gpuspawner.model"] == GTX
 
+    # Her home page says which GPU she holds (screenshot: docs/screenshots/home-gpus.png).
+    anna.get(hub.url + "/hub/home")
+    mine = wait(anna, lambda d: d.find_elements(B.ID, "gpuspawner-servers"), "no 'Your GPUs' on the home page")[0]
+    uuid = service.attrs["Spec"]["Labels"]["gpuspawner.devices"]
+    assert "Your GPUs" in mine.text and f"{GTX} on gpu-a" in mine.text and uuid in mine.text, mine.text
+    anna.save_screenshot(str(shots / "home-gpus.png"))
+
     # An admin sees who holds what on the GPU page.
     admin = browsers(width=1000, height=900).driver
     log_in(admin, hub, "admin")

@@ -210,6 +210,7 @@ def test_a_refusal_keeps_the_choice_and_one_click_joins_the_line(hub, browsers, 
     assert f"No {A100} is free right now" in error.text
     assert browser_tests.model_radio(driver, A100).is_selected()  # the choice is kept
     assert "None of the" in driver.find_element(B.ID, "gpu-wait-hint").text
+    driver.execute_script("document.getElementById('gpu-wait-now').scrollIntoView({block: 'center'})")
     driver.save_screenshot(str(shots / "spawn-refused-wait.png"))
     driver.find_element(B.ID, "gpu-wait-now").click()
     browser_tests.wait(driver, lambda d: "/hub/spawn-pending/kim" in d.current_url, "no waiting page", 60)
