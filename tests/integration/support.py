@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import time
 
 import requests
@@ -69,3 +72,13 @@ def login(hub: Hub, user: str) -> requests.Session:
     )
     r.raise_for_status()
     return s
+
+
+def admin_cli(hub: Hub, *args: str, token: str | None = None) -> subprocess.CompletedProcess:
+    """``gpuspawner ARGS`` against the hub, with its admin token (or ``token``)."""
+    return subprocess.run(
+        [sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, *args],
+        env={**os.environ, "JUPYTERHUB_API_TOKEN": token or hub.token},
+        capture_output=True,
+        text=True,
+    )

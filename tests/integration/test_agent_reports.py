@@ -9,17 +9,15 @@ its node."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 
 import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.integration.support import hub_on, login, spawn_ready
+from tests.integration.support import admin_cli, hub_on, login, spawn_ready
 from tests.unit.test_reports import A100, MIG, device, report
 
 AGENT_TOKEN = "agent-token-for-tests-0123456789"
@@ -102,21 +100,11 @@ def test_reports_become_the_form_and_the_allocation_map(hub, swarm):
     assert "NVIDIA_VISIBLE_DEVICES=MIG-aaaa-0002" in env
 
     # The admin CLI shows the same.
-    cli = subprocess.run(
-        [sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, "alloc-map"],
-        env={**os.environ, "JUPYTERHUB_API_TOKEN": hub.token},
-        capture_output=True,
-        text=True,
-    )
+    cli = admin_cli(hub, "alloc-map")
     assert cli.returncode == 0, cli.stderr
     (line,) = [ln for ln in cli.stdout.splitlines() if "MIG-aaaa-0002" in ln]
     assert "1.00" in line and line.endswith("nora (1.00)")
-    cli = subprocess.run(
-        [sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, "alloc-map", "--json"],
-        env={**os.environ, "JUPYTERHUB_API_TOKEN": AGENT_TOKEN},
-        capture_output=True,
-        text=True,
-    )
+    cli = admin_cli(hub, "alloc-map", "--json", token=AGENT_TOKEN)
     assert cli.returncode == 1 and "HTTP 403" in cli.stderr and "admin:servers" in cli.stderr
 
     # Rescan from the swarm's services returns the same holdings.
@@ -206,12 +194,7 @@ def test_a_report_naming_another_nodes_gpu_has_it_left_out_and_the_gpu_stays_on_
 
 
 def agent_token_cli(hub, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, "agent-token", *args],
-        env={**os.environ, "JUPYTERHUB_API_TOKEN": hub.token},
-        capture_output=True,
-        text=True,
-    )
+    return admin_cli(hub, "agent-token", *args)
 
 
 def test_a_nodes_own_token_cannot_report_for_another_node(hub, swarm):

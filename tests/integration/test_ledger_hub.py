@@ -4,14 +4,10 @@ cleanly (no service, no GPU kept) until the database is back."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from gpuspawner.ledger.ledger import Ledger
-from tests.integration.support import hub_on, services_of, spawn_ready
+from tests.integration.support import admin_cli, hub_on, services_of, spawn_ready
 
 A100 = "NVIDIA A100 80GB PCIe"
 
@@ -49,12 +45,7 @@ def test_a_spawn_and_its_stop_are_recorded_and_usage_counts_them(hub, db_url):
     assert hub.api("GET", "/gpuspawner/usage?since=yesterday").status_code == 400
     by_model = hub.api("GET", "/gpuspawner/usage?by=model").json()["usage"]
     assert [u["key"] for u in by_model] == [A100]
-    cli = subprocess.run(
-        [sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, "usage"],
-        env={**os.environ, "JUPYTERHUB_API_TOKEN": hub.token},
-        capture_output=True,
-        text=True,
-    )
+    cli = admin_cli(hub, "usage")
     assert cli.returncode == 0 and any(line.startswith("uma ") for line in cli.stdout.splitlines()), cli
 
 

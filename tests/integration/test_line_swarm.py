@@ -14,15 +14,12 @@ member (priority 10) who waits after a student (priority 0) goes ahead of them.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 
 import pytest
 
 from tests.integration import test_browser as browser_tests
-from tests.integration.support import hub_on, login, services_of, spawn_ready
+from tests.integration.support import admin_cli, hub_on, login, services_of, spawn_ready
 
 A100 = "NVIDIA A100 80GB PCIe"
 WAIT = {"gpu_model": A100, "gpu_wait": True}
@@ -167,29 +164,20 @@ def test_a_staff_waiter_goes_ahead_of_an_earlier_student(hub, swarm):
     assert line(hub) == []
 
 
-def line_cli(hub, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "gpuspawner.cli", "--hub-url", hub.url, "line", *args],
-        env={**os.environ, "JUPYTERHUB_API_TOKEN": hub.token},
-        capture_output=True,
-        text=True,
-    )
-
-
 def test_an_admin_lists_the_line_and_takes_a_request_out_of_it(hub, swarm):
     spawn_ready(hub, "gil", {"gpu_model": A100, "gpu_count": 2})
     assert hub.spawn("ivy", WAIT).status_code == 202
     assert told(hub, "ivy", f"You are number 1 in line for {A100}")
-    listed = line_cli(hub)
+    listed = admin_cli(hub, "line")
     assert listed.returncode == 0 and f"{A100}  1  ivy" in listed.stdout, listed
     user = login(hub, "oscar")  # not an admin
     headers = {"X-XSRFToken": user.cookies.get("_xsrf") or ""}
     assert user.delete(hub.url + "/hub/api/gpuspawner/queue/ivy", headers=headers, timeout=30).status_code == 403
-    removed = line_cli(hub, "--remove", "ivy")
+    removed = admin_cli(hub, "line", "--remove", "ivy")
     assert removed.returncode == 0 and removed.stdout.strip() == f"Took ivy out of the line for {A100}.", removed
     assert line(hub) == []
     wait_until(hub, lambda: hub.server_model("ivy") is None, "ivy's pending server ended")
-    again = line_cli(hub, "--remove", "ivy")
+    again = admin_cli(hub, "line", "--remove", "ivy")
     assert again.returncode == 1 and "is not waiting in line" in again.stderr, again
     hub.stop_all_servers()
 

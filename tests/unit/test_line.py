@@ -127,15 +127,22 @@ def messages(spawner) -> list[str]:
     return [e["message"] for e in spawner._progress.events]
 
 
-async def test_a_waiter_gets_the_gpu_its_holder_gives_back_and_the_next_moves_up(tmp_path):
-    world = World(tmp_path)
+async def two_in_line(world: World):
+    """Alice holds the one A100; bob waits first (his start drives the swarm), carol
+    second (she never gets a task): (alice, bob, carol, bob's start, carol's start)."""
     alice = world.spawner("alice", {"gpu_model": A100})
     await world.started(alice)
     bob, carol = world.spawner("bob", WAIT), world.spawner("carol", WAIT)
     bob_start = asyncio.ensure_future(world.started(bob))
     await until(lambda: world.hub.line.place(bob.service_name) == (A100, 1))
-    carol_start = asyncio.ensure_future(carol.start())  # she never gets a task: no swarm to drive
+    carol_start = asyncio.ensure_future(carol.start())
     await until(lambda: any("number 2" in m for m in messages(carol)))
+    return alice, bob, carol, bob_start, carol_start
+
+
+async def test_a_waiter_gets_the_gpu_its_holder_gives_back_and_the_next_moves_up(tmp_path):
+    world = World(tmp_path)
+    alice, bob, carol, bob_start, carol_start = await two_in_line(world)
     assert messages(bob)[-1] == f"You are number 1 in line for {A100}"
     assert messages(carol)[-1] == f"You are number 2 in line for {A100}"
     assert server_rows(world.hub, "carol") == [{"server": "", "waiting": f"Number 2 in line for {A100}"}]  # home page
@@ -330,13 +337,7 @@ async def test_a_ledger_error_as_a_gpu_frees_keeps_every_waiter_in_line_and_the_
     nobody is thrown out of the line (and told to retry while their row stays)."""
     monkeypatch.setattr(line_wait, "RETRY_SECONDS", 0.1)
     world = World(tmp_path)
-    alice = world.spawner("alice", {"gpu_model": A100})
-    await world.started(alice)
-    bob, carol = world.spawner("bob", WAIT), world.spawner("carol", WAIT)
-    bob_start = asyncio.ensure_future(world.started(bob))
-    await until(lambda: world.hub.line.place(bob.service_name) == (A100, 1))
-    carol_start = asyncio.ensure_future(carol.start())
-    await until(lambda: any("number 2" in m for m in messages(carol)))
+    alice, bob, carol, bob_start, carol_start = await two_in_line(world)
 
     def down(*_args, **_kw):
         raise LedgerError("the ledger's database is unreachable")
@@ -392,12 +393,8 @@ async def test_after_none_free_the_form_keeps_the_choice_and_suggests_the_line(t
 
 async def test_an_admin_takes_a_waiting_request_out_of_the_line_and_its_wait_ends_saying_so(tmp_path):
     world = World(tmp_path)
-    await world.started(world.spawner("alice", {"gpu_model": A100}))
-    bob, carol = world.spawner("bob", WAIT), world.spawner("carol", WAIT)
-    bob_start = asyncio.ensure_future(bob.start())
-    await until(lambda: world.hub.line.place(bob.service_name) == (A100, 1))
-    carol_start = asyncio.ensure_future(carol.start())
-    await until(lambda: world.hub.line.place(carol.service_name) == (A100, 2))
+    _, bob, carol, bob_start, carol_start = await two_in_line(world)
+    assert world.hub.line.place(carol.service_name) == (A100, 2)
     ended = spawn_error("taken out", reason="line_removed", status_code=503)
     row = await world.hub.line.remove("bob", "", ended)
     assert (row.user, row.model) == ("bob", A100)
