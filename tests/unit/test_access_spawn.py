@@ -240,3 +240,28 @@ async def test_a_waiter_whose_budget_was_used_up_while_waiting_is_refused_when_s
     assert "25.0 GPU-hours in the last 7 days" in exc.value.jupyterhub_message
     assert w.owner.get(carol.service_name) is None and w.hub.line.rows == []
     assert Ledger(w.db_url).waiting() == []
+
+
+async def test_a_ledger_that_cannot_say_the_budget_when_the_line_serves_keeps_the_waiters_place(tmp_path, monkeypatch):
+    """The budget's re-check is a ledger read: while it fails, carol stays first in line
+    (a failure that may pass), and she is served once the ledger answers."""
+    from gpuspawner.line import wait as line_wait
+
+    monkeypatch.setattr(line_wait, "RETRY_SECONDS", 0.1)
+    w = world(tmp_path)
+    sam = in_groups(w.spawner("sam", {"gpu_model": GTX, "gpu_count": 3}), "staff")
+    await w.started(sam)
+    carol = in_groups(w.spawner("carol", {"gpu_model": GTX, "gpu_wait": True}), "students")
+    carol_start = asyncio.ensure_future(w.started(carol))
+    await until(lambda: w.hub.line.place(carol.service_name) == (GTX, 1))
+
+    def down(*_args, **_kw):
+        raise LedgerError("the ledger's database is unreachable")
+
+    with monkeypatch.context() as m:
+        m.setattr(Ledger, "user_spans", down)
+        await stopped(w, sam)
+        await asyncio.sleep(0.5)  # several tries of the line
+        assert not carol_start.done() and w.hub.line.place(carol.service_name) == (GTX, 1)
+    await asyncio.wait_for(carol_start, 10)
+    assert w.owner.get(carol.service_name).held.model == GTX and w.hub.line.rows == []

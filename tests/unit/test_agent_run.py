@@ -443,3 +443,19 @@ def test_a_refused_post_reads_the_token_file_again_and_retries_once_with_a_new_o
     with pytest.raises(HubError, match="the hub answered 403: Missing or invalid credentials."):
         client.post(b"{}")
     assert len(hub.requests) == 3
+
+
+def test_a_report_taken_with_a_device_left_out_is_logged_with_what_was_left_out(hub, token_file, caplog):
+    """The hub took the report but left out a UUID another node has: the agent says which."""
+    sentence = "GPU-b0 is on gpu-b (by its agent's report), not on gpu-a"
+    hub.answers = [(200, json.dumps({"hostname": "gpu-a", "left_out": [sentence]}).encode())]
+    caplog.set_level("WARNING", logger="gpuspawner-agent")
+    HubClient(report_url(hub.url()), Token(str(token_file)), timeout=5).post(b"{}")
+    assert [r.getMessage() for r in caplog.records] == [
+        f"the hub left a device out: {sentence} (a copied inventory or a spoofed agent; check nvidia-smi -L on both)"
+    ]
+    caplog.clear()
+    hub.answers = [(200, b'{"hostname": "gpu-a", "left_out": []}'), (200, b'{"left_out": {"odd": 1}}')]
+    HubClient(report_url(hub.url()), Token(str(token_file)), timeout=5).post(b"{}")
+    HubClient(report_url(hub.url()), Token(str(token_file)), timeout=5).post(b"{}")  # not a list: ignored
+    assert caplog.records == []

@@ -220,6 +220,12 @@ def test_a_last_choice_with_none_free_is_kept_and_the_line_is_suggested():
     assert (button.tag, button.attrs["type"], button.text) == ("button", "button", "Wait in line for it")
     # Not a submit button: Enter in the form still means JupyterHub's Start.
     assert all(b.attrs.get("type") != "submit" for b in form.find_all("button"))
+    # The share chosen last, where the form offers it.
+    shared = last_choice({"gpu_model": GTX.model, "gpu_share": 0.5}, flags, 2, ["0.25", "0.5"])
+    assert shared["last_share"] == "0.5"
+    assert last_choice({"gpu_model": GTX.model, "gpu_share": 0.75}, flags, 2, ["0.25", "0.5"])["last_share"] is None
+    share_select = render(share_choices=["0.25", "0.5"], **shared).by_id("gpu-share")
+    assert [o.attrs["value"] for o in share_select.find_all("option") if "selected" in o.attrs] == ["0.5"]
     # A model that cannot be chosen is not preselected (a disabled radio is not sent).
     cannot = model_flags([A100, GTX], 0, 0, None)
     assert last_choice({"gpu_model": GTX.model}, cannot, 0, [])["selected"] is None
