@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 
 __all__ = ["DeviceSample", "IdleTimers", "Limits", "Notice", "is_active"]
 
-IDLE, MAX_HOURS = "idle", "max_hours"  # the end reasons, as the ledger records them
+# The end reasons, as the ledger records them; BUDGET: the time a weekly budget allowed.
+IDLE, MAX_HOURS, BUDGET = "idle", "max_hours", "budget"
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Limits:
     idle_memory_mib: int | None = None  # a process using more is activity; None: memory does not count
     max_held: float | None = None
     max_held_warning: float = 900.0
+    max_held_reason: str = MAX_HOURS  # or BUDGET, when the budget set max_held
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class DeviceSample:
 class Notice:
     """A warning shown to the user: their server stops at ``stop_at`` (clock time)."""
 
-    reason: str  # IDLE or MAX_HOURS
+    reason: str  # IDLE, MAX_HOURS or BUDGET
     since: float
     stop_at: float
 
@@ -152,12 +154,13 @@ class IdleTimers:
         t = self._timers.get(holder)
         if t is None:
             return None
-        if limits.max_held is None:
-            t.notices.pop(MAX_HOURS, None)
-        else:
-            due = self._warn(t, MAX_HOURS, t.held_since + limits.max_held, limits.max_held_warning, now)
-            if due:
-                return MAX_HOURS
+        for reason in (MAX_HOURS, BUDGET):
+            if limits.max_held is None or reason != limits.max_held_reason:
+                t.notices.pop(reason, None)
+        if limits.max_held is not None:
+            reason = limits.max_held_reason
+            if self._warn(t, reason, t.held_since + limits.max_held, limits.max_held_warning, now):
+                return reason
         fresh = t.last_reading is not None and now - t.last_reading <= self.stale
         if limits.idle_timeout is None or t.idle_since is None:
             t.notices.pop(IDLE, None)

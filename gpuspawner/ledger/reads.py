@@ -80,7 +80,7 @@ def history_conditions(since: datetime | None, until: datetime | None, user: str
     return where
 
 
-# by reason: why each allocation ended ("idle", "max_hours", "server stopped", …; "" while open),
+# by reason: why each allocation ended ("idle", "max_hours", "budget", "server stopped", …; "" while open),
 # so GPU-hours of servers stopped for idleness are counted apart (docs/idle.md).
 USAGE_KEYS = {"user": allocations.c.username, "model": allocations.c.model, "reason": allocations.c.end_reason}
 

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 
 from prometheus_client import Counter, Gauge
 
-from ..core.idle import IDLE, DeviceSample, IdleTimers, Limits, Notice
+from ..core.idle import BUDGET, IDLE, DeviceSample, IdleTimers, Limits, Notice
 from ..core.reports import NodeReport
 from ..core.sharing import UNIT
 from ..holdings.holdings import Holding, Holdings, Phase
@@ -185,6 +185,21 @@ class Reclaimer:
             STOPPED.labels(reason).inc()
             RECLAIMED.labels(reason).inc(gpus * (idle if reason == IDLE else 0.0) / 3600)
 
+    def may_still_use(self, user: str, exclude: str = "") -> float:
+        """GPU-hours ``user``'s servers (but ``exclude``) may still hold their GPUs,
+        up to their time limits: what a weekly budget counts as spoken for. A
+        server without a time limit adds nothing (its use counts as it goes); one
+        not timed yet counts its whole limit."""
+        total = 0.0
+        for name, h in self.holdings.all().items():
+            if h.user != user or name == exclude or not h.held.uuids or h.phase is Phase.REMOVING:
+                continue
+            limit = self.limits_for(h).max_held
+            if limit is not None:
+                left = limit - (self.timers.held_for(name) or 0.0)
+                total += sum(h.held.milli) / UNIT * max(0.0, left) / 3600
+        return total
+
     # -- what users and admins see -------------------------------------------------
 
     def notices_for(self, user: str) -> list[dict]:
@@ -201,6 +216,8 @@ class Reclaimer:
         server = f"“{h.held.server}”" if h.held.server else "default"
         if n.reason == IDLE:
             why = f"Your {server} server has not used its GPU for a while; it will be stopped at {at} unless its GPU is used before then."
+        elif n.reason == BUDGET:
+            why = f"Your {server} server has used what your weekly GPU budget had left; it will be stopped at {at}."
         else:
             why = f"Your {server} server has held its GPU for as long as allowed; it will be stopped at {at}."
         return {

@@ -13,7 +13,7 @@ from traitlets import Bool, Dict, Float, TraitError, validate
 from traitlets.config import LoggingConfigurable
 
 from ..core.access import Access
-from ..core.idle import Limits
+from ..core.idle import BUDGET, MAX_HOURS, Limits
 from ..core.numbers import finite
 
 __all__ = ["ReclaimSettings", "check_config"]
@@ -120,13 +120,18 @@ class ReclaimSettings(LoggingConfigurable):
         access = self._access() if hasattr(self, "_access") else Access(max_gpus=0)
         threshold = self.gpu_idle_threshold
         memory = threshold.get("memory_mib")
+        max_held = access.resolved("max_hours", self.gpu_max_hours) * 3600 or None
+        # The server's time within a weekly budget (set at its start), where shorter.
+        budget = getattr(self, "gpu_budget_hours", None)
+        by_budget = budget is not None and (max_held is None or budget * 3600 < max_held)
         return Limits(
             idle_timeout=access.resolved("idle_timeout", self.gpu_idle_timeout) or None,
             idle_warning=self.gpu_idle_warning,
             idle_utilization=access.resolved("idle_threshold", float(threshold.get("utilization", 5))),
             idle_memory_mib=None if memory is None else int(memory),
-            max_held=access.resolved("max_hours", self.gpu_max_hours) * 3600 or None,
+            max_held=budget * 3600 if by_budget else max_held,
             max_held_warning=self.gpu_max_hours_warning,
+            max_held_reason=BUDGET if by_budget else MAX_HOURS,
         )
 
 

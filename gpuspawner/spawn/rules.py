@@ -4,6 +4,8 @@ spawn, and the weekly GPU-hour budget from the ledger."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..core.access import Access, AccessRules
 from ..core.budget import WEEK, Budget, weekly_budget
 from ..ledger.checks import utc_now
@@ -25,20 +27,23 @@ def access_of(spawner) -> Access:
     return rules_of(spawner).effective(groups)
 
 
-async def budget_of(holdings, user: str, access: Access) -> Budget | None:
+async def budget_of(holdings, user: str, access: Access, committed: Callable[[], float] = lambda: 0.0) -> Budget | None:
     """``user``'s weekly budget as the ledger has it now (None: no budget, or
-    no ledger). Raises LedgerError."""
+    no ledger), with ``committed()`` GPU-hours that their running servers may
+    still use (asked after the ledger's answer). Raises LedgerError."""
     if access.weekly_gpu_hours is None:
         return None
     now = utc_now()
     spans = await holdings.ledger_call(lambda db: db.user_spans(user, now - WEEK))
-    return None if spans is None else weekly_budget(spans, access.weekly_gpu_hours, now)
+    if spans is None:
+        return None
+    return weekly_budget(spans, access.weekly_gpu_hours, now, committed=committed())
 
 
 async def budget_for_form(spawner, holdings, access: Access) -> Budget | None:
     """The budget the form shows; None when the ledger cannot say (the form still works)."""
     try:
-        return await budget_of(holdings, spawner.user.name, access)
+        return await budget_of(holdings, spawner.user.name, access, spawner.budget_committed)
     except LedgerError as exc:
         spawner.log.warning("The GPU budget of %s is unknown: %s", spawner.user.name, exc)
         return None

@@ -23,9 +23,12 @@ from ..allocator.allocator import AllocationRefused, Request
 from ..cluster.service_spec import admin_conflicts, build_service
 from ..cluster.swarm import TASK_FAILED, TASK_WAITING, SwarmError
 from ..core.access import Access
+from ..core.budget import Budget, hours_allowed, request_refusal
 from ..core.budget import refusal as budget_refusal
+from ..core.line_order import fmt_duration
 from ..core.options import OptionsError, options_from_form, parse_user_options
-from ..core.sharing import fmt_list
+from ..core.requests import ALL
+from ..core.sharing import UNIT, fmt_list
 from ..holdings.holdings import Holding, HoldingBusy, Holdings
 from ..holdings.ports import NoPortFree
 from ..hub.app import GPUHub, HubConfigError
@@ -51,6 +54,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
     """Spawn each server as a swarm service on a host with the GPUs the user chose."""
 
     task_node: str = ""  # the node the server's task runs on
+    gpu_budget_hours: float | None = None  # how long it may hold its GPUs within its user's weekly budget
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -178,8 +182,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             holdings = await self._up_to_date()
             access = self._access()
             request, wait = self._request(holdings, access)
-            if request is not None:
-                await self._within_budget(holdings, access)
+            budget = await self._within_budget(holdings, access) if request is not None else None
             settings = await self._admin_settings()
             # A service left by an earlier run of this server (a killed hub, a
             # failed stop) may still run on its GPUs: it goes first.
@@ -188,13 +191,19 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         first = True
 
         async def reserve() -> Holding:
-            nonlocal first
+            nonlocal first, budget
             if request is not None and not first:  # served from the line: the wait may have used the budget up
-                await self._within_budget(holdings, access)
+                budget = await self._within_budget(holdings, access)
             first = False
+            # No await from here to the booking: a concurrent spawn of this user counts it.
+            self.gpu_budget_hours = self._budget_hours(budget, request, access)
             return await self._reserve(holdings, request, access.max_gpus, wait)
 
         holding = await reserve_or_wait(self, line, request and request.model, wait, reserve, spawn_error)
+        if self.gpu_budget_hours is not None:
+            self._report(
+                f"Your weekly GPU budget lets it hold its GPUs for {fmt_duration(self.gpu_budget_hours * 3600)}", 25
+            )
         try:
             if holding.held.port is not None:
                 self.port = holding.held.port
@@ -222,17 +231,44 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             await asyncio.shield(self._remove(holdings))
             raise
 
-    async def _within_budget(self, holdings: Holdings, access: Access) -> None:
-        """403 while the user's weekly GPU-hours are used up."""
+    async def _within_budget(self, holdings: Holdings, access: Access) -> Budget | None:
+        """The user's weekly budget (None: none); 403 while it is used up or
+        spoken for by their running servers."""
         try:
-            budget = await budget_of(holdings, self.user.name, access)
+            budget = await budget_of(holdings, self.user.name, access, self.budget_committed)
         except LedgerError as exc:
             message, reason = NOT_RESERVED[LedgerError]
             raise spawn_error(message, reason=reason, log_message=str(exc), status_code=503) from exc
-        over = budget_refusal(budget) if budget else None
+        self._refuse_over(budget)
+        return budget
+
+    @staticmethod
+    def _refuse_over(budget: Budget | None, gpus: float | None = None) -> None:
+        if budget is None:
+            return
+        over = budget_refusal(budget) if gpus is None else request_refusal(budget, gpus)
         if over:
             metrics.REFUSED.labels("budget").inc()
             raise spawn_error(over, reason="gpu_budget", status_code=403)
+
+    def budget_committed(self) -> float:
+        """GPU-hours the user's other servers may still use up to their time limits."""
+        return self.gpu_hub.reclaimer.may_still_use(self.user.name, exclude=self.service_name)
+
+    def _budget_hours(self, budget: Budget | None, request: Request | None, access: Access) -> float | None:
+        """How long this server may hold its GPUs within ``budget`` (docs/access.md),
+        counting the user's other servers as they are now; None: its own limits hold."""
+        self.gpu_budget_hours = None
+        if budget is None or request is None:
+            return None
+        budget = budget._replace(committed=self.budget_committed())
+        if request.milli is not None:
+            gpus = request.milli / UNIT
+        else:  # ALL: at most the user's limit
+            gpus = max(1, access.max_gpus) if request.count == ALL else int(request.count)
+        self._refuse_over(budget, gpus)
+        max_held = self.reclaim_limits().max_held
+        return hours_allowed(budget, gpus, None if max_held is None else max_held / 3600)
 
     async def _reserve(self, holdings: Holdings, request: Request | None, limit: int, waiting: bool = False) -> Holding:
         try:
@@ -466,12 +502,17 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         state = super().get_state()
         if self.task_node:
             state["gpu_node"] = self.task_node
+        if self.gpu_budget_hours is not None:
+            state["gpu_budget_hours"] = self.gpu_budget_hours
         return state
 
     def load_state(self, state):
         super().load_state(state)
         self.task_node = state.get("gpu_node", "")
+        hours = state.get("gpu_budget_hours")
+        self.gpu_budget_hours = float(hours) if isinstance(hours, (int, float)) else None
 
     def clear_state(self):
         super().clear_state()
         self.task_node = ""
+        self.gpu_budget_hours = None

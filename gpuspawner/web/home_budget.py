@@ -38,7 +38,8 @@ class BudgetNote:
         try:
             groups = [g.name for g in getattr(self.user, "groups", None) or ()]
             access = rules_of(self.hub.settings).effective(groups)
-            budget = await budget_of(self.hub.holdings, self.user.name, access)
+            name = self.user.name
+            budget = await budget_of(self.hub.holdings, name, access, lambda: self.hub.reclaimer.may_still_use(name))
         except Exception as exc:  # noqa: BLE001 - a page must render even when the GPU side cannot
             log.warning("The GPU budget of %s is unknown: %s", self.user.name, exc)
             return None

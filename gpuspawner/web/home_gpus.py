@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 
+from ..core.idle import BUDGET
 from ..core.line_order import fmt_duration
 from ..core.sharing import UNIT, fmt
 
@@ -67,7 +68,8 @@ def _times(reclaimer, h) -> dict:
     limits = reclaimer.limits_for(h)
     stops = []
     if limits.max_held is not None and held is not None:
-        stops.append(f"held-time limit in {fmt_duration(max(0.0, limits.max_held - held))}")
+        what = "weekly budget" if limits.max_held_reason == BUDGET else "held-time limit"
+        stops.append(f"{what} in {fmt_duration(max(0.0, limits.max_held - held))}")
     if limits.idle_timeout is not None:
         if idle is None:
             stops.append(f"idle limit: after {fmt_duration(limits.idle_timeout)} without GPU use")

@@ -265,3 +265,68 @@ async def test_a_ledger_that_cannot_say_the_budget_when_the_line_serves_keeps_th
         assert not carol_start.done() and w.hub.line.place(carol.service_name) == (GTX, 1)
     await asyncio.wait_for(carol_start, 10)
     assert w.owner.get(carol.service_name).held.model == GTX and w.hub.line.rows == []
+
+
+async def test_a_request_may_add_only_what_the_budget_has_left_and_is_stopped_there(tmp_path):
+    """docs/access.md, what a request may add: carol has used 12 of 20 GPU-hours;
+    2 GPUs for her group's 8 hours would add 16, so the server gets 4 hours (the 8
+    left, over 2 GPUs); those 8 are then spoken for, and her next GPU request gets
+    403 saying so. The reclaim warns her, then stops the server at 4 hours with the
+    end reason ``budget``: her week ends at the budget, not above it."""
+    import time
+
+    from tests.unit.test_reclaim import Clock, stop_through_spawners
+
+    clock, base = Clock(), time.time()
+    rules = {**RULES, "lab": {"models": "*", "max_gpus": 4, "max_hours": 8, "weekly_gpu_hours": 20}}
+    w = World(
+        tmp_path,
+        inventory=INVENTORY,
+        gpu_access=rules,
+        clocks=dict(clock=clock, wall=lambda: base + clock.now - Clock.now),
+    )
+    seed(w, "carol", (30, 6, ["GPU-a0", "GPU-a1"]))  # 12 GPU-hours
+    first = in_groups(w.spawner("carol", {"gpu_model": GTX, "gpu_count": 2}), "lab")
+    await w.started(first)
+    assert first.gpu_budget_hours == pytest.approx(4.0, abs=0.01)
+    assert first.get_state()["gpu_budget_hours"] == first.gpu_budget_hours  # kept over a hub restart
+    limits = first.reclaim_limits()
+    assert limits.max_held_reason == "budget" and limits.max_held == pytest.approx(4 * 3600, abs=40)
+    assert any("lets it hold its GPUs for 4.0 h" in e["message"] for e in first._progress.events)
+
+    again = w.spawner("carol")
+    again.load_state(first.get_state())
+    assert again.gpu_budget_hours == first.gpu_budget_hours
+
+    from gpuspawner.core.idle import Limits
+    from gpuspawner.web.home_gpus import server_rows
+
+    found = w.hub.reclaimer
+    found.limits_for = lambda h: Limits()  # no time limit: it adds nothing, its use counts as it goes
+    assert found.may_still_use("carol") == 0
+    found.limits_for = lambda h: first.reclaim_limits()  # the hub asks the server's spawner
+    assert found.may_still_use("carol") == pytest.approx(8.0, abs=0.02)
+    await found.check()
+    [row] = server_rows(w.hub, "carol")
+    assert any(stop.startswith("weekly budget in 4.0 h") for stop in row["stops"]), row
+    stopped = stop_through_spawners(w, {"carol": first})
+    second = in_groups(w.spawner("carol", {"gpu_model": A100}, server="second"), "lab")
+    exc = await refused(w, second, held=2)
+    assert exc.status_code == 403 and exc.reason == "gpu_budget"
+    assert "(12.0 GPU-hours in the last 7 days, and 8.0 more that your running GPU servers may use" in (
+        exc.jupyterhub_message
+    )
+
+    await found.check()
+    clock.now += first.gpu_budget_hours * 3600 - 900  # the 15-minute warning begins
+    await found.check()
+    [notice] = found.notices_for("carol")
+    assert notice["reason"] == "budget" and "has used what your weekly GPU budget had left" in notice["message"]
+    clock.now += 899
+    await found.check()
+    assert stopped == []
+    clock.now += 1
+    await found.check()
+    assert stopped == [("carol", "budget")]
+    [closed] = [r for r in Ledger(w.db_url).history(user="carol") if r.service == first.service_name]
+    assert closed.end_reason == "budget"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuspawner.core.budget import WEEK, refusal, weekly_budget
+from gpuspawner.core.budget import MIN_HOURS, WEEK, hours_allowed, refusal, request_refusal, summary, weekly_budget
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 H = timedelta(hours=1)
@@ -77,3 +77,99 @@ def test_at_frees_at_the_use_is_back_at_the_budget_and_not_before(raw, budget):
     assert at.used <= budget + 1e-6
     early = weekly_budget(spans, budget, b.frees_at - timedelta(seconds=2))
     assert early.used >= budget - 2 * sum(g for *_, g in spans) / 3600 - 1e-6
+
+
+# -- what a request may add (docs/access.md) ----------------------------------------
+
+
+def test_running_servers_time_limits_count_as_spoken_for():
+    b = weekly_budget([span(30, 6, 2.0)], 20, NOW, committed=8.0)  # 12 used, 8 spoken for
+    assert b.over and b.left == 0
+    message = refusal(b)
+    assert "(12.0 GPU-hours in the last 7 days, and 8.0 more that your running GPU servers may use" in message
+    assert "once your running GPU servers stop" not in message  # none is held here
+    held = weekly_budget([span(1, None, 1.0)], 20, NOW, committed=19.5)
+    assert held.over and refusal(held).endswith("GPUs can be had again once your running GPU servers stop.")
+    b = weekly_budget([span(30, 6, 2.0)], 20, NOW, committed=3.0)
+    assert not b.over and b.left == pytest.approx(5.0)
+    assert "5.0 of 20 GPU-hours left (over the last 7 days, counting what your running GPU servers may still use)" in (
+        summary(b)
+    )
+
+
+@pytest.mark.parametrize(
+    "left, gpus, max_hours, allowed",
+    [
+        (8.0, 2, 8.0, 4.0),  # 2 GPUs for 8 h would take 16: 4 h each
+        (8.0, 1, 8.0, None),  # fits: its own max_hours holds
+        (8.0, 1, None, 8.0),  # no time limit: the budget sets one
+        (0.5, 0.25, 4.0, 2.0),  # a quarter share: 2 h
+    ],
+)
+def test_a_new_server_may_hold_its_gpus_for_what_is_left_shared_among_them(left, gpus, max_hours, allowed):
+    b = weekly_budget([], left, NOW)
+    assert hours_allowed(b, gpus, max_hours) == (None if allowed is None else pytest.approx(allowed))
+
+
+def greedy_user(
+    counts_commitments: bool,
+    used: float,
+    budget: float,
+    max_gpus: int,
+    max_hours: float,
+    gpus: int,
+    step: timedelta = timedelta(minutes=15),
+):
+    """A user who, every ``step`` for two weeks, starts servers of ``gpus`` GPUs
+    while the rule grants them, each holding its GPUs until its time limit
+    (the reclaim's stop lag aside). Returns the most GPU-hours seen in any 7 days."""
+    t = NOW
+    spans = [(NOW - 20 * H, NOW - 20 * H + used * H, 1.0)]
+    worst = 0.0
+    while t < NOW + 2 * WEEK:
+        while sum(g for s, e, g in spans if e > t) + gpus <= max_gpus:
+            committed = sum(g * (e - t) / H for s, e, g in spans if e > t) if counts_commitments else 0.0
+            b = weekly_budget(spans, budget, t, committed=committed)
+            if (request_refusal(b, gpus) if counts_commitments else refusal(b)) is not None:
+                break
+            hours = (hours_allowed(b, gpus, max_hours) if counts_commitments else None) or max_hours
+            spans.append((t, t + hours * H, float(gpus)))
+        worst = max(worst, weekly_budget(spans, budget, t).used)
+        t += step
+    return worst
+
+
+@pytest.mark.parametrize("gpus", [1, 4])
+def test_the_worst_overshoot_before_and_after_counting_what_a_request_may_add(gpus):
+    """The case docs/access.md states: 19.99 of 20 GPU-hours used, up to 4 GPUs
+    for up to 8 hours each. Granting while the use is below the budget let the
+    week reach 51.99 GPU-hours (260 %); counting what running servers and the
+    request may use keeps it at the budget."""
+    before = greedy_user(False, 19.99, 20, max_gpus=4, max_hours=8, gpus=gpus)
+    after = greedy_user(True, 19.99, 20, max_gpus=4, max_hours=8, gpus=gpus)
+    assert before == pytest.approx(19.99 + 4 * 8, abs=0.01)
+    assert after <= 20 + 1e-6
+
+
+def test_too_little_left_for_the_gpus_asked_is_refused_saying_so():
+    b = weekly_budget([span(30, 19.9, 1.0)], 20, NOW)  # 0.1 left: 6 min for 1 GPU, 1.5 min each for 4
+    assert request_refusal(b, 1) is None and hours_allowed(b, 1, 8) == pytest.approx(0.1)
+    message = request_refusal(b, 4)
+    assert message.startswith(
+        "Your weekly GPU budget has 0.10 of 20 GPU-hours left (19.9 GPU-hours in the last 7 days)"
+    )
+    assert "too little for 4 GPUs (under 5 minutes each). Fewer GPUs, or a CPU-only server, can start now." in message
+    assert MIN_HOURS == 5 / 60
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.floats(0, 30),
+    st.floats(1, 40),
+    st.integers(1, 8),
+    st.one_of(st.none(), st.floats(0.5, 24)),
+    st.integers(1, 8),
+)
+def test_with_stops_at_the_limits_no_week_uses_more_than_the_budget(used, budget, max_gpus, max_hours, gpus):
+    worst = greedy_user(True, used, budget, max_gpus, max_hours or 1e6, min(gpus, max_gpus), step=timedelta(hours=1))
+    assert worst <= max(budget, used) + 1e-6

@@ -65,6 +65,13 @@ async def two_servers(tmp_path, shares=None):
     owner = world.owner
     found = world.hub.reclaimer  # the one the hub's allocation map reads
     found.limits_for = lambda h: LIMITS
+    stopped = stop_through_spawners(world, spawners)
+    return world, owner, found, clock, stopped
+
+
+def stop_through_spawners(world, spawners) -> list:
+    """The reclaimer stops a server as the hub does, through its spawner (``spawners``
+    by user); the (user, reason) of each stop are listed in the list returned."""
     stopped = []
 
     async def stop(h, reason):
@@ -78,8 +85,8 @@ async def two_servers(tmp_path, shares=None):
         await driven(spawners[h.user].stop(), exits)  # as JupyterHub's user.stop() calls it
         return True
 
-    found.stop = stop
-    return world, owner, found, clock, stopped
+    world.hub.reclaimer.stop = stop
+    return stopped
 
 
 def uuid_of(owner, user):
