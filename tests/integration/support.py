@@ -6,6 +6,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import requests
@@ -82,3 +83,37 @@ def admin_cli(hub: Hub, *args: str, token: str | None = None) -> subprocess.Comp
         capture_output=True,
         text=True,
     )
+
+
+class Sampler(threading.Thread):
+    """Every ``every`` seconds: which GPUs each running container on ``node`` was
+    given (its NVIDIA_VISIBLE_DEVICES), as the node's own daemon lists them."""
+
+    def __init__(self, swarm, node: str, every: float = 0.2):
+        super().__init__(daemon=True)
+        self.client = swarm.client(node)
+        self.every = every
+        self.samples: list[tuple[float, dict[str, list[str]]]] = []  # (time, {container name: uuids})
+        self.done = threading.Event()
+
+    def run(self):
+        while not self.done.is_set():
+            seen = {}
+            try:
+                for c in self.client.containers.list():
+                    env = dict(item.split("=", 1) for item in c.attrs["Config"]["Env"] if "=" in item)
+                    visible = env.get("NVIDIA_VISIBLE_DEVICES", "void")
+                    if visible != "void":
+                        seen[c.name] = visible.split(",")
+                self.samples.append((time.monotonic(), seen))
+            except Exception:  # noqa: BLE001 - a container gone between list and inspect: next sample
+                pass
+            self.done.wait(self.every)
+
+    def double_booked(self) -> list[tuple[float, dict[str, list[str]]]]:
+        """The samples in which one GPU was in two containers."""
+        return [
+            (at, seen)
+            for at, seen in self.samples
+            if len(us := [u for uuids in seen.values() for u in uuids]) != len(set(us))
+        ]

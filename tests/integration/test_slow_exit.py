@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.integration.support import hub_on, spawn_ready
+from tests.integration.support import Sampler, hub_on, spawn_ready
 
 A100 = "NVIDIA A100 80GB PCIe"
 EXIT_SECONDS = 4  # how long a server takes to exit after SIGTERM
@@ -30,31 +30,10 @@ def hub(swarm, tmp_path_factory):
         yield h
 
 
-class Sampler(threading.Thread):
-    """Every 0.2 s: which GPUs each running container on gpu-b was given."""
-
-    def __init__(self, swarm):
-        super().__init__(daemon=True)
-        self.client = swarm.client("gpu-b")
-        self.samples: list[tuple[float, dict[str, list[str]]]] = []  # (time, {container name: uuids})
-        self.done = threading.Event()
-
-    def run(self):
-        while not self.done.is_set():
-            seen = {}
-            for c in self.client.containers.list():
-                env = dict(item.split("=", 1) for item in c.attrs["Config"]["Env"] if "=" in item)
-                visible = env.get("NVIDIA_VISIBLE_DEVICES", "void")
-                if visible != "void":
-                    seen[c.name] = visible.split(",")
-            self.samples.append((time.monotonic(), seen))
-            time.sleep(0.2)
-
-
 def test_a_gpu_goes_to_the_next_user_only_after_the_last_holders_container_exited(hub, swarm):
     spawn_ready(hub, "alma", {"gpu_model": A100})
     spawn_ready(hub, "carl", {"gpu_model": A100})  # both A100s are held now
-    sampler = Sampler(swarm)
+    sampler = Sampler(swarm, "gpu-b")
     sampler.start()
     try:
         stop = threading.Thread(target=hub.stop_server, args=("alma",))
