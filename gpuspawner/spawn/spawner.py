@@ -258,7 +258,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
     def _budget_hours(self, budget: Budget | None, request: Request | None, access: Access) -> float | None:
         """How long this server may hold its GPUs within ``budget`` (docs/access.md),
         counting the user's other servers as they are now; None: its own limits hold."""
-        self.gpu_budget_hours = None
+        self.gpu_budget_hours = None  # reclaim_limits() below: its own limits, not an earlier run's
         if budget is None or request is None:
             return None
         budget = budget._replace(committed=self.budget_committed())

@@ -50,6 +50,13 @@ def services_of(swarm, user: str) -> list:
     return swarm.client().services.list(filters={"label": f"gpuspawner.user={user}"})
 
 
+def service_gpus(service) -> list[str]:
+    """The devices a service's spec gives its container (NVIDIA_VISIBLE_DEVICES; none for void)."""
+    env = service.attrs["Spec"]["TaskTemplate"]["ContainerSpec"].get("Env") or []
+    visible = next((e.split("=", 1)[1] for e in env if e.startswith("NVIDIA_VISIBLE_DEVICES=")), "void")
+    return [] if visible == "void" else visible.split(",")
+
+
 def spawn_ready(hub: Hub, user: str, options: dict) -> None:
     r = hub.spawn(user, options)
     assert r.status_code in (201, 202), r.text

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 import yaml
 
-from tests.integration.support import hub_on, wait_until
+from tests.integration.support import hub_on, service_gpus, wait_until
 
 MODEL = "NVIDIA A100 80GB PCIe"
 USERS = 200
@@ -42,13 +42,7 @@ def hub(swarm, tmp_path_factory):
 
 def devices_in_swarm(swarm) -> list[str]:
     """Every device some gpuspawner service is given, read from the services' specs."""
-    out = []
-    for service in swarm.client().services.list(filters={"label": "gpuspawner.devices"}):
-        env = service.attrs["Spec"]["TaskTemplate"]["ContainerSpec"].get("Env") or []
-        for item in env:
-            if item.startswith("NVIDIA_VISIBLE_DEVICES=") and item != "NVIDIA_VISIBLE_DEVICES=void":
-                out += item.split("=", 1)[1].split(",")
-    return out
+    return [u for s in swarm.client().services.list(filters={"label": "gpuspawner.devices"}) for u in service_gpus(s)]
 
 
 def histogram(hub, name: str) -> dict[str, float]:

@@ -21,7 +21,15 @@ import requests
 
 from devtools.hub import HubError
 from gpuspawner.ledger.ledger import Ledger
-from tests.integration.support import Sampler, hub_on, services_of_hub, spawn_ready, wait_until
+from tests.integration.support import (
+    Sampler,
+    hub_on,
+    service_gpus,
+    services_of,
+    services_of_hub,
+    spawn_ready,
+    wait_until,
+)
 
 A100 = "NVIDIA A100 80GB PCIe"
 GTX = "NVIDIA GeForce GTX 1070"
@@ -173,13 +181,15 @@ def test_the_database_and_the_hub_failing_while_users_act_double_book_nothing_an
         wait_until(settled, "a spawn still pending 120 s after the users stopped", timeout=120)
 
         def ledger_matches_swarm() -> bool:
-            services = {s.name for s in services_of_hub(swarm, hub) if _gpus(s)}
+            services = {s.name for s in services_of_hub(swarm, hub) if service_gpus(s)}
             return {r.service for r in Ledger(db_url).open_allocations()} == services
 
         wait_until(ledger_matches_swarm, "the ledger's open rows are not the swarm's GPU services", timeout=30)
         running = [u for u in USERS if (s := hub.server_model(u)) and s.get("ready")]
         rows = Ledger(db_url).open_allocations()
-        assert sorted(r.user for r in rows) == sorted(u for u in running if _holds_gpu(swarm, u)), rows
+        assert sorted(r.user for r in rows) == sorted(
+            u for u in running if any(service_gpus(s) for s in services_of(swarm, u))
+        ), rows
     finally:
         for s in samplers:
             s.done.set()
@@ -204,13 +214,3 @@ def test_the_database_and_the_hub_failing_while_users_act_double_book_nothing_an
     spawn_ready(hub, "after-gtx", {"gpu_model": GTX, "gpu_count": 2})
     spawn_ready(hub, "after-gtx1", {"gpu_model": GTX})
     hub.stop_all_servers()
-
-
-def _gpus(service) -> list[str]:
-    env = service.attrs["Spec"]["TaskTemplate"]["ContainerSpec"].get("Env") or []
-    visible = next((e.split("=", 1)[1] for e in env if e.startswith("NVIDIA_VISIBLE_DEVICES=")), "void")
-    return [] if visible == "void" else visible.split(",")
-
-
-def _holds_gpu(swarm, user: str) -> bool:
-    return any(_gpus(s) for s in swarm.client().services.list(filters={"label": f"gpuspawner.user={user}"}))

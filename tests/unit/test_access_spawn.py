@@ -18,9 +18,9 @@ from prometheus_client import REGISTRY
 from traitlets.config import Config
 
 from gpuspawner.hub.settings import validate_config
-from gpuspawner.ledger.ledger import Ledger, LedgerError
+from gpuspawner.ledger.ledger import Ledger
 from tests.interleave import Run, Scenario, explore
-from tests.unit.test_holdings import A100, World, check_all
+from tests.unit.test_holdings import A100, World, check_all, ledger_down
 from tests.unit.test_line import stopped, until
 
 GTX = "NVIDIA GeForce GTX 1070"
@@ -102,11 +102,8 @@ async def test_the_groups_limit_counts_across_the_users_servers(tmp_path):
 
 
 async def test_an_unreachable_ledger_refuses_budgeted_gpu_requests_with_503(tmp_path, monkeypatch):
-    def down(*_args):
-        raise LedgerError("the ledger's database is unreachable")
-
     w = world(tmp_path)
-    monkeypatch.setattr(Ledger, "user_spans", down)
+    monkeypatch.setattr(Ledger, "user_spans", ledger_down)
     exc = await refused(w, in_groups(w.spawner("carol", {"gpu_model": GTX}), "students"))
     assert exc.status_code == 503 and exc.reason == "ledger_unavailable"
     # the form still renders, without the note
@@ -254,12 +251,8 @@ async def test_a_ledger_that_cannot_say_the_budget_when_the_line_serves_keeps_th
     carol = in_groups(w.spawner("carol", {"gpu_model": GTX, "gpu_wait": True}), "students")
     carol_start = asyncio.ensure_future(w.started(carol))
     await until(lambda: w.hub.line.place(carol.service_name) == (GTX, 1))
-
-    def down(*_args, **_kw):
-        raise LedgerError("the ledger's database is unreachable")
-
     with monkeypatch.context() as m:
-        m.setattr(Ledger, "user_spans", down)
+        m.setattr(Ledger, "user_spans", ledger_down)
         await stopped(w, sam)
         await asyncio.sleep(0.5)  # several tries of the line
         assert not carol_start.done() and w.hub.line.place(carol.service_name) == (GTX, 1)

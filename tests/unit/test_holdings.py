@@ -627,12 +627,8 @@ async def test_a_restart_while_the_ledger_is_down_hands_out_no_gpu_until_its_ope
     await w.started(w.spawner("alice", {"gpu_model": A100}))
     w.fake.remove_service("jupyter-alice")  # her container keeps running
     w.restart()
-
-    def down(*_args):
-        raise LedgerError("the ledger's database is unreachable")
-
     with monkeypatch.context() as m:
-        m.setattr(Ledger, "open_allocations", down)
+        m.setattr(Ledger, "open_allocations", ledger_down)
         bob = w.spawner("bob", {"gpu_model": A100})
         with pytest.raises(SpawnException) as exc:
             await w.started(bob)
@@ -650,6 +646,11 @@ async def test_a_restart_while_the_ledger_is_down_hands_out_no_gpu_until_its_ope
 
 
 # -- a dependency that blinks: ledger calls failing at any step ----------------------------
+
+
+def ledger_down(*_args, **_kw):
+    """In place of a Ledger method: the database is down for a moment."""
+    raise LedgerError("the ledger's database is unreachable")
 
 
 def ledger_faults(step):

@@ -15,14 +15,14 @@ from prometheus_client import REGISTRY
 
 from gpuspawner import hub_port, hubconfig
 from gpuspawner.core.line_order import Waiter, by_model, estimate, fmt_duration, ordered, position
-from gpuspawner.ledger.ledger import Ledger, LedgerError
+from gpuspawner.ledger.ledger import Ledger
 from gpuspawner.line import wait as line_wait
 from gpuspawner.spawn.errors import spawn_error
 from gpuspawner.web.api import queue_json
 from gpuspawner.web.home_gpus import server_rows
 from tests.interleave import Run, Scenario, random_schedules
 from tests.unit.test_form_template import _TreeBuilder
-from tests.unit.test_holdings import A100, World, clean, driven
+from tests.unit.test_holdings import A100, World, clean, driven, ledger_down
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 WAIT = {"gpu_model": A100, "gpu_wait": True}
@@ -338,12 +338,8 @@ async def test_a_ledger_error_as_a_gpu_frees_keeps_every_waiter_in_line_and_the_
     monkeypatch.setattr(line_wait, "RETRY_SECONDS", 0.1)
     world = World(tmp_path)
     alice, bob, carol, bob_start, carol_start = await two_in_line(world)
-
-    def down(*_args, **_kw):
-        raise LedgerError("the ledger's database is unreachable")
-
     with monkeypatch.context() as m:
-        m.setattr(Ledger, "open", down)
+        m.setattr(Ledger, "open", ledger_down)
         await stopped(world, alice)
         await asyncio.sleep(0.5)  # several tries of the line
         assert not bob_start.done() and not carol_start.done()
