@@ -134,6 +134,12 @@ async def restarted_hub(tmp_path, rules=RULES) -> World:
     return w
 
 
+def short_deadlines(w: World, monkeypatch, seconds: float) -> None:
+    """Rows without a live wait leave ``seconds`` from now."""
+    monkeypatch.setattr(line_wait, "UNOWNED_SECONDS", seconds)
+    w.hub.line.restart_clocks()
+
+
 async def stopped_leftover(w: World, user: str) -> None:
     """The leftover server is removed and its container exits: its GPU comes back."""
     removal = asyncio.ensure_future(w.owner.remove(f"jupyter-{user}"))
@@ -186,11 +192,11 @@ async def test_a_row_whose_resumed_spawn_never_waits_leaves_at_its_deadline_and_
     """Prof's resumed spawn failed in a hook before it could wait: his row has no
     live wait. It holds its place until its deadline, then leaves, and stu
     (behind him, waiting) is served; nobody edits the database."""
-    monkeypatch.setattr(line_wait, "UNOWNED_SECONDS", 0.5)
     monkeypatch.setattr(line_wait, "RETRY_SECONDS", 0.1)
     w = await restarted_hub(tmp_path)
     stu = in_groups(w.spawner("stu", WAIT), "students")
     stu_start = await waiting(w, stu, 2)
+    short_deadlines(w, monkeypatch, 1.0)  # only now: a slow set-up must not use them up
     await stopped_leftover(w, "alice")
     await asyncio.sleep(0.2)
     assert not stu_start.done() and place(w, stu) == (A100, 2)  # prof's place holds until its deadline
@@ -200,8 +206,8 @@ async def test_a_row_whose_resumed_spawn_never_waits_leaves_at_its_deadline_and_
 
 
 async def test_a_request_that_does_not_wait_is_not_refused_for_rows_past_their_deadline(tmp_path, monkeypatch):
-    monkeypatch.setattr(line_wait, "UNOWNED_SECONDS", 0.3)
     w = await restarted_hub(tmp_path)  # neither stu's nor prof's spawn comes back
+    short_deadlines(w, monkeypatch, 0.3)
     await stopped_leftover(w, "alice")
     with pytest.raises(SpawnException) as exc:
         await w.started(w.spawner("dave", {"gpu_model": A100}))
