@@ -30,7 +30,7 @@ from typing import Any
 import docker.errors
 import requests
 
-__all__ = ["FakeDocker", "FINAL_STATES", "api_error"]
+__all__ = ["API_CALLS", "FakeDocker", "FINAL_STATES", "api_error"]
 
 FINAL_STATES = {"complete", "failed", "shutdown", "rejected", "orphaned", "remove"}
 TASK_STATES = [
@@ -131,6 +131,7 @@ class FakeDocker:
 
         call.__name__ = method.__name__
         call.__doc__ = method.__doc__
+        call.docker_api = True  # type: ignore[attr-defined]  (what API_CALLS lists)
         return call
 
     @_api
@@ -446,3 +447,7 @@ def _constraint_holds(node: _Node, constraint: str) -> bool:
                 raise NotImplementedError(f"placement constraint {constraint!r}")
             return (actual == value) == (op == "==")
     raise NotImplementedError(f"placement constraint {constraint!r}")
+
+
+API_CALLS = frozenset(name for name, fn in vars(FakeDocker).items() if getattr(fn, "docker_api", False))
+"""The names of FakeDocker's Docker API methods (what a step label may name)."""

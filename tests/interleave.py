@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "AnswerLost",
     "Nondeterminism",
     "Outcome",
     "Run",
@@ -84,8 +85,15 @@ class StepExecutor(concurrent.futures.Executor):
         return self.pending[:1]
 
     def fail(self, step: Step, exc: BaseException) -> None:
-        """The step's call fails with ``exc`` without running (the dependency blinked)."""
+        """The step's call fails with ``exc`` (the dependency blinked): without
+        running, or, for :class:`AnswerLost`, after it ran (the caller cannot know)."""
         self.pending.remove(step)
+        if isinstance(exc, AnswerLost):
+            try:
+                step.fn(*step.args, **step.kwargs)
+            except BaseException:  # noqa: BLE001, S110  (it ran; whatever it said was lost)
+                pass
+            exc = exc.error
         if step.future.set_running_or_notify_cancel():
             step.future.set_exception(exc)
 
@@ -107,6 +115,15 @@ class StepExecutor(concurrent.futures.Executor):
         pass  # the scheduler ends each run itself
 
 
+class AnswerLost(Exception):
+    """A fault for ``Scenario.faults``: the call took effect, then its caller got ``error``
+    (a request the daemon carried out whose answer the connection dropped)."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(f"after the call: {error!r}")
+        self.error = error
+
+
 @dataclass
 class Scenario:
     """What one run explores. ``ops``: coroutine factories started together
@@ -114,14 +131,14 @@ class Scenario:
     any choice point, at most once each (one that returns an awaitable starts
     a new op of that name). ``cancellable``: ops the scheduler may cancel
     while they run, as JupyterHub cancels a pending spawn. ``faults(step)``:
-    the exception a pending step may fail with instead of running (None: it
-    cannot fail), at most ``max_faults`` times per schedule. ``invariant()``
+    the exception a pending step may fail with instead of running, or a list of
+    them, each a choice (None or []: it cannot fail), at most ``max_faults`` times per schedule. ``invariant()``
     runs whenever the loop has settled; ``check(outcome)`` at the end."""
 
     ops: dict[str, Callable[[], Awaitable]] | list[Callable[[], Awaitable]]
     events: dict[str, Callable[[], Any]] = field(default_factory=dict)
     cancellable: tuple[str, ...] = ()
-    faults: Callable[[Step], BaseException | None] | None = None
+    faults: Callable[[Step], BaseException | list[BaseException] | None] | None = None
     max_faults: int = 1
     invariant: Callable[[], None] | None = None
     check: Callable[[Outcome], None] | None = None
@@ -294,9 +311,10 @@ def _choices(run: Run, scenario: Scenario, waiting: list[str], fired: set[str]) 
     ]
     if scenario.faults is not None and run.faults < scenario.max_faults:
         for e, s in steps:
-            exc = None if s.future.cancelled() else scenario.faults(s)
-            if exc is not None:
-                choices.append((f"fail {s.label}: {type(exc).__name__}", functools.partial(_fail, run, e, s, exc)))
+            found = None if s.future.cancelled() else scenario.faults(s)
+            for exc in found if isinstance(found, list) else [found] if found is not None else []:
+                what = f"{type(exc.error).__name__} after it ran" if isinstance(exc, AnswerLost) else type(exc).__name__
+                choices.append((f"fail {s.label}: {what}", functools.partial(_fail, run, e, s, exc)))
     if not waiting:
         return choices + [("end", None)] if choices else []
     choices += [

@@ -263,12 +263,14 @@ class Holdings:
         tasks = set(known)
         try:
             tasks |= {t["ID"] for t in await self.swarm.tasks(name)}
+            if h is not None and tasks - h.tasks:
+                # Noted first: a removal whose answer is lost has still removed the service,
+                # and then only these ids tell whether its containers have ended.
+                await self.note_tasks(name, tasks)
             await self.swarm.remove_service(name)
         except SwarmError as exc:
             if not exc.not_found:
                 raise
-        if h is not None and tasks - h.tasks:
-            await self.note_tasks(name, tasks)
         if not tasks and h is not None and h.held.uuids:
             # No task was ever seen: whatever ran had the stop timeout to end.
             now = self.clock()

@@ -23,24 +23,28 @@ close; each failed on the code before it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
+import requests
 from jupyterhub import orm
 from jupyterhub.spawner import SpawnException
 from prometheus_client import REGISTRY
 from traitlets.config import Config
 
+from gpuspawner.cluster.swarm import SwarmError
 from gpuspawner.core.labels import Held, to_labels
 from gpuspawner.holdings.holdings import Phase
 from gpuspawner.hub.app import KEY, GPUHub
 from gpuspawner.ledger.ledger import Ledger, LedgerError
 from gpuspawner.spawn import spawner as spawner_module
-from tests.fakedocker import FakeDocker
-from tests.interleave import Run, Scenario, explore, random_schedules
+from tests.fakedocker import API_CALLS, FakeDocker
+from tests.interleave import AnswerLost, Run, Scenario, explore, random_schedules
 
 A100 = "NVIDIA A100 80GB PCIe"
 NODES = ["manager", "gpu-a", "gpu-b"]
@@ -708,3 +712,112 @@ def test_ledger_faults_at_any_step_never_give_a_gpu_away_while_a_container_may_r
 
     stats = random_schedules(scenario, seed=11, n=300)
     assert stats.schedules == 300
+
+
+# -- a dependency that blinks: Docker API calls failing at any step ------------------------
+
+
+def docker_faults(*calls: str):
+    """Faults for those Docker API calls, as a connection that drops: before the daemon
+    got the call, or after it acted (the caller cannot tell which). Not for the
+    ``settled`` op, which looks once Docker answers again."""
+    assert set(calls) <= API_CALLS, set(calls) - API_CALLS
+
+    def faults(step):
+        if step.label.split(": ", 1)[-1].split("(", 1)[0] not in calls or step.label.startswith("settled"):
+            return None
+        return [
+            requests.ConnectionError("the Docker API is unreachable"),
+            AnswerLost(requests.ConnectionError("dropped")),
+        ]
+
+    return faults
+
+
+async def as_jupyterhub_spawns(spawner):
+    """JupyterHub's spawn: start; if that fails or is cancelled, stop (whose own failure it logs)."""
+    try:
+        return await spawner.start()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await spawner.stop()
+        raise
+
+
+@pytest.mark.explore
+@pytest.mark.parametrize(
+    "calls",
+    [("create_service",), ("remove_service",), ("tasks", "services", "nodes", "inspect_service")],
+    ids=["create", "remove", "reads"],
+)
+def test_docker_faults_at_any_step_never_give_a_gpu_away_and_leave_none_held_for_nothing(tmp_path, calls):
+    """A restarted hub (alice's leftover server on one of two GPUs), bob's and carol's
+    spawns, a cancel and a stop, reconciles; up to two Docker calls fail anywhere, before
+    or after the daemon acted. Checked after every step: no device booked above 1, no running container on a
+    device not booked to it. Then, once Docker answers again, the containers have exited
+    and the stop timeout has passed (a removal nobody could confirm waits that long), a
+    reconcile leaves a GPU held only by a server that is still there."""
+    injected = Counter()  # faults made, before and after the daemon acted
+
+    def scenario(run: Run) -> Scenario:
+        two = {"gpu-b": [{"uuid": f"GPU-b{i}", "model": A100, "memory_mib": 81920} for i in range(2)]}
+        world = World(tmp_path, run.executor, inventory=two, clocks={"clock": run.loop.time})
+        world.leftover("alice")
+        spawners = {u: world.spawner(u, {"gpu_model": A100}) for u in ("bob", "carol")}
+        alice = world.spawner("alice")
+        settling = False
+
+        async def stop_alice():
+            with contextlib.suppress(SpawnException):
+                await alice.stop()  # JupyterHub reports a failure; the GPU stays reserved meanwhile
+
+        def unless_settling(event):
+            return lambda: None if settling else event()
+
+        async def settled():
+            nonlocal settling
+            while others := [t for n, t in run.tasks.items() if n != "settled" and not t.done()]:
+                await asyncio.wait(others)
+            settling = True
+            world.fake.exit_all()
+            await asyncio.sleep(world.config.GPUSwarmSpawner.server_stop_timeout)  # what a blind wait allows
+            await world.owner.reconcile()
+
+        def check(outcome):
+            injected.update(
+                "after" if "after it ran" in c else "before" for c in outcome.labels if c.startswith("fail ")
+            )
+            for name, exc in outcome.errors.items():  # a user is told; the reconcile loop logs and retries
+                allowed = SwarmError if name.startswith("reconcile") else (SpawnException, asyncio.CancelledError)
+                assert name != "settled" and isinstance(exc, allowed), f"{name} raised {exc!r}"
+            services = set(world.fake.service_names())
+            held = {name for name, h in world.owner.all().items() if h.held.uuids}
+            assert held <= services, f"{held - services} hold a GPU with no service left"
+            open_ = {r.service for r in Ledger(world.db_url).open_allocations()}
+            assert open_ == held, f"ledger open {open_} but holdings {held}"
+            for user in ("bob", "carol"):
+                if user in outcome.errors:
+                    assert f"jupyter-{user}" not in services, f"{user}'s failed spawn left its service"
+
+        return Scenario(
+            ops={
+                "reconcile": lambda: world.owner.reconcile(),
+                "bob": lambda: as_jupyterhub_spawns(spawners["bob"]),
+                "carol": lambda: as_jupyterhub_spawns(spawners["carol"]),
+                "settled": settled,
+            },
+            events={
+                "exit_all": unless_settling(world.fake.exit_all),
+                "run_all": unless_settling(world.fake.run_all),
+                "stop_alice": unless_settling(stop_alice),
+                "reconcile2": unless_settling(lambda: world.owner.reconcile()),
+            },
+            cancellable=("bob",),
+            faults=docker_faults(*calls),
+            max_faults=2,
+            invariant=world.invariant,
+            check=check,
+        )
+
+    stats = random_schedules(scenario, seed=12, n=300)
+    assert stats.schedules == 300 and injected["before"] > 50 and injected["after"] > 50, injected

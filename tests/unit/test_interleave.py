@@ -14,6 +14,7 @@ from gpuspawner.cluster.swarm import Swarm, SwarmError
 from gpuspawner.core.labels import Held
 from tests.fakedocker import FakeDocker
 from tests.interleave import (
+    AnswerLost,
     Nondeterminism,
     Run,
     Scenario,
@@ -408,3 +409,28 @@ def test_a_step_may_fail_instead_of_running_at_most_max_faults_times():
     assert seen == {("ran 0", "ran 1"), ("failed", "ran 1"), ("ran 0", "failed")}
     two = explore(lambda run: scenario(run, max_faults=2))
     assert two.complete and two.schedules == 4  # and both may fail
+
+
+def test_a_fault_may_come_after_the_call_took_effect_and_each_listed_fault_is_a_choice():
+    """A call whose faults are [before, after]: three schedules, the call runs and
+    answers, fails without running, or runs and then fails (its effect stays)."""
+    seen = set()
+
+    def scenario(run: Run) -> Scenario:
+        done: list[str] = []
+
+        async def op():
+            try:
+                await asyncio.get_running_loop().run_in_executor(run.executor, lambda: done.append("ran"))
+                return "answered", tuple(done)
+            except ConnectionError:
+                return "failed", tuple(done)
+
+        def faults(step):
+            return [ConnectionError("down"), AnswerLost(ConnectionError("dropped"))]
+
+        return Scenario(ops={"op": op}, faults=faults, check=lambda outcome: seen.add(outcome.results["op"]))
+
+    stats = explore(scenario)
+    assert stats.complete and stats.schedules == 3
+    assert seen == {("answered", ("ran",)), ("failed", ()), ("failed", ("ran",))}
