@@ -714,6 +714,27 @@ def test_ledger_faults_at_any_step_never_give_a_gpu_away_while_a_container_may_r
     assert stats.schedules == 300
 
 
+async def test_a_removal_whose_answer_is_lost_keeps_the_gpu_until_its_container_has_exited(tmp_path):
+    """Alice's leftover server (adopted at hub start, its tasks not yet seen) is stopped;
+    Docker removes the service but the answer is lost. Her container still runs past the
+    stop timeout: her GPU stays hers until it has exited, then comes back."""
+    now = [0.0]
+    w = World(tmp_path, clocks={"clock": lambda: now[0]})
+    w.leftover("alice")
+    owner = w.owner
+    await owner.reconcile()
+    w.fake.fail_next("remove_service", status=None, message="dropped", applied=True)
+    assert not await owner.remove("jupyter-alice", wait=0)
+    assert "jupyter-alice" not in w.fake.service_names() and w.fake.running_containers()
+    for _ in range(2):  # the stop timeout passes twice, as a blind wait would count it
+        now[0] += 10 * w.config.GPUSwarmSpawner.server_stop_timeout
+        await owner.reconcile()
+        assert owner.get("jupyter-alice").held.uuids == ("GPU-b0",)
+    w.fake.exit_all()
+    await owner.reconcile()
+    assert owner.get("jupyter-alice") is None and Ledger(w.db_url).open_allocations() == []
+
+
 # -- a dependency that blinks: Docker API calls failing at any step ------------------------
 
 
