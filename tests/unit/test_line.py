@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections import Counter
 from datetime import datetime, timedelta, timezone
 
 import jinja2
@@ -248,11 +249,14 @@ def line_is_consistent(world: World, *waiters):
     return check
 
 
-def waiting_scenario(run: Run, tmp_path, extra_events=None, seen=None, cancel=True, faults=None) -> Scenario:
+def waiting_scenario(
+    run: Run, tmp_path, extra_events=None, seen=None, cancel=True, faults=None, wait_timeout=5
+) -> Scenario:
     """Alice's server (left by an earlier hub, adopted at first use) holds the
-    one GPU; bob waits in line for it; alice's server may be stopped at any point.
-    ``faults``: the scenario's (tests/interleave.py), e.g. ledger calls that fail."""
-    world = World(tmp_path, run.executor, gpu_wait_timeout=5)
+    one GPU; bob waits in line for it (up to ``wait_timeout`` s); alice's server may
+    be stopped at any point. ``faults``: the scenario's (tests/interleave.py), e.g.
+    ledger calls that fail."""
+    world = World(tmp_path, run.executor, gpu_wait_timeout=wait_timeout)
     world.leftover("alice")
     bob = world.spawner("bob", WAIT)
 
@@ -424,3 +428,23 @@ def test_ledger_faults_while_waiting_never_throw_a_waiter_out_nor_leave_a_row_fo
         )
         assert stats.schedules == 150
     assert {"served", "SpawnException", "CancelledError"} <= set(seen)  # every end was reached
+
+
+@pytest.mark.explore
+def test_docker_faults_while_waiting_keep_the_gpu_invariant_and_leave_nothing_behind(tmp_path):
+    """Up to two creations or removals of services fail (before or after the daemon
+    acted) at any step of a wait, its wake-up, a cancel or alice's stop: the GPU
+    invariant holds at every step, and bob ends served (holding the GPU, in the ledger),
+    or out of line holding nothing."""
+    from tests.unit.test_holdings import docker_faults
+
+    seen: list[str] = []
+    faults = docker_faults("create_service", "remove_service")
+    for cancel in (True, False):
+        stats = random_schedules(
+            lambda run, c=cancel: waiting_scenario(run, tmp_path, seen=seen, cancel=c, faults=faults, wait_timeout=60),
+            seed=22,
+            n=150,
+        )
+        assert stats.schedules == 150
+    assert {"served", "SpawnException", "CancelledError"} <= set(seen), Counter(seen)
