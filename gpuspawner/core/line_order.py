@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-__all__ = ["Waiter", "by_model", "estimate", "fmt_duration", "ordered", "position"]
+__all__ = ["Waiter", "by_model", "estimate", "fmt_duration", "held_now", "ordered", "position"]
 
 
 @dataclass(frozen=True)
@@ -83,3 +83,17 @@ def estimate(run_seconds: Sequence[float], place: int, devices: int) -> str:
     # Those ahead are served as servers end; with n devices, about n end per median run.
     rounds = max(1, -(-place // max(1, devices)))
     return f"Estimate: about {fmt_duration(median * rounds)} (servers of this model run {fmt_duration(median)} at the median)"
+
+
+def held_now(held_seconds: Sequence[float]) -> str:
+    """What is known before any server of a model has ended (no estimate yet): how
+    many servers hold it now and for how long (``held_seconds``: each one's time)."""
+    if not held_seconds:
+        return ""
+    longest, newest = max(held_seconds), min(held_seconds)
+    if len(held_seconds) == 1:
+        return f"No server of this model has ended yet; 1 holds it now, for {fmt_duration(longest)}"
+    return (
+        f"No server of this model has ended yet; {len(held_seconds)} hold it now, "
+        f"the longest for {fmt_duration(longest)}, the newest for {fmt_duration(newest)}"
+    )

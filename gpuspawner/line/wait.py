@@ -36,7 +36,7 @@ from jupyterhub.spawner import SpawnException
 
 from .. import hub_port, metrics
 from ..allocator.refusals import AllocationRefused, Refusal
-from ..core.line_order import Waiter, by_model, estimate, position
+from ..core.line_order import Waiter, by_model, estimate, held_now, position
 from ..holdings.holdings import Holding, Holdings
 from ..ledger.checks import utc_now
 from ..ledger.ledger import LedgerError
@@ -75,6 +75,7 @@ class WaitLine:
         self._leaving: set[asyncio.Task] = set()
         self._unrecorded: set[str] = set()  # left the line, but the ledger's row could not be removed yet
         self._models_shown: set[str] = set()  # models whose line length the metrics show
+        self._outlook: dict[str, str] = {}  # waiting spawn -> what its page says of the wait
 
     # -- the rows ------------------------------------------------------------------
 
@@ -96,6 +97,10 @@ class WaitLine:
 
     def place(self, service: str) -> tuple[str, int] | None:
         return position(self.rows, service)
+
+    def outlook(self, service: str) -> str:
+        """What a waiting spawn was last told of its wait (an estimate, or what is known)."""
+        return self._outlook.get(service, "")
 
     def waiting_for(self, model: str) -> int:
         return sum(1 for w in self.rows if w.model == model)
@@ -268,7 +273,8 @@ class WaitLine:
                     break
                 if place != last:
                     last = place
-                    report(await self._words(*place))
+                    self._outlook[service] = await self._guess(*place)
+                    report(f"You are number {place[1]} in line for {place[0]}" + _sentence(self._outlook[service]))
                 if loop.time() - poked >= RETRY_SECONDS:
                     poked = loop.time()
                     self.poke()
@@ -284,6 +290,7 @@ class WaitLine:
             raise
         finally:
             self._live.pop(service, None)
+            self._outlook.pop(service, None)
             if not result.done():
                 result.cancel()  # a reservation under way is given back (see _serve)
             if cancelled:
@@ -309,15 +316,23 @@ class WaitLine:
             self._cancelled.discard(service)
             await self.leave(service)
 
-    async def _words(self, model: str, place: int) -> str:
-        """ "You are number N in line for MODEL", and the estimate."""
+    async def _guess(self, model: str, place: int) -> str:
+        """The estimate of the wait, from how long servers of ``model`` ran; before
+        any has ended, how many hold the model now and for how long."""
         try:
             runs = await self.holdings.ledger_call(lambda db: db.run_seconds(model)) or []
+            guess = estimate(runs, place, sum(m.total for m in self.holdings.allocator.summary() if m.model == model))
+            if guess:
+                return guess
+            records = await self.holdings.ledger_call(lambda db: db.open_allocations()) or []
         except LedgerError:
-            runs = []
-        total = sum(m.total for m in self.holdings.allocator.summary() if m.model == model)
-        guess = estimate(runs, place, total)
-        return f"You are number {place} in line for {model}" + (f". {guess}" if guess else "")
+            return ""
+        now = utc_now()
+        return held_now([(now - r.started_at).total_seconds() for r in records if r.model == model])
+
+
+def _sentence(text: str) -> str:
+    return f". {text}" if text else ""
 
 
 def extend_start_timeout(spawner) -> None:

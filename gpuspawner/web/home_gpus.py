@@ -57,7 +57,8 @@ def server_rows(hub, user: str) -> list[dict]:
     for w in hub.line.rows:
         place = hub.line.place(w.service)
         if w.user == user and place is not None:
-            rows.append({"server": w.server, "waiting": f"Number {place[1]} in line for {place[0]}"})
+            waiting = f"Number {place[1]} in line for {place[0]}"
+            rows.append({"server": w.server, "waiting": waiting, "outlook": hub.line.outlook(w.service)})
     return rows
 
 
@@ -95,14 +96,17 @@ def servers_var(hub):
 
 def waiting_var(hub):
     """For ``c.JupyterHub.template_vars`` (JupyterHub calls it with the user): a
-    function of a spawner, where that spawn waits in line as ``{"model", "place"}``,
-    or None (the spawn-pending page, spawn_pending.html)."""
+    function of a spawner, where that spawn waits in line as ``{"model", "place",
+    "outlook"}`` (the estimate, or what is known), or None (the spawn-pending page,
+    spawn_pending.html)."""
 
     def waiting(spawner) -> dict | None:
         try:
             place = hub.line.place(spawner.service_name)
         except Exception:  # noqa: BLE001 - not a GPUSwarmSpawner, or the GPU side cannot say
             return None
-        return None if place is None else {"model": place[0], "place": place[1]}
+        if place is None:
+            return None
+        return {"model": place[0], "place": place[1], "outlook": hub.line.outlook(spawner.service_name)}
 
     return lambda user: waiting

@@ -5,6 +5,7 @@ spawner over the fake swarm, also under interleavings (tests/interleave.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections import Counter
 from datetime import datetime, timedelta, timezone
@@ -15,7 +16,7 @@ from jupyterhub.spawner import SpawnException
 from prometheus_client import REGISTRY
 
 from gpuspawner import hub_port, hubconfig
-from gpuspawner.core.line_order import Waiter, by_model, estimate, fmt_duration, ordered, position
+from gpuspawner.core.line_order import Waiter, by_model, estimate, fmt_duration, held_now, ordered, position
 from gpuspawner.ledger.ledger import Ledger
 from gpuspawner.line import wait as line_wait
 from gpuspawner.spawn.errors import spawn_error
@@ -58,6 +59,14 @@ def test_the_estimate_is_labelled_and_grows_with_the_place_in_line():
     assert one == "Estimate: about 60 min (servers of this model run 60 min at the median)"
     assert estimate([3600], 3, 2).startswith("Estimate: about 2.0 h")
     assert [fmt_duration(s) for s in (0.2, 59, 600, 9000)] == ["1 s", "59 s", "10 min", "2.5 h"]
+
+
+def test_before_any_server_of_the_model_ended_the_line_says_who_holds_it_since_when():
+    assert held_now([]) == ""
+    assert held_now([600]) == "No server of this model has ended yet; 1 holds it now, for 10 min"
+    assert held_now([600, 9000, 30]) == (
+        "No server of this model has ended yet; 3 hold it now, the longest for 2.5 h, the newest for 30 s"
+    )
 
 
 # -- the ledger's rows ---------------------------------------------------------------
@@ -141,12 +150,28 @@ async def two_in_line(world: World):
     return alice, bob, carol, bob_start, carol_start
 
 
+async def test_once_a_server_of_the_model_has_ended_a_waiter_is_given_an_estimate(tmp_path):
+    world = World(tmp_path)
+    dave = world.spawner("dave", {"gpu_model": A100})
+    await world.started(dave)
+    await driven(dave.stop(), world.fake.exit_all)  # one run of the A100 ended
+    alice, bob, carol, bob_start, carol_start = await two_in_line(world)
+    assert re.fullmatch(rf"You are number 2 in line for {A100}\. Estimate: about \d+ s \(.*\)", messages(carol)[-1])
+    assert server_rows(world.hub, "carol")[0]["outlook"].startswith("Estimate: about")
+    for start in (bob_start, carol_start):
+        start.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await start
+
+
 async def test_a_waiter_gets_the_gpu_its_holder_gives_back_and_the_next_moves_up(tmp_path):
     world = World(tmp_path)
     alice, bob, carol, bob_start, carol_start = await two_in_line(world)
-    assert messages(bob)[-1] == f"You are number 1 in line for {A100}"
-    assert messages(carol)[-1] == f"You are number 2 in line for {A100}"
-    assert server_rows(world.hub, "carol") == [{"server": "", "waiting": f"Number 2 in line for {A100}"}]  # home page
+    known = "No server of this model has ended yet; 1 holds it now, for 1 s"  # alice's, seconds ago
+    assert messages(bob)[-1] == f"You are number 1 in line for {A100}. {known}"
+    assert messages(carol)[-1] == f"You are number 2 in line for {A100}. {known}"
+    home = server_rows(world.hub, "carol")  # the home page
+    assert home == [{"server": "", "waiting": f"Number 2 in line for {A100}", "outlook": known}]
     assert [w.user for w in Ledger(world.db_url).waiting()] == ["bob", "carol"]
     # Someone without gpu_wait is refused at once: the line goes first.
     with pytest.raises(SpawnException) as exc:
