@@ -7,7 +7,7 @@ WHEEL_VENV := .venv-wheel
 LOWEST_VENV := .venv-lowest
 STATE := $(CURDIR)/demo-state
 
-.PHONY: deps test unit explore fuzz demo demo-down screenshots bench clean lint wheel-check test-lowest configref
+.PHONY: deps test unit explore fuzz demo demo-down screenshots bench clean lint wheel-check test-lowest configref labextension
 
 # System packages (Debian) first (the venv needs python3-venv), then the Python
 # environment. Safe to run again.
@@ -19,7 +19,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	@echo "Installing gpuspawner and its test tools into $(VENV) (first time: a minute or two)"
 	$(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
-	$(PYTHON) -m pip install -q -e '.[test,lint]'
+	$(PYTHON) -m pip install -q -e '.[test,lint,lab]'
 	touch $@
 
 # Every test: unit tests, then integration tests on a real three-node swarm.
@@ -60,13 +60,15 @@ wheel-check:
 
 # The unit tests on the lowest versions setup.cfg allows: each dependency pinned to its
 # floor (.ci/lowest-constraints.txt), the test tools as they come.
+# (The JupyterLab extension's server half runs in the single-user image, on JupyterLab's
+# own floors, not gpuspawner's: its tests run in `make test`.)
 test-lowest:
 	rm -rf $(LOWEST_VENV)
 	$(PY) -m venv $(LOWEST_VENV)
 	$(LOWEST_VENV)/bin/python -m pip install -q --upgrade pip
 	$(LOWEST_VENV)/bin/python -m pip install -q -r .ci/lowest-constraints.txt -e '.[test]'
 	$(LOWEST_VENV)/bin/python -m pip check
-	$(LOWEST_VENV)/bin/python -m pytest -ra -p no:cacheprovider tests/unit
+	$(LOWEST_VENV)/bin/python -m pytest -ra -p no:cacheprovider tests/unit --ignore tests/unit/test_labextension.py
 
 # A real hub at http://127.0.0.1:8000 on a local three-node swarm with simulated GPUs,
 # spawning real JupyterLab servers (DEMO_SERVER=standin: the fast busybox stand-in),
@@ -105,3 +107,8 @@ clean: demo-down
 # Every input surface fuzzed at length (the unit tests run a short subset).
 fuzz: $(VENV)/.installed
 	GPUSPAWNER_FUZZ=long $(PYTHON) -m pytest -ra -p no:cacheprovider --hypothesis-show-statistics --durations=0 tests/unit/test_fuzz.py
+
+# gpuspawner's JupyterLab extension as a wheel in dist/ (npm, JupyterLab's builder; the
+# single-user image of the demo and the tests installs it).
+labextension: $(VENV)/.installed
+	$(PYTHON) -m devtools.labext

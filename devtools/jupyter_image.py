@@ -5,7 +5,8 @@
 
 A recipe of devtools/debian_image.py (a debootstrap'd Debian, a venv, ``docker import``;
 no registry): Debian ``minbase`` + ``python3-venv``, and a venv at /opt/jupyter with
-jupyterhub (the hub's own version, so that server and hub agree) and jupyterlab.
+jupyterhub (the hub's own version, so that server and hub agree), jupyterlab, and
+gpuspawner's JupyterLab extension (devtools/labext.py builds it from labextension/).
 
 The server runs as ``jovyan`` (uid 1000): Jupyter refuses to run as root.
 
@@ -16,25 +17,41 @@ describes: cold about 3 minutes, then nothing is built while the inputs stay the
 from __future__ import annotations
 
 import argparse
+import configparser
 import importlib.metadata
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import debian_image, swarm
-from .debian_image import DEFAULT_CACHE, BuiltImage, ImageError, unavailable_reason
+from . import debian_image, labext, swarm
+from .debian_image import DEFAULT_CACHE, BuiltImage, ImageError
 
 __all__ = ["JUPYTER_IMAGE", "ImageError", "BuiltImage", "build", "ensure_on", "recipe", "unavailable_reason"]
 
 JUPYTER_IMAGE = "gpuspawner-test/jupyter:latest"
-JUPYTERLAB = "jupyterlab==4.6.6"
+
+
+def _lab_pin() -> str:
+    """setup.cfg's ``lab`` extra: the JupyterLab the extension is built with."""
+    config = configparser.ConfigParser()
+    config.read(labext.REPO / "setup.cfg")
+    (pin,) = config["options.extras_require"]["lab"].split()
+    return pin
+
+
+JUPYTERLAB = _lab_pin()
 VENV = "/opt/jupyter"
 USER, UID, GID = "jovyan", 1000, 100  # gid 100: Debian's "users"
 
 
 def requirements() -> list[str]:
-    """What the venv installs: the hub's own jupyterhub version, and JupyterLab."""
-    return [f"jupyterhub=={importlib.metadata.version('jupyterhub')}", JUPYTERLAB]
+    """What the venv installs: the hub's own jupyterhub version, JupyterLab, and the
+    status bar's extension (its wheel built here, see :func:`build`)."""
+    return [
+        f"jupyterhub=={importlib.metadata.version('jupyterhub')}",
+        JUPYTERLAB,
+        f"gpuspawner-lab=={labext.version()}",
+    ]
 
 
 def recipe() -> debian_image.Recipe:
@@ -55,19 +72,36 @@ def recipe() -> debian_image.Recipe:
         user=(USER, UID, GID),
         # The hub's own web pages: jupyterhub-singleuser serves its templates from the package.
         drop=(f"{VENV}/share/jupyterhub",),
-        recipe=3,  # 3: the home made by useradd, not before it
+        wheel_source=labext.LABEXT,
+        source_key=labext.source_key(),
+        recipe=4,  # 3: the home made by useradd, not before it; 4: the status bar's extension
     )
+
+
+def unavailable_reason() -> str | None:
+    """Why the image cannot be built here (debootstrap, or the extension's npm), or None."""
+    return debian_image.unavailable_reason() or labext.unavailable_reason()
 
 
 def build(cache_dir: Path | str | None = None) -> BuiltImage:
     """The image as a tar, from the cache or built now (printing progress)."""
+    _built_extension()
     return debian_image.build(recipe(), cache_dir)
 
 
 def ensure_on(cluster: swarm.Cluster, cache_dir: Path | str | None = None) -> str:
     """Build (or reuse) the image and import it on the workers that lack it; return its
     name. Only workers get it: the local config runs servers on workers only."""
+    _built_extension()
     return debian_image.ensure_on(cluster, recipe(), cache_dir)
+
+
+def _built_extension() -> None:
+    """The extension's JavaScript, which its wheel takes (seconds when up to date)."""
+    try:
+        labext.build_js()
+    except labext.LabextError as exc:
+        raise ImageError(str(exc)) from None
 
 
 def main(argv: Sequence[str] | None = None, which=recipe) -> int:
@@ -77,6 +111,8 @@ def main(argv: Sequence[str] | None = None, which=recipe) -> int:
     parser.add_argument("--cache-dir", default=None, help=f"default {DEFAULT_CACHE}")
     args = parser.parse_args(argv)
     try:
+        if which is recipe:
+            _built_extension()
         if args.command == "build":
             image = debian_image.build(which(), args.cache_dir)
             print(f"{image.tar} ({'cached' if image.cached else 'built'} in {image.seconds:.1f} s)")

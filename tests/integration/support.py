@@ -11,6 +11,7 @@ import time
 
 import requests
 
+from devtools import agent_stack, fakenvml
 from devtools.hub import Hub, free_port_block
 
 
@@ -30,6 +31,81 @@ def hub_on(swarm, state_dir, port_from: int = 18000, extra_config: str = "", env
         hub.stop()
         for service in services_of_hub(swarm, hub):
             service.remove()
+
+
+def gpu_b() -> list[dict]:
+    """gpu-b's two A100s as the fake NVML lists them (tests/integration/test_agents_on_nodes.py)."""
+    from tests.integration.test_agents_on_nodes import GPU_B  # noqa: PLC0415 - a test module's table
+
+    return GPU_B
+
+
+class Node:
+    """gpu-b's devices file: who runs on which GPU, and how busy each GPU is."""
+
+    def __init__(self, path):
+        self.path = path
+        self.util = {d["uuid"]: 0 for d in gpu_b()}
+        self.procs: dict[str, list[dict]] = {d["uuid"]: [] for d in gpu_b()}
+        self.write()
+
+    def write(self) -> None:
+        devices = [dict(d, util_gpu=self.util[d["uuid"]], processes=self.procs[d["uuid"]]) for d in gpu_b()]
+        fakenvml.write_devices(self.path, devices)
+
+    def run(self, uuid: str, pid: int, used_mib: int = 900) -> None:
+        self.procs[uuid].append({"pid": pid, "used_mib": used_mib})
+        self.write()
+
+    def busy(self, uuid: str, util: int) -> None:
+        self.util[uuid] = util
+        self.write()
+
+    def clear(self) -> None:
+        for uuid in self.util:
+            self.util[uuid], self.procs[uuid] = 0, []
+        self.write()
+
+
+@contextlib.contextmanager
+def hub_with_agent_on_gpu_b(swarm, work, port_from: int, extra_config: str = "", env: dict | None = None):
+    """A hub whose GPUs are what gpuspawner-agent on gpu-b reports (examples/agent-stack.yml,
+    every second), reading real pynvml over the fake libnvidia-ml.so.1 and tracing GPU
+    processes to containers through gpu-b's /proc and dockerd: (hub, gpu-b's Node)."""
+    lib_dir = fakenvml.build(work / "lib").parent
+    gpus = work / "gpus"
+    gpus.mkdir()
+    node = Node(gpus / "gpu-b.txt")
+    env = {"GPUSPAWNER_INVENTORY_SOURCE": "agent", **(env or {})}
+    with hub_on(swarm, work / "hub", port_from=port_from, extra_config=extra_config, env=env) as hub:
+        token = hub.api("POST", "/gpuspawner/agent-tokens/gpu-b").json()["token"]
+        agent_stack.write_tokens(work / "tokens", {"gpu-b": token})
+        sockets = str(swarm.run_dir / "{{.Node.Hostname}}.sock")  # each node's own dockerd
+        stack = agent_stack.local_stack(
+            f"http://{swarm.manager_addr}:{hub.port + 81}/",
+            lib_dir,
+            str(gpus / "{{.Node.Hostname}}.txt"),
+            swarm.image,
+            work / "tokens",
+            interval=1.0,
+            docker_sockets=sockets,
+        )
+        with agent_stack.deployed(swarm, stack, {"gpu-b": "true"}, work):
+            wait_until(lambda: "gpu-b" in hub.api("GET", "/gpuspawner/alloc-map").json(), "no report", timeout=90)
+            yield hub, node
+
+
+def server_of(swarm, user: str) -> tuple[str, int]:
+    """The device the user's server holds, and the node PID of its container's process."""
+    [service] = services_of(swarm, user)
+    [uuid] = service.attrs["Spec"]["Labels"]["gpuspawner.devices"].split(",")
+    name = service.attrs["Spec"]["Name"]
+    client = swarm.client("gpu-b")
+    wait_until(
+        lambda: client.containers.list(filters={"label": f"com.docker.swarm.service.name={name}"}), "no container"
+    )
+    [container] = client.containers.list(filters={"label": f"com.docker.swarm.service.name={name}"})
+    return uuid, container.attrs["State"]["Pid"]
 
 
 def services_of_hub(swarm, hub: Hub) -> list:

@@ -11,9 +11,9 @@ from datetime import datetime
 
 import pytest
 
-from devtools import agent_stack, fakenvml
+from devtools import agent_stack
 from gpuspawner.ledger.ledger import Ledger
-from tests.integration.support import hub_on, login, services_of, spawn_ready, wait_until
+from tests.integration.support import hub_with_agent_on_gpu_b, login, server_of, services_of, spawn_ready, wait_until
 from tests.integration.test_agents_on_nodes import GPU_B
 
 A100 = GPU_B[0]["name"]
@@ -28,59 +28,13 @@ c.GPUSwarmSpawner.gpu_sharing = {{"{A100}": {{"quantum": 0.05}}}}
 """
 
 
-class Node:
-    """gpu-b's devices file: who runs on which GPU, and how busy each GPU is."""
-
-    def __init__(self, path):
-        self.path = path
-        self.util = {d["uuid"]: 0 for d in GPU_B}
-        self.procs: dict[str, list[dict]] = {d["uuid"]: [] for d in GPU_B}
-        self.write()
-
-    def write(self) -> None:
-        devices = [dict(d, util_gpu=self.util[d["uuid"]], processes=self.procs[d["uuid"]]) for d in GPU_B]
-        fakenvml.write_devices(self.path, devices)
-
-    def run(self, uuid: str, pid: int, used_mib: int = 900) -> None:
-        self.procs[uuid].append({"pid": pid, "used_mib": used_mib})
-        self.write()
-
-    def busy(self, uuid: str, util: int) -> None:
-        self.util[uuid] = util
-        self.write()
-
-    def clear(self) -> None:
-        for uuid in self.util:
-            self.util[uuid], self.procs[uuid] = 0, []
-        self.write()
-
-
 @pytest.fixture(scope="module")
 def idle_hub(swarm, tmp_path_factory):
     work = tmp_path_factory.mktemp("idle")
-    lib_dir = fakenvml.build(work / "lib").parent
-    gpus = work / "gpus"
-    gpus.mkdir()
-    node = Node(gpus / "gpu-b.txt")
     db = work / "ledger.sqlite"
     config = CONFIG + f"c.GPUSwarmSpawner.gpu_db_url = 'sqlite:///{db}'\n"
-    env = {"GPUSPAWNER_INVENTORY_SOURCE": "agent"}
-    with hub_on(swarm, work / "hub", port_from=20400, extra_config=config, env=env) as hub:
-        token = hub.api("POST", "/gpuspawner/agent-tokens/gpu-b").json()["token"]
-        agent_stack.write_tokens(work / "tokens", {"gpu-b": token})
-        sockets = str(swarm.run_dir / "{{.Node.Hostname}}.sock")  # each node's own dockerd
-        stack = agent_stack.local_stack(
-            f"http://{swarm.manager_addr}:{hub.port + 81}/",
-            lib_dir,
-            str(gpus / "{{.Node.Hostname}}.txt"),
-            swarm.image,
-            work / "tokens",
-            interval=1.0,
-            docker_sockets=sockets,
-        )
-        with agent_stack.deployed(swarm, stack, {"gpu-b": "true"}, work):
-            wait_until(lambda: "gpu-b" in hub.api("GET", "/gpuspawner/alloc-map").json(), "no report", timeout=90)
-            yield hub, node, f"sqlite:///{db}"
+    with hub_with_agent_on_gpu_b(swarm, work, port_from=20400, extra_config=config) as (hub, node):
+        yield hub, node, f"sqlite:///{db}"
 
 
 @pytest.fixture
@@ -89,19 +43,6 @@ def cluster(idle_hub):
     yield hub, node, db
     hub.stop_all_servers()
     node.clear()
-
-
-def server_of(swarm, user: str) -> tuple[str, int]:
-    """The device the user's server holds, and the node PID of its container's process."""
-    [service] = services_of(swarm, user)
-    [uuid] = service.attrs["Spec"]["Labels"]["gpuspawner.devices"].split(",")
-    name = service.attrs["Spec"]["Name"]
-    client = swarm.client("gpu-b")
-    wait_until(
-        lambda: client.containers.list(filters={"label": f"com.docker.swarm.service.name={name}"}), "no container"
-    )
-    [container] = client.containers.list(filters={"label": f"com.docker.swarm.service.name={name}"})
-    return uuid, container.attrs["State"]["Pid"]
 
 
 def holder(hub, user: str) -> dict | None:

@@ -19,7 +19,7 @@ from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
 from traitlets.config import Config
 
 from gpuspawner.hubconfig import TEMPLATES, configure
-from gpuspawner.web import api, api_reclaim
+from gpuspawner.web import api, api_reclaim, api_servers
 
 
 @pytest.fixture
@@ -60,6 +60,8 @@ def handler_for(app: JupyterHub, method: str, path: str) -> type:
         ("GET", "/hub/gpus", api.GPUPageHandler),
         ("GET", "/hub/api/gpuspawner/notices", api_reclaim.NoticesHandler),
         ("GET", "/hub/api/gpuspawner/idle", api_reclaim.IdleHandler),
+        ("GET", "/hub/api/gpuspawner/servers/anna", api_servers.ServerGPUsHandler),
+        ("GET", "/hub/api/gpuspawner/servers/anna/big", api_servers.ServerGPUsHandler),
     ],
 )
 def test_the_hub_routes_gpuspawners_urls_to_its_handlers(hub, method, path, handler):

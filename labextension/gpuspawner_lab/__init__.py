@@ -1,0 +1,28 @@
+"""gpuspawner's JupyterLab extension: the server's GPUs in JupyterLab's status bar.
+
+Two halves, one package: a prebuilt JupyterLab extension (``labextension/src``,
+built with JupyterLab's own tooling into ``gpuspawner_lab/labextension``) and a
+Jupyter server extension (:mod:`gpuspawner_lab.handlers`) that serves it the
+server's GPUs, asked of the hub with the server's own token.
+"""
+
+from __future__ import annotations
+
+__all__ = ["__version__"]
+
+__version__ = "0.1.0"
+
+
+def _jupyter_labextension_paths() -> list[dict]:
+    return [{"src": "labextension", "dest": "gpuspawner-lab"}]
+
+
+def _jupyter_server_extension_points() -> list[dict]:
+    return [{"module": "gpuspawner_lab"}]
+
+
+def _load_jupyter_server_extension(server_app) -> None:
+    from .handlers import setup_handlers  # noqa: PLC0415 - only where a Jupyter server runs
+
+    setup_handlers(server_app.web_app)
+    server_app.log.info("gpuspawner-lab: the status bar shows this server's GPUs")

@@ -1,0 +1,144 @@
+"""The JupyterLab extension's server half (labextension/gpuspawner_lab) in a real Jupyter
+server, asking a small stand-in hub on loopback (a tornado app in this test: only the
+one endpoint, answering as gpuspawner's does). The endpoint itself, the browser's status
+bar and the server's real token are tested on the swarm (tests/integration/test_jupyterlab_status.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from tornado import web
+from tornado.httpserver import HTTPServer
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "labextension"))
+from gpuspawner_lab.handlers import hub_status_url  # noqa: E402
+
+GPUS = {
+    "server": "",
+    "model": "NVIDIA A100 80GB PCIe",
+    "host": "gpu-b",
+    "devices": [
+        {"uuid": "GPU-b0", "share": "the whole GPU", "entitled_mib": 81920, "used_mib": 900, "utilization": 35}
+    ],
+    "held_for": "12 min",
+    "stops": [],
+    "refresh_seconds": 30,
+}
+
+
+def test_the_hub_is_asked_for_this_server_only_and_not_at_all_outside_a_hub():
+    env = {"JUPYTERHUB_API_URL": "http://hub:8081/hub/api", "JUPYTERHUB_USER": "anna", "JUPYTERHUB_API_TOKEN": "t"}
+    assert hub_status_url(env) == "http://hub:8081/hub/api/gpuspawner/servers/anna"
+    named = {**env, "JUPYTERHUB_SERVER_NAME": "big gpu", "JUPYTERHUB_USER": "a/b"}
+    assert hub_status_url(named) == "http://hub:8081/hub/api/gpuspawner/servers/a%2Fb/big%20gpu"
+    assert hub_status_url({}) is None
+    assert hub_status_url({k: v for k, v in env.items() if k != "JUPYTERHUB_API_TOKEN"}) is None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class StandInHub(web.RequestHandler):
+    asked: list[tuple[str, str]] = []
+
+    def get(self, user):
+        StandInHub.asked.append((self.request.path, self.request.headers.get("Authorization", "")))
+        if self.request.headers.get("Authorization") != f"token {user}-server-token":
+            raise web.HTTPError(403)
+        self.write(GPUS)
+
+
+async def jupyter_server(tmp_path: Path, hub_port: int, user: str, token: str) -> tuple[subprocess.Popen, str]:
+    """A Jupyter server with the extension enabled, as the single-user image has it."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO / "labextension"),
+        "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub_port}/hub/api",
+        "JUPYTERHUB_USER": user,
+        "JUPYTERHUB_API_TOKEN": token,
+    }
+    cmd = [sys.executable, "-m", "jupyter_server", f"--ServerApp.port={port}", "--ServerApp.ip=127.0.0.1"]
+    cmd += ["--ServerApp.token=lab-token", "--ServerApp.open_browser=False", f"--ServerApp.root_dir={tmp_path}"]
+    cmd += ["--ServerApp.jpserver_extensions={'gpuspawner_lab': True}", "--ServerApp.allow_root=True"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if (await asyncio.to_thread(requests.get, f"{url}/api/status?token=lab-token", timeout=2)).ok:
+                return proc, url
+        except requests.ConnectionError:
+            await asyncio.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"the Jupyter server did not start:\n{proc.communicate()[0][-3000:]}")
+
+
+async def status(url: str, token: str | None = "lab-token") -> requests.Response:
+    headers = {"Authorization": f"token {token}"} if token else {}
+    return await asyncio.to_thread(requests.get, f"{url}/gpuspawner-lab/status", headers=headers, timeout=20)
+
+
+@pytest.fixture
+async def hub():
+    port = free_port()
+    server = HTTPServer(web.Application([(r"/hub/api/gpuspawner/servers/([^/]+)", StandInHub)]))
+    server.listen(port, "127.0.0.1")
+    StandInHub.asked = []
+    yield port
+    server.stop()
+
+
+async def test_the_status_is_the_hubs_answer_for_this_server_asked_with_its_token_and_kept_a_while(tmp_path, hub):
+    proc, url = await jupyter_server(tmp_path, hub, "anna", "anna-server-token")
+    try:
+        first = await status(url)
+        assert first.status_code == 200 and first.json() == {**GPUS, "available": True}
+        assert StandInHub.asked == [("/hub/api/gpuspawner/servers/anna", "token anna-server-token")]
+        again = await status(url)  # within refresh_seconds: the hub is not asked again
+        assert again.json() == first.json() and len(StandInHub.asked) == 1
+        assert (await status(url, token=None)).status_code == 403  # only for the server's own users
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def test_a_hub_that_refuses_or_is_not_there_is_said_and_nothing_fails(tmp_path, hub):
+    proc, url = await jupyter_server(tmp_path, hub, "zed", "a-wrong-token")
+    try:
+        refused = await status(url)
+        assert refused.status_code == 200 and refused.json()["available"] is False
+        assert "The hub could not be asked for the GPUs: HTTP 403" in refused.json()["message"]
+        assert len(StandInHub.asked) == 1
+        await status(url)  # a refusal is not kept: asked again
+        assert len(StandInHub.asked) == 2
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    gone = free_port()  # nothing listens there
+    proc, url = await jupyter_server(tmp_path, gone, "anna", "anna-server-token")
+    try:
+        answer = (await status(url)).json()
+        assert answer["available"] is False and answer["message"].startswith("The hub could not be asked")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_the_setting_asks_every_15_s_by_default():
+    schema = json.loads((REPO / "labextension" / "schema" / "status.json").read_text())
+    assert schema["properties"]["refreshSeconds"]["default"] == 15
+    assert schema["title"] == "GPU status (gpuspawner)"  # as docs/jupyterlab.md names it in Settings
