@@ -7,7 +7,8 @@ labextension/) and its user.
   what would stop the server when, its place in line while it waits, and how often
   the node's reports arrive (``refresh_seconds``: asking more often shows nothing new).
   Needs ``access:servers`` for that server: its own token (JupyterHub's ``server``
-  role), its user, or an admin; anyone else gets 403.
+  role), its user, or an admin. Anyone else gets JupyterHub's 404 for what a token
+  may not see; no credentials, 403.
 """
 
 from __future__ import annotations

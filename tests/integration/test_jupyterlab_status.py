@@ -89,9 +89,11 @@ def test_the_endpoint_answers_a_servers_own_token_for_its_own_server_only(lab):
     own = ask("lena", token)
     assert own.status_code == 200 and [d["uuid"] for d in own.json()["devices"]] == [uuid]
     assert own.json()["model"] == A100 and own.json()["refresh_seconds"] == 1.0  # the agent's interval here
-    assert ask("lena/another", token).status_code == 403  # her other servers are not this token's
+    # Refused as JupyterHub refuses what a token may not see: 404, as if it did not exist.
+    assert ask("lena/another", token).status_code == 404  # her other servers are not this token's
     hub.ensure_user("mia")
-    assert ask("mia", token).status_code == 403
+    assert ask("mia", token).status_code == 404
     mia = hub.api("POST", "/users/mia/tokens", json={"note": "mia's own"}).json()["token"]
-    assert ask("lena", mia).status_code == 403
+    assert ask("lena", mia).status_code == 404
+    assert ask("lena", "not-a-token").status_code == 403
     assert ask("mia", mia).json() == {"server": "", "devices": [], "refresh_seconds": 15.0}  # no server: nothing held
