@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from tests.integration.support import gpu_b, hub_with_agent_on_gpu_b, server_of, services_of
+from tests.integration.support import gpu_b, hub_with_agent_on_gpu_b, login, server_of, services_of
 from tests.integration.test_browser import SPAWN_TIMEOUT, browsers, by, log_in, shots, wait  # noqa: F401 - fixtures
 
 A100 = gpu_b()[0]["name"]
@@ -91,9 +91,15 @@ def test_the_endpoint_answers_a_servers_own_token_for_its_own_server_only(lab):
     assert own.json()["model"] == A100 and own.json()["refresh_seconds"] == 1.0  # the agent's interval here
     # Refused as JupyterHub refuses what a token may not see: 404, as if it did not exist.
     assert ask("lena/another", token).status_code == 404  # her other servers are not this token's
-    hub.ensure_user("mia")
+    session = login(hub, "mia")  # mia makes a token of her own, as on /hub/token
     assert ask("mia", token).status_code == 404
-    mia = hub.api("POST", "/users/mia/tokens", json={"note": "mia's own"}).json()["token"]
+    made = session.post(
+        f"{hub.url}/hub/api/users/mia/tokens",
+        json={"note": "mia's own"},
+        headers={"X-XSRFToken": session.cookies.get("_xsrf")},
+        timeout=30,
+    )
+    mia = made.json()["token"]
     assert ask("lena", mia).status_code == 404
     assert ask("lena", "not-a-token").status_code == 403
     assert ask("mia", mia).json() == {"server": "", "devices": [], "refresh_seconds": 15.0}  # no server: nothing held
