@@ -62,9 +62,7 @@ def format_alloc_map(alloc_map: dict) -> str:
     rows = [("HOST", "#", "DEVICE", "MODEL", "ALLOCATED", "HEALTH", "HOLDERS")]
     for host, devices in sorted(alloc_map.items()):
         for uuid, d in devices.items():
-            holders = ", ".join(
-                f"{h['user']}{'/' + h['server'] if h['server'] else ''} ({h['share']:.2f})" for h in d["holders"]
-            )
+            holders = ", ".join(_holder(h) for h in d["holders"])
             health = d["health"] if d["health"] == "ok" else f"{d['health']}: {'; '.join(d['problems'])}"
             rows.append(
                 (host, str(d.get("index", "")), uuid, d["model"], f"{d['allocated']:.2f}", health, holders or "-")
@@ -75,14 +73,33 @@ def format_alloc_map(alloc_map: dict) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 
 
+def _holder(h: dict) -> str:
+    """``alice/big (0.50)``, and its memory against its share's once a report has told it."""
+    text = f"{h['user']}{'/' + h['server'] if h['server'] else ''} ({h['share']:.2f})"
+    if h.get("used_mib") is not None:
+        text += f" {_gib(h['used_mib'])}/{_gib(h['entitled_mib'])} GiB" + (" OVER" if h.get("memory_over") else "")
+    return text
+
+
+def _gib(mib: int) -> str:
+    return f"{mib / 1024:.1f}"
+
+
 def format_usage(result: dict) -> str:
-    rows = [(result["by"].upper(), "GPU-HOURS")]
-    rows += [(u["key"] or "(still held)", f"{u['gpu_hours']:.2f}") for u in result["usage"]]
+    rows = [(result["by"].upper(), "GPU-HOURS", "PEAK GPU MEMORY")]
+    rows += [
+        (
+            u["key"] or "(still held)",
+            f"{u['gpu_hours']:.2f}",
+            "-" if u.get("peak_memory_mib") is None else f"{_gib(u['peak_memory_mib'])} GiB",
+        )
+        for u in result["usage"]
+    ]
     span = f"from {result['since'] or 'the start'} to {result['until'] or 'now'}"
     if len(rows) == 1:
         return f"No GPU use {span}."
     width = max(len(r[0]) for r in rows)
-    return "\n".join([f"GPU use {span}:"] + [f"{a.ljust(width)}  {b.rjust(9)}" for a, b in rows])
+    return "\n".join([f"GPU use {span}:"] + [f"{a.ljust(width)}  {b.rjust(9)}  {c}" for a, b, c in rows])
 
 
 def format_findings(findings: list[dict]) -> str:

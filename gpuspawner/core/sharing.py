@@ -29,7 +29,11 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
+from .memory import KEYS as MEMORY_KEYS
+from .memory import MemoryPolicy, parse_policy
+
 __all__ = [
+    "entitled_mib",
     "ANY_MODEL",
     "OFF",
     "UNIT",
@@ -89,6 +93,11 @@ def fmt_list(milli: Iterable[int], sep: str = ",") -> str:
     return sep.join(fmt(m) for m in milli)
 
 
+def entitled_mib(memory_mib: int, milli: int) -> int:
+    """The memory a share of ``milli`` thousandths of a ``memory_mib`` device comes with."""
+    return memory_mib * milli // UNIT
+
+
 def split_evenly(total: int, n: int, quantum: int) -> tuple[int, ...] | None:
     """``total`` split over ``n`` devices as evenly as the quantum allows, the
     larger pieces first: each piece a multiple of the quantum, pieces differing
@@ -112,6 +121,7 @@ class ModelSharing:
     split: bool = False  # may a request span several devices of one host
     uneven: bool = False  # when no even split fits, may the pieces differ (the freest devices first)
     split_small: bool = False  # may a share of at most 1 GPU span devices (when no one device has room)
+    memory: MemoryPolicy = MemoryPolicy()  # what happens to a holder above its share's memory
 
     def spans(self, share: int) -> bool:
         """Whether ``share`` may be spread over several devices: above one GPU
@@ -212,7 +222,7 @@ class SharingPolicy:
 
 OFF = SharingPolicy()  # whole GPUs only: the default
 
-_ENTRY_KEYS = ("quantum", "shares", "split", "split_small", "uneven")
+_ENTRY_KEYS = ("quantum", "shares", "split", "split_small", "uneven", *MEMORY_KEYS)
 
 
 def _flag(entry: Mapping, key: str, where: str) -> bool:
@@ -264,7 +274,8 @@ def _parse_entry(entry: Any, where: str) -> ModelSharing | None:
         quantum = math.gcd(UNIT, *allowed)
     else:
         raise ValueError(f"{where}: give a quantum (e.g. 0.25) or a list of shares")
-    return ModelSharing(quantum=quantum, allowed=allowed, split=split, uneven=uneven, split_small=split_small)
+    memory = parse_policy(entry, where)
+    return ModelSharing(quantum, allowed, split, uneven, split_small, memory)
 
 
 def shown(value: Any) -> str:

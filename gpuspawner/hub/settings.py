@@ -155,7 +155,10 @@ class GPUSettings(LoggingConfigurable):
         offered; ``split``: a share above one GPU may span devices of one
         host; ``uneven``: where no even split fits, the pieces may differ;
         ``split_small``: a share of at most one GPU may span devices too
-        (otherwise it stays on one device). Empty (default): whole GPUs only. What a share
+        (otherwise it stays on one device); ``memory``: what happens to a server
+        using more GPU memory than its share comes with, ``"report"`` (default),
+        ``"warn"`` or ``"stop"`` (after ``memory_grace`` seconds, 300; above by more
+        than ``memory_tolerance``, 0.05). Empty (default): whole GPUs only. What a share
         means on the GPU depends on ``gpu_share_enforcement``.""",
     ).tag(config=True)
 

@@ -276,6 +276,17 @@ class Ledger(LedgerQueue):
         )
         return replace(record, ended_at=end, end_reason=reason)
 
+    def note_peak_memory(self, service: str, mib: int) -> None:
+        """``service``'s open allocation used ``mib`` of GPU memory: kept if it is its most so far."""
+        a = allocations
+        with self._db(f"recording {service}'s GPU memory"), self.engine.begin() as conn:
+            conn.execute(
+                a.update()
+                .where(a.c.service == service, a.c.ended_at.is_(None))
+                .where(sa.or_(a.c.peak_memory_mib.is_(None), a.c.peak_memory_mib < mib))
+                .values(peak_memory_mib=mib)
+            )
+
     # --- reading -------------------------------------------------------------------
 
     def open_allocations(self) -> list[Record]:

@@ -14,6 +14,7 @@ from .schema import COLUMNS, Record, allocation_devices, allocations, split_task
 class Usage(NamedTuple):
     key: str  # a user name or a model name
     gpu_hours: float
+    peak_memory_mib: int | None = None  # the most GPU memory one of its allocations used
 
 
 def hours_within(start: datetime, end: datetime, since: datetime | None, until: datetime) -> float:
@@ -87,15 +88,15 @@ USAGE_KEYS = {"user": allocations.c.username, "model": allocations.c.model, "rea
 
 def usage_query(by: str, since: datetime | None, until: datetime):
     """A query for one row per allocation within [since, until] that held GPUs: (key,
-    started_at, ended_at, summed shares); ``by`` is one of USAGE_KEYS."""
+    started_at, ended_at, summed shares, peak memory); ``by`` is one of USAGE_KEYS."""
     a, d = allocations, allocation_devices
     # The inner join drops allocations without GPUs; the overlap is computed in Python
     # (usage_totals), alike for every backend.
     return (
-        sa.select(USAGE_KEYS[by], a.c.started_at, a.c.ended_at, sa.func.sum(d.c.milli))
+        sa.select(USAGE_KEYS[by], a.c.started_at, a.c.ended_at, sa.func.sum(d.c.milli), a.c.peak_memory_mib)
         .join_from(a, d, d.c.allocation_id == a.c.id)
         .where(*overlapping(since, until))
-        .group_by(a.c.id, USAGE_KEYS[by], a.c.started_at, a.c.ended_at)
+        .group_by(a.c.id, USAGE_KEYS[by], a.c.started_at, a.c.ended_at, a.c.peak_memory_mib)
     )
 
 
@@ -103,14 +104,17 @@ def user_spans(conn: sa.Connection, user: str, since: datetime) -> list[tuple[da
     """``user``'s allocations that held GPUs after ``since``: (started, ended or
     None while open, GPUs held, shares as their fraction)."""
     rows = conn.execute(usage_query("user", since, None).where(allocations.c.username == user))
-    return [(started, ended, milli / UNIT) for _, started, ended, milli in rows]
+    return [(started, ended, milli / UNIT) for _, started, ended, milli, _peak in rows]
 
 
 def usage_totals(rows, now: datetime, since: datetime | None, until: datetime) -> list[Usage]:
     """GPU-hours per key from the rows of usage_query, largest first, keys without any left out."""
     totals: dict[str, float] = {}
-    for key, started, ended, milli in rows:
+    peaks: dict[str, int] = {}
+    for key, started, ended, milli, peak in rows:
         hours = hours_within(started, ended or now, since, until) * (milli / UNIT)
         if hours > 0:
             totals[key] = totals.get(key, 0.0) + hours
-    return [Usage(k, h) for k, h in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))]
+            if peak is not None:
+                peaks[key] = max(peak, peaks.get(key, 0))
+    return [Usage(k, h, peaks.get(k)) for k, h in sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))]

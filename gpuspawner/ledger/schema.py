@@ -43,6 +43,7 @@ allocations = sa.Table(
     sa.Column("ended_at", UTCDateTime, nullable=True),  # NULL: still open
     sa.Column("end_reason", sa.Text, nullable=False),
     sa.Column("tasks", sa.Text, nullable=False, server_default=""),  # swarm task ids, comma-separated
+    sa.Column("peak_memory_mib", sa.Integer, nullable=True),  # its processes' most GPU memory; NULL: not reported
     # At most one open allocation per service (created as such on SQLite and PostgreSQL).
     sa.Index(
         "gpuspawner_allocations_open_service",
@@ -100,6 +101,7 @@ COLUMNS = {
     "started_at": "started_at",
     "ended_at": "ended_at",
     "end_reason": "end_reason",
+    "peak_memory_mib": "peak_memory_mib",
 }
 
 
@@ -119,6 +121,7 @@ class Record:
     started_at: datetime
     ended_at: datetime | None
     end_reason: str
+    peak_memory_mib: int | None = None  # the most GPU memory its processes used, as reported
 
     @property
     def gpus(self) -> float:

@@ -300,7 +300,10 @@ class UsageHandler(_GPUMixin, APIHandler):
                 "by": by,
                 "since": since.isoformat() if since else None,
                 "until": until.isoformat() if until else None,
-                "usage": [{"key": u.key, "gpu_hours": round(u.gpu_hours, 6)} for u in rows or []],
+                "usage": [
+                    {"key": u.key, "gpu_hours": round(u.gpu_hours, 6), "peak_memory_mib": u.peak_memory_mib}
+                    for u in rows or []
+                ],
             }
         )
 

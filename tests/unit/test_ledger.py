@@ -378,10 +378,23 @@ class LedgerContract:
     def test_usage_counts_an_open_allocation_until_now(self, ledger):
         now = datetime.now(UTC)
         ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1", "GPU-2"], [1000, 500], now - timedelta(hours=2))
-        ((user, hours),) = ledger.usage(now - timedelta(hours=3))  # until defaults to now
+        ((user, hours, _),) = ledger.usage(now - timedelta(hours=3))  # until defaults to now
         assert user == "alice" and hours == pytest.approx(3.0, abs=0.01)  # 2h × 1.5 GPUs
-        ((_, hours),) = ledger.usage(now - timedelta(hours=1), now + timedelta(days=1))  # not into the future
+        ((_, hours, _),) = ledger.usage(now - timedelta(hours=1), now + timedelta(days=1))  # not into the future
         assert hours == pytest.approx(1.5, abs=0.01)
+
+    def test_the_peak_memory_is_the_most_reported_and_usage_shows_each_keys_highest(self, ledger):
+        now = datetime.now(UTC)
+        ledger.open("a1", "alice", "", "gpu-a", "A100", ["GPU-1"], [500], now - timedelta(hours=2))
+        ledger.open("a2", "alice", "big", "gpu-a", "A100", ["GPU-2"], [1000], now - timedelta(hours=2))
+        ledger.open("b1", "bob", "", "gpu-a", "A100", ["GPU-1"], [500], now - timedelta(hours=1))
+        for service, mib in [("a1", 9000), ("a1", 30000), ("a1", 12000), ("a2", 20000)]:
+            ledger.note_peak_memory(service, mib)
+        ledger.close("a1", now)
+        ledger.note_peak_memory("a1", 70000)  # closed: kept as it ended
+        assert {r.service: r.peak_memory_mib for r in ledger.history()} == {"a1": 30000, "a2": 20000, "b1": None}
+        usage = {u.key: u.peak_memory_mib for u in ledger.usage(now - timedelta(hours=3))}
+        assert usage == {"alice": 30000, "bob": None}
 
     def test_usage_refuses_bad_arguments(self, ledger):
         with pytest.raises(ValueError, match="usage by 'host': use one of user, model"):

@@ -49,13 +49,15 @@ def reading(util: dict, procs: dict, hostname="gpu-b"):
     return parse_report(json.dumps(report(*devices, hostname=hostname)))
 
 
-async def two_servers(tmp_path, shares=None):
+async def two_servers(tmp_path, shares=None, memory=None):
+    """alice and bob each hold an A100 (or ``shares`` of one: both on GPU-b0); the
+    A100's gpu_sharing entry has ``memory``'s keys too."""
     clock = Clock()
     world = World(
         tmp_path,
         inventory=TWO_GPUS,
         clocks=dict(clock=clock, wall=lambda: 1_700_000_000.0 + clock.now),
-        gpu_sharing={A100: {"quantum": 0.05}},
+        gpu_sharing={A100: {"quantum": 0.05, **(memory or {})}},
     )
     spawners = {}
     for user in ("alice", "bob"):
