@@ -18,6 +18,7 @@ import os
 import socket
 import sys
 
+from ..core.enforcement import HAMI_LIBRARY, MPS_PIPE_DIR
 from .attribution import Attributor, DockerLabels
 from .errors import PROG, AgentError
 from .hub import DEFAULT_TIMEOUT_S, TOKEN_ENV, TOKEN_FILE_ENV, HubClient, Token, report_url
@@ -49,7 +50,15 @@ def run(args) -> int:
         if args.proc_root != "none":
             attributor = Attributor(args.proc_root, DockerLabels(args.docker_socket))
         report_loop(
-            nvml, hub, hostname, args.interval, args.max_temperature, args.cycles, args.docker_config, attributor
+            nvml,
+            hub,
+            hostname,
+            args.interval,
+            args.max_temperature,
+            args.cycles,
+            args.docker_config,
+            attributor,
+            (args.mps_pipe_dir, args.hami_library),
         )
     except AgentError as e:
         print(e, file=sys.stderr)  # one sentence, no traceback
@@ -132,6 +141,20 @@ def _add_run_options(p_run: argparse.ArgumentParser) -> None:
         default=DEFAULT_DOCKER_SOCKET,
         help="the node's dockerd socket, asked for the swarm service of each GPU process's container "
         "(default: %(default)s)",
+    )
+    p_run.add_argument(
+        "--mps-pipe-dir",
+        metavar="DIR",
+        default=MPS_PIPE_DIR,
+        help="the MPS control daemon's pipe directory, looked at for its control pipe when a node's "
+        "shares are enforced with mps (default: %(default)s; mount it read-only into the agent's container)",
+    )
+    p_run.add_argument(
+        "--hami-library",
+        metavar="FILE",
+        default=HAMI_LIBRARY,
+        help="HAMi-core's libvgpu.so, looked for when a node's shares are enforced with hami "
+        "(default: %(default)s; mount it read-only into the agent's container)",
     )
     p_run.add_argument(
         "--cycles",

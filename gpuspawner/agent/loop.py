@@ -61,6 +61,7 @@ def report_loop(
     cycles: int | None = None,
     docker_config: str | None = None,
     attributor: Attributor | None = None,
+    enforcement: tuple[str, str] | None = None,
 ) -> None:
     """Report every ``interval`` seconds; through failures, back off and keep going.
 
@@ -74,7 +75,7 @@ def report_loop(
             report = nvml.read(max_temperature_c)
             if attributor is not None:
                 attributor.attribute(report)
-            hub.post(encode_report(report, hostname, interval, docker_config))
+            hub.post(encode_report(report, hostname, interval, docker_config, enforcement))
         except (AgentError, HubError) as e:
             failures += 1
             delay = backoff_delay(failures, interval)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from .._version import __version__
+from ..core.enforcement import look
 
 
 def docker_default_runtime(path: str | None) -> str | None:
@@ -23,9 +24,16 @@ def docker_default_runtime(path: str | None) -> str | None:
     return runtime[:64] if isinstance(runtime, str) and runtime else "runc"
 
 
-def encode_report(report: dict, hostname: str, interval: float, docker_config: str | None = None) -> bytes:
-    """The request body: the probe's report plus who sends it, how often, and
-    what the node's dockerd runs containers with."""
+def encode_report(
+    report: dict,
+    hostname: str,
+    interval: float,
+    docker_config: str | None = None,
+    enforcement: tuple[str, str] | None = None,
+) -> bytes:
+    """The request body: the probe's report plus who sends it, how often, what the
+    node's dockerd runs containers with, and what enforces shares there
+    (``enforcement``: the MPS pipe directory and HAMi-core's library, to look at)."""
     body = dict(
         report,
         hostname=hostname,
@@ -33,4 +41,6 @@ def encode_report(report: dict, hostname: str, interval: float, docker_config: s
         agent_version=__version__,
         docker_default_runtime=docker_default_runtime(docker_config),
     )
+    if enforcement is not None:
+        body["share_enforcement"] = look(*enforcement)
     return json.dumps(body, separators=(",", ":")).encode()

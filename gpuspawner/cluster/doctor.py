@@ -9,11 +9,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
+from ..core.enforcement import missing
 from ..core.inventory import GPU
 from ..core.reports import Conflict, NodeReport, gpus_of
+from .service_spec import enforcement_mode
 from .swarm import Node
 
-__all__ = ["Finding", "diagnose"]
+__all__ = ["Finding", "diagnose", "enforcement_gaps"]
 
 
 @dataclass(frozen=True)
@@ -37,10 +39,12 @@ def diagnose(
     foreign: Mapping[str, str] | None = None,
     conflicts: Iterable[Conflict] = (),
     shared_token: bool = False,
+    enforcement: str | Mapping[str, str] = "none",
 ) -> list[Finding]:
     """``foreign``: labelled services the hub does not take as its servers, with why;
     ``conflicts``: UUIDs left out of reports because another host has them;
-    ``shared_token``: whether ``agent_shared_token`` is on."""
+    ``shared_token``: whether ``agent_shared_token`` is on; ``enforcement``:
+    ``gpu_share_enforcement``."""
     nodes = {n.hostname: n for n in nodes}
     static = list(static) if "static" in set(sources) else []
     out = [
@@ -50,6 +54,7 @@ def diagnose(
         *_inventory_findings(static, reports, nodes, aliases),
         *_conflict_findings(conflicts),
         *_foreign_findings(foreign or {}),
+        *_enforcement_findings(enforcement, reports),
     ]
     if shared_token:
         out.append(
@@ -109,6 +114,30 @@ def _report_findings(reports: Mapping[str, NodeReport], nodes: Mapping[str, Node
                 "an agent reports from a host that is not a node of this swarm",
                 "run the agent with --hostname set to the node's swarm hostname",
             )
+
+
+def enforcement_gaps(enforcement: str | Mapping[str, str], reports: Mapping[str, NodeReport]) -> dict[str, str]:
+    """The hosts whose agent found missing what their ``gpu_share_enforcement`` mode
+    needs, with what is missing (for doctor and the /hub/gpus page)."""
+    gaps = {}
+    for host, report in sorted(reports.items()):
+        mode = enforcement_mode(enforcement, host)
+        why = missing(mode, report.enforcement)
+        if why is not None:
+            gaps[host] = f"shares are set to be enforced with {mode}, but {why}"
+    return gaps
+
+
+def _enforcement_findings(enforcement: str | Mapping[str, str], reports: Mapping[str, NodeReport]) -> Iterator[Finding]:
+    for host, why in enforcement_gaps(enforcement, reports).items():
+        yield Finding(
+            "error",
+            host,
+            f"{why}: a share there is a booking only, and one process can take the whole GPU",
+            "start what enforces shares on the node (docs/sharing.md); if it is there, let the agent see it "
+            "(mount it into the agent's container: --mps-pipe-dir, --hami-library, docs/agent.md); "
+            "or set the node's gpu_share_enforcement to none",
+        )
 
 
 def _stale_findings(stale: Mapping[str, str]) -> Iterator[Finding]:

@@ -33,6 +33,7 @@ from ..core.device_access import (
     guarded_name,
     without_generic_resources,
 )
+from ..core.enforcement import HAMI_LIBRARY, MPS_PIPE_DIR
 from ..core.labels import LABEL, Held, to_labels
 from ..core.sharing import UNIT, fmt, fmt_list, shown
 
@@ -51,9 +52,7 @@ __all__ = [
 SHARES_ENV = "GPUSPAWNER_GPU_SHARES"  # per device, in NVIDIA_VISIBLE_DEVICES order: "0.6,0.6"
 ISOLATION_ENV = "GPUSPAWNER_GPU_ISOLATION"  # what enforces the shares: none, mps or hami
 ENFORCEMENT_MODES = ("none", "mps", "hami")
-HAMI_LIBRARY = "/usr/local/vgpu/libvgpu.so"  # where HAMi's device plugin puts it in containers
 HAMI_LOCK_DIR = "/tmp/vgpulock"  # HAMi-core's lock files, shared by the node's containers
-MPS_PIPE_DIR = "/tmp/nvidia-mps"  # the MPS control daemon's default
 
 
 def visible_devices(uuids: tuple[str, ...] | list[str]) -> str:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
+from .enforcement import Seen
 from .inventory import GPU, HOSTNAME_RE, MODEL_RE, UUID_RE
 from .numbers import finite
 
@@ -125,6 +126,7 @@ class NodeReport:
     agent_version: str
     devices: tuple[ReportedDevice, ...]
     docker_default_runtime: str | None = None  # from the node's daemon.json; None: not known
+    enforcement: Seen | None = None  # what enforces shares there, as the agent saw it; None: it did not look
 
 
 def device_problems(
@@ -175,6 +177,20 @@ def parse_report(body: bytes | str) -> NodeReport:
         agent_version=r.text("agent_version", limit=32, optional=True) or "",
         devices=parsed,
         docker_default_runtime=r.text("docker_default_runtime", limit=64, optional=True),
+        enforcement=_enforcement(data.get("share_enforcement")),
+    )
+
+
+def _enforcement(data: Any) -> Seen | None:
+    if data is None:
+        return None
+    f = _Fields(data, "share_enforcement")
+    size = f.number("hami_library_bytes", low=0, high=2**40, optional=True)
+    return Seen(
+        mps_control=f.flag("mps_control", optional=True),
+        hami_library_bytes=None if size is None else int(size),
+        mps_pipe_dir=f.text("mps_pipe_dir", limit=256, optional=True) or "",
+        hami_library=f.text("hami_library", limit=256, optional=True) or "",
     )
 
 

@@ -41,7 +41,7 @@ from markupsafe import Markup
 from tornado import web
 
 from ..cluster.cluster import GPUCluster
-from ..cluster.doctor import diagnose
+from ..cluster.doctor import diagnose, enforcement_gaps
 from ..cluster.host_views import batches
 from ..cluster.swarm import SwarmError
 from ..core import agent_tokens
@@ -236,6 +236,7 @@ class DoctorHandler(_GPUMixin, APIHandler):
             foreign=holdings.foreign,
             conflicts=cluster.uuid_conflicts,
             shared_token=self.gpu_hub().settings.agent_shared_token,
+            enforcement=self.gpu_hub().settings.gpu_share_enforcement,
         )
         self.set_header("Content-Type", "application/json")
         self.write({"findings": [f.as_dict() for f in findings]})
@@ -345,14 +346,19 @@ class HostCard:
 CARDS = "<!-- gpuspawner: the hosts' cards -->"
 
 
-async def gpu_page(cluster: GPUCluster, render_page, card_template) -> tuple[str, list[bytes], str]:
+async def gpu_page(
+    cluster: GPUCluster, render_page, card_template, enforcement: str | dict = "none"
+) -> tuple[str, list[bytes], str]:
     """The GPU page as what comes before the hosts' cards, the cards, and what
     comes after. ``render_page(**namespace)`` renders gpus.html (awaitable);
     ``card_template`` is gpus_host.html, synchronous. Each card is kept by the
     cluster until its host changes, as UTF-8: a page of 8,000 devices is ~6 MB,
-    written as it is rather than copied through the page template."""
+    written as it is rather than copied through the page template. ``enforcement``:
+    ``gpu_share_enforcement``, for the nodes that lack what it needs."""
     cards = await cluster.views.host_views("html", HostCard(card_template), inline=2)
-    page = await render_page(hosts=Markup(CARDS) if cards else Markup(""), stale=cluster.stale)
+    reports = {host: report for host, (report, _) in cluster.reports.items()}
+    gaps = enforcement_gaps(enforcement, reports)
+    page = await render_page(hosts=Markup(CARDS) if cards else Markup(""), stale=cluster.stale, enforcement=gaps)
     head, _, tail = page.partition(CARDS)
     return head, cards, tail
 
@@ -368,7 +374,8 @@ class GPUPageHandler(_GPUMixin, BaseHandler):
             for model, ws in (await queue_json(self.gpu_hub().line)).items()
         }
         render = functools.partial(self.render_template, "gpus.html", lines=lines)
-        head, cards, tail = await gpu_page(cluster, render, self.get_template("gpus_host.html", sync=True))
+        card = self.get_template("gpus_host.html", sync=True)
+        head, cards, tail = await gpu_page(cluster, render, card, self.gpu_hub().settings.gpu_share_enforcement)
         # Sent a piece at a time: one copy of megabytes would hold up the event loop for milliseconds.
         for piece in batches([head.encode(), *cards, tail.encode()]):
             self.write(piece)
