@@ -32,13 +32,13 @@ whole GPUs and shares go (:mod:`~gpuspawner.allocator.whole`,
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from ..core.inventory import GPU
-from ..core.sharing import OFF, UNIT, SharingPolicy
+from ..core.sharing import OFF, UNIT, SharingPolicy, fmt
 from .adopt import AdoptProblem, AdoptReason, adopted_pieces, conflict
 from .index import DeviceIndex
-from .records import ALL, POLICIES, Allocation, Request
+from .records import ALL, POLICIES, Allocation, Policy, Request
 from .refusals import (
     AllocationRefused,
     Refusal,
@@ -47,7 +47,7 @@ from .refusals import (
     unknown_model,
     whole_refusal,
 )
-from .shares import choose_share
+from .shares import Picks, choose_share
 from .summary import ModelSummary, summarize
 from .whole import choose
 
@@ -80,6 +80,7 @@ class Allocator:
         self._index = DeviceIndex(self._held, self._shares)
         # (milli, model or None) -> the models that take such a share; emptied when the policy or inventory changes
         self._accepting: dict[tuple[int, str | None], list[str]] = {}
+        self._unenforced: dict[str, str] = {}  # host -> why no share is placed there
         self.set_sharing(sharing)
         self.set_inventory(gpus)
 
@@ -122,6 +123,12 @@ class Allocator:
         availability changed are touched."""
         with self._lock:
             self._index.set_available_hosts(None if hosts is None else set(hosts))
+
+    def set_unenforced_hosts(self, hosts: Mapping[str, str]) -> None:
+        """Hosts where no share is placed, each with why (what enforces shares is
+        missing there); whole GPUs are placed there as before. {}: none."""
+        with self._lock:
+            self._unenforced = dict(hosts)
 
     # -- decisions ---------------------------------------------------------
 
@@ -178,6 +185,8 @@ class Allocator:
         found = None if over else choose_share(index, self.sharing, pol, models, share, request.host)
         if found is None:
             raise share_refusal(index, self.sharing, request, share, models, limit, held)
+        if found[1] in self._unenforced:
+            found = self._share_elsewhere(models, share, pol, found, request.host is not None)
         model, host, picks, rule = found
         mi = index.models[model]
         devices, milli = zip(*picks)
@@ -194,6 +203,24 @@ class Allocator:
                 index.add_shares(mi, host, picks)  # one host: its free lists and split ranks once
         self._record(alloc)
         return alloc
+
+    def _share_elsewhere(
+        self, models: list[str], share: int, pol: Policy, found: tuple, pinned: bool
+    ) -> tuple[str, str, Picks, str]:
+        """A placement of the share on a host that enforces shares (the first by name
+        that has room; rare: only when the best one does not), or the refusal."""
+        model, host = found[0], found[1]
+        hosts = set() if pinned else {h for m in models for h in self._index.models[m].total}
+        for h in sorted(hosts - set(self._unenforced)):
+            if self._index.is_available(h):
+                there = choose_share(self._index, self.sharing, pol, models, share, h)
+                if there is not None:
+                    return there
+        raise AllocationRefused(
+            f"No {model} has room for {fmt(share)} of a GPU on a node that enforces shares: "
+            f"{host} has, but {self._unenforced[host]}. Try again later, or ask for a whole GPU.",
+            Refusal.SHARES_UNENFORCED,
+        )
 
     def _models_accepting(self, share: int, model: str | None) -> list[str]:
         """The models that take the share (remembered: few shares are asked for), or a refusal."""

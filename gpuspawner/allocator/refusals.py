@@ -39,6 +39,7 @@ class Refusal(enum.Enum):
     NO_DEVICE_ROOM = "no_device_room"  # a share for one device: enough free in all, no device has that much
     TOTAL_FREE_BELOW = "total_free_below"  # less free in all than the share asks
     NO_EVEN_SPLIT = "no_even_split"  # a host has that much free in all, but no even split of it fits
+    SHARES_UNENFORCED = "shares_unenforced"  # room only on nodes that lack what enforces shares
 
     @property
     def retry(self) -> bool:
@@ -55,6 +56,7 @@ _MAY_SUCCEED_LATER = {
     Refusal.NO_DEVICE_ROOM,
     Refusal.TOTAL_FREE_BELOW,
     Refusal.NO_EVEN_SPLIT,
+    Refusal.SHARES_UNENFORCED,
 }
 
 

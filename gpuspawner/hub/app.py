@@ -24,6 +24,7 @@ from traitlets.config import Config
 
 from .. import hub_port, metrics
 from ..cluster.cluster import GPUCluster, InventorySettings
+from ..cluster.doctor import enforcement_gaps
 from ..cluster.swarm import Swarm, SwarmError
 from ..core.inventory import InventoryError
 from ..core.inventory_files import load_inventory
@@ -118,6 +119,16 @@ class GPUHub:
                 raise HubConfigError(" ".join(str(exc).split())) from exc
             self._spawner_class, self._config = spawner_class, config
         return self._settings
+
+    def enforcement_seen(self) -> None:
+        """After a report: under ``gpu_share_enforcement_missing = "refuse"``, no share
+        goes to a node whose agent found missing what its mode needs."""
+        s, cluster = self.settings, self.holdings.cluster
+        gaps = {}
+        if s.gpu_share_enforcement_missing == "refuse":
+            reports = {host: report for host, (report, _) in cluster.reports.items()}
+            gaps = enforcement_gaps(s.gpu_share_enforcement, reports)
+        cluster.allocator.set_unenforced_hosts(gaps)
 
     @classmethod
     def of_spawner(cls, spawner) -> GPUHub:

@@ -181,6 +181,17 @@ class GPUSettings(LoggingConfigurable):
         ``{hostname: mode, "*": mode}``. See docs/sharing.md.""",
     ).tag(config=True)
 
+    gpu_share_enforcement_missing = Enum(
+        ["police", "refuse"],
+        default_value="police",
+        help="""When a node's agent finds missing what its ``gpu_share_enforcement`` mode
+        needs (the MPS control daemon, HAMi-core's library): ``police`` (default) still
+        places shares there, held to their memory only as ``gpu_sharing``'s ``memory``
+        says; ``refuse`` places no share there while it is missing (whole GPUs still),
+        and a share that only such a node has room for is refused with why. Either
+        way ``gpuspawner doctor`` and /hub/gpus name the node.""",
+    ).tag(config=True)
+
     gpu_share_mps_pipe_dir = Unicode(
         MPS_PIPE_DIR, help="With ``mps``: the MPS control daemon's pipe directory on the nodes."
     ).tag(config=True)

@@ -142,6 +142,7 @@ class ReportHandler(_GPUMixin, APIHandler):
                 raise web.HTTPError(400, f"{report.hostname} is not a node of this swarm")
         left_out = cluster.receive(report)  # a UUID another node has: that device only (doctor shows it)
         self.gpu_hub().reclaimer.observe(report)  # idle timers (docs/idle.md)
+        self.gpu_hub().enforcement_seen()  # shares where it is missing (docs/sharing.md)
         self.set_header("Content-Type", "application/json")
         self.write(
             {

@@ -117,3 +117,66 @@ def test_the_agent_looks_where_the_hub_points_servers_by_default():
     assert (args.mps_pipe_dir, args.hami_library) == (hub.gpu_share_mps_pipe_dir, hub.gpu_share_hami_library)
     args = build_parser().parse_args(["run", "--hub-url", "http://hub:8000", "--mps-pipe-dir", "/host/tmp/nvidia-mps"])
     assert args.mps_pipe_dir == "/host/tmp/nvidia-mps"
+
+
+# -- under gpu_share_enforcement_missing = "refuse" ----------------------------------
+
+
+def test_no_share_goes_to_a_node_that_cannot_enforce_it_while_whole_gpus_still_do():
+    from gpuspawner.allocator.allocator import AllocationRefused, Allocator, Request  # noqa: PLC0415
+    from gpuspawner.core.inventory import GPU  # noqa: PLC0415
+
+    a100 = "NVIDIA A100 80GB PCIe"
+    gpus = [GPU("gpu-a", 0, "GPU-a0", a100, 81920), GPU("gpu-b", 0, "GPU-b0", a100, 81920)]
+    allocator = Allocator(gpus, sharing={a100: {"quantum": 0.25}})
+    allocator.allocate("first", Request(model=a100, milli=500, owner="ann"))  # on gpu-a (pack: by name)
+    why = "its MPS control daemon is not running (no control pipe in /tmp/nvidia-mps)"
+    allocator.set_unenforced_hosts({"gpu-a": why})
+    assert allocator.allocate("next", Request(model=a100, milli=250, owner="bob")).host == "gpu-b"
+    with pytest.raises(AllocationRefused) as refused:
+        allocator.allocate("pinned", Request(model=a100, milli=250, owner="cy", host="gpu-a"))
+    assert refused.value.status == 503 and refused.value.reason.value == "shares_unenforced"
+    assert refused.value.message == (
+        f"No {a100} has room for 0.25 of a GPU on a node that enforces shares: gpu-a has, but {why}. "
+        "Try again later, or ask for a whole GPU."
+    )
+    allocator.allocate("big", Request(model=a100, milli=750, owner="dee"))  # gpu-b is full now
+    with pytest.raises(AllocationRefused, match="gpu-a has, but its MPS control daemon is not running"):
+        allocator.allocate("more", Request(model=a100, milli=250, owner="eve"))
+    allocator.release("first")
+    assert allocator.allocate("whole", Request(model=a100, count=1, owner="fay")).host == "gpu-a"  # whole: as before
+    allocator.set_unenforced_hosts({})
+    allocator.release("whole")
+    assert allocator.allocate("again", Request(model=a100, milli=250, owner="gus")).host == "gpu-a"
+
+
+async def test_the_hub_refuses_shares_on_a_node_its_agent_found_lacking_only_when_told_to(tmp_path):
+    from jupyterhub.spawner import SpawnException  # noqa: PLC0415
+
+    from tests.unit.test_holdings import A100, World  # noqa: PLC0415
+
+    def world(when_missing: str) -> World:
+        return World(
+            tmp_path,
+            gpu_sharing={A100: {"quantum": 0.25}},
+            gpu_share_enforcement={"gpu-b": "hami", "*": "none"},
+            gpu_share_enforcement_missing=when_missing,
+        )
+
+    body = report(device(0, "GPU-b0", name=A100), hostname="gpu-b")
+    body["share_enforcement"] = {"hami_library": "/usr/local/vgpu/libvgpu.so", "hami_library_bytes": 0}
+    for when_missing in ("police", "refuse"):
+        w = world(when_missing)
+        w.hub.holdings.cluster.receive(parse_report(json.dumps(body)))
+        w.hub.enforcement_seen()
+        share = w.spawner("ann", {"gpu_model": A100, "gpu_share": 0.25})
+        if when_missing == "police":
+            await w.started(share)  # placed, and held to its memory as gpu_sharing says
+            assert w.owner.get(share.service_name).held.host == "gpu-b"
+            continue
+        with pytest.raises(SpawnException) as refused:
+            await w.started(share)
+        assert refused.value.status_code == 503
+        assert "HAMi-core's library is not at /usr/local/vgpu/libvgpu.so" in refused.value.message
+        assert w.owner.get(share.service_name) is None and w.fake.service_names() == []
+        await w.started(w.spawner("bob", {"gpu_model": A100}))  # a whole GPU: as before
