@@ -79,3 +79,26 @@ def test_the_holder_above_its_share_is_warned_and_stopped_and_its_neighbour_keep
         [closed] = Ledger(f"sqlite:///{db}").history(user="ola")
         assert closed.end_reason == "memory" and closed.peak_memory_mib == 50 * GIB
         assert hub.server_model("per") is not None and notices(hub, "per") == []
+
+
+def test_a_node_set_to_hami_without_the_library_gets_no_share_and_doctor_names_it(swarm, tmp_path_factory):
+    """gpu-b is set to enforce shares with HAMi-core, which is not there (its agent
+    looks at /usr/local/vgpu/libvgpu.so, as it would see it mounted): under "refuse", a
+    share is refused with why, a whole A100 still starts, and doctor names gpu-b."""
+    work = tmp_path_factory.mktemp("hami")
+    config = (
+        f'c.GPUSwarmSpawner.gpu_sharing = {{"{A100}": {{"quantum": 0.25}}}}\n'
+        'c.GPUSwarmSpawner.gpu_share_enforcement = {"gpu-b": "hami", "*": "none"}\n'
+        'c.GPUSwarmSpawner.gpu_share_enforcement_missing = "refuse"\n'
+    )
+    with hub_with_agent_on_gpu_b(swarm, work, port_from=21700, extra_config=config) as (hub, _node):
+        r = hub.spawn("quin", {"gpu_model": A100, "gpu_share": 0.5})
+        assert r.status_code == 503, r.text
+        assert "gpu-b has, but HAMi-core's library is not at /usr/local/vgpu/libvgpu.so" in r.json()["message"]
+        assert hub.server_model("quin") is None and services_of(swarm, "quin") == []
+        spawn_ready(hub, "rita", {"gpu_model": A100})  # a whole GPU: as before
+        findings = hub.api("GET", "/gpuspawner/doctor").json()["findings"]
+        [finding] = [f for f in findings if "enforced with hami" in f["problem"]]
+        assert finding["host"] == "gpu-b" and finding["severity"] == "error"
+        page = login(hub, "admin").get(hub.url + "/hub/gpus", timeout=10).text
+        assert 'data-host="gpu-b"' in page and "shares are set to be enforced with hami" in page
