@@ -24,7 +24,7 @@ from traitlets.config import Config
 
 from .. import hub_port, metrics
 from ..cluster.cluster import GPUCluster, InventorySettings
-from ..cluster.doctor import enforcement_gaps
+from ..cluster.doctor import unenforced
 from ..cluster.swarm import Swarm, SwarmError
 from ..core.inventory import InventoryError
 from ..core.inventory_files import load_inventory
@@ -127,7 +127,7 @@ class GPUHub:
         gaps = {}
         if s.gpu_share_enforcement_missing == "refuse":
             reports = {host: report for host, (report, _) in cluster.reports.items()}
-            gaps = enforcement_gaps(s.gpu_share_enforcement, reports)
+            gaps = unenforced(s.gpu_share_enforcement, reports)
         cluster.allocator.set_unenforced_hosts(gaps)
 
     @classmethod

@@ -177,6 +177,9 @@ async def test_the_hub_refuses_shares_on_a_node_its_agent_found_lacking_only_whe
         with pytest.raises(SpawnException) as refused:
             await w.started(share)
         assert refused.value.status_code == 503
-        assert "HAMi-core's library is not at /usr/local/vgpu/libvgpu.so" in refused.value.message
+        assert refused.value.message == (
+            f"No {A100} has room for 0.25 of a GPU on a node that enforces shares: gpu-b has, "
+            "but HAMi-core's library is not at /usr/local/vgpu/libvgpu.so. Try again later, or ask for a whole GPU."
+        )
         assert w.owner.get(share.service_name) is None and w.fake.service_names() == []
         await w.started(w.spawner("bob", {"gpu_model": A100}))  # a whole GPU: as before
