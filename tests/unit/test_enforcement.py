@@ -4,6 +4,8 @@ what doctor and the /hub/gpus page say (pure, from parsed reports)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 
@@ -154,6 +156,7 @@ async def test_the_hub_refuses_shares_on_a_node_its_agent_found_lacking_only_whe
     from jupyterhub.spawner import SpawnException  # noqa: PLC0415
 
     from tests.unit.test_holdings import A100, World  # noqa: PLC0415
+    from tests.unit.test_line import until  # noqa: PLC0415
 
     def world(when_missing: str) -> World:
         return World(
@@ -182,4 +185,14 @@ async def test_the_hub_refuses_shares_on_a_node_its_agent_found_lacking_only_whe
             "but HAMi-core's library is not at /usr/local/vgpu/libvgpu.so. Try again later, or ask for a whole GPU."
         )
         assert w.owner.get(share.service_name) is None and w.fake.service_names() == []
+        # With gpu_wait, the request waits in line (the library may come), holding nothing.
+        patient = w.spawner("cy", {"gpu_model": A100, "gpu_share": 0.25, "gpu_wait": True})
+        start = asyncio.ensure_future(patient.start())
+        await until(lambda: w.hub.line.place(patient.service_name) == (A100, 1))
+        assert w.owner.get(patient.service_name) is None
+        start.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await start
+        await patient.stop()
+        assert w.hub.line.place(patient.service_name) is None
         await w.started(w.spawner("bob", {"gpu_model": A100}))  # a whole GPU: as before
