@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from . import swarm
@@ -80,6 +80,7 @@ class Recipe:
     files: tuple[tuple[str, Path, int], ...] = ()  # (path in the image, source, mode)
     drop: tuple[str, ...] = ()  # paths removed after the install (not needed at run time)
     wheel_source: Path | None = None  # a project built with `pip wheel` and offered to pip
+    prepare: Callable[[], object] | None = None  # run before that, when the image is built (not when cached)
     source_key: str = ""  # what the wheel_source and files hold (the caller's hash)
     recipe: int = 1  # bumped when this image's steps change
 
@@ -95,6 +96,7 @@ class Recipe:
     def image_inputs(self) -> dict:
         fields = dataclasses.asdict(self)
         fields.pop("wheel_source")
+        fields.pop("prepare")
         fields["files"] = [[path, mode] for path, _, mode in self.files]
         return {"base": key(self.base_inputs()), **fields}
 
@@ -305,6 +307,8 @@ def _cached(tar: Path, meta: Path, t0: float) -> BuiltImage | None:
 def _install_venv(recipe: Recipe, root: Path, cache: Path, t0: float) -> None:
     """The venv with the recipe's requirements (and its own project's wheel, if any)."""
     with tempfile.TemporaryDirectory(dir=cache) as local:
+        if recipe.prepare is not None:
+            recipe.prepare()
         if recipe.wheel_source is not None:
             stream(_pip("wheel", "--no-deps", "-w", local, str(recipe.wheel_source)), "pip wheel")
         wheels = _download_wheels(recipe, root, cache, Path(local))

@@ -73,6 +73,7 @@ def recipe() -> debian_image.Recipe:
         # The hub's own web pages: jupyterhub-singleuser serves its templates from the package.
         drop=(f"{VENV}/share/jupyterhub",),
         wheel_source=labext.LABEXT,
+        prepare=_built_extension,
         source_key=labext.source_key(),
         recipe=4,  # 3: the home made by useradd, not before it; 4: the status bar's extension
     )
@@ -85,19 +86,18 @@ def unavailable_reason() -> str | None:
 
 def build(cache_dir: Path | str | None = None) -> BuiltImage:
     """The image as a tar, from the cache or built now (printing progress)."""
-    _built_extension()
     return debian_image.build(recipe(), cache_dir)
 
 
 def ensure_on(cluster: swarm.Cluster, cache_dir: Path | str | None = None) -> str:
     """Build (or reuse) the image and import it on the workers that lack it; return its
     name. Only workers get it: the local config runs servers on workers only."""
-    _built_extension()
     return debian_image.ensure_on(cluster, recipe(), cache_dir)
 
 
 def _built_extension() -> None:
-    """The extension's JavaScript, which its wheel takes (seconds when up to date)."""
+    """The extension's JavaScript, which its wheel takes (seconds when up to date); run
+    when the image is built, not when it is found in the cache."""
     try:
         labext.build_js()
     except labext.LabextError as exc:
@@ -111,8 +111,6 @@ def main(argv: Sequence[str] | None = None, which=recipe) -> int:
     parser.add_argument("--cache-dir", default=None, help=f"default {DEFAULT_CACHE}")
     args = parser.parse_args(argv)
     try:
-        if which is recipe:
-            _built_extension()
         if args.command == "build":
             image = debian_image.build(which(), args.cache_dir)
             print(f"{image.tar} ({'cached' if image.cached else 'built'} in {image.seconds:.1f} s)")

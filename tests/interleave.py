@@ -8,7 +8,8 @@ fire an external event (a container exits, a user cancels a spawn), make a
 pending step fail instead of running it (a dependency that blinks: the
 scenario's ``faults`` says which steps may, with what), or jump virtual time to
 the next timer. A schedule is the sequence of choices, by index, so a failing
-one can be replayed exactly.
+one can be replayed exactly. Once every op is over, what they left running in the
+background runs its calls in order before the scenario's check.
 
 :func:`explore` walks every schedule depth-first (bounded), and
 :func:`random_schedules` samples them for scenarios too large for that.
@@ -284,6 +285,8 @@ def _run(
             if choices[index][1] is None:
                 break
             _guard(choices[index][1], f"choice {labels[index]!r} raised", outcome)
+        if not outcome.unfinished:
+            _drain(run, scenario, outcome)
         _collect(run, outcome)
         if outcome.unfinished and fail_on_unfinished:
             raise ScheduleFailure(
@@ -331,6 +334,23 @@ def _choices(run: Run, scenario: Scenario, waiting: list[str], fired: set[str]) 
     if due is not None:
         choices.append((f"time +{due - run.loop.time():g}s", functools.partial(setattr, run.loop, "_now", due)))
     return choices
+
+
+def _drain(run: Run, scenario: Scenario, outcome: Outcome, limit: int = 1000) -> None:
+    """Once every op is over, what they left running in the background (a serving of
+    the line, a removal) carries on to its end, its calls run in order, so that the
+    check sees where the hub comes to rest; the invariant holds at every step. Calls
+    whose callers gave up stay a choice (they may come late, or never); timers do not fire."""
+    for _ in range(limit):
+        steps = [(e, s) for e, s in run.runnable() if not s.future.cancelled()]
+        if not steps:
+            return
+        executor, step = steps[0]
+        _guard(functools.partial(executor.run, step), f"background call {step.label!r} raised", outcome)
+        _guard(run.loop.settle, "the loop raised", outcome)
+        if scenario.invariant:
+            _guard(scenario.invariant, "invariant failed", outcome)
+    raise ScheduleFailure(f"background work did not end after {limit} calls", outcome.schedule, outcome.labels, outcome)
 
 
 def _collect(run: Run, outcome: Outcome) -> None:

@@ -188,7 +188,8 @@ async def test_the_hub_refuses_shares_on_a_node_its_agent_found_lacking_only_whe
         # With gpu_wait, the request waits in line (the library may come), holding nothing.
         patient = w.spawner("cy", {"gpu_model": A100, "gpu_share": 0.25, "gpu_wait": True})
         start = asyncio.ensure_future(patient.start())
-        await until(lambda: w.hub.line.place(patient.service_name) == (A100, 1))
+        line, service = w.hub.line, patient.service_name
+        await until(lambda line=line, service=service: line.place(service) == (A100, 1))
         assert w.owner.get(patient.service_name) is None
         start.cancel()
         with contextlib.suppress(asyncio.CancelledError):
