@@ -57,12 +57,14 @@ def local_stack(
     token_dir: Path,
     interval: float = 1,
     docker_sockets: str | None = None,
+    args: tuple[str, ...] = (),
 ) -> dict:
     """The example stack with this machine's stand-ins for the image and the driver,
     the nodes' tokens read from ``token_dir/HOSTNAME`` (see :func:`write_tokens`).
     ``devices`` may use swarm templates, e.g. ``/x/{{.Node.Hostname}}.txt``; so may
     ``docker_sockets``, each node's own dockerd socket (the test nodes' daemons do not
-    listen on /var/run/docker.sock); None: no socket, processes go unattributed."""
+    listen on /var/run/docker.sock); None: no socket, processes go unattributed.
+    ``args``: more of the agent's options."""
     stack = yaml.safe_load(STACK.read_text())
     [service] = stack["services"].values()
     service["image"] = image
@@ -87,6 +89,7 @@ def local_stack(
     command[:1] = [sys.executable, "-m", "gpuspawner.agent.command"]
     command[command.index("--hub-url") + 1] = hub_url
     command[command.index("--interval") + 1] = str(interval)
+    command += list(args)
     return stack
 
 

@@ -30,16 +30,21 @@ class Seen:
 
 
 def look(mps_pipe_dir: str, hami_library: str) -> dict:
-    """What the node has, as the agent reports it (paths as mounted into the agent)."""
-    try:
-        control = stat.S_ISFIFO(os.stat(os.path.join(mps_pipe_dir, "control")).st_mode)
-    except OSError:
-        control = False
-    try:
-        info = os.stat(hami_library)
-        size = info.st_size if stat.S_ISREG(info.st_mode) else 0
-    except OSError:
-        size = 0
+    """What the node has, as the agent reports it (paths as mounted into the agent). A
+    folder the agent cannot see (not mounted) is not judged: None, not "missing"."""
+    control: bool | None = None
+    if os.path.isdir(mps_pipe_dir):
+        try:
+            control = stat.S_ISFIFO(os.stat(os.path.join(mps_pipe_dir, "control")).st_mode)
+        except OSError:
+            control = False
+    size: int | None = None
+    if os.path.isdir(os.path.dirname(hami_library) or "/"):
+        try:
+            info = os.stat(hami_library)
+            size = info.st_size if stat.S_ISREG(info.st_mode) else 0
+        except OSError:
+            size = 0
     return {
         "mps_pipe_dir": mps_pipe_dir,
         "mps_control": control,

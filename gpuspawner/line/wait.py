@@ -30,6 +30,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import datetime
 from itertools import count
 
 from jupyterhub.spawner import SpawnException
@@ -54,11 +55,15 @@ PASSING = frozenset({"stale_service", "ledger_unavailable", "no_port"})
 Reserve = Callable[[], Awaitable[Holding]]
 
 
+NOT_WAITED_FOR = (Refusal.LIMIT_REACHED, Refusal.SHARES_UNENFORCED)  # the user's own servers; an admin's fix
+
+
 def waits_for(exc: SpawnException) -> bool:
     """Whether a refused reservation is one to wait in line for: none free right
-    now (not impossible, not forbidden, not the user's own limit)."""
+    now (not impossible, not forbidden, not the user's own limit, not a node only
+    an admin can mend: a waiter at the head would hold up the model's whole line)."""
     cause = exc.__cause__
-    return isinstance(cause, AllocationRefused) and cause.retry and cause.reason is not Refusal.LIMIT_REACHED
+    return isinstance(cause, AllocationRefused) and cause.retry and cause.reason not in NOT_WAITED_FOR
 
 
 class WaitLine:
@@ -75,7 +80,9 @@ class WaitLine:
         self._leaving: set[asyncio.Task] = set()
         self._unrecorded: set[str] = set()  # left the line, but the ledger's row could not be removed yet
         self._models_shown: set[str] = set()  # models whose line length the metrics show
-        self._outlook: dict[str, str] = {}  # waiting spawn -> what its page says of the wait
+        self._outlook: dict[
+            str, str | list[datetime]
+        ] = {}  # waiting spawn -> an estimate, or its model's holders' starts
 
     # -- the rows ------------------------------------------------------------------
 
@@ -99,8 +106,13 @@ class WaitLine:
         return position(self.rows, service)
 
     def outlook(self, service: str) -> str:
-        """What a waiting spawn was last told of its wait (an estimate, or what is known)."""
-        return self._outlook.get(service, "")
+        """What a waiting spawn is told of its wait: the estimate, or before any server of
+        its model has ended, how many hold it and for how long (as of now)."""
+        known = self._outlook.get(service, "")
+        if isinstance(known, str):
+            return known
+        now = utc_now()
+        return held_now([(now - started).total_seconds() for started in known])
 
     def waiting_for(self, model: str) -> int:
         return sum(1 for w in self.rows if w.model == model)
@@ -274,7 +286,7 @@ class WaitLine:
                 if place != last:
                     last = place
                     self._outlook[service] = await self._guess(*place)
-                    report(f"You are number {place[1]} in line for {place[0]}" + _sentence(self._outlook[service]))
+                    report(f"You are number {place[1]} in line for {place[0]}" + _sentence(self.outlook(service)))
                 if loop.time() - poked >= RETRY_SECONDS:
                     poked = loop.time()
                     self.poke()
@@ -316,9 +328,9 @@ class WaitLine:
             self._cancelled.discard(service)
             await self.leave(service)
 
-    async def _guess(self, model: str, place: int) -> str:
+    async def _guess(self, model: str, place: int) -> str | list[datetime]:
         """The estimate of the wait, from how long servers of ``model`` ran; before
-        any has ended, how many hold the model now and for how long."""
+        any has ended, when the servers that hold the model now started."""
         try:
             runs = await self.holdings.ledger_call(lambda db: db.run_seconds(model)) or []
             guess = estimate(runs, place, sum(m.total for m in self.holdings.allocator.summary() if m.model == model))
@@ -327,8 +339,7 @@ class WaitLine:
             records = await self.holdings.ledger_call(lambda db: db.open_allocations()) or []
         except LedgerError:
             return ""
-        now = utc_now()
-        return held_now([(now - r.started_at).total_seconds() for r in records if r.model == model])
+        return [r.started_at for r in records if r.model == model]
 
 
 def _sentence(text: str) -> str:

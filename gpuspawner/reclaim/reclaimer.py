@@ -48,7 +48,7 @@ OVER_MEMORY = Gauge(
 )
 
 MAX_UNATTRIBUTED = 64  # kept per host, for admins
-PEAK_STEP_MIB = 64  # a holder's peak memory is written again once it grows by this much (or 2 %)
+PEAK_STEP_MIB = 64  # a holder's peak memory is written again once it grows by more than this (or 2 %)
 
 Stop = Callable[[Holding, str], Awaitable[bool]]
 LimitsFor = Callable[[Holding], Limits]
@@ -94,7 +94,7 @@ class Reclaimer:
         self._stopping: set[str] = set()
         self._over_shown: set[str] = set()  # models the over-memory gauge has shown
         self._peaks: dict[str, int] = {}  # service -> the most memory the ledger has for it
-        self._new_peaks: dict[str, int] = {}  # service -> a higher one, not yet written
+        self._new_peaks: dict[str, tuple[Holding, int]] = {}  # service -> (its holding, a higher one) not yet written
 
     # -- readings ------------------------------------------------------------------
 
@@ -130,28 +130,36 @@ class Reclaimer:
             self._own_timers(h)
             if name in memory:
                 self.memory.observe(name, memory[name], self.memory_policy(h))
-                self._peak(name, sum(d.used_mib or 0 for d in memory[name]))
+                self._peak(h, sum(d.used_mib or 0 for d in memory[name]))
             if self.timers.observe(name, got, self.limits_for(h)) and self.on_active is not None:
                 self.on_active(h)
         if samples:
             self.holdings.cluster.views.holders_changed(host)  # the map shows activity
 
-    def _peak(self, name: str, mib: int) -> None:
-        """A new most memory is written to the ledger at the next check, once it has
-        grown by a little (a slowly creeping use does not write at every report)."""
-        known = max(self._peaks.get(name, 0), self._new_peaks.get(name, 0))
-        if mib > known + max(PEAK_STEP_MIB, known // 50):
-            self._new_peaks[name] = mib
+    def _peak(self, h: Holding, mib: int) -> None:
+        """A new most memory is written to the ledger at the next check: the first one
+        seen, then once it has grown by a little (a slowly creeping use does not write
+        at every report)."""
+        pending = self._new_peaks.get(h.name)
+        known = max(self._peaks.get(h.name, -1), pending[1] if pending else -1)
+        if mib > 0 and (known < 0 or mib > known + max(PEAK_STEP_MIB, known // 50)):
+            self._new_peaks[h.name] = (h, mib)
 
     async def _write_peaks(self) -> None:
-        for name, mib in list(self._new_peaks.items()):
+        """Each pending peak to its holding's open allocation, while that holding is
+        still the one under its name (a server started again under the name has its own)."""
+        for name, (h, mib) in list(self._new_peaks.items()):
+            if self.holdings.get(name) is not h:
+                self._new_peaks.pop(name, None)
+                continue
             try:
                 await self.holdings.ledger_call(lambda db, n=name, m=mib: db.note_peak_memory(n, m))
             except Exception as exc:  # the ledger is down: written at a later check
                 log.warning("The peak GPU memory of %s could not be recorded: %s", name, exc)
                 return
-            self._peaks[name] = mib
-            if self._new_peaks.get(name) == mib:
+            if self.holdings.get(name) is h:
+                self._peaks[name] = max(mib, self._peaks.get(name, 0))
+            if self._new_peaks.get(name) == (h, mib):
                 del self._new_peaks[name]
 
     def _own_timers(self, h: Holding) -> None:
@@ -180,9 +188,9 @@ class Reclaimer:
         for name in (set(self._peaks) | set(self._new_peaks)) - set(running):
             self._peaks.pop(name, None)
             self._new_peaks.pop(name, None)
-        await self._write_peaks()
         for h in running.values():
             self._own_timers(h)
+        await self._write_peaks()
         await self._hold_new(running)
         due, idle_gpus, over = [], 0.0, Counter[str]()
         for name, h in running.items():

@@ -12,6 +12,7 @@ so the page costs no I/O.
 from __future__ import annotations
 
 import logging
+from math import inf
 
 from ..core.idle import BUDGET
 from ..core.line_order import fmt_duration
@@ -63,20 +64,26 @@ def server_rows(hub, user: str) -> list[dict]:
 
 
 def _times(reclaimer, h) -> dict:
-    """How long the GPUs have been held, and what would stop the server when."""
+    """How long the GPUs have been held, and what would stop the server when, soonest first."""
     held = reclaimer.timers.held_for(h.name)
     idle = reclaimer.timers.idle_for(h.name)
     limits = reclaimer.limits_for(h)
-    stops = []
+    stops: list[tuple[float, str]] = []  # (seconds left, what); no countdown yet: last
     if limits.max_held is not None and held is not None:
         what = "weekly budget" if limits.max_held_reason == BUDGET else "held-time limit"
-        stops.append(f"{what} in {fmt_duration(max(0.0, limits.max_held - held))}")
+        left = max(0.0, limits.max_held - held)
+        stops.append((left, f"{what} in {fmt_duration(left)}"))
     if limits.idle_timeout is not None:
         if idle is None:
-            stops.append(f"idle limit: after {fmt_duration(limits.idle_timeout)} without GPU use")
+            stops.append((inf, f"idle limit: after {fmt_duration(limits.idle_timeout)} without GPU use"))
         else:
-            stops.append(f"idle limit in {fmt_duration(max(0.0, limits.idle_timeout - idle))} unless its GPU is used")
-    return {"held_for": None if held is None else fmt_duration(held), "stops": stops}
+            left = max(0.0, limits.idle_timeout - idle)
+            stops.append((left, f"idle limit in {fmt_duration(left)} unless its GPU is used"))
+    memory_at = reclaimer.memory.stop_at(h.name, reclaimer.memory_policy(h))
+    if memory_at is not None:
+        left = max(0.0, memory_at - reclaimer.clock())
+        stops.append((left, f"memory limit in {fmt_duration(left)} unless it uses less GPU memory"))
+    return {"held_for": None if held is None else fmt_duration(held), "stops": [t for _, t in sorted(stops)]}
 
 
 def servers_var(hub):

@@ -68,10 +68,13 @@ class Node:
 
 
 @contextlib.contextmanager
-def hub_with_agent_on_gpu_b(swarm, work, port_from: int, extra_config: str = "", env: dict | None = None):
+def hub_with_agent_on_gpu_b(
+    swarm, work, port_from: int, extra_config: str = "", env: dict | None = None, agent_args: tuple[str, ...] = ()
+):
     """A hub whose GPUs are what gpuspawner-agent on gpu-b reports (examples/agent-stack.yml,
     every second), reading real pynvml over the fake libnvidia-ml.so.1 and tracing GPU
-    processes to containers through gpu-b's /proc and dockerd: (hub, gpu-b's Node)."""
+    processes to containers through gpu-b's /proc and dockerd: (hub, gpu-b's Node).
+    ``agent_args``: more of the agent's options."""
     lib_dir = fakenvml.build(work / "lib").parent
     gpus = work / "gpus"
     gpus.mkdir()
@@ -89,6 +92,7 @@ def hub_with_agent_on_gpu_b(swarm, work, port_from: int, extra_config: str = "",
             work / "tokens",
             interval=1.0,
             docker_sockets=sockets,
+            args=agent_args,
         )
         with agent_stack.deployed(swarm, stack, {"gpu-b": "true"}, work):
             wait_until(lambda: "gpu-b" in hub.api("GET", "/gpuspawner/alloc-map").json(), "no report", timeout=90)

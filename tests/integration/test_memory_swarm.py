@@ -83,18 +83,20 @@ def test_the_holder_above_its_share_is_warned_and_stopped_and_its_neighbour_keep
 
 def test_a_node_set_to_hami_without_the_library_gets_no_share_and_doctor_names_it(swarm, tmp_path_factory):
     """gpu-b is set to enforce shares with HAMi-core, which is not there (its agent
-    looks at /usr/local/vgpu/libvgpu.so, as it would see it mounted): under "refuse", a
-    share is refused with why, a whole A100 still starts, and doctor names gpu-b."""
+    looks in a folder mounted into its container, as docs/agent.md says): under
+    "refuse", a share is refused with why, a whole A100 still starts, and doctor names gpu-b."""
     work = tmp_path_factory.mktemp("hami")
+    library = work / "gpus" / "libvgpu.so"  # the folder is the agent's (its devices file's); no library in it
     config = (
         f'c.GPUSwarmSpawner.gpu_sharing = {{"{A100}": {{"quantum": 0.25}}}}\n'
         'c.GPUSwarmSpawner.gpu_share_enforcement = {"gpu-b": "hami", "*": "none"}\n'
         'c.GPUSwarmSpawner.gpu_share_enforcement_missing = "refuse"\n'
     )
-    with hub_with_agent_on_gpu_b(swarm, work, port_from=21700, extra_config=config) as (hub, _node):
+    args = ("--hami-library", str(library))
+    with hub_with_agent_on_gpu_b(swarm, work, port_from=21700, extra_config=config, agent_args=args) as (hub, _node):
         r = hub.spawn("quin", {"gpu_model": A100, "gpu_share": 0.5})
         assert r.status_code == 503, r.text
-        assert "gpu-b has, but HAMi-core's library is not at /usr/local/vgpu/libvgpu.so" in r.json()["message"]
+        assert f"gpu-b has, but HAMi-core's library is not at {library}." in r.json()["message"]
         assert hub.server_model("quin") is None and services_of(swarm, "quin") == []
         spawn_ready(hub, "rita", {"gpu_model": A100})  # a whole GPU: as before
         findings = hub.api("GET", "/gpuspawner/doctor").json()["findings"]

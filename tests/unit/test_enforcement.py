@@ -4,8 +4,6 @@ what doctor and the /hub/gpus page say (pure, from parsed reports)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
 
@@ -34,12 +32,16 @@ def test_the_agent_finds_the_mps_control_pipe_and_the_hami_library_or_says_they_
     lib.write_bytes(b"\x7fELF" + bytes(1020))
     seen = look(str(pipes), str(lib))
     assert seen["mps_control"] is True and seen["hami_library_bytes"] == 1024
+    # Folders the agent cannot see (not mounted into its container): not judged.
+    unseen = look(str(tmp_path / "not-mounted"), str(tmp_path / "nor-this" / "libvgpu.so"))
+    assert (unseen["mps_control"], unseen["hami_library_bytes"]) == (None, None)
+    assert missing("mps", Seen(mps_control=None)) is None and missing("hami", Seen(hami_library_bytes=None)) is None
 
 
 def test_the_report_carries_what_the_agent_saw_and_the_hub_reads_it_strictly(tmp_path):
     body = encode_report(report(device(0, "GPU-b0")), "gpu-b", 15, None, (str(tmp_path), str(tmp_path / "lib.so")))
     parsed = parse_report(body)
-    assert parsed.enforcement == Seen(False, 0, str(tmp_path), str(tmp_path / "lib.so"))
+    assert parsed.enforcement == Seen(False, 0, str(tmp_path), str(tmp_path / "lib.so"))  # both folders there
     assert parse_report(encode_report(report(device(0, "GPU-b0")), "gpu-b", 15)).enforcement is None  # did not look
     bad = dict(json.loads(body), share_enforcement={"mps_control": "yes"})
     with pytest.raises(ReportError, match=r"share_enforcement.mps_control: expected true or false"):
@@ -156,7 +158,6 @@ async def test_the_hub_refuses_shares_on_a_node_its_agent_found_lacking_only_whe
     from jupyterhub.spawner import SpawnException  # noqa: PLC0415
 
     from tests.unit.test_holdings import A100, World  # noqa: PLC0415
-    from tests.unit.test_line import until  # noqa: PLC0415
 
     def world(when_missing: str) -> World:
         return World(
@@ -185,15 +186,11 @@ async def test_the_hub_refuses_shares_on_a_node_its_agent_found_lacking_only_whe
             "but HAMi-core's library is not at /usr/local/vgpu/libvgpu.so. Try again later, or ask for a whole GPU."
         )
         assert w.owner.get(share.service_name) is None and w.fake.service_names() == []
-        # With gpu_wait, the request waits in line (the library may come), holding nothing.
+        # Refused at once also with gpu_wait: only an admin can mend the node, and a waiter
+        # at the head of the line would hold up every request for the model meanwhile.
         patient = w.spawner("cy", {"gpu_model": A100, "gpu_share": 0.25, "gpu_wait": True})
-        start = asyncio.ensure_future(patient.start())
-        line, service = w.hub.line, patient.service_name
-        await until(lambda line=line, service=service: line.place(service) == (A100, 1))
-        assert w.owner.get(patient.service_name) is None
-        start.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await start
-        await patient.stop()
-        assert w.hub.line.place(patient.service_name) is None
+        with pytest.raises(SpawnException) as refused:
+            await w.started(patient)
+        assert refused.value.status_code == 503 and "HAMi-core's library is not at" in refused.value.message
+        assert w.hub.line.place(patient.service_name) is None and w.owner.get(patient.service_name) is None
         await w.started(w.spawner("bob", {"gpu_model": A100}))  # a whole GPU: as before

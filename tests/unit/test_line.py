@@ -167,11 +167,14 @@ async def test_once_a_server_of_the_model_has_ended_a_waiter_is_given_an_estimat
 async def test_a_waiter_gets_the_gpu_its_holder_gives_back_and_the_next_moves_up(tmp_path):
     world = World(tmp_path)
     alice, bob, carol, bob_start, carol_start = await two_in_line(world)
-    known = "No server of this model has ended yet; 1 holds it now, for 1 s"  # alice's, seconds ago
-    assert messages(bob)[-1] == f"You are number 1 in line for {A100}. {known}"
-    assert messages(carol)[-1] == f"You are number 2 in line for {A100}. {known}"
-    home = server_rows(world.hub, "carol")  # the home page
-    assert home == [{"server": "", "waiting": f"Number 2 in line for {A100}", "outlook": known}]
+    known = r"No server of this model has ended yet; 1 holds it now, for \d+ s"  # alice's, seconds ago
+    assert re.fullmatch(rf"You are number 1 in line for {A100}\. {known}", messages(bob)[-1])
+    assert re.fullmatch(rf"You are number 2 in line for {A100}\. {known}", messages(carol)[-1])
+    [home] = server_rows(world.hub, "carol")  # the home page
+    assert home["waiting"] == f"Number 2 in line for {A100}" and re.fullmatch(known, home["outlook"])
+    # What is known is as of when the page is read: alice has held it for longer by then.
+    world.hub.line._outlook[carol.service_name] = [datetime.now(timezone.utc) - timedelta(minutes=40)]
+    assert server_rows(world.hub, "carol")[0]["outlook"].endswith("1 holds it now, for 40 min")
     assert [w.user for w in Ledger(world.db_url).waiting()] == ["bob", "carol"]
     # Someone without gpu_wait is refused at once: the line goes first.
     with pytest.raises(SpawnException) as exc:
@@ -464,12 +467,27 @@ def test_docker_faults_while_waiting_keep_the_gpu_invariant_and_leave_nothing_be
     from tests.unit.test_holdings import docker_faults
 
     seen: list[str] = []
+    injected = Counter()  # faults made, by call and whether the daemon had acted
     faults = docker_faults("create_service", "remove_service")
+
+    def counted(run, cancel):
+        scenario = waiting_scenario(run, tmp_path, seen=seen, cancel=cancel, faults=faults, wait_timeout=60)
+        check = scenario.check
+
+        def count_then_check(outcome):
+            for label in outcome.labels:
+                if label.startswith("fail "):
+                    call = label.split(": ", 2)[1].split("(")[0]
+                    injected[(call, "after" if "after it ran" in label else "before")] += 1
+            check(outcome)
+
+        scenario.check = count_then_check
+        return scenario
+
     for cancel in (True, False):
-        stats = random_schedules(
-            lambda run, c=cancel: waiting_scenario(run, tmp_path, seen=seen, cancel=c, faults=faults, wait_timeout=60),
-            seed=22,
-            n=150,
-        )
-        assert stats.schedules == 150
+        stats = random_schedules(lambda run, c=cancel: counted(run, c), seed=22, n=400)
+        assert stats.schedules == 400
     assert {"served", "SpawnException", "CancelledError"} <= set(seen), Counter(seen)
+    assert all(
+        injected[(call, when)] >= 2 for call in ("create_service", "remove_service") for when in ("before", "after")
+    ), injected

@@ -17,8 +17,9 @@ from gpuspawner.core.reports import parse_report
 from gpuspawner.core.sharing import SharingPolicy, entitled_mib
 from gpuspawner.ledger.ledger import Ledger
 from gpuspawner.web.api import HostCard
+from gpuspawner.web.home_gpus import server_rows
 from tests.unit.test_cluster_views import TEMPLATES
-from tests.unit.test_holdings import A100
+from tests.unit.test_holdings import A100, driven
 from tests.unit.test_reclaim import Clock, two_servers, uuid_of
 from tests.unit.test_reports import device, report
 
@@ -117,6 +118,11 @@ async def test_the_holder_above_its_share_is_told_at_once_and_stopped_after_the_
         "comes with 40.0 GiB. It will be stopped at 2023-11-14T23:38:40Z unless it uses less by then."
     )
     assert found.notices_for("bob") == []  # within its share, whatever its neighbour does
+    # Her home page (and JupyterLab's status bar) lists what would stop the server, soonest first.
+    assert server_rows(world.hub, "alice")[0]["stops"] == [
+        "memory limit in 2 min unless it uses less GPU memory",
+        "idle limit: after 60 s without GPU use",
+    ]
     assert REGISTRY.get_sample_value("gpuspawner_holders_over_memory", {"model": A100}) == 1
     alloc_map = json.loads(await owner.cluster.views.alloc_map_json())  # as GET /alloc-map answers
     [holders] = [d["holders"] for d in alloc_map["gpu-b"].values() if d["holders"]]
@@ -195,3 +201,18 @@ async def test_each_holdings_peak_memory_goes_to_the_ledger_and_its_usage(tmp_pa
     lines = format_usage(shown).splitlines()
     assert lines[1].split() == ["USER", "GPU-HOURS", "PEAK", "GPU", "MEMORY"]
     assert lines[2].split()[0] == "alice" and lines[2].endswith("30.0 GiB")  # gpuspawner usage
+
+
+async def test_a_peak_seen_before_a_server_started_again_under_its_name_is_not_the_new_ones(tmp_path):
+    world, owner, found, clock, stopped = await two_servers(tmp_path, shares=0.5)
+    a_name, _ = uuid_of(owner, "alice")
+    found.observe(on_gpu_b0([(a_name, 30 * GIB)]))  # pending until the next check
+    alice = world.spawner("alice", {"gpu_model": A100, "gpu_share": 0.5})
+    await driven(alice.stop(), world.fake.exit_all)
+    await world.started(world.spawner("alice", {"gpu_model": A100, "gpu_share": 0.5}))  # the same name again
+    await found.check()
+    rows = {(r.user, r.ended_at is None): r.peak_memory_mib for r in Ledger(world.db_url).history(user="alice")}
+    assert rows == {("alice", False): None, ("alice", True): None}
+    found.observe(on_gpu_b0([(a_name, 12)]))  # the new server's own, however small
+    await found.check()
+    assert {r.user: r.peak_memory_mib for r in Ledger(world.db_url).open_allocations()}.get("alice") == 12

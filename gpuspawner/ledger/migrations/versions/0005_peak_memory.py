@@ -5,7 +5,7 @@ Revises: 0004
 
 ``gpuspawner_allocations.peak_memory_mib``: the highest total, in MiB, of the
 memory the server's own processes used on its devices, from the node agents'
-reports (NULL: no report has said).
+reports, written when it grows by more than 64 MiB or 2 % (NULL: no report has said).
 """
 
 import sqlalchemy as sa
