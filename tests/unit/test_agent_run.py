@@ -23,6 +23,7 @@ from devtools import fakenvml
 from devtools.fakenvml.nodes import MIXED_NODE
 from devtools.report_sink import ReportSink
 from gpuspawner.agent.hub import HubClient, HubError, Token, report_url
+from gpuspawner.core.enforcement import HAMI_LIBRARY, MPS_PIPE_DIR, look
 from tests.ci import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,6 +142,7 @@ def test_posts_the_probe_report_with_its_token_under_the_hubs_base_path(
         interval=0.05,
         agent_version=gpuspawner.__version__,
         docker_default_runtime="nvidia",
+        share_enforcement=look(MPS_PIPE_DIR, HAMI_LIBRARY),  # what this machine has at the defaults
     )
     for path, headers, body in hub.requests:
         assert path == "/jhub" + REPORT

@@ -225,7 +225,9 @@ class _Handler(ReportHandler):
         return None  # the shared agent token, allowed
 
     def gpu_hub(self):
-        return SimpleNamespace(holdings=self._holdings, reclaimer=Reclaimer(self._holdings))
+        return SimpleNamespace(
+            holdings=self._holdings, reclaimer=Reclaimer(self._holdings), enforcement_seen=lambda: None
+        )
 
     def set_header(self, *args):
         pass
