@@ -3,6 +3,7 @@
     python -m benchmarks.bench_agent                    # 10,000 cycles (a minute or so)
     python -m benchmarks.bench_agent --cycles 2000      # quicker
     python -m benchmarks.bench_agent --json             # the same figures as JSON
+    python -m benchmarks.bench_agent --processes 32     # a busier node: 32 processes over its GPUs
 
 Needs gcc (it builds devtools/fakenvml into a temporary folder). The node is
 devtools/fakenvml/nodes.py: 8 GPUs of three models, one lost, one split into 3 MIG
@@ -31,6 +32,7 @@ read at process start):
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
@@ -50,6 +52,20 @@ TARGET_CPU_US = 1000
 TICKS = os.sysconf("SC_CLK_TCK")
 pc = time.perf_counter_ns
 cpu = time.process_time_ns
+
+
+def node_with(processes: int | None) -> list[dict]:
+    """MIXED_NODE, or with ``processes`` processes spread over its GPUs that are neither
+    lost nor in MIG mode (256 MiB each), in place of its own."""
+    if processes is None:
+        return MIXED_NODE
+    node = copy.deepcopy(MIXED_NODE)
+    usable = [d for d in node if not d.get("lost") and not d.get("mig")]
+    for d in node:
+        d["processes"] = []
+    for i in range(processes):
+        usable[i % len(usable)]["processes"].append({"pid": 5000 + i, "used_mib": 256})
+    return node
 
 
 def percentile(values: list[int], q: float) -> float:
@@ -220,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cycles", type=int, default=10_000, help="full cycles of `run` (default: %(default)s)")
     ap.add_argument("--probe-cycles", type=int, default=2_000, help="probe + encode calls (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ap.add_argument(
+        "--processes", type=int, default=None, help="processes on the node's GPUs (default: the mixed node's own 6)"
+    )
     ap.add_argument("--inner-probe", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -232,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-agent-") as tmp:
         tmp = Path(tmp)
         lib_dir = fakenvml.build(tmp / "lib").parent
-        devices = fakenvml.write_devices(tmp / "devices.txt", MIXED_NODE)
+        devices = fakenvml.write_devices(tmp / "devices.txt", node_with(args.processes))
         token_file = tmp / "token"
         token_file.write_text("bench-token\n")
         env = fakenvml.process_env(lib_dir, devices, PYTHONPATH=str(REPO))

@@ -194,3 +194,15 @@ async def test_the_hub_refuses_shares_on_a_node_its_agent_found_lacking_only_whe
         assert refused.value.status_code == 503 and "HAMi-core's library is not at" in refused.value.message
         assert w.hub.line.place(patient.service_name) is None and w.owner.get(patient.service_name) is None
         await w.started(w.spawner("bob", {"gpu_model": A100}))  # a whole GPU: as before
+
+
+def test_the_agent_benchmarks_busier_node_has_the_processes_it_says_on_gpus_that_run_them():
+    from benchmarks.bench_agent import node_with  # noqa: PLC0415
+    from devtools.fakenvml.nodes import MIXED_NODE  # noqa: PLC0415
+
+    assert node_with(None) is MIXED_NODE
+    node = node_with(32)
+    assert sum(len(d["processes"]) for d in node) == 32
+    assert all(not d["processes"] for d in node if d.get("lost") or d.get("mig"))
+    assert len({p["pid"] for d in node for p in d["processes"]}) == 32
+    assert sum(len(d.get("processes", [])) for d in MIXED_NODE) == 6  # the node itself is left as it was
