@@ -32,7 +32,7 @@ whole GPUs and shares go (:mod:`~gpuspawner.allocator.whole`,
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from ..core.inventory import GPU
 from ..core.sharing import OFF, UNIT, SharingPolicy, fmt
@@ -124,11 +124,14 @@ class Allocator:
         with self._lock:
             self._index.set_available_hosts(None if hosts is None else set(hosts))
 
-    def set_unenforced_hosts(self, hosts: Mapping[str, str]) -> None:
-        """Hosts where no share is placed, each with why (what enforces shares is
-        missing there); whole GPUs are placed there as before. {}: none."""
+    def set_unenforced(self, host: str, why: str | None) -> None:
+        """No share is placed on ``host`` while ``why`` (what enforces shares is missing
+        there) is set; whole GPUs are placed there as before. None: shares again."""
         with self._lock:
-            self._unenforced = dict(hosts)
+            if why is None:
+                self._unenforced.pop(host, None)
+            else:
+                self._unenforced[host] = why
 
     # -- decisions ---------------------------------------------------------
 

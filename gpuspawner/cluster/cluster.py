@@ -178,6 +178,10 @@ class GPUCluster:
         self._adopt_pending()
         self._update_availability()
 
+    def last_reports(self) -> dict[str, NodeReport]:
+        """Each host's latest report (without when it came)."""
+        return {host: report for host, (report, _) in self.reports.items()}
+
     def _check_stale(self, now: float) -> bool:
         """A node whose agent is late keeps its devices in the inventory, but
         its host is made unavailable: the form says they exist but cannot be

@@ -15,7 +15,7 @@ from ..core.reports import Conflict, NodeReport, gpus_of
 from .service_spec import enforcement_mode
 from .swarm import Node
 
-__all__ = ["Finding", "diagnose", "enforcement_gaps", "unenforced"]
+__all__ = ["Finding", "diagnose", "enforcement_gaps"]
 
 
 @dataclass(frozen=True)
@@ -116,23 +116,16 @@ def _report_findings(reports: Mapping[str, NodeReport], nodes: Mapping[str, Node
             )
 
 
-def unenforced(enforcement: str | Mapping[str, str], reports: Mapping[str, NodeReport]) -> dict[str, str]:
-    """The hosts whose agent found missing what their ``gpu_share_enforcement`` mode
-    needs, each with what is missing ("HAMi-core's library is not at …")."""
-    found = {}
-    for host, report in sorted(reports.items()):
-        why = missing(enforcement_mode(enforcement, host), report.enforcement)
-        if why is not None:
-            found[host] = why
-    return found
-
-
 def enforcement_gaps(enforcement: str | Mapping[str, str], reports: Mapping[str, NodeReport]) -> dict[str, str]:
-    """The same, as sentences for admins (doctor, the /hub/gpus page)."""
-    return {
-        host: f"shares are set to be enforced with {enforcement_mode(enforcement, host)}, but {why}"
-        for host, why in unenforced(enforcement, reports).items()
-    }
+    """The hosts whose agent found missing what their ``gpu_share_enforcement`` mode
+    needs, each with a sentence for admins (doctor, the /hub/gpus page)."""
+    gaps = {}
+    for host, report in sorted(reports.items()):
+        mode = enforcement_mode(enforcement, host)
+        why = missing(mode, report.enforcement)
+        if why is not None:
+            gaps[host] = f"shares are set to be enforced with {mode}, but {why}"
+    return gaps
 
 
 def _enforcement_findings(enforcement: str | Mapping[str, str], reports: Mapping[str, NodeReport]) -> Iterator[Finding]:

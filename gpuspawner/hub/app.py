@@ -24,10 +24,12 @@ from traitlets.config import Config
 
 from .. import hub_port, metrics
 from ..cluster.cluster import GPUCluster, InventorySettings
-from ..cluster.doctor import unenforced
+from ..cluster.service_spec import enforcement_mode
 from ..cluster.swarm import Swarm, SwarmError
+from ..core.enforcement import missing
 from ..core.inventory import InventoryError
 from ..core.inventory_files import load_inventory
+from ..core.reports import NodeReport
 from ..holdings.holdings import Holding, Holdings
 from ..holdings.views import holders_of
 from ..ledger.ledger import Ledger, LedgerError, default_db_url
@@ -120,15 +122,13 @@ class GPUHub:
             self._spawner_class, self._config = spawner_class, config
         return self._settings
 
-    def enforcement_seen(self) -> None:
-        """After a report: under ``gpu_share_enforcement_missing = "refuse"``, no share
-        goes to a node whose agent found missing what its mode needs."""
-        s, cluster = self.settings, self.holdings.cluster
-        gaps = {}
+    def enforcement_seen(self, report: NodeReport) -> None:
+        """After a node's report: under ``gpu_share_enforcement_missing = "refuse"``, no
+        share goes to that node while its agent finds missing what its mode needs."""
+        s = self.settings
         if s.gpu_share_enforcement_missing == "refuse":
-            reports = {host: report for host, (report, _) in cluster.reports.items()}
-            gaps = unenforced(s.gpu_share_enforcement, reports)
-        cluster.allocator.set_unenforced_hosts(gaps)
+            why = missing(enforcement_mode(s.gpu_share_enforcement, report.hostname), report.enforcement)
+            self.holdings.allocator.set_unenforced(report.hostname, why)
 
     @classmethod
     def of_spawner(cls, spawner) -> GPUHub:

@@ -80,9 +80,8 @@ class WaitLine:
         self._leaving: set[asyncio.Task] = set()
         self._unrecorded: set[str] = set()  # left the line, but the ledger's row could not be removed yet
         self._models_shown: set[str] = set()  # models whose line length the metrics show
-        self._outlook: dict[
-            str, str | list[datetime]
-        ] = {}  # waiting spawn -> an estimate, or its model's holders' starts
+        # waiting spawn -> the estimate of its wait, or when its model's holders started
+        self._outlook: dict[str, str | list[datetime]] = {}
 
     # -- the rows ------------------------------------------------------------------
 

@@ -307,13 +307,14 @@ class Reclaimer:
         )
         why = f"Your {_server(h)} server uses more GPU memory than its share: {uses}."
         stop_at = self.memory.stop_at(h.name, policy)
+        at = left = None
         if stop_at is None:
             why += " Other holders of the GPU may run out of memory; please use less."
-            return [{"server": h.held.server, "reason": MEMORY, "stop_at": None, "seconds_left": None, "message": why}]
-        left = max(0.0, stop_at - self.clock())
-        at = _iso(self.wall() + left)
-        why += f" It will be stopped at {at} unless it uses less by then."
-        return [{"server": h.held.server, "reason": MEMORY, "stop_at": at, "seconds_left": round(left), "message": why}]
+        else:
+            seconds = max(0.0, stop_at - self.clock())
+            left, at = round(seconds), _iso(self.wall() + seconds)
+            why += f" It will be stopped at {at} unless it uses less by then."
+        return [{"server": h.held.server, "reason": MEMORY, "stop_at": at, "seconds_left": left, "message": why}]
 
     def _notice(self, h: Holding, n: Notice) -> dict:
         left = max(0.0, n.stop_at - self.clock())

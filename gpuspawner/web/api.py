@@ -142,7 +142,7 @@ class ReportHandler(_GPUMixin, APIHandler):
                 raise web.HTTPError(400, f"{report.hostname} is not a node of this swarm")
         left_out = cluster.receive(report)  # a UUID another node has: that device only (doctor shows it)
         self.gpu_hub().reclaimer.observe(report)  # idle timers (docs/idle.md)
-        self.gpu_hub().enforcement_seen()  # shares where it is missing (docs/sharing.md)
+        self.gpu_hub().enforcement_seen(report)  # shares where it is missing (docs/sharing.md)
         self.set_header("Content-Type", "application/json")
         self.write(
             {
@@ -226,7 +226,7 @@ class DoctorHandler(_GPUMixin, APIHandler):
         self.require(ADMIN_SCOPE)
         holdings = await self.fresh_holdings()
         cluster = holdings.cluster
-        reports = {host: report for host, (report, _) in cluster.reports.items()}
+        reports = cluster.last_reports()
         findings = diagnose(
             cluster.nodes.values(),
             cluster.settings.static,
@@ -357,7 +357,7 @@ async def gpu_page(
     written as it is rather than copied through the page template. ``enforcement``:
     ``gpu_share_enforcement``, for the nodes that lack what it needs."""
     cards = await cluster.views.host_views("html", HostCard(card_template), inline=2)
-    reports = {host: report for host, (report, _) in cluster.reports.items()}
+    reports = cluster.last_reports()
     gaps = enforcement_gaps(enforcement, reports)
     page = await render_page(hosts=Markup(CARDS) if cards else Markup(""), stale=cluster.stale, enforcement=gaps)
     head, _, tail = page.partition(CARDS)

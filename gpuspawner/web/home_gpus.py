@@ -16,7 +16,7 @@ from math import inf
 
 from ..core.idle import BUDGET
 from ..core.line_order import fmt_duration
-from ..core.sharing import UNIT, fmt
+from ..core.sharing import UNIT, entitled_mib, fmt
 
 __all__ = ["server_rows", "servers_var", "waiting_var"]
 
@@ -40,7 +40,7 @@ def server_rows(hub, user: str) -> list[dict]:
                 {
                     "uuid": uuid,
                     "share": "the whole GPU" if milli == UNIT else f"{fmt(milli)} of the GPU",
-                    "entitled_mib": None if gpu is None else gpu.memory_mib * milli // UNIT,
+                    "entitled_mib": None if gpu is None else entitled_mib(gpu.memory_mib, milli),
                     "used_mib": sum(own) if dev is not None else None,
                     "utilization": None if dev is None else dev.utilization_gpu,
                 }

@@ -226,7 +226,7 @@ class _Handler(ReportHandler):
 
     def gpu_hub(self):
         return SimpleNamespace(
-            holdings=self._holdings, reclaimer=Reclaimer(self._holdings), enforcement_seen=lambda: None
+            holdings=self._holdings, reclaimer=Reclaimer(self._holdings), enforcement_seen=lambda report: None
         )
 
     def set_header(self, *args):

@@ -135,7 +135,7 @@ def test_no_share_goes_to_a_node_that_cannot_enforce_it_while_whole_gpus_still_d
     allocator = Allocator(gpus, sharing={a100: {"quantum": 0.25}})
     allocator.allocate("first", Request(model=a100, milli=500, owner="ann"))  # on gpu-a (pack: by name)
     why = "its MPS control daemon is not running (no control pipe in /tmp/nvidia-mps)"
-    allocator.set_unenforced_hosts({"gpu-a": why})
+    allocator.set_unenforced("gpu-a", why)
     assert allocator.allocate("next", Request(model=a100, milli=250, owner="bob")).host == "gpu-b"
     with pytest.raises(AllocationRefused) as refused:
         allocator.allocate("pinned", Request(model=a100, milli=250, owner="cy", host="gpu-a"))
@@ -149,7 +149,7 @@ def test_no_share_goes_to_a_node_that_cannot_enforce_it_while_whole_gpus_still_d
         allocator.allocate("more", Request(model=a100, milli=250, owner="eve"))
     allocator.release("first")
     assert allocator.allocate("whole", Request(model=a100, count=1, owner="fay")).host == "gpu-a"  # whole: as before
-    allocator.set_unenforced_hosts({})
+    allocator.set_unenforced("gpu-a", None)
     allocator.release("whole")
     assert allocator.allocate("again", Request(model=a100, milli=250, owner="gus")).host == "gpu-a"
 
@@ -171,8 +171,9 @@ async def test_the_hub_refuses_shares_on_a_node_its_agent_found_lacking_only_whe
     body["share_enforcement"] = {"hami_library": "/usr/local/vgpu/libvgpu.so", "hami_library_bytes": 0}
     for when_missing in ("police", "refuse"):
         w = world(when_missing)
-        w.hub.holdings.cluster.receive(parse_report(json.dumps(body)))
-        w.hub.enforcement_seen()
+        seen = parse_report(json.dumps(body))
+        w.hub.holdings.cluster.receive(seen)  # as the report endpoint takes it
+        w.hub.enforcement_seen(seen)
         share = w.spawner("ann", {"gpu_model": A100, "gpu_share": 0.25})
         if when_missing == "police":
             await w.started(share)  # placed, and held to its memory as gpu_sharing says
