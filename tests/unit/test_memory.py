@@ -216,3 +216,17 @@ async def test_a_peak_seen_before_a_server_started_again_under_its_name_is_not_t
     found.observe(on_gpu_b0([(a_name, 12)]))  # the new server's own, however small
     await found.check()
     assert {r.user: r.peak_memory_mib for r in Ledger(world.db_url).open_allocations()}.get("alice") == 12
+
+
+async def test_a_peak_the_ledger_could_not_take_is_written_at_a_later_check(tmp_path, monkeypatch):
+    from tests.unit.test_holdings import ledger_down  # noqa: PLC0415
+
+    world, owner, found, clock, stopped = await two_servers(tmp_path, shares=0.5)
+    a_name, _ = uuid_of(owner, "alice")
+    found.observe(on_gpu_b0([(a_name, 30 * GIB)]))
+    with monkeypatch.context() as m:
+        m.setattr(Ledger, "note_peak_memory", ledger_down)
+        await found.check()  # the database is down for a moment: logged, kept
+    assert {r.user: r.peak_memory_mib for r in Ledger(world.db_url).open_allocations()}["alice"] is None
+    await found.check()
+    assert {r.user: r.peak_memory_mib for r in Ledger(world.db_url).open_allocations()}["alice"] == 30 * GIB
