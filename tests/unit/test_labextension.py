@@ -128,14 +128,17 @@ async def test_a_hub_that_refuses_or_is_not_there_is_said_and_nothing_fails(tmp_
     finally:
         proc.terminate()
         proc.wait(10)
-    gone = free_port()  # nothing listens there
-    proc, url = await jupyter_server(tmp_path, gone, "anna", "anna-server-token")
-    try:
-        answer = (await status(url)).json()
-        assert answer["available"] is False and answer["message"].startswith("The hub could not be asked")
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    # A port bound but not listening refuses connections, and holding it keeps
+    # the Jupyter server (which also asks for a free port) from taking it.
+    with socket.socket() as gone:
+        gone.bind(("127.0.0.1", 0))
+        proc, url = await jupyter_server(tmp_path, gone.getsockname()[1], "anna", "anna-server-token")
+        try:
+            answer = (await status(url)).json()
+            assert answer["available"] is False and answer["message"].startswith("The hub could not be asked")
+        finally:
+            proc.terminate()
+            proc.wait(10)
 
 
 def test_the_setting_asks_every_15_s_by_default():
