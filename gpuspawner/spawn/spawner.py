@@ -55,6 +55,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
 
     task_node: str = ""  # the node the server's task runs on
     gpu_budget_hours: float | None = None  # how long it may hold its GPUs within its user's weekly budget
+    _cancelled_removal: asyncio.Future | None = None  # a cancelled spawn's removal, kept from the collector
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -225,9 +226,15 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                     log_message=str(exc),
                     status_code=503,
                 ) from exc
+        except asyncio.CancelledError:
+            # JupyterHub's DELETE on a pending server cancels the spawn, gives
+            # it 1 s, then calls stop() (a 500 if the spawn is still pending).
+            # The removal waits for the container to exit, so it goes on in the
+            # background; stop() waits for it on the holding's lock, and the
+            # GPUs stay reserved until no task of the service can run.
+            self._cancelled_removal = asyncio.ensure_future(self._remove(holdings))
+            raise
         except BaseException:
-            # Shielded: a cancelled spawn (JupyterHub's DELETE on a pending
-            # server) still gives its GPUs back once its task has ended.
             await asyncio.shield(self._remove(holdings))
             raise
 

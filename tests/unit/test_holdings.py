@@ -318,6 +318,32 @@ def test_defect2_a_cancelled_spawn_gives_its_gpu_back_only_after_its_task_ended(
     assert stats.schedules == 300
 
 
+async def test_a_cancelled_spawn_ends_at_once_and_its_gpu_waits_for_its_container(tmp_path):
+    """JupyterHub's DELETE on a pending server cancels the spawn, waits 1 s, then
+    calls stop(), and answers 500 if the spawn is still pending by then. A
+    container that takes longer than that to exit must not hold the cancel up;
+    its GPU stays reserved until it has exited, and stop() waits for that."""
+    world = World(tmp_path)
+    alice = world.spawner("alice", {"gpu_model": A100})
+    spawn = asyncio.ensure_future(alice.start())
+    await driven(asyncio.sleep(0.2), lambda: None)
+    assert world.fake.service_names() == ["jupyter-alice"] and world.fake.running_containers()
+    spawn.cancel()
+    await asyncio.wait({spawn}, timeout=0.5)
+    assert spawn.cancelled()
+    await asyncio.sleep(0.2)  # the removal goes on meanwhile
+    assert world.fake.service_names() == [] and world.fake.running_containers()
+    assert world.owner.get("jupyter-alice").phase is Phase.REMOVING
+    stop = asyncio.ensure_future(alice.stop())
+    await asyncio.sleep(0.2)
+    assert not stop.done()  # it waits for the container
+    world.fake.exit_all()
+    await driven(stop, world.fake.run_all)
+    assert world.owner.get("jupyter-alice") is None
+    bob = world.spawner("bob", {"gpu_model": A100})
+    await world.started(bob)  # the GPU is free again
+
+
 async def test_defect3_a_leftover_cpu_only_service_of_the_same_name_is_removed_first(tmp_path):
     world = World(tmp_path)
     world.leftover("alice", uuids=())
