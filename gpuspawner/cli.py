@@ -86,11 +86,14 @@ def _gib(mib: int) -> str:
 
 
 def format_usage(result: dict) -> str:
-    rows = [(result["by"].upper(), "GPU-HOURS", "PEAK GPU MEMORY")]
+    # With fair share, a user's recent use (decayed GPU-hours) as the line orders by it.
+    recent = any("recent_gpu_hours" in u for u in result["usage"])
+    rows = [(result["by"].upper(), "GPU-HOURS", "RECENT" if recent else "", "PEAK GPU MEMORY")]
     rows += [
         (
             u["key"] or "(still held)",
             f"{u['gpu_hours']:.2f}",
+            f"{u['recent_gpu_hours']:.2f}" if recent else "",
             "-" if u.get("peak_memory_mib") is None else f"{_gib(u['peak_memory_mib'])} GiB",
         )
         for u in result["usage"]
@@ -99,7 +102,8 @@ def format_usage(result: dict) -> str:
     if len(rows) == 1:
         return f"No GPU use {span}."
     width = max(len(r[0]) for r in rows)
-    return "\n".join([f"GPU use {span}:"] + [f"{a.ljust(width)}  {b.rjust(9)}  {c}" for a, b, c in rows])
+    lines = [f"{a.ljust(width)}  {b.rjust(9)}  " + (f"{c.rjust(7)}  " if recent else "") + d for a, b, c, d in rows]
+    return "\n".join([f"GPU use {span}:"] + lines)
 
 
 def format_findings(findings: list[dict]) -> str:

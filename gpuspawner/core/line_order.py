@@ -5,7 +5,10 @@ Pure rules (the standard library only); the line's rows live in the ledger
 :mod:`gpuspawner.line.wait`.
 
 Order: higher priority first, then first come, first served (the row's id,
-given by the database in arrival order, breaks ties of equal ``since``).
+given by the database in arrival order, breaks ties of equal ``since``). With
+fair share (:mod:`gpuspawner.core.fairshare`, a :class:`Standing`), among equal
+priority: first those who have waited ``max_wait`` or more, by arrival; then the
+others, least recent use first, then by arrival.
 
 Only the first waiter of a model is ever served, and while anyone waits for a
 model a new request for it is not granted: it goes to the back of the line
@@ -17,11 +20,23 @@ stay free until the first waiter's request fits.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-__all__ = ["Waiter", "by_model", "estimate", "fmt_duration", "held_now", "ordered", "position"]
+from .fairshare import FairShare
+
+__all__ = [
+    "Standing",
+    "Waiter",
+    "by_model",
+    "estimate",
+    "fmt_duration",
+    "held_now",
+    "order_reason",
+    "ordered",
+    "position",
+]
 
 
 @dataclass(frozen=True)
@@ -42,22 +57,54 @@ class Waiter:
         return (-self.priority, self.since, self.id)
 
 
-def ordered(waiters: Iterable[Waiter]) -> list[Waiter]:
+@dataclass(frozen=True)
+class Standing:
+    """A fair-share line's order at one moment: each user's recent use (decayed
+    GPU-hours; a user not in ``used``: none) and the time waits are measured at."""
+
+    fair: FairShare
+    used: Mapping[str, float]
+    now: datetime
+
+    def by_arrival(self, w: Waiter) -> bool:
+        """``w`` has waited long enough to go by arrival (the starvation bound)."""
+        return self.now - w.since >= self.fair.max_wait
+
+    def key(self, w: Waiter) -> tuple:
+        if self.by_arrival(w):
+            return (-w.priority, 0, 0.0, w.since, w.id)
+        # Rounded: a few seconds of decay between two reads never reorders equals.
+        return (-w.priority, 1, round(self.used.get(w.user, 0.0), 3), w.since, w.id)
+
+
+def ordered(waiters: Iterable[Waiter], standing: Standing | None = None) -> list[Waiter]:
     """``waiters`` in the order they are served."""
-    return sorted(waiters, key=lambda w: w.key)
+    return sorted(waiters, key=lambda w: w.key if standing is None else standing.key(w))
 
 
-def by_model(waiters: Iterable[Waiter]) -> dict[str, list[Waiter]]:
+def order_reason(w: Waiter, standing: Standing | None) -> str:
+    """Why ``w`` stands where it does, for the queue API and the waiting page."""
+    parts = [f"priority {w.priority}"] if w.priority else []
+    if standing is None:
+        parts.append("first come, first served")
+    elif standing.by_arrival(w):
+        parts.append(f"in line for {fmt_duration((standing.now - w.since).total_seconds())}: by arrival")
+    else:
+        parts.append(f"recent use {standing.used.get(w.user, 0.0):.1f} GPU-hours")
+    return ", ".join(parts)
+
+
+def by_model(waiters: Iterable[Waiter], standing: Standing | None = None) -> dict[str, list[Waiter]]:
     """Each model's line, in order."""
     lines: dict[str, list[Waiter]] = {}
-    for w in ordered(waiters):
+    for w in ordered(waiters, standing):
         lines.setdefault(w.model, []).append(w)
     return lines
 
 
-def position(waiters: Iterable[Waiter], service: str) -> tuple[str, int] | None:
+def position(waiters: Iterable[Waiter], service: str, standing: Standing | None = None) -> tuple[str, int] | None:
     """(model, 1-based place in that model's line) of ``service``, or None."""
-    for model, line in by_model(waiters).items():
+    for model, line in by_model(waiters, standing).items():
         for i, w in enumerate(line, 1):
             if w.service == service:
                 return model, i

@@ -188,7 +188,7 @@ class GPUHub:
             clock=self.clock,
             on_free=self._devices_back,
         )
-        self._line = WaitLine(holdings)
+        self._line = WaitLine(holdings, s.fairshare())
         self._reclaimer = Reclaimer(
             holdings,
             limits_for=self._limits_for,

@@ -13,6 +13,7 @@ import logging
 import math
 import socket
 from collections.abc import Mapping
+from datetime import timedelta
 
 from traitlets import Bool, Dict, Enum, Integer, List, TraitError, Tuple, Unicode, Union, default, validate
 from traitlets.config import LoggingConfigurable
@@ -28,6 +29,7 @@ from ..cluster.service_spec import (
     share_enforcement,
 )
 from ..core.access import AccessRules
+from ..core.fairshare import FairShare
 from ..core.inventory import MODEL_RE, InventoryError
 from ..core.inventory_files import load_inventory
 from ..core.labels import Held
@@ -266,6 +268,37 @@ class GPUSettings(LoggingConfigurable):
         (``gpu_wait``, docs/line.md) before it fails with a message saying so.
         While a spawn may wait, JupyterHub's ``start_timeout`` is extended by this much.""",
     ).tag(config=True)
+
+    gpu_fairshare_half_life_days = FiniteFloat(
+        0.0,
+        help="""Fair share in the line (docs/line.md): among waiters of equal
+        priority, the user with less recent GPU use goes first, recent use being
+        GPU-hours weighted by 2^(-age / half-life) with this half-life in days
+        (e.g. 7). 0 (the default): first come, first served.""",
+    ).tag(config=True)
+
+    gpu_fairshare_max_wait_hours = FiniteFloat(
+        24.0,
+        help="""With fair share: hours after which a waiter goes by arrival, ahead of
+        everyone of its priority who came later, whatever their recent use. Nobody is
+        passed by later arrivals for longer than this.""",
+    ).tag(config=True)
+
+    @validate("gpu_fairshare_half_life_days", "gpu_fairshare_max_wait_hours")
+    def _fairshare_number(self, proposal):
+        value, name = proposal["value"], proposal["trait"].name
+        if not math.isfinite(value) or value < 0 or (value == 0 and name == "gpu_fairshare_max_wait_hours"):
+            least = "0 (off) or more" if name == "gpu_fairshare_half_life_days" else "more than 0"
+            raise TraitError(f"{name} must be {least}, got {value!r}")
+        return value
+
+    def fairshare(self) -> FairShare | None:
+        """The line's fair share, or None (first come, first served)."""
+        if not self.gpu_fairshare_half_life_days:
+            return None
+        return FairShare(
+            timedelta(days=self.gpu_fairshare_half_life_days), timedelta(hours=self.gpu_fairshare_max_wait_hours)
+        )
 
     server_stop_timeout = Integer(
         30,

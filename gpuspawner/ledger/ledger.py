@@ -42,6 +42,8 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 
+from ..core.fairshare import FairShare
+from ..core.sharing import UNIT
 from .checks import aware_utc, checked_name, checked_range, checked_shares, checked_task_ids, utc_now
 from .line import LedgerQueue
 from .reads import (
@@ -322,6 +324,18 @@ class Ledger(LedgerQueue):
         since, until = checked_range(since, until, until_default=now)
         with self._db("computing GPU usage"), self.engine.connect() as conn:
             return usage_totals(conn.execute(usage_query(by, since, until)), now, since, until)
+
+    def recent_use(self, users: Iterable[str], fair: FairShare, now: datetime | None = None) -> dict[str, float]:
+        """Each user's recent use as fair share weighs it (decayed GPU-hours,
+        :mod:`gpuspawner.core.fairshare`), 0 for a user without any."""
+        now = now or utc_now()
+        users = sorted(set(users))
+        spans: dict[str, list] = {u: [] for u in users}
+        query = usage_query("user", fair.horizon(now), None).where(allocations.c.username.in_(users))
+        with self._db("reading the waiters' recent GPU use"), self.engine.connect() as conn:
+            for user, started, ended, milli, _peak in conn.execute(query):
+                spans[user].append((started, ended, milli / UNIT))
+        return {u: fair.recent_use(s, now) for u, s in spans.items()}
 
     def user_spans(self, user: str, since: datetime) -> list[tuple[datetime, datetime | None, float]]:
         """``user``'s GPU allocations after ``since``: (started, ended or None, GPUs)."""

@@ -37,7 +37,8 @@ from jupyterhub.spawner import SpawnException
 
 from .. import hub_port, metrics
 from ..allocator.refusals import AllocationRefused, Refusal
-from ..core.line_order import Waiter, by_model, estimate, held_now, position
+from ..core.fairshare import FairShare
+from ..core.line_order import Standing, Waiter, by_model, estimate, held_now, order_reason, position
 from ..holdings.holdings import Holding, Holdings
 from ..ledger.checks import utc_now
 from ..ledger.ledger import LedgerError
@@ -49,6 +50,7 @@ log = logging.getLogger(__name__)
 RETRY_SECONDS = 10.0  # a waiter's line is served at least this often (devices may come back unannounced)
 LOOK_SECONDS = 1.0  # how often a waiting spawn looks at its place in line
 UNOWNED_SECONDS = 120.0  # how long a row keeps its place without a live wait (a resumed spawn is live in seconds)
+USE_SECONDS = 30.0  # with fair share, the waiters' recent use is read again at most this often
 # Refusals that may pass: the head keeps its place and the line is tried again.
 PASSING = frozenset({"stale_service", "ledger_unavailable", "no_port"})
 
@@ -67,8 +69,11 @@ def waits_for(exc: SpawnException) -> bool:
 
 
 class WaitLine:
-    def __init__(self, holdings: Holdings):
+    def __init__(self, holdings: Holdings, fair: FairShare | None = None):
         self.holdings = holdings
+        self.fair = fair  # None: priority, then arrival
+        self._used: dict[str, float] = {}  # user -> recent use, as last read (fair share)
+        self._used_read = -float("inf")  # when (monotonic)
         self.rows: list[Waiter] = []  # as in the ledger
         self.loaded = False
         self._live: dict[str, tuple[Reserve, asyncio.Future]] = {}  # waiting spawns: how to reserve, their result
@@ -98,11 +103,35 @@ class WaitLine:
                 self._count()
                 self.restart_clocks()  # no row read back has a live wait yet
 
+    def standing(self) -> Standing | None:
+        """What orders the line now (None: priority, then arrival)."""
+        return None if self.fair is None else Standing(self.fair, self._used, utc_now())
+
     def lines(self) -> dict[str, list[Waiter]]:
-        return by_model(self.rows)
+        return by_model(self.rows, self.standing())
 
     def place(self, service: str) -> tuple[str, int] | None:
-        return position(self.rows, service)
+        return position(self.rows, service, self.standing())
+
+    def reason(self, service: str) -> str:
+        """Why ``service`` stands where it does in line ("" when not in line)."""
+        row = next((w for w in self.rows if w.service == service), None)
+        return "" if row is None else order_reason(row, self.standing())
+
+    async def read_use(self, *, now: bool = False) -> None:
+        """With fair share, the waiters' recent use from the ledger (at most every
+        :data:`USE_SECONDS`, or ``now``). When the ledger cannot answer, the figures
+        last read stay (a user never read counts none) and it is asked again next time."""
+        fair = self.fair
+        if fair is None or not self.rows or not now and time.monotonic() - self._used_read < USE_SECONDS:
+            return
+        users = sorted({w.user for w in self.rows})
+        try:
+            used = await self.holdings.ledger_call(lambda db: db.recent_use(users, fair))
+        except LedgerError as exc:
+            log.warning("The line's order keeps the recent use last read: %s", exc)
+            return
+        self._used, self._used_read = dict(used or {}), time.monotonic()
 
     def outlook(self, service: str) -> str:
         """What a waiting spawn is told of its wait: the estimate, or before any server of
@@ -125,6 +154,8 @@ class WaitLine:
         if all(w.service != service for w in self.rows):
             self.rows.append(row)
             self._count()
+            if row.user not in self._used:
+                await self.read_use(now=True)
         return row
 
     async def leave(self, service: str) -> None:
@@ -192,6 +223,7 @@ class WaitLine:
     async def _serve_all(self) -> None:
         if self._unrecorded:
             await self.record_leaves()
+        await self.read_use()
         while self._again:
             self._again = False
             for line in self.lines().values():
@@ -285,7 +317,12 @@ class WaitLine:
                 if place != last:
                     last = place
                     self._outlook[service] = await self._guess(*place)
-                    report(f"You are number {place[1]} in line for {place[0]}" + _sentence(self.outlook(service)))
+                    order = f"Fair share orders this line: {self.reason(service)}" if self.fair else ""
+                    report(
+                        f"You are number {place[1]} in line for {place[0]}"
+                        + _sentence(self.outlook(service))
+                        + _sentence(order)
+                    )
                 if loop.time() - poked >= RETRY_SECONDS:
                     poked = loop.time()
                     self.poke()

@@ -45,6 +45,7 @@ from ..cluster.doctor import diagnose, enforcement_gaps
 from ..cluster.host_views import batches
 from ..cluster.swarm import SwarmError
 from ..core import agent_tokens
+from ..core.line_order import by_model, order_reason
 from ..core.reports import MAX_REPORT_BYTES, ReportError, parse_report
 from ..holdings.holdings import Holdings
 from ..hub.app import KEY, GPUHub, HubConfigError
@@ -270,13 +271,25 @@ class QueueHandler(_GPUMixin, APIHandler):
 
 
 async def queue_json(line: WaitLine) -> dict:
+    """Each model's line in order, with why each waiter stands there ("order") and,
+    with fair share, the recent use it was ordered by."""
     await line.load()
+    await line.read_use()
+    standing = line.standing()
     return {
         model: [
-            {"user": w.user, "server": w.server, "since": _iso(w.since), "position": i, "request": w.request}
+            {
+                "user": w.user,
+                "server": w.server,
+                "since": _iso(w.since),
+                "position": i,
+                "request": w.request,
+                "order": order_reason(w, standing),
+                **({} if standing is None else {"recent_gpu_hours": round(standing.used.get(w.user, 0.0), 3)}),
+            }
             for i, w in enumerate(waiters, 1)
         ]
-        for model, waiters in line.lines().items()
+        for model, waiters in by_model(line.rows, standing).items()
     }
 
 
@@ -290,8 +303,12 @@ class UsageHandler(_GPUMixin, APIHandler):
         if by not in ("user", "model", "reason"):
             raise web.HTTPError(400, f"by={by!r}: use user, model or reason")
         holdings = await self.fresh_holdings()
+        fair = self.gpu_hub().line.fair if by == "user" else None
+        recent: dict[str, float] = {}
         try:
             rows = await holdings.ledger_call(lambda db: db.usage(since, until, by))
+            if fair is not None and rows:
+                recent = await holdings.ledger_call(lambda db: db.recent_use([u.key for u in rows], fair)) or {}
         except LedgerError as exc:
             raise web.HTTPError(503, str(exc)) from None
         except ValueError as exc:  # e.g. since after until
@@ -303,7 +320,12 @@ class UsageHandler(_GPUMixin, APIHandler):
                 "since": since.isoformat() if since else None,
                 "until": until.isoformat() if until else None,
                 "usage": [
-                    {"key": u.key, "gpu_hours": round(u.gpu_hours, 6), "peak_memory_mib": u.peak_memory_mib}
+                    {
+                        "key": u.key,
+                        "gpu_hours": round(u.gpu_hours, 6),
+                        "peak_memory_mib": u.peak_memory_mib,
+                        **({"recent_gpu_hours": round(recent.get(u.key, 0.0), 6)} if fair is not None else {}),
+                    }
                     for u in rows or []
                 ],
             }

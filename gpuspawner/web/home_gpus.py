@@ -114,6 +114,11 @@ def waiting_var(hub):
             return None
         if place is None:
             return None
-        return {"model": place[0], "place": place[1], "outlook": hub.line.outlook(spawner.service_name)}
+        return {
+            "model": place[0],
+            "place": place[1],
+            "outlook": hub.line.outlook(spawner.service_name),
+            "order": hub.line.reason(spawner.service_name) if hub.line.fair else "",
+        }
 
     return lambda user: waiting

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import re
+from datetime import timedelta
 from types import SimpleNamespace
 
 import jinja2
 
+from gpuspawner.core.fairshare import FairShare
 from gpuspawner.web.home_gpus import waiting_var
 from tests.unit.test_holdings import A100, World
 from tests.unit.test_line import WAIT, messages, until
@@ -43,7 +45,10 @@ async def test_a_waiting_spawn_says_its_place_and_offers_cancel(tmp_path):
     assert f"Your server is waiting in line for a GPU: number 1 for {A100}." in html
     assert re.search(r"No server of this model has ended yet; 1 holds it now, for \d+ s\.", html)  # alice's
     assert "<strong>Cancel</strong> leaves the line." in html and "Cancel (leave the line)" in html
-    assert "starting up" not in html
+    assert "starting up" not in html and "Fair share" not in html  # first come, first served: nothing to explain
+    world.hub.line.fair = FairShare(timedelta(days=7), timedelta(hours=24))
+    html = page(waiting_var(world.hub)(user), bob)
+    assert "Fair share orders this line: recent use 0.0 GPU-hours." in html
     start.cancel()
     try:
         await start
