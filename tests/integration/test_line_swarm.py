@@ -9,6 +9,8 @@ the line and its order survive. Stopping a holder starts the first waiter by
 itself (the time from the stop to its server being ready is printed) and moves
 the other up; cancelling the other empties the line. Under gpu_access, a staff
 member (priority 10) who waits after a student (priority 0) goes ahead of them.
+Fair share is on (a 7-day half-life): of two waiters of equal priority, the one
+without recent GPU use goes ahead of an earlier one with some.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ WAIT = {"gpu_model": A100, "gpu_wait": True}
 RULES = {"students": {"models": [A100], "max_gpus": 1}, "staff": {"models": "*", "max_gpus": 4, "priority": 10}}
 CONFIG = (
     "c.JupyterHub.concurrent_spawn_limit = 2\n"
+    "c.GPUSwarmSpawner.gpu_fairshare_half_life_days = 7\n"
     f"c.GPUSwarmSpawner.gpu_access = {RULES!r}\n"
     "c.JupyterHub.load_groups = {'students': {'users': ['stu']}, 'staff': {'users': ['prof']}}\n"
 )
@@ -160,6 +163,32 @@ def test_a_staff_waiter_goes_ahead_of_an_earlier_student(hub, swarm):
     assert line(hub) == [("stu", 1)]
     assert services_of(swarm, "stu") == []
     assert told(hub, "stu", f"You are number 1 in line for {A100}")
+    hub.stop_all_servers()
+    assert line(hub) == []
+
+
+def test_with_fair_share_a_waiter_without_recent_use_goes_ahead_of_an_earlier_one_with_some(hub, swarm):
+    spawn_ready(hub, "ken", {"gpu_model": A100, "gpu_count": 2})
+    time.sleep(6)  # ken's recent use: 2 GPUs for 6 s, about 0.003 GPU-hours
+    hub.stop_server("ken")
+    spawn_ready(hub, "kim", {"gpu_model": A100})
+    spawn_ready(hub, "kai", {"gpu_model": A100})
+    assert hub.spawn("ken", WAIT).status_code == 202
+    assert told(hub, "ken", f"You are number 1 in line for {A100}")
+    assert hub.spawn("lia", WAIT).status_code == 202  # later, with no GPU use
+    assert line(hub) == [("lia", 1), ("ken", 2)]
+    waiters = hub.api("GET", "/gpuspawner/queue").json()[A100]
+    assert waiters[0]["order"] == "recent use 0.0 GPU-hours" and waiters[0]["recent_gpu_hours"] == 0
+    assert 0.002 < waiters[1]["recent_gpu_hours"] < 0.01, waiters
+    assert told(hub, "lia", f"You are number 1 in line for {A100}").endswith(
+        "Fair share orders this line: recent use 0.0 GPU-hours"
+    )
+    usage = {u["key"]: u for u in hub.api("GET", "/gpuspawner/usage").json()["usage"]}
+    assert 0.002 < usage["ken"]["recent_gpu_hours"] <= usage["ken"]["gpu_hours"], usage
+
+    hub.stop_server("kim")
+    hub.wait_ready("lia", timeout=90)  # the GPU goes to lia, who came second
+    assert line(hub) == [("ken", 1)]
     hub.stop_all_servers()
     assert line(hub) == []
 
