@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from typing import Any
 
 from ..core.inventory import GPU
 from ..core.sharing import OFF, UNIT, SharingPolicy, fmt
@@ -44,12 +45,14 @@ from .refusals import (
     Refusal,
     over_limit,
     share_refusal,
+    short_of_resources,
     unknown_model,
     whole_refusal,
 )
+from .resources import HostResources, checked_amount
 from .shares import Picks, choose_share
 from .summary import ModelSummary, summarize
-from .whole import choose
+from .whole import Fits, choose
 
 __all__ = [
     "ALL",
@@ -81,6 +84,7 @@ class Allocator:
         # (milli, model or None) -> the models that take such a share; emptied when the policy or inventory changes
         self._accepting: dict[tuple[int, str | None], list[str]] = {}
         self._unenforced: dict[str, str] = {}  # host -> why no share is placed there
+        self.resources = HostResources()  # each host's CPU and memory, where known
         self.set_sharing(sharing)
         self.set_inventory(gpus)
 
@@ -124,6 +128,18 @@ class Allocator:
         with self._lock:
             self._index.set_available_hosts(None if hosts is None else set(hosts))
 
+    def set_host_resources(self, host: str, cpu_milli: int | None, memory_mib: int | None) -> None:
+        """The CPU (thousandths) and memory (MiB) ``host`` has; None: not known (the
+        host is then chosen by its GPUs alone). A host without GPUs may be given too:
+        servers without GPUs (``Request(count=0)``) go there first. Raises ValueError."""
+        with self._lock:
+            self.resources.set_host(host, cpu_milli, memory_mib)
+
+    def set_host_reserved(self, host: str, cpu_milli: int, memory_mib: int) -> None:
+        """What services the allocator does not hold reserve on ``host`` now."""
+        with self._lock:
+            self.resources.set_others(host, cpu_milli, memory_mib)
+
     def set_unenforced(self, host: str, why: str | None) -> None:
         """No share is placed on ``host`` while ``why`` (what enforces shares is missing
         there) is set; whole GPUs are placed there as before. None: shares again."""
@@ -143,61 +159,153 @@ class Allocator:
         with self._lock:
             if holder in self._holders:
                 raise ValueError(f"{holder} already holds an allocation; release it first")
+            try:
+                checked_amount(request.cpu_milli, "cpu_milli")
+                checked_amount(request.memory_mib, "memory_mib")
+            except ValueError as exc:
+                raise AllocationRefused(str(exc), Refusal.BAD_COUNT) from None
             if request.milli is not None:
                 return self._allocate_share(holder, request, max_per_owner, policy)
             count = request.count
+            if count == 0 and not isinstance(count, bool):
+                return self._allocate_cpu_only(holder, request, policy)
             if count != ALL and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
                 raise AllocationRefused(
                     f"GPU count must be a whole number ≥ 1 or {ALL!r}, got {count!r}", Refusal.BAD_COUNT
                 )
             index = self._index
-            if request.model is not None and request.model not in index.models:
-                raise unknown_model(request.model, index.models)
+            wanted = self._wanted(request)
             held = self._owned.get(request.owner, 0)
             room = None  # how many more whole devices the owner may hold
             if max_per_owner is not None:
                 room = (max_per_owner * UNIT - held) // UNIT
                 if count != ALL and int(count) > max_per_owner:
                     raise over_limit(f"{count} GPUs requested", int(count) * UNIT, max_per_owner, 0)
-            models = [request.model] if request.model is not None else list(index.models)
+            models = wanted if wanted is not None else list(index.models)
             over_room = room is not None and count != ALL and int(count) > room
             pol = self.policy if policy is None else POLICIES[policy]
-            found = None if over_room else choose(index, pol, models, count, request.host, room)
+            fits = self._fits(request)
+            found = None if over_room else choose(index, pol, models, count, request.host, room, fits)
             if found is None:
+                if not over_room and fits is not None:
+                    elsewhere = choose(index, pol, models, count, request.host, room)
+                    if elsewhere is not None:
+                        raise self._short(
+                            request,
+                            elsewhere[1],
+                            f"{len(index.models[elsewhere[0]].free[elsewhere[1]])} {elsewhere[0]} free",
+                        )
+                if request.models is not None:
+                    raise _none_of(request.models, f"{count} GPUs")
                 raise whole_refusal(index, self._summaries(), request, max_per_owner, held)
             model, host = found
             mi = index.models[model]
             free = mi.free[host]
             devices = tuple(free if count == ALL else free[: int(count)])
             index.take_free(mi, host, devices)
-            alloc = Allocation(holder=holder, owner=request.owner, host=host, devices=devices)
+            alloc = self._made(holder, request, host, devices)
             self._record(alloc)
             return alloc
+
+    def _wanted(self, request: Request) -> list[str] | None:
+        """The models the request accepts (None: any); raises for one not in the inventory."""
+        if request.models is not None:
+            if not request.models:
+                raise AllocationRefused("name at least one GPU model", Refusal.UNKNOWN_MODEL)
+            for model in request.models:
+                if model not in self._index.models:
+                    raise unknown_model(model, self._index.models)
+            return sorted(set(request.models))
+        if request.model is not None:
+            if request.model not in self._index.models:
+                raise unknown_model(request.model, self._index.models)
+            return [request.model]
+        return None
+
+    def _fits(self, request: Request) -> Fits:
+        """Whether a host has the request's CPU and memory free (None: nothing asked)."""
+        cpu, mem = request.cpu_milli, request.memory_mib
+        if not cpu and not mem:
+            return None
+        fits = self.resources.fits
+        return lambda host: fits(host, cpu, mem)
+
+    def _short(self, request: Request, host: str, offered: str) -> AllocationRefused:
+        return short_of_resources(offered, host, self.resources.short(host, request.cpu_milli, request.memory_mib))
+
+    @staticmethod
+    def _made(holder: str, request: Request, host: str, devices: tuple[GPU, ...], **shares: Any) -> Allocation:
+        return Allocation(
+            holder=holder,
+            owner=request.owner,
+            host=host,
+            devices=devices,
+            cpu_milli=request.cpu_milli,
+            memory_mib=request.memory_mib,
+            **shares,
+        )
+
+    def _allocate_cpu_only(self, holder: str, request: Request, policy: str | None) -> Allocation:
+        """A server without GPUs, where it takes least from GPU requests: of the
+        available hosts whose CPU and memory are known and fit, the one with the
+        fewest free GPUs (hosts without any first), then the policy's order of free
+        CPU (pack: least; spread: most), then by name."""
+        index = self._index
+        spread = (self.policy if policy is None else POLICIES[policy]).name == "spread"
+        best = None
+        for host in self.resources.known():
+            if not index.is_available(host) or not self.resources.fits(host, request.cpu_milli, request.memory_mib):
+                continue
+            free_gpus = sum(len(index.models[m].free.get(host, ())) for m in index.models)
+            cpu = self.resources.free(host)[0]  # type: ignore[index]  # known: listed by known()
+            key = (free_gpus, -cpu if spread else cpu, host)
+            if best is None or key < best:
+                best = key
+        if best is None:
+            raise AllocationRefused(
+                "No node has the CPU and memory this server asks for free right now"
+                if self.resources.known()
+                else "No node's CPU and memory are known, so a server without GPUs cannot be placed",
+                Refusal.NONE_FREE if self.resources.known() else Refusal.UNKNOWN_HOST,
+            )
+        alloc = self._made(holder, request, best[2], ())
+        self._record(alloc)
+        return alloc
 
     def _allocate_share(self, holder: str, request: Request, limit: int | None, policy: str | None) -> Allocation:
         index = self._index
         share = request.milli
         if type(share) is not int:  # parsed at the edges (options, labels); a caller's slip, said plainly
             raise AllocationRefused(f"a share must be whole thousandths of a GPU, got {share!r}", Refusal.BAD_SHARE)
-        models = self._accepting.get((share, request.model))
-        if models is None:
-            models = self._models_accepting(share, request.model)
+        if request.models is not None:
+            wanted = self._wanted(request) or []
+            models = [m for m in self._models_accepting(share, None) if m in wanted]
+        else:
+            known = self._accepting.get((share, request.model))
+            models = known if known is not None else self._models_accepting(share, request.model)
         held = self._owned.get(request.owner, 0)
         over = limit is not None and held + share > limit * UNIT
         pol = self.policy if policy is None else POLICIES[policy]
-        found = None if over else choose_share(index, self.sharing, pol, models, share, request.host)
+        fits = self._fits(request)
+        found = None if over else choose_share(index, self.sharing, pol, models, share, request.host, fits)
         if found is None:
+            if not over and fits is not None:
+                elsewhere = choose_share(index, self.sharing, pol, models, share, request.host)
+                if elsewhere is not None:
+                    raise self._short(request, elsewhere[1], f"Room for {fmt(share)} of a {elsewhere[0]}")
+            if request.models is not None:
+                raise _none_of(request.models, f"{fmt(share)} of a GPU")
             raise share_refusal(index, self.sharing, request, share, models, limit, held)
         if found[1] in self._unenforced:
-            found = self._share_elsewhere(models, share, pol, found, request.host is not None)
+            found = self._share_elsewhere(models, share, pol, found, request.host is not None, fits)
         model, host, picks, rule = found
         mi = index.models[model]
         devices, milli = zip(*picks)
         if min(milli) == UNIT:  # whole devices after all (e.g. 2 as 1 + 1)
-            alloc = Allocation(holder=holder, owner=request.owner, host=host, devices=devices)
+            alloc = self._made(holder, request, host, devices)
             index.take_free(mi, host, devices)
         else:
-            alloc = Allocation(holder=holder, owner=request.owner, host=host, devices=devices, milli=milli, rule=rule)
+            alloc = self._made(holder, request, host, devices, milli=milli, rule=rule)
             if len(picks) == 1:  # one device: its room moves in the host's ranks
                 self._book_share(picks[0][0], holder, picks[0][1])
             else:
@@ -208,7 +316,7 @@ class Allocator:
         return alloc
 
     def _share_elsewhere(
-        self, models: list[str], share: int, pol: Policy, found: tuple, pinned: bool
+        self, models: list[str], share: int, pol: Policy, found: tuple, pinned: bool, fits: Fits
     ) -> tuple[str, str, Picks, str]:
         """A placement of the share on a host that enforces shares (the first by name
         that has room; rare: only when the best one does not), or the refusal."""
@@ -216,7 +324,7 @@ class Allocator:
         hosts = set() if pinned else {h for m in models for h in self._index.models[m].total}
         for h in sorted(hosts - set(self._unenforced)):
             if self._index.is_available(h):
-                there = choose_share(self._index, self.sharing, pol, models, share, h)
+                there = choose_share(self._index, self.sharing, pol, models, share, h, fits)
                 if there is not None:
                     return there
         raise AllocationRefused(
@@ -243,6 +351,7 @@ class Allocator:
         ``_held`` (shares are booked device by device by ``_book_share``)."""
         self._holders[alloc.holder] = alloc
         self._versions[alloc.host] = self._versions.get(alloc.host, 0) + 1
+        self.resources.book(alloc.host, alloc.cpu_milli, alloc.memory_mib)
         if not alloc.devices:
             return
         self._owned[alloc.owner] = self._owned.get(alloc.owner, 0) + alloc.total_milli
@@ -261,6 +370,7 @@ class Allocator:
             if alloc is None:
                 return None
             self._versions[alloc.host] = self._versions.get(alloc.host, 0) + 1
+            self.resources.book(alloc.host, alloc.cpu_milli, alloc.memory_mib, sign=-1)
             left = self._owned.get(alloc.owner, 0) - alloc.total_milli
             if left > 0:
                 self._owned[alloc.owner] = left
@@ -393,3 +503,9 @@ class Allocator:
         changed or given back (a view of who holds what there may be reused
         while it stays the same)."""
         return self._versions.get(host, 0)
+
+
+def _none_of(models: tuple[str, ...], asked: str) -> AllocationRefused:
+    return AllocationRefused(
+        f"None of {', '.join(sorted(set(models)))} has {asked} free on one node right now", Refusal.NONE_FREE
+    )

@@ -30,6 +30,9 @@ class Allocation:
     # Which rule placed a share (ONE_DEVICE, EVEN_SPLIT, UNEVEN_SPLIT); None
     # for whole GPUs and for holdings adopted from the cluster.
     rule: str | None = None
+    # The CPU (thousandths) and memory (MiB) it reserves on its host, as asked.
+    cpu_milli: int = 0
+    memory_mib: int = 0
 
     def __post_init__(self) -> None:
         if len(self.milli) != len(self.devices):

@@ -18,7 +18,7 @@ from .model import ModelIndex, total_room
 from .records import ALL, Request
 from .summary import ModelSummary
 
-__all__ = ["AllocationRefused", "Refusal", "share_refusal", "whole_refusal"]
+__all__ = ["AllocationRefused", "Refusal", "share_refusal", "short_of_resources", "whole_refusal"]
 
 
 class Refusal(enum.Enum):
@@ -40,6 +40,7 @@ class Refusal(enum.Enum):
     TOTAL_FREE_BELOW = "total_free_below"  # less free in all than the share asks
     NO_EVEN_SPLIT = "no_even_split"  # a host has that much free in all, but no even split of it fits
     SHARES_UNENFORCED = "shares_unenforced"  # room only on nodes that lack what enforces shares
+    RESOURCES_SHORT = "resources_short"  # GPUs free, but not the CPU or memory asked for beside them
 
     @property
     def retry(self) -> bool:
@@ -57,6 +58,7 @@ _MAY_SUCCEED_LATER = {
     Refusal.TOTAL_FREE_BELOW,
     Refusal.NO_EVEN_SPLIT,
     Refusal.SHARES_UNENFORCED,
+    Refusal.RESOURCES_SHORT,
 }
 
 
@@ -80,6 +82,14 @@ class AllocationRefused(Exception):
 
 def unknown_model(model: str, models: Mapping[str, object]) -> AllocationRefused:
     return AllocationRefused(f"Unknown GPU model {model!r}; choose one of: {', '.join(models)}", Refusal.UNKNOWN_MODEL)
+
+
+def short_of_resources(offered: str, host: str, lacks: str) -> AllocationRefused:
+    """GPUs that would fit, on a node without the CPU or memory asked for beside them."""
+    return AllocationRefused(
+        f"{offered} on {host}, but only {lacks} left there; try again later, or ask for less CPU or memory",
+        Refusal.RESOURCES_SHORT,
+    )
 
 
 def _unknown_host(host: str, index: DeviceIndex) -> AllocationRefused:

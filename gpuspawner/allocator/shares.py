@@ -17,7 +17,7 @@ from .index import DeviceIndex
 from .model import ModelIndex, kth, total_room
 from .records import EVEN_SPLIT, ONE_DEVICE, UNEVEN_SPLIT, Policy
 from .rooms import first_of
-from .whole import first_host
+from .whole import Fits, first_host
 
 __all__ = ["choose_share"]
 
@@ -25,7 +25,13 @@ Picks = list[tuple[GPU, int]]  # (device, milli-shares on it)
 
 
 def choose_share(
-    index: DeviceIndex, sharing: SharingPolicy, policy: Policy, models: list[str], share: int, host: str | None
+    index: DeviceIndex,
+    sharing: SharingPolicy,
+    policy: Policy,
+    models: list[str],
+    share: int,
+    host: str | None,
+    fits: Fits = None,
 ) -> tuple[str, str, Picks, str] | None:
     """The best (model, host, [(device, milli), ...], rule) for a share, or None.
 
@@ -38,11 +44,11 @@ def choose_share(
         settings = sharing.for_model(model)
         if settings is None or need > 1 and not settings.split:
             continue
-        found = _best_of_model(index, policy, index.models[model], settings, share, need, host)
+        found = _best_of_model(index, policy, index.models[model], settings, share, need, host, fits)
         if found is not None and (best is None or found[0] < best[0]):
             best = (*found, model)
     if best is None:
-        uneven = _uneven(index, sharing, models, share, host)
+        uneven = _uneven(index, sharing, models, share, host, fits)
         if uneven is None:
             return None
         model, h, picks = uneven
@@ -52,7 +58,7 @@ def choose_share(
 
 
 def _uneven(
-    index: DeviceIndex, sharing: SharingPolicy, models: list[str], share: int, host: str | None
+    index: DeviceIndex, sharing: SharingPolicy, models: list[str], share: int, host: str | None, fits: Fits
 ) -> tuple[str, str, Picks] | None:
     """Where no even split fits and the model allows ``uneven``: the host
     with the least room in all that takes the share (ties: hostname, then
@@ -71,6 +77,8 @@ def _uneven(
         for total, h in entries:
             if best is not None and (total, h) >= best[0]:
                 break
+            if fits is not None and not fits(h):
+                continue
             picks = _fill(mi, h, share, settings.quantum)
             if picks is not None:
                 best = (total, h), model, picks
@@ -101,33 +109,50 @@ def _best_of_model(
     share: int,
     need: int,
     host: str | None,
+    fits: Fits = None,
 ) -> tuple[tuple, str, Picks] | None:
     """The best placement of one model as (key, host, picks), or None; keys compare across models."""
     most = len(mi.buckets) - 1 if sharing.spans(share) else 1
     if host is not None:
-        if host in mi.total and index.is_available(host):
-            fit = _fit_on_host(mi, host, share, sharing.quantum, need, most)
-            if fit is not None:
-                n, room, picks = fit
-                # Only untouched devices: models are ranked as for a whole-GPU request.
-                rank = policy.rank(len(mi.free[host])) if room == n * UNIT else 0
-                return (n, room, rank, host), host, picks
+        if host in mi.total and index.is_available(host) and (fits is None or fits(host)):
+            return _on_host(policy, mi, sharing, share, need, most, host)
         return None
     if need == 1:
         # One device: the shared device with least room that fits, else an
         # untouched one where the policy would put a 1-GPU request.
-        tightest = mi.rooms.first(share)
+        if fits is None:
+            tightest = mi.rooms.first(share)
+        else:
+            tightest = next((e for e in mi.rooms.starting(share) if fits(e[1][0])), None)
         if tightest is not None:
             room, (h, _, uuid) = tightest
             return (1, room, 0, h), h, [(index.gpus[uuid], share)]
-        untouched = first_host(policy, mi, 1)
+        untouched = first_host(policy, mi, 1, fits)
         if untouched is not None:
             n, h = untouched
             return (1, UNIT, policy.rank(n), h), h, [(mi.free[h][0], share)]
         if not sharing.spans(share):
             return None  # a share of at most 1 GPU stays on one device unless split_small
         need = 2
+    if fits is not None:
+        # A split with CPU and memory asked for (rare): each host that has them, in turn.
+        hosts = [h for h in mi.total if index.is_available(h) and fits(h)]
+        found = [f for h in hosts if (f := _on_host(policy, mi, sharing, share, need, most, h)) is not None]
+        return min(found, key=lambda f: f[0], default=None)
     return _split(policy, mi, sharing, share, need, most)
+
+
+def _on_host(
+    policy: Policy, mi: ModelIndex, sharing: ModelSharing, share: int, need: int, most: int, host: str
+) -> tuple[tuple, str, Picks] | None:
+    """The share on this one host, as (key, host, picks), or None."""
+    fit = _fit_on_host(mi, host, share, sharing.quantum, need, most)
+    if fit is None:
+        return None
+    n, room, picks = fit
+    # Only untouched devices: models are ranked as for a whole-GPU request.
+    rank = policy.rank(len(mi.free[host])) if room == n * UNIT else 0
+    return (n, room, rank, host), host, picks
 
 
 def _split(

@@ -4,23 +4,32 @@ never changed)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import cast
 
 from .index import DeviceIndex
 from .model import ModelIndex
 from .records import ALL, Policy
 
-__all__ = ["best_host", "choose", "first_host"]
+__all__ = ["Fits", "best_host", "choose", "first_host"]
+
+Fits = Callable[[str], bool] | None  # whether a host has the CPU and memory asked for (None: any does)
 
 
 def choose(
-    index: DeviceIndex, policy: Policy, models: list[str], count: int | str, host: str | None, room: int | None
+    index: DeviceIndex,
+    policy: Policy,
+    models: list[str],
+    count: int | str,
+    host: str | None,
+    room: int | None,
+    fits: Fits = None,
 ) -> tuple[str, str] | None:
     """The best (model, host) for the request, or None. Ties: hostname, then
     model. ``room``: how many more devices the owner may hold (None: no limit)."""
     best: tuple[int, str, str] | None = None  # (rank, host, model)
     for model in models:
-        found = best_host(index, policy, index.models[model], count, host, room)
+        found = best_host(index, policy, index.models[model], count, host, room, fits)
         if found is not None:
             key = (policy.rank(found[0]), found[1], model)
             if best is None or key < best:
@@ -29,14 +38,20 @@ def choose(
 
 
 def best_host(
-    index: DeviceIndex, policy: Policy, mi: ModelIndex, count: int | str, host: str | None, room: int | None
+    index: DeviceIndex,
+    policy: Policy,
+    mi: ModelIndex,
+    count: int | str,
+    host: str | None,
+    room: int | None,
+    fits: Fits = None,
 ) -> tuple[int, str] | None:
     """(free count, host): the one of this model's hosts that takes the request best, or None."""
     if host is not None:
-        if host in mi.free and index.is_available(host):
+        if host in mi.free and index.is_available(host) and (fits is None or fits(host)):
             n = len(mi.free[host])
-            fits = n == mi.total[host] and (room is None or n <= room) if count == ALL else n >= cast(int, count)
-            if fits and n > 0:
+            enough = n == mi.total[host] and (room is None or n <= room) if count == ALL else n >= cast(int, count)
+            if enough and n > 0:
                 return n, host
         return None
     if count == ALL:
@@ -45,20 +60,27 @@ def best_host(
             (policy.rank(n), h, n)
             for h, n in mi.total.items()
             if index.is_available(h) and len(mi.free[h]) == n and (room is None or n <= room)
+            if fits is None or fits(h)
         ]
         if not whole:
             return None
         _, h, n = min(whole)
         return n, h
-    return first_host(policy, mi, cast(int, count))
+    return first_host(policy, mi, cast(int, count), fits)
 
 
-def first_host(policy: Policy, mi: ModelIndex, count: int) -> tuple[int, str] | None:
+def first_host(policy: Policy, mi: ModelIndex, count: int, fits: Fits = None) -> tuple[int, str] | None:
     """(free count, host): of the available hosts with at least ``count``
-    untouched devices, the one the policy ranks first (ties: hostname), or None."""
+    untouched devices (and the CPU and memory asked for), the one the policy
+    ranks first (ties: hostname), or None."""
     buckets = mi.buckets
     for n in policy.sizes(count, len(buckets) - 1):
         bucket = buckets[n]
-        if bucket:
-            return n, bucket[0]
+        if fits is None:
+            if bucket:
+                return n, bucket[0]
+            continue
+        for h in bucket:
+            if fits(h):
+                return n, h
     return None

@@ -19,3 +19,10 @@ class Request:
     # A share of a GPU in thousandths (250: a quarter; 1200: 1.2 GPUs, split over
     # devices where the sharing policy allows); None: ``count`` whole GPUs.
     milli: int | None = None
+    # Any of these models (one of them for all devices); None: ``model`` decides.
+    models: tuple[str, ...] | None = None
+    # What the server reserves on its node besides GPUs (thousandths of a CPU, MiB):
+    # a host is chosen only where they fit (hosts whose CPU and memory are known).
+    # With ``count=0`` and no ``milli``, a server without GPUs placed by the allocator.
+    cpu_milli: int = 0
+    memory_mib: int = 0

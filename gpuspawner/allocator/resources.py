@@ -1,0 +1,71 @@
+"""Each host's CPU and memory, as the allocator counts them (pure).
+
+A host's free CPU and memory are what it has, less what services the hub does
+not hold reserve there, less what the allocator's own holdings reserve. A host
+whose CPU and memory were never given is not limited by them (the allocator
+then chooses by GPUs alone, as before). CPU is in thousandths of a core (the
+swarm's NanoCPUs / 10^6), memory in MiB.
+"""
+
+from __future__ import annotations
+
+from ..core.sharing import fmt
+
+__all__ = ["HostResources", "checked_amount"]
+
+
+def checked_amount(value: object, what: str) -> int:
+    """A whole number ≥ 0 of ``what``, or a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be a whole number ≥ 0, got {value!r}")
+    return value
+
+
+class HostResources:
+    def __init__(self) -> None:
+        self._has: dict[str, tuple[int, int]] = {}  # host -> (cpu milli, memory MiB)
+        self._others: dict[str, tuple[int, int]] = {}  # host -> reserved there by services not held
+        self._ours: dict[str, tuple[int, int]] = {}  # host -> reserved by the allocator's holdings
+
+    def set_host(self, host: str, cpu_milli: int | None, memory_mib: int | None) -> None:
+        """What ``host`` has (None: not known; the host is then not limited)."""
+        if cpu_milli is None or memory_mib is None:
+            self._has.pop(host, None)
+            return
+        self._has[host] = (checked_amount(cpu_milli, "cpu_milli"), checked_amount(memory_mib, "memory_mib"))
+
+    def set_others(self, host: str, cpu_milli: int, memory_mib: int) -> None:
+        """What services the hub does not hold reserve on ``host`` now."""
+        self._others[host] = (checked_amount(cpu_milli, "cpu_milli"), checked_amount(memory_mib, "memory_mib"))
+
+    def known(self) -> list[str]:
+        return sorted(self._has)
+
+    def book(self, host: str, cpu_milli: int, memory_mib: int, sign: int = 1) -> None:
+        if cpu_milli or memory_mib:
+            cpu, mem = self._ours.get(host, (0, 0))
+            self._ours[host] = (cpu + sign * cpu_milli, mem + sign * memory_mib)
+
+    def free(self, host: str) -> tuple[int, int] | None:
+        """(cpu milli, memory MiB) free on ``host``; None when not known."""
+        has = self._has.get(host)
+        if has is None:
+            return None
+        others, ours = self._others.get(host, (0, 0)), self._ours.get(host, (0, 0))
+        return has[0] - others[0] - ours[0], has[1] - others[1] - ours[1]
+
+    def fits(self, host: str, cpu_milli: int, memory_mib: int) -> bool:
+        free = self.free(host)
+        return free is None or (cpu_milli <= free[0] and memory_mib <= free[1])
+
+    def short(self, host: str, cpu_milli: int, memory_mib: int) -> str:
+        """What ``host`` lacks for the request, for a sentence ("" when it fits)."""
+        free = self.free(host)
+        if free is None:
+            return ""
+        lacks = []
+        if cpu_milli > free[0]:
+            lacks.append(f"{fmt(max(0, free[0]))} CPUs")
+        if memory_mib > free[1]:
+            lacks.append(f"{max(0, free[1]) / 1024:.1f} GiB of memory")
+        return " and ".join(lacks)
