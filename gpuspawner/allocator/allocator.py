@@ -31,6 +31,7 @@ whole GPUs and shares go (:mod:`~gpuspawner.allocator.whole`,
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -85,6 +86,7 @@ class Allocator:
         self._accepting: dict[tuple[int, str | None], list[str]] = {}
         self._unenforced: dict[str, str] = {}  # host -> why no share is placed there
         self.resources = HostResources()  # each host's CPU and memory, where known
+        self._gpuless: list[str] | None = None  # known hosts without GPUs, by name (servers without GPUs)
         self.set_sharing(sharing)
         self.set_inventory(gpus)
 
@@ -104,6 +106,7 @@ class Allocator:
         """Replace the inventory. Holdings are kept, also of devices that left it."""
         with self._lock:
             self._accepting.clear()
+            self._gpuless = None
             self._index.set_inventory(gpus)
 
     def set_host_devices(self, host: str, gpus: Iterable[GPU]) -> bool:
@@ -120,6 +123,7 @@ class Allocator:
                 raise ValueError(f"{gpu.uuid} is on {gpu.host}, not on {host}")
         with self._lock:
             self._accepting.clear()
+            self._gpuless = None
             return self._index.set_host_devices(host, new)
 
     def set_available_hosts(self, hosts: Iterable[str] | None) -> None:
@@ -134,6 +138,7 @@ class Allocator:
         servers without GPUs (``Request(count=0)``) go there first. Raises ValueError."""
         with self._lock:
             self.resources.set_host(host, cpu_milli, memory_mib)
+            self._gpuless = None
 
     def set_host_reserved(self, host: str, cpu_milli: int, memory_mib: int) -> None:
         """What services the allocator does not hold reserve on ``host`` now."""
@@ -247,30 +252,40 @@ class Allocator:
 
     def _allocate_cpu_only(self, holder: str, request: Request, policy: str | None) -> Allocation:
         """A server without GPUs, where it takes least from GPU requests: of the
-        available hosts whose CPU and memory are known and fit, the one with the
-        fewest free GPUs (hosts without any first), then the policy's order of free
-        CPU (pack: least; spread: most), then by name."""
-        index = self._index
-        spread = (self.policy if policy is None else POLICIES[policy]).name == "spread"
-        best = None
-        for host in self.resources.known():
-            if not index.is_available(host) or not self.resources.fits(host, request.cpu_milli, request.memory_mib):
-                continue
-            free_gpus = sum(len(index.models[m].free.get(host, ())) for m in index.models)
-            cpu = self.resources.free(host)[0]  # type: ignore[index]  # known: listed by known()
-            key = (free_gpus, -cpu if spread else cpu, host)
-            if best is None or key < best:
-                best = key
-        if best is None:
+        available hosts whose CPU and memory are known and fit, those without GPUs
+        first, then those with the fewest untouched GPUs; ties by name. (Hosts come
+        from the index's buckets, so a busy cluster is not scanned host by host.)"""
+        index, resources = self._index, self.resources
+        cpu, mem = request.cpu_milli, request.memory_mib
+
+        def fits(host: str) -> bool:
+            return resources.free(host) is not None and resources.fits(host, cpu, mem)
+
+        if self._gpuless is None:  # remade when the inventory or the known hosts change
+            self._gpuless = [h for h in resources.known() if h not in index.by_host]
+        host = next((h for h in self._gpuless if index.is_available(h) and fits(h)), None)
+        mis = list(index.models.values())
+        for n in range(max((len(mi.buckets) for mi in mis), default=0)):
+            if host is not None:
+                break
+            # Each bucket is sorted by name: merged lazily, the first host that fits wins.
+            hosts = heapq.merge(*(mi.buckets[n] for mi in mis if n < len(mi.buckets)))
+            host = next((h for h in hosts if fits(h) and self._untouched_on(h) == n), None)
+        if host is None:
+            known = bool(resources.known())
             raise AllocationRefused(
                 "No node has the CPU and memory this server asks for free right now"
-                if self.resources.known()
+                if known
                 else "No node's CPU and memory are known, so a server without GPUs cannot be placed",
-                Refusal.NONE_FREE if self.resources.known() else Refusal.UNKNOWN_HOST,
+                Refusal.NONE_FREE if known else Refusal.UNKNOWN_HOST,
             )
-        alloc = self._made(holder, request, best[2], ())
+        alloc = self._made(holder, request, host, ())
         self._record(alloc)
         return alloc
+
+    def _untouched_on(self, host: str) -> int:
+        """Untouched devices on ``host``, of every model it has."""
+        return sum(len(mi.free.get(host, ())) for mi in self._index.models.values())
 
     def _allocate_share(self, holder: str, request: Request, limit: int | None, policy: str | None) -> Allocation:
         index = self._index

@@ -26,20 +26,28 @@ class HostResources:
         self._has: dict[str, tuple[int, int]] = {}  # host -> (cpu milli, memory MiB)
         self._others: dict[str, tuple[int, int]] = {}  # host -> reserved there by services not held
         self._ours: dict[str, tuple[int, int]] = {}  # host -> reserved by the allocator's holdings
+        self._sorted: list[str] | None = None  # known(), kept until a host comes or goes
 
     def set_host(self, host: str, cpu_milli: int | None, memory_mib: int | None) -> None:
         """What ``host`` has (None: not known; the host is then not limited)."""
         if cpu_milli is None or memory_mib is None:
-            self._has.pop(host, None)
+            if self._has.pop(host, None) is not None:
+                self._sorted = None
             return
-        self._has[host] = (checked_amount(cpu_milli, "cpu_milli"), checked_amount(memory_mib, "memory_mib"))
+        has = (checked_amount(cpu_milli, "cpu_milli"), checked_amount(memory_mib, "memory_mib"))
+        if host not in self._has:
+            self._sorted = None
+        self._has[host] = has
 
     def set_others(self, host: str, cpu_milli: int, memory_mib: int) -> None:
         """What services the hub does not hold reserve on ``host`` now."""
         self._others[host] = (checked_amount(cpu_milli, "cpu_milli"), checked_amount(memory_mib, "memory_mib"))
 
     def known(self) -> list[str]:
-        return sorted(self._has)
+        """The hosts whose CPU and memory are known, by name."""
+        if self._sorted is None:
+            self._sorted = sorted(self._has)
+        return self._sorted
 
     def book(self, host: str, cpu_milli: int, memory_mib: int, sign: int = 1) -> None:
         if cpu_milli or memory_mib:
