@@ -241,3 +241,17 @@ async def test_when_the_ledger_cannot_say_recent_use_the_line_keeps_what_it_last
         with contextlib.suppress(asyncio.CancelledError):
             await start
     await bob.stop()
+
+
+# -- a week in the line (benchmarks/bench_fairshare.py) -------------------------------------
+
+
+def test_over_a_simulated_week_fair_share_shortens_light_users_waits_and_still_serves_heavy_ones():
+    from benchmarks import bench_fairshare as week
+
+    fcfs, fair = week.summary(8, 2, None), week.summary(8, 2, FAIR)
+    assert fair["light"]["wait_min_p50"] < fcfs["light"]["wait_min_p50"] / 2
+    assert fair["light"]["wait_min_p95"] < fcfs["light"]["wait_min_p95"] / 2
+    # Heavy users are not starved: they are served about as much as first come, first served serves them.
+    assert fair["heavy"]["gpu_hours"] > 0.9 * fcfs["heavy"]["gpu_hours"]
+    assert fair["heavy"]["wait_min_p95"] < 24 * 60  # the longest wait bounds who passes them
