@@ -68,7 +68,7 @@ def arrivals(rng: random.Random) -> list[Event]:
 
 
 def _poisson(rng: random.Random, mean: float) -> int:
-    n, p, limit = 0, 1.0, 2.718281828459045 ** -mean
+    n, p, limit = 0, 1.0, 2.718281828459045**-mean
     while True:
         p *= rng.random()
         if p < limit:

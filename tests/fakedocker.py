@@ -71,6 +71,8 @@ class _Node:
     manager: bool
     state: str = "ready"
     availability: str = "active"
+    nano_cpus: int | None = None  # what the node says it has (None: nothing said)
+    memory_bytes: int | None = None
 
 
 @dataclass
@@ -319,6 +321,12 @@ class FakeDocker:
         with self._lock:
             self._faults.append((method, status, message, applied))
 
+    def set_node_resources(self, hostname: str, cpus: float, memory_gib: float) -> None:
+        """What the node says it has (NanoCPUs, MemoryBytes)."""
+        with self._lock:
+            node = self._node(hostname)
+            node.nano_cpus, node.memory_bytes = int(cpus * 10**9), int(memory_gib * 2**30)
+
     def set_node(self, hostname: str, *, state: str | None = None, availability: str | None = None) -> None:
         """A node goes down ("down") or comes back ("ready"), or is drained,
         paused or made active. Its tasks are not touched: the test says what
@@ -390,7 +398,12 @@ class FakeDocker:
             "ID": n.id,
             "Version": {"Index": 1},
             "Spec": {"Role": "manager" if n.manager else "worker", "Availability": n.availability, "Labels": {}},
-            "Description": {"Hostname": n.hostname, "Resources": {}},
+            "Description": {
+                "Hostname": n.hostname,
+                "Resources": {
+                    k: v for k, v in (("NanoCPUs", n.nano_cpus), ("MemoryBytes", n.memory_bytes)) if v is not None
+                },
+            },
             "Status": {"State": n.state, "Addr": n.addr},
         }
         if n.manager:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..core.inventory import GPU
@@ -85,7 +85,7 @@ class Allocator:
         # (milli, model or None) -> the models that take such a share; emptied when the policy or inventory changes
         self._accepting: dict[tuple[int, str | None], list[str]] = {}
         self._unenforced: dict[str, str] = {}  # host -> why no share is placed there
-        self.resources = HostResources()  # each host's CPU and memory, where known
+        self.resources = HostResources(self._holders)  # each host's CPU and memory, where known
         self._gpuless: list[str] | None = None  # known hosts without GPUs, by name (servers without GPUs)
         self.set_sharing(sharing)
         self.set_inventory(gpus)
@@ -140,10 +140,12 @@ class Allocator:
             self.resources.set_host(host, cpu_milli, memory_mib)
             self._gpuless = None
 
-    def set_host_reserved(self, host: str, cpu_milli: int, memory_mib: int) -> None:
-        """What services the allocator does not hold reserve on ``host`` now."""
+    def set_host_reserved(self, host: str, by_service: Mapping[str, tuple[int, int]]) -> None:
+        """What the services running on ``host`` reserve there (service name -> CPU
+        thousandths, memory MiB), as the swarm says; those the allocator holds are
+        counted by their holdings instead."""
         with self._lock:
-            self.resources.set_others(host, cpu_milli, memory_mib)
+            self.resources.set_running(host, by_service)
 
     def set_unenforced(self, host: str, why: str | None) -> None:
         """No share is placed on ``host`` while ``why`` (what enforces shares is missing
@@ -386,6 +388,7 @@ class Allocator:
                 return None
             self._versions[alloc.host] = self._versions.get(alloc.host, 0) + 1
             self.resources.book(alloc.host, alloc.cpu_milli, alloc.memory_mib, sign=-1)
+            self.resources.forget(holder)
             left = self._owned.get(alloc.owner, 0) - alloc.total_milli
             if left > 0:
                 self._owned[alloc.owner] = left
@@ -420,7 +423,14 @@ class Allocator:
         self._index.remove_share(uuid, piece, rank)
 
     def adopt(
-        self, holder: str, owner: str, host: str, uuids: Iterable[str], milli: Iterable[int] | None = None
+        self,
+        holder: str,
+        owner: str,
+        host: str,
+        uuids: Iterable[str],
+        milli: Iterable[int] | None = None,
+        cpu_milli: int = 0,
+        memory_mib: int = 0,
     ) -> tuple[Allocation, list[AdoptProblem]]:
         """Record a holding found in the cluster (e.g. after a hub restart).
 
@@ -431,7 +441,8 @@ class Allocator:
         whole that others share, a share that would book a device above 1.
         Such devices are left out of the allocation. A share that cannot be
         read, or shares that do not match the devices, book the devices whole:
-        that may reserve too much, never too little."""
+        that may reserve too much, never too little. ``cpu_milli`` and
+        ``memory_mib``: what the service reserves on its host besides GPUs."""
         with self._lock:
             uuids = list(uuids)
             pieces, problems = adopted_pieces(uuids, milli)
@@ -445,9 +456,21 @@ class Allocator:
                     devices.append(self._index.gpus[uuid])
                     taken.append(piece)
             milli = tuple(m or UNIT for m in taken)
-            alloc = Allocation(holder=holder, owner=owner, host=host, devices=tuple(devices), milli=milli)
+            alloc = Allocation(
+                holder=holder,
+                owner=owner,
+                host=host,
+                devices=tuple(devices),
+                milli=milli,
+                cpu_milli=cpu_milli,
+                memory_mib=memory_mib,
+            )
             old = self._holders.get(holder)
-            if old is not None and old.booking() == alloc.booking():
+            if old is not None and (old.booking(), old.cpu_milli, old.memory_mib) == (
+                alloc.booking(),
+                cpu_milli,
+                memory_mib,
+            ):
                 return old, problems
             self.release(holder)
             self._record(alloc)

@@ -1,13 +1,17 @@
 """Each host's CPU and memory, as the allocator counts them (pure).
 
-A host's free CPU and memory are what it has, less what services the hub does
-not hold reserve there, less what the allocator's own holdings reserve. A host
+A host's free CPU and memory are what it has, less what the services running
+there reserve (as the swarm last said; those the allocator holds are left out),
+less what the allocator's own holdings reserve (so a holding is counted once,
+whether or not its task is running yet). A host
 whose CPU and memory were never given is not limited by them (the allocator
 then chooses by GPUs alone, as before). CPU is in thousandths of a core (the
 swarm's NanoCPUs / 10^6), memory in MiB.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from ..core.sharing import fmt
 
@@ -22,9 +26,10 @@ def checked_amount(value: object, what: str) -> int:
 
 
 class HostResources:
-    def __init__(self) -> None:
+    def __init__(self, held: Mapping[str, object]):
+        self._held = held  # the allocator's holdings, by holder (= service) name
         self._has: dict[str, tuple[int, int]] = {}  # host -> (cpu milli, memory MiB)
-        self._others: dict[str, tuple[int, int]] = {}  # host -> reserved there by services not held
+        self._running: dict[str, dict[str, tuple[int, int]]] = {}  # host -> service -> what it reserves there
         self._ours: dict[str, tuple[int, int]] = {}  # host -> reserved by the allocator's holdings
         self._sorted: list[str] | None = None  # known(), kept until a host comes or goes
 
@@ -39,9 +44,26 @@ class HostResources:
             self._sorted = None
         self._has[host] = has
 
-    def set_others(self, host: str, cpu_milli: int, memory_mib: int) -> None:
-        """What services the hub does not hold reserve on ``host`` now."""
-        self._others[host] = (checked_amount(cpu_milli, "cpu_milli"), checked_amount(memory_mib, "memory_mib"))
+    def set_running(self, host: str, by_service: Mapping[str, tuple[int, int]]) -> None:
+        """What the services running on ``host`` reserve there: service name ->
+        (cpu milli, memory MiB). Replaces what was said before."""
+        self._running[host] = {
+            name: (checked_amount(cpu, "cpu_milli"), checked_amount(mem, "memory_mib"))
+            for name, (cpu, mem) in by_service.items()
+        }
+
+    def forget(self, service: str) -> None:
+        """``service`` runs no more (its holding is given back only once its tasks
+        have ended): what it reserved is not counted until the swarm says otherwise."""
+        for running in self._running.values():
+            running.pop(service, None)
+
+    def _others(self, host: str) -> tuple[int, int]:
+        cpu = mem = 0
+        for name, (c, m) in self._running.get(host, {}).items():
+            if name not in self._held:
+                cpu, mem = cpu + c, mem + m
+        return cpu, mem
 
     def known(self) -> list[str]:
         """The hosts whose CPU and memory are known, by name."""
@@ -59,7 +81,7 @@ class HostResources:
         has = self._has.get(host)
         if has is None:
             return None
-        others, ours = self._others.get(host, (0, 0)), self._ours.get(host, (0, 0))
+        others, ours = self._others(host), self._ours.get(host, (0, 0))
         return has[0] - others[0] - ours[0], has[1] - others[1] - ours[1]
 
     def fits(self, host: str, cpu_milli: int, memory_mib: int) -> bool:

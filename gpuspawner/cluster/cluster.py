@@ -33,7 +33,7 @@ from ..core.labels import Held
 from ..core.reports import Conflict, NodeReport, parse_report, report_uuids
 from .devices import SOURCES, DeviceState, InventorySettings, host_states
 from .host_views import HoldersOf
-from .swarm import Node, Swarm
+from .swarm import Node, Swarm, SwarmError
 from .views import ClusterViews
 
 __all__ = ["GPUCluster", "DeviceState", "SOURCES", "InventorySettings"]
@@ -60,7 +60,7 @@ class GPUCluster:
         self._claims: dict[str, frozenset[str]] = {}  # host -> the UUIDs its accepted report named, less those moved
         self.conflicts: dict[str, dict[str, Conflict]] = {}  # refused host -> uuid -> who has it; replaced, not changed
         # Holdings found in the swarm on devices not offered yet, by service name.
-        self.pending: dict[str, Held] = {}
+        self.pending: dict[str, tuple[Held, tuple[int, int]]] = {}  # adopted, devices not offered yet
         self._offered = False  # the allocator has had a first inventory
         self.views = ClusterViews(self, holders_of)  # who holds a device: the hub's holdings say
         self._schedulable: set[str] | None = None
@@ -211,21 +211,23 @@ class GPUCluster:
             hosts = self._schedulable - set(self.stale)
         self.allocator.set_available_hosts(hosts)
 
-    def adopt(self, name: str, claim: Held) -> tuple[Allocation, list[AdoptProblem]]:
-        """Book what a running service holds (its labels, read strictly).
-        Devices not offered yet (an agent has not reported, or the device is
-        unhealthy) are taken the moment they are, before any request can see
-        them free."""
-        alloc, problems = self.allocator.adopt(name, claim.user, claim.host, claim.uuids, claim.milli)
+    def adopt(
+        self, name: str, claim: Held, reserved: tuple[int, int] = (0, 0)
+    ) -> tuple[Allocation, list[AdoptProblem]]:
+        """Book what a running service holds (its labels, read strictly; ``reserved``:
+        the CPU thousandths and memory MiB its spec reserves). Devices not offered yet
+        (an agent has not reported, or the device is unhealthy) are taken the moment
+        they are, before any request can see them free."""
+        alloc, problems = self.allocator.adopt(name, claim.user, claim.host, claim.uuids, claim.milli, *reserved)
         if len(alloc.devices) < len(claim.uuids):
-            self.pending[name] = claim
+            self.pending[name] = (claim, reserved)
         else:
             self.pending.pop(name, None)
         return alloc, problems
 
     def _adopt_pending(self) -> None:
-        for name, claim in list(self.pending.items()):
-            self.adopt(name, claim)
+        for name, (claim, reserved) in list(self.pending.items()):
+            self.adopt(name, claim, reserved)
 
     async def _probe_local(self, log) -> None:
         """NVML in the hub's own process, at most once per interval."""
@@ -260,9 +262,26 @@ class GPUCluster:
                 self.nodes = {n.hostname: n for n in nodes}
                 self._schedulable = {n.hostname for n in nodes if n.schedulable}
                 self._forget_gone(log)
+                await self._read_resources(swarm, nodes, log)
             self.apply()
             self._update_availability()
             self._nodes_read = True
+
+    async def _read_resources(
+        self, swarm: Swarm, nodes: list[Node], log: logging.Logger | logging.LoggerAdapter
+    ) -> None:
+        """Each node's CPU and memory, and what the services running there reserve,
+        for the allocator. When the reservations cannot be read, those last read
+        stay (could not find out is not "none reserved")."""
+        for n in nodes:
+            self.allocator.set_host_resources(n.hostname, n.cpu_milli, n.memory_mib)
+        try:
+            reserved = await swarm.reservations()
+        except SwarmError as exc:
+            log.warning("What services reserve on the nodes could not be read (the last figures stay): %s", exc)
+            return
+        for n in nodes:
+            self.allocator.set_host_reserved(n.hostname, reserved.get(n.id, {}))
 
     def _forget_gone(self, log: logging.Logger | logging.LoggerAdapter) -> None:
         """A host that is no longer a node of the swarm has no devices by its

@@ -16,7 +16,7 @@ from typing import Any
 import docker.errors
 import requests
 
-__all__ = ["Node", "Swarm", "SwarmError", "TASK_FAILED", "TASK_WAITING"]
+__all__ = ["Node", "Swarm", "SwarmError", "TASK_FAILED", "TASK_WAITING", "spec_reservations"]
 
 # Task states (docker/api/types/swarm TaskState).
 TASK_WAITING = {"new", "allocated", "pending", "assigned", "accepted", "preparing", "ready", "starting"}
@@ -41,6 +41,8 @@ class Node:
     ready: bool
     availability: str  # active, pause, drain
     generic_resources: tuple[str, ...] = ()  # kinds of swarm generic resources the node offers
+    cpu_milli: int | None = None  # CPUs it has, in thousandths (None: it does not say)
+    memory_mib: int | None = None  # memory it has, in MiB
 
     @property
     def schedulable(self) -> bool:
@@ -90,6 +92,20 @@ class Swarm:
     async def services(self, label: str) -> list[dict]:
         return await self._call("services", filters={"label": label})
 
+    async def reservations(self) -> dict[str, dict[str, tuple[int, int]]]:
+        """Node ID -> service name -> (CPU thousandths, memory MiB) that its running
+        tasks reserve on that node."""
+        names = {s["ID"]: s.get("Spec", {}).get("Name", "") for s in await self._call("services")}
+        found: dict[str, dict[str, tuple[int, int]]] = {}
+        for task in await self._call("tasks", filters={"desired-state": "running"}):
+            node, name = task.get("NodeID") or "", names.get(task.get("ServiceID", ""), "")
+            reserved = (task.get("Spec", {}).get("Resources") or {}).get("Reservations") or {}
+            cpu, mem = _amount(reserved.get("NanoCPUs"), 10**6), _amount(reserved.get("MemoryBytes"), 2**20)
+            if node and (cpu or mem):
+                had = found.setdefault(node, {}).get(name, (0, 0))
+                found[node][name] = (had[0] + cpu, had[1] + mem)
+        return found
+
     async def create_service(self, **kwargs) -> dict:
         return await self._call("create_service", **kwargs)
 
@@ -130,8 +146,20 @@ class Swarm:
         return sorted(tasks, key=lambda t: t.get("CreatedAt", ""), reverse=True)
 
 
+def spec_reservations(spec: dict) -> tuple[int, int]:
+    """(CPU thousandths, memory MiB) a service's spec reserves for its task."""
+    reserved = ((spec.get("TaskTemplate") or {}).get("Resources") or {}).get("Reservations") or {}
+    return _amount(reserved.get("NanoCPUs"), 10**6), _amount(reserved.get("MemoryBytes"), 2**20)
+
+
+def _amount(value: object, unit: int) -> int:
+    """A count of the daemon's (nano-CPUs, bytes) in ``unit``s, rounded up; 0 for anything else."""
+    return -(-value // unit) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def _node(raw: dict) -> Node:
     status = raw.get("Status", {})
+    resources = raw.get("Description", {}).get("Resources", {}) or {}
     spec = raw.get("Spec", {})
     addr = status.get("Addr", "")
     if addr in ("", "0.0.0.0"):
@@ -153,4 +181,7 @@ def _node(raw: dict) -> Node:
                 }
             )
         ),
+        # What the node has: rounded down (a reservation rounds up), None when not said.
+        cpu_milli=_amount(resources.get("NanoCPUs"), 1) // 10**6 or None,
+        memory_mib=_amount(resources.get("MemoryBytes"), 1) // 2**20 or None,
     )

@@ -44,7 +44,7 @@ from typing import TypeVar
 from .. import metrics
 from ..allocator.allocator import Allocation, Request
 from ..cluster.cluster import GPUCluster
-from ..cluster.swarm import Swarm, SwarmError
+from ..cluster.swarm import Swarm, SwarmError, spec_reservations
 from ..core.labels import LABEL, Held, LabelError, parse_labels
 from ..ledger.ledger import Ledger, LedgerError
 from .ports import NoPortFree, PortPool
@@ -317,6 +317,7 @@ class Holdings:
         version = self._version
         services = await self.swarm.services(f"{LABEL}.devices")
         found: dict[str, Held] = {}
+        reserved: dict[str, tuple[int, int]] = {}  # what each found service reserves besides GPUs
         present = set()  # every labelled service, also those not taken as hub servers
         for service in services:
             spec = service.get("Spec", {})
@@ -324,13 +325,14 @@ class Holdings:
             claim = self._claim(spec.get("Name", ""), spec.get("Labels") or {})
             if claim is not None:
                 found[spec["Name"]] = claim
+                reserved[spec["Name"]] = spec_reservations(spec)
         records_read = self.rebuilt or await self._adopt_open_records(found)
         adopted = 0
         for name, claim in found.items():
             # Skip what is held, and what changed since the swarm was asked
             # (e.g. a server stopped meanwhile: its service is gone by now).
             if name not in self._holdings and self._changed.get(name, 0) <= version:
-                await self._adopt(name, claim)
+                await self._adopt(name, claim, reserved=reserved[name])
                 adopted += 1
         removed = await self._remove_orphans(found, untracked, version)
         # Holdings whose service is gone, and those being removed (a stop that
@@ -397,8 +399,10 @@ class Holdings:
         self.foreign[name] = why
         return None
 
-    async def _adopt(self, name: str, claim: Held, phase: Phase = Phase.RUNNING) -> Holding:
-        alloc, problems = self.cluster.adopt(name, claim)
+    async def _adopt(
+        self, name: str, claim: Held, phase: Phase = Phase.RUNNING, reserved: tuple[int, int] = (0, 0)
+    ) -> Holding:
+        alloc, problems = self.cluster.adopt(name, claim, reserved)
         for problem in problems:
             log.warning("Service %s: %s", name, problem)
             if problem.reason.double_booking:

@@ -159,7 +159,14 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         if options.cpu_only:
             return None, False
         request = Request(
-            model=options.model, count=options.count, host=options.host, owner=self.user.name, milli=options.milli
+            model=options.model,
+            count=options.count,
+            host=options.host,
+            owner=self.user.name,
+            milli=options.milli,
+            # What the service reserves besides GPUs: placed only where the node has it free.
+            cpu_milli=round(self.cpu_guarantee * 1000) if self.cpu_guarantee else 0,
+            memory_mib=-(-int(self.mem_guarantee) // 2**20) if self.mem_guarantee else 0,
         )
         return request, options.wait
 

@@ -34,11 +34,11 @@ def cluster(policy: str = "pack") -> Allocator:
 
 def test_a_host_without_the_memory_asked_for_is_passed_over_and_a_refusal_names_memory():
     a = cluster()
-    a.set_host_reserved("gpu-a", 0, 250 * 1024)  # another service reserved most of gpu-a's memory
+    a.set_host_reserved("gpu-a", {"db": (0, 250 * 1024)})  # another service reserved most of gpu-a's memory
     got = a.allocate("s1", Request(model=A100, count=1, memory_mib=16 * 1024))
     assert got.host == "gpu-b"  # pack would take gpu-a (fewer free), but its memory is taken
     assert a.resources.free("gpu-b") == (32_000, 240 * 1024)
-    a.set_host_reserved("gpu-b", 0, 250 * 1024)
+    a.set_host_reserved("gpu-b", {"db": (0, 250 * 1024), "s1": (0, 16 * 1024)})  # s1: held, counted once
     with pytest.raises(AllocationRefused) as exc:
         a.allocate("s2", Request(model=A100, count=1, memory_mib=16 * 1024))
     assert exc.value.reason is Refusal.RESOURCES_SHORT and exc.value.status == 503

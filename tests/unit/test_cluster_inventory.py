@@ -113,7 +113,7 @@ def test_a_holding_rebuilt_before_its_node_reported_takes_its_devices_the_moment
     holding = Held(user="ann", server="", host="gpu-b", uuids=("GPU-a100-1",), model=A100, port=None)
     alloc, problems = c.allocator.adopt("jupyter-ann", "ann", "gpu-b", holding.uuids)
     assert problems and not alloc.devices
-    c.pending["jupyter-ann"] = holding  # as Holdings records it when it adopts
+    c.pending["jupyter-ann"] = (holding, (0, 0))  # as Holdings records it when it adopts
     send(c, report(device(0, "GPU-a100-0"), device(1, "GPU-a100-1")))
     assert c.allocator.booked_on("GPU-a100-1") == {"jupyter-ann": UNIT}
     assert c.allocator.allocate("s2", Request(model=A100, count=1)).uuids == ("GPU-a100-0",)

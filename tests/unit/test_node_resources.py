@@ -1,0 +1,76 @@
+"""The nodes' CPU and memory in placement: what the swarm says each node has,
+what other services reserve there, and what the hub's servers reserve (their
+``cpu_guarantee`` / ``mem_guarantee``), through the real spawner over the fake
+swarm. A node without the memory is not chosen, and a refusal names memory."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from jupyterhub.spawner import SpawnException
+
+from gpuspawner.allocator.allocator import Refusal
+from tests.unit.test_holdings import A100, World, driven
+
+TWO = {"gpu-b": [{"uuid": f"GPU-b{i}", "model": A100, "memory_mib": 81920} for i in range(2)]}
+GIB = 2**30
+
+
+def world(tmp_path, **settings) -> World:
+    w = World(tmp_path, inventory=TWO, mem_guarantee=20 * GIB, **settings)
+    w.fake.set_node_resources("gpu-b", cpus=8, memory_gib=32)
+    return w
+
+
+async def refused(w: World, user: str) -> SpawnException:
+    with pytest.raises(SpawnException) as exc:
+        await w.spawner(user, {"gpu_model": A100}).start()
+    return exc.value
+
+
+async def test_a_second_server_whose_memory_the_node_lacks_is_refused_naming_memory(tmp_path):
+    w = world(tmp_path)
+    alice = w.spawner("alice", {"gpu_model": A100})
+    await w.started(alice)
+    assert w.owner.get(alice.service_name).held.host == "gpu-b"
+    exc = await refused(w, "bob")  # one A100 is free, 12 GiB of memory
+    assert exc.status_code == 503
+    assert exc.message.startswith(f"1 {A100} free on gpu-b, but only 12.0 GiB of memory left there")
+    assert isinstance(exc.__cause__, Exception) and exc.__cause__.reason is Refusal.RESOURCES_SHORT
+    assert w.fake.service_names() == ["jupyter-alice"]  # nothing half-made
+    # A restarted hub books alice's memory again, from her service's spec.
+    w.restart()
+    exc = await refused(w, "bob")
+    assert "only 12.0 GiB of memory left there" in exc.message
+    alice = w.spawner("alice", {"gpu_model": A100})  # the restarted hub's
+    await driven(alice.stop(), w.fake.exit_all)
+    await w.started(w.spawner("bob", {"gpu_model": A100}))  # at once: her memory is back with her GPU
+
+
+async def test_what_another_service_reserves_on_the_node_counts_and_unknown_is_not_none(tmp_path):
+    w = world(tmp_path)
+    template = {
+        "ContainerSpec": {"Image": "busybox"},
+        "Resources": {"Reservations": {"MemoryBytes": 16 * GIB}},
+        "Placement": {"Constraints": ["node.hostname==gpu-b"]},
+    }
+    w.fake.create_service(template, name="database")  # not the hub's
+    w.fake.run_all()
+    exc = await refused(w, "alice")  # 32 - 16 GiB: too little for 20
+    assert "only 16.0 GiB of memory left there" in exc.message
+    # The tasks cannot be listed for a moment: the figures last read stay.
+    w.fake.remove_service("database")
+    w.fake.fail_next("tasks")
+    await asyncio.sleep(1.1)  # the node list is read again after a second
+    exc = await refused(w, "alice")
+    assert "only 16.0 GiB of memory left there" in exc.message
+    await asyncio.sleep(1.1)  # read again: the database is gone
+    await w.started(w.spawner("alice", {"gpu_model": A100}))
+
+
+async def test_without_guarantees_or_node_figures_nothing_changes(tmp_path):
+    w = World(tmp_path, inventory=TWO)  # the swarm says nothing of the nodes' resources
+    for user in ("alice", "bob"):
+        await w.started(w.spawner(user, {"gpu_model": A100}))
+    assert len(w.fake.service_names()) == 2
