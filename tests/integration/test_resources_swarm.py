@@ -1,0 +1,69 @@
+"""The nodes' CPU and memory in placement, on the real three-node swarm: each
+node's dockerd says what it has (this machine's CPUs and memory), servers
+reserve ``cpu_guarantee`` (three quarters of a node's CPUs) and ``mem_guarantee``. A server the node has no CPU
+left for is refused at once with a sentence naming CPUs (the swarm alone would
+leave its task pending until the start timeout); a node whose memory another
+service reserved is not chosen, and the refusal names memory."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.integration.support import hub_on, spawn_ready, wait_until
+
+A100 = "NVIDIA A100 80GB PCIe"
+
+
+def gpu_b(swarm) -> dict:
+    client = swarm.client()
+    return next(n for n in client.nodes.list() if n.attrs["Description"]["Hostname"] == "gpu-b").attrs
+
+
+def cpus(swarm) -> float:
+    return gpu_b(swarm)["Description"]["Resources"]["NanoCPUs"] / 1e9
+
+
+@pytest.fixture(scope="module")
+def hub(swarm, tmp_path_factory):
+    # Each server reserves three quarters of a node's CPUs: one fits on gpu-b, two do not.
+    config = f"c.GPUSwarmSpawner.cpu_guarantee = {0.75 * cpus(swarm)}\nc.GPUSwarmSpawner.mem_guarantee = '1G'\n"
+    with hub_on(swarm, tmp_path_factory.mktemp("hub"), port_from=21900, extra_config=config) as h:
+        yield h
+
+
+def test_a_server_the_node_has_no_cpu_left_for_is_refused_naming_cpus(hub, swarm):
+    spawn_ready(hub, "alice", {"gpu_model": A100})
+    t0 = time.monotonic()
+    r = hub.spawn("bob", {"gpu_model": A100})
+    assert r.status_code == 503, r.text
+    left = round(cpus(swarm) * 1000) - round(0.75 * cpus(swarm) * 1000)  # thousandths of a CPU
+    assert f"1 {A100} free on gpu-b, but only {left / 1000:g} CPUs left there" in r.json()["message"]
+    assert time.monotonic() - t0 < 20  # at once, not after the task's start timeout
+    hub.stop_server("alice")
+    spawn_ready(hub, "bob", {"gpu_model": A100})
+    hub.stop_all_servers()
+
+
+def test_a_node_whose_memory_another_service_reserved_is_not_chosen_and_the_refusal_names_memory(hub, swarm):
+    memory = gpu_b(swarm)["Description"]["Resources"]["MemoryBytes"]
+    big = swarm.client().services.create(  # not the hub's: it leaves gpu-b 0.5 GiB
+        "gpuspawner-test/busybox:latest",
+        ["sleep", "600"],
+        name="bigdb",
+        constraints=["node.hostname==gpu-b"],
+        resources={"Reservations": {"MemoryBytes": memory - 2**29}},
+    )
+    try:
+        wait_until(lambda: any(t["Status"]["State"] == "running" for t in big.tasks()), "bigdb did not start", 60)
+        time.sleep(1.5)  # the hub reads the nodes' reservations at most every second
+        r = hub.spawn("carol", {"gpu_model": A100})
+        assert r.status_code == 503, r.text
+        assert f"2 {A100} free on gpu-b, but only 0.5 GiB of memory left there" in r.json()["message"]
+    finally:
+        big.remove()
+    wait_until(lambda: not big.tasks() or all(t["Status"]["State"] != "running" for t in big.tasks()), "bigdb ran on")
+    time.sleep(1.5)
+    spawn_ready(hub, "carol", {"gpu_model": A100})
+    hub.stop_all_servers()
