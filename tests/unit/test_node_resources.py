@@ -12,6 +12,7 @@ from jupyterhub.spawner import SpawnException
 
 from gpuspawner.allocator.allocator import Refusal
 from tests.unit.test_holdings import A100, World, driven
+from tests.unit.test_line import until
 
 TWO = {"gpu-b": [{"uuid": f"GPU-b{i}", "model": A100, "memory_mib": 81920} for i in range(2)]}
 GIB = 2**30
@@ -74,3 +75,15 @@ async def test_without_guarantees_or_node_figures_nothing_changes(tmp_path):
     for user in ("alice", "bob"):
         await w.started(w.spawner(user, {"gpu_model": A100}))
     assert len(w.fake.service_names()) == 2
+
+
+async def test_a_request_that_may_wait_waits_in_line_for_the_memory_and_is_served_when_it_is_back(tmp_path):
+    w = world(tmp_path)
+    alice = w.spawner("alice", {"gpu_model": A100})
+    await w.started(alice)
+    bob = w.spawner("bob", {"gpu_model": A100, "gpu_wait": True})
+    bob_start = asyncio.ensure_future(w.started(bob))
+    await until(lambda: w.hub.line.place(bob.service_name) == (A100, 1))
+    await driven(alice.stop(), w.fake.exit_all)
+    await bob_start  # served once alice's memory (and GPU) came back
+    assert w.owner.get(bob.service_name).held.host == "gpu-b"
