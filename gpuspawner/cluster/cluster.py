@@ -64,6 +64,7 @@ class GPUCluster:
         self._offered = False  # the allocator has had a first inventory
         self.views = ClusterViews(self, holders_of)  # who holds a device: the hub's holdings say
         self._schedulable: set[str] | None = None
+        self._reserved_at = -float("inf")  # when the nodes' reservations were last read (monotonic)
         self._nodes_read = False
         self._nodes_at = 0.0  # when the node list was last read
         self._local_due = 0.0
@@ -262,26 +263,28 @@ class GPUCluster:
                 self.nodes = {n.hostname: n for n in nodes}
                 self._schedulable = {n.hostname for n in nodes if n.schedulable}
                 self._forget_gone(log)
-                await self._read_resources(swarm, nodes, log)
+                for n in nodes:
+                    self.allocator.set_host_resources(n.hostname, n.cpu_milli, n.memory_mib)
             self.apply()
             self._update_availability()
             self._nodes_read = True
 
-    async def _read_resources(
-        self, swarm: Swarm, nodes: list[Node], log: logging.Logger | logging.LoggerAdapter
-    ) -> None:
-        """Each node's CPU and memory, and what the services running there reserve,
-        for the allocator. When the reservations cannot be read, those last read
-        stay (could not find out is not "none reserved")."""
-        for n in nodes:
-            self.allocator.set_host_resources(n.hostname, n.cpu_milli, n.memory_mib)
-        try:
-            reserved = await swarm.reservations()
-        except SwarmError as exc:
-            log.warning("What services reserve on the nodes could not be read (the last figures stay): %s", exc)
-            return
-        for n in nodes:
-            self.allocator.set_host_reserved(n.hostname, reserved.get(n.id, {}))
+    async def read_reservations(self, swarm: Swarm, log: logging.Logger | logging.LoggerAdapter) -> None:
+        """What the services running on each node reserve there, for the allocator (at
+        most every NODES_MAX_AGE seconds; asked only for requests that reserve CPU or
+        memory). When it cannot be read, what was last read stays (could not find out
+        is not "none reserved")."""
+        async with self._lock:
+            if time.monotonic() - self._reserved_at < NODES_MAX_AGE:
+                return
+            try:
+                reserved = await swarm.reservations()
+            except SwarmError as exc:
+                log.warning("What services reserve on the nodes could not be read (the last figures stay): %s", exc)
+                return
+            self._reserved_at = time.monotonic()
+            for hostname, n in self.nodes.items():
+                self.allocator.set_host_reserved(hostname, reserved.get(n.id, {}))
 
     def _forget_gone(self, log: logging.Logger | logging.LoggerAdapter) -> None:
         """A host that is no longer a node of the swarm has no devices by its

@@ -157,6 +157,8 @@ class Holdings:
         them in the ledger. Raises AllocationRefused, HoldingBusy (an earlier
         holding of this server is still being removed), LedgerError (nothing
         is left booked) or NoPortFree."""
+        if request is not None and (request.cpu_milli or request.memory_mib):
+            await self.cluster.read_reservations(self.swarm, log)  # before the checks: no await after them
         if name in self._holdings:
             raise HoldingBusy(name)
         if request is not None and self.records_unread:

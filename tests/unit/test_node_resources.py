@@ -11,6 +11,7 @@ import pytest
 from jupyterhub.spawner import SpawnException
 
 from gpuspawner.allocator.allocator import Refusal
+from gpuspawner.cluster.swarm import Swarm, SwarmError
 from tests.unit.test_holdings import A100, World, driven
 from tests.unit.test_line import until
 
@@ -49,7 +50,7 @@ async def test_a_second_server_whose_memory_the_node_lacks_is_refused_naming_mem
     await w.started(w.spawner("bob", {"gpu_model": A100}))  # at once: her memory is back with her GPU
 
 
-async def test_what_another_service_reserves_on_the_node_counts_and_unknown_is_not_none(tmp_path):
+async def test_what_another_service_reserves_on_the_node_counts_and_unknown_is_not_none(tmp_path, monkeypatch):
     w = world(tmp_path)
     template = {
         "ContainerSpec": {"Image": "busybox"},
@@ -60,12 +61,17 @@ async def test_what_another_service_reserves_on_the_node_counts_and_unknown_is_n
     w.fake.run_all()
     exc = await refused(w, "alice")  # 32 - 16 GiB: too little for 20
     assert "only 16.0 GiB of memory left there" in exc.message
-    # The tasks cannot be listed for a moment: the figures last read stay.
+    # The reservations cannot be read for a moment: the figures last read stay.
     w.fake.remove_service("database")
-    w.fake.fail_next("tasks")
-    await asyncio.sleep(1.1)  # the node list is read again after a second
-    exc = await refused(w, "alice")
-    assert "only 16.0 GiB of memory left there" in exc.message
+
+    async def down(self):
+        raise SwarmError("swarm tasks failed: injected fault")
+
+    with monkeypatch.context() as m:
+        m.setattr(Swarm, "reservations", down)
+        await asyncio.sleep(1.1)  # they are read again after a second
+        exc = await refused(w, "alice")
+        assert "only 16.0 GiB of memory left there" in exc.message
     await asyncio.sleep(1.1)  # read again: the database is gone
     await w.started(w.spawner("alice", {"gpu_model": A100}))
 
