@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from ..core.inventory import GPU
@@ -203,7 +204,9 @@ class Allocator:
                             f"{len(index.models[elsewhere[0]].free[elsewhere[1]])} {elsewhere[0]} free",
                         )
                 if request.models is not None:
-                    raise _none_of(request.models, f"{count} GPUs")
+                    raise self._any_of_refusal(
+                        request, lambda r: whole_refusal(index, self._summaries(), r, max_per_owner, held)
+                    )
                 raise whole_refusal(index, self._summaries(), request, max_per_owner, held)
             model, host = found
             mi = index.models[model]
@@ -228,6 +231,27 @@ class Allocator:
                 raise unknown_model(request.model, self._index.models)
             return [request.model]
         return None
+
+    def _any_of_refusal(self, request: Request, refusal: Callable[[Request], AllocationRefused]) -> AllocationRefused:
+        """Why a request for any of several models got nothing: each model's own
+        refusal. When none could ever be met, that (not to be retried); when all
+        wait for the owner's other servers, that; else none is free right now."""
+        each = []
+        for model in sorted(set(request.models or ())):
+            try:
+                each.append(refusal(replace(request, model=model, models=None)))
+            except AllocationRefused as exc:  # e.g. a share the model does not offer
+                each.append(exc)
+        waiting = [r for r in each if r.retry]
+        if not waiting:
+            return AllocationRefused("; ".join(r.message for r in each), each[0].reason)
+        if all(r.reason is Refusal.LIMIT_REACHED for r in waiting):
+            return waiting[0]
+        return AllocationRefused(
+            f"None of {', '.join(sorted(set(request.models or ())))} is free for this request right now: "
+            + "; ".join(r.message for r in waiting),
+            Refusal.NONE_FREE,
+        )
 
     def _fits(self, request: Request) -> Fits:
         """Whether a host has the request's CPU and memory free (None: nothing asked)."""
@@ -254,14 +278,17 @@ class Allocator:
 
     def _allocate_cpu_only(self, holder: str, request: Request, policy: str | None) -> Allocation:
         """A server without GPUs, where it takes least from GPU requests: of the
-        available hosts whose CPU and memory are known and fit, those without GPUs
-        first, then those with the fewest untouched GPUs; ties by name. (Hosts come
-        from the index's buckets, so a busy cluster is not scanned host by host.)"""
+        available hosts whose CPU and memory are known and fit (``request.host``
+        only, when pinned), those without GPUs first, then those with the fewest
+        untouched GPUs of one model (a host with several models counts by each);
+        ties by name. Hosts come from the index's buckets, so a busy cluster is not
+        scanned host by host."""
         index, resources = self._index, self.resources
         cpu, mem = request.cpu_milli, request.memory_mib
 
         def fits(host: str) -> bool:
-            return resources.free(host) is not None and resources.fits(host, cpu, mem)
+            pinned = request.host is None or host == request.host
+            return pinned and resources.free(host) is not None and resources.fits(host, cpu, mem)
 
         if self._gpuless is None:  # remade when the inventory or the known hosts change
             self._gpuless = [h for h in resources.known() if h not in index.by_host]
@@ -272,7 +299,7 @@ class Allocator:
                 break
             # Each bucket is sorted by name: merged lazily, the first host that fits wins.
             hosts = heapq.merge(*(mi.buckets[n] for mi in mis if n < len(mi.buckets)))
-            host = next((h for h in hosts if fits(h) and self._untouched_on(h) == n), None)
+            host = next((h for h in hosts if fits(h)), None)
         if host is None:
             known = bool(resources.known())
             raise AllocationRefused(
@@ -284,10 +311,6 @@ class Allocator:
         alloc = self._made(holder, request, host, ())
         self._record(alloc)
         return alloc
-
-    def _untouched_on(self, host: str) -> int:
-        """Untouched devices on ``host``, of every model it has."""
-        return sum(len(mi.free.get(host, ())) for mi in self._index.models.values())
 
     def _allocate_share(self, holder: str, request: Request, limit: int | None, policy: str | None) -> Allocation:
         index = self._index
@@ -311,7 +334,12 @@ class Allocator:
                 if elsewhere is not None:
                     raise self._short(request, elsewhere[1], f"Room for {fmt(share)} of a {elsewhere[0]}")
             if request.models is not None:
-                raise _none_of(request.models, f"{fmt(share)} of a GPU")
+                raise self._any_of_refusal(
+                    request,
+                    lambda r: share_refusal(
+                        index, self.sharing, r, share, self._models_accepting(share, r.model), limit, held
+                    ),
+                )
             raise share_refusal(index, self.sharing, request, share, models, limit, held)
         if found[1] in self._unenforced:
             found = self._share_elsewhere(models, share, pol, found, request.host is not None, fits)
@@ -541,9 +569,3 @@ class Allocator:
         changed or given back (a view of who holds what there may be reused
         while it stays the same)."""
         return self._versions.get(host, 0)
-
-
-def _none_of(models: tuple[str, ...], asked: str) -> AllocationRefused:
-    return AllocationRefused(
-        f"None of {', '.join(sorted(set(models)))} has {asked} free on one node right now", Refusal.NONE_FREE
-    )

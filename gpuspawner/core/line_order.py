@@ -12,7 +12,7 @@ others, least recent use first, then by arrival.
 
 Only the first waiter of a model is ever served, and while anyone waits for a
 model a new request for it is not granted: it goes to the back of the line
-(or is refused, without ``gpu_wait``). So a large request is never starved by
+(with fair share, where its recent use puts it; or is refused, without ``gpu_wait``). So a large request is never starved by
 smaller ones that would fit in what is free now: the devices that free up
 stay free until the first waiter's request fits.
 """

@@ -114,6 +114,7 @@ class Holdings:
         self.ports = PortPool()  # for host networking
         self.foreign: dict[str, str] = {}  # labelled services not taken as hub servers -> why
         self._orphans: set[str] = set()
+        self._unopened: set[str] = set()  # adopted holdings whose open allocation the ledger could not take yet
         self._version = 0  # counts transitions; reconciliation skips what changed under it
         self._changed: dict[str, int] = {}
         self._reconciling = asyncio.Lock()
@@ -299,6 +300,7 @@ class Holdings:
             self.allocator.release(h.name)
             self.cluster.pending.pop(h.name, None)
             self.ports.release(h.name)
+            self._unopened.discard(h.name)
             self._touch(h.name)
             self.on_free()
 
@@ -336,6 +338,7 @@ class Holdings:
             if name not in self._holdings and self._changed.get(name, 0) <= version:
                 await self._adopt(name, claim, reserved=reserved[name])
                 adopted += 1
+        await self._open_unopened()
         removed = await self._remove_orphans(found, untracked, version)
         # Holdings whose service is gone, and those being removed (a stop that
         # failed, or whose container still ran): removed again, given back
@@ -417,8 +420,25 @@ class Holdings:
             try:
                 await self._ledger_open(name, claim, alloc)
             except LedgerError as exc:
-                log.warning("%s", exc)
+                log.warning("%s (its allocation is recorded at a later reconcile)", exc)
+                self._unopened.add(name)
         return h
+
+    async def _open_unopened(self) -> None:
+        """Record the allocations of adopted holdings that the ledger could not take
+        when they were adopted (unrecorded, the next hub could not know a container
+        may still run on their devices, nor count their GPU-hours)."""
+        for name in sorted(self._unopened):
+            h, alloc = self._holdings.get(name), self.allocator.holding(name)
+            if h is None or alloc is None or not alloc.devices:
+                self._unopened.discard(name)
+                continue
+            try:
+                await self._ledger_open(name, h.held, alloc)
+            except LedgerError as exc:
+                log.warning("%s", exc)
+                return  # the next reconcile tries again
+            self._unopened.discard(name)
 
     async def _adopt_open_records(self, running: dict[str, Held]) -> bool:
         """At hub start: allocations the ledger has open whose service is gone

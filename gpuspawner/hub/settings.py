@@ -287,9 +287,10 @@ class GPUSettings(LoggingConfigurable):
     @validate("gpu_fairshare_half_life_days", "gpu_fairshare_max_wait_hours")
     def _fairshare_number(self, proposal):
         value, name = proposal["value"], proposal["trait"].name
-        if not math.isfinite(value) or value < 0 or (value == 0 and name == "gpu_fairshare_max_wait_hours"):
-            least = "0 (off) or more" if name == "gpu_fairshare_half_life_days" else "more than 0"
-            raise TraitError(f"{name} must be {least}, got {value!r}")
+        most = 3650 if name == "gpu_fairshare_half_life_days" else 24 * 3650  # ten years
+        if not math.isfinite(value) or value < 0 or value > most or (value == 0 and name.endswith("max_wait_hours")):
+            rule = "from 0 (off) to 3650 days" if most == 3650 else f"above 0 and at most {most} hours"
+            raise TraitError(f"{name} must be {rule}, got {value!r}")
         return value
 
     def fairshare(self) -> FairShare | None:

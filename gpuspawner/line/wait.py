@@ -74,6 +74,7 @@ class WaitLine:
         self.fair = fair  # None: priority, then arrival
         self._used: dict[str, float] = {}  # user -> recent use, as last read (fair share)
         self._used_read = -float("inf")  # when (monotonic)
+        self._reads = self._read_applied = 0  # reads begun, and the latest whose answer is kept
         self.rows: list[Waiter] = []  # as in the ledger
         self.loaded = False
         self._live: dict[str, tuple[Reserve, asyncio.Future]] = {}  # waiting spawns: how to reserve, their result
@@ -126,11 +127,19 @@ class WaitLine:
         if fair is None or not self.rows or not now and time.monotonic() - self._used_read < USE_SECONDS:
             return
         users = sorted({w.user for w in self.rows})
+        self._reads += 1
+        read = self._reads
         try:
             used = await self.holdings.ledger_call(lambda db: db.recent_use(users, fair))
         except LedgerError as exc:
             log.warning("The line's order keeps the recent use last read: %s", exc)
             return
+        except Exception:  # never stop serving the line
+            log.exception("The line's order keeps the recent use last read")
+            return
+        if read < self._read_applied:
+            return  # a later read (of more users, maybe) already answered
+        self._read_applied = read
         self._used, self._used_read = dict(used or {}), time.monotonic()
 
     def outlook(self, service: str) -> str:

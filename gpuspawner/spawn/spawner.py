@@ -240,10 +240,19 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             # background; stop() waits for it on the holding's lock, and the
             # GPUs stay reserved until no task of the service can run.
             self._cancelled_removal = asyncio.ensure_future(self._remove(holdings))
+            self._cancelled_removal.add_done_callback(self._removal_done)
             raise
         except BaseException:
             await asyncio.shield(self._remove(holdings))
             raise
+
+    def _removal_done(self, removal: asyncio.Future) -> None:
+        """A cancelled spawn's removal ended: an error it met is logged (its GPUs stay
+        reserved, and the reconcile loop or stop() finishes the job)."""
+        if not removal.cancelled() and removal.exception() is not None:
+            self.log.error(
+                "Removing the cancelled spawn's service %s failed", self.service_name, exc_info=removal.exception()
+            )
 
     async def _within_budget(self, holdings: Holdings, access: Access) -> Budget | None:
         """The user's weekly budget (None: none); 403 while it is used up or

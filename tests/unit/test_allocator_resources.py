@@ -107,10 +107,36 @@ def test_any_of_several_models_lands_on_whichever_is_free():
     assert share.model == T4
     with pytest.raises(AllocationRefused) as exc:
         a.allocate("v", Request(models=(A100,), count=1))
-    assert exc.value.message == f"None of {A100} has 1 GPUs free on one node right now"
+    assert exc.value.reason is Refusal.NONE_FREE and exc.value.retry
+    assert exc.value.message.startswith(f"None of {A100} is free for this request right now: ")
     with pytest.raises(AllocationRefused) as exc:
         a.allocate("v", Request(models=(A100, "NVIDIA H100"), count=1))
     assert exc.value.reason is Refusal.UNKNOWN_MODEL
+
+
+def test_an_any_of_request_is_refused_as_each_model_would_refuse_it():
+    a = cluster()
+    # No node has 5 of either: never, as asked (not to be retried, so it never waits in line).
+    with pytest.raises(AllocationRefused) as exc:
+        a.allocate("v", Request(models=(A100, T4), count=5))
+    assert not exc.value.retry and A100 in exc.value.message and T4 in exc.value.message
+    # Over the owner's limit on both: the limit, as a single model says it.
+    a.allocate("mine", Request(model=T4, count=1, owner="ann"))
+    with pytest.raises(AllocationRefused) as exc:
+        a.allocate("v", Request(models=(A100, T4), count=1, owner="ann"), max_per_owner=1)
+    assert exc.value.reason is Refusal.LIMIT_REACHED
+    # A share of a model whose shares cannot be split, for more than one GPU: never.
+    with pytest.raises(AllocationRefused) as exc:
+        a.allocate("v", Request(models=(T4,), milli=1500))
+    assert not exc.value.retry
+
+
+def test_a_server_without_gpus_may_go_to_a_host_with_two_models_and_keeps_to_a_pinned_host():
+    a = Allocator(gpus("mixed", A100, 1) + [GPU("mixed", 1, "mixed-t4", T4, 15360)] + gpus("big", A100, 4), "pack")
+    a.set_host_resources("mixed", 8_000, 8192)
+    assert a.allocate("c", Request(count=0, cpu_milli=1000)).host == "mixed"  # 1 + 1 free: fewer than big's
+    a.set_host_resources("big", 8_000, 8192)
+    assert a.allocate("d", Request(count=0, cpu_milli=1000, host="big")).host == "big"
 
 
 HOSTS = ["h1", "h2", "h3", "h4", "h5"]

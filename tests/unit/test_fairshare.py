@@ -67,9 +67,19 @@ def test_a_holding_still_open_counts_until_now_and_nothing_after_it():
 @pytest.mark.parametrize(
     "values, message",
     [
-        ({"gpu_fairshare_half_life_days": -1}, "gpu_fairshare_half_life_days must be 0 (off) or more, got -1"),
-        ({"gpu_fairshare_half_life_days": float("inf")}, "gpu_fairshare_half_life_days must be 0 (off) or more"),
-        ({"gpu_fairshare_max_wait_hours": 0}, "gpu_fairshare_max_wait_hours must be more than 0, got 0"),
+        (
+            {"gpu_fairshare_half_life_days": -1},
+            "gpu_fairshare_half_life_days must be from 0 (off) to 3650 days, got -1",
+        ),
+        (
+            {"gpu_fairshare_half_life_days": float("inf")},
+            "gpu_fairshare_half_life_days must be from 0 (off) to 3650 days",
+        ),
+        ({"gpu_fairshare_half_life_days": 80_000}, "gpu_fairshare_half_life_days must be from 0 (off) to 3650 days"),
+        (
+            {"gpu_fairshare_max_wait_hours": 0},
+            "gpu_fairshare_max_wait_hours must be above 0 and at most 87600 hours, got 0",
+        ),
     ],
 )
 def test_bad_settings_are_refused_with_their_name(values, message):
