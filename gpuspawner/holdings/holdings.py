@@ -162,7 +162,8 @@ class Holdings:
             await self.cluster.read_reservations(self.swarm, log)  # before the checks: no await after them
         if name in self._holdings:
             raise HoldingBusy(name)
-        if request is not None and self.records_unread:
+        gpus = request is not None and (request.milli is not None or request.count != 0)  # not a CPU-only placement
+        if gpus and self.records_unread:
             # An earlier hub's server may still run on a device the ledger alone knows of.
             raise LedgerError("the GPU bookings of the earlier hub are not read from the ledger yet")
         alloc: Allocation | None = None

@@ -246,6 +246,14 @@ class GPUSettings(LoggingConfigurable):
         default: the allocator chooses.""",
     ).tag(config=True)
 
+    gpu_place_cpu_only = Bool(
+        False,
+        help="""Place servers without GPUs too: on the node where they take least from
+        GPU requests (nodes without GPUs first, then those with the fewest free GPUs)
+        that has their CPU and memory (``cpu_guarantee``, ``mem_guarantee``) free, pinned
+        there by a node constraint. Off by default: the swarm places them.""",
+    ).tag(config=True)
+
     nvidia_driver_capabilities = Unicode(
         "compute,utility",
         help="""``NVIDIA_DRIVER_CAPABILITIES`` for GPU servers: which driver

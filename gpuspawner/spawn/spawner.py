@@ -13,6 +13,7 @@ The GPU settings are in :mod:`gpuspawner.hub.settings`, the form in
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 from dockerspawner import SwarmSpawner
 from jupyterhub.spawner import SpawnException
@@ -159,16 +160,18 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         if options.cpu_only:
             return None, False
         request = Request(
-            model=options.model,
-            count=options.count,
-            host=options.host,
-            owner=self.user.name,
-            milli=options.milli,
-            # What the service reserves besides GPUs: placed only where the node has it free.
+            model=options.model, count=options.count, host=options.host, owner=self.user.name, milli=options.milli
+        )
+        return self._with_reservations(request), options.wait
+
+    def _with_reservations(self, request: Request) -> Request:
+        """The request with what the service reserves besides GPUs (``cpu_guarantee``,
+        ``mem_guarantee``): it is placed only where the node has that free."""
+        return replace(
+            request,
             cpu_milli=round(self.cpu_guarantee * 1000) if self.cpu_guarantee else 0,
             memory_mib=-(-int(self.mem_guarantee) // 2**20) if self.mem_guarantee else 0,
         )
-        return request, options.wait
 
     def _line_priority(self) -> int:
         """This user's priority in a model's line (higher goes first): the
@@ -294,6 +297,8 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         return hours_allowed(budget, gpus, None if max_held is None else max_held / 3600)
 
     async def _reserve(self, holdings: Holdings, request: Request | None, limit: int, waiting: bool = False) -> Holding:
+        if request is None and self.gpu_place_cpu_only:  # a server without GPUs, placed by the allocator
+            request = self._with_reservations(Request(count=0, owner=self.user.name))
         try:
             holding = await holdings.reserve(
                 self.service_name,

@@ -93,3 +93,38 @@ async def test_a_request_that_may_wait_waits_in_line_for_the_memory_and_is_serve
     await driven(alice.stop(), w.fake.exit_all)
     await bob_start  # served once alice's memory (and GPU) came back
     assert w.owner.get(bob.service_name).held.host == "gpu-b"
+
+
+def constraints(w: World, service: str) -> list[str]:
+    return w.fake.inspect_service(service)["Spec"]["TaskTemplate"].get("Placement", {}).get("Constraints", [])
+
+
+async def test_with_gpu_place_cpu_only_a_server_without_gpus_goes_to_a_node_without_gpus_and_stays_off_gpu_nodes(
+    tmp_path,
+):
+    w = world(tmp_path, gpu_place_cpu_only=True)
+    for node in ("manager", "gpu-a"):
+        w.fake.set_node_resources(node, cpus=4, memory_gib=32)
+    dan = w.spawner("dan", {})  # no GPU asked
+    await w.started(dan)
+    # gpu-a has no GPU in this inventory: the nodes without GPUs, by name.
+    assert constraints(w, dan.service_name) == ["node.hostname==gpu-a"]
+    assert w.fake.running_containers()[w.fake.task_ids(dan.service_name)[0]][2] == "void"
+    assert w.owner.allocator.resources.free("gpu-a") == (4000, 12 * 1024)  # its 20 GiB booked
+    eve = w.spawner("eve", {})  # gpu-a has 12 GiB left: too little
+    await w.started(eve)
+    assert constraints(w, eve.service_name) == ["node.hostname==manager"]
+    w.restart()  # the restarted hub books their memory again: only the GPU node has 20 GiB left
+    fay = w.spawner("fay", {})
+    await w.started(fay)
+    assert constraints(w, fay.service_name) == ["node.hostname==gpu-b"]
+    with pytest.raises(SpawnException) as exc:
+        await w.spawner("gus", {}).start()
+    assert exc.value.status_code == 503 and "CPU and memory" in exc.value.message
+
+
+async def test_without_gpu_place_cpu_only_the_swarm_places_servers_without_gpus(tmp_path):
+    w = world(tmp_path)
+    dan = w.spawner("dan", {})
+    await w.started(dan)
+    assert constraints(w, dan.service_name) == []
