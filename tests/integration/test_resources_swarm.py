@@ -28,7 +28,10 @@ def cpus(swarm) -> float:
 @pytest.fixture(scope="module")
 def hub(swarm, tmp_path_factory):
     # Each server reserves three quarters of a node's CPUs: one fits on gpu-b, two do not.
-    config = f"c.GPUSwarmSpawner.cpu_guarantee = {0.75 * cpus(swarm)}\nc.GPUSwarmSpawner.mem_guarantee = '1G'\n"
+    config = (
+        f"c.GPUSwarmSpawner.cpu_guarantee = {0.75 * cpus(swarm)}\nc.GPUSwarmSpawner.mem_guarantee = '1G'\n"
+        "c.GPUSwarmSpawner.gpu_place_cpu_only = True\n"
+    )
     with hub_on(swarm, tmp_path_factory.mktemp("hub"), port_from=21900, extra_config=config) as h:
         yield h
 
@@ -65,4 +68,16 @@ def test_a_node_whose_memory_another_service_reserved_is_not_chosen_and_the_refu
         big.remove()
     time.sleep(1.5)  # its tasks are no longer meant to run: the hub's next read leaves them out
     spawn_ready(hub, "carol", {"gpu_model": A100})
+    hub.stop_all_servers()
+
+
+def test_with_gpu_place_cpu_only_a_server_without_gpus_runs_on_the_node_without_gpus(hub, swarm):
+    client = swarm.client()
+    manager = next(n for n in client.nodes.list() if n.attrs["Spec"]["Role"] == "manager")
+    hostname = manager.attrs["Description"]["Hostname"]
+    spawn_ready(hub, "dan", {})  # no GPU asked
+    [service] = [s for s in client.services.list() if s.name == "jupyter-dan"]
+    assert service.attrs["Spec"]["TaskTemplate"]["Placement"]["Constraints"] == [f"node.hostname=={hostname}"]
+    [task] = [t for t in service.tasks() if t["Status"]["State"] == "running"]
+    assert task["NodeID"] == manager.id
     hub.stop_all_servers()
