@@ -279,7 +279,7 @@ class Allocator:
     def _allocate_cpu_only(self, holder: str, request: Request, policy: str | None) -> Allocation:
         """A server without GPUs, where it takes least from GPU requests: of the
         available hosts whose CPU and memory are known and fit (``request.host``
-        only, when pinned), those without GPUs first, then those with the fewest
+        only, when pinned; of ``request.hosts``, when given), those without GPUs first, then those with the fewest
         untouched GPUs of one model (a host with several models counts by each);
         ties by name. Hosts come from the index's buckets, so a busy cluster is not
         scanned host by host."""
@@ -287,7 +287,7 @@ class Allocator:
         cpu, mem = request.cpu_milli, request.memory_mib
 
         def fits(host: str) -> bool:
-            pinned = request.host is None or host == request.host
+            pinned = (request.host is None or host == request.host) and (request.hosts is None or host in request.hosts)
             return pinned and resources.free(host) is not None and resources.fits(host, cpu, mem)
 
         if self._gpuless is None:  # remade when the inventory or the known hosts change

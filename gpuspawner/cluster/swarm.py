@@ -43,6 +43,10 @@ class Node:
     generic_resources: tuple[str, ...] = ()  # kinds of swarm generic resources the node offers
     cpu_milli: int | None = None  # CPUs it has, in thousandths (None: it does not say)
     memory_mib: int | None = None  # memory it has, in MiB
+    role: str = ""  # manager or worker
+    labels: tuple[tuple[str, str], ...] = ()  # the node's labels (Spec.Labels), by name
+    os: str = ""  # Description.Platform: what node.platform.* constraints name
+    arch: str = ""
 
     @property
     def schedulable(self) -> bool:
@@ -181,6 +185,10 @@ def _node(raw: dict) -> Node:
                 }
             )
         ),
+        role=spec.get("Role", ""),
+        labels=tuple(sorted((str(k), str(v)) for k, v in (spec.get("Labels") or {}).items())),
+        os=raw.get("Description", {}).get("Platform", {}).get("OS", ""),
+        arch=raw.get("Description", {}).get("Platform", {}).get("Architecture", ""),
         # What the node has: rounded down (a reservation rounds up), None when not said.
         cpu_milli=_amount(resources.get("NanoCPUs"), 1) // 10**6 or None,
         memory_mib=_amount(resources.get("MemoryBytes"), 1) // 2**20 or None,

@@ -26,3 +26,5 @@ class Request:
     # With ``count=0`` and no ``milli``, a server without GPUs placed by the allocator.
     cpu_milli: int = 0
     memory_mib: int = 0
+    # Only these hosts (the admin's placement constraints allow them); None: any.
+    hosts: frozenset[str] | None = None

@@ -21,7 +21,8 @@ from traitlets import default
 
 from .. import hub_port, metrics
 from ..allocator.allocator import AllocationRefused, Request
-from ..cluster.service_spec import admin_conflicts, build_service
+from ..cluster.constraints import eligible
+from ..cluster.service_spec import admin_conflicts, admin_constraints, build_service
 from ..cluster.swarm import TASK_FAILED, TASK_WAITING, SwarmError
 from ..core.access import Access
 from ..core.budget import Budget, hours_allowed, request_refusal
@@ -208,7 +209,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             first = False
             # No await from here to the booking: a concurrent spawn of this user counts it.
             self.gpu_budget_hours = self._budget_hours(budget, request, access)
-            return await self._reserve(holdings, request, access.max_gpus, wait)
+            return await self._reserve(holdings, request, access.max_gpus, wait, settings)
 
         holding = await reserve_or_wait(self, line, request and request.model, wait, reserve, spawn_error)
         if self.gpu_budget_hours is not None:
@@ -296,9 +297,19 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         max_held = self.reclaim_limits().max_held
         return hours_allowed(budget, gpus, None if max_held is None else max_held / 3600)
 
-    async def _reserve(self, holdings: Holdings, request: Request | None, limit: int, waiting: bool = False) -> Holding:
-        if request is None and self.gpu_place_cpu_only:  # a server without GPUs, placed by the allocator
-            request = self._with_reservations(Request(count=0, owner=self.user.name))
+    async def _reserve(
+        self,
+        holdings: Holdings,
+        request: Request | None,
+        limit: int,
+        waiting: bool = False,
+        settings: dict | None = None,
+    ) -> Holding:
+        if request is None and self.gpu_place_cpu_only and settings is not None:
+            # A server without GPUs, placed by the allocator among the nodes the admin's constraints allow.
+            allowed = admin_constraints(settings["extra_placement_spec"], settings["extra_task_spec"])
+            hosts = eligible(allowed, holdings.cluster.nodes.values())
+            request = self._with_reservations(Request(count=0, owner=self.user.name, hosts=hosts))
         try:
             holding = await holdings.reserve(
                 self.service_name,

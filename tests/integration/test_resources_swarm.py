@@ -71,13 +71,14 @@ def test_a_node_whose_memory_another_service_reserved_is_not_chosen_and_the_refu
     hub.stop_all_servers()
 
 
-def test_with_gpu_place_cpu_only_a_server_without_gpus_runs_on_the_node_without_gpus(hub, swarm):
+def test_with_gpu_place_cpu_only_a_server_without_gpus_goes_where_fewest_gpus_are_free_and_the_admin_allows(hub, swarm):
+    """The example config keeps servers off the manager (``node.role == worker``): of
+    the workers, gpu-b (2 free A100s) has fewer free GPUs than gpu-a (3 GTX 1070s)."""
     client = swarm.client()
-    manager = next(n for n in client.nodes.list() if n.attrs["Spec"]["Role"] == "manager")
-    hostname = manager.attrs["Description"]["Hostname"]
     spawn_ready(hub, "dan", {})  # no GPU asked
     [service] = [s for s in client.services.list() if s.name == "jupyter-dan"]
-    assert service.attrs["Spec"]["TaskTemplate"]["Placement"]["Constraints"] == [f"node.hostname=={hostname}"]
+    placed = service.attrs["Spec"]["TaskTemplate"]["Placement"]["Constraints"]
+    assert placed == ["node.role == worker", "node.hostname==gpu-b"]
     [task] = [t for t in service.tasks() if t["Status"]["State"] == "running"]
-    assert task["NodeID"] == manager.id
+    assert task["NodeID"] == gpu_b(swarm)["ID"]
     hub.stop_all_servers()

@@ -128,3 +128,26 @@ async def test_without_gpu_place_cpu_only_the_swarm_places_servers_without_gpus(
     dan = w.spawner("dan", {})
     await w.started(dan)
     assert constraints(w, dan.service_name) == []
+
+
+async def test_a_server_without_gpus_goes_only_where_the_admins_constraints_allow(tmp_path):
+    w = world(tmp_path, gpu_place_cpu_only=True, extra_placement_spec={"constraints": ["node.role == manager"]})
+    for node in ("manager", "gpu-a"):
+        w.fake.set_node_resources(node, cpus=4, memory_gib=32)
+    dan = w.spawner("dan", {})
+    await w.started(dan)  # gpu-a comes first by name, but it is a worker
+    assert constraints(w, dan.service_name) == ["node.role == manager", "node.hostname==manager"]
+
+
+def test_constraints_are_judged_on_what_the_node_list_says_and_the_rest_rules_out_nothing():
+    from gpuspawner.cluster.constraints import allows, eligible
+    from gpuspawner.cluster.swarm import Node
+
+    a = Node("id-a", "gpu-a", "10.0.0.2", True, "active", role="worker", labels=(("gpu", "a100"),), os="linux")
+    m = Node("id-m", "hub", "10.0.0.1", True, "active", role="manager", os="linux")
+    assert allows("node.role == worker", a) and not allows("node.role==worker", m)
+    assert allows("node.labels.gpu == a100", a) and allows("node.labels.gpu != a100", m)  # m lacks the label
+    assert allows("node.platform.os == linux", m) and allows("node.id != id-a", m)
+    assert allows("engine.labels.zone == x", a) is None and allows("nonsense", a) is None
+    assert eligible(["node.role == worker", "engine.labels.zone == x"], [a, m]) == {"gpu-a"}
+    assert eligible([], [a, m]) == {"gpu-a", "hub"}
