@@ -12,12 +12,17 @@ user with a limit of 2 may hold 1.2 and 0.8).
 
 ``gpu_wait`` (true or false): when none of the chosen model is free, wait in
 its line instead of failing (docs/line.md). It needs ``gpu_model``.
+
+``gpu_model`` may also name several models: a list (REST), or one of the
+admin's ``gpu_model_classes`` by its name ("any 80 GB GPU"). The server then
+gets any one of them (all its devices of that one model); such a request does
+not wait in line (a line is per model).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +48,7 @@ class GPURequest:
     host: str | None
     milli: int | None = None  # a share of a GPU in thousandths (250: a quarter); None: ``count`` whole GPUs
     wait: bool = False  # wait in line when none is free
+    models: tuple[str, ...] | None = None  # any of these (a list or a class); ``model`` is then None
 
     @property
     def cpu_only(self) -> bool:
@@ -89,9 +95,11 @@ def parse_user_options(
     max_count: int,
     allow_host_choice: bool,
     sharing: SharingPolicy | Mapping | None = None,
+    classes: Mapping[str, Sequence[str]] | None = None,
 ) -> GPURequest:
     """``max_count``: the per-user limit (shares count as such);
-    ``sharing``: the admin's policy (None: whole GPUs only)."""
+    ``sharing``: the admin's policy (None: whole GPUs only); ``classes``: the
+    admin's named groups of models (``gpu_model_classes``)."""
     sharing = SharingPolicy.parse(sharing)
     offered = KEYS if sharing.enabled else _WHOLE_KEYS
     if options is None:
@@ -102,18 +110,16 @@ def parse_user_options(
     if unknown:
         raise OptionsError(f"Unknown option(s) {', '.join(map(repr, unknown))}; valid options: {', '.join(offered)}")
 
-    model = options.get("gpu_model")
-    if model is not None and (not isinstance(model, str) or model not in models):
-        raise OptionsError(
-            f"Unknown GPU model {shown(model)}; choose one of: {', '.join(models) or '(none configured)'}"
-        )
+    model, several = _models(options.get("gpu_model"), models, classes or {})
     host = _host(options, hosts, allow_host_choice)
-    wait = _wait(options, model)
+    wait = _wait(options, model if several is None else "several")
+    if wait and several is not None:
+        raise OptionsError("gpu_wait needs one GPU model, not several: a line is per model")
     if "gpu_share" in options:
-        share = _share(options, model, models, max_count, sharing)
-        return GPURequest(model=model, count=1, host=host, milli=share, wait=wait)
+        share = _share(options, model, list(several or models), max_count, sharing)
+        return GPURequest(model=model, count=1, host=host, milli=share, wait=wait, models=several)
 
-    count = options.get("gpu_count", 0 if model is None else 1)
+    count = options.get("gpu_count", 0 if model is None and several is None else 1)
     if count == ALL:
         pass
     elif isinstance(count, bool) or not isinstance(count, int) or count < 0:
@@ -123,9 +129,32 @@ def parse_user_options(
     elif count > max_count:
         asked = f"{count} GPUs" if count < 10**9 else f"gpu_count {shown(count)}"  # str() refuses 4,300 digits
         raise OptionsError(f"{asked} requested; the limit is {max_count} per user (0 for CPU-only)")
-    if count == 0 and model is not None:
+    if count == 0 and (model is not None or several is not None):
         raise OptionsError("gpu_count 0 means CPU-only: leave gpu_model out, or ask for at least 1 GPU")
-    return GPURequest(model=model, count=count, host=host, wait=wait and count != 0)
+    return GPURequest(model=model, count=count, host=host, wait=wait and count != 0, models=several)
+
+
+def _models(
+    asked: Any, models: list[str], classes: Mapping[str, Sequence[str]]
+) -> tuple[str | None, tuple[str, ...] | None]:
+    """(one model, or None) and (several models, or None) from ``gpu_model``."""
+    unknown = f"choose one of: {', '.join([*models, *classes]) or '(none configured)'}"
+    if asked is None or isinstance(asked, str) and asked in models:
+        return asked, None
+    if isinstance(asked, str) and asked in classes:
+        offered = tuple(m for m in dict.fromkeys(classes[asked]) if m in models)
+        if not offered:
+            raise OptionsError(f"No GPU model of {asked!r} is offered to you right now; {unknown}")
+    elif isinstance(asked, list) and asked and all(isinstance(m, str) and m in models for m in asked):
+        offered = tuple(dict.fromkeys(asked))
+    elif isinstance(asked, list) and not asked:
+        raise OptionsError(f"gpu_model's list is empty; {unknown}")
+    elif isinstance(asked, list):
+        bad = next(m for m in asked if not isinstance(m, str) or m not in models)
+        raise OptionsError(f"Unknown GPU model {shown(bad)} in gpu_model's list; {unknown}")
+    else:
+        raise OptionsError(f"Unknown GPU model {shown(asked)}; {unknown}")
+    return (offered[0], None) if len(offered) == 1 else (None, offered)
 
 
 def _wait(options: Mapping, model: str | None) -> bool:

@@ -246,6 +246,25 @@ class GPUSettings(LoggingConfigurable):
         default: the allocator chooses.""",
     ).tag(config=True)
 
+    gpu_model_classes = Dict(
+        value_trait=List(Unicode()),
+        key_trait=Unicode(),
+        help="""Named groups of GPU models a user may ask for as one choice, e.g.
+        ``{"any 80 GB GPU": ["NVIDIA A100 80GB PCIe", "NVIDIA H100 80GB HBM3"]}``: the
+        form offers each as a choice with the free counts of its models, and
+        ``gpu_model`` takes its name (or, in the REST API, a list of models). The
+        server gets any one of them that is free. Such a request does not wait in line.""",
+    ).tag(config=True)
+
+    @validate("gpu_model_classes")
+    def _check_classes(self, proposal):
+        for name, members in proposal["value"].items():
+            if not name.strip() or len(name) > 100:
+                raise TraitError(f"gpu_model_classes: a class needs a name of 1 to 100 characters, got {name!r}")
+            if not members:
+                raise TraitError(f"gpu_model_classes[{name!r}] names no model")
+        return proposal["value"]
+
     gpu_place_cpu_only = Bool(
         False,
         help="""Place servers without GPUs too: on the node where they take least from

@@ -73,6 +73,27 @@ def last_choice(options: dict, flags: dict[str, tuple[bool, bool]], max_count: i
     }
 
 
+def class_rows(classes, summary, flags: dict[str, tuple[bool, bool]]) -> list[dict]:
+    """The admin's classes of models as form choices, with their models' counts
+    (only models the form offers this user); ``flags`` gains each class's."""
+    rows = []
+    for name, members in classes.items():
+        ms = [m for m in summary if m.model in members]
+        if not ms:
+            continue
+        flags[name] = (any(flags[m.model][0] for m in ms), any(flags[m.model][1] for m in ms))
+        rows.append(
+            {
+                "name": name,
+                "models": [m.model for m in ms],
+                "free": sum(m.free for m in ms),
+                "total": sum(m.total for m in ms),
+                "largest_block": max(m.largest_block for m in ms),
+            }
+        )
+    return rows
+
+
 def _gpus(milli: int) -> int | float:
     """Thousandths as a number of GPUs that prints as people write it (2, 0.5, 1.25)."""
     return milli // UNIT if milli % UNIT == 0 else milli / UNIT
@@ -98,12 +119,17 @@ def render_form(spawner, holdings, error: str = "", access: Access | None = None
     max_count = min(room // UNIT, max((m.largest_block for m in summary), default=0))
     shares = _share_choices(summary, room)
     flags = model_flags(summary, room, max_count, shares)
+    classes = class_rows(spawner.gpu_model_classes, summary, flags)
     options = spawner.user_options or {}
+    choice = last_choice(options, flags, max_count, shares)
+    if any(c["name"] == choice["selected"] for c in classes):
+        choice["wait_hint"] = False  # a class does not wait in line
     return (
         _templates(tuple(spawner.template_paths))
         .get_template(spawner.options_form_template)
         .render(
             models=summary,
+            classes=classes,
             max_count=max_count,
             limit=limit,
             budget=budget,
@@ -111,7 +137,7 @@ def render_form(spawner, holdings, error: str = "", access: Access | None = None
             held=_gpus(held),
             hosts=hosts if spawner.allow_host_choice else [],
             flags=flags,
-            **last_choice(options, flags, max_count, shares),
+            **choice,
             wait_checked=options.get("gpu_wait") is True,
             error=error,
             room=_gpus(room),

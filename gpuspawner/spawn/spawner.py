@@ -155,15 +155,37 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                 max_count=access.max_gpus,
                 allow_host_choice=self.allow_host_choice,
                 sharing=self.gpu_sharing,
+                classes=self.gpu_model_classes,
             )
         except OptionsError as exc:
             raise spawn_error(str(exc), reason="invalid_options", status_code=400) from exc
         if options.cpu_only:
             return None, False
         request = Request(
-            model=options.model, count=options.count, host=options.host, owner=self.user.name, milli=options.milli
+            model=options.model,
+            count=options.count,
+            host=options.host,
+            owner=self.user.name,
+            milli=options.milli,
+            models=self._not_waited_for(options.models),
         )
         return self._with_reservations(request), options.wait
+
+    def _not_waited_for(self, models: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        """Of several models asked for, those nobody waits in line for (a waiter goes
+        first); a refusal naming the lines when everyone does."""
+        if models is None:
+            return None
+        line = self.gpu_hub.line
+        free = tuple(m for m in models if not line.waiting_for(m))
+        if not free:
+            raise spawn_error(
+                f"Requests are waiting in line for each of {', '.join(models)}; ask for one model "
+                "with gpu_wait to wait in its line, or try again later.",
+                reason="gpu_unavailable",
+                status_code=503,
+            )
+        return free
 
     def _with_reservations(self, request: Request) -> Request:
         """The request with what the service reserves besides GPUs (``cpu_guarantee``,
