@@ -82,3 +82,14 @@ def test_with_gpu_place_cpu_only_a_server_without_gpus_goes_where_fewest_gpus_ar
     [task] = [t for t in service.tasks() if t["Status"]["State"] == "running"]
     assert task["NodeID"] == gpu_b(swarm)["ID"]
     hub.stop_all_servers()
+
+
+def test_an_any_of_models_request_lands_on_whichever_model_has_room(hub, swarm):
+    """gpu-b has an A100 free but no CPU left for a second server: a request for an
+    A100 or a GTX 1070 gets a GTX 1070 on gpu-a."""
+    spawn_ready(hub, "erin", {"gpu_model": A100})
+    spawn_ready(hub, "finn", {"gpu_model": [A100, "NVIDIA GeForce GTX 1070"]})
+    [service] = [s for s in swarm.client().services.list() if s.name == "jupyter-finn"]
+    assert service.attrs["Spec"]["Labels"]["gpuspawner.model"] == "NVIDIA GeForce GTX 1070"
+    assert "node.hostname==gpu-a" in service.attrs["Spec"]["TaskTemplate"]["Placement"]["Constraints"]
+    hub.stop_all_servers()
