@@ -53,7 +53,7 @@ from .refusals import (
 )
 from .resources import HostResources, checked_amount
 from .shares import Picks, choose_share
-from .summary import ModelSummary, summarize
+from .summary import ModelSummary, fitting, summarize
 from .whole import Fits, choose
 
 __all__ = [
@@ -552,11 +552,17 @@ class Allocator:
         """What the owner holds in thousandths, shares counted as such (0.5 + 1: 1500)."""
         return self._owned.get(owner, 0)
 
-    def summary(self) -> list[ModelSummary]:
+    def summary(self, cpu_milli: int = 0, memory_mib: int = 0) -> list[ModelSummary]:
         """Per model, by name: free and total counts, largest block on one host,
-        and what the form needs to offer shares."""
+        and what the form needs to offer shares; with ``cpu_milli`` or ``memory_mib``,
+        counting only the hosts that have that much free too."""
         with self._lock:
-            return list(self._summaries().values())
+            summaries = list(self._summaries().values())
+            if not cpu_milli and not memory_mib:
+                return summaries
+            index = self._index
+            fits = {h for h in index.hosts if index.is_available(h) and self.resources.fits(h, cpu_milli, memory_mib)}
+            return [fitting(s, index.models[s.model], fits) for s in summaries]
 
     def _summaries(self) -> dict[str, ModelSummary]:
         return {model: summarize(model, mi, self.sharing) for model, mi in self._index.models.items()}

@@ -4,12 +4,12 @@ offered (pure)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..core.sharing import UNIT, SharingPolicy
 from .model import ModelIndex
 
-__all__ = ["ModelSummary", "summarize"]
+__all__ = ["ModelSummary", "fitting", "summarize"]
 
 
 @dataclass(frozen=True)
@@ -27,11 +27,28 @@ class ModelSummary:
     shares: tuple[int, ...] | None = None  # the only shares offered; None: any multiple of quantum
     split: bool = False  # may a share span several devices of one host
     largest_milli: int = 0  # most room on one device of an available host (1000: one is untouched)
+    # Untouched devices left out of ``free`` because their host lacks the CPU or memory asked for.
+    no_room: int = 0
 
     @property
     def largest_share(self) -> float:
         """``largest_milli`` in GPUs, for templates."""
         return self.largest_milli / UNIT
+
+
+def fitting(summary: ModelSummary, mi: ModelIndex, hosts: set[str]) -> ModelSummary:
+    """``summary`` counting only the available ``hosts`` (those with the CPU and memory
+    asked for): what a server that reserves them can have."""
+    blocks = [len(mi.free[h]) for h in hosts if h in mi.free]
+    rooms = [UNIT - mi.used[g.uuid] for h in hosts for g in mi.partial.get(h, ()) if mi.used[g.uuid] < UNIT]
+    free = sum(blocks)
+    return replace(
+        summary,
+        free=free,
+        largest_block=max(blocks, default=0),
+        largest_milli=UNIT if free else max(rooms, default=0) if summary.shareable else 0,
+        no_room=summary.free - free,
+    )
 
 
 def summarize(model: str, mi: ModelIndex, policy: SharingPolicy) -> ModelSummary:

@@ -7,6 +7,7 @@ import functools
 
 import jinja2
 
+from ..allocator.records import Request
 from ..cluster.service_spec import enforcement_mode
 from ..core.access import Access
 from ..core.budget import Budget
@@ -112,7 +113,8 @@ def render_form(spawner, holdings, error: str = "", access: Access | None = None
     cluster, allocator = holdings.cluster, holdings.allocator
     held = allocator.milli_held_by(spawner.user.name)
     access = access or Access(max_gpus=spawner.max_gpus_per_user)
-    summary = [m for m in allocator.summary() if access.allows(m.model)]
+    asked = spawner._with_reservations(Request())  # the CPU and memory its server reserves
+    summary = [m for m in allocator.summary(asked.cpu_milli, asked.memory_mib) if access.allows(m.model)]
     limit = 0 if access.cpu_only or (budget is not None and budget.over) else access.max_gpus
     room = max(0, limit * UNIT - held)
     hosts = [h for h in allocator.hosts() if h in cluster.nodes and cluster.nodes[h].schedulable]

@@ -151,3 +151,15 @@ def test_constraints_are_judged_on_what_the_node_list_says_and_the_rest_rules_ou
     assert allows("engine.labels.zone == x", a) is None and allows("nonsense", a) is None
     assert eligible(["node.role == worker", "engine.labels.zone == x"], [a, m]) == {"gpu-a"}
     assert eligible([], [a, m]) == {"gpu-a", "hub"}
+
+
+async def test_the_form_counts_only_gpus_on_nodes_with_the_memory_the_server_reserves(tmp_path):
+    from tests.unit.test_form_template import _TreeBuilder
+
+    w = world(tmp_path)
+    await w.started(w.spawner("alice", {"gpu_model": A100}))  # gpu-b: 12 GiB left, an A100 free
+    form = _TreeBuilder()
+    form.feed(await w.spawner("bob")._render_options_form())
+    [radio] = [n for n in form.root.find_all("input") if n.attrs.get("value") == A100]
+    helptext = " ".join(form.root.by_id(radio.attrs["aria-describedby"]).text.split())
+    assert "0 of 2 free now (1 more on nodes without the CPU or memory your server reserves)" in helptext
