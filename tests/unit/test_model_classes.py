@@ -99,6 +99,8 @@ async def test_the_form_offers_each_class_with_its_models_free_counts(tmp_path):
     [radio] = [n for n in form.root.find_all("input") if n.attrs.get("value") == "any GPU"]
     assert radio.attrs.get("data-class") == "1" and "disabled" not in radio.attrs
     helptext = " ".join(form.root.by_id(radio.attrs["aria-describedby"]).text.split())
-    assert helptext == f"Any of {A100}, {GTX} · 1 of 2 free now, up to 1 of one model on one host · does not wait in line"
+    assert (
+        helptext == f"Any of {A100}, {GTX} · 1 of 2 free now, up to 1 of one model on one host · does not wait in line"
+    )
     [big] = [n for n in form.root.find_all("input") if n.attrs.get("value") == "any big GPU"]  # the H100: not here
     assert " ".join(form.root.by_id(big.attrs["aria-describedby"]).text.split()).startswith(f"Any of {A100} · 0 of 1")
