@@ -61,7 +61,8 @@ class HostResources:
     def _others(self, host: str) -> tuple[int, int]:
         cpu = mem = 0
         for name, (c, m) in self._running.get(host, {}).items():
-            if name not in self._held:
+            held = self._held.get(name)
+            if getattr(held, "host", None) != host:  # not booked here (e.g. a server the swarm placed)
                 cpu, mem = cpu + c, mem + m
         return cpu, mem
 

@@ -27,13 +27,14 @@ def allows(constraint: str, node: Node) -> bool | None:
     actual = _attribute(key, node)
     if actual is None:
         return None
-    return (actual == value) == (op == "==")
+    return (actual.lower() == value.lower()) == (op == "==")  # the swarm compares ignoring case
 
 
 def _attribute(key: str, node: Node) -> str | None:
     lowered = key.lower()
     if lowered.startswith("node.labels."):
-        return dict(node.labels).get(key[len("node.labels.") :], "")  # a label it lacks: ""
+        wanted = key[len("node.labels.") :].lower()
+        return next((v for k, v in node.labels if k.lower() == wanted), "")  # a label it lacks: ""
     return {
         "node.id": node.id,
         "node.hostname": node.hostname,

@@ -223,12 +223,14 @@ def _task_template(spec: Any) -> dict[str, Any]:
     return task
 
 
-def admin_constraints(extra_placement: Any, extra_task: Any) -> list[str]:
-    """The placement constraints the admin's settings give a service, less any that
-    pin a node (the allocator's choice)."""
+def admin_constraints(extra_placement: Any, extra_task: Any, extra_create: Any = None) -> list[str]:
+    """The placement constraints the admin's settings give a service (placement, task
+    template, and the task template of the create kwargs), less any that pin a node
+    (the allocator's choice)."""
     found = list(_placement(extra_placement).get("Constraints") or []) if extra_placement else []
-    task = _task_template(extra_task) if extra_task else {}
-    found += list((task.get("Placement") or {}).get("Constraints") or [])
+    for spec in (extra_task, (extra_create or {}).get("task_template")):
+        task = _task_template(spec) if spec else {}
+        found += list((task.get("Placement") or {}).get("Constraints") or [])
     return [c for c in found if not PINS_A_NODE.match(c)]
 
 

@@ -154,7 +154,7 @@ def _models(
         raise OptionsError(f"Unknown GPU model {shown(bad)} in gpu_model's list; {unknown}")
     else:
         raise OptionsError(f"Unknown GPU model {shown(asked)}; {unknown}")
-    return (offered[0], None) if len(offered) == 1 else (None, offered)
+    return None, offered  # even one: asked for as "any of", it does not wait in line
 
 
 def _wait(options: Mapping, model: str | None) -> bool:

@@ -158,8 +158,6 @@ class Holdings:
         them in the ledger. Raises AllocationRefused, HoldingBusy (an earlier
         holding of this server is still being removed), LedgerError (nothing
         is left booked) or NoPortFree."""
-        if request is not None and (request.cpu_milli or request.memory_mib):
-            await self.cluster.read_reservations(self.swarm, log)  # before the checks: no await after them
         if name in self._holdings:
             raise HoldingBusy(name)
         gpus = request is not None and (request.milli is not None or request.count != 0)  # not a CPU-only placement
@@ -330,7 +328,8 @@ class Holdings:
             claim = self._claim(spec.get("Name", ""), spec.get("Labels") or {})
             if claim is not None:
                 found[spec["Name"]] = claim
-                reserved[spec["Name"]] = spec_reservations(spec)
+                # Booked only where the hub chose the host (a server the swarm placed counts by its task).
+                reserved[spec["Name"]] = spec_reservations(spec) if claim.host else (0, 0)
         records_read = self.rebuilt or await self._adopt_open_records(found)
         adopted = 0
         for name, claim in found.items():

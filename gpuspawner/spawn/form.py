@@ -59,7 +59,7 @@ def last_choice(options: dict, flags: dict[str, tuple[bool, bool]], max_count: i
     server): only what the form offers now. A model that cannot be chosen is not
     preselected: its radio is disabled, and would not be sent (a CPU-only server)."""
     model = options.get("gpu_model")
-    if model not in flags or not flags[model][1]:
+    if not isinstance(model, str) or model not in flags or not flags[model][1]:  # a list (REST): no radio
         return {"selected": None, "last_count": None, "last_share": None, "wait_hint": False}
     count = options.get("gpu_count")
     try:
@@ -80,7 +80,7 @@ def class_rows(classes, summary, flags: dict[str, tuple[bool, bool]]) -> list[di
     rows = []
     for name, members in classes.items():
         ms = [m for m in summary if m.model in members]
-        if not ms:
+        if not ms or name in flags:  # a class named as a model: the model is what that name asks for
             continue
         flags[name] = (any(flags[m.model][0] for m in ms), any(flags[m.model][1] for m in ms))
         rows.append(
@@ -121,7 +121,7 @@ def render_form(spawner, holdings, error: str = "", access: Access | None = None
     max_count = min(room // UNIT, max((m.largest_block for m in summary), default=0))
     shares = _share_choices(summary, room)
     flags = model_flags(summary, room, max_count, shares)
-    classes = class_rows(spawner.gpu_model_classes, summary, flags)
+    classes = class_rows(spawner.model_classes(), summary, flags)
     options = spawner.user_options or {}
     choice = last_choice(options, flags, max_count, shares)
     if any(c["name"] == choice["selected"] for c in classes):

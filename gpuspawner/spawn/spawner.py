@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+import docker.errors
+from docker.utils import parse_bytes
 from dockerspawner import SwarmSpawner
 from jupyterhub.spawner import SpawnException
 from traitlets import default
@@ -119,6 +121,8 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         error = ""
         try:
             holdings = await self._up_to_date()
+            if any(self._reserves()):  # the counts say what a server reserving that can have
+                await holdings.cluster.read_reservations(holdings.swarm, self.log)
         except SpawnException as exc:
             error, holdings = exc.message, self.holdings()
         access = self._access()
@@ -155,7 +159,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                 max_count=access.max_gpus,
                 allow_host_choice=self.allow_host_choice,
                 sharing=self.gpu_sharing,
-                classes=self.gpu_model_classes,
+                classes=self.model_classes(),
             )
         except OptionsError as exc:
             raise spawn_error(str(exc), reason="invalid_options", status_code=400) from exc
@@ -167,9 +171,14 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             host=options.host,
             owner=self.user.name,
             milli=options.milli,
-            models=self._not_waited_for(options.models),
+            models=options.models,
         )
         return self._with_reservations(request), options.wait
+
+    def model_classes(self) -> dict[str, list[str]]:
+        """``gpu_model_classes`` with each model as the inventory names it (its alias, if any)."""
+        aliases = self.gpu_model_aliases
+        return {name: [aliases.get(m, m) for m in members] for name, members in self.gpu_model_classes.items()}
 
     def _not_waited_for(self, models: tuple[str, ...] | None) -> tuple[str, ...] | None:
         """Of several models asked for, those nobody waits in line for (a waiter goes
@@ -189,12 +198,22 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
 
     def _with_reservations(self, request: Request) -> Request:
         """The request with what the service reserves besides GPUs (``cpu_guarantee``,
-        ``mem_guarantee``): it is placed only where the node has that free."""
-        return replace(
-            request,
-            cpu_milli=round(self.cpu_guarantee * 1000) if self.cpu_guarantee else 0,
-            memory_mib=-(-int(self.mem_guarantee) // 2**20) if self.mem_guarantee else 0,
-        )
+        ``mem_guarantee``, or ``extra_resources_spec``'s reservations): it is placed
+        only where the node has that free."""
+        return replace(request, cpu_milli=self._reserves()[0], memory_mib=self._reserves()[1])
+
+    def _reserves(self) -> tuple[int, int]:
+        """(CPU thousandths, memory MiB) the service reserves, as its spec will say."""
+        resources = self._resources()
+        cpu, mem = resources.get("cpu_reservation"), resources.get("mem_reservation")
+        if isinstance(mem, str):
+            try:
+                mem = parse_bytes(mem)
+            except docker.errors.DockerException:
+                mem = None  # the swarm refuses it when the service is created, with its message
+        cpu_milli = -(-int(cpu) // 10**6) if isinstance(cpu, (int, float)) and cpu > 0 else 0
+        memory_mib = -(-int(mem) // 2**20) if isinstance(mem, (int, float)) and mem > 0 else 0
+        return cpu_milli, memory_mib
 
     def _line_priority(self) -> int:
         """This user's priority in a model's line (higher goes first): the
@@ -226,12 +245,19 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
 
         async def reserve() -> Holding:
             nonlocal first, budget
+            if any(self._reserves()):  # what the nodes' other services reserve, read fresh
+                await holdings.cluster.read_reservations(holdings.swarm, self.log)
+            if request is not None and request.models is not None:
+                for model in request.models:
+                    await line.clear_unowned(model)  # a row past its deadline does not hold its model
             if request is not None and not first:  # served from the line: the wait may have used the budget up
                 budget = await self._within_budget(holdings, access)
             first = False
-            # No await from here to the booking: a concurrent spawn of this user counts it.
-            self.gpu_budget_hours = self._budget_hours(budget, request, access)
-            return await self._reserve(holdings, request, access.max_gpus, wait, settings)
+            # No await from here to the booking: a concurrent spawn of this user counts it, and
+            # nobody can join a line that an any-of request's models are checked against.
+            asked = request if request is None else replace(request, models=self._not_waited_for(request.models))
+            self.gpu_budget_hours = self._budget_hours(budget, asked, access)
+            return await self._reserve(holdings, asked, access.max_gpus, wait, settings)
 
         holding = await reserve_or_wait(self, line, request and request.model, wait, reserve, spawn_error)
         if self.gpu_budget_hours is not None:
@@ -327,9 +353,17 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         waiting: bool = False,
         settings: dict | None = None,
     ) -> Holding:
-        if request is None and self.gpu_place_cpu_only and settings is not None:
-            # A server without GPUs, placed by the allocator among the nodes the admin's constraints allow.
-            allowed = admin_constraints(settings["extra_placement_spec"], settings["extra_task_spec"])
+        if (
+            request is None
+            and self.gpu_place_cpu_only
+            and settings is not None
+            and holdings.allocator.resources.known()
+        ):
+            # A server without GPUs, placed by the allocator among the nodes the admin's constraints
+            # allow (where the swarm says nothing of its nodes' resources, the swarm places it).
+            allowed = admin_constraints(
+                settings["extra_placement_spec"], settings["extra_task_spec"], settings["extra_create_kwargs"]
+            )
             hosts = eligible(allowed, holdings.cluster.nodes.values())
             request = self._with_reservations(Request(count=0, owner=self.user.name, hosts=hosts))
         try:

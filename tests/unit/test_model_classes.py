@@ -25,8 +25,8 @@ def parse(options, models=MODELS, **kw):
 def test_a_list_or_a_class_asks_for_any_of_its_models():
     assert parse({"gpu_model": [A100, GTX, A100]}).models == (A100, GTX)
     assert parse({"gpu_model": "any GPU", "gpu_count": 2}).models == (A100, GTX)
-    one = parse({"gpu_model": "any big GPU"})  # the H100 is not in this inventory: the A100 alone
-    assert (one.model, one.models) == (A100, None)
+    one = parse({"gpu_model": "any big GPU"})  # the H100 is not in this inventory: the A100 alone, still "any of"
+    assert (one.model, one.models) == (None, (A100,))
     shared = parse({"gpu_model": "any GPU", "gpu_share": 0.5}, sharing={A100: {"quantum": 0.25}, GTX: {"quantum": 0.5}})
     assert (shared.milli, shared.models) == (500, (A100, GTX))
 
@@ -104,3 +104,13 @@ async def test_the_form_offers_each_class_with_its_models_free_counts(tmp_path):
     )
     [big] = [n for n in form.root.find_all("input") if n.attrs.get("value") == "any big GPU"]  # the H100: not here
     assert " ".join(form.root.by_id(big.attrs["aria-describedby"]).text.split()).startswith(f"Any of {A100} · 0 of 1")
+
+
+async def test_a_list_from_the_rest_api_is_shown_as_no_choice_on_the_form_and_classes_take_aliases(tmp_path):
+    aliases = {"NVIDIA A100-PCIE-80GB": A100}  # as NVML names it
+    w = World(tmp_path, inventory=TWO_MODELS, gpu_model_classes={"big": ["NVIDIA A100-PCIE-80GB"]})
+    w.config.GPUSwarmSpawner.gpu_model_aliases = aliases
+    bob = w.spawner("bob", {"gpu_model": [A100, GTX]})
+    assert bob.model_classes() == {"big": [A100]}
+    html = await bob._render_options_form()  # the stored list selects nothing, and breaks nothing
+    assert 'value="big"' in html and "checked" in html.split('id="gpu-model-none"')[1].split(">")[0]

@@ -6,6 +6,7 @@ swarm. A node without the memory is not chosen, and a refusal names memory."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from jupyterhub.spawner import SpawnException
@@ -146,6 +147,7 @@ def test_constraints_are_judged_on_what_the_node_list_says_and_the_rest_rules_ou
     a = Node("id-a", "gpu-a", "10.0.0.2", True, "active", role="worker", labels=(("gpu", "a100"),), os="linux")
     m = Node("id-m", "hub", "10.0.0.1", True, "active", role="manager", os="linux")
     assert allows("node.role == worker", a) and not allows("node.role==worker", m)
+    assert allows("node.role == Worker", a) and allows("node.Labels.GPU == A100", a)  # the swarm ignores case
     assert allows("node.labels.gpu == a100", a) and allows("node.labels.gpu != a100", m)  # m lacks the label
     assert allows("node.platform.os == linux", m) and allows("node.id != id-a", m)
     assert allows("engine.labels.zone == x", a) is None and allows("nonsense", a) is None
@@ -163,3 +165,39 @@ async def test_the_form_counts_only_gpus_on_nodes_with_the_memory_the_server_res
     [radio] = [n for n in form.root.find_all("input") if n.attrs.get("value") == A100]
     helptext = " ".join(form.root.by_id(radio.attrs["aria-describedby"]).text.split())
     assert "0 of 2 free now (1 more on nodes without the CPU or memory your server reserves)" in helptext
+
+
+async def test_a_server_the_swarm_placed_counts_by_its_task_also_after_a_restart(tmp_path):
+    """A server without GPUs (gpu_place_cpu_only off) is held with no host: what it
+    reserves is counted where its task runs, before and after a hub restart."""
+    w = world(tmp_path)
+    w.fake.set_node_resources("gpu-a", cpus=8, memory_gib=32)
+    cy = w.spawner("cy", {})
+    await w.started(cy)
+    assert w.fake.running_containers()[w.fake.task_ids(cy.service_name)[0]][1] == "gpu-a"  # the swarm's choice
+    for restart in (False, True):
+        if restart:
+            w.restart()
+            await w.owner.reconcile()  # cy's service is adopted, held with no host
+        holdings = w.hub.holdings
+        await asyncio.sleep(1.1)  # the figures are read at most every second
+        await holdings.cluster.refresh(holdings.swarm, logging.getLogger())
+        await holdings.cluster.read_reservations(holdings.swarm, logging.getLogger())
+        assert holdings.allocator.resources.free("gpu-a") == (8000, 12 * 1024), restart
+
+
+async def test_reservations_set_by_extra_resources_spec_count_too(tmp_path):
+    w = World(tmp_path, inventory=TWO, extra_resources_spec={"mem_reservation": "20g"})
+    w.fake.set_node_resources("gpu-b", cpus=8, memory_gib=32)
+    alice = w.spawner("alice", {"gpu_model": A100})
+    assert alice._reserves() == (0, 20 * 1024)
+    await w.started(alice)
+    exc = await refused(w, "bob")
+    assert "only 12.0 GiB of memory left there" in exc.message
+
+
+async def test_with_gpu_place_cpu_only_but_no_node_figures_the_swarm_places_servers_without_gpus(tmp_path):
+    w = World(tmp_path, inventory=TWO, gpu_place_cpu_only=True)  # the fake's nodes say nothing of their resources
+    dan = w.spawner("dan", {})
+    await w.started(dan)
+    assert constraints(w, dan.service_name) == []
