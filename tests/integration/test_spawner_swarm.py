@@ -88,7 +88,7 @@ def test_cpu_only_server_sees_no_gpu(hub, swarm):
         ({"gpu_model": GTX, "gpu_count": 3}, "the limit is 2 per user"),
         ({"gpu_model": A100, "image": "evil"}, "Unknown option(s) 'image'"),
         ({"gpu_model": A100, "gpu_host": "gpu-b"}, "Choosing a host (gpu_host) is not enabled"),
-        ({"gpu_model": ["x"]}, "Unknown GPU model ['x']"),
+        ({"gpu_model": ["x"]}, "Unknown GPU model 'x' in gpu_model's list"),
     ],
 )
 def test_bad_options_are_refused_and_create_nothing(hub, swarm, options, expected):
