@@ -287,8 +287,15 @@ class Allocator:
         cpu, mem = request.cpu_milli, request.memory_mib
 
         def fits(host: str) -> bool:
-            pinned = (request.host is None or host == request.host) and (request.hosts is None or host in request.hosts)
-            return pinned and resources.free(host) is not None and resources.fits(host, cpu, mem)
+            if (
+                request.host is not None
+                and host != request.host
+                or request.hosts is not None
+                and host not in request.hosts
+            ):
+                return False
+            free = resources.free(host)  # None: not known, so not chosen
+            return free is not None and cpu <= free[0] and mem <= free[1]
 
         if self._gpuless is None:  # remade when the inventory or the known hosts change
             self._gpuless = [h for h in resources.known() if h not in index.by_host]

@@ -59,8 +59,11 @@ class HostResources:
             running.pop(service, None)
 
     def _others(self, host: str) -> tuple[int, int]:
+        running = self._running.get(host)
+        if not running:
+            return 0, 0
         cpu = mem = 0
-        for name, (c, m) in self._running.get(host, {}).items():
+        for name, (c, m) in running.items():
             held = self._held.get(name)
             if getattr(held, "host", None) != host:  # not booked here (e.g. a server the swarm placed)
                 cpu, mem = cpu + c, mem + m
