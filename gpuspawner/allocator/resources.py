@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..core.sharing import fmt
+from .records import Allocation
 
 __all__ = ["HostResources", "checked_amount"]
 
@@ -26,7 +27,7 @@ def checked_amount(value: object, what: str) -> int:
 
 
 class HostResources:
-    def __init__(self, held: Mapping[str, object]):
+    def __init__(self, held: Mapping[str, Allocation]):
         self._held = held  # the allocator's holdings, by holder (= service) name
         self._has: dict[str, tuple[int, int]] = {}  # host -> (cpu milli, memory MiB)
         self._running: dict[str, dict[str, tuple[int, int]]] = {}  # host -> service -> what it reserves there
@@ -65,7 +66,7 @@ class HostResources:
         cpu = mem = 0
         for name, (c, m) in running.items():
             held = self._held.get(name)
-            if getattr(held, "host", None) != host:  # not booked here (e.g. a server the swarm placed)
+            if held is None or held.host != host:  # not booked here (e.g. a server the swarm placed)
                 cpu, mem = cpu + c, mem + m
         return cpu, mem
 

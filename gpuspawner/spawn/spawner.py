@@ -200,7 +200,8 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         """The request with what the service reserves besides GPUs (``cpu_guarantee``,
         ``mem_guarantee``, or ``extra_resources_spec``'s reservations): it is placed
         only where the node has that free."""
-        return replace(request, cpu_milli=self._reserves()[0], memory_mib=self._reserves()[1])
+        cpu_milli, memory_mib = self._reserves()
+        return replace(request, cpu_milli=cpu_milli, memory_mib=memory_mib)
 
     def _reserves(self) -> tuple[int, int]:
         """(CPU thousandths, memory MiB) the service reserves, as its spec will say."""
