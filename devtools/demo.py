@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+import requests
 import yaml
 
 from . import agent_stack, fakenvml, jupyter_image
@@ -138,7 +139,16 @@ def _agents(stack: contextlib.ExitStack, hub: Hub, cluster: swarm_harness.Cluste
         hub_api, lib_dir, str(gpus / "{{.Node.Hostname}}.txt"), cluster.image, state_dir / "agent-tokens", interval=5
     )
     stack.enter_context(agent_stack.deployed(cluster, spec, dict.fromkeys(workers, "true"), state_dir))
-    known = lambda: set(hub.api("GET", "/gpuspawner/alloc-map").json())  # noqa: E731
+
+    def known() -> set[str]:
+        try:
+            r = hub.api("GET", "/gpuspawner/alloc-map")
+        except requests.RequestException as exc:
+            raise HubError(f"the hub stopped answering: {exc}") from None
+        if r.status_code != 200:
+            raise HubError(f"the hub's GPU map answered {r.status_code}")
+        return set(r.json())
+
     deadline = time.monotonic() + 90
     while known() != {"gpu-a", "gpu-b"} and time.monotonic() < deadline:
         time.sleep(1)
@@ -177,12 +187,22 @@ def main(argv=None) -> int:
             try:
                 _agents(stack, hub, cluster, state_dir)
             except HubError as exc:
-                print(f"The GPU agents could not start: {exc}", file=sys.stderr)
                 hub.stop()
+                if _stopped_by_down(hub):  # `make demo-down` while the agents were starting
+                    return 0
+                print(f"The GPU agents could not start: {exc}", file=sys.stderr)
                 return 1
         else:
             _step(4, f"GPUs from {INVENTORY.name} (no agents)")
         return _serve(hub, cluster, servers, args.gpus)
+
+
+def _stopped_by_down(hub: Hub) -> bool:
+    """Whether `make demo-down` asked the hub to stop (then said, and not an error)."""
+    if not (hub.state_dir / DOWN_MARK).exists():
+        return False
+    print("\nJupyterHub was stopped by `make demo-down`.", flush=True)
+    return True
 
 
 def _serve(hub: Hub, cluster, servers: str, gpus: str) -> int:
@@ -213,8 +233,7 @@ def _serve(hub: Hub, cluster, servers: str, gpus: str) -> int:
     try:
         while hub.proc.poll() is None:
             time.sleep(1)
-        if (hub.state_dir / DOWN_MARK).exists():
-            print("\nJupyterHub was stopped by `make demo-down`.", flush=True)
+        if _stopped_by_down(hub):
             return 0
         print(f"JupyterHub exited:\n{hub.log_tail(20)}", file=sys.stderr)
         return 1
