@@ -4,10 +4,9 @@ PY ?= python3
 VENV := .venv
 PYTHON := $(VENV)/bin/python
 WHEEL_VENV := .venv-wheel
-LOWEST_VENV := .venv-lowest
 STATE := $(CURDIR)/demo-state
 
-.PHONY: deps test unit explore fuzz demo demo-down screenshots bench clean lint wheel-check test-lowest configref labextension
+.PHONY: deps test unit explore fuzz demo demo-down screenshots bench clean lint wheel-check configref labextension
 
 # System packages (Debian) first (the venv needs python3-venv), then the Python
 # environment. Safe to run again.
@@ -43,32 +42,24 @@ lint: $(VENV)/.installed
 configref: $(VENV)/.installed
 	$(PYTHON) -m devtools.configref --write docs/configuration.md
 
-# The release as users install it: `python -m build` makes the sdist and the wheel
-# (.ci/check_dist.py: the version, templates, migrations and CHANGELOG in both); the
-# wheel, installed alone into a fresh venv, is checked from outside the source tree
-# (.ci/check_installed.py), then the unit tests run against it (.ci/unit_installed.py).
+# The release as users install it, on the lowest versions setup.cfg allows: `python -m build`
+# makes the sdist and the wheel (.ci/check_dist.py: the version, templates, migrations and
+# CHANGELOG in both); the wheel, installed alone into a fresh venv with each dependency pinned
+# to its floor (.ci/lowest-constraints.txt) and the test tools as they come, is checked from
+# outside the source tree (.ci/check_installed.py), then the unit tests run against it
+# (.ci/unit_installed.py). `make test` runs them again from the tree, on the newest versions.
+# (The JupyterLab extension's server half runs in the single-user image, on JupyterLab's
+# own floors, not gpuspawner's: its tests run in `make test`.)
 wheel-check:
 	rm -rf dist $(WHEEL_VENV)
 	$(PY) -m venv $(WHEEL_VENV)
 	$(WHEEL_VENV)/bin/python -m pip install -q --upgrade pip build
 	$(WHEEL_VENV)/bin/python -m build --sdist --wheel --outdir dist .
 	$(WHEEL_VENV)/bin/python .ci/check_dist.py dist $(CURDIR)
-	$(WHEEL_VENV)/bin/python -m pip install -q "$$(ls dist/gpuspawner-*.whl)[test]"
+	$(WHEEL_VENV)/bin/python -m pip install -q -r .ci/lowest-constraints.txt "$$(ls dist/gpuspawner-*.whl)[test]"
 	$(WHEEL_VENV)/bin/python -m pip check
 	cd "$$(mktemp -d)" && $(CURDIR)/$(WHEEL_VENV)/bin/python $(CURDIR)/.ci/check_installed.py $(CURDIR)
 	$(WHEEL_VENV)/bin/python .ci/unit_installed.py $(CURDIR)
-
-# The unit tests on the lowest versions setup.cfg allows: each dependency pinned to its
-# floor (.ci/lowest-constraints.txt), the test tools as they come.
-# (The JupyterLab extension's server half runs in the single-user image, on JupyterLab's
-# own floors, not gpuspawner's: its tests run in `make test`.)
-test-lowest:
-	rm -rf $(LOWEST_VENV)
-	$(PY) -m venv $(LOWEST_VENV)
-	$(LOWEST_VENV)/bin/python -m pip install -q --upgrade pip
-	$(LOWEST_VENV)/bin/python -m pip install -q -r .ci/lowest-constraints.txt -e '.[test]'
-	$(LOWEST_VENV)/bin/python -m pip check
-	$(LOWEST_VENV)/bin/python -m pytest -ra -p no:cacheprovider tests/unit --ignore tests/unit/test_labextension.py
 
 # A real hub at http://127.0.0.1:8000 on a local three-node swarm with simulated GPUs,
 # spawning real JupyterLab servers (DEMO_SERVER=standin: the fast busybox stand-in),
@@ -102,7 +93,7 @@ bench: $(VENV)/.installed
 	$(PYTHON) -m benchmarks.bench_shares
 
 clean: demo-down
-	rm -rf $(VENV) $(WHEEL_VENV) $(LOWEST_VENV) dist $(STATE) stack-state /var/cache/gpuspawner-image
+	rm -rf $(VENV) $(WHEEL_VENV) dist $(STATE) stack-state /var/cache/gpuspawner-image
 
 # Every input surface fuzzed at length (the unit tests run a short subset).
 fuzz: $(VENV)/.installed

@@ -21,6 +21,7 @@ from gpuspawner.core.inventory import parse_inventory
 from gpuspawner.ledger.ledger import Ledger
 from gpuspawner.ledger.migrations import current, head
 from gpuspawner.spawn.form import render_form
+from gpuspawner.spawn.spawner import GPUSwarmSpawner
 
 MODEL = "NVIDIA GeForce GTX 1070"
 UUID = "GPU-5d1c6f2e-0000-4000-8000-000000000001"
@@ -51,15 +52,8 @@ def main(source: Path) -> None:
         assert run.returncode == 0 and "usage:" in run.stdout, (command, run.returncode, run.stdout, run.stderr)
 
     allocator = Allocator(parse_inventory({"gpu-a": [{"uuid": UUID, "model": MODEL, "memory_mib": 8192}]}))
-    spawner = SimpleNamespace(
-        user=SimpleNamespace(name="alice"),
-        user_options={},
-        max_gpus_per_user=1,
-        allow_host_choice=False,
-        template_paths=[],
-        options_form_template="options_form.html",
-        gpu_share_enforcement="none",
-    )
+    # The real spawner class, made without a hub, as JupyterHub would before a spawn.
+    spawner = GPUSwarmSpawner(user=SimpleNamespace(name="alice", id=1))
     form = render_form(spawner, SimpleNamespace(allocator=allocator, cluster=SimpleNamespace(nodes={})))
     assert f'value="{MODEL}"' in form and "1 of 1 free now" in form, form
 
