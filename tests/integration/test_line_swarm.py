@@ -127,7 +127,7 @@ def test_the_line_end_to_end_through_a_hub_restart(hub, swarm):
 
 
 def test_the_waiting_page_shows_the_place_in_line(hub, browsers, shots):
-    """In a real browser: the spawn-pending page of a waiting user (screenshot:
+    """In a real browser: the waiting page of a user in line, and its Leave line (screenshot:
     docs/screenshots/spawn-waiting.png with ``make screenshots``)."""
     spawn_ready(hub, "gil", {"gpu_model": A100, "gpu_count": 2})
     assert hub.spawn("hal", WAIT).status_code == 202
@@ -138,11 +138,12 @@ def test_the_waiting_page_shows_the_place_in_line(hub, browsers, shots):
     message = browser_tests.by().ID, "progress-message"
     browser_tests.wait(driver, lambda d: words in d.find_element(*message).text, "no place in line shown", 60)
     waiting = driver.find_element(browser_tests.by().ID, "gpuspawner-waiting").text
-    assert f"waiting in line for a GPU: number 1 for {A100}" in waiting and "Cancel leaves the line" in waiting
-    cancel = driver.find_element(browser_tests.by().ID, "stop-server-btn")
-    assert cancel.text == "Cancel (leave the line)"
+    assert f"Waiting for {A100} — number 1 in line" in waiting and "Leave line takes you out of the line" in waiting
+    assert not driver.find_element(browser_tests.by().ID, "progress-bar").is_displayed()  # nothing is starting yet
+    leave = driver.find_element(browser_tests.by().ID, "stop-server-btn")
+    assert leave.text == "Leave line"
     driver.save_screenshot(str(shots / "spawn-waiting.png"))
-    cancel.click()  # the Cancel the form promised: out of line
+    leave.click()  # out of line
     wait_until(hub, lambda: line(hub) == [], "hal left the line")
     hub.stop_all_servers()
     assert line(hub) == []
