@@ -35,11 +35,12 @@ from ..core.device_access import (
 )
 from ..core.enforcement import HAMI_LIBRARY, MPS_PIPE_DIR
 from ..core.labels import LABEL, Held, to_labels
-from ..core.sharing import UNIT, fmt, fmt_list, shown
+from ..core.sharing import UNIT, entitled_mib, fmt, fmt_list, shown
 
 __all__ = [
     "ENFORCEMENT_MODES",
     "GUARDED_ENV",
+    "MEMORY_ENV",
     "SHARES_ENV",
     "admin_conflicts",
     "build_service",
@@ -50,6 +51,7 @@ __all__ = [
 ]
 
 SHARES_ENV = "GPUSPAWNER_GPU_SHARES"  # per device, in NVIDIA_VISIBLE_DEVICES order: "0.6,0.6"
+MEMORY_ENV = "GPUSPAWNER_GPU_MEMORY_MIB"  # the memory each share comes with, same order: "49152,49152"
 ISOLATION_ENV = "GPUSPAWNER_GPU_ISOLATION"  # what enforces the shares: none, mps or hami
 ENFORCEMENT_MODES = ("none", "mps", "hami")
 HAMI_LOCK_DIR = "/tmp/vgpulock"  # HAMi-core's lock files, shared by the node's containers
@@ -97,7 +99,10 @@ def share_enforcement(
     ``memory_mib``: per device, in the order of
     NVIDIA_VISIBLE_DEVICES (by index on the host, which with
     ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` is also CUDA's ordinal order). Whole
-    devices get only ``GPUSPAWNER_GPU_SHARES``; shared ones get, by ``mode``:
+    devices get only ``GPUSPAWNER_GPU_SHARES``; shared ones also get
+    ``GPUSPAWNER_GPU_MEMORY_MIB`` (each share × its device's memory, in MiB,
+    rounded down: what the hub measures the holder against; left out when a
+    device's memory is not known), and by ``mode``:
 
     * ``none``: framework hints only (JAX/XLA memory fraction, TensorFlow
       memory growth): nothing stops a process from using the whole device;
@@ -121,7 +126,9 @@ def share_enforcement(
     if all(m == UNIT for m in milli):
         return env, []
     least = min(milli)
-    mib = [m * memory // UNIT for m, memory in zip(milli, memory_mib)]
+    mib = [entitled_mib(memory, m) for m, memory in zip(milli, memory_mib)]
+    if all(memory > 0 for memory in memory_mib):
+        env[MEMORY_ENV] = ",".join(map(str, mib))
     env.update({ISOLATION_ENV: mode, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "TF_FORCE_GPU_ALLOW_GROWTH": "true"})
     if mode != "hami":
         # HAMi shows the container its limit as the device's memory, so a

@@ -1,6 +1,7 @@
 """The commands README and docs show can be typed as they are: each curl
 example parses to one URL of the hub's REST API and a JSON body of known
-options; the demo's image build names the mirror README says it downloads from."""
+options; the demo's image build names the mirror README says it downloads from;
+the variables the sharing docs' code reads in a server are ones its spec sets."""
 
 from __future__ import annotations
 
@@ -60,3 +61,32 @@ def test_the_image_build_downloads_from_the_mirror_readme_names(monkeypatch):
     assert importlib.reload(debian_image).DEBIAN_MIRROR == "http://127.0.0.1:3142/debian"
     monkeypatch.delenv("GPUSPAWNER_DEBIAN_MIRROR")
     importlib.reload(debian_image)
+
+
+def test_every_gpuspawner_variable_the_sharing_docs_code_reads_is_one_a_shared_servers_spec_sets():
+    """A user pastes these lines into a notebook: a variable the spec does not set
+    would be a KeyError there. Set under every enforcement mode, as the lines do not
+    say which one the node has."""
+    from gpuspawner.cluster.service_spec import ENFORCEMENT_MODES, build_service, share_enforcement
+    from gpuspawner.core.labels import Held
+
+    text = (REPO / "docs" / "sharing.md").read_text()
+    code = re.findall(r"```\w*\n(.*?)```", text, re.S) + [
+        c for c in re.findall(r"`([^`\n]+)`", text) if "os.environ" in c
+    ]
+    named = set(re.findall(r"GPUSPAWNER_\w+", "\n".join(code)))
+    assert {"GPUSPAWNER_GPU_SHARES", "GPUSPAWNER_GPU_MEMORY_MIB"} <= named  # the PyTorch and TensorFlow lines
+    holding = Held(
+        user="bob", server="", host="gpu-a", uuids=("GPU-1", "GPU-2"), model="A100", port=None, milli=(600, 600)
+    )
+    for mode in ENFORCEMENT_MODES:
+        spec = build_service(
+            name="jupyter-bob",
+            image="img",
+            command=["run"],
+            env={},
+            holding=holding,
+            enforcement=share_enforcement(mode, holding.milli, (81920, 81920)),
+        )
+        env = {item.split("=", 1)[0] for item in spec["task_template"]["ContainerSpec"]["Env"]}
+        assert named <= env, f"under {mode!r}, the spec does not set {sorted(named - env)}"

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuspawner.cluster.service_spec import (
+    ENFORCEMENT_MODES,
     GUARDED_ENV,
     PINS_A_NODE,
     admin_conflicts,
@@ -20,6 +21,7 @@ from gpuspawner.cluster.service_spec import (
 )
 from gpuspawner.core.device_access import guarded_name
 from gpuspawner.core.labels import Held, LabelError, parse_labels, to_labels
+from gpuspawner.core.sharing import entitled_mib
 
 HOLDING = Held(
     user="alice", server="", host="gpu-b", uuids=("GPU-1", "GPU-2"), model="NVIDIA A100 80GB PCIe", port=20001
@@ -126,12 +128,25 @@ def test_no_enforcement_gives_hints_only():
     env, mounts = share_enforcement("none", (700, 600), (81920, 81920))
     assert env == {
         "GPUSPAWNER_GPU_SHARES": "0.7,0.6",
+        "GPUSPAWNER_GPU_MEMORY_MIB": "57344,49152",
         "GPUSPAWNER_GPU_ISOLATION": "none",
         "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
         "TF_FORCE_GPU_ALLOW_GROWTH": "true",
         "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.6",
     }
     assert mounts == []
+
+
+def test_each_share_carries_the_memory_it_comes_with_in_mib_as_the_hub_measures_it():
+    for mode in ENFORCEMENT_MODES:  # whatever enforces it
+        env, _ = share_enforcement(mode, (700, 333), (81920, 16160))
+        assert env["GPUSPAWNER_GPU_MEMORY_MIB"] == "57344,5381"  # rounded down, as entitled_mib
+        assert env["GPUSPAWNER_GPU_MEMORY_MIB"].split(",") == [
+            str(entitled_mib(81920, 700)),
+            str(entitled_mib(16160, 333)),
+        ]
+    env, _ = share_enforcement("none", (500, 500), (81920, 0))  # a device whose memory the hub does not know
+    assert "GPUSPAWNER_GPU_MEMORY_MIB" not in env and env["GPUSPAWNER_GPU_SHARES"] == "0.5,0.5"
 
 
 def test_mps_limits_per_device():
@@ -188,6 +203,7 @@ def test_enforcement_env_goes_into_the_spec():
     container = s["task_template"]["ContainerSpec"]
     assert "LD_PRELOAD=/usr/local/vgpu/libvgpu.so" in container["Env"]
     assert "GPUSPAWNER_GPU_SHARES=0.6,0.6" in container["Env"]
+    assert "GPUSPAWNER_GPU_MEMORY_MIB=49152,49152" in container["Env"]
     assert [m["Target"] for m in container["Mounts"]] == ["/data", "/usr/local/vgpu/libvgpu.so", "/tmp/vgpulock"]
 
 
