@@ -30,8 +30,10 @@ test: deps
 unit: $(VENV)/.installed
 	$(PYTHON) -m pytest -ra -m "not explore" tests/unit
 
+# EXPLORE_SCALE=N samples N times as many schedules (the first ones unchanged): CI runs
+# the bounded number, a long exploration by hand as many more as it likes.
 explore: $(VENV)/.installed
-	$(PYTHON) -m pytest -ra -m explore tests/unit
+	GPUSPAWNER_EXPLORE_SCALE=$(or $(EXPLORE_SCALE),1) $(PYTHON) -m pytest -ra -m explore tests/unit
 
 # ruff check, ruff format --check and mypy: the hooks of .pre-commit-config.yaml, on every tracked file.
 lint: $(VENV)/.installed

@@ -22,6 +22,7 @@ import asyncio
 import concurrent.futures
 import functools
 import itertools
+import os
 import random
 import re
 from asyncio import events
@@ -42,6 +43,7 @@ __all__ = [
     "explore",
     "random_schedules",
     "replay",
+    "scaled",
 ]
 
 
@@ -133,7 +135,9 @@ class Scenario:
     a new op of that name). ``cancellable``: ops the scheduler may cancel
     while they run, as JupyterHub cancels a pending spawn. ``faults(step)``:
     the exception a pending step may fail with instead of running, or a list of
-    them, each a choice (None or []: it cannot fail), at most ``max_faults`` times per schedule. ``invariant()``
+    them, each a choice (None or []: it cannot fail), at most ``max_faults`` times per schedule.
+    ``outage(step)``: the exception a step fails with whenever it is run (None: it runs),
+    for a dependency that is down for a while (its events say when). ``invariant()``
     runs whenever the loop has settled; ``check(outcome)`` at the end."""
 
     ops: dict[str, Callable[[], Awaitable]] | list[Callable[[], Awaitable]]
@@ -141,6 +145,7 @@ class Scenario:
     cancellable: tuple[str, ...] = ()
     faults: Callable[[Step], BaseException | list[BaseException] | None] | None = None
     max_faults: int = 1
+    outage: Callable[[Step], BaseException | None] | None = None
     invariant: Callable[[], None] | None = None
     check: Callable[[Outcome], None] | None = None
 
@@ -154,7 +159,8 @@ class Run:
     executor: StepExecutor
     tasks: dict[str, asyncio.Task] = field(default_factory=dict)
     executors: list[StepExecutor] = field(default_factory=list)
-    faults: int = 0  # steps made to fail so far
+    faults: int = 0  # steps made to fail so far (by ``faults``)
+    outage_failures: int = 0  # steps failed by an outage
 
     def __post_init__(self):
         self.executors.append(self.executor)
@@ -310,7 +316,8 @@ def _choices(run: Run, scenario: Scenario, waiting: list[str], fired: set[str]) 
     on, which may still arrive late, or never ("end")."""
     steps = [(e, s) for e, s in run.runnable() if waiting or s.future.cancelled()]
     choices: list[tuple[str, Callable | None]] = [
-        (s.label + (" (abandoned)" if s.future.cancelled() else ""), functools.partial(e.run, s)) for e, s in steps
+        (s.label + (" (abandoned)" if s.future.cancelled() else ""), functools.partial(_step, run, scenario, e, s))
+        for e, s in steps
     ]
     if scenario.faults is not None and run.faults < scenario.max_faults:
         for e, s in steps:
@@ -346,7 +353,9 @@ def _drain(run: Run, scenario: Scenario, outcome: Outcome, limit: int = 1000) ->
         if not steps:
             return
         executor, step = steps[0]
-        _guard(functools.partial(executor.run, step), f"background call {step.label!r} raised", outcome)
+        _guard(
+            functools.partial(_step, run, scenario, executor, step), f"background call {step.label!r} raised", outcome
+        )
         _guard(run.loop.settle, "the loop raised", outcome)
         if scenario.invariant:
             _guard(scenario.invariant, "invariant failed", outcome)
@@ -375,6 +384,16 @@ def _guard(fn: Callable[[], Any], what: str, outcome: Outcome) -> None:
         raise ScheduleFailure(
             f"{what}: {type(exc).__name__}: {exc}", outcome.schedule, outcome.labels, outcome
         ) from exc
+
+
+def _step(run: Run, scenario: Scenario, executor: StepExecutor, step: Step) -> None:
+    """Run the step, unless its dependency is down: then it fails as it would."""
+    down = scenario.outage(step) if scenario.outage is not None else None
+    if down is None:
+        executor.run(step)
+    else:
+        run.outage_failures += 1
+        executor.fail(step, down)
 
 
 def _fail(run: Run, executor: StepExecutor, step: Step, exc: BaseException) -> None:
@@ -498,13 +517,23 @@ def explore(
     return stats
 
 
+def scaled(n: int) -> int:
+    """``n`` times ``GPUSPAWNER_EXPLORE_SCALE`` (1 unless set): CI samples the bounded
+    number, a run by hand as many more as it likes (``make explore EXPLORE_SCALE=20``)."""
+    scale = int(os.environ.get("GPUSPAWNER_EXPLORE_SCALE") or "1")
+    if scale < 1:
+        raise ValueError(f"GPUSPAWNER_EXPLORE_SCALE must be a whole number ≥ 1, got {scale}")
+    return n * scale
+
+
 def random_schedules(
     scenario: Callable[[Run], Scenario], *, seed: int, n: int, max_depth: int = 300, fail_on_unfinished: bool = True
 ) -> Stats:
-    """``n`` schedules with uniformly random choices (reproducible from ``seed``)."""
+    """``scaled(n)`` schedules with uniformly random choices (reproducible from ``seed``;
+    the first ``n`` are the same at any scale)."""
     rng = random.Random(seed)
     stats = Stats()
-    for _ in range(n):
+    for _ in range(scaled(n)):
         outcome = _run(scenario, lambda _, labels: rng.randrange(len(labels)), max_depth, fail_on_unfinished)
         _count(stats, outcome, new_points=len(outcome.schedule))
     return stats

@@ -23,6 +23,7 @@ from tests.interleave import (
     explore,
     random_schedules,
     replay,
+    scaled,
 )
 
 
@@ -144,7 +145,7 @@ def test_random_schedules_are_reproducible():
             random_schedules(counter_scenario(locked=False, ops=3), seed=7, n=200)
         found.append(exc.value.schedule)
     assert found[0] == found[1]
-    assert random_schedules(counter_scenario(locked=True), seed=1, n=20).schedules == 20
+    assert random_schedules(counter_scenario(locked=True), seed=1, n=20).schedules == scaled(20)
 
 
 def test_virtual_time_costs_no_wall_time():
@@ -434,3 +435,62 @@ def test_a_fault_may_come_after_the_call_took_effect_and_each_listed_fault_is_a_
     stats = explore(scenario)
     assert stats.complete and stats.schedules == 3
     assert seen == {("answered", ("ran",)), ("failed", ()), ("failed", ("ran",))}
+
+
+def test_during_an_outage_every_call_fails_and_its_events_say_when_it_begins_and_ends():
+    """Three calls in a row; a database that goes down and comes back once, at any
+    point: each call fails exactly while it is down, never by choice."""
+    seen = set()
+
+    def scenario(run: Run) -> Scenario:
+        down = [False]
+
+        async def op():
+            loop, got = asyncio.get_running_loop(), []
+            for i in range(3):
+                try:
+                    got.append(await loop.run_in_executor(run.executor, lambda i=i: f"ran {i}"))
+                except ConnectionError:
+                    got.append("failed")
+            return tuple(got)
+
+        def outage(step):
+            return ConnectionError("the database is down") if down[0] else None
+
+        def up():
+            down[0] = False
+
+        return Scenario(
+            ops={"op": op},
+            events={"down": lambda: down.__setitem__(0, True), "up": up},
+            outage=outage,
+            check=lambda outcome: seen.add(outcome.results["op"]),
+        )
+
+    stats = explore(scenario)
+    assert stats.complete
+    assert ("ran 0", "ran 1", "ran 2") in seen and ("failed", "failed", "failed") in seen
+    # Failures come in one run of calls: an outage, not single blinks.
+    assert ("failed", "ran 1", "failed") not in seen and ("ran 0", "failed", "ran 2") in seen
+
+
+def test_a_scale_asks_for_more_schedules_the_first_ones_unchanged(monkeypatch):
+    def first_schedules(n):
+        seen = []
+
+        def recorded(run):
+            s = counter_scenario(locked=True)(run)
+            s.check = lambda outcome: seen.append(tuple(outcome.schedule))
+            return s
+
+        random_schedules(recorded, seed=3, n=n)
+        return seen
+
+    firsts = first_schedules(5)
+    monkeypatch.setenv("GPUSPAWNER_EXPLORE_SCALE", "3")
+    assert scaled(5) == 15
+    more = first_schedules(5)
+    assert len(more) == 15 and more[:5] == firsts
+    monkeypatch.setenv("GPUSPAWNER_EXPLORE_SCALE", "0")
+    with pytest.raises(ValueError, match="GPUSPAWNER_EXPLORE_SCALE"):
+        scaled(5)

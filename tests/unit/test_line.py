@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 from collections import Counter
 from datetime import datetime, timedelta, timezone
@@ -22,9 +23,9 @@ from gpuspawner.line import wait as line_wait
 from gpuspawner.spawn.errors import spawn_error
 from gpuspawner.web.api import queue_json
 from gpuspawner.web.home_gpus import server_rows
-from tests.interleave import Run, Scenario, random_schedules
+from tests.interleave import Run, Scenario, random_schedules, scaled
 from tests.unit.test_form_template import _TreeBuilder
-from tests.unit.test_holdings import A100, World, clean, driven, ledger_down
+from tests.unit.test_holdings import A100, KEY, World, clean, driven, ledger_down
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 WAIT = {"gpu_model": A100, "gpu_wait": True}
@@ -278,22 +279,33 @@ def line_is_consistent(world: World, *waiters):
 
 
 def waiting_scenario(
-    run: Run, tmp_path, extra_events=None, seen=None, cancel=True, faults=None, wait_timeout=5
+    run: Run,
+    tmp_path,
+    extra_events=None,
+    seen=None,
+    cancel=True,
+    faults=None,
+    wait_timeout=5,
+    also_waiting=(),
+    outage=None,
 ) -> Scenario:
     """Alice's server (left by an earlier hub, adopted at first use) holds the
-    one GPU; bob waits in line for it (up to ``wait_timeout`` s); alice's server may
-    be stopped at any point. ``faults``: the scenario's (tests/interleave.py), e.g.
-    ledger calls that fail."""
+    one GPU; bob waits in line for it (up to ``wait_timeout`` s), then each of
+    ``also_waiting``; alice's server may be stopped at any point. ``faults``: the
+    scenario's (tests/interleave.py), e.g. ledger calls that fail; ``outage``: the
+    calls that fail while the events ``down`` and ``up`` say the dependency is down."""
     world = World(tmp_path, run.executor, gpu_wait_timeout=wait_timeout)
     world.leftover("alice")
     bob = world.spawner("bob", WAIT)
+    waiters = {"bob": bob, **{name: world.spawner(name, WAIT) for name in also_waiting}}
+    down = [False]
 
-    async def bob_starts():
+    async def starts(spawner):
         try:
-            await bob.start()
+            await spawner.start()
         except asyncio.CancelledError:  # JupyterHub's DELETE: cancel, then stop
             try:
-                await bob.stop()
+                await spawner.stop()
             except SpawnException:
                 pass  # its container still runs: the reconcile finishes the removal
             raise
@@ -303,32 +315,48 @@ def waiting_scenario(
         # Out of line; a row the ledger kept (it failed as he left) is one the line will remove.
         left = {w.service for w in Ledger(world.db_url).waiting()}
         assert world.hub.line.rows == [] and left <= world.hub.line._unrecorded, left
-        refused = outcome.errors.get("bob")
-        if getattr(refused, "reason", None) == "ledger_unavailable":  # only before he had a place
-            assert not any(m.startswith("You are number") for m in messages(bob)), messages(bob)
-        h = world.owner.get(bob.service_name)
-        if seen is not None:  # served: the line reserved for him (his start may still fail after)
-            served = any(m.startswith("Reserved") for m in messages(bob))
-            seen.append("served" if served else type(outcome.errors.get("bob")).__name__)
-        if "bob" in outcome.errors:  # cancelled or timed out: holds nothing (or is being removed)
-            assert h is None or h.phase.value == "removing", h
-        else:  # served: he holds the GPU, and the ledger says so
-            assert h is not None and h.held.uuids == ("GPU-b0",)
-            assert bob.service_name in {r.service for r in Ledger(world.db_url).open_allocations()}
+        for name, spawner in waiters.items():
+            said = messages(spawner)
+            assert sum(m.startswith("Reserved") for m in said) <= 1, said  # served once at most
+            refused = outcome.errors.get(name)
+            if getattr(refused, "reason", None) == "ledger_unavailable":  # only before it had a place
+                assert not any(m.startswith("You are number") for m in said), said
+            h = world.owner.get(spawner.service_name)
+            if seen is not None and name == "bob":  # served: the line reserved for him (his start may still fail after)
+                seen.append("served" if any(m.startswith("Reserved") for m in said) else type(refused).__name__)
+            if name in outcome.errors:  # cancelled or timed out: holds nothing (or is being removed)
+                assert h is None or h.phase.value == "removing", h
+            else:  # served: holds the GPU, and the ledger says so
+                assert h is not None and h.held.uuids == ("GPU-b0",)
+                assert spawner.service_name in {r.service for r in Ledger(world.db_url).open_allocations()}
 
+    def invariant():
+        world.invariant()
+        # A later waiter holds the GPU only once those ahead of it have left the line.
+        hub = world.hub_settings.get(KEY)  # (not made here: the scenario's first step makes it)
+        names = list(waiters)
+        for i, name in enumerate(names[1:], 1):
+            if hub and hub._holdings and hub._holdings.get(waiters[name].service_name) is not None:
+                ahead = [n for n in names[:i] if hub.line.place(waiters[n].service_name) is not None]
+                assert not ahead, f"{name} was served while {ahead} waited"
+
+    events = {
+        # (once the hub holds it: a leftover removed before it is adopted is another matter)
+        "stop_alice": lambda: world.owner.remove("jupyter-alice") if world.owner.get("jupyter-alice") else None,
+        "run_all": world.fake.run_all,
+        "exit_all": world.fake.exit_all,
+        **(extra_events(world, bob) if extra_events else {}),
+    }
+    if outage is not None:
+        events |= {"down": lambda: down.__setitem__(0, True), "up": lambda: down.__setitem__(0, False)}
     return Scenario(
-        ops={"bob": bob_starts},
-        events={
-            # (once the hub holds it: a leftover removed before it is adopted is another matter)
-            "stop_alice": lambda: world.owner.remove("jupyter-alice") if world.owner.get("jupyter-alice") else None,
-            "run_all": world.fake.run_all,
-            "exit_all": world.fake.exit_all,
-            **(extra_events(world, bob) if extra_events else {}),
-        },
+        ops={name: functools.partial(starts, spawner) for name, spawner in waiters.items()},
+        events=events,
         cancellable=("bob",) if cancel else (),
         faults=faults,
         max_faults=2,
-        invariant=world.invariant,
+        outage=(lambda step: outage(step) if down[0] else None) if outage is not None else None,
+        invariant=invariant,
         check=check,
     )
 
@@ -337,7 +365,7 @@ def waiting_scenario(
 def test_cancel_during_the_wake_up_leaves_no_gpu_reserved_and_the_line_empty(tmp_path):
     seen: list[str] = []
     stats = random_schedules(lambda run: waiting_scenario(run, tmp_path, seen=seen), seed=14, n=150)
-    assert stats.schedules == 150
+    assert stats.schedules == scaled(150)
     assert "CancelledError" in seen
 
 
@@ -358,7 +386,7 @@ def test_a_release_racing_a_new_request_never_lets_it_go_ahead_of_the_waiter(tmp
     stats = random_schedules(
         lambda run: waiting_scenario(run, tmp_path, extra_events=carol, seen=seen, cancel=False), seed=15, n=150
     )
-    assert stats.schedules == 150 and not any(ahead)
+    assert stats.schedules == scaled(150) and not any(ahead)
     assert "served" in seen, sorted(set(seen))  # bob got the GPU in some schedules, timed out in others
 
 
@@ -454,8 +482,34 @@ def test_ledger_faults_while_waiting_never_throw_a_waiter_out_nor_leave_a_row_fo
             seed=21,
             n=150,
         )
-        assert stats.schedules == 150
+        assert stats.schedules == scaled(150)
     assert {"served", "SpawnException", "CancelledError"} <= set(seen)  # every end was reached
+
+
+@pytest.mark.explore
+def test_a_ledger_down_for_a_while_with_two_in_line_throws_nobody_out_and_serves_each_at_most_once(tmp_path):
+    """The ledger's database goes down at any point and may come back (every call
+    fails meanwhile), and up to two more calls blink, while bob and carol wait for
+    alice's GPU: the GPU invariant holds at every step; nobody is told to retry once
+    they had a place, nobody is served twice, carol only once bob has left, and no row
+    is left for the next hub."""
+    from tests.unit.test_holdings import ledger_faults
+
+    runs: list[Run] = []
+    seen: list[str] = []
+
+    def scenario(run: Run, cancel: bool) -> Scenario:
+        runs.append(run)
+        return waiting_scenario(
+            run, tmp_path, seen=seen, cancel=cancel, also_waiting=("carol",), faults=ledger_faults, outage=ledger_faults
+        )
+
+    for cancel in (True, False):  # random choices cancel early when they may; without, waits are served
+        stats = random_schedules(lambda run, c=cancel: scenario(run, c), seed=23, n=100)
+        assert stats.schedules == scaled(100)
+    failed = [r.outage_failures for r in runs]
+    assert sum(1 for f in failed if f) >= len(runs) // 3, Counter(failed)  # the outage met calls in many runs
+    assert {"served", "SpawnException", "CancelledError"} <= set(seen), Counter(seen)
 
 
 @pytest.mark.explore
@@ -486,7 +540,7 @@ def test_docker_faults_while_waiting_keep_the_gpu_invariant_and_leave_nothing_be
 
     for cancel in (True, False):
         stats = random_schedules(lambda run, c=cancel: counted(run, c), seed=22, n=400)
-        assert stats.schedules == 400
+        assert stats.schedules == scaled(400)
     assert {"served", "SpawnException", "CancelledError"} <= set(seen), Counter(seen)
     assert all(
         injected[(call, when)] >= 2 for call in ("create_service", "remove_service") for when in ("before", "after")

@@ -18,7 +18,7 @@ from gpuspawner.core.idle import IDLE, Limits
 from gpuspawner.holdings.holdings import Phase
 from gpuspawner.ledger.ledger import Ledger
 from gpuspawner.reclaim import reclaimer as reclaim
-from tests.interleave import Run, Scenario, explore, random_schedules
+from tests.interleave import Run, Scenario, explore, random_schedules, scaled
 from tests.unit.test_holdings import A100, World, clean
 from tests.unit.test_reclaim import TWO_GPUS, Clock, reading
 
@@ -166,7 +166,7 @@ def test_a_reclaim_racing_the_users_stop_and_a_reconcile(tmp_path, monkeypatch):
         )
 
     stats = random_schedules(scenario, seed=11, n=100)
-    assert stats.schedules == 100 and reasons == {"idle", "server stopped"}  # both won some schedules
+    assert stats.schedules == scaled(100) and reasons == {"idle", "server stopped"}  # both won some schedules
 
 
 def test_a_users_stop_racing_a_reconcile_is_closed_as_stopped(tmp_path, monkeypatch):
@@ -216,7 +216,7 @@ def test_a_reclaim_whose_container_lingers_keeps_its_reason_when_the_reconcile_e
         return Scenario(ops={"setup": hub.setup, "reclaim": reclaim_then_reconcile}, check=check)
 
     stats = random_schedules(scenario, seed=12, n=5)
-    assert stats.schedules == 5
+    assert stats.schedules == scaled(5)
 
 
 @pytest.mark.explore
@@ -253,7 +253,7 @@ def test_activity_between_the_decision_and_the_stop_keeps_the_server(tmp_path, m
         )
 
     stats = random_schedules(scenario, seed=13, n=60)
-    assert stats.schedules == 60
+    assert stats.schedules == scaled(60)
 
 
 @pytest.mark.explore
@@ -284,4 +284,4 @@ def test_a_respawn_during_the_reclaim_starts_its_idle_time_afresh(tmp_path, monk
         )
 
     stats = random_schedules(scenario, seed=14, n=60)
-    assert stats.schedules == 60
+    assert stats.schedules == scaled(60)
