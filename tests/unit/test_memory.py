@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 
 import jinja2
 import pytest
@@ -17,9 +18,10 @@ from gpuspawner.core.reports import parse_report
 from gpuspawner.core.sharing import SharingPolicy, entitled_mib
 from gpuspawner.ledger.ledger import Ledger
 from gpuspawner.web.api import HostCard
-from gpuspawner.web.home_gpus import server_rows
+from gpuspawner.web.home_gpus import server_rows, servers_var
 from tests.unit.test_cluster_views import TEMPLATES
 from tests.unit.test_holdings import A100, driven
+from tests.unit.test_hubconfig import hub  # noqa: F401 - a fixture: the hub, as configure(c) makes it
 from tests.unit.test_reclaim import Clock, two_servers, uuid_of
 from tests.unit.test_reports import device, report
 
@@ -230,3 +232,36 @@ async def test_a_peak_the_ledger_could_not_take_is_written_at_a_later_check(tmp_
     assert {r.user: r.peak_memory_mib for r in Ledger(world.db_url).open_allocations()}["alice"] is None
     await found.check()
     assert {r.user: r.peak_memory_mib for r in Ledger(world.db_url).open_allocations()}["alice"] == 30 * GIB
+
+
+async def test_the_spawn_page_shows_a_share_holder_its_servers_gpu_memory_in_use_and_entitlement(tmp_path, hub):  # noqa: F811
+    """Opening the spawn page (here for another named server), a holder of a share sees
+    what its running server uses against what its share comes with, as on its home page:
+    the hub's own spawn.html, with the template variables configure(c) gives the hub."""
+    world, owner, found, clock, stopped = await two_servers(tmp_path, shares=0.5)
+    a_name, a_gpu = uuid_of(owner, "alice")
+    world.hub.holdings.cluster.receive(on_gpu_b0([(a_name, 30 * GIB)]))  # the node's latest report
+    alice = SimpleNamespace(
+        name="alice", kind="user", json_escaped_name="alice", spawner=SimpleNamespace(options_form="")
+    )
+    assert {"gpuspawner_notices", "gpuspawner_servers"} <= set(hub.template_vars)  # what configure(c) gives
+    values = {  # this world's hub's, as JupyterHub's handlers fill them in: called with the user
+        "gpuspawner_notices": world.hub.notices_for(alice),
+        "gpuspawner_servers": servers_var(world.hub)(alice),
+    }
+    env = hub.tornado_application.settings["jinja2_env"]
+    page = await env.get_template("spawn.html").render_async(
+        **values,
+        user=alice,
+        static_url=lambda *a, **kw: "/hub/static/",
+        base_url="/hub/",
+        url="/hub/spawn/alice/second",
+        spawner_options_form='<select name="gpu_model"></select>',
+        parsed_scopes=set(),
+    )
+    html = " ".join(page.split())
+    assert "Your GPUs" in html and "Default server" in html and f"{A100} on gpu-b" in html
+    assert f'<code class="user-select-all">{a_gpu}</code>: 0.5 of the GPU, 40 GiB of memory' in html
+    assert "in use by this server: 30 GiB" in html
+    assert html.index("Your GPUs") < html.index('id="spawn_form"')  # above JupyterHub's form, which still renders
+    assert '<select name="gpu_model"></select>' in html
