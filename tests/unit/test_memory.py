@@ -20,9 +20,9 @@ from gpuspawner.ledger.ledger import Ledger
 from gpuspawner.web.api import HostCard
 from gpuspawner.web.home_gpus import server_rows, servers_var
 from tests.unit.test_cluster_views import TEMPLATES
-from tests.unit.test_holdings import A100, driven
+from tests.unit.test_holdings import A100, World, driven
 from tests.unit.test_hubconfig import hub  # noqa: F401 - a fixture: the hub, as configure(c) makes it
-from tests.unit.test_reclaim import Clock, two_servers, uuid_of
+from tests.unit.test_reclaim import TWO_GPUS, Clock, two_servers, uuid_of
 from tests.unit.test_reports import device, report
 
 GIB = 1024
@@ -265,3 +265,53 @@ async def test_the_spawn_page_shows_a_share_holder_its_servers_gpu_memory_in_use
     assert "in use by this server: 30 GiB" in html
     assert html.index("Your GPUs") < html.index('id="spawn_form"')  # above JupyterHub's form, which still renders
     assert '<select name="gpu_model"></select>' in html
+
+
+async def test_a_holder_spanning_two_devices_is_told_only_of_the_one_it_is_over_on_and_its_peak_is_its_total(tmp_path):
+    """1.2 of an A100 split 0.6 + 0.6 (48 GiB on each device): 10 GiB on GPU-b0 and
+    55 GiB on GPU-b1 is over on GPU-b1 only, though the 65 GiB in all is within the
+    96 GiB the whole share comes with: a piece's memory is that device's."""
+    clock = Clock()
+    world = World(
+        tmp_path,
+        inventory=TWO_GPUS,
+        clocks=dict(clock=clock, wall=lambda: 1_700_000_000.0 + clock.now),
+        gpu_sharing={A100: {"quantum": 0.05, "split": True, "memory": "warn"}},
+        max_gpus_per_user=2,
+    )
+    await world.started(world.spawner("dana", {"gpu_model": A100, "gpu_share": 1.2}))
+    [(name, h)] = world.owner.all().items()
+    assert (h.held.uuids, h.held.milli) == (("GPU-b0", "GPU-b1"), (600, 600))
+    found = world.hub.reclaimer
+    procs = [{"pid": 100, "used_mib": 10 * GIB, "holder": {"service": name}}]
+    on_b1 = [{"pid": 101, "used_mib": 40 * GIB, "holder": {"service": name}}]
+    on_b1.append({"pid": 102, "used_mib": 15 * GIB, "holder": {"service": name}})  # its own two processes there
+    reading = parse_report(
+        json.dumps(
+            report(
+                device(0, "GPU-b0", utilization_gpu=50, processes=procs),
+                device(1, "GPU-b1", utilization_gpu=50, processes=on_b1),
+            )
+        )
+    )
+    world.hub.holdings.cluster.receive(reading)
+    found.observe(reading)
+    await found.check()
+    [notice] = found.notices_for("dana")
+    assert notice["reason"] == "memory" and notice["stop_at"] is None
+    assert notice["message"].startswith(
+        "Your default server uses more GPU memory than its share: 55.0 GiB on GPU-b1, where its share "
+        "comes with 48.0 GiB."
+    )
+    assert "GPU-b0" not in notice["message"]
+    [row] = server_rows(world.hub, "dana")  # the home and spawn pages: each device its own figures
+    assert [(d["uuid"], d["used_mib"], d["entitled_mib"]) for d in row["devices"]] == [
+        ("GPU-b0", 10 * GIB, 48 * GIB),
+        ("GPU-b1", 55 * GIB, 48 * GIB),
+    ]
+    alloc_map = json.loads(await world.owner.cluster.views.alloc_map_json())
+    over_on = {uuid: [h["memory_over"] for h in d["holders"]] for uuid, d in alloc_map["gpu-b"].items()}
+    assert over_on == {"GPU-b0": [False], "GPU-b1": [True]}
+    assert REGISTRY.get_sample_value("gpuspawner_holders_over_memory", {"model": A100}) == 1  # one holder, not two
+    [row] = Ledger(world.db_url).open_allocations()
+    assert row.peak_memory_mib == 65 * GIB  # its processes on both devices together
