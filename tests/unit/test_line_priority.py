@@ -267,3 +267,97 @@ async def test_resuming_reads_the_line_again_while_the_ledger_is_down_goes_on_pa
     await until(lambda: w.hub.line.place("jupyter-stu") is None)
     assert [r.service for r in w.hub.line.rows] == ["jupyter-prof"]  # no live wait: its deadline runs
     assert [r.service for r in real(ledger)] == ["jupyter-prof"]
+
+
+@pytest.mark.explore
+def test_hooks_and_the_ledger_failing_as_a_restarted_hub_resumes_the_line_leave_no_row_stuck(tmp_path, monkeypatch):
+    """A restarted hub resumes bob's and carol's waits (their rows from the earlier hub)
+    while alice's leftover server holds the one GPU and may stop at any point. Each
+    resumed spawn first runs JupyterHub's hooks (an authenticator's ``pre_spawn_start``,
+    the admin's ``pre_spawn_hook``), which may fail, and up to two calls (a hook, the
+    ledger) fail anywhere. The GPU invariant holds at every step; in the end every row
+    has left the line (served, failed before it waited, or timed out), none is left for
+    the next hub, and one served holds the GPU with its open ledger row."""
+    from gpuspawner import hub_port
+    from gpuspawner.hub import resume
+    from tests.interleave import Run, Scenario, random_schedules, scaled
+    from tests.unit.test_holdings import clean, ledger_faults
+
+    current: dict = {}
+    monkeypatch.setattr(hub_port, "running_hub", lambda: current["app"])
+    real_spawn = hub_port.spawn_in_background
+
+    def spawn_in_background(app, user, server, options):
+        current["spawns"].append(real_spawn(app, user, server, options))
+        return current["spawns"][-1]
+
+    monkeypatch.setattr(hub_port, "spawn_in_background", spawn_in_background)
+    ends: list[str] = []
+
+    def scenario(run: Run) -> Scenario:
+        w = World(tmp_path, run.executor, gpu_wait_timeout=30)
+        w.leftover("alice")
+        ledger = Ledger(w.db_url)
+        for name in ("bob", "carol"):
+            ledger.enqueue(f"jupyter-{name}", name, "", A100, 0, WAIT)
+        ledger.dispose()
+
+        def hub_user(name: str):
+            spawner = w.spawner(name)
+
+            async def spawn(server, options):
+                def pre_spawn_hook():  # JupyterHub's hooks, before the spawner's start
+                    return None
+
+                await asyncio.get_running_loop().run_in_executor(None, pre_spawn_hook)
+                spawner.user_options = dict(options)
+                await spawner.start()
+
+            return SimpleNamespace(name=name, spawners={"": spawner}, spawn=spawn)
+
+        async def add_user(user, server):
+            return None
+
+        current["app"] = SimpleNamespace(
+            users={n: hub_user(n) for n in ("bob", "carol")}, proxy=SimpleNamespace(add_user=add_user)
+        )
+        current["spawns"] = []
+
+        async def restart():
+            await resume.resume_waiting(w.hub.line, w.owner)
+            return await asyncio.gather(*current["spawns"], return_exceptions=True)
+
+        def faults(step):
+            if "pre_spawn_hook" in step.label:
+                return RuntimeError("pre_spawn_hook failed")
+            return ledger_faults(step)
+
+        def check(outcome):
+            clean(outcome)
+            for end in outcome.results.get("restart", ()):
+                assert end is None or isinstance(end, (SpawnException, RuntimeError)), repr(end)
+                ends.append("started" if end is None else getattr(end, "reason", None) or str(end))
+            for name, user in current["app"].users.items():  # the line reserved the GPU for them
+                ends.extend("served" for m in messages(user.spawners[""]) if m.startswith("Reserved"))
+            left = {r.service for r in Ledger(w.db_url).waiting()}
+            assert w.hub.line.rows == [] and left <= w.hub.line._unrecorded, (w.hub.line.rows, left)
+            served = [n for n in ("bob", "carol") if w.owner.get(f"jupyter-{n}") is not None]
+            open_ = {r.service for r in Ledger(w.db_url).open_allocations()}
+            assert all(f"jupyter-{n}" in open_ | w.owner._unopened for n in served), (served, open_)
+
+        return Scenario(
+            ops={"restart": restart},
+            events={
+                "stop_alice": lambda: w.owner.remove("jupyter-alice") if w.owner.get("jupyter-alice") else None,
+                "run_all": w.fake.run_all,
+                "exit_all": w.fake.exit_all,
+            },
+            faults=faults,
+            max_faults=2,
+            invariant=w.invariant,
+            check=check,
+        )
+
+    stats = random_schedules(scenario, seed=31, n=150)
+    assert stats.schedules == scaled(150)
+    assert "served" in ends and "pre_spawn_hook failed" in ends, sorted(set(ends))
