@@ -337,7 +337,7 @@ def test_hooks_and_the_ledger_failing_as_a_restarted_hub_resumes_the_line_leave_
             for end in outcome.results.get("restart", ()):
                 assert end is None or isinstance(end, (SpawnException, RuntimeError)), repr(end)
                 ends.append("started" if end is None else getattr(end, "reason", None) or str(end))
-            for name, user in current["app"].users.items():  # the line reserved the GPU for them
+            for user in current["app"].users.values():  # the line reserved the GPU for them
                 ends.extend("served" for m in messages(user.spawners[""]) if m.startswith("Reserved"))
             left = {r.service for r in Ledger(w.db_url).waiting()}
             assert w.hub.line.rows == [] and left <= w.hub.line._unrecorded, (w.hub.line.rows, left)
