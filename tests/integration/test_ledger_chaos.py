@@ -95,7 +95,7 @@ class Users(threading.Thread):
             model = self.rng.choice([A100, A100, GTX])
             options = {"gpu_model": model, "gpu_wait": self.rng.random() < 0.5}
             return self.count("spawn", self.hub.spawn(user, options))
-        if server.get("pending") == "spawn" and self.rng.random() < 0.3:
+        if server.get("pending") == "spawn" and self.rng.random() < 0.5:
             return self.count("cancel", self.hub.api("DELETE", f"/users/{user}/server"))
         if server.get("ready") and self.rng.random() < 0.4:
             return self.count("stop", self.hub.api("DELETE", f"/users/{user}/server"))
@@ -213,4 +213,11 @@ def test_the_database_and_the_hub_failing_while_users_act_double_book_nothing_an
     spawn_ready(hub, "after-a100", {"gpu_model": A100, "gpu_count": 2})
     spawn_ready(hub, "after-gtx", {"gpu_model": GTX, "gpu_count": 2})
     spawn_ready(hub, "after-gtx1", {"gpu_model": GTX})
+    # ... and the line serves its head as soon as a GPU is given back.
+    assert hub.spawn("after-wait", {"gpu_model": A100, "gpu_wait": True}).status_code == 202
+    wait_until(lambda: [w.user for w in Ledger(db_url).waiting()] == ["after-wait"], "after-wait not in line")
+    hub.stop_server("after-a100")
+    t = time.monotonic()
+    hub.wait_ready("after-wait", timeout=60)
+    print(f"the line's head served {time.monotonic() - t:.1f} s after the A100s were given back")
     hub.stop_all_servers()
