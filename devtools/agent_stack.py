@@ -103,9 +103,9 @@ def write_tokens(token_dir: Path, tokens: dict[str, str]) -> None:
         path.write_text(token + "\n")
 
 
-@contextlib.contextmanager
-def deployed(swarm, stack: dict, labels: dict[str, str], workdir: Path):
-    """The stack deployed with these gpu= node labels (the tokens written beforehand)."""
+def deploy(swarm, stack: dict, labels: dict[str, str], workdir: Path) -> None:
+    """Deploy the stack with these gpu= node labels (the tokens written beforehand);
+    :func:`remove` undoes it (done here when the deploy fails)."""
     stack_file = workdir / "agent-stack.yml"
     stack_file.write_text(yaml.safe_dump(stack))
     docker(swarm, "stack", "rm", STACK_NAME, check=False)
@@ -113,8 +113,23 @@ def deployed(swarm, stack: dict, labels: dict[str, str], workdir: Path):
         set_gpu_label(swarm, hostname, value)
     try:
         docker(swarm, "stack", "deploy", "-c", str(stack_file), STACK_NAME)
+    except BaseException:
+        remove(swarm, labels)
+        raise
+
+
+def remove(swarm, labels: dict[str, str]) -> None:
+    """Remove the stack and the nodes' gpu= labels."""
+    docker(swarm, "stack", "rm", STACK_NAME, check=False)
+    for hostname in labels:
+        set_gpu_label(swarm, hostname, None)
+
+
+@contextlib.contextmanager
+def deployed(swarm, stack: dict, labels: dict[str, str], workdir: Path):
+    """The stack deployed with these gpu= node labels for the block (see :func:`deploy`)."""
+    deploy(swarm, stack, labels, workdir)
+    try:
         yield
     finally:
-        docker(swarm, "stack", "rm", STACK_NAME, check=False)
-        for hostname in labels:
-            set_gpu_label(swarm, hostname, None)
+        remove(swarm, labels)

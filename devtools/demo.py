@@ -138,7 +138,9 @@ def _agents(stack: contextlib.ExitStack, hub: Hub, cluster: swarm_harness.Cluste
     spec = agent_stack.local_stack(
         hub_api, lib_dir, str(gpus / "{{.Node.Hostname}}.txt"), cluster.image, state_dir / "agent-tokens", interval=5
     )
-    stack.enter_context(agent_stack.deployed(cluster, spec, dict.fromkeys(workers, "true"), state_dir))
+    labels = dict.fromkeys(workers, "true")
+    agent_stack.deploy(cluster, spec, labels, state_dir)
+    stack.callback(agent_stack.remove, cluster, labels)
 
     def known() -> set[str]:
         try:
@@ -182,6 +184,8 @@ def main(argv=None) -> int:
     except HubError as exc:
         print(f"JupyterHub did not start: {exc}", file=sys.stderr)
         return 1
+    # What is undone at the end (the agent stack): not after `make demo-down`, which
+    # removes the swarm with everything on it (undoing it there fails, the swarm gone).
     with contextlib.ExitStack() as stack:
         if args.gpus == "agent":
             try:
@@ -189,17 +193,25 @@ def main(argv=None) -> int:
             except HubError as exc:
                 hub.stop()
                 if _stopped_by_down(hub):  # `make demo-down` while the agents were starting
+                    stack.pop_all()
                     return 0
                 print(f"The GPU agents could not start: {exc}", file=sys.stderr)
                 return 1
         else:
             _step(4, f"GPUs from {INVENTORY.name} (no agents)")
-        return _serve(hub, cluster, servers, args.gpus)
+        status = _serve(hub, cluster, servers, args.gpus)
+        if _down_requested(hub):
+            stack.pop_all()
+        return status
+
+
+def _down_requested(hub: Hub) -> bool:
+    return (hub.state_dir / DOWN_MARK).exists()
 
 
 def _stopped_by_down(hub: Hub) -> bool:
     """Whether `make demo-down` asked the hub to stop (then said, and not an error)."""
-    if not (hub.state_dir / DOWN_MARK).exists():
+    if not _down_requested(hub):
         return False
     print("\nJupyterHub was stopped by `make demo-down`.", flush=True)
     return True

@@ -18,12 +18,18 @@ scrapes. Decisions are counted as they happen.
 ``gpuspawner_wait_seconds{model}``                how long served requests waited in line
 ================================================  =====================================
 
-The four device gauges carry a ``host`` label too with ``gpu_metrics_per_host``.
+The four device gauges carry a ``host`` label too with ``gpu_metrics_per_host``. With
+``gpu_metrics_per_holder``, each holder's GPU memory too, per device it holds
+(``{user,server,model,host,uuid}``): ``gpuspawner_holder_memory_used_bytes`` (its own
+processes', at the node's last report) and ``gpuspawner_holder_memory_entitled_bytes``
+(what its share there comes with). Off by default: a series per server and device, and a
+new one at each server's start, is more than most Prometheus setups want; the number over
+their share is ``gpuspawner_holders_over_memory{model}`` (reclaim/reclaimer.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
@@ -35,6 +41,7 @@ __all__ = [
     "REFUSED",
     "WAIT_SECONDS",
     "DeviceGauges",
+    "HolderMemoryGauges",
     "hide",
     "line_lengths",
     "show",
@@ -161,7 +168,44 @@ class DeviceGauges:
                 family.samples.extend(samples)
 
 
-def show(gauges: DeviceGauges) -> bool:
+_HOLDER_GAUGES = (
+    ("gpuspawner_holder_memory_used_bytes", "GPU memory a server's own processes use on a device it holds"),
+    ("gpuspawner_holder_memory_entitled_bytes", "GPU memory a server's share of a device comes with"),
+)
+HOLDER_LABELS = ("user", "server", "model", "host", "uuid")
+MIB = 1024 * 1024
+
+# One holder on one device: its labels (HOLDER_LABELS' order), the MiB its processes
+# use there (None: not known) and the MiB its share there comes with.
+HolderMemory = tuple[tuple[str, str, str, str, str], "int | None", int]
+
+
+class HolderMemoryGauges:
+    """Each holder's GPU memory per device (``gpu_metrics_per_holder``), read at each
+    scrape from ``readings()`` while ``enabled()``; otherwise the names only, with no
+    series (nothing to show, nothing for Prometheus to keep)."""
+
+    def __init__(self, readings: Callable[[], Iterable[HolderMemory]], enabled: Callable[[], bool]):
+        self.readings = readings
+        self.enabled = enabled
+
+    def describe(self):
+        return [GaugeMetricFamily(name, doc, labels=list(HOLDER_LABELS)) for name, doc in _HOLDER_GAUGES]
+
+    def collect(self):
+        used, entitled = families = self.describe()
+        try:
+            rows = list(self.readings()) if self.enabled() else []
+        except Exception:  # noqa: BLE001 - a hub whose GPU settings cannot work shows no holders
+            rows = []
+        for labels, used_mib, entitled_mib in rows:
+            if used_mib is not None:
+                used.add_metric(list(labels), used_mib * MIB)
+            entitled.add_metric(list(labels), entitled_mib * MIB)
+        yield from families
+
+
+def show(gauges: DeviceGauges | HolderMemoryGauges) -> bool:
     """Show a hub's device gauges at /metrics; False when another hub's are
     shown already (one process, one hub)."""
     try:
@@ -171,7 +215,7 @@ def show(gauges: DeviceGauges) -> bool:
     return True
 
 
-def hide(gauges: DeviceGauges) -> None:
+def hide(gauges: DeviceGauges | HolderMemoryGauges) -> None:
     try:
         REGISTRY.unregister(gauges)
     except KeyError:  # never shown

@@ -103,6 +103,7 @@ class GPUHub:
         self._line: WaitLine | None = None
         self._reclaimer: Reclaimer | None = None
         self._gauges: metrics.DeviceGauges | None = None
+        self._holder_gauges: metrics.HolderMemoryGauges | None = None
         self._tasks: set[asyncio.Task] = set()
 
     @classmethod
@@ -253,13 +254,23 @@ class GPUHub:
     # -- metrics and background loops -----------------------------------------------
 
     def show_metrics(self) -> None:
-        """The device gauges at the hub's /metrics, read from this hub's cluster."""
+        """The device gauges at the hub's /metrics, read from this hub's cluster, and
+        (with ``gpu_metrics_per_holder``) each holder's memory, from its reclaimer."""
         if self._gauges is None:
             self._gauges = metrics.DeviceGauges(
                 lambda: self.holdings.cluster, per_host=lambda: self.settings.gpu_metrics_per_host
             )
             if not metrics.show(self._gauges):
                 self.log.warning("gpuspawner: another hub in this process shows its devices at /metrics")
+        if self._holder_gauges is None:
+            self._holder_gauges = self.holder_gauges()
+            metrics.show(self._holder_gauges)
+
+    def holder_gauges(self) -> metrics.HolderMemoryGauges:
+        """Each holder's GPU memory per device, as /metrics shows it (``gpu_metrics_per_holder``)."""
+        return metrics.HolderMemoryGauges(
+            lambda: self.reclaimer.memory_readings(), enabled=lambda: self.settings.gpu_metrics_per_holder
+        )
 
     def start(self) -> None:
         """Start the background loops (in the hub's event loop) and the gauges."""
@@ -275,6 +286,9 @@ class GPUHub:
         if self._gauges is not None:
             metrics.hide(self._gauges)
             self._gauges = None
+        if self._holder_gauges is not None:
+            metrics.hide(self._holder_gauges)
+            self._holder_gauges = None
 
     async def _keep_reconciling(self) -> None:
         """At hub start, and then every ``reconcile_interval`` seconds, make the

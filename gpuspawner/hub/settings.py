@@ -139,6 +139,19 @@ class GPUSettings(LoggingConfigurable):
         (``gpuspawner alloc-map``, /hub/gpus) has it all.""",
     ).tag(config=True)
 
+    gpu_metrics_per_holder = Bool(
+        False,
+        help="""Show each holder's GPU memory at the hub's /metrics, per device it
+        holds: ``gpuspawner_holder_memory_used_bytes`` (its own processes', at the
+        node's last report) and ``gpuspawner_holder_memory_entitled_bytes`` (what its
+        share there comes with), labelled ``user``, ``server``, ``model``, ``host`` and
+        ``uuid``. Off by default: a series per running server and device, and new ones
+        at each start, is more than most Prometheus setups should keep. Without it,
+        ``gpuspawner_holders_over_memory{model}`` counts the holders over their share,
+        and the allocation map (``gpuspawner alloc-map``, /hub/gpus) has each one's
+        figures (docs/sharing.md).""",
+    ).tag(config=True)
+
     reconcile_interval = Integer(
         60,
         min=0,

@@ -362,6 +362,21 @@ class Reclaimer:
                 )
         return sorted(rows, key=lambda r: -r["idle_seconds"])
 
+    def memory_readings(self) -> list[tuple[tuple[str, str, str, str, str], int | None, int]]:
+        """Each running holder's last reading of each device it holds, for the per-holder
+        gauges (metrics.HolderMemoryGauges): (user, server, model, host, uuid), the MiB
+        its own processes use there (None: not known) and the MiB its share there comes with."""
+        rows = []
+        for name in self.memory.holders():
+            h = self.holdings.get(name)
+            if h is None or not self._current(h):
+                continue
+            for uuid in h.held.uuids:
+                d = self.memory.reading(name, uuid)
+                if d is not None:
+                    rows.append(((h.user, h.held.server, h.held.model, h.held.host, uuid), d.used_mib, d.entitled_mib))
+        return rows
+
     def with_activity(self, uuid: str, holder: dict) -> dict:
         """The map's holder, with its GPU activity once a reading has told it, and its
         memory on the device against its share's (MIG slices, CPU-only and not yet read

@@ -5,13 +5,23 @@ swarm here are stand-ins: only what devtools.demo._serve reads."""
 from __future__ import annotations
 
 import contextlib
+import json
+import re
+import runpy
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 import requests
 
-from devtools import demo
+from devtools import agent_stack, demo, fakenvml
+from devtools import hub as hub_module
+from devtools import swarm as swarm_harness
 
 
 def test_demo_down_ends_a_running_demo_quietly_and_a_crash_is_still_an_error(tmp_path, capsys):
@@ -47,8 +57,124 @@ def test_demo_down_while_the_agents_start_ends_the_demo_quietly_too(tmp_path, ca
     monkeypatch.setattr(demo, "_agent_files", lambda state_dir: (tmp_path, tmp_path))
     monkeypatch.setattr(demo, "_issue_tokens", lambda *a: None)
     monkeypatch.setattr(demo.agent_stack, "local_stack", lambda *a, **kw: {})
-    monkeypatch.setattr(demo.agent_stack, "deployed", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(demo.agent_stack, "deploy", lambda *a: None)
+    monkeypatch.setattr(demo.agent_stack, "remove", lambda *a: None)
     with contextlib.ExitStack() as stack, pytest.raises(demo.HubError, match="stopped answering"):
         demo._agents(stack, hub, cluster, tmp_path)
     (tmp_path / demo.DOWN_MARK).touch()
     assert demo._stopped_by_down(hub) and "stopped by `make demo-down`" in capsys.readouterr().out
+
+
+# `make demo`, then `make demo-down` in another terminal, each as make runs it
+# (`python -m devtools.demo ARGS`, its exit status make's): the swarm, the hub and the agent
+# stack's docker calls are stand-ins that behave as the real ones do once demo-down has
+# stopped the hub and removed the swarm (the hub does not answer, the docker daemon's
+# socket is gone).
+
+
+def recipe(target: str) -> list[str]:
+    """The arguments the Makefile's ``target`` gives ``python -m devtools.demo``."""
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    body = makefile.split(f"\n{target}:", 1)[1].split("\n\n", 1)[0]
+    [line] = re.findall(r"\$\(PYTHON\) -m devtools\.demo (.*)", body)
+    return line.split()
+
+
+def make(target: str, state_dir: Path, gpus: str) -> int:
+    """The exit status of ``make target`` (DEMO_SERVER=standin DEMO_GPUS=gpus)."""
+    values = {"$(STATE)": str(state_dir), "$(DEMO_SERVER)": "standin", "$(DEMO_GPUS)": gpus}
+    with mock.patch.object(sys, "argv", ["devtools.demo", *(values.get(a, a) for a in recipe(target))]):
+        try:
+            runpy.run_module("devtools.demo", run_name="__main__")
+        except SystemExit as exit:
+            return 0 if exit.code is None else exit.code if isinstance(exit.code, int) else 1
+    return 0
+
+
+class StandIns:
+    """The demo's hub and swarm; ``down_at``: the hub call at which `make demo-down` runs
+    ("poll": while the hub serves; "alloc-map": while step 4 waits for the agents)."""
+
+    def __init__(self, tmp_path: Path, down_at: str):
+        self.state_dir, self.down_at = tmp_path / "demo-state", down_at
+        self.hub_runs = self.swarm_up = False
+        self.down_status: int | None = None
+        world = self
+
+        class Hub:
+            def __init__(self, state_dir, port=8000, extra_config="", env=None):
+                self.state_dir, self.port, self.url = Path(state_dir), port, f"http://127.0.0.1:{port}"
+                self.log_path = self.state_dir / "jupyterhub.log"
+                self.proc = SimpleNamespace(poll=lambda: world.called("poll") or (None if world.hub_runs else 0))
+
+            def leftover_pid(self):
+                return 4242 if world.hub_runs else None
+
+            def stop_leftover(self):
+                ran, world.hub_runs = world.hub_runs, False
+                return ran
+
+            def start(self):
+                self.state_dir.mkdir(parents=True, exist_ok=True)
+                world.hub_runs = True
+                return self
+
+            def stop(self):
+                world.hub_runs = False
+
+            def log_tail(self, lines=60):
+                return "(the hub's log)"
+
+            def api(self, method, path, **kwargs):
+                world.called(path.rsplit("/", 1)[-1])
+                if not world.hub_runs:
+                    raise requests.ConnectionError("connection refused")
+                body = {"token": "t0k3n"} if method == "POST" else {"gpu-a": {}, "gpu-b": {}}  # both reported
+                return SimpleNamespace(status_code=200, json=lambda: body, text=json.dumps(body))
+
+        self.Hub = Hub
+        self.cluster = SimpleNamespace(
+            manager_url="unix:///run/gpuspawner-swarm/manager.sock", manager_addr="127.0.0.1", image="busybox"
+        )
+
+    def called(self, what: str) -> None:
+        if what == self.down_at and self.down_status is None:
+            self.down_status = make("demo-down", self.state_dir, "agent")  # in another terminal
+
+    def up(self):
+        self.swarm_up = True
+        return self.cluster
+
+    def down(self):
+        self.swarm_up = False
+
+    def docker(self, swarm, *args, input=None, check=True):
+        code = 0 if self.swarm_up else 1  # the CLI's own status: no daemon to ask
+        if code and check:
+            raise subprocess.CalledProcessError(code, ["docker", *args])
+        return subprocess.CompletedProcess(["docker", *args], code, "", "")
+
+    def set_gpu_label(self, swarm, hostname, value):
+        if not self.swarm_up:  # the SDK, its daemon's socket gone
+            raise requests.ConnectionError("('Connection aborted.', FileNotFoundError(2, 'No such file or directory'))")
+
+
+@pytest.mark.filterwarnings("ignore:'devtools.demo' found in sys.modules:RuntimeWarning")  # run as make runs it
+@pytest.mark.parametrize("down_at", ["poll", "alloc-map"], ids=["while-serving", "while-the-agents-start"])
+def test_make_demo_then_make_demo_down_both_end_with_status_0(tmp_path, monkeypatch, capsys, down_at):
+    world = StandIns(tmp_path, down_at)
+    monkeypatch.setattr(hub_module, "Hub", world.Hub)
+    monkeypatch.setattr(swarm_harness, "up", world.up)
+    monkeypatch.setattr(swarm_harness, "down", world.down)
+    monkeypatch.setattr(fakenvml, "build", lambda dest: Path(dest) / "libnvidia-ml.so.1")
+    monkeypatch.setattr(agent_stack, "docker", world.docker)
+    monkeypatch.setattr(agent_stack, "set_gpu_label", world.set_gpu_label)
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        assert make("demo", world.state_dir, "agent") == 0
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert world.down_status == 0 and not world.swarm_up and not world.hub_runs
+    out, err = capsys.readouterr()
+    assert "stopped by `make demo-down`" in out and "Traceback" not in err and err == ""

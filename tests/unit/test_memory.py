@@ -315,3 +315,39 @@ async def test_a_holder_spanning_two_devices_is_told_only_of_the_one_it_is_over_
     assert REGISTRY.get_sample_value("gpuspawner_holders_over_memory", {"model": A100}) == 1  # one holder, not two
     [row] = Ledger(world.db_url).open_allocations()
     assert row.peak_memory_mib == 65 * GIB  # its processes on both devices together
+
+
+async def test_with_gpu_metrics_per_holder_each_holders_memory_used_and_entitled_is_a_gauge_per_device(tmp_path):
+    world, owner, found, clock, stopped = await two_servers(tmp_path, shares=0.5)
+    a_name, a_gpu = uuid_of(owner, "alice")
+    b_name, _ = uuid_of(owner, "bob")
+    found.observe(on_gpu_b0([(a_name, 50 * GIB), (b_name, None), (None, 15 * GIB)]))  # bob's use: not known
+    await found.check()
+
+    def samples(gpu_hub) -> dict:
+        return {
+            (s.name, s.labels["user"]): s.value
+            for family in gpu_hub.holder_gauges().collect()  # as the hub's /metrics reads them at a scrape
+            for s in family.samples
+        }
+
+    assert samples(world.hub) == {}  # off by default: no series per server
+    world.hub.settings.gpu_metrics_per_holder = True  # read at each scrape
+    assert samples(world.hub) == {
+        ("gpuspawner_holder_memory_used_bytes", "alice"): 50 * 2**30,
+        ("gpuspawner_holder_memory_entitled_bytes", "alice"): 40 * 2**30,
+        ("gpuspawner_holder_memory_entitled_bytes", "bob"): 40 * 2**30,  # and no used figure it could not read
+    }
+    [family] = [f for f in world.hub.holder_gauges().collect() if f.name.endswith("used_bytes")]
+    labels = {"user": "alice", "server": "", "model": A100, "host": "gpu-b", "uuid": a_gpu}
+    assert family.samples[0].labels == labels
+    world.hub.show_metrics()  # what the hub shows at /metrics from its start
+    try:
+        assert REGISTRY.get_sample_value("gpuspawner_holder_memory_used_bytes", labels) == 50 * 2**30
+    finally:
+        await world.hub.stop()
+    assert REGISTRY.get_sample_value("gpuspawner_holder_memory_used_bytes", labels) is None  # and no more once stopped
+    clock.now += 10
+    await found.stop(owner.get(a_name), "memory")  # alice's server ends, through her spawner
+    await found.check()
+    assert {user for _, user in samples(world.hub)} == {"bob"}  # an ended server leaves no series behind
