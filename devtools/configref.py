@@ -84,7 +84,7 @@ def type_name(trait: TraitType) -> str:
     elif isinstance(trait, Container):  # List, Set
         item = getattr(trait, "_trait", None)
         name = type(trait).__name__ + (f" of {type_name(item)}" if item is not None else "")
-    elif type(trait) is Int:
+    elif isinstance(trait, Int):  # also gpuspawner's BoundedInteger
         name = "Integer"
     else:
         # gpuspawner's own trait classes read as the traitlets type they refine (FiniteFloat: Float)
@@ -96,9 +96,12 @@ def type_name(trait: TraitType) -> str:
 
 
 def bounds(trait: TraitType) -> str:
-    """`` (min 0)``, `` (1 to 65535)`` or nothing, for an Integer or Float."""
+    """`` (min 0)``, `` (1 to 65535)``, `` (0, or 0.01 to 3650)`` or nothing, for an Integer or Float."""
     if not isinstance(trait, (Int, Float)):
         return ""
+    span = getattr(trait, "span", None)  # gpuspawner's ranged numbers say their range
+    if isinstance(span, str):
+        return f" ({span})"
     low, high = (b if b is not None and math.isfinite(b) else None for b in (trait.min, trait.max))
     if low is not None and high is not None:
         return f" ({low!r} to {high!r})"

@@ -26,6 +26,7 @@ from .numbers import finite
 
 __all__ = [
     "MAX_REPORT_BYTES",
+    "MAX_TEMPERATURE_C",
     "Conflict",
     "NodeReport",
     "ReportError",
@@ -44,6 +45,7 @@ MAX_MIG_DEVICES = 8  # NVIDIA's MIG allows 7 GPU instances per GPU
 MAX_PROBLEMS = 16
 MAX_PROCESSES = 4096  # per device
 MAX_PID = 2**22  # Linux's pid_max limit
+MAX_TEMPERATURE_C = 500  # a hotter reading is refused; the hub's gpu_max_temperature is at most this
 # A swarm service's name (what the agent traced a GPU process to).
 SERVICE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 # A report nests six deep (report > devices > device > processes > process > holder);
@@ -234,7 +236,7 @@ def _device(data: Any, where: str) -> ReportedDevice:
         memory_total_mib=f.integer("memory_total_mib", low=1, optional=lost),
         memory_used_mib=f.integer("memory_used_mib", optional=True),
         utilization_gpu=f.integer("utilization_gpu", high=100, optional=True),
-        temperature_c=f.number("temperature_c", low=-100, high=500, optional=True),
+        temperature_c=f.number("temperature_c", low=-100, high=MAX_TEMPERATURE_C, optional=True),
         ecc_uncorrected=f.integer("ecc_uncorrected", optional=True),
         lost=lost,
         processes=len(compute),

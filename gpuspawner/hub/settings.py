@@ -10,12 +10,11 @@ at hub start.
 from __future__ import annotations
 
 import logging
-import math
 import socket
 from collections.abc import Mapping
 from datetime import timedelta
 
-from traitlets import Bool, Dict, Enum, Integer, List, TraitError, Tuple, Unicode, Union, default, validate
+from traitlets import Bool, Dict, Enum, Float, Int, Integer, List, TraitError, Tuple, Unicode, Union, default, validate
 from traitlets.config import LoggingConfigurable
 
 from ..allocator.allocator import POLICIES
@@ -33,12 +32,29 @@ from ..core.fairshare import FairShare
 from ..core.inventory import MODEL_RE, InventoryError
 from ..core.inventory_files import load_inventory
 from ..core.labels import Held
+from ..core.reports import MAX_TEMPERATURE_C
 from ..core.sharing import SharingPolicy, shown
 from ..ledger.ledger import Ledger, LedgerError
-from ..reclaim.settings import FiniteFloat
+from ..reclaim.settings import DAY, YEAR, BoundedInteger, FiniteFloat
 from ..reclaim.settings import check_config as check_reclaim
 
 __all__ = ["GPUSettings", "validate_config"]
+
+MAX_GPUS = 100_000  # the most max_gpus_per_user may say: more than any swarm holds
+
+
+class PortRange(Tuple):
+    """Two ports, the first not above the last, each from 1 to 65535; anything else is
+    refused naming the setting, the value and the range."""
+
+    def validate(self, obj, value):
+        ports = tuple(value) if isinstance(value, (tuple, list)) else ()
+        if not (len(ports) == 2 and all(type(p) is int for p in ports) and 1 <= ports[0] <= ports[1] <= 65535):
+            raise TraitError(
+                f"c.GPUSwarmSpawner.{self.name} must be two ports (first, last) from 1 up to 65535, "
+                f"the first not above the last, got {shown(value)}"
+            )
+        return super().validate(obj, ports)
 
 
 class GPUSettings(LoggingConfigurable):
@@ -83,24 +99,22 @@ class GPUSettings(LoggingConfigurable):
 
     gpu_max_temperature = FiniteFloat(
         90.0,
+        min=0,
+        max=MAX_TEMPERATURE_C,
+        what="a temperature in °C",
         help="""GPUs reported hotter than this (°C) are not offered until they
         cool down. Lost GPUs and GPUs with uncorrected ECC errors are never offered.""",
     ).tag(config=True)
 
     agent_stale_intervals = FiniteFloat(
         3.0,
-        min=1.0,
+        min=1,
+        max=1000,
+        what="a number of intervals",
         help="""A node whose agent has not reported for this many of its
         reporting intervals is not offered (its running servers are left
         alone) until it reports again.""",
     ).tag(config=True)
-
-    @validate("gpu_max_temperature", "agent_stale_intervals")
-    def _finite(self, proposal):
-        value = proposal["value"]
-        if not math.isfinite(value):
-            raise TraitError(f"c.GPUSwarmSpawner.{proposal['trait'].name} must be a finite number, not {value!r}")
-        return value
 
     agent_shared_token = Bool(
         False,
@@ -152,9 +166,11 @@ class GPUSettings(LoggingConfigurable):
         figures (docs/sharing.md).""",
     ).tag(config=True)
 
-    reconcile_interval = Integer(
+    reconcile_interval = BoundedInteger(
         60,
         min=0,
+        max=DAY,
+        what="a whole number of seconds",
         help="""Seconds between reconciliations of GPU holdings with the
         services the swarm runs: a labelled service the hub does not track is
         adopted, and the devices of a service that is gone are given back.
@@ -229,9 +245,11 @@ class GPUSettings(LoggingConfigurable):
             raise TraitError(f"Unknown allocation_policy {proposal.value!r}; choose one of: {', '.join(POLICIES)}")
         return proposal.value
 
-    max_gpus_per_user = Integer(
+    max_gpus_per_user = BoundedInteger(
         1,
         min=0,
+        max=MAX_GPUS,
+        what="a whole number of GPUs",
         help="""The most GPUs one user may hold, counted across all their servers.
         0 allows CPU-only servers only.""",
     ).tag(config=True)
@@ -293,17 +311,21 @@ class GPUSettings(LoggingConfigurable):
         ``NVIDIA_DRIVER_CAPABILITIES`` in ``environment`` or the extra specs.""",
     ).tag(config=True)
 
-    task_start_timeout = Integer(
+    task_start_timeout = BoundedInteger(
         50,
         min=1,
+        max=DAY,
+        what="a whole number of seconds",
         help="""Seconds to wait for the service's task to run before giving up,
         removing the service and releasing its GPUs. Keep it below
         ``Spawner.start_timeout`` so that users see this clearer message.""",
     ).tag(config=True)
 
-    gpu_wait_timeout = Integer(
+    gpu_wait_timeout = BoundedInteger(
         4 * 3600,
         min=1,
+        max=30 * DAY,
+        what="a whole number of seconds",
         help="""Seconds a request may wait in line for a GPU model
         (``gpu_wait``, docs/line.md) before it fails with a message saying so.
         While a spawn may wait, JupyterHub's ``start_timeout`` is extended by this much.""",
@@ -311,6 +333,10 @@ class GPUSettings(LoggingConfigurable):
 
     gpu_fairshare_half_life_days = FiniteFloat(
         0.0,
+        off=0,
+        min=0.01,  # about a quarter of an hour; anything shorter is no fair share
+        max=3650,  # ten years
+        what="a number of days",
         help="""Fair share in the line (docs/line.md): among waiters of equal
         priority, the user with less recent GPU use goes first, recent use being
         GPU-hours weighted by 2^(-age / half-life) with this half-life in days
@@ -319,19 +345,13 @@ class GPUSettings(LoggingConfigurable):
 
     gpu_fairshare_max_wait_hours = FiniteFloat(
         24.0,
+        min=0.01,
+        max=10 * YEAR // 3600,  # ten years
+        what="a number of hours",
         help="""With fair share: hours after which a waiter goes by arrival, ahead of
         everyone of its priority who came later, whatever their recent use. Nobody is
         passed by later arrivals for longer than this.""",
     ).tag(config=True)
-
-    @validate("gpu_fairshare_half_life_days", "gpu_fairshare_max_wait_hours")
-    def _fairshare_number(self, proposal):
-        value, name = proposal["value"], proposal["trait"].name
-        most = 3650 if name == "gpu_fairshare_half_life_days" else 24 * 3650  # ten years
-        if not math.isfinite(value) or value < 0 or value > most or (value == 0 and name.endswith("max_wait_hours")):
-            rule = "from 0 (off) to 3650 days" if most == 3650 else f"above 0 and at most {most} hours"
-            raise TraitError(f"{name} must be {rule}, got {value!r}")
-        return value
 
     def fairshare(self) -> FairShare | None:
         """The line's fair share, or None (first come, first served)."""
@@ -341,21 +361,24 @@ class GPUSettings(LoggingConfigurable):
             timedelta(days=self.gpu_fairshare_half_life_days), timedelta(hours=self.gpu_fairshare_max_wait_hours)
         )
 
-    server_stop_timeout = Integer(
+    server_stop_timeout = BoundedInteger(
         30,
         min=0,
+        max=DAY,
+        what="a whole number of seconds",
         help="""Seconds to wait, after a server's service is removed, for its
         container to exit (it gets SIGTERM, then SIGKILL after the swarm's grace
         period). Its GPUs go to the next user only once it has exited.""",
     ).tag(config=True)
 
-    host_network_ports = Tuple(
+    host_network_ports = PortRange(
         Integer(min=1, max=65535),
         Integer(min=1, max=65535),
         default_value=(20000, 29999),
         help="""With ``network_name = "host"``, each server listens on its node's
         own network at a port picked from this range (inclusive), one per
-        server, so that servers on one node don't collide.""",
+        server, so that servers on one node don't collide. Two ports from 1 to
+        65535, the first not above the last.""",
     ).tag(config=True)
 
     options_form_template = Unicode(
@@ -434,11 +457,8 @@ def validate_config(config) -> None:
         _check_aliases(spawner_config.get("gpu_model_aliases", {}))
         SharingPolicy.parse(spawner_config.get("gpu_sharing") or None)
         enforcement_mode(spawner_config.get("gpu_share_enforcement", "none"), "*")
-        limit = spawner_config.get("max_gpus_per_user", 1)
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-            raise ValueError(f"max_gpus_per_user must be a whole number ≥ 0, got {limit!r}")
-        check_reclaim(spawner_config)  # docs/idle.md
         _check_numbers(spawner_config)
+        check_reclaim(spawner_config)  # docs/idle.md
         conflicts = admin_conflicts(spawner_config)
         if conflicts:
             raise ValueError(conflicts[0])
@@ -447,15 +467,28 @@ def validate_config(config) -> None:
         raise SystemExit(f"gpuspawner configuration error: {' '.join(str(exc).split())}") from None
 
 
+def numeric_settings(cls: type = GPUSettings) -> list[str]:
+    """The names of ``cls``'s configurable numbers: its Integer and Float traits, and
+    tuples of them, found by introspection (a new one is checked without a list to edit)."""
+
+    def numeric(trait) -> bool:
+        if isinstance(trait, Tuple):
+            return bool(trait._traits) and all(numeric(t) for t in trait._traits)
+        return isinstance(trait, (Int, Float))
+
+    return sorted(name for name, trait in cls.class_traits(config=True).items() if numeric(trait))
+
+
 def _check_numbers(spawner_config: Mapping) -> None:
-    """The numeric node settings, as their traits check them (ValueError)."""
+    """The numeric settings, as their traits check them (ValueError naming the setting,
+    the value and its range)."""
     settings = GPUSettings()
-    for name in ("gpu_max_temperature", "agent_stale_intervals"):
+    for name in numeric_settings(GPUSettings):
         if name in spawner_config:
             try:
                 setattr(settings, name, spawner_config[name])
             except TraitError as exc:
-                raise ValueError(str(exc)) from None
+                raise ValueError(" ".join(str(exc).split())) from None
 
 
 def _check_access(spawner_config: Mapping, inventory) -> None:

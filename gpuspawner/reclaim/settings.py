@@ -7,39 +7,96 @@ turns them into the :class:`~gpuspawner.core.idle.Limits` one server is held to.
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
-from traitlets import Bool, Dict, Float, TraitError, validate
+from traitlets import Bool, Dict, Float, Integer, TraitError, validate
 from traitlets.config import LoggingConfigurable
 
 from ..core.access import Access
 from ..core.idle import BUDGET, MAX_HOURS, Limits
 from ..core.numbers import finite
+from ..core.sharing import shown
 
 __all__ = ["ReclaimSettings", "check_config"]
 
 THRESHOLD_KEYS = {"utilization": (0, 100), "memory_mib": (0, 2**40)}
 
 
-class FiniteFloat(Float):
-    """A Float that refuses an integer beyond a float's range with a TraitError (the
-    one-line configuration error), not an OverflowError from float(); NaN and the
-    infinities are for each trait's own validator to refuse, with its sentence."""
+#: Seconds in a day, and in a year (365 days): the longest timeouts and intervals.
+DAY = 24 * 3600
+YEAR = 365 * DAY
+
+
+def _plain(bound: float) -> str:
+    """A bound as written in a sentence: 86400, not 86400.0 or 8.64e+04."""
+    return str(int(bound)) if float(bound).is_integer() else repr(float(bound))
+
+
+class _Ranged:
+    """What a bounded number setting refuses, and how it says so: anything outside
+    ``min`` to ``max`` (other than ``off``, the value that turns it off, where it has
+    one), NaN, the infinities, integers beyond a float's range, bools and anything
+    not a number, each with a TraitError (the one-line configuration error) naming
+    the setting, the value and the range, never an OverflowError later where the hub
+    sleeps or adds the value to a clock."""
+
+    min: Any
+    max: Any
+    name: str | None
+    what = "a number"  # "a number of seconds", "a whole number of seconds", ...
+    off: float | None = None
+
+    @property
+    def span(self) -> str:
+        """The range, for the configuration reference: ``0 to 86400``, ``0, or 0.01 to 3650``."""
+        range_ = f"{_plain(self.min)} to {_plain(self.max)}"
+        return range_ if self.off is None else f"{_plain(self.off)}, or {range_}"
+
+    def refusal(self, value: Any) -> TraitError:
+        range_ = f"from {_plain(self.min)} up to {_plain(self.max)}"
+        rule = f"{self.what} {range_}" if self.off is None else f"{self.what}: {_plain(self.off)} (off), or {range_}"
+        return TraitError(f"c.GPUSwarmSpawner.{self.name} must be {rule}, got {shown(value)}")
+
+    def within(self, number: float) -> bool:
+        return number == self.off or self.min <= number <= self.max
+
+
+class FiniteFloat(_Ranged, Float):
+    """A number setting from ``min`` to ``max``, or ``off`` (see :class:`_Ranged`)."""
+
+    def __init__(
+        self,
+        default_value: float,
+        *,
+        min: float,
+        max: float,
+        what: str = "a number",
+        off: float | None = None,
+        **kwargs: Any,
+    ):
+        self.what, self.off = what, off
+        super().__init__(default_value, min=float(min), max=float(max), **kwargs)
 
     def validate(self, obj, value):
-        if isinstance(value, int) and not isinstance(value, bool) and finite(value) is None:
-            digits = len(str(abs(value)))
-            raise TraitError(
-                f"c.GPUSwarmSpawner.{self.name} must be a finite number, not an integer of {digits} digits"
-            )
-        return super().validate(obj, value)
+        number = finite(value)  # None for NaN, the infinities, 10**400, bools and text
+        if number is None or not self.within(number):
+            raise self.refusal(value)
+        return number
 
 
-def _seconds(proposal, what: str) -> float:
-    value = proposal["value"]
-    if not math.isfinite(value) or value < 0:
-        raise TraitError(f"{what} must be a number of seconds from 0 up, not {value!r}")
-    return value
+class BoundedInteger(_Ranged, Integer):
+    """A whole-number setting from ``min`` to ``max`` (see :class:`_Ranged`); a float
+    with no fraction (``1e3``) is taken as the integer it is, as traitlets takes it."""
+
+    def __init__(self, default_value: int, *, min: int, max: int, what: str = "a whole number", **kwargs: Any):
+        self.what = what
+        super().__init__(default_value, min=min, max=max, **kwargs)
+
+    def validate(self, obj, value):
+        number = int(value) if isinstance(value, float) and value.is_integer() else value  # 1e3: 1000
+        if isinstance(number, bool) or not isinstance(number, int) or not self.within(number):
+            raise self.refusal(value)
+        return number
 
 
 class ReclaimSettings(LoggingConfigurable):
@@ -47,6 +104,9 @@ class ReclaimSettings(LoggingConfigurable):
 
     gpu_idle_timeout = FiniteFloat(
         0.0,
+        min=0,
+        max=YEAR,
+        what="a number of seconds",
         help="""Seconds a server's GPUs may stay idle (see ``gpu_idle_threshold``)
         before the server is stopped, after a warning of ``gpu_idle_warning``
         seconds. 0 (the default): idle servers are never stopped.""",
@@ -62,17 +122,27 @@ class ReclaimSettings(LoggingConfigurable):
 
     gpu_idle_warning = FiniteFloat(
         900.0,
+        min=0,
+        max=YEAR,
+        what="a number of seconds",
         help="Seconds before an idle server is stopped that its user is warned (home page, REST).",
     ).tag(config=True)
 
     gpu_max_hours = FiniteFloat(
         0.0,
+        min=0,
+        max=10 * YEAR // 3600,  # ten years
+        what="a number of hours",
         help="""Hours a server may hold GPUs; it is then stopped, after a warning of
         ``gpu_max_hours_warning`` seconds, whatever its activity. 0 (the default): no limit.""",
     ).tag(config=True)
 
     gpu_max_hours_warning = FiniteFloat(
-        900.0, help="Seconds before a server reaches ``gpu_max_hours`` that its user is warned."
+        900.0,
+        min=0,
+        max=YEAR,
+        what="a number of seconds",
+        help="Seconds before a server reaches ``gpu_max_hours`` that its user is warned.",
     ).tag(config=True)
 
     gpu_activity_updates_last_activity = Bool(
@@ -81,20 +151,13 @@ class ReclaimSettings(LoggingConfigurable):
         JupyterHub's idle culler keeps a server that computes with no browser open.""",
     ).tag(config=True)
 
-    gpu_reclaim_interval = FiniteFloat(10.0, help="Seconds between the hub's checks of idle and held-time limits.").tag(
-        config=True
-    )
-
-    @validate("gpu_idle_timeout", "gpu_idle_warning", "gpu_max_hours_warning", "gpu_reclaim_interval")
-    def _check_seconds(self, proposal):
-        return _seconds(proposal, f"c.GPUSwarmSpawner.{proposal['trait'].name}")
-
-    @validate("gpu_max_hours")
-    def _check_hours(self, proposal):
-        value = proposal["value"]
-        if not math.isfinite(value) or value < 0:
-            raise TraitError(f"c.GPUSwarmSpawner.gpu_max_hours must be a number of hours from 0 up, not {value!r}")
-        return value
+    gpu_reclaim_interval = FiniteFloat(
+        10.0,
+        min=0.1,  # 0 would check without a pause, keeping the hub's loop busy
+        max=3600,
+        what="a number of seconds",
+        help="Seconds between the hub's checks of idle and held-time limits.",
+    ).tag(config=True)
 
     @validate("gpu_idle_threshold")
     def _check_threshold(self, proposal):
@@ -142,8 +205,8 @@ def check_config(spawner_config) -> None:
         if name in spawner_config and name in ReclaimSettings.class_trait_names():
             try:
                 setattr(settings, name, spawner_config[name])
-            except TraitError as exc:
+            except (TraitError, ValueError) as exc:  # ValueError: traitlets' repr of 10**5000
                 text = str(exc)
                 if not text.startswith("c.GPUSwarmSpawner."):
-                    text = f"c.GPUSwarmSpawner.{name} must be a number, not {spawner_config[name]!r}"
+                    text = f"c.GPUSwarmSpawner.{name} must be {settings.traits()[name].info()}, not {shown(spawner_config[name])}"
                 raise ValueError(text) from None

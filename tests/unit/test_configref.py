@@ -85,7 +85,8 @@ def test_type_names_are_readable():
     assert types["gpu_inventory"] == "Union of Dict/Unicode"
     assert types["gpu_inventory_source"] == "List of Enum('static','agent','local')"
     assert types["host_network_ports"] == "Tuple(Integer, Integer)"
-    assert types["max_gpus_per_user"] == "Integer (min 0)"
+    assert types["max_gpus_per_user"] == "Integer (0 to 100000)"
+    assert types["gpu_fairshare_half_life_days"] == "Float (0, or 0.01 to 3650)"
 
 
 def test_check_fails_on_a_stale_file_and_names_the_command(tmp_path, capsys):

@@ -69,16 +69,17 @@ def test_a_holding_still_open_counts_until_now_and_nothing_after_it():
     [
         (
             {"gpu_fairshare_half_life_days": -1},
-            "gpu_fairshare_half_life_days must be from 0 (off) to 3650 days, got -1",
+            "gpu_fairshare_half_life_days must be a number of days: 0 (off), or from 0.01 up to 3650, got -1",
         ),
         (
             {"gpu_fairshare_half_life_days": float("inf")},
-            "gpu_fairshare_half_life_days must be from 0 (off) to 3650 days",
+            "gpu_fairshare_half_life_days must be a number of days: 0 (off), or from 0.01 up to 3650, got inf",
         ),
-        ({"gpu_fairshare_half_life_days": 80_000}, "gpu_fairshare_half_life_days must be from 0 (off) to 3650 days"),
+        ({"gpu_fairshare_half_life_days": 80_000}, "gpu_fairshare_half_life_days must be a number of days: 0 (off)"),
+        ({"gpu_fairshare_half_life_days": 1e-9}, "gpu_fairshare_half_life_days must be a number of days: 0 (off)"),
         (
             {"gpu_fairshare_max_wait_hours": 0},
-            "gpu_fairshare_max_wait_hours must be above 0 and at most 87600 hours, got 0",
+            "gpu_fairshare_max_wait_hours must be a number of hours from 0.01 up to 87600, got 0",
         ),
     ],
 )

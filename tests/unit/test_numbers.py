@@ -45,9 +45,17 @@ def test_a_report_with_a_huge_integer_is_refused_as_a_bad_report(field):
         ("gpu_idle_timeout", HUGE, "gpu_idle_timeout"),
         ("gpu_max_hours", HUGE, "gpu_max_hours"),
         ("gpu_idle_threshold", {"utilization": HUGE}, "gpu_idle_threshold['utilization'] must be a number"),
-        ("gpu_max_temperature", HUGE, "gpu_max_temperature must be a finite number, not an integer of 401 digits"),
-        ("gpu_max_temperature", float("nan"), "gpu_max_temperature must be a finite number, not nan"),
-        ("agent_stale_intervals", float("inf"), "agent_stale_intervals must be a finite number, not inf"),
+        ("gpu_max_temperature", HUGE, "gpu_max_temperature must be a temperature in °C from 0 up to 500, got a number"),
+        (
+            "gpu_max_temperature",
+            float("nan"),
+            "gpu_max_temperature must be a temperature in °C from 0 up to 500, got nan",
+        ),
+        (
+            "agent_stale_intervals",
+            float("inf"),
+            "agent_stale_intervals must be a number of intervals from 1 up to 1000",
+        ),
     ],
 )
 def test_a_huge_number_in_the_config_is_the_one_line_configuration_error(setting, value, says):

@@ -216,7 +216,7 @@ async def test_the_allocation_map_and_gpu_page_show_each_holders_gpu_activity(tm
     "setting, value, message",
     [
         ("gpu_idle_timeout", -1, "gpu_idle_timeout must be a number of seconds from 0 up"),
-        ("gpu_idle_timeout", "2h", "gpu_idle_timeout must be a number, not '2h'"),
+        ("gpu_idle_timeout", "2h", "gpu_idle_timeout must be a number of seconds from 0 up to 31536000, got '2h'"),
         ("gpu_idle_warning", float("nan"), "gpu_idle_warning must be a number of seconds from 0 up"),
         ("gpu_max_hours", float("inf"), "gpu_max_hours must be a number of hours from 0 up"),
         ("gpu_idle_threshold", {"util": 3}, "unknown key 'util'; it takes memory_mib, utilization"),
