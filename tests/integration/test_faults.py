@@ -5,11 +5,13 @@ test_worker_daemon_stopped.py). Results: docs/reliability.md."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import signal
 import time
 from collections import Counter
 
 import pytest
+import requests
 import yaml
 
 from tests.integration.support import hub_on, service_gpus, wait_until
@@ -135,4 +137,54 @@ def test_hub_killed_mid_spawn_leaks_nothing_and_double_books_nothing(hub, swarm)
     devices = devices_in_swarm(swarm)
     assert len(devices) == 16 and len(set(devices)) == 16
     assert hub.spawn("one-too-many", {"gpu_model": MODEL}).status_code == 503
+    hub.stop_all_servers()
+
+
+def test_the_proxy_killed_costs_no_gpu_and_jupyterhub_brings_it_back(hub, swarm):
+    """The hub's proxy dies (SIGKILL) while a GPU server runs, and a spawn arrives at
+    the hub's own port meanwhile. JupyterHub starts the proxy again and restores its
+    routes; the running server keeps its GPU; the new spawn either starts or fails
+    holding no GPU (JupyterHub stops a server it could not route)."""
+    hub.ensure_user("unrouted")
+    hub.spawn("proxied", {"gpu_model": MODEL})
+    hub.wait_ready("proxied", timeout=60)
+    held_before = sorted(devices_in_swarm(swarm))
+    os.kill(int((hub.state_dir / "jupyterhub-proxy.pid").read_text()), signal.SIGKILL)
+    # The hub's own API port, where servers reach it (the proxy is the usual way in).
+    direct = f"http://{swarm.manager_addr}:{hub.port + 81}/hub/api/users/unrouted/server"
+    t0 = time.monotonic()
+    try:
+        r = requests.post(
+            direct, headers={"Authorization": f"token {hub.token}"}, json={"gpu_model": MODEL}, timeout=60
+        )
+        spawned = r.status_code
+    except requests.RequestException as exc:
+        spawned = type(exc).__name__
+
+    def answers() -> bool:
+        try:
+            return hub.api("GET", "/").status_code == 200
+        except requests.RequestException:
+            return False
+
+    wait_until(answers, "JupyterHub did not start its proxy again", timeout=60)
+    back = time.monotonic() - t0
+    wait_until(
+        lambda: (m := hub.server_model("unrouted")) is None or m.get("ready"),
+        "the spawn during the proxy's outage neither started nor failed",
+        timeout=120,
+    )
+    unrouted = hub.server_model("unrouted")
+    print(f"\nproxy back after {back:.1f} s; the spawn meanwhile ({spawned}): {'started' if unrouted else 'failed'}")
+    gpus = devices_in_swarm(swarm)
+    held = sorted(
+        h["user"]
+        for host in hub.api("GET", "/gpuspawner/alloc-map").json().values()
+        for d in host.values()
+        for h in d["holders"]
+    )
+    assert held == sorted(["proxied"] + (["unrouted"] if unrouted else []))
+    assert set(held_before) <= set(gpus) and len(gpus) == len(set(gpus)) == len(held)
+    # The running server's route is back in the proxy's table.
+    wait_until(lambda: "/user/proxied/" in hub.api("GET", "/proxy").json(), "its route was not restored", timeout=30)
     hub.stop_all_servers()

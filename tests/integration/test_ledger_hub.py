@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpuspawner.ledger.ledger import Ledger
-from tests.integration.support import admin_cli, hub_on, services_of, spawn_ready
+from tests.integration.support import admin_cli, hub_on, service_gpus, services_of, spawn_ready
 
 A100 = "NVIDIA A100 80GB PCIe"
 
@@ -58,6 +58,11 @@ def test_with_the_database_down_spawns_fail_cleanly_and_work_again_when_it_is_ba
         assert services_of(swarm, "vera") == []  # no half-made service
         assert "vera" not in held(hub)  # and no GPU kept
         assert hub.server_model("vera") is None
+        # A server without GPUs needs no ledger: it starts (NVIDIA_VISIBLE_DEVICES=void) and stops.
+        spawn_ready(hub, "walt", {})
+        [walt] = services_of(swarm, "walt")
+        assert service_gpus(walt) == []
+        hub.stop_server("walt")
     finally:
         pg.start()
     spawn_ready(hub, "vera", {"gpu_model": A100})
