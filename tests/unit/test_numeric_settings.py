@@ -1,22 +1,31 @@
-"""Every numeric setting gpuspawner adds to ``c.GPUSwarmSpawner`` has a range, and
-anything else is refused in one line that says what is wrong, never an OverflowError or
-TypeError traceback later.
+"""Every number the hub takes from outside has a range, and anything else is refused in
+one line that says what is wrong, never an OverflowError or TypeError traceback later.
 
-The settings are every Integer and Float trait of gpuspawner's classes (and tuples of
-them), found by introspection, so a new one is covered without editing this file. Each
-has a finite range its default is in; a value in it is taken (and can be slept on or
-added to a clock); anything else (10**400, -10**400, NaN, the infinities, tiny floats
-where the range has no room for them, negatives, bools, text) stops the hub at start with
-the one-line configuration error naming the setting, the value and the range, and, for a
-hub that did not call ``validate_config``, is the one-line HubConfigError at first use.
-tests/unit/test_fuzz.py throws anything at validate_config and checks only that each
-answer is a result or a one-line refusal; this says which it must be.
+* The admin's numeric settings: every Integer and Float trait gpuspawner adds to
+  ``c.GPUSwarmSpawner`` (and tuples of them), found by introspection, so a new one is
+  covered without editing this file. Each has a finite range its default is in; a value
+  in it is taken (and can be slept on or added to a clock); anything else (10**400,
+  -10**400, NaN, the infinities, tiny floats where the range has no room for them,
+  negatives, bools, text) stops the hub at start with the one-line configuration error
+  naming the setting, the value and the range, and, for a hub that did not call
+  ``validate_config``, is the one-line HubConfigError at first use.
+* Agents' reports: a hostile number in any numeric field the parser reads (found in its
+  source) is a ReportError (the endpoint's 400) naming the field.
+* Users' options, by REST and the form: a hostile ``gpu_count`` or ``gpu_share`` is an
+  OptionsError naming it, and at a spawn a 400 that reserves nothing.
+
+tests/unit/test_fuzz.py throws anything at the same surfaces and checks only that each
+answer is a result or a one-line refusal; these say which it must be.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import inspect
+import json
 import math
+import re
 import time
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
@@ -26,14 +35,19 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from jupyterhub.spawner import SpawnException
 from traitlets import Float, Int, Tuple
 from traitlets.config import Config
 
 from devtools import configref
+from gpuspawner.core import reports
+from gpuspawner.core.options import KEYS, OptionsError, options_from_form, parse_user_options
+from gpuspawner.core.reports import ReportError, parse_report
 from gpuspawner.core.sharing import shown
 from gpuspawner.hub.app import GPUHub, HubConfigError
 from gpuspawner.hub.settings import validate_config
 from gpuspawner.spawn.spawner import GPUSwarmSpawner
+from tests.unit.test_holdings import World
 
 PROPERTY = settings(
     max_examples=300,
@@ -42,6 +56,7 @@ PROPERTY = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 TEN_YEARS = 10 * 365 * 24 * 3600  # seconds: no setting goes beyond, in any unit
+A100 = "NVIDIA A100 80GB PCIe"
 
 # -- the admin's numeric settings -------------------------------------------------------------
 
@@ -196,3 +211,152 @@ def test_the_refusal_names_the_setting_its_range_and_the_value(name, value, says
     message = str(exc.value.code)
     assert message.startswith("gpuspawner configuration error: c.GPUSwarmSpawner."), message
     assert says in message and message.endswith(f", got {shown(value)}"), message
+
+
+# -- agents' reports ----------------------------------------------------------------------------
+
+# A report with every field the parser reads: a GPU with a process, one in MIG mode, and what
+# enforces shares on the node.
+REPORT = {
+    "hostname": "gpu-b",
+    "interval": 15,
+    "agent_version": "0.1.0",
+    "driver_version": "550.54.15",
+    "cuda_version": "12.4",
+    "docker_default_runtime": "nvidia",
+    "share_enforcement": {"mps_control": False, "hami_library_bytes": 1024, "hami_library": "/x.so"},
+    "devices": [
+        {
+            "index": 0,
+            "uuid": "GPU-b0",
+            "name": A100,
+            "memory_total_mib": 81920,
+            "memory_used_mib": 1024,
+            "utilization_gpu": 5,
+            "temperature_c": 40.5,
+            "ecc_uncorrected": 0,
+            "lost": False,
+            "mig_mode": False,
+            "problems": [],
+            "processes": [{"pid": 42, "used_mib": 1000, "holder": {"service": "jupyter-alice"}}],
+            "mig_devices": [],
+        },
+        {
+            "index": 1,
+            "uuid": "GPU-b1",
+            "name": A100,
+            "memory_total_mib": 81920,
+            "lost": False,
+            "mig_mode": True,
+            "mig_devices": [
+                {"index": 0, "uuid": "MIG-b1-0", "profile": "3g.40gb", "memory_total_mib": 40192, "memory_used_mib": 0}
+            ],
+        },
+    ],
+}
+
+
+def _numeric_paths(data: Any, path: tuple = ()) -> list[tuple]:
+    if isinstance(data, dict):
+        return [p for k, v in data.items() for p in _numeric_paths(v, (*path, k))]
+    if isinstance(data, list):
+        return [p for i, v in enumerate(data) for p in _numeric_paths(v, (*path, i))]
+    return [path] if isinstance(data, (int, float)) and not isinstance(data, bool) else []
+
+
+REPORT_PATHS = _numeric_paths(REPORT)
+
+
+def test_the_sample_report_is_good_and_has_every_numeric_field_the_parser_reads():
+    read = set(re.findall(r'\.(?:integer|number)\(\s*"(\w+)"', inspect.getsource(reports)))
+    assert read and {p[-1] for p in REPORT_PATHS} == read, "a numeric report field missing from REPORT"
+    parse_report(json.dumps(REPORT))
+
+
+# JSON text: NaN and Infinity are what Python's json reads (and other agents may send); an
+# integer of more than 4,300 digits is not even decoded.
+hostile_json = st.one_of(
+    st.integers(16, 5000).map(lambda k: "1" + "0" * k),
+    st.integers(16, 5000).map(lambda k: "-1" + "0" * k),
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1e308", "-1e308"]),
+    st.sampled_from(["true", "false", '"15"', "[]", "{}", '{"a": 1}']),
+)
+
+
+@PROPERTY
+@given(path=st.sampled_from(REPORT_PATHS), token=hostile_json)
+def test_a_hostile_number_in_any_numeric_report_field_is_a_bad_report_naming_it(path, token):
+    body = copy.deepcopy(REPORT)
+    holder = body
+    for key in path[:-1]:
+        holder = holder[key]
+    holder[path[-1]] = "@HOSTILE@"
+    text = json.dumps(body).replace('"@HOSTILE@"', token)
+    with pytest.raises(ReportError) as exc:
+        parse_report(text)
+    message = str(exc.value)
+    assert "\n" not in message
+    undecodable = token.lstrip("-").isdigit() and len(token) > 4300
+    assert f".{path[-1]}: expected " in message or (undecodable and "not valid JSON" in message), message
+
+
+# -- users' options, by REST and by the form ------------------------------------------------------
+
+NUMERIC_OPTIONS = ("gpu_count", "gpu_share")
+
+
+def test_every_option_is_known_to_be_a_number_or_not():
+    """A new option must be sorted here, so that a numeric one gets the test below."""
+    assert set(KEYS) == {*NUMERIC_OPTIONS, "gpu_model", "gpu_host", "gpu_wait"}
+
+
+hostile_option = st.one_of(
+    huge,
+    st.sampled_from([float("nan"), float("inf"), -float("inf"), 1e308, -1e308, -1, True, None, "1e400", "nan"]),
+    st.sampled_from([Decimal("1e999999"), Decimal("NaN"), Decimal("-Infinity"), Fraction(10**400, 3)]),
+)
+form_text = st.one_of(
+    st.integers(13, 5000).map(lambda k: "9" * k),
+    st.sampled_from(["1e400", "-1", "nan", "NaN", "inf", "-inf", "Infinity", "0x10", "1_000", "١", "2²"]),
+)
+SHARING = {"*": {"quantum": 0.25, "split": True}}
+
+
+def _parsed(options):
+    return parse_user_options(
+        options, models=[A100], hosts=["gpu-b"], max_count=2, allow_host_choice=False, sharing=SHARING
+    )
+
+
+@PROPERTY
+@given(key=st.sampled_from(NUMERIC_OPTIONS), value=hostile_option)
+def test_a_hostile_number_in_a_numeric_option_is_refused_naming_it(key, value):
+    with pytest.raises(OptionsError) as exc:
+        _parsed({"gpu_model": A100, key: value})
+    assert key in str(exc.value) and "\n" not in str(exc.value), exc.value
+
+
+@PROPERTY
+@given(key=st.sampled_from(NUMERIC_OPTIONS), text=form_text)
+def test_a_hostile_number_typed_in_the_form_is_refused_naming_it(key, text):
+    options = options_from_form({"gpu_model": [A100], key: [text]})
+    with pytest.raises(OptionsError) as exc:
+        _parsed(options)
+    assert key in str(exc.value) and "\n" not in str(exc.value), exc.value
+
+
+@pytest.mark.parametrize("key", NUMERIC_OPTIONS)
+@pytest.mark.parametrize(
+    "value",
+    [10**400, -(10**400), 10**5000, float("nan"), float("inf"), -float("inf")],
+    ids=["10**400", "-10**400", "10**5000", "nan", "inf", "-inf"],
+)
+async def test_a_hostile_number_at_a_rest_spawn_is_a_400_naming_it_and_reserves_nothing(tmp_path, key, value):
+    w = World(tmp_path, max_gpus_per_user=2, gpu_sharing=SHARING)
+    spawner = w.spawner("carol", {"gpu_model": A100, key: value})
+    with pytest.raises(SpawnException) as exc:
+        await w.started(spawner)
+    assert exc.value.status_code == 400, exc.value
+    assert key in exc.value.jupyterhub_message
+    assert "\n" not in exc.value.jupyterhub_message
+    assert w.owner.allocator.milli_held_by("carol") == 0 and spawner.service_name not in w.fake.service_names()
