@@ -18,11 +18,22 @@ from .numbers import finite
 from .requests import ALL
 from .sharing import shown
 
-__all__ = ["EVERYONE_ELSE", "KEYS", "Access", "AccessRules"]
+__all__ = ["EVERYONE_ELSE", "KEYS", "MAX_GPUS", "Access", "AccessRules"]
 
 EVERYONE_ELSE = "*"
 KEYS = ("models", "max_gpus", "priority", "max_hours", "weekly_gpu_hours", "idle_timeout", "idle_threshold")
 _HOURS = ("max_hours", "weekly_gpu_hours")  # numbers > 0
+MAX_GPUS = 100_000  # the most GPUs a limit may name (here and max_gpus_per_user): more than any swarm holds
+# Each number's range, as the hub-wide settings have theirs: a value beyond it (10**400,
+# NaN) would overflow the line's database column, a page's text or a clock.
+_RANGES = {
+    "max_gpus": (0, MAX_GPUS),
+    "priority": (-1_000_000, 1_000_000),
+    "max_hours": (0, 87_600),  # above 0; ten years, as gpu_max_hours
+    "weekly_gpu_hours": (0, 168 * MAX_GPUS),  # above 0; every GPU a user may hold, all week
+    "idle_timeout": (0, 365 * 24 * 3600),  # a year, as gpu_idle_timeout
+    "idle_threshold": (0, 100),  # a utilization, in percent
+}
 # Absent from a group: the hub's own setting (gpu_max_hours, gpu_idle_timeout,
 # gpu_idle_threshold), which then counts as that group's value in a merge.
 HUB_SETTINGS = ("max_hours", "idle_timeout", "idle_threshold")
@@ -197,9 +208,9 @@ def _parse_group(group: str, rules: Any, aliases: Mapping[str, str]) -> dict[str
                 raise ValueError(f"{where}['models'] must list model names (strings), got {shown(value)}")
             out[key] = frozenset(aliases.get(m, m) for m in value)
         elif key in ("max_gpus", "priority"):
-            low = 0 if key == "max_gpus" else None
-            if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low):
-                raise ValueError(f"{where}['{key}'] must be a whole number{' ≥ 0' * (low == 0)}, got {shown(value)}")
+            low, high = _RANGES[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"{where}['{key}'] must be a whole number from {low} to {high}, got {shown(value)}")
             out[key] = value
         elif key != "models":
             out[key] = _number_in(where, key, value)
@@ -207,11 +218,10 @@ def _parse_group(group: str, rules: Any, aliases: Mapping[str, str]) -> dict[str
 
 
 def _number_in(where: str, key: str, value: Any) -> float:
-    top = 100 if key == "idle_threshold" else None  # a utilization, in percent
+    low, high = _RANGES[key]
     positive = key in _HOURS
     number = finite(value)
-    ok = number is not None and (number > 0 if positive else number >= 0) and (top is None or number <= top)
-    if not ok:
-        bounds = "> 0" if positive else f"from 0 to {top}" if top else "≥ 0"
+    if number is None or not (low < number if positive else low <= number) or number > high:
+        bounds = f"> {low} and at most {high}" if positive else f"from {low} to {high}"
         raise ValueError(f"{where}['{key}'] must be a number {bounds}, got {shown(value)}")
     return number

@@ -27,7 +27,7 @@ from ..cluster.service_spec import (
     enforcement_mode,
     share_enforcement,
 )
-from ..core.access import AccessRules
+from ..core.access import MAX_GPUS, AccessRules
 from ..core.fairshare import FairShare
 from ..core.inventory import MODEL_RE, InventoryError
 from ..core.inventory_files import load_inventory
@@ -39,8 +39,6 @@ from ..reclaim.settings import DAY, YEAR, BoundedInteger, FiniteFloat
 from ..reclaim.settings import check_config as check_reclaim
 
 __all__ = ["GPUSettings", "validate_config"]
-
-MAX_GPUS = 100_000  # the most max_gpus_per_user may say: more than any swarm holds
 
 
 class PortRange(Tuple):

@@ -40,7 +40,7 @@ from traitlets import Float, Int, Tuple
 from traitlets.config import Config
 
 from devtools import configref
-from gpuspawner.core import reports
+from gpuspawner.core import access, reports
 from gpuspawner.core.options import KEYS, OptionsError, options_from_form, parse_user_options
 from gpuspawner.core.reports import ReportError, parse_report
 from gpuspawner.core.sharing import shown
@@ -211,6 +211,38 @@ def test_the_refusal_names_the_setting_its_range_and_the_value(name, value, says
     message = str(exc.value.code)
     assert message.startswith("gpuspawner configuration error: c.GPUSwarmSpawner."), message
     assert says in message and message.endswith(f", got {shown(value)}"), message
+
+
+# The numbers in gpu_access's rules: every key but ``models``, each with its range.
+ACCESS_NUMBERS = [k for k in access.KEYS if k != "models"]
+beyond_every_range = st.one_of(
+    huge,
+    st.sampled_from([10**400, -(10**400), float("nan"), float("inf"), -float("inf"), 1e308, -1e308]),
+    st.sampled_from([True, None, "5", [], {}, Decimal("5")]),
+)
+
+
+def test_every_number_of_the_access_rules_has_a_range():
+    assert ACCESS_NUMBERS and set(ACCESS_NUMBERS) == set(access._RANGES)
+    assert all(high <= TEN_YEARS for _, high in access._RANGES.values())
+
+
+@PROPERTY
+@given(data=st.data())
+def test_a_number_of_the_access_rules_is_taken_in_its_range_and_otherwise_refused_in_one_line(data):
+    key = data.draw(st.sampled_from(ACCESS_NUMBERS), label="key")
+    low, high = access._RANGES[key]
+    c = Config()
+    c.GPUSwarmSpawner.gpu_access = {"g": {key: data.draw(st.integers(max(low, 1), high), label="good")}}
+    validate_config(c)  # taken
+    value = data.draw(beyond_every_range, label="value")
+    c.GPUSwarmSpawner.gpu_access = {"g": {key: value}}
+    with pytest.raises(SystemExit) as exc:
+        validate_config(c)
+    message = str(exc.value.code)
+    assert message.startswith(f"gpuspawner configuration error: gpu_access['g']['{key}'] must be a "), message
+    assert f"{low}" in message and f"{high}" in message and message.endswith(f", got {shown(value)}"), message
+    assert "\n" not in message
 
 
 # -- agents' reports ----------------------------------------------------------------------------
