@@ -19,6 +19,7 @@ import socket
 import sys
 
 from ..core.enforcement import HAMI_LIBRARY, MPS_PIPE_DIR
+from ..core.reports import MAX_INTERVAL_S
 from .attribution import Attributor, DockerLabels
 from .errors import PROG, AgentError
 from .hub import DEFAULT_TIMEOUT_S, TOKEN_ENV, TOKEN_FILE_ENV, HubClient, Token, report_url
@@ -81,6 +82,16 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _interval(text: str) -> float:
+    """Seconds between reports: up to the longest the hub takes (it refuses reports that say more)."""
+    value = _seconds(text)
+    if value > MAX_INTERVAL_S:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_INTERVAL_S} seconds (the hub takes no longer), not {text!r}"
+        )
+    return value
+
+
 def _count(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number from 1 up, not {text!r}")
@@ -102,7 +113,7 @@ def _add_run_options(p_run: argparse.ArgumentParser) -> None:
     )
     p_run.add_argument(
         "--interval",
-        type=_seconds,
+        type=_interval,
         default=DEFAULT_INTERVAL_S,
         metavar="S",
         help="seconds between reports (default: %(default)g)",

@@ -25,6 +25,7 @@ from .inventory import GPU, HOSTNAME_RE, MODEL_RE, UUID_RE
 from .numbers import finite
 
 __all__ = [
+    "MAX_INTERVAL_S",
     "MAX_REPORT_BYTES",
     "MAX_TEMPERATURE_C",
     "Conflict",
@@ -39,6 +40,7 @@ __all__ = [
     "report_uuids",
 ]
 
+MAX_INTERVAL_S = 3600  # the longest interval between reports an agent may say it keeps
 MAX_REPORT_BYTES = 256 * 1024  # a node with 64 MIG-split GPUs reports ~100 KiB
 MAX_DEVICES = 64
 MAX_MIG_DEVICES = 8  # NVIDIA's MIG allows 7 GPU instances per GPU
@@ -173,7 +175,7 @@ def parse_report(body: bytes | str) -> NodeReport:
         raise ReportError("report: a device index is listed twice")
     return NodeReport(
         hostname=hostname,
-        interval=r.number("interval", low=1, high=3600),
+        interval=r.number("interval", low=1, high=MAX_INTERVAL_S),
         driver_version=r.text("driver_version", limit=64, optional=True) or "",
         cuda_version=r.text("cuda_version", limit=16, optional=True) or "",
         agent_version=r.text("agent_version", limit=32, optional=True) or "",

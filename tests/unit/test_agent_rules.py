@@ -196,6 +196,10 @@ def test_run_command_line():
         (["run", "--hub-url", "http://h", "--interval", "0"], "must be a number of seconds above 0, not '0'"),
         (["run", "--hub-url", "http://h", "--interval", "-1"], "must be a number of seconds above 0"),
         (["run", "--hub-url", "http://h", "--interval", "nan"], "must be a number of seconds above 0"),
+        (
+            ["run", "--hub-url", "http://h", "--interval", "1e300"],
+            "must be at most 3600 seconds (the hub takes no longer)",
+        ),
         (["run", "--hub-url", "http://h", "--timeout", "inf"], "must be a number of seconds above 0"),
         (["run", "--hub-url", "http://h", "--cycles", "0"], "must be a whole number from 1 up, not '0'"),
         (["run", "--hub-url", "http://h", "--cycles", "2.5"], "must be a whole number from 1 up"),
