@@ -189,7 +189,14 @@ class Hub:
     def stop_all_servers(self) -> None:
         """Stop every running server, so that one test's failure leaves no GPU
         held for the next."""
-        for user in self.api("GET", "/users").json():
+        active = []  # read every page first: stopping changes what the pages hold
+        while True:
+            r = self.api("GET", "/users", params={"state": "active", "offset": len(active), "limit": 100})
+            page = r.json()
+            active += page
+            if len(page) < 100:
+                break
+        for user in active:
             for server in user.get("servers", {}):
                 self.stop_server(user["name"], server)
 
