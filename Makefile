@@ -86,7 +86,7 @@ demo-down: $(VENV)/.installed
 
 # The README's screenshots (docs/screenshots), taken by the browser tests.
 screenshots: deps
-	GPUSPAWNER_SCREENSHOT_DIR=$(CURDIR)/docs/screenshots $(PYTHON) -m pytest -ra tests/integration/test_browser.py tests/integration/test_access_swarm.py tests/integration/test_line_swarm.py
+	GPUSPAWNER_SCREENSHOT_DIR=$(CURDIR)/docs/screenshots $(PYTHON) -m pytest -ra tests/integration/test_browser.py tests/integration/test_access_swarm.py tests/integration/test_line_swarm.py tests/integration/test_jupyterlab_status.py
 
 bench: $(VENV)/.installed
 	$(PYTHON) -m benchmarks.bench_allocator

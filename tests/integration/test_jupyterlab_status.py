@@ -6,6 +6,8 @@ NVML, whose process list a test changes."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import requests
 
@@ -20,9 +22,13 @@ def lab(swarm, jupyter_image, tmp_path_factory):
     """A hub with lena's A100 server running JupyterLab: (hub, gpu-b, her device, the
     node PID of her container, the container)."""
     work = tmp_path_factory.mktemp("lab-status")
-    idle = "c.GPUSwarmSpawner.gpu_idle_timeout = 3600\n"  # a limit to show (never reached here)
+    config = (
+        "c.GPUSwarmSpawner.gpu_idle_timeout = 3600\n"  # limits to show (never reached here)
+        "c.GPUSwarmSpawner.gpu_max_hours = 8\n"
+        f'c.GPUSwarmSpawner.gpu_sharing = {{"{A100}": {{"quantum": 0.25}}}}\n'
+    )
     env = {"GPUSPAWNER_IMAGE": jupyter_image}
-    with hub_with_agent_on_gpu_b(swarm, work, port_from=21400, extra_config=idle, env=env) as (hub, node):
+    with hub_with_agent_on_gpu_b(swarm, work, port_from=21400, extra_config=config, env=env) as (hub, node):
         r = hub.spawn("lena", {"gpu_model": A100})
         assert r.status_code in (201, 202), r.text
         hub.wait_ready("lena", timeout=SPAWN_TIMEOUT)
@@ -64,6 +70,48 @@ def test_the_status_bar_shows_the_servers_gpu_and_follows_its_memory_use(lab, br
     node.busy(uuid, 40)
     wait(driver, lambda d: "2.0 GiB of 80.0 GiB · 40 %" in (item(d).text if item(d) else ""), "no update", 60)
     driver.save_screenshot(str(shots / "jupyterlab-status.png"))
+
+    # It asks every 15 s (its setting's default), though the node reports every second.
+    driver.execute_script("performance.clearResourceTimings()")
+    time.sleep(16)
+    asked = driver.execute_script(
+        "return performance.getEntriesByType('resource').filter(e => e.name.includes('gpuspawner-lab/status')).length"
+    )
+    assert 1 <= asked <= 2, f"{asked} requests in 16 s"
+
+
+def test_a_share_holders_home_page_shows_its_memory_use_against_its_share_and_its_limits(
+    lab,
+    swarm,
+    browsers,  # noqa: F811
+    shots,  # noqa: F811
+):
+    """In a real browser, the home page of a holder of half an A100 (screenshot:
+    docs/screenshots/home-gpus-share.png): the device, what the share comes with, what
+    the server uses of it and how busy the GPU is (from the node's report), and the
+    limits that would stop it."""
+    hub, node = lab[0], lab[1]
+    r = hub.spawn("sara", {"gpu_model": A100, "gpu_share": 0.5})
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready("sara", timeout=SPAWN_TIMEOUT)
+    uuid, pid = server_of(swarm, "sara")
+    node.run(uuid, pid, used_mib=10240)  # her notebook takes 10 GiB of the 40 her half comes with
+    node.busy(uuid, 30)
+    driver = browsers(width=1100, height=700).driver
+    log_in(driver, hub, "sara")
+
+    def shown(d) -> str:
+        d.get(hub.url + "/hub/home")
+        found = d.find_elements(by().ID, "gpuspawner-servers")
+        return found[0].text if found else ""
+
+    wait(driver, lambda d: "in use by this server: 10 GiB" in shown(d), "no memory use on the home page", 60)
+    text = shown(driver)
+    assert f"{A100} on gpu-b" in text and f"{uuid}: 0.5 of the GPU, 40 GiB of memory" in text, text
+    assert "in use by this server: 10 GiB · GPU busy 30 %" in text, text
+    assert "held-time limit in 8.0 h" in text and "idle limit: after 60 min without GPU use" in text, text
+    driver.save_screenshot(str(shots / "home-gpus-share.png"))
+    hub.stop_server("sara")
 
 
 def test_a_cpu_only_server_reads_no_gpu(lab, browsers):  # noqa: F811

@@ -127,8 +127,9 @@ def test_the_line_end_to_end_through_a_hub_restart(hub, swarm):
 
 
 def test_the_waiting_page_shows_the_place_in_line(hub, browsers, shots):
-    """In a real browser: the waiting page of a user in line, and its Leave line (screenshot:
-    docs/screenshots/spawn-waiting.png with ``make screenshots``)."""
+    """In a real browser: the waiting page of a user in line (screenshot:
+    docs/screenshots/spawn-waiting.png with ``make screenshots``); his Leave line moves
+    the next waiter up on her own page, which takes her to her server when a GPU frees."""
     spawn_ready(hub, "gil", {"gpu_model": A100, "gpu_count": 2})
     assert hub.spawn("hal", WAIT).status_code == 202
     driver = browsers(width=1000, height=700).driver
@@ -143,10 +144,21 @@ def test_the_waiting_page_shows_the_place_in_line(hub, browsers, shots):
     leave = driver.find_element(browser_tests.by().ID, "stop-server-btn")
     assert leave.text == "Leave line"
     driver.save_screenshot(str(shots / "spawn-waiting.png"))
-    leave.click()  # out of line
-    wait_until(hub, lambda: line(hub) == [], "hal left the line")
+    # ida waits behind him, on her own waiting page.
+    assert hub.spawn("ida", WAIT).status_code == 202
+    ida = browsers(width=1000, height=700).driver
+    browser_tests.log_in(ida, hub, "ida")
+    ida.get(hub.url + "/hub/spawn-pending/ida")
+    second = f"You are number 2 in line for {A100}"
+    browser_tests.wait(ida, lambda d: second in d.find_element(*message).text, "ida's place not shown", 60)
+    leave.click()  # hal leaves: ida moves up, and her page says so
+    wait_until(hub, lambda: line(hub) == [("ida", 1)], "hal left the line")
+    browser_tests.wait(ida, lambda d: words in d.find_element(*message).text, "ida's page still says number 2", 60)
+    # A GPU comes free: ida's waiting page takes her to her server by itself.
+    hub.stop_server("gil")
+    browser_tests.wait(ida, lambda d: "/user/ida/" in d.current_url, "ida was not taken to her server", 90)
+    assert hub.server_model("ida")["ready"] and line(hub) == []
     hub.stop_all_servers()
-    assert line(hub) == []
 
 
 def test_a_staff_waiter_goes_ahead_of_an_earlier_student(hub, swarm):
