@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuspawner.allocator.allocator import AllocationRefused, Allocator, Request
+from gpuspawner.allocator.fragment import Mix, Shape
 from gpuspawner.core.inventory import GPU
 from gpuspawner.core.sharing import UNIT
 
@@ -142,13 +143,22 @@ def arrivals(tasks: list[Task], capacity: int, seed: int, upto: float = 1.3) -> 
     return order
 
 
-def build(nodes: list[Node], policy: str) -> Allocator:
+def build(nodes: list[Node], policy: str, shapes: list[tuple[Task, float]] | None = None) -> Allocator:
+    """The cluster as an allocator; ``shapes``: the mix the frag policy is given (the
+    typical task shapes, as the published FGD is given the task distribution)."""
     gpus = [GPU(n.name, i, f"{n.name}-gpu{i}", n.model, 0) for n in nodes for i in range(n.gpus)]
     models = sorted({n.model for n in nodes})
     alloc = Allocator(gpus, policy, {m: {"quantum": 0.001} for m in models})
     for n in nodes:
         alloc.set_host_resources(n.name, n.cpu_milli, n.memory_mib)
+    if shapes:
+        alloc.set_mix(Mix(shape_of(t, w) for t, w in shapes))
     return alloc
+
+
+def shape_of(task: Task, weight: float) -> Shape:
+    milli = task.gpu_milli if task.num_gpu == 1 and task.gpu_milli < UNIT else UNIT
+    return Shape(task.num_gpu, milli, task.cpu_milli, task.memory_mib, frozenset(task.spec) or None, weight)
 
 
 def typical(tasks: list[Task], cover: float = 0.95) -> list[tuple[Task, float]]:
@@ -194,7 +204,7 @@ def _unusable(task: Task, model: str, free: list[int], total: int, cpu: int, mem
 
 def replay(nodes: list[Node], tasks: list[Task], policy: str, seed: int, shapes) -> dict:
     capacity = UNIT * sum(n.gpus for n in nodes)
-    alloc = build(nodes, policy)
+    alloc = build(nodes, policy, shapes)
     marks = [p * capacity / 100 for p in ARRIVED]
     unallocated: list[float] = []
     times: list[int] = []

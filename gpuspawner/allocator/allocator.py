@@ -40,8 +40,9 @@ from typing import Any
 from ..core.inventory import GPU
 from ..core.sharing import OFF, UNIT, SharingPolicy, fmt
 from .adopt import AdoptProblem, AdoptReason, adopted_pieces, conflict
+from .fragment import Mix, frag_cpu_only, frag_share, frag_whole
 from .index import DeviceIndex
-from .records import ALL, POLICIES, Allocation, Policy, Request
+from .records import ALL, ONE_DEVICE, POLICIES, Allocation, Policy, Request
 from .refusals import (
     AllocationRefused,
     Refusal,
@@ -88,6 +89,7 @@ class Allocator:
         self._unenforced: dict[str, str] = {}  # host -> why no share is placed there
         self.resources = HostResources(self._holders)  # each host's CPU and memory, where known
         self._gpuless: list[str] | None = None  # known hosts without GPUs, by name (servers without GPUs)
+        self.mix: Mix | None = None  # the requests the hub sees, for the frag policy
         self.set_sharing(sharing)
         self.set_inventory(gpus)
 
@@ -148,6 +150,12 @@ class Allocator:
         with self._lock:
             self.resources.set_running(host, by_service)
 
+    def set_mix(self, mix: Mix | None) -> None:
+        """The requests the hub sees (the frag policy places each where the free GPU
+        they could not use grows least); None: frag places as pack does."""
+        with self._lock:
+            self.mix = mix
+
     def set_unenforced(self, host: str, why: str | None) -> None:
         """No share is placed on ``host`` while ``why`` (what enforces shares is missing
         there) is set; whole GPUs are placed there as before. None: shares again."""
@@ -193,7 +201,13 @@ class Allocator:
             over_room = room is not None and count != ALL and int(count) > room
             pol = self.policy if policy is None else POLICIES[policy]
             fits = self._fits(request)
-            found = None if over_room else choose(index, pol, models, count, request.host, room, fits)
+            if over_room:
+                found = None
+            elif pol.name == "frag" and self.mix is not None and count != ALL and request.host is None:
+                asked = (request.cpu_milli, request.memory_mib)
+                found = frag_whole(index, self.mix, self.resources, models, int(count), asked, fits)
+            else:
+                found = choose(index, pol, models, count, request.host, room, fits)
             if found is None:
                 if not over_room and fits is not None:
                     elsewhere = choose(index, pol, models, count, request.host, room)
@@ -299,14 +313,19 @@ class Allocator:
 
         if self._gpuless is None:  # remade when the inventory or the known hosts change
             self._gpuless = [h for h in resources.known() if h not in index.by_host]
-        host = next((h for h in self._gpuless if index.is_available(h) and fits(h)), None)
         mis = list(index.models.values())
-        for n in range(max((len(mi.buckets) for mi in mis), default=0)):
-            if host is not None:
-                break
-            # Each bucket is sorted by name: merged lazily, the first host that fits wins.
-            hosts = heapq.merge(*(mi.buckets[n] for mi in mis if n < len(mi.buckets)))
-            host = next((h for h in hosts if fits(h)), None)
+
+        def in_order():
+            yield from (h for h in self._gpuless if index.is_available(h) and fits(h))
+            for n in range(max((len(mi.buckets) for mi in mis), default=0)):
+                # Each bucket is sorted by name: merged lazily.
+                yield from (h for h in heapq.merge(*(mi.buckets[n] for mi in mis if n < len(mi.buckets))) if fits(h))
+
+        pol = self.policy if policy is None else POLICIES[policy]
+        if pol.name == "frag" and self.mix is not None:
+            host = frag_cpu_only(index, self.mix, resources, in_order(), (cpu, mem))
+        else:
+            host = next(in_order(), None)
         if host is None:
             known = bool(resources.known())
             raise AllocationRefused(
@@ -334,7 +353,12 @@ class Allocator:
         over = limit is not None and held + share > limit * UNIT
         pol = self.policy if policy is None else POLICIES[policy]
         fits = self._fits(request)
-        found = None if over else choose_share(index, self.sharing, pol, models, share, request.host, fits)
+        if over:
+            found = None
+        elif pol.name == "frag" and self.mix is not None and share < UNIT and request.host is None:
+            found = self._frag_share(models, share, request, fits)
+        else:
+            found = choose_share(index, self.sharing, pol, models, share, request.host, fits)
         if found is None:
             if not over and fits is not None:
                 elsewhere = choose_share(index, self.sharing, pol, models, share, request.host)
@@ -366,6 +390,15 @@ class Allocator:
                 index.add_shares(mi, host, picks)  # one host: its free lists and split ranks once
         self._record(alloc)
         return alloc
+
+    def _frag_share(self, models: list[str], share: int, request: Request, fits: Fits) -> tuple | None:
+        """The frag policy's device for a share of one device (None: none takes it)."""
+        asked = (request.cpu_milli, request.memory_mib)
+        found = frag_share(self._index, self.mix, self.resources, models, share, asked, fits)
+        if found is None:
+            return None
+        model, host, uuid = found
+        return model, host, [(self._index.gpus[uuid], share)], ONE_DEVICE
 
     def _share_elsewhere(
         self, models: list[str], share: int, pol: Policy, found: tuple, pinned: bool, fits: Fits

@@ -80,4 +80,7 @@ POLICIES: dict[str, Policy] = {
     "pack": Policy("pack", lambda count, top: range(count, top + 1), lambda n: n),
     # The host with the most free room: spreads load (and heat) across hosts.
     "spread": Policy("spread", lambda count, top: range(top, count - 1, -1), lambda n: -n),
+    # Where the free GPU that the hub's requests could not use grows least
+    # (allocator.fragment); pack's order for what it does not score, and without a mix.
+    "frag": Policy("frag", lambda count, top: range(count, top + 1), lambda n: n),
 }

@@ -37,7 +37,7 @@ from ..line.wait import WaitLine
 from ..reclaim.reclaimer import Reclaimer
 from ..reclaim.settings import ReclaimSettings
 from .resume import resume_waiting
-from .settings import SPAWNER_SECTIONS, GPUSettings, spawner_values
+from .settings import SPAWNER_SECTIONS, GPUSettings, placement_mix, spawner_values
 
 __all__ = ["KEY", "GPUHub", "HubConfigError", "HubSettings"]
 
@@ -180,6 +180,10 @@ class GPUHub:
         except (InventoryError, LedgerError) as exc:
             raise HubConfigError(str(exc)) from exc
         cluster.allocator.set_sharing(s.gpu_sharing)
+        try:
+            cluster.allocator.set_mix(placement_mix(s.allocation_policy, s.gpu_placement_mix))
+        except ValueError as exc:
+            raise HubConfigError(str(exc)) from exc
         holdings = Holdings(
             cluster,
             swarm,

@@ -18,6 +18,7 @@ from traitlets import Bool, Dict, Enum, Float, Int, Integer, List, TraitError, T
 from traitlets.config import LoggingConfigurable
 
 from ..allocator.allocator import POLICIES
+from ..allocator.fragment import Mix
 from ..cluster.cluster import SOURCES
 from ..cluster.service_spec import (
     ENFORCEMENT_MODES,
@@ -234,8 +235,29 @@ class GPUSettings(LoggingConfigurable):
         help=f"""How to pick a host for a request: {", ".join(POLICIES)}.
         ``pack`` (default) takes the host with the least free room that still
         fits, keeping whole hosts free for large requests; ``spread`` takes the
-        host with the most free room.""",
+        host with the most free room; ``frag`` takes, among the hosts pack would
+        try first, the one where the free GPU that the requests of
+        ``gpu_placement_mix`` could not use grows least (docs/benchmarks.md).""",
     ).tag(config=True)
+
+    gpu_placement_mix = List(
+        Dict(),
+        help="""For ``allocation_policy = "frag"`` (required there): the requests this hub
+        sees, e.g. ``[{"share": 0.5, "cpu": 4, "memory_mib": 16384, "weight": 6},
+        {"gpus": 1, "cpu": 8, "weight": 3}, {"gpus": 4, "weight": 1}]``. Each entry:
+        ``gpus`` (whole GPUs, 0 for none; default 1) or ``share`` (of one GPU),
+        ``cpu`` (cores), ``memory_mib``, ``models`` (the models it takes; default
+        any) and ``weight`` (how often it comes; default 1).""",
+    ).tag(config=True)
+
+    @validate("gpu_placement_mix")
+    def _valid_mix(self, proposal):
+        if proposal.value:
+            try:
+                Mix.parse(proposal.value)
+            except ValueError as exc:
+                raise TraitError(str(exc)) from None
+        return proposal.value
 
     @validate("allocation_policy")
     def _valid_policy(self, proposal):
@@ -426,6 +448,16 @@ def spawner_values(config, sections=SPAWNER_SECTIONS) -> dict:
     return values
 
 
+def placement_mix(policy: str, entries: list) -> Mix | None:
+    """The mix the frag policy places by (None for the other policies, which need none);
+    raises ValueError when frag is chosen without one, or an entry is bad."""
+    if policy == "frag" and not entries:
+        raise ValueError(
+            'allocation_policy "frag" places by the requests this hub sees: give them in gpu_placement_mix'
+        )
+    return Mix.parse(entries) if policy == "frag" else None
+
+
 def validate_config(config) -> None:
     """Check gpuspawner's settings in a JupyterHub config now, at hub start.
 
@@ -442,6 +474,7 @@ def validate_config(config) -> None:
         policy = spawner_config.get("allocation_policy", "pack")
         if not isinstance(policy, str) or policy not in POLICIES:
             raise ValueError(f"Unknown allocation_policy {policy!r}; choose one of: {', '.join(POLICIES)}")
+        placement_mix(policy, spawner_config.get("gpu_placement_mix") or [])
         db_url = spawner_config.get("gpu_db_url")
         if db_url:
             Ledger(db_url)  # checks the URL and its driver; connects only on first use

@@ -618,8 +618,8 @@ def test_unknown_model():
 def test_unknown_policy_names_the_choices():
     with pytest.raises(ValueError) as info:
         Allocator(gpus({"a": 1}), policy="best-fit")
-    assert str(info.value) == "unknown allocation policy 'best-fit'; choose one of: pack, spread"
-    assert set(POLICIES) == {"pack", "spread"}
+    assert str(info.value) == "unknown allocation policy 'best-fit'; choose one of: pack, spread, frag"
+    assert set(POLICIES) == {"pack", "spread", "frag"}
 
 
 def test_summary_fields():

@@ -1,0 +1,218 @@
+"""The fragmentation-aware policy, ``frag`` (pure; the index is read, never changed).
+
+A host's *fragment*, for the mix of requests the hub sees, is the free GPU that those
+requests could not use there, weighted by how often each comes (the measure of Weng et
+al., ATC 2023): all of it for a request the host cannot take at all (too little CPU or
+memory left, another model, no GPU asked), the devices with less room than the share
+for a share, the partly booked devices for whole GPUs (all of it when too few are
+untouched). ``frag`` puts a request where the fragment grows least, among the
+candidates ``pack`` would try first; ties go as ``pack`` goes. Without a mix it is
+``pack``.
+
+The score is looked at for a bounded number of candidates per model
+(:data:`CANDIDATES` hosts, or shared devices), in ``pack``'s order, and hosts in the
+same state are scored once, so a decision costs the same on a thousand hosts as on
+fifty.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from ..core.sharing import UNIT, shown
+from .index import DeviceIndex
+from .model import ModelIndex
+
+__all__ = ["CANDIDATES", "Mix", "Shape", "frag_cpu_only", "frag_share", "frag_whole", "fragment"]
+
+CANDIDATES = 24  # hosts (or shared devices) scored per model and kind, in pack's order
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One kind of request in the mix: ``count`` devices of ``milli`` thousandths each
+    (a share: count 1 and milli below 1000; none: count 0), with its CPU and memory,
+    the models it takes (None: any) and how often it comes."""
+
+    count: int
+    milli: int
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    models: frozenset[str] | None = None
+    weight: float = 1.0
+
+
+MIX_KEYS = {"gpus", "share", "cpu", "memory_mib", "models", "weight"}
+
+
+class Mix:
+    """The requests a hub sees, as shapes with weights that sum to 1."""
+
+    @classmethod
+    def parse(cls, entries: object) -> Mix:
+        """From the admin's list (``gpu_placement_mix``): each entry a dict with
+        ``gpus`` (whole GPUs, 0 for none; default 1) or ``share`` (of one GPU, above
+        0 and below 1), ``cpu`` (cores), ``memory_mib``, ``models`` (the models it
+        takes; default any) and ``weight`` (how often it comes; default 1). Raises
+        ValueError naming the entry and what is wrong with it."""
+        if not isinstance(entries, (list, tuple)) or not entries:
+            raise ValueError("gpu_placement_mix must be a non-empty list of request shapes")
+        shapes = []
+        for i, e in enumerate(entries):
+            where = f"gpu_placement_mix[{i}]"
+            if not isinstance(e, dict) or set(e) - MIX_KEYS:
+                raise ValueError(f"{where} must be a dict with some of {', '.join(sorted(MIX_KEYS))}, got {shown(e)}")
+            gpus, share = e.get("gpus", 1), e.get("share")
+            cpu, mem, weight, models = e.get("cpu", 0), e.get("memory_mib", 0), e.get("weight", 1), e.get("models")
+            if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 <= gpus <= 64:
+                raise ValueError(f"{where}: gpus must be a whole number from 0 to 64, got {shown(gpus)}")
+            if share is not None and (not _number(share) or not 0 < share < 1 or "gpus" in e):
+                raise ValueError(f"{where}: share must be above 0 and below 1, without gpus, got {shown(share)}")
+            if not _number(cpu) or not 0 <= cpu <= 100_000 or not _number(weight) or not 0 < weight <= 1e9:
+                raise ValueError(
+                    f"{where}: cpu must be 0 to 100000 cores and weight above 0, got {shown(cpu)}, {shown(weight)}"
+                )
+            if isinstance(mem, bool) or not isinstance(mem, int) or not 0 <= mem <= 2**40:
+                raise ValueError(f"{where}: memory_mib must be a whole number of MiB, got {shown(mem)}")
+            if models is not None and (
+                not isinstance(models, (list, tuple)) or not models or not all(isinstance(m, str) for m in models)
+            ):
+                raise ValueError(f"{where}: models must be a non-empty list of model names, got {shown(models)}")
+            milli = UNIT if share is None else max(1, round(share * UNIT))
+            count = 1 if share is not None else gpus
+            shapes.append(Shape(count, milli, round(cpu * 1000), mem, frozenset(models) if models else None, weight))
+        return cls(shapes)
+
+    def __init__(self, shapes: Iterable[Shape]):
+        shapes = [s for s in shapes if s.weight > 0]
+        total = sum(s.weight for s in shapes)
+        if not shapes or not math.isfinite(total):
+            raise ValueError("a mix needs at least one shape with a positive, finite weight")
+        self.shapes = tuple(
+            Shape(s.count, s.milli, s.cpu_milli, s.memory_mib, s.models, s.weight / total) for s in shapes
+        )
+        # A request without GPUs leaves all free GPU unused wherever it goes: the same for
+        # every candidate, so only its weight is kept.
+        self.no_gpu = sum(s.weight for s in self.shapes if s.count == 0)
+        self.gpu = tuple(s for s in self.shapes if s.count > 0)
+
+
+def _number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def fragment(mix: Mix, model: str, rooms: list[int], cpu: float, mem: float) -> float:
+    """The host's fragment for ``mix`` (thousandths of a GPU): ``rooms`` are its free
+    thousandths per device of ``model``, in ascending order; ``cpu`` and ``mem`` what it
+    has left (math.inf: not known)."""
+    if not rooms:
+        return 0.0
+    total = sum(rooms)
+    if not total:
+        return 0.0
+    whole = len(rooms) - bisect.bisect_left(rooms, UNIT)
+    frag = mix.no_gpu * total
+    for s in mix.gpu:
+        if s.cpu_milli > cpu or s.memory_mib > mem or (s.models is not None and model not in s.models):
+            frag += s.weight * total
+        elif s.milli < UNIT:  # a share: devices with less room are of no use to it
+            i = bisect.bisect_left(rooms, s.milli)
+            frag += s.weight * (total if i == len(rooms) else sum(rooms[:i]))
+        else:
+            frag += s.weight * (total if whole < s.count else total - whole * UNIT)
+    return frag
+
+
+class _Scorer:
+    """How much one model's hosts' fragments grow with a booking; hosts in the same
+    state (rooms, CPU and memory left) are scored once."""
+
+    def __init__(self, mix: Mix, resources, model: str, mi: ModelIndex, asked: tuple[int, int]):
+        self.mix, self.resources, self.model, self.mi, self.asked = mix, resources, model, mi, asked
+        self.seen: dict[tuple, float] = {}
+
+    def growth(self, host: str, room: int, milli: int, count: int = 1) -> float:
+        """``count`` devices of ``room`` free thousandths each get ``milli`` more booked."""
+        mi = self.mi
+        rooms = sorted(UNIT - mi.used[g.uuid] for g in mi.partial.get(host, ())) + [UNIT] * len(mi.free.get(host, ()))
+        free = self.resources.free(host)
+        cpu, mem = (math.inf, math.inf) if free is None else free
+        key = (tuple(rooms), cpu, mem, room, milli, count)
+        found = self.seen.get(key)
+        if found is None:
+            after = list(rooms)
+            i = bisect.bisect_left(after, room)
+            for j in range(i, i + count):
+                after[j] -= milli
+            after.sort()
+            before = fragment(self.mix, self.model, rooms, cpu, mem)
+            found = fragment(self.mix, self.model, after, cpu - self.asked[0], mem - self.asked[1]) - before
+            self.seen[key] = found = round(found, 6)
+        return found
+
+
+def _whole_hosts(mi: ModelIndex, count: int, fits) -> Iterator[tuple[int, str]]:
+    """(free count, host) for up to CANDIDATES hosts with ``count`` untouched devices, in pack's order."""
+    found = 0
+    for n in range(count, len(mi.buckets)):
+        for h in mi.buckets[n]:
+            if fits is None or fits(h):
+                yield n, h
+                found += 1
+                if found == CANDIDATES:
+                    return
+
+
+def frag_whole(
+    index: DeviceIndex, mix: Mix, resources, models: list[str], count: int, asked: tuple[int, int], fits
+) -> tuple[str, str] | None:
+    """(model, host) for ``count`` whole devices where the fragment grows least."""
+    best = None  # (growth, free count, host, model)
+    for model in models:
+        mi = index.models[model]
+        scorer = _Scorer(mix, resources, model, mi, asked)
+        for n, h in _whole_hosts(mi, count, fits):
+            entry = (scorer.growth(h, UNIT, UNIT, count), n, h, model)
+            if best is None or entry < best:
+                best = entry
+    return None if best is None else (best[3], best[2])
+
+
+def frag_share(
+    index: DeviceIndex, mix: Mix, resources, models: list[str], share: int, asked: tuple[int, int], fits
+) -> tuple[str, str, str] | None:
+    """(model, host, uuid) for a share of one device where the fragment grows least:
+    among the shared devices with the least room that takes it, and the untouched
+    devices of the hosts pack would give one GPU."""
+    best = None  # (growth, room, host, model, uuid)
+    for model in models:
+        mi = index.models[model]
+        scorer = _Scorer(mix, resources, model, mi, asked)
+        shared = ((room, h, uuid) for room, (h, _, uuid) in mi.rooms.starting(share) if fits is None or fits(h))
+        untouched = ((UNIT, h, mi.free[h][0].uuid) for _, h in _whole_hosts(mi, 1, fits))
+        for room, h, uuid in itertools.chain(itertools.islice(shared, CANDIDATES), untouched):
+            entry = (scorer.growth(h, room, share), room, h, model, uuid)
+            if best is None or entry < best:
+                best = entry
+    return None if best is None else (best[3], best[2], best[4])
+
+
+def frag_cpu_only(index: DeviceIndex, mix: Mix, resources, hosts: Iterator[str], asked: tuple[int, int]) -> str | None:
+    """Of the first CANDIDATES ``hosts`` (in the order servers without GPUs go), the one
+    whose fragment grows least from the CPU and memory a server without GPUs takes."""
+    best = None  # (growth, position, host)
+    scorers: dict[str, _Scorer] = {}
+    for k, h in enumerate(itertools.islice(hosts, CANDIDATES)):
+        growth = 0.0
+        for model in sorted({g.model for g in index.by_host.get(h, ())}):
+            scorer = scorers.get(model)
+            if scorer is None:
+                scorer = scorers[model] = _Scorer(mix, resources, model, index.models[model], asked)
+            growth += scorer.growth(h, UNIT, 0, 0)
+        if best is None or (growth, k) < best[:2]:
+            best = (growth, k, h)
+    return None if best is None else best[2]

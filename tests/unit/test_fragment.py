@@ -1,0 +1,239 @@
+"""The frag policy (gpuspawner.allocator.fragment), pure: the fragment's arithmetic,
+the admin's mix, and the choice against brute force over every placement."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuspawner.allocator import fragment
+from gpuspawner.allocator.allocator import AllocationRefused, Allocator, Request
+from gpuspawner.allocator.fragment import Mix, Shape
+from gpuspawner.core.inventory import GPU
+from gpuspawner.core.sharing import UNIT
+
+INF = math.inf
+
+
+def test_the_fragment_is_the_free_gpu_each_shape_could_not_use_weighted():
+    mix = Mix([Shape(1, 500, weight=1), Shape(2, UNIT, weight=1)])
+    # 0.3 + 1 + 1 free: the half-GPU share cannot use the 0.3, two whole GPUs cannot either.
+    assert fragment.fragment(mix, "M", [300, UNIT, UNIT], INF, INF) == 0.5 * 300 + 0.5 * 300
+    # One untouched device: two whole GPUs can use none of the 1.3 free.
+    assert fragment.fragment(mix, "M", [300, UNIT], INF, INF) == 0.5 * 300 + 0.5 * 1300
+    # A shape needing more CPU than is left, or another model, can use nothing there.
+    cpu_bound = Mix([Shape(1, 500, cpu_milli=4000, weight=1)])
+    assert fragment.fragment(cpu_bound, "M", [UNIT], 3999, INF) == UNIT
+    assert fragment.fragment(cpu_bound, "M", [UNIT], 4000, INF) == 0
+    other = Mix([Shape(1, UNIT, models=frozenset({"N"}))])
+    assert fragment.fragment(other, "M", [UNIT], INF, INF) == UNIT
+    # A request without GPUs uses none of it anywhere.
+    assert fragment.fragment(Mix([Shape(0, UNIT)]), "M", [200, UNIT], INF, INF) == 1200
+    assert fragment.fragment(mix, "M", [0, 0], INF, INF) == 0
+
+
+@pytest.mark.parametrize(
+    "entries, says",
+    [
+        ([], "non-empty list"),
+        ([{"gpus": -1}], "gpu_placement_mix[0]: gpus must be a whole number from 0 to 64, got -1"),
+        ([{"gpus": 10**400}], "got a number of about 400 digits"),
+        ([{"share": 1.5}], "share must be above 0 and below 1"),
+        ([{"gpus": 1, "share": 0.5}], "without gpus"),
+        ([{"gpu": 1}], "gpu_placement_mix[0] must be a dict with some of cpu, gpus, memory_mib, models, share, weight"),
+        ([{"cpu": math.nan}], "cpu must be 0 to 100000 cores"),
+        ([{"weight": 0}], "weight above 0"),
+        ([{"memory_mib": 1.5}], "memory_mib must be a whole number of MiB"),
+        ([{}, {"models": "A100"}], "gpu_placement_mix[1]: models must be a non-empty list of model names"),
+    ],
+)
+def test_a_bad_mix_is_refused_naming_the_entry(entries, says):
+    with pytest.raises(ValueError) as refused:
+        Mix.parse(entries)
+    assert says in str(refused.value)
+
+
+def test_the_mix_is_parsed_into_shapes_with_weights_that_sum_to_one():
+    mix = Mix.parse(
+        [{"share": 0.25, "cpu": 4, "memory_mib": 8192, "weight": 3}, {"gpus": 2, "models": ["A"]}, {"gpus": 0}]
+    )
+    assert mix.shapes == (
+        Shape(1, 250, 4000, 8192, None, 0.6),
+        Shape(2, UNIT, 0, 0, frozenset({"A"}), 0.2),
+        Shape(0, UNIT, 0, 0, None, 0.2),
+    )
+    assert mix.no_gpu == pytest.approx(0.2)
+
+
+# -- the choice, against brute force ------------------------------------------------
+
+
+def oracle_fragment(mix: Mix, model: str, rooms: list[int], cpu: float, mem: float) -> float:
+    """The fragment as the definition reads, device by device (no sorting, no bisection)."""
+    total = sum(rooms)
+    out = 0.0
+    for s in mix.shapes:
+        if s.count == 0 or s.cpu_milli > cpu or s.memory_mib > mem or (s.models and model not in s.models):
+            out += s.weight * total
+        elif s.milli < UNIT:
+            usable = [r for r in rooms if r >= s.milli]
+            out += s.weight * (sum(r for r in rooms if r < s.milli) if usable else total)
+        else:
+            untouched = [r for r in rooms if r == UNIT]
+            out += s.weight * (total - UNIT * len(untouched) if len(untouched) >= s.count else total)
+    return out
+
+
+def state(alloc: Allocator, gpus: list[GPU], host: str) -> tuple[list[int], float, float]:
+    rooms = [UNIT - sum(alloc.booked_on(g.uuid).values()) for g in gpus if g.host == host]
+    free = alloc.resources.free(host)
+    return rooms, *(free if free is not None else (INF, INF))
+
+
+def growth_of(mix, gpus, alloc, host, taken: dict[int, int], asked) -> float:
+    rooms, cpu, mem = state(alloc, gpus, host)
+    after = [r - taken.get(i, 0) for i, r in enumerate(rooms)]
+    return oracle_fragment(mix, "M", after, cpu - asked[0], mem - asked[1]) - oracle_fragment(mix, "M", rooms, cpu, mem)
+
+
+shapes = st.builds(
+    Shape,
+    st.integers(0, 3),
+    st.sampled_from([100, 250, 500, 750, UNIT]),
+    st.sampled_from([0, 2000, 8000]),
+    st.sampled_from([0, 4096]),
+    st.just(None),
+    st.floats(0.1, 5),
+).map(lambda s: Shape(s.count, UNIT if s.count != 1 else s.milli, s.cpu_milli, s.memory_mib, None, s.weight))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(st.integers(1, 4), min_size=1, max_size=5),
+    st.lists(st.tuples(st.integers(0, 3), st.sampled_from([200, 500, 700, UNIT])), max_size=8),
+    st.lists(shapes, min_size=1, max_size=5),
+    st.lists(st.sampled_from([4000, 8000, 16000]), min_size=5, max_size=5),
+    st.tuples(st.integers(0, 3), st.sampled_from([250, 500, UNIT]), st.sampled_from([0, 3000])),
+)
+def test_frag_takes_the_placement_where_the_fragment_grows_least_of_all(
+    monkeypatch, devices, before, mix_shapes, cpus, request
+):
+    """With every candidate looked at, frag's choice makes the fragment grow by the
+    least that any placement of the request would (computed here from the bookings,
+    placement by placement). (The same patch for every example.)"""
+    monkeypatch.setattr(fragment, "CANDIDATES", 10**6)
+    gpus = [GPU(f"h{h}", i, f"h{h}-{i}", "M", 0) for h, n in enumerate(devices) for i in range(n)]
+    hosts = sorted({g.host for g in gpus})
+    alloc = Allocator(gpus, "frag", {"M": {"quantum": 0.05}})
+    for h, cpu in zip(hosts, cpus):
+        alloc.set_host_resources(h, cpu, 65536)
+    for i, (count, milli) in enumerate(before):
+        try:
+            alloc.allocate(f"b{i}", Request(count=count) if milli == UNIT else Request(milli=milli, cpu_milli=1000))
+        except AllocationRefused:
+            pass
+    mix = Mix(mix_shapes)
+    alloc.set_mix(mix)
+    count, milli, cpu = request
+    asked = (cpu, 0)
+    options = []  # (growth, host) of every placement the request could have
+    for h in hosts:
+        rooms, free_cpu, _ = state(alloc, gpus, h)
+        if cpu > free_cpu:
+            continue
+        if milli == UNIT and count > 0:
+            if sum(r == UNIT for r in rooms) >= count:
+                first = [i for i, r in enumerate(rooms) if r == UNIT][:count]
+                options.append((growth_of(mix, gpus, alloc, h, dict.fromkeys(first, UNIT), asked), h))
+        elif milli < UNIT:
+            for i, r in enumerate(rooms):
+                if r >= milli:
+                    options.append((growth_of(mix, gpus, alloc, h, {i: milli}, asked), h))
+    asking = Request(milli=milli, cpu_milli=cpu) if milli < UNIT else Request(count=max(count, 1), cpu_milli=cpu)
+    if milli == UNIT and count == 0:
+        return  # (servers without GPUs: test_a_server_without_gpus_goes_where_the_fragment_grows_least)
+    try:
+        got = alloc.allocate("new", asking)
+    except AllocationRefused:
+        assert options == [], options
+        return
+    best = min(g for g, _ in options)
+    alloc.release("new")
+    mine = growth_of(mix, gpus, alloc, got.host, placed_on(gpus, got), asked)
+    assert mine == pytest.approx(best, abs=1e-6), (got, options)
+
+
+def placed_on(gpus: list[GPU], got) -> dict[int, int]:
+    on_host = [g for g in gpus if g.host == got.host]
+    return {on_host.index(d): m for d, m in zip(got.devices, got.milli)}
+
+
+def test_a_server_without_gpus_goes_where_the_fragment_grows_least():
+    """Two hosts with one free GPU each; the mix's 1-GPU requests need 6 cores. A
+    server without GPUs taking 4 cores leaves h0 (8 cores) unable to take one and h1
+    (16) able: frag puts it on h1, where pack's order (by name) would say h0."""
+    gpus = [GPU(h, 0, f"{h}-0", "M", 0) for h in ("h0", "h1")]
+    alloc = Allocator(gpus, "frag")
+    alloc.set_host_resources("h0", 8000, 65536)
+    alloc.set_host_resources("h1", 16000, 65536)
+    alloc.set_mix(Mix([Shape(1, UNIT, cpu_milli=6000)]))
+    assert alloc.allocate("cpu", Request(count=0, cpu_milli=4000)).host == "h1"
+    packed = Allocator(gpus, "pack")
+    packed.set_host_resources("h0", 8000, 65536)
+    packed.set_host_resources("h1", 16000, 65536)
+    assert packed.allocate("cpu", Request(count=0, cpu_milli=4000)).host == "h0"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.sampled_from([250, 500, UNIT]), st.booleans()), max_size=30))
+def test_without_a_mix_frag_decides_as_pack(ops):
+    gpus = [GPU(f"h{h}", i, f"h{h}-{i}", "M", 0) for h, n in enumerate([2, 4, 3]) for i in range(n)]
+    packed, frag = Allocator(gpus, "pack", {"M": {"quantum": 0.05}}), Allocator(gpus, "frag", {"M": {"quantum": 0.05}})
+    for i, (count, milli, release) in enumerate(ops):
+        request = Request(milli=milli) if milli < UNIT else Request(count=max(count, 1))
+        results = []
+        for a in (packed, frag):
+            try:
+                results.append(a.allocate(f"r{i}", request))
+            except AllocationRefused as exc:
+                results.append(exc.reason)
+        assert results[0] == results[1]
+        if release and hasattr(results[0], "host"):
+            packed.release(f"r{i}")
+            frag.release(f"r{i}")
+
+
+# -- the setting --------------------------------------------------------------------
+
+
+def test_frag_without_a_mix_stops_the_hub_saying_what_to_give_and_with_one_the_allocator_gets_it(tmp_path):
+    from traitlets.config import Config
+
+    from gpuspawner.hub.app import GPUHub, HubConfigError
+    from gpuspawner.hub.settings import validate_config
+    from gpuspawner.spawn.spawner import GPUSwarmSpawner
+    from tests.unit.test_access_spawn import INVENTORY
+
+    c = Config()
+    c.GPUSwarmSpawner.gpu_inventory = INVENTORY
+    c.GPUSwarmSpawner.gpu_db_url = f"sqlite:///{tmp_path}/ledger.sqlite"
+    c.GPUSwarmSpawner.allocation_policy = "frag"
+    with pytest.raises(SystemExit) as stopped:
+        validate_config(c)
+    assert str(stopped.value.code) == (
+        'gpuspawner configuration error: allocation_policy "frag" places by the requests this hub sees: '
+        "give them in gpu_placement_mix"
+    )
+    with pytest.raises(HubConfigError, match="give them in gpu_placement_mix"):
+        GPUHub.from_config(c, GPUSwarmSpawner).holdings  # noqa: B018 - a hub that did not call validate_config
+    c.GPUSwarmSpawner.gpu_placement_mix = [{"share": 0.5, "cpu": 2, "weight": 3}, {"gpus": 2}]
+    validate_config(c)
+    mix = GPUHub.from_config(c, GPUSwarmSpawner).holdings.allocator.mix
+    assert mix is not None and mix.shapes == (Shape(1, 500, 2000, 0, None, 0.75), Shape(2, UNIT, 0, 0, None, 0.25))
+    c.GPUSwarmSpawner.allocation_policy = "pack"  # the mix is for frag only
+    assert GPUHub.from_config(c, GPUSwarmSpawner).holdings.allocator.mix is None
+    with pytest.raises(Exception, match=r"gpu_placement_mix\[0\]: share must be above 0 and below 1"):
+        GPUSwarmSpawner(gpu_placement_mix=[{"share": 2}])
