@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -313,10 +313,10 @@ class Allocator:
 
         if self._gpuless is None:  # remade when the inventory or the known hosts change
             self._gpuless = [h for h in resources.known() if h not in index.by_host]
-        mis = list(index.models.values())
+        gpuless, mis = self._gpuless, list(index.models.values())
 
-        def in_order():
-            yield from (h for h in self._gpuless if index.is_available(h) and fits(h))
+        def in_order() -> Iterator[str]:
+            yield from (h for h in gpuless if index.is_available(h) and fits(h))
             for n in range(max((len(mi.buckets) for mi in mis), default=0)):
                 # Each bucket is sorted by name: merged lazily.
                 yield from (h for h in heapq.merge(*(mi.buckets[n] for mi in mis if n < len(mi.buckets))) if fits(h))
@@ -356,7 +356,7 @@ class Allocator:
         if over:
             found = None
         elif pol.name == "frag" and self.mix is not None and share < UNIT and request.host is None:
-            found = self._frag_share(models, share, request, fits)
+            found = self._frag_share(self.mix, models, share, request, fits)
         else:
             found = choose_share(index, self.sharing, pol, models, share, request.host, fits)
         if found is None:
@@ -391,10 +391,10 @@ class Allocator:
         self._record(alloc)
         return alloc
 
-    def _frag_share(self, models: list[str], share: int, request: Request, fits: Fits) -> tuple | None:
+    def _frag_share(self, mix: Mix, models: list[str], share: int, request: Request, fits: Fits) -> tuple | None:
         """The frag policy's device for a share of one device (None: none takes it)."""
         asked = (request.cpu_milli, request.memory_mib)
-        found = frag_share(self._index, self.mix, self.resources, models, share, asked, fits)
+        found = frag_share(self._index, mix, self.resources, models, share, asked, fits)
         if found is None:
             return None
         model, host, uuid = found

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from ..core.sharing import UNIT, shown
 from .index import DeviceIndex
 from .model import ModelIndex
+from .resources import HostResources
+from .whole import Fits
 
 __all__ = ["CANDIDATES", "Mix", "Shape", "frag_cpu_only", "frag_share", "frag_whole", "fragment"]
 
@@ -131,7 +133,7 @@ class _Scorer:
     """How much one model's hosts' fragments grow with a booking; hosts in the same
     state (rooms, CPU and memory left) are scored once."""
 
-    def __init__(self, mix: Mix, resources, model: str, mi: ModelIndex, asked: tuple[int, int]):
+    def __init__(self, mix: Mix, resources: HostResources, model: str, mi: ModelIndex, asked: tuple[int, int]):
         self.mix, self.resources, self.model, self.mi, self.asked = mix, resources, model, mi, asked
         self.seen: dict[tuple, float] = {}
 
@@ -155,7 +157,7 @@ class _Scorer:
         return found
 
 
-def _whole_hosts(mi: ModelIndex, count: int, fits) -> Iterator[tuple[int, str]]:
+def _whole_hosts(mi: ModelIndex, count: int, fits: Fits) -> Iterator[tuple[int, str]]:
     """(free count, host) for up to CANDIDATES hosts with ``count`` untouched devices, in pack's order."""
     found = 0
     for n in range(count, len(mi.buckets)):
@@ -168,7 +170,13 @@ def _whole_hosts(mi: ModelIndex, count: int, fits) -> Iterator[tuple[int, str]]:
 
 
 def frag_whole(
-    index: DeviceIndex, mix: Mix, resources, models: list[str], count: int, asked: tuple[int, int], fits
+    index: DeviceIndex,
+    mix: Mix,
+    resources: HostResources,
+    models: list[str],
+    count: int,
+    asked: tuple[int, int],
+    fits: Fits,
 ) -> tuple[str, str] | None:
     """(model, host) for ``count`` whole devices where the fragment grows least."""
     best = None  # (growth, free count, host, model)
@@ -183,7 +191,13 @@ def frag_whole(
 
 
 def frag_share(
-    index: DeviceIndex, mix: Mix, resources, models: list[str], share: int, asked: tuple[int, int], fits
+    index: DeviceIndex,
+    mix: Mix,
+    resources: HostResources,
+    models: list[str],
+    share: int,
+    asked: tuple[int, int],
+    fits: Fits,
 ) -> tuple[str, str, str] | None:
     """(model, host, uuid) for a share of one device where the fragment grows least:
     among the shared devices with the least room that takes it, and the untouched
@@ -201,7 +215,9 @@ def frag_share(
     return None if best is None else (best[3], best[2], best[4])
 
 
-def frag_cpu_only(index: DeviceIndex, mix: Mix, resources, hosts: Iterator[str], asked: tuple[int, int]) -> str | None:
+def frag_cpu_only(
+    index: DeviceIndex, mix: Mix, resources: HostResources, hosts: Iterator[str], asked: tuple[int, int]
+) -> str | None:
     """Of the first CANDIDATES ``hosts`` (in the order servers without GPUs go), the one
     whose fragment grows least from the CPU and memory a server without GPUs takes."""
     best = None  # (growth, position, host)
