@@ -185,6 +185,11 @@ def test_the_proxy_killed_costs_no_gpu_and_jupyterhub_brings_it_back(hub, swarm)
     )
     assert held == sorted(["proxied"] + (["unrouted"] if unrouted else []))
     assert set(held_before) <= set(gpus) and len(gpus) == len(set(gpus)) == len(held)
-    # The running server's route is back in the proxy's table.
-    wait_until(lambda: "/user/proxied/" in hub.api("GET", "/proxy").json(), "its route was not restored", timeout=30)
+
+    # The running server's route is back: its URL reaches the server, not the hub.
+    def reaches_the_server() -> bool:
+        r = requests.get(f"{hub.url}/user/proxied/", allow_redirects=False, timeout=10)
+        return not r.is_redirect
+
+    wait_until(reaches_the_server, f"its route was not restored: {hub.api('GET', '/proxy').text[:500]}", timeout=30)
     hub.stop_all_servers()
