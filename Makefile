@@ -48,8 +48,8 @@ configref: $(VENV)/.installed
 # makes the sdist and the wheel (.ci/check_dist.py: the version, templates, migrations and
 # CHANGELOG in both); the wheel, installed alone into a fresh venv with each dependency pinned
 # to its floor (.ci/lowest-constraints.txt) and the test tools as they come, is checked from
-# outside the source tree (.ci/check_installed.py), then the unit tests run against it
-# (.ci/unit_installed.py). `make test` runs them again from the tree, on the newest versions.
+# outside the source tree (.ci/check_installed.py), then the unit tests run against it, less
+# the long explorations of interleavings (.ci/unit_installed.py). `make test` runs them again from the tree, on the newest versions.
 # (The JupyterLab extension's server half runs in the single-user image, on JupyterLab's
 # own floors, not gpuspawner's: its tests run in `make test`.)
 wheel-check:
