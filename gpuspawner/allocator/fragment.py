@@ -101,16 +101,31 @@ class Mix:
         # every candidate, so only its weight is kept.
         self.no_gpu = sum(s.weight for s in self.shapes if s.count == 0)
         self.gpu = tuple(s for s in self.shapes if s.count > 0)
+        # (model, rooms, cpu, memory) -> fragment: hosts of one kind in one state are many
+        self.known: dict[tuple, float] = {}
 
 
 def _number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+KNOWN_MOST = 200_000  # fragments remembered per mix, then forgotten all at once
+
+
 def fragment(mix: Mix, model: str, rooms: list[int], cpu: float, mem: float) -> float:
     """The host's fragment for ``mix`` (thousandths of a GPU): ``rooms`` are its free
     thousandths per device of ``model``, in ascending order; ``cpu`` and ``mem`` what it
     has left (math.inf: not known)."""
+    key = (model, tuple(rooms), cpu, mem)
+    found = mix.known.get(key)
+    if found is None:
+        if len(mix.known) >= KNOWN_MOST:
+            mix.known.clear()
+        found = mix.known[key] = _fragment(mix, model, rooms, cpu, mem)
+    return found
+
+
+def _fragment(mix: Mix, model: str, rooms: list[int], cpu: float, mem: float) -> float:
     if not rooms:
         return 0.0
     total = sum(rooms)
