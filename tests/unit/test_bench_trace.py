@@ -82,6 +82,21 @@ def test_the_replay_reports_unallocated_gpu_and_drops_what_fits_nowhere(trace, c
         assert r["decision_us_p99"] >= r["decision_us_p50"] > 0
 
 
+def test_frag_is_given_the_typical_task_shapes_as_its_mix(trace, capsys):
+    nodes, tasks = bench.read_nodes(trace), bench.read_tasks(trace, "tiny")
+    alloc = bench.build(nodes, "frag", bench.typical(tasks))
+    assert alloc.mix is not None and sorted((s.count, s.milli, sorted(s.models or ())) for s in alloc.mix.shapes) == [
+        (0, 1000, []),
+        (1, 250, ["G2"]),
+        (1, 1000, []),
+        (1, 1000, []),  # the 16-CPU one: a shape of its own
+        (1, 1000, ["G2", "T4"]),
+    ]
+    assert bench.build(nodes, "pack", bench.typical(tasks)).mix is not None  # (pack ignores it)
+    assert bench.main(["--trace", str(trace), "--list", "tiny", "--seeds", "2", "--policies", "frag", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["policies"]["frag"]["dropped"] >= 1
+
+
 def test_a_missing_trace_is_said_plainly(tmp_path, capsys):
     assert bench.main(["--trace", str(tmp_path)]) == 2
     assert "give the OpenB trace's folder" in capsys.readouterr().err
