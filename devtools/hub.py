@@ -192,6 +192,7 @@ class Hub:
         active = []  # read every page first: stopping changes what the pages hold
         while True:
             r = self.api("GET", "/users", params={"state": "active", "offset": len(active), "limit": 100})
+            r.raise_for_status()
             page = r.json()
             active += page
             if len(page) < 100:

@@ -355,10 +355,12 @@ class Allocator:
         fits = self._fits(request)
         if over:
             found = None
-        elif pol.name == "frag" and self.mix is not None and share < UNIT and request.host is None:
-            found = self._frag_share(self.mix, models, share, request, fits)
         else:
-            found = choose_share(index, self.sharing, pol, models, share, request.host, fits)
+            found = None
+            if pol.name == "frag" and self.mix is not None and share < UNIT and request.host is None:
+                found = self._frag_share(self.mix, models, share, request, fits)
+            if found is None:  # (also a share no one device takes, which the model may split)
+                found = choose_share(index, self.sharing, pol, models, share, request.host, fits)
         if found is None:
             if not over and fits is not None:
                 elsewhere = choose_share(index, self.sharing, pol, models, share, request.host)

@@ -11,8 +11,9 @@ candidates ``pack`` would try first; ties go as ``pack`` goes. Without a mix it 
 
 The score is looked at for a bounded number of candidates per model
 (:data:`CANDIDATES` hosts, or shared devices), in ``pack``'s order, and hosts in the
-same state are scored once, so a decision costs the same on a thousand hosts as on
-fifty.
+same state are scored once, so the scoring costs the same on a thousand hosts as on
+fifty (finding candidates with the CPU and memory asked for walks as many hosts as
+pack's own search would, and more when few have them).
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def _number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-KNOWN_MOST = 200_000  # fragments remembered per mix, then forgotten all at once
+KNOWN_MOST = 50_000  # fragments remembered per mix (a few MB), then forgotten all at once
 
 
 def fragment(mix: Mix, model: str, rooms: list[int], cpu: float, mem: float) -> float:
@@ -184,6 +185,31 @@ def _whole_hosts(mi: ModelIndex, count: int, fits: Fits) -> Iterator[tuple[int, 
                     return
 
 
+class _Scores:
+    """One decision's scorers, by model; what a booking costs the host's other models
+    (its CPU and memory are theirs too) counts with it."""
+
+    def __init__(self, index: DeviceIndex, mix: Mix, resources: HostResources, asked: tuple[int, int]):
+        self.index, self.mix, self.resources, self.asked = index, mix, resources, asked
+        self.scorers: dict[str, _Scorer] = {}
+
+    def of(self, model: str) -> _Scorer:
+        scorer = self.scorers.get(model)
+        if scorer is None:
+            scorer = self.scorers[model] = _Scorer(
+                self.mix, self.resources, model, self.index.models[model], self.asked
+            )
+        return scorer
+
+    def growth(self, host: str, model: str | None, room: int = UNIT, milli: int = 0, count: int = 0) -> float:
+        """The host's fragment growth, over all its models, when ``count`` devices of
+        ``model`` with ``room`` get ``milli`` more and the request's CPU and memory are taken."""
+        total = 0.0
+        for m in sorted({g.model for g in self.index.by_host.get(host, ())}):
+            total += self.of(m).growth(host, room, milli, count) if m == model else self.of(m).growth(host, UNIT, 0, 0)
+        return round(total, 6)
+
+
 def frag_whole(
     index: DeviceIndex,
     mix: Mix,
@@ -194,12 +220,11 @@ def frag_whole(
     fits: Fits,
 ) -> tuple[str, str] | None:
     """(model, host) for ``count`` whole devices where the fragment grows least."""
+    scores = _Scores(index, mix, resources, asked)
     best = None  # (growth, free count, host, model)
     for model in models:
-        mi = index.models[model]
-        scorer = _Scorer(mix, resources, model, mi, asked)
-        for n, h in _whole_hosts(mi, count, fits):
-            entry = (scorer.growth(h, UNIT, UNIT, count), n, h, model)
+        for n, h in _whole_hosts(index.models[model], count, fits):
+            entry = (scores.growth(h, model, UNIT, UNIT, count), n, h, model)
             if best is None or entry < best:
                 best = entry
     return None if best is None else (best[3], best[2])
@@ -216,18 +241,19 @@ def frag_share(
 ) -> tuple[str, str, str] | None:
     """(model, host, uuid) for a share of one device where the fragment grows least:
     among the shared devices with the least room that takes it, and the untouched
-    devices of the hosts pack would give one GPU."""
-    best = None  # (growth, room, host, model, uuid)
+    devices of the hosts pack would give one GPU. Ties as pack: least room, then (for
+    untouched devices) fewest free on the host, then host, model, device index."""
+    scores = _Scores(index, mix, resources, asked)
+    best = None  # (growth, room, free count or 0, host, model, index, uuid)
     for model in models:
         mi = index.models[model]
-        scorer = _Scorer(mix, resources, model, mi, asked)
-        shared = ((room, h, uuid) for room, (h, _, uuid) in mi.rooms.starting(share) if fits is None or fits(h))
-        untouched = ((UNIT, h, mi.free[h][0].uuid) for _, h in _whole_hosts(mi, 1, fits))
-        for room, h, uuid in itertools.chain(itertools.islice(shared, CANDIDATES), untouched):
-            entry = (scorer.growth(h, room, share), room, h, model, uuid)
+        shared = ((room, 0, h, i, uuid) for room, (h, i, uuid) in mi.rooms.starting(share) if fits is None or fits(h))
+        untouched = ((UNIT, n, h, mi.free[h][0].index, mi.free[h][0].uuid) for n, h in _whole_hosts(mi, 1, fits))
+        for room, n, h, i, uuid in itertools.chain(itertools.islice(shared, CANDIDATES), untouched):
+            entry = (scores.growth(h, model, room, share, 1), room, n, h, model, i, uuid)
             if best is None or entry < best:
                 best = entry
-    return None if best is None else (best[3], best[2], best[4])
+    return None if best is None else (best[4], best[3], best[6])
 
 
 def frag_cpu_only(
@@ -235,15 +261,10 @@ def frag_cpu_only(
 ) -> str | None:
     """Of the first CANDIDATES ``hosts`` (in the order servers without GPUs go), the one
     whose fragment grows least from the CPU and memory a server without GPUs takes."""
+    scores = _Scores(index, mix, resources, asked)
     best = None  # (growth, position, host)
-    scorers: dict[str, _Scorer] = {}
     for k, h in enumerate(itertools.islice(hosts, CANDIDATES)):
-        growth = 0.0
-        for model in sorted({g.model for g in index.by_host.get(h, ())}):
-            scorer = scorers.get(model)
-            if scorer is None:
-                scorer = scorers[model] = _Scorer(mix, resources, model, index.models[model], asked)
-            growth += scorer.growth(h, UNIT, 0, 0)
-        if best is None or (growth, k) < best[:2]:
-            best = (growth, k, h)
+        entry = (scores.growth(h, None), k, h)
+        if best is None or entry < best:
+            best = entry
     return None if best is None else best[2]

@@ -181,7 +181,7 @@ class GPUHub:
             raise HubConfigError(str(exc)) from exc
         cluster.allocator.set_sharing(s.gpu_sharing)
         try:
-            cluster.allocator.set_mix(placement_mix(s.allocation_policy, s.gpu_placement_mix))
+            cluster.allocator.set_mix(placement_mix(s.allocation_policy, s.gpu_placement_mix, s.gpu_model_aliases))
         except ValueError as exc:
             raise HubConfigError(str(exc)) from exc
         holdings = Holdings(

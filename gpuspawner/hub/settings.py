@@ -448,14 +448,23 @@ def spawner_values(config, sections=SPAWNER_SECTIONS) -> dict:
     return values
 
 
-def placement_mix(policy: str, entries: list) -> Mix | None:
-    """The mix the frag policy places by (None for the other policies, which need none);
-    raises ValueError when frag is chosen without one, or an entry is bad."""
+def placement_mix(policy: str, entries: list, aliases: Mapping[str, str] | None = None) -> Mix | None:
+    """The mix the frag policy places by (None for the other policies, which need none),
+    its models named as ``gpu_model_aliases`` names them; raises ValueError when frag is
+    chosen without one, or an entry is bad (whatever the policy)."""
     if policy == "frag" and not entries:
         raise ValueError(
             'allocation_policy "frag" places by the requests this hub sees: give them in gpu_placement_mix'
         )
-    return Mix.parse(entries) if policy == "frag" else None
+    aliases = aliases or {}
+    named = [
+        {**e, "models": [aliases.get(m, m) for m in e["models"]]}
+        if isinstance(e, dict) and isinstance(e.get("models"), (list, tuple))
+        else e
+        for e in entries or ()
+    ]
+    mix = Mix.parse(named) if entries else None
+    return mix if policy == "frag" else None
 
 
 def validate_config(config) -> None:
@@ -474,7 +483,6 @@ def validate_config(config) -> None:
         policy = spawner_config.get("allocation_policy", "pack")
         if not isinstance(policy, str) or policy not in POLICIES:
             raise ValueError(f"Unknown allocation_policy {policy!r}; choose one of: {', '.join(POLICIES)}")
-        placement_mix(policy, spawner_config.get("gpu_placement_mix") or [])
         db_url = spawner_config.get("gpu_db_url")
         if db_url:
             Ledger(db_url)  # checks the URL and its driver; connects only on first use
@@ -486,6 +494,7 @@ def validate_config(config) -> None:
         if unknown or not sources:
             raise ValueError(f"gpu_inventory_source must be a list of: {', '.join(SOURCES)}; got {sources!r}")
         _check_aliases(spawner_config.get("gpu_model_aliases", {}))
+        placement_mix(policy, spawner_config.get("gpu_placement_mix") or [], spawner_config.get("gpu_model_aliases"))
         SharingPolicy.parse(spawner_config.get("gpu_sharing") or None)
         enforcement_mode(spawner_config.get("gpu_share_enforcement", "none"), "*")
         _check_numbers(spawner_config)

@@ -237,3 +237,69 @@ def test_frag_without_a_mix_stops_the_hub_saying_what_to_give_and_with_one_the_a
     assert GPUHub.from_config(c, GPUSwarmSpawner).holdings.allocator.mix is None
     with pytest.raises(Exception, match=r"gpu_placement_mix\[0\]: share must be above 0 and below 1"):
         GPUSwarmSpawner(gpu_placement_mix=[{"share": 2}])
+
+
+def test_a_share_no_one_device_takes_is_split_as_pack_splits_it():
+    gpus = [GPU("a", i, f"a-{i}", "M", 0) for i in range(2)]
+    sharing = {"M": {"split": True, "split_small": True, "quantum": 0.05}}
+    allocs = {p: Allocator(gpus, p, sharing) for p in ("pack", "frag")}
+    allocs["frag"].set_mix(Mix.parse([{"share": 0.5}]))
+    for a in allocs.values():
+        a.allocate("x", Request(milli=600))
+        a.allocate("y", Request(milli=600))
+    assert (
+        allocs["frag"].allocate("z", Request(milli=700)).milli == allocs["pack"].allocate("z", Request(milli=700)).milli
+    )
+
+
+def test_on_a_host_with_two_models_what_a_request_takes_from_the_other_counts():
+    """Host a has 1 M and 4 N, host b 1 M, both 10 cores; the mix's requests need 8.
+    An M request taking 4 cores on a would leave a's four N unusable: frag puts it on b."""
+    gpus = [GPU("a", 0, "a-m", "M", 0)] + [GPU("a", i, f"a-n{i}", "N", 0) for i in (1, 2, 3, 4)]
+    gpus.append(GPU("b", 0, "b-m", "M", 0))
+    alloc = Allocator(gpus, "frag")
+    for h in ("a", "b"):
+        alloc.set_host_resources(h, 10000, 65536)
+    alloc.set_mix(Mix.parse([{"gpus": 1, "cpu": 8}]))
+    assert alloc.allocate("m", Request(model="M", cpu_milli=4000)).host == "b"
+    assert alloc.allocate("n", Request(model="N", cpu_milli=8000)).host == "a"
+
+
+def test_between_equal_growths_a_share_goes_as_pack_sends_it():
+    """The fewest free on the host for an untouched device, then the lowest index."""
+    gpus = [GPU("a", i, f"a-{i}", "M", 0) for i in range(3)] + [GPU("b", 0, "b-0", "M", 0)]
+    allocs = {p: Allocator(gpus, p, {"M": {"quantum": 0.05}}) for p in ("pack", "frag")}
+    allocs["frag"].set_mix(Mix.parse([{"share": 0.05}]))  # any device takes it: growth 0 everywhere
+    got = {p: a.allocate("x", Request(milli=250)) for p, a in allocs.items()}
+    assert got["frag"].devices == got["pack"].devices == (gpus[3],)  # b: 1 free, a: 3
+    for a in allocs.values():
+        a.allocate("y", Request(milli=750))  # b-0 is full now
+        a.allocate("z", Request(milli=750, host="a"))
+        a.allocate("w", Request(milli=750, host="a"))
+    assert (
+        allocs["frag"].allocate("v", Request(milli=250)).devices
+        == allocs["pack"].allocate("v", Request(milli=250)).devices
+    )
+
+
+def test_a_bad_mix_stops_the_hub_whatever_the_policy_and_models_go_through_the_aliases(tmp_path):
+    from traitlets.config import Config
+
+    from gpuspawner.hub.app import GPUHub
+    from gpuspawner.hub.settings import validate_config
+    from gpuspawner.spawn.spawner import GPUSwarmSpawner
+    from tests.unit.test_access_spawn import INVENTORY
+
+    c = Config()
+    c.GPUSwarmSpawner.gpu_inventory = INVENTORY
+    c.GPUSwarmSpawner.gpu_db_url = f"sqlite:///{tmp_path}/ledger.sqlite"
+    c.GPUSwarmSpawner.gpu_placement_mix = [{"gpu": 1}]  # under pack
+    with pytest.raises(SystemExit) as stopped:
+        validate_config(c)
+    assert "gpu_placement_mix[0] must be a dict with some of" in str(stopped.value.code)
+    c.GPUSwarmSpawner.allocation_policy = "frag"
+    c.GPUSwarmSpawner.gpu_model_aliases = {"NVIDIA A100-SXM4-80GB": "A100"}
+    c.GPUSwarmSpawner.gpu_placement_mix = [{"gpus": 1, "models": ["NVIDIA A100-SXM4-80GB"]}]
+    validate_config(c)
+    [shape] = GPUHub.from_config(c, GPUSwarmSpawner).holdings.allocator.mix.shapes
+    assert shape.models == frozenset({"A100"})
