@@ -23,3 +23,23 @@ def fake_lib_dir(tmp_path_factory) -> Path:
     if shutil.which("gcc") is None and shutil.which("cc") is None:
         skip_or_fail("gcc is required to build the fake libnvidia-ml.so.1 (apt-get install gcc)")
     return fakenvml.build(tmp_path_factory.mktemp("fakenvml")).parent
+
+
+@pytest.fixture(autouse=True)
+def _no_hubs_gauges_outlive_their_test(monkeypatch):
+    """The gauges a test's hub shows at /metrics are taken down after it (one process,
+    one hub: a hub a test left behind would hide the next test's)."""
+    from gpuspawner import metrics
+
+    shown, real = [], metrics.show
+
+    def show(gauges):
+        if real(gauges):
+            shown.append(gauges)
+            return True
+        return False
+
+    monkeypatch.setattr(metrics, "show", show)
+    yield
+    for gauges in shown:
+        metrics.hide(gauges)
