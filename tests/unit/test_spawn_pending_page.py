@@ -3,7 +3,7 @@ model and the place, no progress bar, and a Leave line button; when the line ser
 request it is JupyterHub's page again (progress, then the redirect, by JupyterHub's script).
 Rendered over a stand-in for JupyterHub's own spawn_pending.html (its two blocks, the
 progress bar and the button); the place is the hub's line's. The page's script is run in
-Node over a small stand-in for the browser's DOM, where Node is installed."""
+Node over a small stand-in for the browser's DOM (without Node it skips, and fails under CI=true)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ from datetime import timedelta
 from types import SimpleNamespace
 
 import jinja2
-import pytest
 
 from gpuspawner.core.fairshare import FairShare
 from gpuspawner.web.home_gpus import waiting_var
+from tests.ci import skip_or_fail
 from tests.unit.test_holdings import A100, World
 from tests.unit.test_line import WAIT, messages, until
+from tests.unit.test_line_priority import cancelled
 
 JUPYTERHUB_PAGE = """<div class="text-center">
 {% block message %}<p>Your server is starting up.</p>{% endblock message %}
@@ -46,12 +47,18 @@ def page(waiting, spawner) -> str:
     return " ".join(env.get_template("spawn_pending.html").render(gpuspawner_waiting=waiting, spawner=spawner).split())
 
 
-async def test_a_waiting_spawn_has_a_waiting_page_with_its_place_and_leave_line(tmp_path):
-    world = World(tmp_path)
+async def bob_waiting(world: World) -> tuple:
+    """Alice holds the one A100 and bob's start waits for it as number 1: (bob, his start)."""
     await world.started(world.spawner("alice", {"gpu_model": A100}))
     bob = world.spawner("bob", WAIT)
     start = asyncio.ensure_future(bob.start())
     await until(lambda: any("number 1" in m for m in messages(bob)))
+    return bob, start
+
+
+async def test_a_waiting_spawn_has_a_waiting_page_with_its_place_and_leave_line(tmp_path):
+    world = World(tmp_path)
+    bob, start = await bob_waiting(world)
     user = SimpleNamespace(name="bob", kind="user")
     html = page(waiting_var(world.hub)(user), bob)  # JupyterHub calls template variables with the user
     assert f"Waiting for {A100} — number 1 in line</h2>" in html
@@ -65,12 +72,7 @@ async def test_a_waiting_spawn_has_a_waiting_page_with_its_place_and_leave_line(
     world.hub.line.fair = FairShare(timedelta(days=7), timedelta(hours=24))
     html = page(waiting_var(world.hub)(user), bob)
     assert "Fair share orders this line: recent use 0.0 GPU-hours." in html
-    start.cancel()
-    try:
-        await start
-    except asyncio.CancelledError:
-        pass
-    await bob.stop()
+    await cancelled(bob, start)
     # Not waiting (or not ours): JupyterHub's own page, unchanged, its progress bar shown.
     for spawner in (bob, SimpleNamespace()):
         html = page(waiting_var(world.hub)(user), spawner)
@@ -98,20 +100,13 @@ const seen = [];
 """
 
 
-@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node")
 async def test_when_the_line_serves_the_request_the_waiting_page_turns_into_jupyterhubs(tmp_path):
+    if shutil.which("node") is None:
+        skip_or_fail("Node runs the waiting page's script here (apt-get install nodejs)")
     world = World(tmp_path)
-    await world.started(world.spawner("alice", {"gpu_model": A100}))
-    bob = world.spawner("bob", WAIT)
-    start = asyncio.ensure_future(bob.start())
-    await until(lambda: any("number 1" in m for m in messages(bob)))
+    bob, start = await bob_waiting(world)
     html = page(waiting_var(world.hub)(SimpleNamespace(name="bob", kind="user")), bob)
-    start.cancel()
-    try:
-        await start
-    except asyncio.CancelledError:
-        pass
-    await bob.stop()
+    await cancelled(bob, start)
     script = re.search(r'<script id="gpuspawner-waiting-script">(.*?)</script>', html).group(1)
     run = DOM + "seen.push(state());" + script + "seen.push(state());"
     # "Server requested" (0), then places in line (no progress), then the reservation (20).
