@@ -24,6 +24,7 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from ..core.numbers import finite
 from ..core.sharing import UNIT, shown
 from .index import DeviceIndex
 from .model import ModelIndex
@@ -73,9 +74,9 @@ class Mix:
             cpu, mem, weight, models = e.get("cpu", 0), e.get("memory_mib", 0), e.get("weight", 1), e.get("models")
             if isinstance(gpus, bool) or not isinstance(gpus, int) or not 0 <= gpus <= 64:
                 raise ValueError(f"{where}: gpus must be a whole number from 0 to 64, got {shown(gpus)}")
-            if share is not None and (not _number(share) or not 0 < share < 1 or "gpus" in e):
+            if share is not None and (finite(share) is None or not 0 < share < 1 or "gpus" in e):
                 raise ValueError(f"{where}: share must be above 0 and below 1, without gpus, got {shown(share)}")
-            if not _number(cpu) or not 0 <= cpu <= 100_000 or not _number(weight) or not 0 < weight <= 1e9:
+            if finite(cpu) is None or not 0 <= cpu <= 100_000 or finite(weight) is None or not 0 < weight <= 1e9:
                 raise ValueError(
                     f"{where}: cpu must be 0 to 100000 cores and weight above 0, got {shown(cpu)}, {shown(weight)}"
                 )
@@ -104,10 +105,6 @@ class Mix:
         self.gpu = tuple(s for s in self.shapes if s.count > 0)
         # (model, rooms, cpu, memory) -> fragment: hosts of one kind in one state are many
         self.known: dict[tuple, float] = {}
-
-
-def _number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 KNOWN_MOST = 50_000  # fragments remembered per mix (a few MB), then forgotten all at once

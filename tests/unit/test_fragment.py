@@ -45,6 +45,8 @@ def test_the_fragment_is_the_free_gpu_each_shape_could_not_use_weighted():
         ([{"gpus": 1, "share": 0.5}], "without gpus"),
         ([{"gpu": 1}], "gpu_placement_mix[0] must be a dict with some of cpu, gpus, memory_mib, models, share, weight"),
         ([{"cpu": math.nan}], "cpu must be 0 to 100000 cores"),
+        ([{"cpu": 10**400}], "cpu must be 0 to 100000 cores and weight above 0, got a number of about 400 digits"),
+        ([{"share": -(10**400)}], "share must be above 0 and below 1, without gpus, got a number of about 400 digits"),
         ([{"weight": 0}], "weight above 0"),
         ([{"memory_mib": 1.5}], "memory_mib must be a whole number of MiB"),
         ([{}, {"models": "A100"}], "gpu_placement_mix[1]: models must be a non-empty list of model names"),
