@@ -1,0 +1,259 @@
+"""Reservations: COUNT whole GPUs of a MODEL kept for a group's members in a
+window of time, once or every week (pure: no JupyterHub, no Docker, no ledger).
+
+A weekly reservation repeats at the same local time in its time zone, so a
+course at 14:00–16:00 in Europe/Berlin stays at 14:00 local across a
+daylight-saving change (its UTC times move by an hour). A local time that does
+not exist on a day (the hour skipped in spring) is read with the offset before
+the change, as :mod:`zoneinfo` does (02:30 becomes 03:30).
+
+During a window, the GPUs its members do not hold are kept free for them: a
+request of anyone else is granted only if as many untouched devices of the
+model stay free (:func:`keep_free`). At a window's start, servers of others are
+stopped, newest first, until that many are free (:func:`to_stop`); they are
+told ahead (:data:`NOTICE_BEFORE`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+__all__ = [
+    "RESERVATION",
+    "Reservation",
+    "ReservationError",
+    "Need",
+    "Window",
+    "conflicts",
+    "keep_free",
+    "needs",
+    "to_stop",
+]
+
+RESERVATION = "reservation"  # the end reason of a server stopped for one
+WEEK = timedelta(days=7)
+HORIZON_WEEKS = 53  # overlaps of weekly windows are checked over a year ahead (every DST change)
+NAME_MAX = 64
+_NAME = re.compile(r"^[\w .:/+()@-]{1,64}$")
+
+
+class ReservationError(ValueError):
+    """A reservation that cannot be made as given; the message says why."""
+
+
+@dataclass(frozen=True)
+class Window:
+    start: datetime  # UTC
+    end: datetime
+
+    def __contains__(self, t: datetime) -> bool:
+        return self.start <= t < self.end
+
+    def overlaps(self, other: Window) -> bool:
+        return self.start < other.end and other.start < self.end
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """``count`` whole GPUs of ``model`` for ``group``'s members from ``start`` to
+    ``end`` (UTC; the first window when ``weekly``)."""
+
+    group: str
+    model: str
+    count: int
+    start: datetime
+    end: datetime
+    weekly: bool = False
+    timezone: str = "UTC"  # where a weekly window keeps its local time
+    name: str = ""  # shown to people; the group's name when empty
+    id: int | None = None  # the ledger's
+    created_by: str = ""
+    created_at: datetime | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        for what, value in (("group", self.group), ("model", self.model)):
+            if not isinstance(value, str) or not value.strip() or len(value) > NAME_MAX:
+                raise ReservationError(f"a reservation needs a {what} (at most {NAME_MAX} characters)")
+        if self.name and not _NAME.match(self.name):
+            raise ReservationError(
+                f"a reservation's name is at most {NAME_MAX} letters, digits, spaces or . : / + ( ) @ - _"
+            )
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or not 1 <= self.count <= 10_000:
+            raise ReservationError(f"a reservation's count is a whole number of GPUs from 1, got {self.count!r}")
+        for what, t in (("start", self.start), ("end", self.end)):
+            if not isinstance(t, datetime) or t.tzinfo is None:
+                raise ReservationError(f"a reservation's {what} needs a time zone (e.g. 2026-12-08T14:00+01:00)")
+        if self.end <= self.start:
+            raise ReservationError("a reservation's end must be after its start")
+        if self.weekly and self.end - self.start >= WEEK:
+            raise ReservationError("a weekly reservation's window must be shorter than a week")
+        _ = self.zone  # an unknown time zone is refused here
+        object.__setattr__(self, "start", self.start.astimezone(timezone.utc))
+        object.__setattr__(self, "end", self.end.astimezone(timezone.utc))
+
+    @property
+    def zone(self) -> ZoneInfo:
+        try:
+            return ZoneInfo(self.timezone)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ReservationError(f"unknown time zone {self.timezone!r} (an IANA name, e.g. Europe/Berlin)") from None
+
+    @property
+    def label(self) -> str:
+        return self.name or self.group
+
+    def window(self, k: int) -> Window:
+        """The ``k``-th window (0: the first); a one-off reservation has only that one."""
+        if k == 0 or not self.weekly:
+            return Window(self.start, self.end)
+        return Window(self._weeks_later(self.start, k), self._weeks_later(self.end, k))
+
+    def _weeks_later(self, t: datetime, k: int) -> datetime:
+        zone = self.zone
+        local = t.astimezone(zone).replace(tzinfo=None) + k * WEEK  # the same wall time, k weeks on
+        return local.replace(tzinfo=zone).astimezone(timezone.utc)
+
+    def windows(self, since: datetime, until: datetime) -> Iterator[Window]:
+        """Its windows that overlap [since, until), in order."""
+        if not self.weekly:
+            w = self.window(0)
+            if w.overlaps(Window(since, until)):
+                yield w
+            return
+        k = max(0, math.floor((since - self.end) / WEEK) - 1)  # a week of slack for DST shifts
+        while True:
+            w = self.window(k)
+            if w.start >= until:
+                return
+            if w.end > since:
+                yield w
+            k += 1
+
+    def active(self, now: datetime) -> Window | None:
+        """The window ``now`` is in, if any."""
+        return next((w for w in self.windows(now, now + timedelta(microseconds=1)) if now in w), None)
+
+    def next_window(self, now: datetime) -> Window | None:
+        """The window ``now`` is in, else the next one to start; None: none is left."""
+        return next(self.windows(now, now + WEEK + timedelta(days=1) if self.weekly else self.end), None)
+
+    def over(self, now: datetime) -> bool:
+        """No window is left (a one-off reservation that has ended)."""
+        return not self.weekly and self.end <= now
+
+    def as_json(self) -> dict:
+        return {
+            "id": self.id,
+            "name": self.label,
+            "group": self.group,
+            "model": self.model,
+            "count": self.count,
+            "start": _iso(self.start),
+            "end": _iso(self.end),
+            "weekly": self.weekly,
+            "timezone": self.timezone,
+            "created_by": self.created_by,
+            "created_at": _iso(self.created_at) if self.created_at else None,
+        }
+
+    def describe(self) -> str:
+        """E.g. "CS101: 10 A100 every week, Tue 14:00–16:00 Europe/Berlin"."""
+        zone = self.zone
+        a, b = self.start.astimezone(zone), self.end.astimezone(zone)
+        if self.weekly:
+            when = f"every week, {a:%a %H:%M}–{b:%a %H:%M} {self.timezone}".replace(f"–{a:%a} ", "–")
+        else:
+            when = f"{a:%Y-%m-%d %H:%M}–{b:%Y-%m-%d %H:%M} {self.timezone}"
+        return f"{self.label}: {self.count} {self.model} {when}"
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def conflicts(new: Reservation, existing: Iterable[Reservation], capacity: int, now: datetime) -> list[Reservation]:
+    """The reservations of ``new``'s model whose windows, with ``new``'s, would
+    ask for more than ``capacity`` GPUs at once (checked over a year of weekly
+    windows, from ``now``). Raises ReservationError when ``new`` alone is more
+    than the model has."""
+    if new.count > capacity:
+        raise ReservationError(f"the cluster has {capacity} {new.model}, fewer than the {new.count} asked for")
+    same = [r for r in existing if r.model == new.model and r.id != new.id and not r.over(now)]
+    since = max(now, new.start) if new.weekly else new.start
+    until = since + HORIZON_WEEKS * WEEK if new.weekly else new.end
+    found: dict[int, Reservation] = {}
+    for w in new.windows(since, until):
+        others = [(o, r) for r in same for o in r.windows(w.start, w.end)]
+        for t in sorted({w.start} | {o.start for o, _ in others if o.start > w.start}):
+            at = [r for o, r in others if t in o]
+            if new.count + sum(r.count for r in at) > capacity:
+                found.update((id(r), r) for r in at)
+    return sorted(found.values(), key=lambda r: (r.start, r.id or 0))
+
+
+@dataclass(frozen=True)
+class Need:
+    """What an active (or soon active) window still keeps free: ``reservation``'s
+    GPUs that its members do not hold."""
+
+    reservation: Reservation
+    window: Window
+    unmet: int  # whole devices
+
+
+def needs(
+    reservations: Iterable[Reservation],
+    now: datetime,
+    members_hold: Mapping[int, float],
+    ahead: timedelta = timedelta(0),
+) -> list[Need]:
+    """Each reservation whose window is open at ``now`` (or opens within ``ahead``),
+    with the GPUs its members (``members_hold``: reservation id -> GPUs of its
+    model they hold, shares as fractions) leave unused."""
+    out = []
+    for r in reservations:
+        w = r.next_window(now)
+        if w is None or w.start > now + ahead:
+            continue
+        unmet = max(0, r.count - math.floor(members_hold.get(r.id or 0, 0.0) + 1e-9))
+        out.append(Need(r, w, unmet))
+    return out
+
+
+def keep_free(need_list: Iterable[Need], member_of: Iterable[int], now: datetime) -> dict[str, int]:
+    """Per model, the untouched devices a request of a member of ``member_of``
+    (reservation ids) must leave free: the unused GPUs of the open windows it
+    is not a member of."""
+    mine = set(member_of)
+    out: dict[str, int] = {}
+    for n in need_list:
+        if now in n.window and n.reservation.id not in mine and n.unmet:
+            out[n.reservation.model] = out.get(n.reservation.model, 0) + n.unmet
+    return out
+
+
+def to_stop(needed: int, devices: Mapping[str, Mapping[str, int]], candidates: Sequence[str]) -> list[str]:
+    """The fewest of ``candidates`` (holders, newest first) whose stop leaves
+    ``needed`` devices untouched, among ``devices`` (uuid -> {holder: milli}; empty:
+    free): in order until enough are free, then any not needed after all are let
+    off. When stopping all would free fewer, as many as stopping all would."""
+
+    def free_with(stopped: set[str]) -> int:
+        return sum(1 for held in devices.values() if set(held) <= stopped)
+
+    needed = min(needed, free_with(set(candidates)))
+    chosen: list[str] = []
+    for c in candidates:
+        if free_with(set(chosen)) >= needed:
+            break
+        chosen.append(c)
+    for c in reversed(list(chosen)):
+        rest = [x for x in chosen if x != c]
+        if free_with(set(rest)) >= needed:
+            chosen = rest
+    return chosen
