@@ -57,6 +57,7 @@ from .reads import (
     usage_totals,
     user_spans,
 )
+from .reservations import LedgerReservations
 from .schema import (
     COLUMNS,
     AgentToken,
@@ -97,7 +98,7 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(cause).__name__
 
 
-class Ledger(LedgerQueue):
+class Ledger(LedgerQueue, LedgerReservations):
     """Allocations and their history in the database at ``url`` (any SQLAlchemy URL).
 
     Nothing is connected at construction: the tables are created or upgraded on first

@@ -13,6 +13,7 @@ from ..core.sharing import UNIT
 
 NAME_MAX = 255
 TASKS_MAX = 64  # task ids kept per allocation (the newest)
+TIMEZONE_MAX = 64  # characters of a reservation's time zone name
 
 
 class UTCDateTime(sa.types.TypeDecorator):
@@ -79,6 +80,25 @@ agent_tokens = sa.Table(
     sa.Column("host", sa.String(NAME_MAX), primary_key=True),
     sa.Column("token_sha256", sa.String(64), nullable=False, unique=True),
     sa.Column("issued_at", UTCDateTime, nullable=False),
+)
+
+# Reservations: whole GPUs of a model kept for a group's members, once or
+# every week (gpuspawner.core.reservations; starts_at/ends_at: the first window).
+reservations = sa.Table(
+    "gpuspawner_reservations",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("name", sa.String(NAME_MAX), nullable=False, server_default=""),  # "": shown as the group's name
+    sa.Column("group_name", sa.String(NAME_MAX), nullable=False),
+    sa.Column("model", sa.String(NAME_MAX), nullable=False),
+    sa.Column("count", sa.Integer, nullable=False),
+    sa.Column("starts_at", UTCDateTime, nullable=False),
+    sa.Column("ends_at", UTCDateTime, nullable=False),
+    sa.Column("weekly", sa.Boolean, nullable=False),
+    sa.Column("timezone", sa.String(TIMEZONE_MAX), nullable=False),  # IANA: where a weekly window keeps its local time
+    sa.Column("created_by", sa.String(NAME_MAX), nullable=False),
+    sa.Column("created_at", UTCDateTime, nullable=False),
+    sqlite_autoincrement=True,  # a removed reservation's id is not given again (as on PostgreSQL)
 )
 
 
