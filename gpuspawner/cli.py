@@ -37,9 +37,13 @@ class CLIError(Exception):
     """What went wrong, in one line for the admin."""
 
 
-def api(hub_url: str, token: str, method: str, path: str, timeout: float = 30) -> Any:
+def api(hub_url: str, token: str, method: str, path: str, timeout: float = 30, body: dict | None = None) -> Any:
     url = hub_url.rstrip("/") + "/hub/api/" + path.lstrip("/")
-    req = urllib.request.Request(url, method=method, headers={"Authorization": f"token {token}"})
+    headers = {"Authorization": f"token {token}"}
+    data = None
+    if body is not None:
+        data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+    req = urllib.request.Request(url, method=method, headers=headers, data=data)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.load(resp)
@@ -127,6 +131,32 @@ def format_line(result: dict) -> str:
     if len(rows) == 1:
         return "Nobody waits in line."
     return _table(rows)
+
+
+def format_reservations(result: dict) -> str:
+    """Each reservation with its open or next window and what its members hold; or the one made or removed."""
+    if "reservations" not in result:
+        return (
+            f"Reservation {result['id']}: {result['name']}, {result['count']} {result['model']} for {result['group']}."
+        )
+    rows = [("ID", "NAME", "GROUP", "MODEL", "COUNT", "WEEKLY", "WINDOW (UTC)", "OPEN", "MEMBERS HOLD")]
+    for r in result["reservations"]:
+        w = r["window"]
+        window = f"{w['start']} – {w['end']}" if w else "over"
+        rows.append(
+            (
+                str(r["id"]),
+                r["name"],
+                r["group"],
+                r["model"],
+                str(r["count"]),
+                f"yes ({r['timezone']})" if r["weekly"] else "no",
+                window,
+                "yes" if r["open"] else "no",
+                f"{r['members_hold']:g}",
+            )
+        )
+    return _table(rows) if len(rows) > 1 else "No reservations."
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:
@@ -219,7 +249,34 @@ def _parser() -> argparse.ArgumentParser:
     what.add_argument("--revoke", action="store_true", help="revoke HOST's token")
     what.add_argument("--list", action="store_true", help="list the hosts that have a token")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p = sub.add_parser("reserve", help="reserve GPUs of a model for a group's window; --list, --remove ID")
+    p.add_argument("group", nargs="?", help="the JupyterHub group whose members the GPUs are kept for")
+    p.add_argument("model", nargs="?", help="the GPU model, as the form names it")
+    p.add_argument("count", nargs="?", type=int, help="how many whole GPUs")
+    p.add_argument("--start", help="ISO 8601, e.g. 2026-12-08T14:00 (in --timezone unless it has an offset)")
+    p.add_argument("--end", help="ISO 8601, the window's end")
+    p.add_argument("--weekly", action="store_true", help="the same window every week, at the same local time")
+    p.add_argument("--timezone", default="UTC", help="IANA name, e.g. Europe/Berlin (default: %(default)s)")
+    p.add_argument("--name", default="", help="shown to people (default: the group's name)")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--list", action="store_true", help="list the reservations and what their members hold")
+    what.add_argument("--remove", metavar="ID", type=int, help="remove reservation ID")
+    p.add_argument("--json", action="store_true", help="print JSON")
     return parser
+
+
+def _reserve_request(parser: argparse.ArgumentParser, args) -> tuple[str, str, dict | None]:
+    made = (args.group, args.model, args.count, args.start, args.end)
+    if args.list or args.remove is not None:
+        if any(v is not None for v in made) or args.weekly or args.name:
+            parser.error("reserve --list and --remove take nothing else")
+        if args.list:
+            return "GET", "gpuspawner/reservations", None
+        return "DELETE", f"gpuspawner/reservations/{args.remove}", None
+    if any(v is None for v in made):
+        parser.error("reserve needs GROUP MODEL COUNT --start TIME --end TIME (or --list, --remove ID)")
+    body = {k: getattr(args, k) for k in ("group", "model", "count", "start", "end", "weekly", "timezone", "name")}
+    return "POST", "gpuspawner/reservations", body
 
 
 def _request(parser: argparse.ArgumentParser, args) -> tuple[str, str]:
@@ -250,9 +307,13 @@ def _request(parser: argparse.ArgumentParser, args) -> tuple[str, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    method, path = _request(parser, args)
+    body = None
+    if args.command == "reserve":
+        method, path, body = _reserve_request(parser, args)
+    else:
+        method, path = _request(parser, args)
     try:
-        result = api(args.hub_url, _token(args), method, path)
+        result = api(args.hub_url, _token(args), method, path, body=body)
     except CLIError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
@@ -262,6 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "agent-token": format_agent_tokens,
         "idle": format_idle,
         "line": format_line,
+        "reserve": format_reservations,
     }
     print(json.dumps(result, indent=2) if args.json else formats.get(args.command, format_alloc_map)(result))
     if args.command == "agent-token" and "token" in result and not args.json:

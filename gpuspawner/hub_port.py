@@ -75,6 +75,15 @@ def user_spawner(app, user: str, server: str):
     return found, found.spawners.get(server)
 
 
+def user_groups(app, user: str) -> list[str] | None:
+    """The names of the user's JupyterHub groups (an authenticator's included); None: no such user."""
+    try:
+        found = app.users[user]
+    except KeyError:
+        return None
+    return [g.name for g in found.groups]
+
+
 # -- dockerspawner -------------------------------------------------------------------
 
 

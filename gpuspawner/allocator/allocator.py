@@ -586,6 +586,22 @@ class Allocator:
         with self._lock:
             return dict(sorted(self._shares.get(uuid, {}).items()))
 
+    def untouched(self, model: str) -> int:
+        """Devices of ``model`` nobody holds any share of, on available hosts."""
+        mi = self._index.models.get(model)
+        return 0 if mi is None else mi.free_available
+
+    def model_devices(self, model: str) -> dict[str, dict[str, int]]:
+        """The devices of ``model`` on available hosts, each with who holds it (as
+        :meth:`booked_on`; empty: untouched)."""
+        with self._lock:
+            index = self._index
+            return {
+                g.uuid: self.booked_on(g.uuid)
+                for g in index.gpus.values()
+                if g.model == model and index.is_available(g.host)
+            }
+
     def device(self, uuid: str) -> GPU | None:
         """The inventory's record of a device (its model and memory), or None."""
         return self._index.gpus.get(uuid)

@@ -41,6 +41,7 @@ class Refusal(enum.Enum):
     NO_EVEN_SPLIT = "no_even_split"  # a host has that much free in all, but no even split of it fits
     SHARES_UNENFORCED = "shares_unenforced"  # room only on nodes that lack what enforces shares
     RESOURCES_SHORT = "resources_short"  # GPUs free, but not the CPU or memory asked for beside them
+    RESERVED = "reserved"  # free, but kept for the members of a reservation's open window
 
     @property
     def retry(self) -> bool:
@@ -59,6 +60,7 @@ _MAY_SUCCEED_LATER = {
     Refusal.NO_EVEN_SPLIT,
     Refusal.SHARES_UNENFORCED,
     Refusal.RESOURCES_SHORT,
+    Refusal.RESERVED,
 }
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "keep_free",
     "needs",
     "to_stop",
+    "zone_of",
 ]
 
 RESERVATION = "reservation"  # the end reason of a server stopped for one
@@ -98,10 +99,7 @@ class Reservation:
 
     @property
     def zone(self) -> ZoneInfo:
-        try:
-            return ZoneInfo(self.timezone)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ReservationError(f"unknown time zone {self.timezone!r} (an IANA name, e.g. Europe/Berlin)") from None
+        return zone_of(self.timezone)
 
     @property
     def label(self) -> str:
@@ -140,7 +138,8 @@ class Reservation:
 
     def next_window(self, now: datetime) -> Window | None:
         """The window ``now`` is in, else the next one to start; None: none is left."""
-        return next(self.windows(now, now + WEEK + timedelta(days=1) if self.weekly else self.end), None)
+        until = max(now, self.start) + WEEK + timedelta(days=1) if self.weekly else self.end
+        return next(self.windows(now, until), None)
 
     def over(self, now: datetime) -> bool:
         """No window is left (a one-off reservation that has ended)."""
@@ -172,6 +171,14 @@ class Reservation:
         return f"{self.label}: {self.count} {self.model} {when}"
 
 
+def zone_of(name: str) -> ZoneInfo:
+    """The IANA time zone ``name``; ReservationError when there is none."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        raise ReservationError(f"unknown time zone {name!r} (an IANA name, e.g. Europe/Berlin)") from None
+
+
 def _iso(t: datetime) -> str:
     return t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
 
@@ -183,9 +190,14 @@ def conflicts(new: Reservation, existing: Iterable[Reservation], capacity: int, 
     than the model has."""
     if new.count > capacity:
         raise ReservationError(f"the cluster has {capacity} {new.model}, fewer than the {new.count} asked for")
-    same = [r for r in existing if r.model == new.model and r.id != new.id and not r.over(now)]
+    same = [
+        r
+        for r in existing
+        if r.model == new.model and r is not new and (new.id is None or r.id != new.id) and not r.over(now)
+    ]
     since = max(now, new.start) if new.weekly else new.start
-    until = since + HORIZON_WEEKS * WEEK if new.weekly else new.end
+    # A year from when all have begun (a later one-off, or a weekly one that starts later, is reached).
+    until = max([since, *(r.end for r in same)]) + HORIZON_WEEKS * WEEK if new.weekly else new.end
     found: dict[int, Reservation] = {}
     for w in new.windows(since, until):
         others = [(o, r) for r in same for o in r.windows(w.start, w.end)]

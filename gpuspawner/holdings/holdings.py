@@ -37,12 +37,12 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from .. import metrics
-from ..allocator.allocator import Allocation, Request
+from ..allocator.allocator import Allocation, AllocationRefused, Refusal, Request
 from ..cluster.cluster import GPUCluster
 from ..cluster.swarm import Swarm, SwarmError, spec_reservations
 from ..core.labels import LABEL, Held, LabelError, parse_labels
@@ -153,9 +153,13 @@ class Holdings:
         max_per_owner: int,
         policy: str,
         port_range: tuple[int, int] | None = None,
+        keep_free: Mapping[str, int] | None = None,
+        kept_why: Callable[[str], str] = lambda model: f"The free {model} GPUs are reserved.",
     ) -> Holding:
         """Book devices (``request``; None: CPU-only) and a port, and record
-        them in the ledger. Raises AllocationRefused, HoldingBusy (an earlier
+        them in the ledger. ``keep_free``: per model, the untouched devices that
+        must stay so (others' reservations; AllocationRefused with
+        Refusal.RESERVED, saying ``kept_why(model)``, when they would not). Raises AllocationRefused, HoldingBusy (an earlier
         holding of this server is still being removed), LedgerError (nothing
         is left booked) or NoPortFree."""
         if name in self._holdings:
@@ -168,6 +172,10 @@ class Holdings:
         if request is not None:
             with metrics.ALLOCATION_SECONDS.time():  # the decision alone, not the ledger's write
                 alloc = self.allocator.allocate(name, request, max_per_owner=max_per_owner, policy=policy)
+            kept = (keep_free or {}).get(alloc.model, 0) if alloc.devices else 0
+            if kept and self.allocator.untouched(alloc.model) < kept:
+                self.allocator.release(name)
+                raise AllocationRefused(kept_why(alloc.model), Refusal.RESERVED)
         port = None
         if port_range is not None:
             port = self.ports.pick(name, *port_range)

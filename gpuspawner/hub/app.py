@@ -18,6 +18,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 
 from traitlets import TraitError
 from traitlets.config import Config
@@ -35,6 +36,7 @@ from ..holdings.views import holders_of
 from ..ledger.ledger import Ledger, LedgerError, default_db_url
 from ..line.wait import WaitLine
 from ..reclaim.reclaimer import Reclaimer
+from ..reclaim.reservations import ReservationKeeper
 from ..reclaim.settings import ReclaimSettings
 from .resume import resume_waiting
 from .settings import SPAWNER_SECTIONS, GPUSettings, placement_mix, spawner_values
@@ -102,6 +104,7 @@ class GPUHub:
         self._holdings: Holdings | None = None
         self._line: WaitLine | None = None
         self._reclaimer: Reclaimer | None = None
+        self._reservations: ReservationKeeper | None = None
         self._gauges: metrics.DeviceGauges | None = None
         self._holder_gauges: metrics.HolderMemoryGauges | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -171,6 +174,12 @@ class GPUHub:
         assert self._reclaimer is not None
         return self._reclaimer
 
+    @property
+    def reservations(self) -> ReservationKeeper:
+        self.holdings  # noqa: B018 - made with the holdings
+        assert self._reservations is not None
+        return self._reservations
+
     def _make_parts(self) -> None:
         s = self.settings
         swarm = Swarm(hub_port.docker_connection(self._spawner_class, self._config))
@@ -201,6 +210,14 @@ class GPUHub:
             on_active=self._touch if s.gpu_activity_updates_last_activity else None,
             clock=self.clock,
             wall=self.wall,
+        )
+        self._reservations = ReservationKeeper(
+            holdings,
+            groups_of=_groups_of,
+            stop=self._stop_server,
+            ends_in=self._reclaimer.ends_in,
+            wall=lambda: datetime.fromtimestamp(self.wall(), timezone.utc),
+            clock=self.clock,
         )
         self._holdings = holdings
 
@@ -251,7 +268,8 @@ class GPUHub:
         if user is None or getattr(user, "kind", "user") != "user":
             return []
         try:
-            return self.reclaimer.notices_for(user.name)
+            notices = self.reclaimer.notices_for(user.name) + self.reservations.notices_for(user.name)
+            return sorted(notices, key=lambda n: (n["stop_at"] is None, n["stop_at"] or ""))
         except HubConfigError:  # a page must render even when the GPU side cannot
             return []
 
@@ -324,6 +342,10 @@ class GPUHub:
                 await self.reclaimer.check()
             except Exception as exc:  # never let the loop die; say what happened in one line
                 self.log.error("GPU idle reclaim failed: %s", getattr(exc, "message", exc))
+            try:
+                await self.reservations.check()
+            except Exception as exc:
+                self.log.error("Making room for GPU reservations failed: %s", getattr(exc, "message", exc))
             await asyncio.sleep(self._every("gpu_reclaim_interval"))
 
     def _every(self, name: str) -> float:
@@ -343,6 +365,12 @@ class GPUHub:
             await resume_waiting(self.line, holdings)
         except Exception as exc:  # the hub runs on; say what happened in one line
             self.log.error("Resuming the spawns waiting in line failed: %s", getattr(exc, "message", exc))
+
+
+def _groups_of(user: str) -> list[str] | None:
+    """The user's JupyterHub groups now; None outside a running hub or for an unknown user."""
+    app = hub_port.running_hub()
+    return None if app is None else hub_port.user_groups(app, user)
 
 
 def _untracked(user: str, server: str) -> bool:

@@ -293,6 +293,8 @@ class WaitLine:
                 holding = await reserve()
             except SpawnException as exc:
                 if waits_for(exc):
+                    if getattr(exc.__cause__, "reason", None) is Refusal.RESERVED:
+                        continue  # kept for a reservation's members: they may be behind it
                     return  # not yet
                 if exc.reason in PASSING:
                     log.info("%s keeps its place in line for %s: %s", w.service, w.model, exc.log_message or exc)

@@ -285,6 +285,11 @@ class Reclaimer:
                 total += sum(h.held.milli) / UNIT * max(0.0, left) / 3600
         return total
 
+    def ends_in(self, h: Holding) -> float | None:
+        """Seconds until the holding's held-time limit stops its server; None: no limit."""
+        limit = self.limits_for(h).max_held
+        return None if limit is None else max(0.0, limit - (self.timers.held_for(h.name) or 0.0))
+
     # -- what users and admins see -------------------------------------------------
 
     def notices_for(self, user: str) -> list[dict]:

@@ -4,15 +4,18 @@ the hub's holdings with gpuspawner's Jinja template (or the admin's own)."""
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import jinja2
 
 from ..allocator.records import Request
+from ..allocator.summary import ModelSummary
 from ..cluster.service_spec import enforcement_mode
 from ..core.access import Access
 from ..core.budget import Budget
 from ..core.budget import summary as budget_summary
 from ..core.sharing import UNIT, fmt, to_milli
+from .rules import groups_of
 
 __all__ = ["SHARE_NOTES", "render_form"]
 
@@ -95,6 +98,30 @@ def class_rows(classes, summary, flags: dict[str, tuple[bool, bool]]) -> list[di
     return rows
 
 
+def with_reservations(summary: list[ModelSummary], keeper, groups: list[str]) -> tuple[list[ModelSummary], list[str]]:
+    """The counts as this user may have them while reservations' windows are open (GPUs
+    kept for others' are not offered), and a line for each open window that concerns them."""
+    now = keeper.wall()
+    mine = keeper.member_of(groups)
+    kept = keeper.keep_free(groups)
+    notes = []
+    for n in keeper.needs(now):
+        r = n.reservation
+        until = f"{n.window.end.astimezone(r.zone):%Y-%m-%d %H:%M} {r.timezone}"
+        if r.id in mine:
+            notes.append(f"{r.label}: {n.unmet} of {r.count} reserved {r.model} GPUs free for you until {until}.")
+        elif n.unmet:
+            notes.append(f"{n.unmet} {r.model} GPUs are reserved for {r.label} until {until}.")
+    out = []
+    for m in summary:
+        k = kept.get(m.model, 0)
+        if k:
+            free = max(0, m.free - k)
+            m = replace(m, free=free, largest_block=min(m.largest_block, free))
+        out.append(m)
+    return out, notes
+
+
 def _gpus(milli: int) -> int | float:
     """Thousandths as a number of GPUs that prints as people write it (2, 0.5, 1.25)."""
     return milli // UNIT if milli % UNIT == 0 else milli / UNIT
@@ -107,14 +134,20 @@ def _templates(paths: tuple[str, ...]) -> jinja2.Environment:
     return jinja2.Environment(loader=jinja2.ChoiceLoader(loaders), autoescape=True)
 
 
-def render_form(spawner, holdings, error: str = "", access: Access | None = None, budget: Budget | None = None) -> str:
+def render_form(
+    spawner, holdings, error: str = "", access: Access | None = None, budget: Budget | None = None, reservations=None
+) -> str:
     """The form for ``spawner``'s user, from the hub's ``holdings``: the
-    models their ``access`` offers them, with its limit and ``budget``."""
+    models their ``access`` offers them, with its limit and ``budget``, and
+    the open windows of ``reservations`` (a ReservationKeeper; None: none)."""
     cluster, allocator = holdings.cluster, holdings.allocator
     held = allocator.milli_held_by(spawner.user.name)
     access = access or Access(max_gpus=spawner.max_gpus_per_user)
     asked = spawner._with_reservations(Request())  # the CPU and memory its server reserves
     summary = [m for m in allocator.summary(asked.cpu_milli, asked.memory_mib) if access.allows(m.model)]
+    reserved: list[str] = []
+    if reservations is not None:
+        summary, reserved = with_reservations(summary, reservations, groups_of(spawner))
     limit = 0 if access.cpu_only or (budget is not None and budget.over) else access.max_gpus
     room = max(0, limit * UNIT - held)
     hosts = [h for h in allocator.hosts() if h in cluster.nodes and cluster.nodes[h].schedulable]
@@ -136,6 +169,7 @@ def render_form(spawner, holdings, error: str = "", access: Access | None = None
             limit=limit,
             budget=budget,
             budget_note=budget_summary(budget) if budget else "",
+            reservation_notes=reserved,
             held=_gpus(held),
             hosts=hosts if spawner.allow_host_choice else [],
             flags=flags,

@@ -11,7 +11,7 @@ from ..core.budget import WEEK, Budget, weekly_budget
 from ..ledger.checks import utc_now
 from ..ledger.ledger import LedgerError
 
-__all__ = ["access_of", "budget_for_form", "budget_of", "rules_of"]
+__all__ = ["access_of", "budget_for_form", "budget_of", "groups_of", "rules_of"]
 
 
 def rules_of(spawner) -> AccessRules:
@@ -21,10 +21,14 @@ def rules_of(spawner) -> AccessRules:
     )
 
 
+def groups_of(spawner) -> list[str]:
+    """The names of ``spawner``'s user's JupyterHub groups, as the hub has them now."""
+    return [g.name for g in getattr(spawner.user, "groups", None) or ()]
+
+
 def access_of(spawner) -> Access:
     """What ``spawner``'s user may have, from the groups JupyterHub has for them now."""
-    groups = [g.name for g in getattr(spawner.user, "groups", None) or ()]
-    return rules_of(spawner).effective(groups)
+    return rules_of(spawner).effective(groups_of(spawner))
 
 
 async def budget_of(holdings, user: str, access: Access, committed: Callable[[], float] = lambda: 0.0) -> Budget | None:

@@ -43,7 +43,7 @@ from ..reclaim.settings import ReclaimSettings
 from .errors import CONFLICT, NOT_RESERVED, STALE, spawn_error
 from .form import render_form
 from .progress import Progress
-from .rules import access_of, budget_for_form, budget_of
+from .rules import access_of, budget_for_form, budget_of, groups_of
 
 __all__ = ["GPUSwarmSpawner", "spawn_error", "validate_config"]
 
@@ -126,7 +126,12 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         except SpawnException as exc:
             error, holdings = exc.message, self.holdings()
         access = self._access()
-        return render_form(self, holdings, error, access, await budget_for_form(self, holdings, access))
+        budget = await budget_for_form(self, holdings, access)
+        keeper = None
+        if not error:
+            keeper = self.gpu_hub.reservations
+            await keeper.refresh()
+        return render_form(self, holdings, error, access, budget, keeper)
 
     def _access(self) -> Access:
         """What this user may have under ``gpu_access``, from their JupyterHub
@@ -254,6 +259,8 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             if request is not None and not first:  # served from the line: the wait may have used the budget up
                 budget = await self._within_budget(holdings, access)
             first = False
+            if request is not None:
+                await self._reservations_known()
             # No await from here to the booking: a concurrent spawn of this user counts it, and
             # nobody can join a line that an any-of request's models are checked against.
             asked = request if request is None else replace(request, models=self._not_waited_for(request.models))
@@ -367,6 +374,8 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             )
             hosts = eligible(allowed, holdings.cluster.nodes.values())
             request = self._with_reservations(Request(count=0, owner=self.user.name, hosts=hosts))
+        keeper = self.gpu_hub.reservations
+        groups = groups_of(self)
         try:
             holding = await holdings.reserve(
                 self.service_name,
@@ -376,6 +385,8 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                 max_per_owner=limit,
                 policy=self.allocation_policy,
                 port_range=self.host_network_ports if self.host_network else None,
+                keep_free=keeper.keep_free(groups),
+                kept_why=lambda model: keeper.refusal(model, groups),
             )
         except AllocationRefused as exc:
             if not (waiting and exc.retry):  # a waiting request is refused again at each look
@@ -391,7 +402,19 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             metrics.GRANTED.labels(c.model).inc()
             what = f"{fmt_list(c.milli, ' + ')} of" if c.shared else f"{len(c.uuids)} ×"
             self._report(f"Reserved {what} {c.model} on {c.host}", 20)
+            later = keeper.notice_at_grant(holding)
+            if later:
+                self._report(later, 20)
         return holding
+
+    async def _reservations_known(self) -> None:
+        """The reservations, read from the ledger at most every half minute; 503 while
+        they have never been read (a GPU must not go to a reservation's window unknowingly)."""
+        keeper = self.gpu_hub.reservations
+        await keeper.refresh()
+        if not keeper.known:
+            message, reason = NOT_RESERVED[LedgerError]
+            raise spawn_error(message, reason=reason, log_message="reservations not read yet", status_code=503)
 
     async def _remove(self, holdings: Holdings) -> bool:
         """Remove this server's service; True once no task of it can run

@@ -396,7 +396,9 @@ class GPUPageHandler(_GPUMixin, BaseHandler):
             model: [{**w, "since": w["since"].replace("T", " ")} for w in ws]
             for model, ws in (await queue_json(self.gpu_hub().line)).items()
         }
-        render = functools.partial(self.render_template, "gpus.html", lines=lines)
+        keeper = self.gpu_hub().reservations
+        await keeper.refresh()
+        render = functools.partial(self.render_template, "gpus.html", lines=lines, reservations=keeper.status())
         card = self.get_template("gpus_host.html", sync=True)
         head, cards, tail = await gpu_page(cluster, render, card, self.gpu_hub().settings.gpu_share_enforcement)
         # Sent a piece at a time: one copy of megabytes would hold up the event loop for milliseconds.

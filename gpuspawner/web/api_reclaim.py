@@ -22,7 +22,7 @@ class NoticesHandler(_GPUMixin, APIHandler):
         if not user or getattr(user, "kind", "user") != "user":
             raise web.HTTPError(403, "Missing or invalid credentials.")
         self.set_header("Content-Type", "application/json")
-        self.write({"notices": self.gpu_hub().reclaimer.notices_for(user.name)})
+        self.write({"notices": self.gpu_hub().notices_for(user)})
 
 
 class IdleHandler(_GPUMixin, APIHandler):

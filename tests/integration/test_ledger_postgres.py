@@ -14,11 +14,18 @@ import pytest
 
 from gpuspawner.ledger.ledger import Ledger, LedgerError
 from tests.unit.test_ledger import LedgerContract, at, gpu
+from tests.unit.test_ledger_reservations import ReservationsContract
 
 _databases = itertools.count(1)
 
 
 class TestLedgerOnPostgres(LedgerContract):
+    @pytest.fixture
+    def url(self, pg):
+        return pg.create_database(f"ledger_{next(_databases)}")
+
+
+class TestReservationsOnPostgres(ReservationsContract):
     @pytest.fixture
     def url(self, pg):
         return pg.create_database(f"ledger_{next(_databases)}")

@@ -516,6 +516,7 @@ class LedgerContract:
             "gpuspawner_allocation_devices",
             "gpuspawner_agent_tokens",
             "gpuspawner_queue",
+            "gpuspawner_reservations",
             VERSION_TABLE,
         }
         assert ledger_migrations.current(ledger.engine) == (ledger_migrations.head(),)

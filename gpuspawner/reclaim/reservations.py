@@ -1,0 +1,279 @@
+"""Reservations at the hub: the list from the ledger, what each open window
+keeps free for its members, and the servers of others stopped at its start.
+
+The rules are in :mod:`gpuspawner.core.reservations`. Here they meet the hub's
+holdings and JupyterHub's groups: a holder is a member of a reservation when
+its user is in the reservation's group now. :meth:`ReservationKeeper.check`,
+run with the idle reclaim, tells the servers of others that must make room
+(from :data:`NOTICE_BEFORE` ahead of the window's start; a server its held-time
+limit ends before then is left alone), and stops them at the start, newest
+first, through the hub with the end reason ``reservation``.
+
+"Could not find out" is not "no reservation": while the ledger has never
+answered, GPU requests are refused with a retry (the ledger is needed to book
+them anyway); once read, the last list read is kept while the ledger is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import datetime, timedelta, timezone
+
+from prometheus_client import Gauge
+
+from ..core.reservations import (
+    RESERVATION,
+    WEEK,
+    Need,
+    Reservation,
+    ReservationError,
+    conflicts,
+    keep_free,
+    needs,
+    to_stop,
+)
+from ..core.sharing import UNIT
+from ..holdings.holdings import Holding, Holdings, Phase
+from ..ledger.checks import utc_now
+from ..ledger.ledger import LedgerError
+
+__all__ = ["NOTICE_BEFORE", "ReservationKeeper"]
+
+log = logging.getLogger(__name__)
+
+NOTICE_BEFORE = timedelta(minutes=15)  # servers that must make room are told this long ahead
+REFRESH_SECONDS = 30.0  # the list is read from the ledger at most this often (and after each change)
+
+RESERVED = Gauge(
+    "gpuspawner_reserved_gpus",
+    "GPUs of open reservation windows: held by the reservation's members, or kept unused for them",
+    ["model", "state"],
+)
+
+GroupsOf = Callable[[str], "Iterable[str] | None"]  # a user's groups now; None: not known
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+class ReservationKeeper:
+    def __init__(
+        self,
+        holdings: Holdings,
+        *,
+        groups_of: GroupsOf,
+        stop: Callable[[Holding, str], Awaitable[bool]] | None = None,
+        ends_in: Callable[[Holding], float | None] = lambda h: None,
+        wall: Callable[[], datetime] = utc_now,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.holdings = holdings
+        self.groups_of = groups_of
+        self.stop = stop
+        self.ends_in = ends_in  # seconds until the holding's server must end anyway (its held-time limit)
+        self.wall, self.clock = wall, clock
+        self.reservations: list[Reservation] = []
+        self.known = False  # the ledger has answered once
+        self._read_at = -float("inf")
+        self._shown: set[tuple[str, str]] = set()  # the gauge's label pairs
+        self._change = asyncio.Lock()  # a new reservation is checked against the list it is added to
+
+    # -- the list ------------------------------------------------------------------
+
+    async def refresh(self, force: bool = False) -> None:
+        """Read the list from the ledger (at most every REFRESH_SECONDS unless
+        ``force``). On a LedgerError the last list read stays."""
+        if not force and self.clock() - self._read_at < REFRESH_SECONDS:
+            return
+        try:
+            rows = await self.holdings.ledger_call(lambda db: db.reservations())
+        except LedgerError as exc:
+            log.warning("Reservations could not be read from the ledger: %s", exc)
+            return
+        self.reservations, self.known, self._read_at = list(rows or []), True, self.clock()
+
+    async def add(self, r: Reservation, capacity: int) -> Reservation:
+        """Store ``r`` unless it conflicts (ReservationError, naming what it conflicts
+        with). Raises LedgerError."""
+        async with self._change:
+            await self.refresh(force=True)
+            if not self.known:
+                raise LedgerError("the reservations could not be read from the ledger")
+            clash = conflicts(r, self.reservations, capacity, self.wall())
+            if clash:
+                names = "; ".join(c.describe() for c in clash)
+                raise ReservationError(
+                    f"{r.count} {r.model} for {r.label} would need more than the {capacity} there are "
+                    f"while these are reserved too: {names}"
+                )
+            made = await self.holdings.ledger_call(lambda db: db.add_reservation(r))
+            await self.refresh(force=True)
+            return made if made is not None else r
+
+    async def remove(self, reservation_id: int) -> Reservation | None:
+        async with self._change:
+            gone = await self.holdings.ledger_call(lambda db: db.remove_reservation(reservation_id))
+            await self.refresh(force=True)
+            return gone
+
+    # -- what a request may take -----------------------------------------------------
+
+    def member_of(self, groups: Iterable[str]) -> set[int]:
+        mine = set(groups)
+        return {r.id for r in self.reservations if r.group in mine and r.id is not None}
+
+    def needs(self, now: datetime, ahead: timedelta = timedelta(0)) -> list[Need]:
+        """The open windows (and those opening within ``ahead``), each with what its members leave unused."""
+        live = [r for r in self.reservations if not r.over(now)]
+        return needs(live, now, self._members_hold(live), ahead) if live else []
+
+    def _members_hold(self, live: list[Reservation]) -> dict[int, float]:
+        """Per reservation id, the GPUs of its model its members hold now (shares as fractions)."""
+        held: dict[int, float] = {}
+        groups: dict[str, set[str]] = {}
+        for h in self.holdings.all().values():
+            if not h.held.uuids or h.phase is Phase.REMOVING:
+                continue
+            if h.user not in groups:
+                groups[h.user] = set(self.groups_of(h.user) or ())
+            for r in live:
+                if r.model == h.held.model and r.group in groups[h.user] and r.id is not None:
+                    held[r.id] = held.get(r.id, 0.0) + sum(h.held.milli) / UNIT
+        return held
+
+    def status(self) -> list[dict]:
+        """Each reservation as stored, with its current or next window and what its members hold now."""
+        now = self.wall()
+        held = self._members_hold(self.reservations)
+        out = []
+        for r in self.reservations:
+            w = r.next_window(now)
+            hold = round(held.get(r.id or 0, 0.0), 3)
+            out.append(
+                r.as_json()
+                | {
+                    "open": w is not None and now in w,
+                    "window": None if w is None else {"start": _iso(w.start), "end": _iso(w.end)},
+                    "members_hold": hold,
+                    "unused": max(0, r.count - int(hold + 1e-9)),
+                }
+            )
+        return out
+
+    def keep_free(self, groups: Iterable[str]) -> dict[str, int]:
+        """Per model, the untouched devices a request of a user in ``groups`` must
+        leave (the open windows of reservations they are not a member of)."""
+        now = self.wall()
+        return keep_free(self.needs(now), self.member_of(groups), now)
+
+    def refusal(self, model: str, groups: Iterable[str]) -> str:
+        """Why a request for ``model`` is not granted: the open windows that keep its GPUs."""
+        now, mine = self.wall(), self.member_of(groups)
+        kept = [n for n in self.needs(now) if n.reservation.model == model and n.reservation.id not in mine]
+        names = ", ".join(f"{n.unmet} for {n.reservation.label} until {_iso(n.window.end)}" for n in kept)
+        return f"The free {model} GPUs are reserved ({names}); please try again later or ask for another model."
+
+    # -- making room -------------------------------------------------------------------
+
+    def must_make_room(self, now: datetime, ahead: timedelta = NOTICE_BEFORE) -> dict[str, tuple[Need, Holding]]:
+        """Servers of others that must end for the open windows and those opening
+        within ``ahead``, as things are now: holding name -> (the need, the holding)."""
+        out: dict[str, tuple[Need, Holding]] = {}
+        by_model: dict[str, list[Need]] = {}
+        for n in self.needs(now, ahead):
+            if n.unmet:
+                by_model.setdefault(n.reservation.model, []).append(n)
+        allocator = self.holdings.allocator
+        for model, wanting in by_model.items():
+            first = min(wanting, key=lambda n: n.window.start)
+            devices = allocator.model_devices(model)
+            groups = {n.reservation.group for n in wanting}
+            held = {name for booked in devices.values() for name in booked}
+            candidates = []
+            for name, h in reversed(list(self.holdings.all().items())):  # newest first
+                if name not in held or h.phase is Phase.REMOVING:
+                    continue
+                if groups & set(self.groups_of(h.user) or ()):
+                    continue  # a member of one of them
+                left = self.ends_in(h)
+                if left is not None and now + timedelta(seconds=left) <= first.window.start:
+                    continue  # ends before the window opens
+                candidates.append(name)
+            for name in to_stop(sum(n.unmet for n in wanting), devices, candidates):
+                out[name] = (first, self.holdings.all()[name])
+        return out
+
+    async def check(self) -> list[tuple[str, str]]:
+        """Stop the servers that must make room for a window that has opened; the
+        (service, reason) of each stop begun."""
+        await self.refresh()
+        now = self.wall()
+        self._show(now)
+        started = []
+        for name, (need, h) in self.must_make_room(now).items():
+            if need.window.start > now or self.stop is None or self.holdings.get(name) is not h:
+                continue
+            if h.phase is not Phase.RUNNING:
+                continue  # a spawn under way is stopped at the next check, once running
+            h.end_reason = RESERVATION
+            log.info("Stopping %s of %s for the reservation %s", name, h.user, need.reservation.label)
+            try:
+                stopped = await self.stop(h, RESERVATION)
+            except Exception as exc:  # begun, not done: the reconcile ends it
+                log.error("Could not stop %s for a reservation: %s", name, exc)
+                continue
+            if stopped:
+                started.append((name, RESERVATION))
+            elif h.end_reason == RESERVATION:
+                h.end_reason = ""
+        return started
+
+    def _show(self, now: datetime) -> None:
+        """The gauge: per model, reserved GPUs of open windows its members hold, and those unused."""
+        counts: dict[tuple[str, str], int] = {key: 0 for key in self._shown}
+        for n in self.needs(now):
+            model = n.reservation.model
+            counts[(model, "held")] = counts.get((model, "held"), 0) + n.reservation.count - n.unmet
+            counts[(model, "unused")] = counts.get((model, "unused"), 0) + n.unmet
+        for (model, state), value in counts.items():
+            RESERVED.labels(model, state).set(value)
+        self._shown = set(counts)
+
+    def notices_for(self, user: str) -> list[dict]:
+        now = self.wall()
+        out = []
+        for need, h in self.must_make_room(now).values():
+            if h.user != user:
+                continue
+            at = max(now, need.window.start)
+            r = need.reservation
+            server = f"“{h.held.server}”" if h.held.server else "default"
+            out.append(
+                {
+                    "server": h.held.server,
+                    "reason": RESERVATION,
+                    "stop_at": _iso(at),
+                    "seconds_left": round((at - now).total_seconds()),
+                    "message": f"Your {server} server's {r.model} is reserved for {r.label} from {_iso(at)}; "
+                    f"it will be stopped then.",
+                }
+            )
+        return out
+
+    def notice_at_grant(self, h: Holding) -> str | None:
+        """What a server granted just now is told when, as things are now, it will
+        have to make room (for a window opening before its held-time limit ends, or within a week)."""
+        left = self.ends_in(h)
+        ahead = WEEK if left is None else timedelta(seconds=left)
+        for name, (need, _) in self.must_make_room(self.wall(), ahead).items():
+            if name == h.name:
+                r = need.reservation
+                return (
+                    f"Its {r.model} is reserved for {r.label} from {_iso(need.window.start)}: "
+                    "the server will be stopped then"
+                )
+        return None

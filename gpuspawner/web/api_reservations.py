@@ -1,0 +1,128 @@
+"""Reservations for admins (docs/reservations.md), served by JupyterHub under /hub/.
+
+* ``GET /hub/api/gpuspawner/reservations``: every reservation, with its open or
+  next window and what its members hold now.
+* ``POST /hub/api/gpuspawner/reservations``: a new one, from a JSON body
+  ``{"group", "model", "count", "start", "end", "weekly", "timezone", "name"}``;
+  times are ISO 8601, read in ``timezone`` when they carry no offset. 400 with
+  the reason when it is bad or conflicts with others; 201 with it when stored.
+* ``DELETE /hub/api/gpuspawner/reservations/ID``: removes it.
+
+They need ``admin:servers``. ``gpuspawner reserve`` uses them.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from jupyterhub.apihandlers.base import APIHandler
+from tornado import web
+
+from ..core.reservations import Reservation, ReservationError, zone_of
+from ..ledger.ledger import LedgerError
+from .api import ADMIN_SCOPE, _GPUMixin
+
+__all__ = ["handlers", "parse_reservation"]
+
+FIELDS = {"group", "model", "count", "start", "end", "weekly", "timezone", "name"}
+
+
+def parse_reservation(body: Any, created_by: str, aliases: dict[str, str]) -> Reservation:
+    """A reservation from a POST's JSON body. Raises ReservationError naming what is wrong."""
+    if not isinstance(body, dict):
+        raise ReservationError("the body must be a JSON object")
+    unknown = sorted(set(body) - FIELDS)
+    if unknown:
+        raise ReservationError(f"unknown field(s): {', '.join(map(str, unknown))}; known: {', '.join(sorted(FIELDS))}")
+    zone_name = body.get("timezone", "UTC")
+    if not isinstance(zone_name, str):
+        raise ReservationError("timezone must be an IANA name, e.g. Europe/Berlin")
+    weekly = body.get("weekly", False)
+    if not isinstance(weekly, bool):
+        raise ReservationError("weekly must be true or false")
+    name = body.get("name", "")
+    if not isinstance(name, str):
+        raise ReservationError("name must be a string")
+    model = body.get("model")
+    zone = zone_of(zone_name)
+    times = [_time(body.get(k), k, zone) for k in ("start", "end")]
+    return Reservation(
+        group=body.get("group"),  # type: ignore[arg-type] - checked by Reservation
+        model=aliases.get(model, model) if isinstance(model, str) else model,  # type: ignore[arg-type]
+        count=body.get("count"),  # type: ignore[arg-type]
+        start=times[0],
+        end=times[1],
+        weekly=weekly,
+        timezone=zone_name,
+        name=name,
+        created_by=created_by,
+    )
+
+
+def _time(value: Any, key: str, zone: ZoneInfo) -> datetime:
+    if not isinstance(value, str):
+        raise ReservationError(f"{key} must be an ISO 8601 time, e.g. 2026-12-08T14:00")
+    try:
+        t = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ReservationError(f"{key} {value!r} is not an ISO 8601 time, e.g. 2026-12-08T14:00") from None
+    return t if t.tzinfo is not None else t.replace(tzinfo=zone)
+
+
+class ReservationsHandler(_GPUMixin, APIHandler):
+    async def get(self, reservation_id: str | None = None):
+        self.require(ADMIN_SCOPE)
+        if reservation_id is not None:
+            raise web.HTTPError(405, "GET lists every reservation: use /hub/api/gpuspawner/reservations")
+        keeper = self.gpu_hub().reservations
+        await keeper.refresh(force=True)
+        if not keeper.known:
+            raise web.HTTPError(503, "the reservations cannot be read: the hub's GPU ledger is unreachable")
+        self.write({"reservations": keeper.status()})
+
+    async def post(self, reservation_id: str | None = None):
+        self.require(ADMIN_SCOPE)
+        if reservation_id is not None:
+            raise web.HTTPError(405, "POST to /hub/api/gpuspawner/reservations, without an id")
+        hub = self.gpu_hub()
+        try:
+            body = json.loads(self.request.body or b"null")
+        except ValueError:
+            raise web.HTTPError(400, "the body must be a JSON object") from None
+        try:
+            r = parse_reservation(body, self.current_user.name, hub.settings.gpu_model_aliases)
+            totals = {m.model: m.total for m in hub.holdings.allocator.summary()}
+            if r.model not in totals:
+                raise ReservationError(
+                    f"no {r.model} in the cluster; its models: {', '.join(sorted(totals)) or 'none'}"
+                )
+            made = await hub.reservations.add(r, totals[r.model])
+        except ReservationError as exc:
+            raise web.HTTPError(400, str(exc)) from None
+        except LedgerError as exc:
+            raise web.HTTPError(503, str(exc)) from None
+        self.log.info("gpuspawner: %s reserved %s", self.current_user.name, made.describe())
+        self.set_status(201)
+        self.write(made.as_json())
+
+    async def delete(self, reservation_id: str | None = None):
+        self.require(ADMIN_SCOPE)
+        if reservation_id is None or not reservation_id.isdigit():
+            raise web.HTTPError(400, "name the reservation: /hub/api/gpuspawner/reservations/ID")
+        try:
+            gone = await self.gpu_hub().reservations.remove(int(reservation_id))
+        except LedgerError as exc:
+            raise web.HTTPError(503, str(exc)) from None
+        if gone is None:
+            raise web.HTTPError(404, f"no reservation {reservation_id}")
+        self.log.info("gpuspawner: %s removed the reservation %s", self.current_user.name, gone.describe())
+        self.write(gone.as_json())
+
+
+handlers = [
+    (r"/api/gpuspawner/reservations", ReservationsHandler),
+    (r"/api/gpuspawner/reservations/([^/]+)", ReservationsHandler),
+]

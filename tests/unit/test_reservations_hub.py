@@ -1,0 +1,160 @@
+"""Reservations at the hub: the real spawner, holdings, keeper and SQLite ledger
+over the Docker fake (tests/unit/test_holdings.World), with the wall clock set
+by the test and JupyterHub's groups as a small fake. A reservation's open
+window keeps its GPUs from others, lets its members have them, shows on the
+form, and makes room at its start by stopping others' servers with the end
+reason ``reservation``."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
+
+import pytest
+from jupyterhub.spawner import SpawnException
+
+from gpuspawner.core.reservations import RESERVATION, Reservation
+from gpuspawner.ledger.ledger import Ledger
+from gpuspawner.reclaim.reservations import NOTICE_BEFORE
+from tests.unit.test_holdings import A100, World, driven
+from tests.unit.test_reclaim import TWO_GPUS
+
+NOW = datetime(2026, 12, 8, 13, 0, tzinfo=timezone.utc)
+GROUPS = {"alice": ["cs101"], "bob": [], "carol": ["physics"]}
+
+
+class Wall:
+    def __init__(self):
+        self.now = NOW
+
+    def __call__(self) -> float:
+        return self.now.timestamp()
+
+
+@pytest.fixture
+def hub(tmp_path):
+    wall = Wall()
+    world = World(tmp_path, inventory=TWO_GPUS, clocks={"clock": lambda: 0.0, "wall": wall})
+    world.wall = wall
+    keeper = world.hub.reservations
+    keeper.groups_of = lambda user: GROUPS.get(user)
+    keeper.clock = lambda: wall.now.timestamp()  # every look reads the ledger again (30 s apart)
+    return world
+
+
+def spawner(world: World, user: str, options=None):
+    s = world.spawner(user, options or {"gpu_model": A100, "gpu_count": 1})
+    s.user.groups = [SimpleNamespace(name=g) for g in GROUPS[user]]
+    return s
+
+
+def exit_removed(world: World) -> None:
+    """The containers of removed services exit, as their nodes stop them."""
+    names = set(world.fake.service_names())
+    for task, (service, _node, _visible) in world.fake.running_containers().items():
+        if service not in names:
+            world.fake.exit_container(task)
+
+
+def reserve(world: World, start: datetime, hours: float = 2, count: int = 1, **kw) -> Reservation:
+    r = Reservation("cs101", A100, count, start, start + timedelta(hours=hours), name="CS101", **kw)
+    return Ledger(world.db_url).add_reservation(r)
+
+
+async def test_an_open_window_keeps_its_gpu_from_others_and_gives_it_to_a_member(hub):
+    reserve(hub, NOW - timedelta(minutes=30))
+    await hub.started(spawner(hub, "bob"))  # two free, one kept: bob may have the other
+    with pytest.raises(SpawnException) as refused:
+        await hub.started(spawner(hub, "carol"))
+    assert refused.value.status_code == 503
+    assert "reserved (1 for CS101 until 2026-12-08T14:30:00Z)" in refused.value.jupyterhub_message
+    assert hub.owner.get("jupyter-carol") is None  # nothing left booked
+    await hub.started(spawner(hub, "alice"))
+    assert hub.owner.get("jupyter-alice").held.uuids
+
+
+async def test_the_form_counts_what_the_user_may_have_and_says_why(hub):
+    reserve(hub, NOW - timedelta(minutes=30), count=2)
+    bob, alice = spawner(hub, "bob"), spawner(hub, "alice")
+    bob_form, alice_form = await bob._render_options_form(), await alice._render_options_form()
+    assert "2 NVIDIA A100 80GB PCIe GPUs are reserved for CS101 until 2026-12-08 14:30 UTC." in bob_form
+    assert "CS101: 2 of 2 reserved NVIDIA A100 80GB PCIe GPUs free for you until 2026-12-08 14:30 UTC." in alice_form
+    assert "No GPU is free right now" in bob_form
+    assert "No GPU is free right now" not in alice_form
+
+
+async def test_after_the_window_others_are_served_again(hub):
+    reserve(hub, NOW - timedelta(hours=1), hours=1.5, count=2)
+    with pytest.raises(SpawnException):
+        await hub.started(spawner(hub, "bob"))
+    hub.wall.now = NOW + timedelta(minutes=30)  # the window's end
+    await hub.started(spawner(hub, "bob"))
+    assert hub.owner.get("jupyter-bob").held.uuids
+
+
+async def test_others_are_told_ahead_and_stopped_at_the_start_newest_first(hub):
+    stops = []
+
+    async def stop(h, reason):
+        stops.append((h.name, reason))
+        return await driven(hub.owner.remove(h.name, reason=reason), lambda: exit_removed(hub))
+
+    hub.hub.reservations.stop = stop
+    await hub.started(spawner(hub, "bob"))
+    await hub.started(spawner(hub, "carol"))  # newer: the one to make room
+    start = NOW + NOTICE_BEFORE + timedelta(minutes=5)
+    reserve(hub, start)
+    keeper = hub.hub.reservations
+    assert await keeper.check() == [] and keeper.notices_for("carol") == []  # too early to tell
+    hub.wall.now = start - NOTICE_BEFORE
+    assert await keeper.check() == []
+    [notice] = hub.hub.notices_for(SimpleNamespace(name="carol", kind="user"))
+    assert notice["reason"] == RESERVATION and notice["stop_at"] == "2026-12-08T13:20:00Z"
+    assert keeper.notices_for("bob") == []
+    hub.wall.now = start
+    assert await keeper.check() == [("jupyter-carol", RESERVATION)]
+    assert stops == [("jupyter-carol", RESERVATION)]
+    [closed] = [r for r in Ledger(hub.db_url).history() if r.service == "jupyter-carol"]
+    assert closed.end_reason == RESERVATION
+    assert await keeper.check() == []  # room made: bob keeps his
+    await hub.started(spawner(hub, "alice"))
+
+
+async def test_a_server_whose_held_time_ends_before_the_window_is_left_alone(hub):
+    await hub.started(spawner(hub, "bob"))
+    await hub.started(spawner(hub, "carol"))
+    start = NOW + timedelta(minutes=10)
+    reserve(hub, start)
+    keeper = hub.hub.reservations
+    keeper.ends_in = lambda h: 300.0 if h.user == "carol" else None  # carol's ends in 5 min
+    await keeper.refresh(force=True)
+    assert set(keeper.must_make_room(NOW)) == {"jupyter-bob"}
+
+
+async def test_a_grant_that_will_have_to_make_room_says_so(hub):
+    reserve(hub, NOW + timedelta(hours=3), count=2)
+    bob = spawner(hub, "bob")
+    await hub.started(bob)
+    said = [e["message"] for e in bob._progress.events]
+    assert any("reserved for CS101 from 2026-12-08T16:00:00Z" in m for m in said), said
+
+
+async def test_a_member_behind_a_waiting_other_is_served_from_the_reservation(hub):
+    """The line does not hold a member up behind someone the reservation keeps out."""
+    reserve(hub, NOW - timedelta(minutes=5), count=1)
+    await hub.started(spawner(hub, "carol"))  # one left, kept for CS101
+    line = hub.hub.line
+    bob_wait = hub.started(spawner(hub, "bob", {"gpu_model": A100, "gpu_count": 1, "gpu_wait": True}))
+    bob_task = asyncio.ensure_future(bob_wait)
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+        if line.waiting_for(A100):
+            break
+    assert line.waiting_for(A100) == 1
+    alice = spawner(hub, "alice", {"gpu_model": A100, "gpu_count": 1, "gpu_wait": True})
+    await asyncio.wait_for(hub.started(alice), 20)
+    assert hub.owner.get("jupyter-alice").held.uuids
+    assert not bob_task.done()  # still waiting
+    bob_task.cancel()
+    await asyncio.gather(bob_task, return_exceptions=True)
