@@ -216,6 +216,7 @@ class GPUHub:
             groups_of=_groups_of,
             stop=self._stop_server,
             ends_in=self._reclaimer.ends_in,
+            held_for=self._reclaimer.held_for,
             wall=lambda: datetime.fromtimestamp(self.wall(), timezone.utc),
             clock=self.clock,
         )

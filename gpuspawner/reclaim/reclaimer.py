@@ -285,6 +285,10 @@ class Reclaimer:
                 total += sum(h.held.milli) / UNIT * max(0.0, left) / 3600
         return total
 
+    def held_for(self, h: Holding) -> float | None:
+        """Seconds the holding has held its GPUs, as its timer counts (None: not timed yet)."""
+        return self.timers.held_for(h.name) if self._timed.get(h.name) is h else None
+
     def ends_in(self, h: Holding) -> float | None:
         """Seconds until the holding's held-time limit stops its server; None: no limit."""
         limit = self.limits_for(h).max_held

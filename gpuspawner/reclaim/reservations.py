@@ -68,6 +68,7 @@ class ReservationKeeper:
         groups_of: GroupsOf,
         stop: Callable[[Holding, str], Awaitable[bool]] | None = None,
         ends_in: Callable[[Holding], float | None] = lambda h: None,
+        held_for: Callable[[Holding], float | None] = lambda h: None,
         wall: Callable[[], datetime] = utc_now,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -75,6 +76,7 @@ class ReservationKeeper:
         self.groups_of = groups_of
         self.stop = stop
         self.ends_in = ends_in  # seconds until the holding's server must end anyway (its held-time limit)
+        self.held_for = held_for  # seconds it has held its GPUs (from the ledger's start after a restart)
         self.wall, self.clock = wall, clock
         self.reservations: list[Reservation] = []
         self.known = False  # the ledger has answered once
@@ -203,6 +205,7 @@ class ReservationKeeper:
                 if left is not None and now + timedelta(seconds=left) <= first.window.start:
                     continue  # ends before the window opens
                 candidates.append(name)
+            candidates.sort(key=lambda n: self.held_for(self.holdings.all()[n]) or 0.0)  # stable: newest first
             for name in to_stop(sum(n.unmet for n in wanting), devices, candidates):
                 out[name] = (first, self.holdings.all()[name])
         return out

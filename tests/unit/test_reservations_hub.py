@@ -15,13 +15,14 @@ import pytest
 from jupyterhub.spawner import SpawnException
 
 from gpuspawner.core.reservations import RESERVATION, Reservation
+from gpuspawner.hub.app import KEY, GPUHub
 from gpuspawner.ledger.ledger import Ledger
 from gpuspawner.reclaim.reservations import NOTICE_BEFORE
 from tests.unit.test_holdings import A100, World, driven
 from tests.unit.test_reclaim import TWO_GPUS
 
 NOW = datetime(2026, 12, 8, 13, 0, tzinfo=timezone.utc)
-GROUPS = {"alice": ["cs101"], "bob": [], "carol": ["physics"]}
+GROUPS = {"alice": ["cs101"], "bob": [], "carol": ["physics"], "dan": []}
 
 
 class Wall:
@@ -32,14 +33,19 @@ class Wall:
         return self.now.timestamp()
 
 
-@pytest.fixture
-def hub(tmp_path):
-    wall = Wall()
-    world = World(tmp_path, inventory=TWO_GPUS, clocks={"clock": lambda: 0.0, "wall": wall})
+def new_hub(world: World, wall: Wall) -> None:
+    """The world's hub, made (again) with the test's wall clock and groups."""
+    world.hub_settings[KEY] = GPUHub.from_config(world.config, world.cls, clock=lambda: 0.0, wall=wall)
     world.wall = wall
     keeper = world.hub.reservations
     keeper.groups_of = lambda user: GROUPS.get(user)
     keeper.clock = lambda: wall.now.timestamp()  # every look reads the ledger again (30 s apart)
+
+
+@pytest.fixture
+def hub(tmp_path):
+    world = World(tmp_path, inventory=TWO_GPUS)
+    new_hub(world, Wall())
     return world
 
 
@@ -158,3 +164,24 @@ async def test_a_member_behind_a_waiting_other_is_served_from_the_reservation(hu
     assert not bob_task.done()  # still waiting
     bob_task.cancel()
     await asyncio.gather(bob_task, return_exceptions=True)
+
+
+async def test_a_restarted_hub_keeps_the_reservation_and_makes_room_at_its_start(hub):
+    """The window opens while the hub is down: the new hub reads the reservation from
+    the ledger, keeps the GPU, and stops the server of another it adopted."""
+    await hub.started(spawner(hub, "bob"))
+    await hub.started(spawner(hub, "carol"))
+    reserve(hub, NOW - timedelta(minutes=1), count=1)  # made, then the hub went down
+    hub.restart()
+    new_hub(hub, hub.wall)
+
+    async def stop(h, reason):
+        return await driven(hub.owner.remove(h.name, reason=reason), lambda: exit_removed(hub))
+
+    keeper = hub.hub.reservations
+    keeper.stop = stop
+    await hub.owner.reconcile()  # both servers adopted from the swarm
+    assert await keeper.check() == [("jupyter-carol", RESERVATION)]
+    with pytest.raises(SpawnException, match="reserved"):
+        await hub.started(spawner(hub, "dan"))  # the GPU carol had is kept
+    await hub.started(spawner(hub, "alice"))
