@@ -16,7 +16,8 @@ from jupyterhub.spawner import SpawnException
 
 from gpuspawner.core.reservations import RESERVATION, Reservation
 from gpuspawner.hub.app import KEY, GPUHub
-from gpuspawner.ledger.ledger import Ledger
+from gpuspawner.ledger.ledger import Ledger, LedgerError
+from gpuspawner.reclaim import reservations as reservations_module
 from gpuspawner.reclaim.reservations import NOTICE_BEFORE
 from tests.unit.test_holdings import A100, World, driven
 from tests.unit.test_reclaim import TWO_GPUS
@@ -185,3 +186,35 @@ async def test_a_restarted_hub_keeps_the_reservation_and_makes_room_at_its_start
     with pytest.raises(SpawnException, match="reserved"):
         await hub.started(spawner(hub, "dan"))  # the GPU carol had is kept
     await hub.started(spawner(hub, "alice"))
+
+
+async def test_the_gauge_counts_reserved_gpus_held_by_members_and_unused(hub):
+    reserve(hub, NOW - timedelta(minutes=5), count=2)
+    await hub.started(spawner(hub, "alice"))
+    await hub.hub.reservations.check()
+    value = reservations_module.RESERVED.labels(A100, "held")._value.get()
+    assert (value, reservations_module.RESERVED.labels(A100, "unused")._value.get()) == (1, 1)
+
+
+async def test_reservations_never_read_refuse_gpus_with_a_retry_and_a_list_once_read_is_kept(hub, monkeypatch):
+    keeper = hub.hub.reservations
+    calls = []
+    real = hub.owner.ledger_call
+
+    async def ledger_down(call):
+        calls.append(call)
+        raise LedgerError("the ledger is down")
+
+    monkeypatch.setattr(hub.owner, "ledger_call", ledger_down)
+    with pytest.raises(SpawnException) as refused:
+        await hub.started(spawner(hub, "bob"))
+    assert (refused.value.status_code, refused.value.reason) == (503, "ledger_unavailable")
+    assert refused.value.log_message == "reservations not read yet"
+    assert hub.owner.get("jupyter-bob") is None
+    monkeypatch.setattr(hub.owner, "ledger_call", real)
+    reserve(hub, NOW - timedelta(minutes=5), count=2)
+    await keeper.refresh(force=True)
+    monkeypatch.setattr(hub.owner, "ledger_call", ledger_down)
+    await keeper.refresh(force=True)
+    assert calls and [r.label for r in keeper.reservations] == ["CS101"]  # the list read before
+    assert keeper.keep_free([]) == {A100: 2}
