@@ -128,7 +128,7 @@ class Reservation:
             w = self.window(k)
             if w.start >= until:
                 return
-            if w.end > since:
+            if w.end > since and w.end > w.start:  # none on a day its times fall in the skipped hour
                 yield w
             k += 1
 
