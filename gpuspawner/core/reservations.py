@@ -250,10 +250,11 @@ def keep_free(need_list: Iterable[Need], member_of: Iterable[int], now: datetime
 
 
 def to_stop(needed: int, devices: Mapping[str, Mapping[str, int]], candidates: Sequence[str]) -> list[str]:
-    """The fewest of ``candidates`` (holders, newest first) whose stop leaves
-    ``needed`` devices untouched, among ``devices`` (uuid -> {holder: milli}; empty:
-    free): in order until enough are free, then any not needed after all are let
-    off. When stopping all would free fewer, as many as stopping all would."""
+    """Which of ``candidates`` (holders, newest first) to stop so that ``needed``
+    devices are untouched, among ``devices`` (uuid -> {holder: milli}; empty: free):
+    the newest until enough are free, then any not needed after all are let off.
+    The newest go first even where fewer older ones would do. When stopping all
+    would free fewer, as many as stopping all would."""
 
     def free_with(stopped: set[str]) -> int:
         return sum(1 for held in devices.values() if set(held) <= stopped)
