@@ -133,12 +133,11 @@ def format_line(result: dict) -> str:
     return _table(rows)
 
 
-def format_reservations(result: dict) -> str:
+def format_reservations(result: dict, removed: bool = False) -> str:
     """Each reservation with its open or next window and what its members hold; or the one made or removed."""
     if "reservations" not in result:
-        return (
-            f"Reservation {result['id']}: {result['name']}, {result['count']} {result['model']} for {result['group']}."
-        )
+        what = f"{result['name']}, {result['count']} {result['model']} for {result['group']}."
+        return f"{'Removed reservation' if removed else 'Reservation'} {result['id']}: {what}"
     rows = [("ID", "NAME", "GROUP", "MODEL", "COUNT", "WEEKLY", "WINDOW (UTC)", "OPEN", "MEMBERS HOLD")]
     for r in result["reservations"]:
         w = r["window"]
@@ -323,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "agent-token": format_agent_tokens,
         "idle": format_idle,
         "line": format_line,
-        "reserve": format_reservations,
+        "reserve": lambda r: format_reservations(r, removed=args.remove is not None),
     }
     print(json.dumps(result, indent=2) if args.json else formats.get(args.command, format_alloc_map)(result))
     if args.command == "agent-token" and "token" in result and not args.json:

@@ -14,20 +14,23 @@ They need ``admin:servers``. ``gpuspawner reserve`` uses them.
 from __future__ import annotations
 
 import json
-from datetime import datetime
+import re
+from datetime import datetime, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
 
-from ..core.reservations import Reservation, ReservationError, zone_of
+from ..core.reservations import HORIZON_WEEKS, WEEK, Reservation, ReservationError, zone_of
 from ..ledger.ledger import LedgerError
 from .api import ADMIN_SCOPE, _GPUMixin
 
 __all__ = ["handlers", "parse_reservation"]
 
 FIELDS = {"group", "model", "count", "start", "end", "weekly", "timezone", "name"}
+# Weekly windows are looked at a year past a reservation's end: its times must leave room for that in datetime's range.
+MARGIN = (HORIZON_WEEKS + 4) * WEEK
 
 
 def parse_reservation(body: Any, created_by: str, aliases: dict[str, str]) -> Reservation:
@@ -69,7 +72,13 @@ def _time(value: Any, key: str, zone: ZoneInfo) -> datetime:
         t = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise ReservationError(f"{key} {value!r} is not an ISO 8601 time, e.g. 2026-12-08T14:00") from None
-    return t if t.tzinfo is not None else t.replace(tzinfo=zone)
+    t = t if t.tzinfo is not None else t.replace(tzinfo=zone)
+    try:
+        utc = t.astimezone(timezone.utc)
+        _ = (utc - MARGIN, utc + MARGIN)
+    except OverflowError:
+        raise ReservationError(f"{key} {value!r} is out of range (too far in the past or the future)") from None
+    return t
 
 
 class ReservationsHandler(_GPUMixin, APIHandler):
@@ -110,7 +119,7 @@ class ReservationsHandler(_GPUMixin, APIHandler):
 
     async def delete(self, reservation_id: str | None = None):
         self.require(ADMIN_SCOPE)
-        if reservation_id is None or not reservation_id.isdigit():
+        if reservation_id is None or not re.fullmatch(r"[0-9]{1,18}", reservation_id):
             raise web.HTTPError(400, "name the reservation: /hub/api/gpuspawner/reservations/ID")
         try:
             gone = await self.gpu_hub().reservations.remove(int(reservation_id))
