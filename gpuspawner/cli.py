@@ -138,7 +138,7 @@ def format_reservations(result: dict, removed: bool = False) -> str:
     if "reservations" not in result:
         what = f"{result['name']}, {result['count']} {result['model']} for {result['group']}."
         return f"{'Removed reservation' if removed else 'Reservation'} {result['id']}: {what}"
-    rows = [("ID", "NAME", "GROUP", "MODEL", "COUNT", "WEEKLY", "WINDOW (UTC)", "OPEN", "MEMBERS HOLD")]
+    rows = [("ID", "NAME", "GROUP", "MODEL", "COUNT", "WEEKLY", "LENDS", "WINDOW (UTC)", "OPEN", "MEMBERS HOLD")]
     for r in result["reservations"]:
         w = r["window"]
         window = f"{w['start']} – {w['end']}" if w else "over"
@@ -150,6 +150,7 @@ def format_reservations(result: dict, removed: bool = False) -> str:
                 r["model"],
                 str(r["count"]),
                 f"yes ({r['timezone']})" if r["weekly"] else "no",
+                "yes" if r.get("lend") else "no",
                 window,
                 "yes" if r["open"] else "no",
                 f"{r['members_hold']:g}",
@@ -255,6 +256,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--start", help="ISO 8601, e.g. 2026-12-08T14:00 (in --timezone unless it has an offset)")
     p.add_argument("--end", help="ISO 8601, the window's end")
     p.add_argument("--weekly", action="store_true", help="the same window every week, at the same local time")
+    p.add_argument("--lend", action="store_true", help="unused GPUs go to others until a member waits for one")
     p.add_argument("--timezone", default="UTC", help="IANA name, e.g. Europe/Berlin (default: %(default)s)")
     p.add_argument("--name", default="", help="shown to people (default: the group's name)")
     what = p.add_mutually_exclusive_group()
@@ -267,14 +269,15 @@ def _parser() -> argparse.ArgumentParser:
 def _reserve_request(parser: argparse.ArgumentParser, args) -> tuple[str, str, dict | None]:
     made = (args.group, args.model, args.count, args.start, args.end)
     if args.list or args.remove is not None:
-        if any(v is not None for v in made) or args.weekly or args.name:
+        if any(v is not None for v in made) or args.weekly or args.lend or args.name:
             parser.error("reserve --list and --remove take nothing else")
         if args.list:
             return "GET", "gpuspawner/reservations", None
         return "DELETE", f"gpuspawner/reservations/{args.remove}", None
     if any(v is None for v in made):
         parser.error("reserve needs GROUP MODEL COUNT --start TIME --end TIME (or --list, --remove ID)")
-    body = {k: getattr(args, k) for k in ("group", "model", "count", "start", "end", "weekly", "timezone", "name")}
+    keys = ("group", "model", "count", "start", "end", "weekly", "timezone", "name", "lend")
+    body = {k: getattr(args, k) for k in keys}
     return "POST", "gpuspawner/reservations", body
 
 

@@ -72,6 +72,7 @@ class Reservation:
     weekly: bool = False
     timezone: str = "UTC"  # where a weekly window keeps its local time
     name: str = ""  # shown to people; the group's name when empty
+    lend: bool = False  # unused GPUs of an open window go to others until a member waits for one
     id: int | None = None  # the ledger's
     created_by: str = ""
     created_at: datetime | None = field(default=None, compare=False)
@@ -84,6 +85,8 @@ class Reservation:
             raise ReservationError(
                 f"a reservation's name is at most {NAME_MAX} letters, digits, spaces or . : / + ( ) @ - _"
             )
+        if not isinstance(self.weekly, bool) or not isinstance(self.lend, bool):
+            raise ReservationError("a reservation's weekly and lend are true or false")
         if isinstance(self.count, bool) or not isinstance(self.count, int) or not 1 <= self.count <= 10_000:
             raise ReservationError(f"a reservation's count is a whole number of GPUs from 1, got {self.count!r}")
         for what, t in (("start", self.start), ("end", self.end)):
@@ -156,6 +159,7 @@ class Reservation:
             "end": _iso(self.end),
             "weekly": self.weekly,
             "timezone": self.timezone,
+            "lend": self.lend,
             "created_by": self.created_by,
             "created_at": _iso(self.created_at) if self.created_at else None,
         }
@@ -168,7 +172,7 @@ class Reservation:
             when = f"every week, {a:%a %H:%M}–{b:%a %H:%M} {self.timezone}".replace(f"–{a:%a} ", "–")
         else:
             when = f"{a:%Y-%m-%d %H:%M}–{b:%Y-%m-%d %H:%M} {self.timezone}"
-        return f"{self.label}: {self.count} {self.model} {when}"
+        return f"{self.label}: {self.count} {self.model} {when}" + (", lent while unused" if self.lend else "")
 
 
 def zone_of(name: str) -> ZoneInfo:
@@ -223,16 +227,21 @@ def needs(
     now: datetime,
     members_hold: Mapping[int, float],
     ahead: timedelta = timedelta(0),
+    members_waiting: Mapping[int, int] | None = None,
 ) -> list[Need]:
     """Each reservation whose window is open at ``now`` (or opens within ``ahead``),
     with the GPUs its members (``members_hold``: reservation id -> GPUs of its
-    model they hold, shares as fractions) leave unused."""
+    model they hold, shares as fractions) leave unused. A reservation that lends
+    needs only as many as its members wait for in line (``members_waiting``), and
+    only while its window is open."""
     out = []
     for r in reservations:
         w = r.next_window(now)
         if w is None or w.start > now + ahead:
             continue
         unmet = max(0, r.count - math.floor(members_hold.get(r.id or 0, 0.0) + 1e-9))
+        if r.lend:
+            unmet = min(unmet, (members_waiting or {}).get(r.id or 0, 0)) if now in w else 0
         out.append(Need(r, w, unmet))
     return out
 

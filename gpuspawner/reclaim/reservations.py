@@ -45,6 +45,7 @@ __all__ = ["NOTICE_BEFORE", "ReservationKeeper"]
 log = logging.getLogger(__name__)
 
 NOTICE_BEFORE = timedelta(minutes=15)  # servers that must make room are told this long ahead
+LEND_NOTICE = timedelta(minutes=1)  # a lent GPU a member now waits for is given back after this
 REFRESH_SECONDS = 30.0  # the list is read from the ledger at most this often (and after each change)
 
 RESERVED = Gauge(
@@ -69,6 +70,7 @@ class ReservationKeeper:
         stop: Callable[[Holding, str], Awaitable[bool]] | None = None,
         ends_in: Callable[[Holding], float | None] = lambda h: None,
         held_for: Callable[[Holding], float | None] = lambda h: None,
+        waiting: Callable[[], Iterable[tuple[str, str]]] = lambda: (),
         wall: Callable[[], datetime] = utc_now,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -77,6 +79,8 @@ class ReservationKeeper:
         self.stop = stop
         self.ends_in = ends_in  # seconds until the holding's server must end anyway (its held-time limit)
         self.held_for = held_for  # seconds it has held its GPUs (from the ledger's start after a restart)
+        self.waiting = waiting  # (user, model) of each request waiting in line
+        self._told: dict[str, tuple[Holding, datetime]] = {}  # holding name -> when it was first told to make room
         self.wall, self.clock = wall, clock
         self.reservations: list[Reservation] = []
         self.known = False  # the ledger has answered once
@@ -131,7 +135,18 @@ class ReservationKeeper:
     def needs(self, now: datetime, ahead: timedelta = timedelta(0)) -> list[Need]:
         """The open windows (and those opening within ``ahead``), each with what its members leave unused."""
         live = [r for r in self.reservations if not r.over(now)]
-        return needs(live, now, self._members_hold(live), ahead) if live else []
+        return needs(live, now, self._members_hold(live), ahead, self._members_waiting(live)) if live else []
+
+    def _members_waiting(self, live: list[Reservation]) -> dict[int, int]:
+        """Per reservation that lends, how many of its members wait in line for its model."""
+        lending = [r for r in live if r.lend and r.id is not None]
+        out: dict[int, int] = {}
+        for user, model in self.waiting() if lending else ():
+            groups = set(self.groups_of(user) or ())
+            for r in lending:
+                if r.model == model and r.group in groups:
+                    out[r.id] = out.get(r.id, 0) + 1  # type: ignore[index]
+        return out
 
     def _members_hold(self, live: list[Reservation]) -> dict[int, float]:
         """Per reservation id, the GPUs of its model its members hold now (shares as fractions)."""
@@ -210,6 +225,13 @@ class ReservationKeeper:
                 out[name] = (first, self.holdings.all()[name])
         return out
 
+    def _stop_at(self, name: str, need: Need, h: Holding, now: datetime) -> datetime:
+        """When a server that must make room is stopped: at the window's start; a lent GPU
+        a member waits for, LEND_NOTICE after its holder was first told."""
+        told = self._told.get(name)
+        since = told[1] if told is not None and told[0] is h else now
+        return since + LEND_NOTICE if need.reservation.lend else max(need.window.start, since)
+
     async def check(self) -> list[tuple[str, str]]:
         """Stop the servers that must make room for a window that has opened; the
         (service, reason) of each stop begun."""
@@ -217,8 +239,14 @@ class ReservationKeeper:
         now = self.wall()
         self._show(now)
         started = []
-        for name, (need, h) in self.must_make_room(now).items():
-            if need.window.start > now or self.stop is None or self.holdings.get(name) is not h:
+        due = self.must_make_room(now)
+        for name in set(self._told) - set(due):
+            del self._told[name]  # no longer in the way
+        for name, (_, h) in due.items():
+            if name not in self._told or self._told[name][0] is not h:
+                self._told[name] = (h, now)
+        for name, (need, h) in due.items():
+            if self._stop_at(name, need, h, now) > now or self.stop is None or self.holdings.get(name) is not h:
                 continue
             if h.phase is not Phase.RUNNING:
                 continue  # a spawn under way is stopped at the next check, once running
@@ -238,10 +266,13 @@ class ReservationKeeper:
     def _show(self, now: datetime) -> None:
         """The gauge: per model, reserved GPUs of open windows its members hold, and those unused."""
         counts: dict[tuple[str, str], int] = {key: 0 for key in self._shown}
-        for n in self.needs(now):
-            model = n.reservation.model
-            counts[(model, "held")] = counts.get((model, "held"), 0) + n.reservation.count - n.unmet
-            counts[(model, "unused")] = counts.get((model, "unused"), 0) + n.unmet
+        live = [r for r in self.reservations if not r.over(now)]
+        held = self._members_hold(live)
+        for r in live:
+            if r.active(now) is not None:
+                used = min(r.count, int(held.get(r.id or 0, 0.0) + 1e-9))
+                counts[(r.model, "held")] = counts.get((r.model, "held"), 0) + used
+                counts[(r.model, "unused")] = counts.get((r.model, "unused"), 0) + r.count - used
         for (model, state), value in counts.items():
             RESERVED.labels(model, state).set(value)
         self._shown = set(counts)
@@ -249,34 +280,48 @@ class ReservationKeeper:
     def notices_for(self, user: str) -> list[dict]:
         now = self.wall()
         out = []
-        for need, h in self.must_make_room(now).values():
+        for name, (need, h) in self.must_make_room(now).items():
             if h.user != user:
                 continue
-            at = max(now, need.window.start)
+            at = max(now, self._stop_at(name, need, h, now))
             r = need.reservation
             server = f"“{h.held.server}”" if h.held.server else "default"
+            why = (
+                f"a member of {r.label} waits for the {r.model} lent to it"
+                if r.lend
+                else f"its {r.model} is reserved for {r.label} from {_iso(need.window.start)}"
+            )
             out.append(
                 {
                     "server": h.held.server,
                     "reason": RESERVATION,
                     "stop_at": _iso(at),
                     "seconds_left": round((at - now).total_seconds()),
-                    "message": f"Your {server} server's {r.model} is reserved for {r.label} from {_iso(at)}; "
-                    f"it will be stopped then.",
+                    "message": f"Your {server} server will be stopped at {_iso(at)}: {why}.",
                 }
             )
         return out
 
     def notice_at_grant(self, h: Holding) -> str | None:
         """What a server granted just now is told when, as things are now, it will
-        have to make room (for a window opening before its held-time limit ends, or within a week)."""
+        have to make room (for a window opening before its held-time limit ends, or
+        within a week), or that its GPU is lent from an open window."""
+        now = self.wall()
         left = self.ends_in(h)
         ahead = WEEK if left is None else timedelta(seconds=left)
-        for name, (need, _) in self.must_make_room(self.wall(), ahead).items():
+        for name, (need, _) in self.must_make_room(now, ahead).items():
             if name == h.name:
                 r = need.reservation
                 return (
                     f"Its {r.model} is reserved for {r.label} from {_iso(need.window.start)}: "
                     "the server will be stopped then"
+                )
+        groups = set(self.groups_of(h.user) or ())
+        for r in self.reservations:
+            w = r.active(now)
+            if r.lend and w is not None and r.model == h.held.model and r.group not in groups:
+                return (
+                    f"{r.label} lends its unused {r.model} until {_iso(w.end)}: the server will be "
+                    f"stopped {LEND_NOTICE.seconds // 60} minute after a member of {r.label} asks for one"
                 )
         return None

@@ -3,7 +3,7 @@
 * ``GET /hub/api/gpuspawner/reservations``: every reservation, with its open or
   next window and what its members hold now.
 * ``POST /hub/api/gpuspawner/reservations``: a new one, from a JSON body
-  ``{"group", "model", "count", "start", "end", "weekly", "timezone", "name"}``;
+  ``{"group", "model", "count", "start", "end", "weekly", "timezone", "name", "lend"}``;
   times are ISO 8601, read in ``timezone`` when they carry no offset. 400 with
   the reason when it is bad or conflicts with others; 201 with it when stored.
 * ``DELETE /hub/api/gpuspawner/reservations/ID``: removes it.
@@ -28,7 +28,7 @@ from .api import ADMIN_SCOPE, _GPUMixin
 
 __all__ = ["handlers", "parse_reservation"]
 
-FIELDS = {"group", "model", "count", "start", "end", "weekly", "timezone", "name"}
+FIELDS = {"group", "model", "count", "start", "end", "weekly", "timezone", "name", "lend"}
 # Weekly windows are looked at a year past a reservation's end: its times must leave room for that in datetime's range.
 MARGIN = (HORIZON_WEEKS + 4) * WEEK
 
@@ -43,9 +43,9 @@ def parse_reservation(body: Any, created_by: str, aliases: dict[str, str]) -> Re
     zone_name = body.get("timezone", "UTC")
     if not isinstance(zone_name, str):
         raise ReservationError("timezone must be an IANA name, e.g. Europe/Berlin")
-    weekly = body.get("weekly", False)
-    if not isinstance(weekly, bool):
-        raise ReservationError("weekly must be true or false")
+    weekly, lend = body.get("weekly", False), body.get("lend", False)
+    if not isinstance(weekly, bool) or not isinstance(lend, bool):
+        raise ReservationError("weekly and lend must be true or false")
     name = body.get("name", "")
     if not isinstance(name, str):
         raise ReservationError("name must be a string")
@@ -59,6 +59,7 @@ def parse_reservation(body: Any, created_by: str, aliases: dict[str, str]) -> Re
         start=times[0],
         end=times[1],
         weekly=weekly,
+        lend=lend,
         timezone=zone_name,
         name=name,
         created_by=created_by,

@@ -102,6 +102,7 @@ def test_reserve_posts_the_reservation_and_prints_its_id(hub, capsys):
         "Europe/Berlin",
         "--name",
         "CS101",
+        "--lend",
     ]
     assert hub.run(*argv) == 0
     assert hub.requests == [
@@ -119,6 +120,7 @@ def test_reserve_posts_the_reservation_and_prints_its_id(hub, capsys):
                 "weekly": True,
                 "timezone": "Europe/Berlin",
                 "name": "CS101",
+                "lend": True,
             },
         )
     ]
@@ -139,6 +141,7 @@ def test_reserve_sends_the_defaults_for_what_is_not_given(hub, capsys):
         "weekly": False,
         "timezone": "UTC",
         "name": "",
+        "lend": False,
     }
     assert capsys.readouterr().out == f"Reservation 3: cs101, 1 {A100} for cs101.\n"
 
@@ -156,6 +159,7 @@ def test_reserve_list_prints_a_table_and_says_when_there_is_none(hub, capsys):
         "group": "thesis",
         "count": 4,
         "weekly": False,
+        "lend": True,
         "timezone": "UTC",
         "window": None,
         "open": False,
@@ -167,7 +171,7 @@ def test_reserve_list_prints_a_table_and_says_when_there_is_none(hub, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3
     header = lines[0]
-    columns = ("ID", "NAME", "GROUP", "MODEL", "COUNT", "WEEKLY", "WINDOW (UTC)", "OPEN", "MEMBERS HOLD")
+    columns = ("ID", "NAME", "GROUP", "MODEL", "COUNT", "WEEKLY", "LENDS", "WINDOW (UTC)", "OPEN", "MEMBERS HOLD")
     assert re.split(r" {2,}", header) == list(columns)
     cells = {
         1: (
@@ -177,11 +181,12 @@ def test_reserve_list_prints_a_table_and_says_when_there_is_none(hub, capsys):
             A100,
             "10",
             "yes (Europe/Berlin)",
+            "no",
             "2026-12-08T13:00:00Z – 2026-12-08T15:00:00Z",
             "yes",
             "2.5",
         ),
-        2: ("4", "Thesis", "thesis", A100, "4", "no", "over", "no", "0"),
+        2: ("4", "Thesis", "thesis", A100, "4", "no", "yes", "over", "no", "0"),
     }
     for row, expected in cells.items():  # each cell under its column
         for column, cell in zip(columns, expected):

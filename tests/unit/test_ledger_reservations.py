@@ -36,6 +36,7 @@ def course(**kw) -> Reservation:
         timezone="Europe/Berlin",
         name="CS101 lab",
         created_by="admin",
+        lend=True,
     )
     fields.update(kw)
     return Reservation(**fields)
@@ -84,10 +85,11 @@ class ReservationsContract:
         w, o = back[weekly.id], back[once.id]
         assert w == weekly and o == once  # every field but created_at (not compared by ==)
         assert w.as_json() == weekly.as_json()  # created_at too, and every field as shown
-        assert (w.group, w.model, w.count, w.weekly, w.timezone, w.name, w.created_by) == (
+        assert (w.group, w.model, w.count, w.weekly, w.lend, w.timezone, w.name, w.created_by) == (
             "cs101",
             "NVIDIA A100 80GB PCIe",
             2,
+            True,
             True,
             "Europe/Berlin",
             "CS101 lab",
@@ -98,7 +100,7 @@ class ReservationsContract:
         # The time zone came back: a week on, past the change to summer time, 14:00 local is 12:00 UTC.
         assert w.window(1).start == datetime(2026, 3, 31, 12, 0, tzinfo=UTC)
         assert w.window(1).start.astimezone(BERLIN).hour == 14
-        assert (o.weekly, o.timezone, o.name, o.label, o.count) == (False, "UTC", "", "thesis", 4)
+        assert (o.weekly, o.lend, o.timezone, o.name, o.label, o.count) == (False, False, "UTC", "", "thesis", 4)
         assert (o.start, o.end) == (datetime(2026, 5, 2, 8, 0, tzinfo=UTC), datetime(2026, 5, 2, 20, 0, tzinfo=UTC))
         assert o.window(1) == o.window(0)  # one-off: only its first window
 

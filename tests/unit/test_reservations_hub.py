@@ -218,3 +218,37 @@ async def test_reservations_never_read_refuse_gpus_with_a_retry_and_a_list_once_
     await keeper.refresh(force=True)
     assert calls and [r.label for r in keeper.reservations] == ["CS101"]  # the list read before
     assert keeper.keep_free([]) == {A100: 2}
+
+
+async def test_a_lending_window_lends_its_unused_gpus_and_takes_one_back_when_a_member_waits(hub):
+    """Lent while no member asks (the borrower is told so); a member waiting in line has
+    the newest borrower told, stopped a minute later with the reason reservation, and is served."""
+    stops = []
+
+    async def stop(h, reason):
+        stops.append((h.name, reason))
+        return await driven(hub.owner.remove(h.name, reason=reason), lambda: exit_removed(hub))
+
+    keeper = hub.hub.reservations
+    keeper.stop = stop
+    reserve(hub, NOW - timedelta(minutes=5), count=2, lend=True)
+    bob, carol = spawner(hub, "bob"), spawner(hub, "carol")
+    await hub.started(bob)
+    await hub.started(carol)  # both lent
+    assert any("CS101 lends its unused" in e["message"] for e in carol._progress.events)
+    assert await keeper.check() == [] and keeper.notices_for("carol") == []  # nobody of CS101 waits
+
+    alice = asyncio.ensure_future(hub.started(spawner(hub, "alice", {"gpu_model": A100, "gpu_wait": True})))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if hub.hub.line.waiting_for(A100):
+            break
+    assert await keeper.check() == []  # told first
+    [notice] = keeper.notices_for("carol")
+    assert notice["stop_at"] == "2026-12-08T13:01:00Z" and "a member of CS101 waits" in notice["message"]
+    assert keeper.notices_for("bob") == []
+    hub.wall.now = NOW + timedelta(minutes=1)
+    assert await keeper.check() == [("jupyter-carol", RESERVATION)]
+    await asyncio.wait_for(alice, 20)
+    assert hub.owner.get("jupyter-alice").held.uuids and hub.owner.get("jupyter-bob") is not None
+    assert stops == [("jupyter-carol", RESERVATION)]

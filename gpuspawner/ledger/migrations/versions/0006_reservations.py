@@ -31,6 +31,7 @@ def upgrade() -> None:
         sa.Column("starts_at", sa.DateTime, nullable=False),
         sa.Column("ends_at", sa.DateTime, nullable=False),
         sa.Column("weekly", sa.Boolean, nullable=False),
+        sa.Column("lend", sa.Boolean, nullable=False, server_default=sa.false()),
         sa.Column("timezone", sa.String(64), nullable=False),
         sa.Column("created_by", sa.String(255), nullable=False),
         sa.Column("created_at", sa.DateTime, nullable=False),
