@@ -50,7 +50,7 @@ REFRESH_SECONDS = 30.0  # the list is read from the ledger at most this often (a
 
 RESERVED = Gauge(
     "gpuspawner_reserved_gpus",
-    "GPUs of open reservation windows: held by the reservation's members, or kept unused for them",
+    "GPUs of open reservation windows: held by the reservation's members, lent to others, or unused",
     ["model", "state"],
 )
 
@@ -162,6 +162,15 @@ class ReservationKeeper:
                     held[r.id] = held.get(r.id, 0.0) + sum(h.held.milli) / UNIT
         return held
 
+    def _others_hold(self, r: Reservation) -> int:
+        """Whole GPUs of ``r``'s model that users outside its group hold (shares rounded down)."""
+        milli = 0
+        for h in self.holdings.all().values():
+            if h.held.model == r.model and h.phase is not Phase.REMOVING:
+                if r.group not in set(self.groups_of(h.user) or ()):
+                    milli += sum(h.held.milli)
+        return milli // UNIT
+
     def status(self) -> list[dict]:
         """Each reservation as stored, with its current or next window and what its members hold now."""
         now = self.wall()
@@ -246,7 +255,11 @@ class ReservationKeeper:
             if name not in self._told or self._told[name][0] is not h:
                 self._told[name] = (h, now)
         for name, (need, h) in due.items():
-            if self._stop_at(name, need, h, now) > now or self.stop is None or self.holdings.get(name) is not h:
+            if self._stop_at(name, need, h, now) > now or self.stop is None:
+                continue
+            # Decided again: an earlier stop's awaits may have let a member stop, a
+            # holding end, or its name go to a new server.
+            if self.holdings.get(name) is not h or name not in self.must_make_room(now):
                 continue
             if h.phase is not Phase.RUNNING:
                 continue  # a spawn under way is stopped at the next check, once running
@@ -271,8 +284,9 @@ class ReservationKeeper:
         for r in live:
             if r.active(now) is not None:
                 used = min(r.count, int(held.get(r.id or 0, 0.0) + 1e-9))
-                counts[(r.model, "held")] = counts.get((r.model, "held"), 0) + used
-                counts[(r.model, "unused")] = counts.get((r.model, "unused"), 0) + r.count - used
+                lent = min(r.count - used, self._others_hold(r)) if r.lend else 0
+                for state, n in (("held", used), ("lent", lent), ("unused", r.count - used - lent)):
+                    counts[(r.model, state)] = counts.get((r.model, state), 0) + n
         for (model, state), value in counts.items():
             RESERVED.labels(model, state).set(value)
         self._shown = set(counts)

@@ -237,6 +237,8 @@ async def test_a_lending_window_lends_its_unused_gpus_and_takes_one_back_when_a_
     await hub.started(carol)  # both lent
     assert any("CS101 lends its unused" in e["message"] for e in carol._progress.events)
     assert await keeper.check() == [] and keeper.notices_for("carol") == []  # nobody of CS101 waits
+    gauge = reservations_module.RESERVED
+    assert [gauge.labels(A100, s)._value.get() for s in ("held", "lent", "unused")] == [0, 2, 0]
 
     alice = asyncio.ensure_future(hub.started(spawner(hub, "alice", {"gpu_model": A100, "gpu_wait": True})))
     for _ in range(100):
