@@ -253,11 +253,13 @@ class Reclaimer:
         idle = self.timers.idle_for(h.name) or 0.0
         gpus = sum(h.held.milli) / UNIT
         self._stopping.add(h.name)
-        h.end_reason = reason  # whoever releases it (this stop, the reconcile) records this reason
+        mine = not h.end_reason  # a stop for a reservation under way keeps its reason
+        if mine:
+            h.end_reason = reason  # whoever releases it (this stop, the reconcile) records this reason
         log.info("Stopping %s of %s (%s)", h.name, h.user, reason)
         try:
             stopped = await self.stop(h, reason)
-            if not stopped:
+            if not stopped and mine and h.end_reason == reason:
                 h.end_reason = ""  # not begun (a stop or spawn under way): the reason is the other's
         except Exception as exc:  # begun, not done (its container still runs): the reconcile ends it
             log.error("Idle reclaim could not stop %s: %s", h.name, exc)

@@ -263,7 +263,9 @@ class ReservationKeeper:
                 continue
             if h.phase is not Phase.RUNNING:
                 continue  # a spawn under way is stopped at the next check, once running
-            h.end_reason = RESERVATION
+            mine = not h.end_reason  # an idle reclaim's stop under way keeps its reason
+            if mine:
+                h.end_reason = RESERVATION  # whoever releases it records this reason
             log.info("Stopping %s of %s for the reservation %s", name, h.user, need.reservation.label)
             try:
                 stopped = await self.stop(h, RESERVATION)
@@ -272,8 +274,8 @@ class ReservationKeeper:
                 continue
             if stopped:
                 started.append((name, RESERVATION))
-            elif h.end_reason == RESERVATION:
-                h.end_reason = ""
+            elif mine and h.end_reason == RESERVATION:
+                h.end_reason = ""  # not begun (a stop or spawn under way): the reason is the other's
         return started
 
     def _show(self, now: datetime) -> None:

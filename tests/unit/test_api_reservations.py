@@ -174,7 +174,10 @@ async def test_an_overlap_beyond_the_models_count_is_refused_naming_the_other(hu
     [
         ({"count": 3}, f"the cluster has 2 {A100}, fewer than the 3 asked for"),
         ({"model": "H100"}, f"no H100 in the cluster; its models: {A100}, {T4}"),
-        ({"colour": "red"}, "unknown field(s): colour; known: count, end, group, model, name, start, timezone, weekly"),
+        (
+            {"colour": "red"},
+            "unknown field(s): colour; known: count, end, group, lend, model, name, start, timezone, weekly",
+        ),
         ({"timezone": "Europe/Atlantis"}, "unknown time zone 'Europe/Atlantis' (an IANA name, e.g. Europe/Berlin)"),
         ({"timezone": ""}, "unknown time zone ''"),
         ({"end": "2026-12-08T13:00"}, "a reservation's end must be after its start"),
@@ -182,7 +185,8 @@ async def test_an_overlap_beyond_the_models_count_is_refused_naming_the_other(hu
         ({"end": None}, "end must be an ISO 8601 time"),
         ({"count": 0}, "a reservation's count is a whole number of GPUs from 1, got 0"),
         ({"count": "2"}, "a reservation's count is a whole number of GPUs from 1, got '2'"),
-        ({"weekly": "yes"}, "weekly must be true or false"),
+        ({"weekly": "yes"}, "weekly and lend must be true or false"),
+        ({"lend": 1}, "weekly and lend must be true or false"),
         ({"group": ""}, "a reservation needs a group"),
         ({"end": "2026-12-15T14:00"}, "a weekly reservation's window must be shorter than a week"),
     ],

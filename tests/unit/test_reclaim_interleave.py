@@ -31,6 +31,7 @@ class User:
 
     def __init__(self, spawner):
         self.spawners = {"": spawner}
+        self.groups: list = []  # JupyterHub's groups: none
 
     async def stop(self, server: str) -> None:
         s = self.spawners[server]
@@ -126,7 +127,9 @@ class Hub:
 
         self.world.fake.remove_service = remove_and_exit
 
-    def check(self, outcome, reasons=("idle", "server stopped")) -> None:
+    def check(self, outcome, reasons=("idle", "server stopped"), expected: str | None = None) -> None:
+        """The invariants after a schedule; ``expected``: the end reason alice's row must
+        have if closed (default: idle where the reclaim's stop began, else the user's)."""
         clean(outcome)
         self.world.ledger_matches()
         rows = Ledger(self.world.db_url).history(user="alice")
@@ -135,7 +138,8 @@ class Hub:
         assert all(r.end_reason in reasons for r in closed), [r.end_reason for r in closed]
         if closed:  # the reclaim's reason where its stop began, else the user's
             began = any(r is True or r == "raised" for r in self.reclaim_stops)
-            assert closed[0].end_reason == ("idle" if began else "server stopped"), (closed, self.reclaim_stops)
+            expected = expected or ("idle" if began else "server stopped")
+            assert closed[0].end_reason == expected, (closed, self.reclaim_stops)
         bob = self.owner.get("jupyter-bob")
         assert bob is not None and bob.phase is Phase.RUNNING, "bob's holding was touched"
         assert "jupyter-bob" in self.world.fake.service_names(), "bob's service was removed"
