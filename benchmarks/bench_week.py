@@ -61,7 +61,7 @@ MODEL = "A100"
 COURSE = "cs101"
 # The product's defaults (gpuspawner.hub.settings; tests/unit/test_bench_week.py checks them).
 HALF_LIFE = timedelta(days=7)  # as the docs suggest; 0 (off) is the default
-MAX_WAIT = timedelta(hours=24)  # gpu_fairshare_max_wait_hours
+MAX_WAIT = timedelta(hours=2)  # gpu_fairshare_max_wait_hours
 WAIT_TIMEOUT = timedelta(hours=4)  # gpu_wait_timeout
 NOTICE = timedelta(minutes=15)  # gpuspawner.reclaim.reservations.NOTICE_BEFORE: servers to stop are told this early
 

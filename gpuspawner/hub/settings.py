@@ -364,13 +364,14 @@ class GPUSettings(LoggingConfigurable):
     ).tag(config=True)
 
     gpu_fairshare_max_wait_hours = FiniteFloat(
-        24.0,
+        2.0,
         min=0.01,
         max=10 * YEAR // 3600,  # ten years
         what="a number of hours",
         help="""With fair share: hours after which a waiter goes by arrival, ahead of
         everyone of its priority who came later, whatever their recent use. Nobody is
-        passed by later arrivals for longer than this.""",
+        passed by later arrivals for longer than this. Keep it well below
+        gpu_wait_timeout (4 h): a wait that times out first never reaches it.""",
     ).tag(config=True)
 
     def fairshare(self) -> FairShare | None:
