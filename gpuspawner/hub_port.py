@@ -84,6 +84,14 @@ def user_groups(app, user: str) -> list[str] | None:
     return [g.name for g in found.groups]
 
 
+def group_members(app, group: str) -> list[str] | None:
+    """The names of a JupyterHub group's members; None: no such group."""
+    from jupyterhub import orm
+
+    found = orm.Group.find(app.db, group)
+    return None if found is None else [u.name for u in found.users]
+
+
 # -- dockerspawner -------------------------------------------------------------------
 
 

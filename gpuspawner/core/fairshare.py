@@ -11,16 +11,21 @@ Among waiters of equal priority, the one with less recent use goes first. To
 keep a heavy user from waiting for ever behind lighter ones who keep coming,
 a waiter that has waited ``max_wait`` goes by arrival from then on: nobody who
 came after it is served before it (see :func:`gpuspawner.core.line_order.ordered`).
+
+By group (``by_group``), a waiter's figure is that of the most-used of its
+JupyterHub groups: the recent use of all the group's members together (a waiter
+in no group: its own). Being also in a lighter group does not lift a heavy
+group's member ahead (:func:`by_group`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-__all__ = ["FairShare", "decayed_gpu_hours"]
+__all__ = ["FairShare", "by_group", "decayed_gpu_hours"]
 
 HORIZON_HALF_LIVES = 10  # older use weighs under 0.1 %: not read
 
@@ -29,6 +34,7 @@ HORIZON_HALF_LIVES = 10  # older use weighs under 0.1 %: not read
 class FairShare:
     half_life: timedelta
     max_wait: timedelta
+    by_group: bool = False  # a waiter's figure is its most-used group's (all members together)
 
     def __post_init__(self) -> None:
         if self.half_life <= timedelta(0):
@@ -44,7 +50,8 @@ class FairShare:
         return decayed_gpu_hours(spans, now, self.half_life)
 
     def describe(self) -> str:
-        return f"half-life {_days(self.half_life)}, by arrival after {_hours(self.max_wait)} in line"
+        whose = ", by group" if self.by_group else ""
+        return f"half-life {_days(self.half_life)}{whose}, by arrival after {_hours(self.max_wait)} in line"
 
 
 def decayed_gpu_hours(
@@ -64,6 +71,36 @@ def decayed_gpu_hours(
         b = (now - end).total_seconds() / 3600  # age of its end
         total += gpus * (math.exp(-k * b) - math.exp(-k * a)) / k
     return total
+
+
+def by_group(
+    waiters: Iterable[str],
+    groups: Mapping[str, Iterable[str]],
+    members: Mapping[str, Iterable[str]],
+    use: Mapping[str, float],
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Each waiter's figure when fair share goes by group, and the group it is of:
+    of ``groups[waiter]``, the one whose ``members`` (group -> users) used most
+    together (``use``: user -> recent use); a waiter in no group, its own (no group
+    named). Ties between groups go to the name first in order."""
+    waiters = list(waiters)
+    users: dict[str, set[str]] = {}  # group -> its members, the waiters in it included
+    for user in waiters:
+        for g in groups.get(user, ()):
+            users.setdefault(g, set(members.get(g, ()))).add(user)
+    totals = {g: sum(use.get(m, 0.0) for m in us) for g, us in users.items()}
+    figures: dict[str, float] = {}
+    whose: dict[str, str] = {}
+    for user in waiters:
+        best: tuple[float, str] | None = None
+        for g in sorted(set(groups.get(user, ()))):
+            if best is None or totals[g] > best[0]:
+                best = (totals[g], g)
+        if best is None:
+            figures[user] = use.get(user, 0.0)
+        else:
+            figures[user], whose[user] = best
+    return figures, whose
 
 
 def _days(d: timedelta) -> str:

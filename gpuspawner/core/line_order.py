@@ -65,6 +65,7 @@ class Standing:
     fair: FairShare
     used: Mapping[str, float]
     now: datetime
+    whose: Mapping[str, str] = field(default_factory=dict)  # by group: user -> the group its figure is of
 
     def by_arrival(self, w: Waiter) -> bool:
         """``w`` has waited long enough to go by arrival (the starvation bound)."""
@@ -90,7 +91,9 @@ def order_reason(w: Waiter, standing: Standing | None) -> str:
     elif standing.by_arrival(w):
         parts.append(f"in line for {fmt_duration((standing.now - w.since).total_seconds())}: by arrival")
     else:
-        parts.append(f"recent use {standing.used.get(w.user, 0.0):.1f} GPU-hours")
+        group = standing.whose.get(w.user)
+        of = f" of group {group}" if group else ""
+        parts.append(f"recent use{of} {standing.used.get(w.user, 0.0):.1f} GPU-hours")
     return ", ".join(parts)
 
 

@@ -202,7 +202,7 @@ class GPUHub:
             clock=self.clock,
             on_free=self._devices_back,
         )
-        self._line = WaitLine(holdings, s.fairshare())
+        self._line = WaitLine(holdings, s.fairshare(), groups_of=_groups_of, members_of=_members_of)
         self._reclaimer = Reclaimer(
             holdings,
             limits_for=self._limits_for,
@@ -373,6 +373,12 @@ def _groups_of(user: str) -> list[str] | None:
     """The user's JupyterHub groups now; None outside a running hub or for an unknown user."""
     app = hub_port.running_hub()
     return None if app is None else hub_port.user_groups(app, user)
+
+
+def _members_of(group: str) -> list[str] | None:
+    """The members of a JupyterHub group now; None outside a running hub or for an unknown group."""
+    app = hub_port.running_hub()
+    return None if app is None else hub_port.group_members(app, group)
 
 
 def _untracked(user: str, server: str) -> bool:

@@ -374,12 +374,22 @@ class GPUSettings(LoggingConfigurable):
         gpu_wait_timeout (4 h): a wait that times out first never reaches it.""",
     ).tag(config=True)
 
+    gpu_fairshare_by = Enum(
+        ["user", "group"],
+        "user",
+        help="""With fair share: whose recent use orders the line. "user": each
+        waiter's own. "group": that of the most-used of the waiter's JupyterHub groups,
+        all its members' use together (a waiter in no group: its own).""",
+    ).tag(config=True)
+
     def fairshare(self) -> FairShare | None:
         """The line's fair share, or None (first come, first served)."""
         if not self.gpu_fairshare_half_life_days:
             return None
         return FairShare(
-            timedelta(days=self.gpu_fairshare_half_life_days), timedelta(hours=self.gpu_fairshare_max_wait_hours)
+            timedelta(days=self.gpu_fairshare_half_life_days),
+            timedelta(hours=self.gpu_fairshare_max_wait_hours),
+            by_group=self.gpu_fairshare_by == "group",
         )
 
     server_stop_timeout = BoundedInteger(

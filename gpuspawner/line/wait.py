@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from datetime import datetime
 from itertools import count
@@ -37,7 +37,7 @@ from jupyterhub.spawner import SpawnException
 
 from .. import hub_port, metrics
 from ..allocator.refusals import AllocationRefused, Refusal
-from ..core.fairshare import FairShare
+from ..core.fairshare import FairShare, by_group
 from ..core.line_order import Standing, Waiter, by_model, estimate, held_now, order_reason, position
 from ..holdings.holdings import Holding, Holdings
 from ..ledger.checks import utc_now
@@ -69,9 +69,18 @@ def waits_for(exc: SpawnException) -> bool:
 
 
 class WaitLine:
-    def __init__(self, holdings: Holdings, fair: FairShare | None = None):
+    def __init__(
+        self,
+        holdings: Holdings,
+        fair: FairShare | None = None,
+        *,
+        groups_of: Callable[[str], Iterable[str] | None] = lambda user: None,
+        members_of: Callable[[str], Iterable[str] | None] = lambda group: None,
+    ):
         self.holdings = holdings
         self.fair = fair  # None: priority, then arrival
+        self.groups_of, self.members_of = groups_of, members_of  # JupyterHub's, for fair share by group
+        self._whose: dict[str, str] = {}  # by group: user -> the group its figure is of
         self._used: dict[str, float] = {}  # user -> recent use, as last read (fair share)
         self._used_read = -float("inf")  # when (monotonic)
         self._reads = self._read_applied = 0  # reads begun, and the latest whose answer is kept
@@ -106,7 +115,7 @@ class WaitLine:
 
     def standing(self) -> Standing | None:
         """What orders the line now (None: priority, then arrival)."""
-        return None if self.fair is None else Standing(self.fair, self._used, utc_now())
+        return None if self.fair is None else Standing(self.fair, self._used, utc_now(), self._whose)
 
     def lines(self) -> dict[str, list[Waiter]]:
         return by_model(self.rows, self.standing())
@@ -127,10 +136,16 @@ class WaitLine:
         if fair is None or not self.rows or not now and time.monotonic() - self._used_read < USE_SECONDS:
             return
         users = sorted({w.user for w in self.rows})
+        groups: dict[str, list[str]] = {}
+        members: dict[str, list[str]] = {}
+        if fair.by_group:  # JupyterHub's groups now, read before the ledger's await
+            groups = {u: list(self.groups_of(u) or ()) for u in users}
+            members = {g: list(self.members_of(g) or ()) for g in {g for gs in groups.values() for g in gs}}
+        everyone = sorted(set(users).union(*members.values()))
         self._reads += 1
         read = self._reads
         try:
-            used = await self.holdings.ledger_call(lambda db: db.recent_use(users, fair))
+            used = await self.holdings.ledger_call(lambda db: db.recent_use(everyone, fair))
         except LedgerError as exc:
             log.warning("The line's order keeps the recent use last read: %s", exc)
             return
@@ -140,7 +155,11 @@ class WaitLine:
         if read < self._read_applied:
             return  # a later read (of more users, maybe) already answered
         self._read_applied = read
-        self._used, self._used_read = dict(used or {}), time.monotonic()
+        used = dict(used or {})
+        whose: dict[str, str] = {}
+        if fair.by_group:
+            used, whose = by_group(users, groups, members, used)
+        self._used, self._whose, self._used_read = used, whose, time.monotonic()
 
     def outlook(self, service: str) -> str:
         """What a waiting spawn is told of its wait: the estimate, or before any server of

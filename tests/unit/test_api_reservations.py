@@ -22,6 +22,7 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.netutil import bind_sockets
 
+from gpuspawner import hub_port
 from gpuspawner.hub.app import KEY
 from tests.unit.test_agent_token_api import ADMIN, READER, hub_config
 
@@ -292,3 +293,18 @@ async def test_the_gpus_page_lists_the_reservations(hub):
     anna = await login(hub, "anna")
     refused = await AsyncHTTPClient().fetch(hub.url + "/hub/gpus", headers=anna, raise_error=False)
     assert refused.code == 403 and b"CS101 lab" not in refused.body
+
+
+async def test_the_hubs_groups_are_read_as_jupyterhub_has_them(start):
+    """What reservations and fair share by group ask of JupyterHub (hub_port), on a real hub."""
+    hub = await start()
+    app = hub.app
+    group = orm.Group(name="cs101")
+    app.db.add(group)
+    group.users.append(orm.User.find(app.db, "anna"))
+    app.db.commit()
+    assert hub_port.user_groups(app, "anna") == ["cs101"]
+    assert hub_port.user_groups(app, "boss") == []
+    assert hub_port.user_groups(app, "nobody") is None
+    assert hub_port.group_members(app, "cs101") == ["anna"]
+    assert hub_port.group_members(app, "physics") is None

@@ -13,7 +13,7 @@ import pytest
 from traitlets import TraitError
 
 from gpuspawner.cli import format_usage
-from gpuspawner.core.fairshare import FairShare, decayed_gpu_hours
+from gpuspawner.core.fairshare import FairShare, by_group, decayed_gpu_hours
 from gpuspawner.core.line_order import Standing, Waiter, order_reason, ordered
 from gpuspawner.hub.settings import GPUSettings
 from gpuspawner.ledger.ledger import Ledger
@@ -266,3 +266,58 @@ def test_over_a_simulated_week_fair_share_shortens_light_users_waits_and_still_s
     # Heavy users are not starved: they are served about as much as first come, first served serves them.
     assert fair["heavy"]["gpu_hours"] > 0.9 * fcfs["heavy"]["gpu_hours"]
     assert fair["heavy"]["wait_min_p95"] < 24 * 60  # the longest wait bounds who passes them
+
+
+# -- by group -------------------------------------------------------------------------
+
+
+def test_by_group_a_waiter_counts_its_most_used_groups_members_together():
+    use = {"ann": 1.0, "bea": 2.0, "max": 10.0, "solo": 4.0}
+    groups = {"ann": ["physics", "cs"], "bea": ["cs"], "solo": [], "new": ["cs"]}
+    members = {"physics": ["ann", "max"], "cs": ["ann", "bea"]}
+    figures, whose = by_group(["ann", "bea", "solo", "new"], groups, members, use)
+    # ann: physics (1 + 10) is her most-used group, not cs (1 + 2 + new's 0); solo: his own.
+    assert figures == {"ann": 11.0, "bea": 3.0, "solo": 4.0, "new": 3.0}
+    assert whose == {"ann": "physics", "bea": "cs", "new": "cs"}
+    # A waiter JupyterHub does not list as a member yet still counts in its group.
+    assert by_group(["ann"], {"ann": ["cs"]}, {"cs": ["bea"]}, use)[0] == {"ann": 3.0}
+    standing = Standing(FAIR, figures, T0 + timedelta(minutes=5), whose)
+    assert order_reason(waiter(1, "ann"), standing) == "recent use of group physics 11.0 GPU-hours"
+    assert order_reason(waiter(2, "solo"), standing) == "recent use 4.0 GPU-hours"
+    assert [w.user for w in ordered([waiter(1, "ann"), waiter(2, "bea", 1)], standing)] == ["bea", "ann"]
+
+
+def test_fair_share_by_group_is_a_setting():
+    assert GPUSettings(gpu_fairshare_half_life_days=7).fairshare().by_group is False
+    assert GPUSettings(gpu_fairshare_half_life_days=7, gpu_fairshare_by="group").fairshare().by_group is True
+    with pytest.raises(TraitError):
+        GPUSettings(gpu_fairshare_by="department")
+
+
+async def test_by_group_the_waiter_whose_group_used_less_goes_first_though_it_came_second(tmp_path):
+    """bob has used nothing himself, but his group physics has (max, 10 GPU-hours two
+    days ago); carol's group cs has not: carol goes ahead of bob."""
+    world = World(tmp_path, gpu_fairshare_half_life_days=7, gpu_fairshare_by="group")
+    line = world.hub.line
+    line.groups_of = {"bob": ["physics"], "carol": ["cs"]}.get
+    line.members_of = {"physics": ["bob", "max"], "cs": ["carol"]}.get
+    ledger = Ledger(world.db_url)
+    earlier = datetime.now(timezone.utc) - timedelta(days=2)
+    ledger.open("jupyter-max-old", "max", "old", "gpu-b", A100, ["GPU-b0"], [1000], started_at=earlier)
+    ledger.close("jupyter-max-old", earlier + timedelta(hours=10))
+    alice = world.spawner("alice", {"gpu_model": A100})
+    await world.started(alice)
+    bob, carol = world.spawner("bob", WAIT), world.spawner("carol", WAIT)
+    bob_start = asyncio.ensure_future(world.started(bob))
+    await until(lambda: line.place(bob.service_name) == (A100, 1))
+    carol_start = asyncio.ensure_future(world.started(carol))
+    await until(lambda: line.place(carol.service_name) == (A100, 1))
+    lines = await queue_json(line)
+    assert lines[A100][1]["user"] == "bob" and lines[A100][1]["order"].startswith("recent use of group physics 8.")
+    await stopped(world, alice)
+    await carol_start
+    assert not bob_start.done()
+    bob_start.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await bob_start
+    await bob.stop()
