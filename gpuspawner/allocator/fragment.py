@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -90,6 +91,24 @@ class Mix:
             count = 1 if share is not None else gpus
             shapes.append(Shape(count, milli, round(cpu * 1000), mem, frozenset(models) if models else None, weight))
         return cls(shapes)
+
+    @classmethod
+    def learned(cls, held: Iterable[tuple[str, tuple[int, ...]]]) -> Mix | None:
+        """From what servers held (each its model, "" for none, and its devices'
+        thousandths): one shape per kind, weighted by how many held it; each of the
+        model it got. A share split over devices counts as a share of its largest
+        piece. None when nothing was held."""
+        counts: Counter[Shape] = Counter()
+        for model, milli in held:
+            if not milli or not model:
+                counts[Shape(0, UNIT)] += 1
+            elif all(m >= UNIT for m in milli):
+                counts[Shape(len(milli), UNIT, models=frozenset([model]))] += 1
+            else:
+                counts[Shape(1, max(milli), models=frozenset([model]))] += 1
+        if not counts:
+            return None
+        return cls(Shape(s.count, s.milli, s.cpu_milli, s.memory_mib, s.models, n) for s, n in counts.items())
 
     def __init__(self, shapes: Iterable[Shape]):
         shapes = [s for s in shapes if s.weight > 0]

@@ -18,12 +18,13 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 from traitlets import TraitError
 from traitlets.config import Config
 
 from .. import hub_port, metrics
+from ..allocator.fragment import Mix
 from ..cluster.cluster import GPUCluster, InventorySettings
 from ..cluster.service_spec import enforcement_mode
 from ..cluster.swarm import Swarm, SwarmError
@@ -44,6 +45,8 @@ from .settings import SPAWNER_SECTIONS, GPUSettings, placement_mix, spawner_valu
 __all__ = ["KEY", "GPUHub", "HubConfigError", "HubSettings"]
 
 KEY = "gpuspawner"  # the GPUHub's key in the hub's tornado settings
+LEARN_DAYS = 14  # the frag policy learns its mix from what servers held this far back
+LEARN_SECONDS = 3600.0  # and learns it again this often
 
 
 class HubConfigError(Exception):
@@ -105,6 +108,7 @@ class GPUHub:
         self._line: WaitLine | None = None
         self._reclaimer: Reclaimer | None = None
         self._reservations: ReservationKeeper | None = None
+        self._mix_read: float | None = None  # when the frag policy's mix was last learned (clock)
         self._gauges: metrics.DeviceGauges | None = None
         self._holder_gauges: metrics.HolderMemoryGauges | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -327,6 +331,7 @@ class GPUHub:
                 else:
                     await holdings.reconcile(_untracked)
                     await self.line.record_leaves()  # rows the ledger could not drop when their wait ended
+                await self._learn_mix(holdings)
                 first = False
             except SwarmError as exc:
                 self.log.warning("GPU reconciliation: the swarm could not be asked: %s", exc)
@@ -349,6 +354,27 @@ class GPUHub:
             except Exception as exc:
                 self.log.error("Making room for GPU reservations failed: %s", getattr(exc, "message", exc))
             await asyncio.sleep(self._every("gpu_reclaim_interval"))
+
+    async def _learn_mix(self, holdings: Holdings) -> None:
+        """For frag without a configured mix: the mix of what servers held over the last
+        LEARN_DAYS (the ledger), read at most every LEARN_SECONDS. When the ledger
+        cannot answer, the mix last learned stays."""
+        s = self.settings
+        if s.allocation_policy != "frag" or s.gpu_placement_mix:
+            return
+        if self._mix_read is not None and self.clock() - self._mix_read < LEARN_SECONDS:
+            return
+        since = datetime.fromtimestamp(self.wall(), timezone.utc) - timedelta(days=LEARN_DAYS)
+        try:
+            records = await holdings.ledger_call(lambda db: db.history(since=since)) or []
+        except LedgerError as exc:
+            self.log.warning("gpuspawner: the frag policy keeps the mix it knows: %s", exc)
+            return
+        mix = Mix.learned((r.model, r.milli) for r in records)
+        holdings.allocator.set_mix(mix)
+        self._mix_read = self.clock()
+        shapes = 0 if mix is None else len(mix.shapes)
+        self.log.info("gpuspawner: frag places by %d kinds of request from %d servers", shapes, len(records))
 
     def _every(self, name: str) -> float:
         """A loop's interval: its setting, or its default while the settings cannot be read."""

@@ -242,12 +242,13 @@ class GPUSettings(LoggingConfigurable):
 
     gpu_placement_mix = List(
         Dict(),
-        help="""For ``allocation_policy = "frag"`` (required there): the requests this hub
-        sees, e.g. ``[{"share": 0.5, "cpu": 4, "memory_mib": 16384, "weight": 6},
+        help="""For ``allocation_policy = "frag"``: the requests this hub sees, e.g. ``[{"share": 0.5, "cpu": 4, "memory_mib": 16384, "weight": 6},
         {"gpus": 1, "cpu": 8, "weight": 3}, {"gpus": 4, "weight": 1}]``. Each entry:
         ``gpus`` (whole GPUs, 0 for none; default 1) or ``share`` (of one GPU),
         ``cpu`` (cores), ``memory_mib``, ``models`` (the models it takes; default
-        any) and ``weight`` (how often it comes; default 1).""",
+        any) and ``weight`` (how often it comes; default 1). Empty (the default): frag
+        learns the mix from what servers held over the last 14 days (the ledger), read
+        every hour; until the ledger has any, it places as pack.""",
     ).tag(config=True)
 
     @validate("gpu_placement_mix")
@@ -460,13 +461,10 @@ def spawner_values(config, sections=SPAWNER_SECTIONS) -> dict:
 
 
 def placement_mix(policy: str, entries: list, aliases: Mapping[str, str] | None = None) -> Mix | None:
-    """The mix the frag policy places by (None for the other policies, which need none),
-    its models named as ``gpu_model_aliases`` names them; raises ValueError when frag is
-    chosen without one, or an entry is bad (whatever the policy)."""
-    if policy == "frag" and not entries:
-        raise ValueError(
-            'allocation_policy "frag" places by the requests this hub sees: give them in gpu_placement_mix'
-        )
+    """The mix the frag policy places by (None for the other policies, which need none,
+    and for frag without entries: it learns the mix from the ledger), its models named as
+    ``gpu_model_aliases`` names them; raises ValueError when an entry is bad (whatever
+    the policy)."""
     aliases = aliases or {}
     named = [
         {**e, "models": [aliases.get(m, m) for m in e["models"]]}

@@ -211,10 +211,10 @@ def test_without_a_mix_frag_decides_as_pack(ops):
 # -- the setting --------------------------------------------------------------------
 
 
-def test_frag_without_a_mix_stops_the_hub_saying_what_to_give_and_with_one_the_allocator_gets_it(tmp_path):
+def test_frag_without_a_mix_starts_learning_and_with_one_the_allocator_gets_it(tmp_path):
     from traitlets.config import Config
 
-    from gpuspawner.hub.app import GPUHub, HubConfigError
+    from gpuspawner.hub.app import GPUHub
     from gpuspawner.hub.settings import validate_config
     from gpuspawner.spawn.spawner import GPUSwarmSpawner
     from tests.unit.test_access_spawn import INVENTORY
@@ -223,14 +223,8 @@ def test_frag_without_a_mix_stops_the_hub_saying_what_to_give_and_with_one_the_a
     c.GPUSwarmSpawner.gpu_inventory = INVENTORY
     c.GPUSwarmSpawner.gpu_db_url = f"sqlite:///{tmp_path}/ledger.sqlite"
     c.GPUSwarmSpawner.allocation_policy = "frag"
-    with pytest.raises(SystemExit) as stopped:
-        validate_config(c)
-    assert str(stopped.value.code) == (
-        'gpuspawner configuration error: allocation_policy "frag" places by the requests this hub sees: '
-        "give them in gpu_placement_mix"
-    )
-    with pytest.raises(HubConfigError, match="give them in gpu_placement_mix"):
-        GPUHub.from_config(c, GPUSwarmSpawner).holdings  # noqa: B018 - a hub that did not call validate_config
+    validate_config(c)  # no mix: learned from the ledger (test_a_hub_learns_its_mix_from_what_servers_held)
+    assert GPUHub.from_config(c, GPUSwarmSpawner).holdings.allocator.mix is None  # nothing held yet: as pack
     c.GPUSwarmSpawner.gpu_placement_mix = [{"share": 0.5, "cpu": 2, "weight": 3}, {"gpus": 2}]
     validate_config(c)
     mix = GPUHub.from_config(c, GPUSwarmSpawner).holdings.allocator.mix
@@ -305,3 +299,50 @@ def test_a_bad_mix_stops_the_hub_whatever_the_policy_and_models_go_through_the_a
     validate_config(c)
     [shape] = GPUHub.from_config(c, GPUSwarmSpawner).holdings.allocator.mix.shapes
     assert shape.models == frozenset({"A100"})
+
+
+# -- the mix learned --------------------------------------------------------------------
+
+
+def test_a_learned_mix_has_a_shape_per_kind_weighted_by_how_many_held_it():
+    held = [
+        ("A100", (1000,)),
+        ("A100", (1000,)),
+        ("A100", (500,)),
+        ("T4", (1000, 1000)),
+        ("", ()),
+        ("A100", (600, 300)),
+    ]
+    mix = Mix.learned(held)
+    assert mix is not None
+    assert sorted(mix.shapes, key=lambda s: (s.count, s.milli, sorted(s.models or ()))) == [
+        Shape(0, UNIT, 0, 0, None, 1 / 6),
+        Shape(1, 500, 0, 0, frozenset(["A100"]), 1 / 6),
+        Shape(1, 600, 0, 0, frozenset(["A100"]), 1 / 6),  # a split share: its largest piece
+        Shape(1, UNIT, 0, 0, frozenset(["A100"]), 2 / 6),
+        Shape(2, UNIT, 0, 0, frozenset(["T4"]), 1 / 6),
+    ]
+    assert Mix.learned([]) is None
+
+
+async def test_a_hub_learns_its_mix_from_what_servers_held_and_keeps_it_while_the_ledger_is_down(tmp_path, monkeypatch):
+    from gpuspawner.ledger.ledger import Ledger, LedgerError
+    from tests.unit.test_holdings import A100, World
+
+    world = World(tmp_path, allocation_policy="frag")
+    hub = world.hub
+    ledger = Ledger(world.db_url)
+    for i, milli in enumerate([(1000,), (1000,), (250,)]):
+        ledger.open(f"old-{i}", f"u{i}", "", "gpu-b", A100, ["GPU-b0"], list(milli))
+        ledger.close(f"old-{i}")
+    await hub._learn_mix(world.owner)
+    mix = world.owner.allocator.mix
+    assert mix is not None and {(s.count, s.milli, s.weight) for s in mix.shapes} == {(1, UNIT, 2 / 3), (1, 250, 1 / 3)}
+
+    async def down(call):
+        raise LedgerError("the ledger is down")
+
+    hub._mix_read = None  # due again
+    monkeypatch.setattr(world.owner, "ledger_call", down)
+    await hub._learn_mix(world.owner)
+    assert world.owner.allocator.mix is mix  # the mix last learned stays
