@@ -14,6 +14,16 @@ served as :mod:`gpuspawner.line.wait` serves it: in order; a waiter refused
 because the free GPUs are kept for a reservation is passed over, and the first
 that finds no free GPU ends the round. A new request waits whenever anyone waits.
 
+Each order runs twice on the same requests: the reservation not lending, and
+lending (``Reservation.lend``) as :class:`gpuspawner.reclaim.reservations.ReservationKeeper`
+lends: nothing is stopped at the window's start; ``needs`` with
+``members_waiting`` keeps free only as many GPUs as members wait for in line;
+after every event the keeper's check runs (the hub runs it every
+``gpu_reclaim_interval``, 10 s by default): the servers of others that
+``to_stop`` picks (newest first) for those members are told, and each is stopped
+:data:`LEND_NOTICE` after it was first told if it is still picked then (decided
+again after each stop); the line is served in the same step.
+
 One model, G GPUs, one whole GPU per server. Users per class (CLASSES: users,
 requests per weekday each, hours held, mean patience, hours of the day they ask):
 *heavy* 6, 2, 6-10 h, 3 h, 08-20; *regular* 24, 1, 1-3 h, 1 h, 08-20; *light*
@@ -24,16 +34,18 @@ weekend; the course every day), durations uniform, patience exponential and at
 most the product's ``gpu_wait_timeout`` (4 h); a waiter gives up after it. A
 weekday's requests ask for about 176 GPU-hours, 1.8 times what 8 GPUs give
 between 08:00 and 20:00. Each user's use of the week before counts as their class
-suggests. A server stopped for a window is not asked for again. Both orders see
-the same requests (the same seed).
+suggests. A server stopped for a window is not asked for again. Both orders, in
+both modes, see the same requests (the same seed).
 
-Printed per order and class (counts and GPU-hours: means per week; waits over all
-seeds, minutes): requests, served, given up, the median and 95th percentile of
-the wait of those served and of the time in line of every request (until served
-or given up: a give-up's patience counts as its wait), GPU-hours served; per
-order, the reserved GPU-hours that members used and that stayed unused, the
-servers stopped at a window's start and how many of those had been granted at
-most 15 minutes before it (the notice the hub gives).
+Printed per order, mode (lending or not) and class (counts and GPU-hours: means
+per week; waits over all seeds, minutes): requests, served, given up, the median
+and 95th percentile of the wait of those served and of the time in line of
+every request (until served or given up: a give-up's patience counts as its
+wait), GPU-hours served; per order and mode, the reserved GPU-hours that members used, that were lent to
+others (what others held beyond the GPUs not reserved) and that stayed unused,
+the servers stopped at a window's start and how many of those had been granted
+at most 15 minutes before it (the notice the hub gives), those stopped at need
+for a waiting member (lending), and the members' wait.
 """
 
 from __future__ import annotations
@@ -64,6 +76,7 @@ HALF_LIFE = timedelta(days=7)  # as the docs suggest; 0 (off) is the default
 MAX_WAIT = timedelta(hours=2)  # gpu_fairshare_max_wait_hours
 WAIT_TIMEOUT = timedelta(hours=4)  # gpu_wait_timeout
 NOTICE = timedelta(minutes=15)  # gpuspawner.reclaim.reservations.NOTICE_BEFORE: servers to stop are told this early
+LEND_NOTICE = timedelta(minutes=1)  # gpuspawner.reclaim.reservations.LEND_NOTICE: a lent GPU is given back this late
 
 
 @dataclass(frozen=True)
@@ -115,12 +128,16 @@ class Ask:
         return f"s{self.id}"
 
 
+START_STOP, NEED_STOP = "at start", "at need"  # why a server was stopped for a reservation
+
+
 @dataclass
 class Served:
     ask: Ask
     start: datetime
     end: datetime  # when it ended or will end (maybe after the week)
-    stopped: bool = False  # stopped at a reservation window's start
+    stopped: str = ""  # stopped for a reservation: START_STOP (at a window's start) or NEED_STOP (lent, a member waits)
+    told: datetime | None = None  # NEED_STOP: when it was first told (the stop is LEND_NOTICE later)
 
     @property
     def service(self) -> str:
@@ -131,16 +148,48 @@ class Served:
         return (self.start - self.ask.at).total_seconds() / 60
 
 
+@dataclass(frozen=True)
+class Sample:
+    """The state after an event while a window is open (it holds until the next event)."""
+
+    at: datetime
+    members: tuple[Ask, ...]  # members waiting in line
+    others: int  # others waiting in line
+    kept: int  # GPUs kept free for members (the needs' unmet)
+    free: int  # GPUs free
+    gpus: int  # GPUs of the model
+    count: int  # GPUs reserved
+    members_hold: int
+    others_hold: int
+
+    @property
+    def unused(self) -> int:
+        """Reserved GPUs that members do not hold and others do not borrow."""
+        return self.count - min(self.count, self.members_hold) - self.lent
+
+    @property
+    def lent(self) -> int:
+        """Reserved GPUs that others hold: what they hold beyond the GPUs not reserved."""
+        used = min(self.count, self.members_hold)
+        return max(0, min(self.count - used, self.others_hold - (self.gpus - self.count)))
+
+
 @dataclass
 class Run:
+    lend: bool = False
     served: list[Served] = field(default_factory=list)
     gave_up: list[Ask] = field(default_factory=list)
     waiting: list[Ask] = field(default_factory=list)  # still in line at the end
-    stopped: int = 0
+    stopped: int = 0  # at a window's start
+    stopped_need: int = 0  # lent, for a waiting member
     reserved_h: float = 0.0  # GPU-hours of open windows
     member_h: float = 0.0  # ... of them held by members
-    # After each event in an open window: (time, members waiting, others waiting, reserved GPUs unused, GPUs free).
-    samples: list[tuple[datetime, int, int, int, int]] = field(default_factory=list)
+    lent_h: float = 0.0  # ... of them held by others
+    samples: list[Sample] = field(default_factory=list)
+
+    @property
+    def unused_h(self) -> float:
+        return self.reserved_h - self.member_h - self.lent_h
 
 
 def poisson(rng: random.Random, mean: float) -> int:
@@ -171,12 +220,14 @@ def draw(setup: Setup, seed: int) -> list[Ask]:
     return [Ask(i, user, cls, at, hours, patience) for i, (at, user, cls, hours, patience) in enumerate(out, 1)]
 
 
-def reservations(setup: Setup) -> list[Reservation]:
+def reservations(setup: Setup, lend: bool = False) -> list[Reservation]:
     """The course's windows: one weekly reservation per day of the week, 14:00-16:00 UTC."""
     count = setup.reserved or max(1, setup.gpus // 2)
     day = START.replace(hour=14)
     rs = [
-        Reservation(COURSE, MODEL, count, day + timedelta(days=d), day + timedelta(days=d, hours=2), True, id=d + 1)
+        Reservation(
+            COURSE, MODEL, count, day + timedelta(days=d), day + timedelta(days=d, hours=2), True, lend=lend, id=d + 1
+        )
         for d in range(7)
     ]
     for r in rs:
@@ -197,9 +248,10 @@ def prior_use(setup: Setup) -> dict[str, list[tuple[datetime, datetime, float]]]
     return out
 
 
-def simulate(setup: Setup, asks: list[Ask], fair: FairShare | None) -> Run:
-    """One run over ``asks``: first come first served (``fair`` None) or fair share."""
-    rs = reservations(setup)
+def simulate(setup: Setup, asks: list[Ask], fair: FairShare | None, lend: bool = False) -> Run:
+    """One run over ``asks``: first come first served (``fair`` None) or fair share;
+    the reservation lends its unused GPUs when ``lend``."""
+    rs = reservations(setup, lend)
     ids = [r.id for r in rs]
     end = setup.end
     devices: dict[str, dict[str, int]] = {f"gpu{i}": {} for i in range(setup.gpus)}  # uuid -> {service: milli}
@@ -208,7 +260,8 @@ def simulate(setup: Setup, asks: list[Ask], fair: FairShare | None) -> Run:
     asked: dict[str, Ask] = {}
     prior = prior_use(setup)
     held: dict[str, list[Served]] = {}  # user -> their servers (a stopped one's end is when it was stopped)
-    run = Run()
+    told: dict[str, datetime] = {}  # service -> when it was first told to give back a lent GPU
+    run = Run(lend=lend)
     events: list[tuple[datetime, int, str, Ask | Served | None]] = []
     seq = itertools.count()
 
@@ -226,17 +279,53 @@ def simulate(setup: Setup, asks: list[Ask], fair: FairShare | None) -> Run:
         n = sum(1 for s in running.values() if s.ask.cls == COURSE)
         return {i: float(n) for i in ids}
 
+    def members_waiting() -> dict[int, int]:
+        n = sum(1 for k in line if asked[k].cls == COURSE)
+        return {i: n for i in ids}
+
     def open_needs(now: datetime):
-        return [n for n in needs(rs, now, members_hold()) if now in n.window]
+        return [n for n in needs(rs, now, members_hold(), members_waiting=members_waiting()) if now in n.window]
 
     def free() -> list[str]:
         return [d for d, booked in devices.items() if not booked]
 
-    def release(s: Served, at: datetime, stopped: bool) -> None:
+    def newest_others() -> list[str]:
+        others = [s for s in running.values() if s.ask.cls != COURSE]
+        return [s.service for s in sorted(others, key=lambda s: s.start, reverse=True)]
+
+    def release(s: Served, at: datetime, stopped: str = "") -> None:
         del running[s.service]
+        told.pop(s.service, None)
         s.end, s.stopped = at, stopped
         for booked in devices.values():
             booked.pop(s.service, None)
+
+    def must_give_back(now: datetime) -> list[str]:
+        """The keeper's must_make_room for a lending window: whom to stop for the waiting members."""
+        wanted = sum(n.unmet for n in open_needs(now) if n.reservation.lend)
+        return to_stop(wanted, devices, newest_others()) if wanted else []
+
+    def check(now: datetime) -> bool:
+        """The keeper's check for a lending window: tell those in the way, stop those told
+        LEND_NOTICE ago (each decided again after the stop before). True: one was stopped."""
+        due = must_give_back(now)
+        for service in set(told) - set(due):
+            del told[service]  # no longer in the way
+        for service in due:
+            if service not in told:
+                told[service] = now
+                push(now + LEND_NOTICE, "lend")
+        stopped = False
+        for service in due:
+            at = told.get(service)
+            if at is None or at + LEND_NOTICE > now or service not in must_give_back(now):
+                continue
+            s = running[service]
+            release(s, now, NEED_STOP)
+            s.told = at
+            run.stopped_need += 1
+            stopped = True
+        return stopped
 
     def serve(now: datetime) -> None:
         standing = None
@@ -262,12 +351,13 @@ def simulate(setup: Setup, asks: list[Ask], fair: FairShare | None) -> Run:
             held.setdefault(a.user, []).append(s)
             push(s.end, "end", s)
 
-    last, rate = START, (0, 0)
+    last, rate = START, (0, 0, 0)
     while events and events[0][0] < end:
         now, _, kind, what = heapq.heappop(events)
         hours = (now - last).total_seconds() / 3600
         run.reserved_h += rate[0] * hours
         run.member_h += rate[1] * hours
+        run.lent_h += rate[2] * hours
         last = now
         if isinstance(what, Ask) and kind == "ask":
             asked[what.service] = what
@@ -278,24 +368,39 @@ def simulate(setup: Setup, asks: list[Ask], fair: FairShare | None) -> Run:
             del line[what.service]
             run.gave_up.append(what)
         elif isinstance(what, Served) and running.get(what.service) is what:  # ends
-            release(what, now, False)
-        elif kind == "open":
-            others = [s for s in running.values() if s.ask.cls != COURSE]
-            newest = [s.service for s in sorted(others, key=lambda s: s.start, reverse=True)]
-            for service in to_stop(sum(n.unmet for n in open_needs(now)), devices, newest):
-                release(running[service], now, True)
+            release(what, now)
+        elif kind == "open":  # a lending window stops nothing at its start
+            wanted = sum(n.unmet for n in open_needs(now) if not n.reservation.lend)
+            for service in to_stop(wanted, devices, newest_others()):
+                release(running[service], now, START_STOP)
                 run.stopped += 1
-        serve(now)
-        opened = open_needs(now)
-        reserved = sum(n.reservation.count for n in opened)
-        unused = sum(n.unmet for n in opened)
-        rate = (reserved, reserved - unused)
+        while True:
+            stopped = check(now)
+            serve(now)
+            if not (stopped or check(now)):
+                break
+        opened = [r for r in rs if r.active(now) is not None]
         if opened:
-            members = sum(1 for k in line if asked[k].cls == COURSE)
-            run.samples.append((now, members, len(line) - members, unused, len(free())))
+            mine = sum(1 for s in running.values() if s.ask.cls == COURSE)
+            sample = Sample(
+                now,
+                tuple(asked[k] for k in line if asked[k].cls == COURSE),
+                sum(1 for k in line if asked[k].cls != COURSE),
+                sum(n.unmet for n in open_needs(now)),
+                len(free()),
+                setup.gpus,
+                sum(r.count for r in opened),
+                mine,
+                len(running) - mine,
+            )
+            run.samples.append(sample)
+            rate = (sample.count, min(sample.count, mine), sample.lent)
+        else:
+            rate = (0, 0, 0)
     hours = (end - last).total_seconds() / 3600
     run.reserved_h += rate[0] * hours
     run.member_h += rate[1] * hours
+    run.lent_h += rate[2] * hours
     run.waiting = [asked[k] for k in line]
     return run
 
@@ -330,55 +435,75 @@ def figures(setup: Setup, runs: list[Run]) -> dict:
             "in_line_p95": p95(in_line),
             "gpu_hours": hours / seeds,
         }
+    members = [s.wait_min for r in runs for s in r.served if s.ask.cls == COURSE]
     out["reservation"] = {
         "reserved_h": sum(r.reserved_h for r in runs) / seeds,
         "used_h": sum(r.member_h for r in runs) / seeds,
-        "unused_h": sum(r.reserved_h - r.member_h for r in runs) / seeds,
+        "lent_h": sum(r.lent_h for r in runs) / seeds,
+        "unused_h": sum(r.unused_h for r in runs) / seeds,
         "stopped": sum(r.stopped for r in runs) / seeds,
-        "stopped_new": sum(1 for r in runs for s in r.served if s.stopped and s.end - s.start <= NOTICE) / seeds,
+        "stopped_new": sum(1 for r in runs for s in r.served if s.stopped == START_STOP and s.end - s.start <= NOTICE)
+        / seeds,
+        "stopped_need": sum(r.stopped_need for r in runs) / seeds,
+        "member_wait_p50": median(members),
+        "member_wait_p95": p95(members),
     }
     return out
 
 
 ORDERS = ("first come, first served", "fair share")
+MODES = tuple((order, lend) for order in ORDERS for lend in (False, True))  # (order, the reservation lends)
 
 
-def run_all(setup: Setup, seeds: int) -> dict[str, dict]:
-    runs: dict[str, list[Run]] = {o: [] for o in ORDERS}
+def run_all(setup: Setup, seeds: int) -> dict[tuple[str, bool], dict]:
+    """Each order, the reservation not lending and lending, on the same requests per seed."""
+    runs: dict[tuple[str, bool], list[Run]] = {m: [] for m in MODES}
     for seed in range(seeds):
         asks = draw(setup, seed)
-        runs[ORDERS[0]].append(simulate(setup, asks, None))
-        runs[ORDERS[1]].append(simulate(setup, asks, setup.fair()))
-    return {o: figures(setup, rs) for o, rs in runs.items()}
+        for order, lend in MODES:
+            fair = setup.fair() if order == ORDERS[1] else None
+            runs[order, lend].append(simulate(setup, asks, fair, lend))
+    return {m: figures(setup, rs) for m, rs in runs.items()}
 
 
-def table(setup: Setup, seeds: int, result: dict[str, dict]) -> str:
+def lends(lend: bool) -> str:
+    return "yes" if lend else "no"
+
+
+def table(setup: Setup, seeds: int, result: dict[tuple[str, bool], dict]) -> str:
     count = setup.reserved or max(1, setup.gpus // 2)
     fair = setup.fair()
     lines = [
-        f"{setup.days} days, {setup.gpus} GPUs of one model, {COURSE} keeps {count} every day 14:00-16:00 UTC; "
-        f"{seeds} seeds (means per week, waits over all seeds); fair share: {fair.describe()}",
+        f"{setup.days} days, {setup.gpus} GPUs of one model, {COURSE} keeps {count} every day 14:00-16:00 UTC, "
+        f"not lending and lending; {seeds} seeds (means per week, waits over all seeds); "
+        f"fair share: {fair.describe()}",
         "wait: of those served, until served; in line: of every request, until served or given up (minutes)",
-        f"{'order':26}{'class':9}{'requests':>9}{'served':>8}{'gave up':>8}"
+        f"{'order':26}{'lends':6}{'class':9}{'requests':>9}{'served':>8}{'gave up':>8}"
         f"{'wait p50':>10}{'p95':>8}{'in line p50':>13}{'p95':>8}{'GPU-h':>8}",
     ]
-    for order in ORDERS:
+    for order, lend in MODES:
         for cls in setup.classes:
-            r = result[order][cls]
+            r = result[order, lend][cls]
             lines.append(
-                f"{order:26}{cls:9}{r['requests']:9.1f}{r['served']:8.1f}{r['gave_up']:8.1f}"
+                f"{order:26}{lends(lend):6}{cls:9}{r['requests']:9.1f}{r['served']:8.1f}{r['gave_up']:8.1f}"
                 f"{r['wait_p50']:10.1f}{r['wait_p95']:8.1f}{r['in_line_p50']:13.1f}{r['in_line_p95']:8.1f}"
                 f"{r['gpu_hours']:8.1f}"
             )
     lines.append(
-        f"{'order':26}{'reserved GPU-h':>15}{'members used':>14}{'unused':>8}"
-        f"{'stopped at start':>18}{'of them granted <= 15 min before':>34}"
+        "reserved GPU-hours: held by members, lent (held by others beyond the GPUs not reserved), unused; "
+        "servers stopped at a window's start (granted <= 15 min before it), at need for a waiting member; "
+        f"{COURSE}'s wait (minutes)"
     )
-    for order in ORDERS:
-        r = result[order]["reservation"]
+    lines.append(
+        f"{'order':26}{'lends':6}{'reserved':>9}{'members':>8}{'lent':>7}{'unused':>7}"
+        f"{'at start':>9}{'<= 15 min':>10}{'at need':>8}{'wait p50':>9}{'p95':>7}"
+    )
+    for order, lend in MODES:
+        r = result[order, lend]["reservation"]
         lines.append(
-            f"{order:26}{r['reserved_h']:15.1f}{r['used_h']:14.1f}{r['unused_h']:8.1f}"
-            f"{r['stopped']:18.1f}{r['stopped_new']:34.1f}"
+            f"{order:26}{lends(lend):6}{r['reserved_h']:9.1f}{r['used_h']:8.1f}{r['lent_h']:7.1f}{r['unused_h']:7.1f}"
+            f"{r['stopped']:9.1f}{r['stopped_new']:10.1f}{r['stopped_need']:8.1f}"
+            f"{r['member_wait_p50']:9.1f}{r['member_wait_p95']:7.1f}"
         )
     return "\n".join(lines)
 

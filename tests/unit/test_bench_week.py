@@ -1,17 +1,18 @@
-"""benchmarks/bench_week.py on a small day (4 GPUs, fewer users, fixed seeds): the
-simulation's servers, waits, line order and reservation keep the rules it claims
-to follow, and its defaults are the product's."""
+"""benchmarks/bench_week.py on a small day (4 GPUs, fewer users, fixed seeds) and
+on its week: the simulation's servers, waits, line order and reservation, not
+lending and lending, keep the rules it claims to follow, and its defaults are
+the product's."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
 from benchmarks import bench_week as bench
-from benchmarks.bench_week import COURSE, Habit, Setup
+from benchmarks.bench_week import COURSE, NEED_STOP, START_STOP, Habit, Setup
 from gpuspawner.hub.settings import GPUSettings
-from gpuspawner.reclaim.reservations import NOTICE_BEFORE
+from gpuspawner.reclaim.reservations import LEND_NOTICE, NOTICE_BEFORE
 
 SMALL = Setup(
     gpus=4,
@@ -33,10 +34,27 @@ CROWDED = {
 }
 
 
+WEEK = Setup(days=7)
+
+
+def four(setup: Setup, seed: int) -> dict[str, bench.Run]:
+    """Fair share off and on, the reservation not lending and lending, on the same requests."""
+    asks = bench.draw(setup, seed)
+    return {
+        f"{order}{' lend' if lend else ''}": bench.simulate(setup, asks, setup.fair() if order == "on" else None, lend)
+        for order in ("off", "on")
+        for lend in (False, True)
+    }
+
+
 @pytest.fixture(scope="module")
 def runs() -> dict[str, bench.Run]:
-    asks = bench.draw(SMALL, seed=0)
-    return {"off": bench.simulate(SMALL, asks, None), "on": bench.simulate(SMALL, asks, SMALL.fair())}
+    return four(SMALL, seed=0)
+
+
+@pytest.fixture(scope="module")
+def week() -> dict[str, bench.Run]:
+    return four(WEEK, seed=0)
 
 
 def test_the_defaults_are_the_products():
@@ -44,6 +62,7 @@ def test_the_defaults_are_the_products():
     assert bench.MAX_WAIT == timedelta(hours=traits["gpu_fairshare_max_wait_hours"].default_value)
     assert bench.WAIT_TIMEOUT == timedelta(seconds=traits["gpu_wait_timeout"].default_value)
     assert bench.NOTICE == NOTICE_BEFORE
+    assert bench.LEND_NOTICE == LEND_NOTICE
     assert Setup().fair().half_life == timedelta(days=7)
 
 
@@ -88,28 +107,109 @@ def test_with_fair_share_light_users_wait_no_longer_at_the_median():
 
 
 def test_members_in_the_window_never_wait_while_a_reserved_gpu_is_unused(runs):
-    for run in runs.values():
+    for key in ("off", "on"):
+        run = runs[key]
         assert run.samples  # the window opened
-        for at, members, _, unused, free in run.samples:
-            assert not (members and unused), at
-            assert free >= unused  # what is unused stays free for them
+        for x in run.samples:
+            assert not (x.members and x.kept), x.at
+            assert x.free >= x.kept == x.unused  # what is unused stays free for them
+            assert x.lent == 0
         # The reservation bites: others waited while GPUs were kept free for members.
-        assert any(others and free for _, _, others, _, free in run.samples)
+        assert any(x.others and x.free for x in run.samples)
 
 
-def test_the_reserved_gpu_hours_are_used_or_left_unused(runs):
-    for run in runs.values():
+def test_the_reserved_gpu_hours_are_used_lent_or_left_unused(runs):
+    for key, run in runs.items():
         assert run.reserved_h == pytest.approx(2 * 2)  # 2 GPUs, 14:00-16:00
         assert 0 < run.member_h <= run.reserved_h
+        assert 0 <= run.lent_h and 0 <= run.unused_h
+        assert run.member_h + run.lent_h + run.unused_h == pytest.approx(run.reserved_h)
+        assert (run.lent_h > 0) == run.lend, key
 
 
-def test_servers_are_stopped_at_a_windows_start_only_for_it():
-    asks = bench.draw(Setup(days=7), seed=0)
-    run = bench.simulate(Setup(days=7), asks, None)
-    stopped = [s for s in run.served if s.stopped]
-    assert run.stopped == len(stopped) > 0
-    for s in stopped:
-        assert s.ask.cls != COURSE and s.end.hour == 14 and s.end.minute == 0 and s.end.second == 0
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_lending_reservation_lends_and_leaves_no_more_unused(seed):
+    runs = four(SMALL, seed)
+    for order in ("off", "on"):
+        lending, alone = runs[f"{order} lend"], runs[order]
+        assert lending.lent_h > 0, (seed, order)
+        assert lending.unused_h <= alone.unused_h + 1e-9, (seed, order)
+        assert lending.reserved_h == pytest.approx(alone.reserved_h)
+
+
+def test_the_week_lends_and_leaves_no_more_unused(week):
+    for order in ("off", "on"):
+        lending, alone = week[f"{order} lend"], week[order]
+        assert lending.lent_h > 0 and lending.unused_h <= alone.unused_h
+        assert alone.lent_h == 0 and alone.stopped_need == 0
+
+
+def test_servers_are_stopped_at_a_windows_start_only_for_it(week):
+    for key in ("off", "on"):
+        run = week[key]
+        stopped = [s for s in run.served if s.stopped]
+        assert run.stopped == len(stopped) > 0
+        for s in stopped:
+            assert s.stopped == START_STOP
+            assert s.ask.cls != COURSE and s.end.hour == 14 and s.end.minute == 0 and s.end.second == 0
+
+
+def test_nothing_is_stopped_at_a_lending_windows_start(week):
+    for key in ("off lend", "on lend"):
+        run = week[key]
+        assert run.stopped == 0
+        stopped = [s for s in run.served if s.stopped]
+        assert run.stopped_need == len(stopped) > 0
+        waited = {x.at for x in run.samples if x.members and not x.free}  # a member waited, none free
+        for s in stopped:
+            assert s.stopped == NEED_STOP and s.ask.cls != COURSE
+            assert s.told is not None and s.end - s.told == LEND_NOTICE  # told first, stopped a minute later
+            assert s.told in waited
+            assert 14 <= s.told.hour and s.end.hour < 16  # within the open window
+            assert s.end != s.end.replace(hour=14, minute=0, second=0, microsecond=0)  # not at its start
+            # The newest borrower goes first: none that came after it is left running.
+            newer = [o for o in run.served if o.ask.cls != COURSE and s.start < o.start < s.end < o.end]
+            assert not newer, (key, s.service, [o.service for o in newer])
+
+
+def overtaken_since(run: bench.Run, member: bench.Ask, at: datetime) -> datetime:
+    """When the last member who came after ``member`` and was served before it, by ``at``,
+    came (``member``'s own arrival if none): fair share may serve a later member first,
+    with the GPU given back for the earlier one."""
+    later = [s.ask.at for s in run.served if s.ask.cls == COURSE and s.ask.at > member.at and s.start <= at]
+    return max([member.at, *later])
+
+
+def test_a_member_waits_at_most_the_lend_notice_while_a_borrower_holds_a_reserved_gpu(week):
+    """While a lending window is open, members hold fewer than it reserves and others
+    hold a GPU of the model, no member has waited more than LEND_NOTICE (plus one step
+    of serving, none here: a stop and the serve it allows are one event) since it came,
+    or since the last member came who was served before it (fair share's order). The
+    state after an event holds until the next one, so the longest wait is just before it."""
+    for key in ("off lend", "on lend"):
+        run = week[key]
+        kept_waiting = 0
+        for i, x in enumerate(run.samples):
+            if not (x.members and x.members_hold < x.count and x.others_hold):
+                continue
+            assert not x.free  # a free GPU goes to a member at once
+            kept_waiting += 1
+            nxt = run.samples[i + 1].at if i + 1 < len(run.samples) else WEEK.end
+            until = min(nxt, x.at.replace(hour=16, minute=0, second=0, microsecond=0))
+            for m in x.members:
+                assert until - overtaken_since(run, m, x.at) <= LEND_NOTICE, (key, m, x.at)
+                if key == "off lend":  # first come, first served: since it came
+                    assert until - m.at <= LEND_NOTICE, (key, m, x.at)
+        assert kept_waiting  # it happened
+
+
+def test_others_are_not_given_a_gpu_while_a_member_waits_for_a_lent_one(week):
+    for key in ("off lend", "on lend"):
+        run = week[key]
+        starts = {s.start for s in run.served if s.ask.cls != COURSE}
+        for x in run.samples:
+            if x.members and x.members_hold < x.count:
+                assert x.at not in starts, (key, x.at)
 
 
 def waits_of(setup: Setup, run: bench.Run, cls: str) -> list[float]:
@@ -154,6 +254,6 @@ def test_a_heavy_user_who_keeps_asking_is_served_within_max_wait_and_the_longest
 def test_the_command_prints_both_orders_and_the_reservation(capsys):
     assert bench.main(["--seeds", "1", "--gpus", "4", "--days", "1"]) == 0
     out = capsys.readouterr().out
-    assert "first come, first served  heavy" in out and "fair share                cs101" in out
-    assert "reserved GPU-h" in out and out.rstrip().splitlines()[-1].startswith("took ")
+    assert "first come, first served  no    heavy" in out and "fair share                yes   cs101" in out
+    assert "reserved GPU-hours" in out and "at need" in out and out.rstrip().splitlines()[-1].startswith("took ")
     assert bench.main(["--gpus", "1"]) == 2
