@@ -33,6 +33,7 @@ __all__ = [
     "keep_free",
     "needs",
     "to_stop",
+    "local",
     "zone_of",
 ]
 
@@ -175,6 +176,19 @@ class Reservation:
         return f"{self.label}: {self.count} {self.model} {when}" + (", lent while unused" if self.lend else "")
 
 
+def local(t: datetime, zone: ZoneInfo) -> datetime:
+    """``t``, a time without an offset, in ``zone``; ReservationError when that local
+    time does not exist there (the hour skipped when clocks go forward)."""
+    aware = t.replace(tzinfo=zone)
+    try:
+        back = aware.astimezone(timezone.utc).astimezone(zone).replace(tzinfo=None)
+    except OverflowError:
+        raise ReservationError(f"{t:%Y-%m-%d %H:%M} is out of range (too far in the past or the future)") from None
+    if back != t:
+        raise ReservationError(f"{t:%Y-%m-%d %H:%M} does not exist in {zone.key}: the clocks skip that hour")
+    return aware
+
+
 def zone_of(name: str) -> ZoneInfo:
     """The IANA time zone ``name``; ReservationError when there is none."""
     try:
@@ -263,19 +277,31 @@ def to_stop(needed: int, devices: Mapping[str, Mapping[str, int]], candidates: S
     devices are untouched, among ``devices`` (uuid -> {holder: milli}; empty: free):
     the newest until enough are free, then any not needed after all are let off.
     The newest go first even where fewer older ones would do. When stopping all
-    would free fewer, as many as stopping all would."""
-
-    def free_with(stopped: set[str]) -> int:
-        return sum(1 for held in devices.values() if set(held) <= stopped)
-
-    needed = min(needed, free_with(set(candidates)))
+    would free fewer, as many as stopping all would. Linear in the devices and
+    what the candidates hold (a window's start at a thousand nodes)."""
+    left = {uuid: len(held) for uuid, held in devices.items()}  # holders not stopped, per device
+    held_by: dict[str, list[str]] = {}
+    for uuid, held in devices.items():
+        for holder in held:
+            held_by.setdefault(holder, []).append(uuid)
+    everyone = set(candidates)
+    reachable = sum(1 for held in devices.values() if everyone.issuperset(held))
+    needed = min(needed, reachable)
+    free = sum(1 for n in left.values() if n == 0)
     chosen: list[str] = []
-    for c in candidates:
-        if free_with(set(chosen)) >= needed:
+    for c in dict.fromkeys(candidates):
+        if free >= needed:
             break
         chosen.append(c)
-    for c in reversed(list(chosen)):
-        rest = [x for x in chosen if x != c]
-        if free_with(set(rest)) >= needed:
-            chosen = rest
-    return chosen
+        for uuid in held_by.get(c, ()):
+            left[uuid] -= 1
+            free += left[uuid] == 0
+    kept = set(chosen)
+    for c in reversed(chosen):  # let off, oldest first, any whose stop is not needed after all
+        lost = sum(1 for uuid in held_by.get(c, ()) if left[uuid] == 0)
+        if free - lost >= needed:
+            kept.discard(c)
+            free -= lost
+            for uuid in held_by.get(c, ()):
+                left[uuid] += 1
+    return [c for c in chosen if c in kept]

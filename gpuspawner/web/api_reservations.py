@@ -22,7 +22,8 @@ from zoneinfo import ZoneInfo
 from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
 
-from ..core.reservations import HORIZON_WEEKS, WEEK, Reservation, ReservationError, zone_of
+from .. import hub_port
+from ..core.reservations import HORIZON_WEEKS, WEEK, Reservation, ReservationError, local, zone_of
 from ..ledger.ledger import LedgerError
 from .api import ADMIN_SCOPE, _GPUMixin
 
@@ -73,7 +74,7 @@ def _time(value: Any, key: str, zone: ZoneInfo) -> datetime:
         t = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise ReservationError(f"{key} {value!r} is not an ISO 8601 time, e.g. 2026-12-08T14:00") from None
-    t = t if t.tzinfo is not None else t.replace(tzinfo=zone)
+    t = t if t.tzinfo is not None else local(t, zone)
     try:
         utc = t.astimezone(timezone.utc)
         _ = (utc - MARGIN, utc + MARGIN)
@@ -108,6 +109,11 @@ class ReservationsHandler(_GPUMixin, APIHandler):
             if r.model not in totals:
                 raise ReservationError(
                     f"no {r.model} in the cluster; its models: {', '.join(sorted(totals)) or 'none'}"
+                )
+            if hub_port.group_members(self, r.group) is None:  # (the handler has the hub's db)
+                # A typo would keep the GPUs for nobody and stop everyone's servers at its start.
+                raise ReservationError(
+                    f"no JupyterHub group {r.group!r}: create it first (the admin page, or c.JupyterHub.load_groups)"
                 )
             made = await hub.reservations.add(r, totals[r.model])
         except ReservationError as exc:

@@ -86,6 +86,8 @@ async def start(monkeypatch, tmp_path):
         config = hub_config(tmp_path, gpu_inventory_source=["static"], gpu_inventory=INVENTORY, **gpu_settings)
         config.JupyterHub.authenticator_class = "dummy"
         config.Authenticator.allowed_users = {"anna", "boss"}
+        groups = ("cs101", "cs102", "physics")
+        config.JupyterHub.load_groups = {g: {"users": ["anna"] if g == "cs101" else []} for g in groups}
         config.Authenticator.admin_users = {"boss"}
         app = JupyterHub()
         app.update_config(config)
@@ -190,6 +192,11 @@ async def test_an_overlap_beyond_the_models_count_is_refused_naming_the_other(hu
         ({"lend": 1}, "weekly and lend must be true or false"),
         ({"group": ""}, "a reservation needs a group"),
         ({"end": "2026-12-15T14:00"}, "a weekly reservation's window must be shorter than a week"),
+        ({"group": "cs10"}, "no JupyterHub group 'cs10': create it first"),  # a typo keeps GPUs for nobody
+        (
+            {"start": "2027-03-28T02:30", "end": "2027-03-28T04:00"},
+            "2027-03-28 02:30 does not exist in Europe/Berlin: the clocks skip that hour",
+        ),
     ],
 )
 async def test_a_bad_reservation_is_refused_with_its_reason_and_nothing_is_stored(hub, change, message):
@@ -297,14 +304,11 @@ async def test_the_gpus_page_lists_the_reservations(hub):
 
 async def test_the_hubs_groups_are_read_as_jupyterhub_has_them(start):
     """What reservations and fair share by group ask of JupyterHub (hub_port), on a real hub."""
-    hub = await start()
+    hub = await start()  # c.JupyterHub.load_groups: anna in cs101; cs102 and physics empty
     app = hub.app
-    group = orm.Group(name="cs101")
-    app.db.add(group)
-    group.users.append(orm.User.find(app.db, "anna"))
-    app.db.commit()
     assert hub_port.user_groups(app, "anna") == ["cs101"]
     assert hub_port.user_groups(app, "boss") == []
     assert hub_port.user_groups(app, "nobody") is None
     assert hub_port.group_members(app, "cs101") == ["anna"]
-    assert hub_port.group_members(app, "physics") is None
+    assert hub_port.group_members(app, "physics") == []
+    assert hub_port.group_members(app, "chemistry") is None
