@@ -4,6 +4,7 @@ replayed through the real allocator as the published experiment does.
     python -m benchmarks.bench_trace --trace ../shared/traces/openb                  # default list, 10 seeds
     python -m benchmarks.bench_trace --trace ../shared/traces/openb --list gpushare40 --seeds 3
     python -m benchmarks.bench_trace --trace ../shared/traces/openb --policies pack --json
+    python -m benchmarks.bench_trace --trace ../shared/traces/openb --departures --seeds 3  # servers end, requests wait
 
 The trace (``openb_node_list_gpu_node.csv``, ``openb_pod_list_LIST.csv``) is read
 from the folder given; it comes from the repository alibaba/clusterdata,
@@ -31,12 +32,27 @@ task shapes covering 95 % of the tasks weighted by frequency, the node's free
 GPU that this task could not use; divided by all free GPU); tasks dropped; and
 the time per decision (p50, p99 over all decisions of all seeds, each timed
 alone with ``perf_counter_ns``).
+
+With ``--departures`` (the life of a hub) servers end and requests wait. The trace's own
+times cannot drive that (replayed, they load the cluster to 0.2 % on average), so each
+server's duration is drawn from the list's ``deletion_time - scheduled_time`` (default list:
+mean 8.0 h, median 10 min), and requests, in the published order until they ask for
+``--span`` times the cluster's GPUs, arrive as a Poisson process at the rate that asks for
+``--load`` of the GPUs on average. The span starts in that steady state (:func:`draw`):
+a few very long servers carry most of the load, and from an empty cluster a span of a day
+would never reach it. A request that finds no room waits in the line of its models and
+gives up after an exponential patience of mean ``--patience`` minutes (:func:`live`).
+Printed per policy (default pack, spread, frag), on the same requests: GPU-hours served
+within the span (% of those asked), mean GPU use, waits of the served, give-ups, and the
+time per decision.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import heapq
+import itertools
 import json
 import platform
 import random
@@ -44,10 +60,10 @@ import statistics
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuspawner.allocator.allocator import AllocationRefused, Allocator, Request
+from gpuspawner.allocator.allocator import Allocation, AllocationRefused, Allocator, Request
 from gpuspawner.allocator.fragment import Mix, Shape
 from gpuspawner.core.inventory import GPU
 from gpuspawner.core.sharing import UNIT
@@ -244,7 +260,6 @@ def run(folder: Path, name: str, policies: list[str], seeds: int) -> dict:
     }
     for policy in policies:
         runs = [replay(nodes, tasks, policy, seed, shapes) for seed in range(seeds)]
-        times = sorted(t for r in runs for t in r["times_ns"])
         out["policies"][policy] = {
             "unallocated": [round(statistics.mean(r["unallocated"][k] for r in runs), 2) for k in range(len(ARRIVED))],
             "unallocated_median": [
@@ -252,11 +267,24 @@ def run(folder: Path, name: str, policies: list[str], seeds: int) -> dict:
             ],
             "fragmentation": round(100 * statistics.mean(r["fragmentation"] for r in runs), 2),
             "dropped": round(statistics.mean(r["dropped"] for r in runs)),
-            "decision_us_p50": round(times[len(times) // 2] / 1000, 1),
-            "decision_us_p99": round(times[int(len(times) * 0.99)] / 1000, 1),
-            "decisions": len(times),
+            **decision_times([t for r in runs for t in r["times_ns"]]),
         }
     return out
+
+
+def percentile(xs: list, q: float) -> float:
+    """The ``q`` quantile of ``xs`` (sorted or not), 0 when there is none."""
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(len(xs) * q))] if xs else 0
+
+
+def decision_times(times_ns: list[int]) -> dict:
+    """p50 and p99 of the decisions' times, in µs, and how many there were."""
+    return {
+        "decision_us_p50": round(percentile(times_ns, 0.5) / 1000, 1),
+        "decision_us_p99": round(percentile(times_ns, 0.99) / 1000, 1),
+        "decisions": len(times_ns),
+    }
 
 
 def table(result: dict) -> str:
@@ -285,13 +313,289 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+# -- with departures (--departures) ---------------------------------------------
+
+
+def read_durations(folder: Path, name: str) -> list[int]:
+    """How long the list's tasks ran (``deletion_time - scheduled_time``, s), of those that have
+    both times (a task still pending has no ``scheduled_time``); empty for a list without them."""
+    with open(folder / f"openb_pod_list_{name}.csv", newline="") as f:
+        times = [(r.get("scheduled_time"), r.get("deletion_time")) for r in csv.DictReader(f)]
+    return [int(end) - int(start) for start, end in times if start and end and int(end) > int(start)]
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A server of the departures mode: a request, or one already running when the span starts."""
+
+    id: int
+    task: Task
+    at: float  # s after the span's start that it asks (0: already running then)
+    duration: float  # s it runs once placed (already running: what is left of it)
+    patience: float  # s it waits in line before it gives up
+
+
+@dataclass(frozen=True)
+class Draws:
+    """What one seed draws, the same for every policy."""
+
+    running: list[Ask]  # already running when the span starts
+    asks: list[Ask]  # the requests, in the order they come
+    span: float  # s, until the last request
+
+
+def draw(
+    tasks: list[Task], durations: list[int], capacity: int, seed: int, load: float, patience: float, upto: float
+) -> Draws:
+    """Requests in the published order (:func:`arrivals`, up to ``upto`` of the cluster's GPUs),
+    arriving as a Poisson process at the rate that asks for ``load`` of the cluster's GPUs on
+    average, each with a duration drawn from ``durations`` and an exponential patience of mean
+    ``patience`` s. And the servers already running when the span starts, as the steady state
+    of those arrivals has them: as many as that load keeps running on average, a task drawn
+    from the list, a duration drawn in proportion to its length (a long server is more likely
+    to be running at a given moment) and a uniform part of it left."""
+    rng = random.Random(f"departures {seed}")
+    mean_gpu = statistics.mean(t.gpu_request for t in tasks)
+    mean_duration = statistics.mean(durations)
+    rate = load * capacity / (mean_gpu * mean_duration)  # requests per s
+    lengths = rng.choices(durations, weights=durations, k=round(rate * mean_duration))
+    running = [Ask(i, rng.choice(tasks), 0.0, d * rng.random(), 0.0) for i, d in enumerate(lengths)]
+    asks, at = [], 0.0
+    for i, task in enumerate(arrivals(tasks, capacity, seed, upto), len(running)):
+        at += rng.expovariate(rate)
+        asks.append(Ask(i, task, at, rng.choice(durations), rng.expovariate(1 / patience)))
+    return Draws(running, asks, at)
+
+
+@dataclass
+class Life:
+    """One policy's span over one seed's draws."""
+
+    running: list[tuple[Ask, Allocation]] = field(default_factory=list)  # placed at the start
+    left_out: list[Ask] = field(default_factory=list)  # running at the start, but fit nowhere
+    served: list[tuple[Ask, float, Allocation]] = field(default_factory=list)  # (ask, start, what), as placed
+    gave_up: list[tuple[Ask, float]] = field(default_factory=list)  # (ask, when)
+    waiting: list[Ask] = field(default_factory=list)  # still in line when the span ends
+    refused: set[int] = field(default_factory=set)  # the requests refused at least once
+    gpu_seconds: float = 0.0  # allocated GPU thousandths × s, over the span
+    times_ns: list[int] = field(default_factory=list)  # each decision of the span
+
+
+def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, float]]) -> Life:
+    """The span under one policy. Those running at the start are placed first, one at a time
+    (one that fits nowhere is left out, as in the published experiment); then events in time
+    order: a request is placed, or waits in the line of the models it accepts (the product's
+    line per model: it never goes ahead of one that came before it and still waits for any of
+    those models; requests for other models are not held up), or, a CPU-only task or one that
+    can never be met, gives up at once; a server ends after its duration; a waiter gives up
+    after its patience. Whenever a server ends or a waiter gives up, the line is served in
+    order, each waiter tried unless one before it that shares a model still waits."""
+    alloc = build(nodes, policy, shapes)
+    every = frozenset(n.model for n in nodes)
+    life = Life()
+    events: list[tuple[float, int, str, Ask]] = []
+    order = itertools.count()  # at the same time: in the order pushed
+    line: dict[int, Ask] = {}  # those waiting, in the order they came
+    waiting_for: Counter[str] = Counter()  # how many wait in each model's line
+    allocated = 0  # GPU thousandths held now
+    last = 0.0
+
+    def models_of(task: Task) -> frozenset[str]:
+        """The lines it waits in: none for a CPU-only task (it never waits)."""
+        return frozenset() if task.num_gpu == 0 else frozenset(task.spec) or every
+
+    def start(ask: Ask, now: float, got: Allocation) -> None:
+        nonlocal allocated
+        allocated += got.total_milli
+        heapq.heappush(events, (now + ask.duration, next(order), "end", ask))
+
+    def place(ask: Ask, now: float) -> AllocationRefused | None:
+        t0 = time.perf_counter_ns()
+        try:
+            got = alloc.allocate(str(ask.id), ask.task.request())
+        except AllocationRefused as exc:
+            life.refused.add(ask.id)
+            return exc
+        finally:
+            life.times_ns.append(time.perf_counter_ns() - t0)
+        life.served.append((ask, now, got))
+        start(ask, now, got)
+        return None
+
+    def join(ask: Ask, now: float) -> None:
+        line[ask.id] = ask
+        waiting_for.update(models_of(ask.task))
+        heapq.heappush(events, (now + ask.patience, next(order), "give up", ask))
+
+    def leave(ask: Ask) -> None:
+        del line[ask.id]
+        waiting_for.subtract(models_of(ask.task))
+
+    def arrive(ask: Ask, now: float) -> None:
+        models = models_of(ask.task)
+        if any(waiting_for[m] for m in models):  # others wait for its models: behind them
+            join(ask, now)
+            return
+        refused = place(ask, now)
+        if refused is None:
+            return
+        if models and refused.retry:
+            join(ask, now)
+        else:  # it does not wait: a CPU-only task, or one that can never be met
+            life.gave_up.append((ask, now))
+
+    def serve(now: float) -> None:
+        blocked: set[str] = set()  # models that someone earlier in the line still waits for
+        for ask in list(line.values()):
+            models = models_of(ask.task)
+            if not blocked & models and place(ask, now) is None:
+                leave(ask)
+                continue
+            blocked |= models
+            if blocked >= every:
+                return
+
+    for ask in draws.running:
+        try:
+            got = alloc.allocate(str(ask.id), ask.task.request())
+        except AllocationRefused:
+            life.left_out.append(ask)
+            continue
+        life.running.append((ask, got))
+        start(ask, 0.0, got)
+    for ask in draws.asks:
+        heapq.heappush(events, (ask.at, next(order), "arrive", ask))
+    while events and events[0][0] <= draws.span:
+        now, _, kind, ask = heapq.heappop(events)
+        life.gpu_seconds += allocated * (now - last)
+        last = now
+        if kind == "arrive":
+            arrive(ask, now)
+        elif kind == "end":
+            allocated -= alloc.release(str(ask.id)).total_milli  # type: ignore[union-attr]
+            serve(now)
+        elif ask.id in line:  # its patience ran out
+            leave(ask)
+            life.gave_up.append((ask, now))
+            serve(now)
+    life.gpu_seconds += allocated * (draws.span - last)
+    life.waiting = list(line.values())
+    return life
+
+
+def in_span(ask: Ask, start: float, span: float) -> float:
+    """GPU thousandths × s that ``ask`` holds within the span when placed at ``start``."""
+    return ask.task.gpu_request * max(0.0, min(ask.duration, span - start))
+
+
+def figures(runs: list[tuple[Draws, Life]], capacity: int) -> dict:
+    """One policy's figures over the seeds: GPU-hours within the span (asked: from each
+    request's arrival, served: from its start), waits of the served (minutes), give-ups."""
+    asked = served = lost = 0.0
+    waits: list[float] = []
+    times: list[int] = []
+    requests = gave_up = 0
+    for draws, life in runs:
+        asked += sum(in_span(a, a.at, draws.span) for a in draws.asks)
+        served += sum(in_span(a, at, draws.span) for a, at, _ in life.served)
+        lost += sum(in_span(a, a.at, draws.span) for a, _ in life.gave_up)
+        waits += [(at - a.at) / 60 for a, at, _ in life.served]
+        times += life.times_ns
+        requests += len(draws.asks)
+        gave_up += len(life.gave_up)
+    seeds = len(runs)
+    return {
+        "served_gpu_h_pct": round(100 * served / asked, 2),
+        "gpu_use_pct": round(statistics.mean(100 * life.gpu_seconds / (capacity * d.span) for d, life in runs), 2),
+        "held_at_start_pct": round(
+            statistics.mean(100 * sum(g.total_milli for _, g in life.running) / capacity for _, life in runs), 2
+        ),
+        "left_out_at_start": round(statistics.mean(len(life.left_out) for _, life in runs), 1),
+        "wait_min_p50": round(percentile(waits, 0.5), 2),
+        "wait_min_p95": round(percentile(waits, 0.95), 2),
+        "served": round(sum(len(life.served) for _, life in runs) / seeds, 1),
+        "gave_up": round(gave_up / seeds, 1),
+        "gave_up_pct": round(100 * gave_up / requests, 2),
+        "gave_up_gpu_h_pct": round(100 * lost / asked, 2),
+        "still_waiting": round(sum(len(life.waiting) for _, life in runs) / seeds, 1),
+        "refused": round(sum(len(life.refused) for _, life in runs) / seeds, 1),
+        **decision_times(times),
+    }
+
+
+def run_departures(
+    folder: Path, name: str, policies: list[str], seeds: int, load: float, patience_min: float, upto: float
+) -> dict:
+    nodes, tasks, durations = read_nodes(folder), read_tasks(folder, name), read_durations(folder, name)
+    shapes = typical(tasks)
+    capacity = UNIT * sum(n.gpus for n in nodes)
+    draws = [draw(tasks, durations, capacity, seed, load, 60 * patience_min, upto) for seed in range(seeds)]
+    offered = [
+        sum(in_span(a, a.at, d.span) for a in d.running + d.asks) / (capacity * d.span) for d in draws
+    ]  # the running ones: from the start
+    return {
+        "mode": "departures",
+        "list": name,
+        "nodes": len(nodes),
+        "gpus": capacity // UNIT,
+        "tasks": len(tasks),
+        "durations": len(durations),
+        "duration_h_mean": round(statistics.mean(durations) / 3600, 2),
+        "duration_min_median": round(statistics.median(durations) / 60, 1),
+        "seeds": seeds,
+        "load": load,
+        "patience_min": patience_min,
+        "upto": upto,
+        "requests": round(statistics.mean(len(d.asks) for d in draws)),
+        "running_at_start": round(statistics.mean(len(d.running) for d in draws)),
+        "span_h": round(statistics.mean(d.span for d in draws) / 3600, 1),
+        "offered_pct": round(100 * statistics.mean(offered), 1),
+        "python": platform.python_version(),
+        "policies": {
+            policy: figures([(d, live(nodes, d, policy, shapes)) for d in draws], capacity) for policy in policies
+        },
+    }
+
+
+def departures_table(result: dict) -> str:
+    lines = [
+        f"OpenB list {result['list']} with departures: {result['nodes']} nodes, {result['gpus']} GPUs; "
+        f"{result['seeds']} seeds, Python {result['python']}",
+        f"Durations drawn from {result['durations']} of the list's tasks (mean {result['duration_h_mean']} h, "
+        f"median {result['duration_min_median']} min); Poisson arrivals for {result['load']:.0%} of the GPUs; "
+        f"patience exponential, mean {result['patience_min']:g} min",
+        f"Per seed: {result['running_at_start']} servers running at the start (the steady state), "
+        f"{result['requests']} requests asking for {result['upto']:g} × the cluster's GPUs over "
+        f"{result['span_h']} h; offered over the span: {result['offered_pct']} % of the GPUs",
+        "served: GPU-hours within the span, % of those asked; use: mean allocated GPU %; at start: GPU % held "
+        "once those running are placed; waits of the served (min); gave up: per seed, % of requests, "
+        "% of asked GPU-hours; refused: requests refused at least once, per seed (who else waited was behind them)",
+        f"{'policy':20}{'served %':>9}{'use %':>7}{'at start':>9}{'wait p50':>9}{'p95':>7}"
+        f"{'gave up':>9}{'% req':>7}{'% GPU-h':>8}{'refused':>8}{'p50 µs':>8}{'p99 µs':>8}",
+    ]
+    for policy, r in result["policies"].items():
+        lines.append(
+            f"{'gpuspawner ' + policy:20}{r['served_gpu_h_pct']:9.2f}{r['gpu_use_pct']:7.2f}"
+            f"{r['held_at_start_pct']:9.2f}{r['wait_min_p50']:9.2f}{r['wait_min_p95']:7.1f}"
+            f"{r['gave_up']:9.1f}{r['gave_up_pct']:7.2f}{r['gave_up_gpu_h_pct']:8.2f}{r['refused']:8.1f}"
+            f"{r['decision_us_p50']:8.1f}{r['decision_us_p99']:8.1f}"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--trace", type=Path, required=True, help="the OpenB folder (its CSV files)")
     p.add_argument("--list", default="default", help="which task list: default, gpushare40, multigpu20, ...")
-    p.add_argument("--policies", default="pack,spread", help="comma-separated (default: pack,spread)")
+    p.add_argument("--policies", help="comma-separated (default: pack,spread; with --departures pack,spread,frag)")
     p.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1 (default 10)")
     p.add_argument("--json", action="store_true", help="the figures as JSON")
+    p.add_argument("--departures", action="store_true", help="servers end, requests wait in line (see the doc)")
+    p.add_argument("--load", type=float, default=0.9, help="with --departures: GPUs asked on average (default 0.9)")
+    p.add_argument("--patience", type=float, default=30, help="with --departures: mean patience, min (default 30)")
+    p.add_argument(
+        "--span", type=float, default=3, help="with --departures: requests until they ask N × the GPUs (default 3)"
+    )
     args = p.parse_args(argv)
     if not (args.trace / "openb_node_list_gpu_node.csv").is_file():
         print(f"{args.trace} has no openb_node_list_gpu_node.csv: give the OpenB trace's folder", file=sys.stderr)
@@ -299,8 +603,21 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.trace / f"openb_pod_list_{args.list}.csv").is_file():
         print(f"{args.trace} has no openb_pod_list_{args.list}.csv", file=sys.stderr)
         return 2
-    result = run(args.trace, args.list, args.policies.split(","), args.seeds)
-    print(json.dumps(result) if args.json else table(result))
+    if not args.departures:
+        result = run(args.trace, args.list, (args.policies or "pack,spread").split(","), args.seeds)
+        print(json.dumps(result) if args.json else table(result))
+        return 0
+    if not read_durations(args.trace, args.list):
+        print(
+            f"openb_pod_list_{args.list}.csv has no scheduled and deletion times to draw durations from",
+            file=sys.stderr,
+        )
+        return 2
+    t0 = time.perf_counter()
+    policies = (args.policies or "pack,spread,frag").split(",")
+    result = run_departures(args.trace, args.list, policies, args.seeds, args.load, args.patience, args.span)
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps(result) if args.json else f"{departures_table(result)}\ntook {result['seconds']} s")
     return 0
 
 

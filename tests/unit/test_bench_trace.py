@@ -100,3 +100,111 @@ def test_frag_is_given_the_typical_task_shapes_as_its_mix(trace, capsys):
 def test_a_missing_trace_is_said_plainly(tmp_path, capsys):
     assert bench.main(["--trace", str(tmp_path)]) == 2
     assert "give the OpenB trace's folder" in capsys.readouterr().err
+
+
+# With departures: three nodes, two models; whole GPUs of one, either or any model, shares
+# of a G2 and of a T4, 2 and 4 GPUs on one node, a CPU-only task, each run for its own time,
+# and a pending task (no times).
+LIFE_NODES = """sn,cpu_milli,memory_mib,gpu,model
+n1,8000,65536,2,T4
+n2,4000,65536,1,G2
+n3,16000,131072,4,T4
+"""
+LIFE_PODS = """name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time
+p0,2000,4096,1,1000,T4|G2,LS,Running,0,600,0
+p1,2000,4096,1,1000,,LS,Running,0,1800,0
+p2,1000,2048,1,250,G2,LS,Running,0,3600,0
+p3,1000,2048,1,500,T4,LS,Running,0,300,0
+p4,4000,8192,2,1000,,LS,Running,0,7200,0
+p5,8000,16384,4,1000,T4,LS,Running,0,900,0
+p6,1000,1024,0,0,,BE,Running,0,1200,0
+p7,2000,4096,1,1000,G2,LS,Running,0,36000,0
+p8,1000,2048,1,1000,T4,LS,Pending,0,,
+"""
+
+
+@pytest.fixture
+def life(tmp_path: Path) -> Path:
+    (tmp_path / "openb_node_list_gpu_node.csv").write_text(LIFE_NODES)
+    (tmp_path / "openb_pod_list_life.csv").write_text(LIFE_PODS)
+    (tmp_path / "openb_pod_list_timeless.csv").write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1,1,1000\n"
+    )
+    return tmp_path
+
+
+def lines_of(task: bench.Task) -> frozenset[str]:
+    """The model lines a request waits in (the test's own reading of the rule)."""
+    return frozenset() if task.num_gpu == 0 else frozenset(task.spec) or frozenset({"T4", "G2"})
+
+
+@pytest.mark.parametrize("policy", ["pack", "spread", "frag"])
+def test_with_departures_the_line_and_the_devices_keep_their_rules(life, policy):
+    nodes, tasks = bench.read_nodes(life), bench.read_tasks(life, "life")
+    durations = bench.read_durations(life, "life")
+    assert durations == [600, 1800, 3600, 300, 7200, 900, 1200, 36000]  # the pending task has none
+    capacity = 7000
+    draws = bench.draw(tasks, durations, capacity, seed=1, load=1.0, patience=7200, upto=20)
+    assert draws.running and len(draws.asks) > 100 and draws.span == draws.asks[-1].at
+    run = bench.live(nodes, draws, policy, bench.typical(tasks))
+
+    # Each request is served, gave up or still waits, exactly once; those running at the start were placed or left out.
+    served = [a.id for a, _, _ in run.served]
+    assert sorted(served + [a.id for a, _ in run.gave_up] + [a.id for a in run.waiting]) == [a.id for a in draws.asks]
+    assert sorted([a.id for a, _ in run.running] + [a.id for a in run.left_out]) == [a.id for a in draws.running]
+    # Waits are never negative; a give-up is at once (it does not wait) or after its patience.
+    assert all(start >= a.at for a, start, _ in run.served)
+    assert all(when in (a.at, a.at + a.patience) for a, when in run.gave_up)
+    assert any(start > a.at for a, start, _ in run.served) and any(when > a.at for a, when in run.gave_up)
+
+    # No device is booked above 1000 thousandths, nor a node's CPU above what it has, at any start.
+    held = [(0.0, a.duration, got) for a, got in run.running] + [(s, s + a.duration, got) for a, s, got in run.served]
+    cpus = {n.name: n.cpu_milli for n in nodes}
+    for t in sorted({s for s, _, _ in held}):
+        booked: dict[str, int] = {}
+        cpu: dict[str, int] = {}
+        for s, e, got in held:
+            if s <= t < e:
+                for gpu, milli in got.booking().items():
+                    booked[gpu.uuid] = booked.get(gpu.uuid, 0) + milli
+                cpu[got.host] = cpu.get(got.host, 0) + got.cpu_milli
+        assert max(booked.values(), default=0) <= 1000
+        assert all(used <= cpus[host] for host, used in cpu.items())
+
+    # The line per model: nobody starts while one that came before it for one of its models
+    # still waits; one that waits for other models only does not hold it up.
+    order = {a.id: i for i, (a, _, _) in enumerate(run.served)}
+    gave_up = {a.id: when for a, when in run.gave_up}
+    waiting = {a.id for a in run.waiting}
+    passed = 0
+    for r, start, _ in run.served:
+        for w in draws.asks:
+            if w.at < r.at and (
+                order.get(w.id, -1) > order[r.id] or gave_up.get(w.id, -1.0) > start or w.id in waiting
+            ):
+                assert not lines_of(w.task) & lines_of(r.task), (w, r)
+                passed += start > r.at and bool(lines_of(r.task))
+    assert passed  # served from the line while an earlier waiter for other models still waited
+    waited = {a.id for a, start, _ in run.served if start > a.at} | set(gave_up) | waiting
+    assert run.refused and run.refused <= waited  # a refused request waits (or gives up at once)
+
+    # GPU-hours: none served beyond what was asked; the use is a share of the cluster.
+    for a, start, _ in run.served:
+        assert bench.in_span(a, start, draws.span) <= bench.in_span(a, a.at, draws.span)
+    figures = bench.figures([(draws, run)], capacity)
+    assert 0 < figures["served_gpu_h_pct"] <= 100 and 0 < figures["gpu_use_pct"] <= 100
+    assert figures["gave_up"] == len(run.gave_up) and figures["wait_min_p95"] >= figures["wait_min_p50"] >= 0
+
+
+def test_with_departures_the_command_reports_every_policy(life, capsys):
+    argv = ["--trace", str(life), "--list", "life", "--departures", "--seeds", "2", "--span", "5", "--json"]
+    assert bench.main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["gpus"], result["durations"], result["load"], result["patience_min"]) == (7, 8, 0.9, 30)
+    assert set(result["policies"]) == {"pack", "spread", "frag"}
+    for r in result["policies"].values():
+        assert r["served"] + r["gave_up"] + r["still_waiting"] == pytest.approx(result["requests"], abs=0.5)
+        assert r["decision_us_p99"] >= r["decision_us_p50"] > 0
+        assert r["decisions"] >= 2 * r["served"]  # one at least for each served, on each of 2 seeds
+    assert bench.main(["--trace", str(life), "--list", "timeless", "--departures"]) == 2
+    assert "no scheduled and deletion times" in capsys.readouterr().err
