@@ -94,15 +94,16 @@ class Mix:
 
     @classmethod
     def learned(cls, held: Iterable[tuple[str, tuple[int, ...]]]) -> Mix | None:
-        """From what servers held (each its model, "" for none, and its devices'
-        thousandths): one shape per kind, weighted by how many held it; each of the
-        model it got. A share split over devices counts as a share of its largest
-        piece. None when nothing was held."""
+        """From what servers held (each its model and its devices' thousandths; the
+        ledger records servers with GPUs only): one shape per kind, weighted by how
+        many held it; each of the model it got, without CPU or memory (the ledger has
+        neither). A share split over devices counts as a share of its largest piece.
+        None when nothing was held."""
         counts: Counter[Shape] = Counter()
         for model, milli in held:
-            if not milli or not model:
-                counts[Shape(0, UNIT)] += 1
-            elif all(m >= UNIT for m in milli):
+            if not milli:
+                continue
+            if all(m >= UNIT for m in milli):
                 counts[Shape(len(milli), UNIT, models=frozenset([model]))] += 1
             else:
                 counts[Shape(1, max(milli), models=frozenset([model]))] += 1

@@ -109,6 +109,10 @@ class Reservation:
     def label(self) -> str:
         return self.name or self.group
 
+    def when(self, t: datetime) -> str:
+        """``t`` as people of this reservation read it: in its time zone."""
+        return f"{t.astimezone(self.zone):%Y-%m-%d %H:%M} {self.timezone}"
+
     def window(self, k: int) -> Window:
         """The ``k``-th window (0: the first); a one-off reservation has only that one."""
         if k == 0 or not self.weekly:
@@ -234,6 +238,7 @@ class Need:
     reservation: Reservation
     window: Window
     unmet: int  # whole devices
+    held: int = 0  # whole GPUs its members hold (shares added up, rounded down)
 
 
 def needs(
@@ -253,10 +258,11 @@ def needs(
         w = r.next_window(now)
         if w is None or w.start > now + ahead:
             continue
-        unmet = max(0, r.count - math.floor(members_hold.get(r.id or 0, 0.0) + 1e-9))
+        held = math.floor(members_hold.get(r.id or 0, 0.0) + 1e-9)
+        unmet = max(0, r.count - held)
         if r.lend:
             unmet = min(unmet, (members_waiting or {}).get(r.id or 0, 0)) if now in w else 0
-        out.append(Need(r, w, unmet))
+        out.append(Need(r, w, unmet, held))
     return out
 
 

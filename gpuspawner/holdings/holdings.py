@@ -38,7 +38,7 @@ import enum
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from .. import metrics
@@ -131,6 +131,11 @@ class Holdings:
     def all(self) -> dict[str, Holding]:
         return dict(self._holdings)
 
+    @property
+    def version(self) -> int:
+        """A number that changes whenever a holding is made, changes phase or ends."""
+        return self._version
+
     # -- transitions ---------------------------------------------------------------
 
     def _set(self, h: Holding, phase: Phase, problem: str = "") -> None:
@@ -170,12 +175,7 @@ class Holdings:
             raise LedgerError("the GPU bookings of the earlier hub are not read from the ledger yet")
         alloc: Allocation | None = None
         if request is not None:
-            with metrics.ALLOCATION_SECONDS.time():  # the decision alone, not the ledger's write
-                alloc = self.allocator.allocate(name, request, max_per_owner=max_per_owner, policy=policy)
-            kept = (keep_free or {}).get(alloc.model, 0) if alloc.devices else 0
-            if kept and self.allocator.untouched(alloc.model) < kept:
-                self.allocator.release(name)
-                raise AllocationRefused(kept_why(alloc.model), Refusal.RESERVED)
+            alloc = self._allocate(name, request, max_per_owner, policy, keep_free or {}, kept_why)
         port = None
         if port_range is not None:
             port = self.ports.pick(name, *port_range)
@@ -201,6 +201,36 @@ class Holdings:
                 self._forget(h)
                 raise
         return h
+
+    def _allocate(
+        self,
+        name: str,
+        request: Request,
+        max_per_owner: int,
+        policy: str,
+        keep_free: Mapping[str, int],
+        kept_why: Callable[[str], str],
+    ) -> Allocation:
+        """The allocator's booking, unless it leaves fewer untouched devices of its model
+        than ``keep_free`` says: then the request's other models, if it takes several."""
+        reserved: str | None = None  # the first model found kept for others
+        while True:
+            try:
+                with metrics.ALLOCATION_SECONDS.time():  # the decision alone, not the ledger's write
+                    alloc = self.allocator.allocate(name, request, max_per_owner=max_per_owner, policy=policy)
+            except AllocationRefused:
+                if reserved is None:
+                    raise
+                raise AllocationRefused(kept_why(reserved), Refusal.RESERVED) from None
+            kept = keep_free.get(alloc.model, 0) if alloc.devices else 0
+            if not kept or self.allocator.untouched(alloc.model) >= kept:
+                return alloc
+            self.allocator.release(name)
+            reserved = reserved or alloc.model
+            others = tuple(m for m in request.models or () if m != alloc.model)
+            if not others:
+                raise AllocationRefused(kept_why(reserved), Refusal.RESERVED)
+            request = replace(request, models=others)
 
     async def create(self, name: str, spec: dict) -> dict:
         """Create the holding's service from ``spec`` (build_service's kwargs).

@@ -446,15 +446,16 @@ async def refused_out_of_line(line: WaitLine, service: str) -> AsyncIterator[Non
 
 
 async def reserve_or_wait(
-    spawner, line: WaitLine, model: str | None, wait: bool, reserve: Reserve, spawn_error
+    spawner, line: WaitLine, model: str | None, wait: bool, reserve: Reserve, spawn_error, member: bool = False
 ) -> Holding:
     """Reserve now, or (with ``wait``) wait in ``model``'s line while none is
-    free: a request never goes ahead of those in line for its model.
-    ``spawn_error`` makes the SpawnExceptions users see."""
+    free: a request never goes ahead of those in line for its model, unless it is
+    a ``member`` of a reservation whose open window keeps the model (the GPUs kept
+    are its to take first). ``spawn_error`` makes the SpawnExceptions users see."""
     if wait:  # a hub loads its line at start (line_resume): others need not wait for the ledger here
         await line.load()
     name = spawner.service_name
-    if model is None or (not line.waiting_for(model) and line.place(name) is None):
+    if model is None or (line.place(name) is None and (member or not line.waiting_for(model))):
         try:
             return await reserve()
         except SpawnException as exc:

@@ -294,7 +294,7 @@ class Reclaimer:
     def ends_in(self, h: Holding) -> float | None:
         """Seconds until the holding's held-time limit stops its server; None: no limit."""
         limit = self.limits_for(h).max_held
-        return None if limit is None else max(0.0, limit - (self.timers.held_for(h.name) or 0.0))
+        return None if limit is None else max(0.0, limit - (self.held_for(h) or 0.0))
 
     # -- what users and admins see -------------------------------------------------
 

@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 NOTICE_BEFORE = timedelta(minutes=15)  # servers that must make room are told this long ahead
 LEND_NOTICE = timedelta(minutes=1)  # a lent GPU a member now waits for is given back after this
 REFRESH_SECONDS = 30.0  # the list is read from the ledger at most this often (and after each change)
+GROUPS_SECONDS = 10.0  # a user's JupyterHub groups are asked again after this
+STOPS_AT_ONCE = 8  # servers stopped together at a window's start
 
 RESERVED = Gauge(
     "gpuspawner_reserved_gpus",
@@ -55,10 +57,17 @@ RESERVED = Gauge(
 )
 
 GroupsOf = Callable[[str], "Iterable[str] | None"]  # a user's groups now; None: not known
+Waiting = Callable[[], "Iterable[tuple[str, str, int]]"]  # (user, model, GPUs asked) of each waiter
 
 
 def _iso(t: datetime) -> str:
     return t.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def gpus_asked(request: dict) -> int:
+    """Whole GPUs a waiting request asks for (a share, "all" or a bad count: 1)."""
+    count = request.get("gpu_count", 1)
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1
 
 
 class ReservationKeeper:
@@ -70,7 +79,7 @@ class ReservationKeeper:
         stop: Callable[[Holding, str], Awaitable[bool]] | None = None,
         ends_in: Callable[[Holding], float | None] = lambda h: None,
         held_for: Callable[[Holding], float | None] = lambda h: None,
-        waiting: Callable[[], Iterable[tuple[str, str]]] = lambda: (),
+        waiting: Waiting = lambda: (),
         wall: Callable[[], datetime] = utc_now,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -79,12 +88,15 @@ class ReservationKeeper:
         self.stop = stop
         self.ends_in = ends_in  # seconds until the holding's server must end anyway (its held-time limit)
         self.held_for = held_for  # seconds it has held its GPUs (from the ledger's start after a restart)
-        self.waiting = waiting  # (user, model) of each request waiting in line
-        self._told: dict[str, tuple[Holding, datetime]] = {}  # holding name -> when it was first told to make room
+        self.waiting = waiting
         self.wall, self.clock = wall, clock
         self.reservations: list[Reservation] = []
         self.known = False  # the ledger has answered once
         self._read_at = -float("inf")
+        self._reads = self._read_applied = 0  # reads begun, and the latest whose answer is kept
+        self._groups: dict[str, tuple[float, frozenset[str] | None]] = {}  # user -> (when asked, groups)
+        self._held: tuple[tuple, dict[int, float]] | None = None  # (what it was worked out from, members' GPUs)
+        self._told: dict[str, tuple[Holding, datetime]] = {}  # holding name -> when it was first told to make room
         self._shown: set[tuple[str, str]] = set()  # the gauge's label pairs
         self._change = asyncio.Lock()  # a new reservation is checked against the list it is added to
 
@@ -92,14 +104,20 @@ class ReservationKeeper:
 
     async def refresh(self, force: bool = False) -> None:
         """Read the list from the ledger (at most every REFRESH_SECONDS unless
-        ``force``). On a LedgerError the last list read stays."""
+        ``force``). On a LedgerError the last list read stays; a read that answers
+        after a later one is not kept."""
         if not force and self.clock() - self._read_at < REFRESH_SECONDS:
             return
+        self._reads += 1
+        read = self._reads
         try:
             rows = await self.holdings.ledger_call(lambda db: db.reservations())
         except LedgerError as exc:
             log.warning("Reservations could not be read from the ledger: %s", exc)
             return
+        if read < self._read_applied:
+            return
+        self._read_applied = read
         self.reservations, self.known, self._read_at = list(rows or []), True, self.clock()
 
     async def add(self, r: Reservation, capacity: int) -> Reservation:
@@ -126,55 +144,71 @@ class ReservationKeeper:
             await self.refresh(force=True)
             return gone
 
-    # -- what a request may take -----------------------------------------------------
+    # -- who is a member -----------------------------------------------------------------
+
+    def _groups_of(self, user: str) -> frozenset[str] | None:
+        """``user``'s JupyterHub groups, asked at most every GROUPS_SECONDS; None: not known."""
+        now = self.clock()
+        known = self._groups.get(user)
+        if known is None or now - known[0] >= GROUPS_SECONDS:
+            found = self.groups_of(user)
+            known = self._groups[user] = (now, None if found is None else frozenset(found))
+        return known[1]
 
     def member_of(self, groups: Iterable[str]) -> set[int]:
         mine = set(groups)
         return {r.id for r in self.reservations if r.group in mine and r.id is not None}
 
-    def needs(self, now: datetime, ahead: timedelta = timedelta(0)) -> list[Need]:
-        """The open windows (and those opening within ``ahead``), each with what its members leave unused."""
-        live = [r for r in self.reservations if not r.over(now)]
-        return needs(live, now, self._members_hold(live), ahead, self._members_waiting(live)) if live else []
-
-    def _members_waiting(self, live: list[Reservation]) -> dict[int, int]:
-        """Per reservation that lends, how many of its members wait in line for its model."""
-        lending = [r for r in live if r.lend and r.id is not None]
-        out: dict[int, int] = {}
-        for user, model in self.waiting() if lending else ():
-            groups = set(self.groups_of(user) or ())
-            for r in lending:
-                if r.model == model and r.group in groups:
-                    out[r.id] = out.get(r.id, 0) + 1  # type: ignore[index]
+    def _near(self, now: datetime, ahead: timedelta) -> list[Reservation]:
+        """The reservations whose window is open or opens within ``ahead``."""
+        out = []
+        for r in self.reservations:
+            w = r.next_window(now)
+            if w is not None and w.start <= now + ahead:
+                out.append(r)
         return out
 
-    def _members_hold(self, live: list[Reservation]) -> dict[int, float]:
-        """Per reservation id, the GPUs of its model its members hold now (shares as fractions)."""
+    def _members_hold(self, near: list[Reservation]) -> dict[int, float]:
+        """Per reservation id, the GPUs of its model its members hold now (shares as
+        fractions); worked out again only when a holding or the list changed, or the
+        groups may have."""
+        key = (self.holdings.version, tuple(r.id for r in near), int(self.clock() // GROUPS_SECONDS))
+        if self._held is not None and self._held[0] == key:
+            return self._held[1]
         held: dict[int, float] = {}
-        groups: dict[str, set[str]] = {}
+        models = {r.model for r in near}
         for h in self.holdings.all().values():
-            if not h.held.uuids or h.phase is Phase.REMOVING:
+            if h.held.model not in models or not h.held.uuids or h.phase is Phase.REMOVING:
                 continue
-            if h.user not in groups:
-                groups[h.user] = set(self.groups_of(h.user) or ())
-            for r in live:
-                if r.model == h.held.model and r.group in groups[h.user] and r.id is not None:
+            groups = self._groups_of(h.user) or frozenset()
+            for r in near:
+                if r.model == h.held.model and r.group in groups and r.id is not None:
                     held[r.id] = held.get(r.id, 0.0) + sum(h.held.milli) / UNIT
+        self._held = (key, held)
         return held
 
-    def _others_hold(self, r: Reservation) -> int:
-        """Whole GPUs of ``r``'s model that users outside its group hold (shares rounded down)."""
-        milli = 0
-        for h in self.holdings.all().values():
-            if h.held.model == r.model and h.phase is not Phase.REMOVING:
-                if r.group not in set(self.groups_of(h.user) or ()):
-                    milli += sum(h.held.milli)
-        return milli // UNIT
+    def _members_waiting(self, near: list[Reservation]) -> dict[int, int]:
+        """Per reservation that lends, the GPUs its members wait for in line for its model."""
+        lending = [r for r in near if r.lend and r.id is not None]
+        out: dict[int, int] = {}
+        for user, model, gpus in self.waiting() if lending else ():
+            groups = self._groups_of(user) or frozenset()
+            for r in lending:
+                if r.model == model and r.group in groups:
+                    out[r.id] = out.get(r.id, 0) + gpus  # type: ignore[index]
+        return out
+
+    def needs(self, now: datetime, ahead: timedelta = timedelta(0)) -> list[Need]:
+        """The open windows (and those opening within ``ahead``), each with what its members leave unused."""
+        near = self._near(now, ahead)
+        return needs(near, now, self._members_hold(near), ahead, self._members_waiting(near)) if near else []
+
+    # -- what a request may take -----------------------------------------------------
 
     def status(self) -> list[dict]:
         """Each reservation as stored, with its current or next window and what its members hold now."""
         now = self.wall()
-        held = self._members_hold(self.reservations)
+        held = self._members_hold(self._near(now, timedelta(0)))
         out = []
         for r in self.reservations:
             w = r.next_window(now)
@@ -196,43 +230,62 @@ class ReservationKeeper:
         now = self.wall()
         return keep_free(self.needs(now), self.member_of(groups), now)
 
+    def open_for(self, groups: Iterable[str], model: str | None) -> bool:
+        """Whether a user in ``groups`` is a member of a reservation of ``model`` whose window is open."""
+        mine, now = self.member_of(groups), self.wall()
+        return any(r.id in mine and r.model == model and r.active(now) for r in self.reservations)
+
     def refusal(self, model: str, groups: Iterable[str]) -> str:
         """Why a request for ``model`` is not granted: the open windows that keep its GPUs."""
         now, mine = self.wall(), self.member_of(groups)
         kept = [n for n in self.needs(now) if n.reservation.model == model and n.reservation.id not in mine]
-        names = ", ".join(f"{n.unmet} for {n.reservation.label} until {_iso(n.window.end)}" for n in kept)
+        names = ", ".join(
+            f"{n.unmet} for {n.reservation.label} until {n.reservation.when(n.window.end)}" for n in kept if n.unmet
+        )
         return f"The free {model} GPUs are reserved ({names}); please try again later or ask for another model."
 
     # -- making room -------------------------------------------------------------------
 
     def must_make_room(self, now: datetime, ahead: timedelta = NOTICE_BEFORE) -> dict[str, tuple[Need, Holding]]:
         """Servers of others that must end for the open windows and those opening
-        within ``ahead``, as things are now: holding name -> (the need, the holding)."""
+        within ``ahead``, as things are now: holding name -> (the window's need that
+        first requires it, the holding). Each moment a window opens is taken in turn,
+        with what the windows open then need together; the members of those windows
+        are left alone, and so is a server whose held-time limit ends it by then."""
         out: dict[str, tuple[Need, Holding]] = {}
         by_model: dict[str, list[Need]] = {}
         for n in self.needs(now, ahead):
             if n.unmet:
                 by_model.setdefault(n.reservation.model, []).append(n)
-        allocator = self.holdings.allocator
+        if not by_model:
+            return out
+        everyone = self.holdings.all()
         for model, wanting in by_model.items():
-            first = min(wanting, key=lambda n: n.window.start)
-            devices = allocator.model_devices(model)
-            groups = {n.reservation.group for n in wanting}
+            devices = self.holdings.allocator.model_devices(model)
             held = {name for booked in devices.values() for name in booked}
-            candidates = []
-            for name, h in reversed(list(self.holdings.all().items())):  # newest first
-                if name not in held or h.phase is Phase.REMOVING:
-                    continue
-                if groups & set(self.groups_of(h.user) or ()):
-                    continue  # a member of one of them
-                left = self.ends_in(h)
-                if left is not None and now + timedelta(seconds=left) <= first.window.start:
-                    continue  # ends before the window opens
-                candidates.append(name)
-            candidates.sort(key=lambda n: self.held_for(self.holdings.all()[n]) or 0.0)  # stable: newest first
-            for name in to_stop(sum(n.unmet for n in wanting), devices, candidates):
-                out[name] = (first, self.holdings.all()[name])
+            holders = [(n, h) for n, h in reversed(everyone.items()) if n in held and h.phase is not Phase.REMOVING]
+            holders.sort(key=lambda nh: self.held_for(nh[1]) or 0.0)  # stable: newest first
+            for t in sorted({max(n.window.start, now) for n in wanting}):
+                open_then = [n for n in wanting if n.window.start <= t < n.window.end]
+                groups = {n.reservation.group for n in open_then}
+                candidates = [name for name, h in holders if name not in out and self._in_the_way(h, groups, t, now)]
+                left = {uuid: {k: v for k, v in booked.items() if k not in out} for uuid, booked in devices.items()}
+                first = min(open_then, key=lambda n: n.window.start)
+                for name in to_stop(sum(n.unmet for n in open_then), left, candidates):
+                    out[name] = (first, everyone[name])
         return out
+
+    def _in_the_way(self, h: Holding, groups: set[str], t: datetime, now: datetime) -> bool:
+        """Whether ``h`` may be stopped for windows of ``groups`` open at ``t``: its user is
+        known to be in none of them, and its held-time limit does not end it by then."""
+        theirs = self._groups_of(h.user)
+        if theirs is None:
+            log.debug("The groups of %s are not known: %s is not stopped for a reservation", h.user, h.name)
+            return False
+        if groups & theirs:
+            return False
+        left = self.ends_in(h)
+        return left is None or now + timedelta(seconds=left) > t
 
     def _stop_at(self, name: str, need: Need, h: Holding, now: datetime) -> datetime:
         """When a server that must make room is stopped: at the window's start; a lent GPU
@@ -242,27 +295,30 @@ class ReservationKeeper:
         return since + LEND_NOTICE if need.reservation.lend else max(need.window.start, since)
 
     async def check(self) -> list[tuple[str, str]]:
-        """Stop the servers that must make room for a window that has opened; the
-        (service, reason) of each stop begun."""
+        """Stop the servers that must make room for a window that has opened (several
+        at once); the (service, reason) of each stop begun."""
         await self.refresh()
         now = self.wall()
         self._show(now)
-        started = []
         due = self.must_make_room(now)
         for name in set(self._told) - set(due):
             del self._told[name]  # no longer in the way
         for name, (_, h) in due.items():
             if name not in self._told or self._told[name][0] is not h:
                 self._told[name] = (h, now)
-        for name, (need, h) in due.items():
-            if self._stop_at(name, need, h, now) > now or self.stop is None:
-                continue
-            # Decided again: an earlier stop's awaits may have let a member stop, a
-            # holding end, or its name go to a new server.
-            if self.holdings.get(name) is not h or name not in self.must_make_room(now):
-                continue
-            if h.phase is not Phase.RUNNING:
-                continue  # a spawn under way is stopped at the next check, once running
+        if self.stop is None:
+            return []
+        now_due = [(name, need, h) for name, (need, h) in due.items() if self._stop_at(name, need, h, now) <= now]
+        room = asyncio.Semaphore(STOPS_AT_ONCE)
+        stops = [self._stop_one(room, name, need, h) for name, need, h in now_due]
+        began = [await stops[0]] if len(stops) == 1 else await asyncio.gather(*stops)  # one: no task of its own
+        return [(name, RESERVATION) for (name, _, _), ok in zip(now_due, began) if ok]
+
+    async def _stop_one(self, room: asyncio.Semaphore, name: str, need: Need, h: Holding) -> bool:
+        async with room:
+            # The others' stops may have let the holding end, or its name go to a new server.
+            if self.holdings.get(name) is not h or h.phase is not Phase.RUNNING or self.stop is None:
+                return False  # a spawn under way is stopped at a later check, once running
             mine = not h.end_reason  # an idle reclaim's stop under way keeps its reason
             if mine:
                 h.end_reason = RESERVATION  # whoever releases it records this reason
@@ -271,24 +327,22 @@ class ReservationKeeper:
                 stopped = await self.stop(h, RESERVATION)
             except Exception as exc:  # begun, not done: the reconcile ends it
                 log.error("Could not stop %s for a reservation: %s", name, exc)
-                continue
-            if stopped:
-                started.append((name, RESERVATION))
-            elif mine and h.end_reason == RESERVATION:
+                return False
+            if not stopped and mine and h.end_reason == RESERVATION:
                 h.end_reason = ""  # not begun (a stop or spawn under way): the reason is the other's
-        return started
+            return stopped
 
     def _show(self, now: datetime) -> None:
-        """The gauge: per model, reserved GPUs of open windows its members hold, and those unused."""
+        """The gauge: per model, GPUs of open windows their members hold, those a lending
+        reservation has lent (neither held by members nor untouched), and the rest."""
         counts: dict[tuple[str, str], int] = {key: 0 for key in self._shown}
-        live = [r for r in self.reservations if not r.over(now)]
-        held = self._members_hold(live)
-        for r in live:
-            if r.active(now) is not None:
-                used = min(r.count, int(held.get(r.id or 0, 0.0) + 1e-9))
-                lent = min(r.count - used, self._others_hold(r)) if r.lend else 0
-                for state, n in (("held", used), ("lent", lent), ("unused", r.count - used - lent)):
-                    counts[(r.model, state)] = counts.get((r.model, state), 0) + n
+        near = self._near(now, timedelta(0))
+        held = self._members_hold(near)
+        for r in near:
+            used = min(r.count, int(held.get(r.id or 0, 0.0) + 1e-9))
+            lent = max(0, r.count - used - self.holdings.allocator.untouched(r.model)) if r.lend else 0
+            for state, n in (("held", used), ("lent", lent), ("unused", r.count - used - lent)):
+                counts[(r.model, state)] = counts.get((r.model, state), 0) + n
         for (model, state), value in counts.items():
             RESERVED.labels(model, state).set(value)
         self._shown = set(counts)
@@ -305,7 +359,7 @@ class ReservationKeeper:
             why = (
                 f"a member of {r.label} waits for the {r.model} lent to it"
                 if r.lend
-                else f"its {r.model} is reserved for {r.label} from {_iso(need.window.start)}"
+                else f"its {r.model} is reserved for {r.label} from {r.when(need.window.start)}"
             )
             out.append(
                 {
@@ -313,7 +367,7 @@ class ReservationKeeper:
                     "reason": RESERVATION,
                     "stop_at": _iso(at),
                     "seconds_left": round((at - now).total_seconds()),
-                    "message": f"Your {server} server will be stopped at {_iso(at)}: {why}.",
+                    "message": f"Your {server} server will be stopped at {r.when(at)}: {why}.",
                 }
             )
         return out
@@ -325,19 +379,16 @@ class ReservationKeeper:
         now = self.wall()
         left = self.ends_in(h)
         ahead = WEEK if left is None else timedelta(seconds=left)
-        for name, (need, _) in self.must_make_room(now, ahead).items():
-            if name == h.name:
-                r = need.reservation
-                return (
-                    f"Its {r.model} is reserved for {r.label} from {_iso(need.window.start)}: "
-                    "the server will be stopped then"
-                )
-        groups = set(self.groups_of(h.user) or ())
+        found = self.must_make_room(now, ahead).get(h.name)
+        if found is not None:
+            need, _ = found
+            r = need.reservation
+            return f"Its {r.model} is reserved for {r.label} from {r.when(need.window.start)}: the server will be stopped then"
         for r in self.reservations:
-            w = r.active(now)
-            if r.lend and w is not None and r.model == h.held.model and r.group not in groups:
+            w = r.active(now) if r.lend and r.model == h.held.model else None
+            if w is not None and r.group not in (self._groups_of(h.user) or frozenset()):
                 return (
-                    f"{r.label} lends its unused {r.model} until {_iso(w.end)}: the server will be "
+                    f"{r.label} lends its unused {r.model} until {r.when(w.end)}: the server will be "
                     f"stopped {LEND_NOTICE.seconds // 60} minute after a member of {r.label} asks for one"
                 )
         return None

@@ -107,9 +107,10 @@ def with_reservations(summary: list[ModelSummary], keeper, groups: list[str]) ->
     notes = []
     for n in keeper.needs(now):
         r = n.reservation
-        until = f"{n.window.end.astimezone(r.zone):%Y-%m-%d %H:%M} {r.timezone}"
+        until = r.when(n.window.end)
         if r.id in mine:
-            notes.append(f"{r.label}: {n.unmet} of {r.count} reserved {r.model} GPUs free for you until {until}.")
+            free = max(0, r.count - n.held)
+            notes.append(f"{r.label}: {free} of {r.count} reserved {r.model} GPUs free for you until {until}.")
         elif n.unmet:
             notes.append(f"{n.unmet} {r.model} GPUs are reserved for {r.label} until {until}.")
     out = []

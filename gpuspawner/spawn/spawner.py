@@ -267,7 +267,12 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             self.gpu_budget_hours = self._budget_hours(budget, asked, access)
             return await self._reserve(holdings, asked, access.max_gpus, wait, settings)
 
-        holding = await reserve_or_wait(self, line, request and request.model, wait, reserve, spawn_error)
+        member = False  # of a reservation whose open window keeps this model: others in its line are kept out
+        if request is not None and request.model is not None:
+            keeper = self.gpu_hub.reservations
+            await keeper.refresh()
+            member = keeper.open_for(groups_of(self), request.model)
+        holding = await reserve_or_wait(self, line, request and request.model, wait, reserve, spawn_error, member)
         if self.gpu_budget_hours is not None:
             self._report(
                 f"Your weekly GPU budget lets it hold its GPUs for {fmt_duration(self.gpu_budget_hours * 3600)}", 25
@@ -376,6 +381,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             request = self._with_reservations(Request(count=0, owner=self.user.name, hosts=hosts))
         keeper = self.gpu_hub.reservations
         groups = groups_of(self)
+        gpus = request is not None and (request.milli is not None or request.count != 0)
         try:
             holding = await holdings.reserve(
                 self.service_name,
@@ -385,7 +391,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                 max_per_owner=limit,
                 policy=self.allocation_policy,
                 port_range=self.host_network_ports if self.host_network else None,
-                keep_free=keeper.keep_free(groups),
+                keep_free=keeper.keep_free(groups) if gpus else None,
                 kept_why=lambda model: keeper.refusal(model, groups),
             )
         except AllocationRefused as exc:

@@ -398,7 +398,13 @@ class GPUPageHandler(_GPUMixin, BaseHandler):
         }
         keeper = self.gpu_hub().reservations
         await keeper.refresh()
-        render = functools.partial(self.render_template, "gpus.html", lines=lines, reservations=keeper.status())
+        render = functools.partial(
+            self.render_template,
+            "gpus.html",
+            lines=lines,
+            reservations=keeper.status(),
+            reservations_known=keeper.known,
+        )
         card = self.get_template("gpus_host.html", sync=True)
         head, cards, tail = await gpu_page(cluster, render, card, self.gpu_hub().settings.gpu_share_enforcement)
         # Sent a piece at a time: one copy of megabytes would hold up the event loop for milliseconds.

@@ -310,17 +310,16 @@ def test_a_learned_mix_has_a_shape_per_kind_weighted_by_how_many_held_it():
         ("A100", (1000,)),
         ("A100", (500,)),
         ("T4", (1000, 1000)),
-        ("", ()),
+        ("A100", ()),  # nothing held: not a kind
         ("A100", (600, 300)),
     ]
     mix = Mix.learned(held)
     assert mix is not None
     assert sorted(mix.shapes, key=lambda s: (s.count, s.milli, sorted(s.models or ()))) == [
-        Shape(0, UNIT, 0, 0, None, 1 / 6),
-        Shape(1, 500, 0, 0, frozenset(["A100"]), 1 / 6),
-        Shape(1, 600, 0, 0, frozenset(["A100"]), 1 / 6),  # a split share: its largest piece
-        Shape(1, UNIT, 0, 0, frozenset(["A100"]), 2 / 6),
-        Shape(2, UNIT, 0, 0, frozenset(["T4"]), 1 / 6),
+        Shape(1, 500, 0, 0, frozenset(["A100"]), 1 / 5),
+        Shape(1, 600, 0, 0, frozenset(["A100"]), 1 / 5),  # a split share: its largest piece
+        Shape(1, UNIT, 0, 0, frozenset(["A100"]), 2 / 5),
+        Shape(2, UNIT, 0, 0, frozenset(["T4"]), 1 / 5),
     ]
     assert Mix.learned([]) is None
 

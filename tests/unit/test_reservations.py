@@ -652,8 +652,8 @@ def test_needs_are_the_open_windows_and_those_opening_within_ahead():
     everything = [R1, R2, R3, R4, R5]
     held = {1: 2.5, 3: 0.25}
     assert needs(everything, AT, held) == [
-        Need(R1, Window(R1.start, R1.end), 2),
-        Need(R3, Window(utc(2027, 1, 12, 14), utc(2027, 1, 12, 15)), 2),
+        Need(R1, Window(R1.start, R1.end), 2, 2),  # its members hold 2.5: 2 whole
+        Need(R3, Window(utc(2027, 1, 12, 14), utc(2027, 1, 12, 15)), 2, 0),
     ]
     soon = needs(everything, AT, held, ahead=timedelta(minutes=15))
     assert [(n.reservation.id, n.unmet) for n in soon] == [(1, 2), (2, 3), (3, 2)]

@@ -75,7 +75,7 @@ async def test_an_open_window_keeps_its_gpu_from_others_and_gives_it_to_a_member
     with pytest.raises(SpawnException) as refused:
         await hub.started(spawner(hub, "carol"))
     assert refused.value.status_code == 503
-    assert "reserved (1 for CS101 until 2026-12-08T14:30:00Z)" in refused.value.jupyterhub_message
+    assert "reserved (1 for CS101 until 2026-12-08 14:30 UTC)" in refused.value.jupyterhub_message
     assert hub.owner.get("jupyter-carol") is None  # nothing left booked
     await hub.started(spawner(hub, "alice"))
     assert hub.owner.get("jupyter-alice").held.uuids
@@ -144,7 +144,7 @@ async def test_a_grant_that_will_have_to_make_room_says_so(hub):
     bob = spawner(hub, "bob")
     await hub.started(bob)
     said = [e["message"] for e in bob._progress.events]
-    assert any("reserved for CS101 from 2026-12-08T16:00:00Z" in m for m in said), said
+    assert any("reserved for CS101 from 2026-12-08 16:00 UTC: the server will be stopped then" in m for m in said), said
 
 
 async def test_a_member_behind_a_waiting_other_is_served_from_the_reservation(hub):
@@ -254,3 +254,132 @@ async def test_a_lending_window_lends_its_unused_gpus_and_takes_one_back_when_a_
     await asyncio.wait_for(alice, 20)
     assert hub.owner.get("jupyter-alice").held.uuids and hub.owner.get("jupyter-bob") is not None
     assert stops == [("jupyter-carol", RESERVATION)]
+
+
+# -- what the review of the first version found -----------------------------------------
+
+THREE = {"gpu-b": [{"uuid": f"GPU-b{i}", "model": A100, "memory_mib": 81920} for i in range(3)]}
+T4 = "NVIDIA Tesla T4"
+
+
+def world_of(tmp_path, inventory) -> World:
+    world = World(tmp_path, inventory=inventory)
+    new_hub(world, Wall())
+    return world
+
+
+async def test_each_window_takes_its_own_room_at_its_own_start(tmp_path):
+    """A (1 GPU, open until 13:05) and B (2 GPUs from 13:10) never need more than 2 at once:
+    the newest server makes room for A now, the next for B at 13:10; the oldest stays."""
+    hub = world_of(tmp_path, THREE)
+    for user in ("x", "y", "z"):
+        GROUPS[user] = []
+        await hub.started(spawner(hub, user))
+    ledger = Ledger(hub.db_url)
+    a = ledger.add_reservation(Reservation("cs101", A100, 1, NOW - timedelta(hours=1), NOW + timedelta(minutes=5)))
+    b = ledger.add_reservation(Reservation("physics", A100, 2, NOW + timedelta(minutes=10), NOW + timedelta(hours=1)))
+    keeper = hub.hub.reservations
+    await keeper.refresh(force=True)
+    room = keeper.must_make_room(NOW)
+    assert {name: need.reservation.id for name, (need, _) in room.items()} == {"jupyter-z": a.id, "jupyter-y": b.id}
+    [y_notice] = keeper.notices_for("y")
+    assert y_notice["stop_at"] == "2026-12-08T13:10:00Z"
+
+
+async def test_a_member_who_does_not_wait_is_served_though_others_wait_for_the_kept_gpus(hub):
+    reserve(hub, NOW - timedelta(minutes=5), count=2)
+    bob = asyncio.ensure_future(hub.started(spawner(hub, "bob", {"gpu_model": A100, "gpu_wait": True})))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if hub.hub.line.waiting_for(A100):
+            break
+    assert hub.hub.line.waiting_for(A100) == 1  # bob waits: both GPUs are kept for CS101
+    await hub.started(spawner(hub, "alice"))  # without gpu_wait
+    assert hub.owner.get("jupyter-alice").held.uuids
+    bob.cancel()
+    await asyncio.gather(bob, return_exceptions=True)
+
+
+async def test_any_of_several_models_takes_one_the_reservations_do_not_keep(tmp_path):
+    inventory = {
+        "gpu-b": [{"uuid": "GPU-b0", "model": A100, "memory_mib": 81920}],
+        "gpu-a": [{"uuid": "GPU-a0", "model": T4, "memory_mib": 15360}],
+    }
+    hub = world_of(tmp_path, inventory)
+    reserve(hub, NOW - timedelta(minutes=5), count=1)
+    await hub.started(spawner(hub, "bob", {"gpu_model": [A100, T4], "gpu_count": 1}))
+    assert hub.owner.get("jupyter-bob").held.model == T4
+    with pytest.raises(SpawnException, match=r"The free NVIDIA A100 80GB PCIe GPUs are reserved \(1 for CS101"):
+        await hub.started(spawner(hub, "carol", {"gpu_model": [A100, T4], "gpu_count": 1}))  # the T4 is taken
+
+
+async def test_a_lending_window_keeps_as_many_gpus_as_its_waiting_members_ask_for(hub):
+    keeper = hub.hub.reservations
+    reserve(hub, NOW - timedelta(minutes=5), count=2, lend=True)
+    await keeper.refresh(force=True)
+    gauge = reservations_module.RESERVED
+    await keeper.check()
+    assert [gauge.labels(A100, s)._value.get() for s in ("held", "lent", "unused")] == [0, 0, 2]  # all free
+    form = await spawner(hub, "alice")._render_options_form()
+    assert "CS101: 2 of 2 reserved NVIDIA A100 80GB PCIe GPUs free for you" in form
+    keeper.waiting = lambda: [("alice", A100, 2)]
+    assert keeper.keep_free([]) == {A100: 2}  # her request for 2 keeps both, not one
+    keeper.waiting = lambda: [("bob", A100, 2)]
+    assert keeper.keep_free([]) == {}  # not a member: nothing kept
+
+
+async def test_no_window_near_asks_jupyterhub_nothing(hub):
+    asked = []
+    keeper = hub.hub.reservations
+    keeper.groups_of = lambda user: asked.append(user) or GROUPS.get(user)
+    await hub.started(spawner(hub, "bob"))
+    reserve(hub, NOW + timedelta(days=3), count=1, weekly=True)
+    await keeper.refresh(force=True)
+    await keeper.check()
+    assert keeper.keep_free([]) == {} and keeper.notices_for("bob") == [] and asked == []
+
+
+async def test_a_read_that_answers_after_a_later_one_is_not_kept(hub, monkeypatch):
+    keeper = hub.hub.reservations
+    real = hub.owner.ledger_call
+    gate = asyncio.Event()
+
+    async def slow(call):
+        rows = await real(call)  # read before the reservation is made ...
+        await gate.wait()  # ... and answers after the forced read that follows it
+        return rows
+
+    monkeypatch.setattr(hub.owner, "ledger_call", slow)
+    late = asyncio.ensure_future(keeper.refresh(force=True))
+    await asyncio.sleep(0.05)
+    monkeypatch.setattr(hub.owner, "ledger_call", real)
+    reserve(hub, NOW - timedelta(minutes=5))
+    await keeper.refresh(force=True)
+    gate.set()
+    await late
+    assert [r.label for r in keeper.reservations] == ["CS101"]
+
+
+async def test_the_servers_that_make_room_at_a_start_are_stopped_eight_at_a_time(tmp_path):
+    ten = {"gpu-b": [{"uuid": f"GPU-b{i}", "model": A100, "memory_mib": 81920} for i in range(10)]}
+    hub = world_of(tmp_path, ten)
+    users = [f"u{i}" for i in range(10)]
+    for user in users:
+        GROUPS[user] = []
+        await hub.started(spawner(hub, user))
+    reserve(hub, NOW - timedelta(minutes=1), count=10)
+    running, most, stopped = [0], [0], []
+
+    async def stop(h, reason):
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        await asyncio.sleep(0.01)
+        running[0] -= 1
+        stopped.append(h.user)
+        return True
+
+    keeper = hub.hub.reservations
+    keeper.stop = stop
+    await keeper.refresh(force=True)  # made after the spawns read the list: read it now
+    assert len(await keeper.check()) == 10
+    assert sorted(stopped) == sorted(users) and most[0] == reservations_module.STOPS_AT_ONCE == 8
