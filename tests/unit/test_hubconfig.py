@@ -197,10 +197,12 @@ def test_the_home_page_renders_without_the_budget_note_while_the_ledger_is_down(
     assert "The GPU budget of ann is unknown: the GPU ledger database is unreachable" in caplog.text
 
 
-async def test_the_hubs_http_client_looks_names_up_afresh_each_time(monkeypatch):
+async def test_the_hubs_http_client_looks_names_up_afresh_each_time(monkeypatch, tmp_path):
     """Servers reached by name get a new address at each start: the hub's client must
     not keep an old one (JupyterHub 6's aiohttp with c-ares kept it for 600 s)."""
     import socket
+
+    monkeypatch.chdir(tmp_path)  # the hub's default ledger, made as it starts, goes there
 
     from jupyterhub.httpclient import JupyterHubHTTPClient
 
