@@ -261,3 +261,25 @@ def test_a_missing_reservation_and_a_token_without_the_scope_say_so(hub, capsys)
     assert capsys.readouterr().err.endswith(
         "HTTP 403: Action is not authorized with current scopes (does the token have the admin:servers scope?)\n"
     )
+
+
+def test_the_reserve_commands_the_docs_show_parse_as_they_are():
+    import shlex
+    from pathlib import Path
+
+    from gpuspawner.cli import _parser, _reserve_request
+
+    root = Path(__file__).resolve().parents[2]
+    shown = [
+        line
+        for doc in (root / "README.md", root / "docs" / "reservations.md")
+        for block in re.findall(r"```\n(.*?)```", doc.read_text(), re.S)
+        for line in block.splitlines()
+        if line.startswith("gpuspawner reserve")
+    ]
+    assert len(shown) >= 4
+    parser = _parser()
+    for line in shown:
+        args = parser.parse_args(shlex.split(line)[1:])
+        method, _, body = _reserve_request(parser, args)
+        assert method in ("GET", "POST", "DELETE") and (body is None or body["group"] == "cs101"), line
