@@ -49,6 +49,7 @@ LEND_NOTICE = timedelta(minutes=1)  # a lent GPU a member now waits for is given
 REFRESH_SECONDS = 30.0  # the list is read from the ledger at most this often (and after each change)
 GROUPS_SECONDS = 10.0  # a user's JupyterHub groups are asked again after this
 STOPS_AT_ONCE = 8  # servers stopped together at a window's start
+UNKNOWN = 10**9  # devices kept free of a model while the reservations are not known: all
 
 RESERVED = Gauge(
     "gpuspawner_reserved_gpus",
@@ -226,7 +227,11 @@ class ReservationKeeper:
 
     def keep_free(self, groups: Iterable[str]) -> dict[str, int]:
         """Per model, the untouched devices a request of a user in ``groups`` must
-        leave (the open windows of reservations they are not a member of)."""
+        leave (the open windows of reservations they are not a member of). While the
+        list has never been read, every device of every model: no GPU is handed out
+        (a request that waits keeps its place, and is served once the list is read)."""
+        if not self.known:
+            return {m.model: UNKNOWN for m in self.holdings.allocator.summary()}
         now = self.wall()
         return keep_free(self.needs(now), self.member_of(groups), now)
 
@@ -237,6 +242,11 @@ class ReservationKeeper:
 
     def refusal(self, model: str, groups: Iterable[str]) -> str:
         """Why a request for ``model`` is not granted: the open windows that keep its GPUs."""
+        if not self.known:
+            return (
+                "GPUs are not handed out until the hub can read its GPU reservations (its ledger "
+                "database does not answer); please try again in a minute."
+            )
         now, mine = self.wall(), self.member_of(groups)
         kept = [n for n in self.needs(now) if n.reservation.model == model and n.reservation.id not in mine]
         names = ", ".join(

@@ -260,7 +260,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                 budget = await self._within_budget(holdings, access)
             first = False
             if request is not None:
-                await self._reservations_known()
+                await self.gpu_hub.reservations.refresh()  # read at most every half minute
             # No await from here to the booking: a concurrent spawn of this user counts it, and
             # nobody can join a line that an any-of request's models are checked against.
             asked = request if request is None else replace(request, models=self._not_waited_for(request.models))
@@ -412,15 +412,6 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             if later:
                 self._report(later, 20)
         return holding
-
-    async def _reservations_known(self) -> None:
-        """The reservations, read from the ledger at most every half minute; 503 while
-        they have never been read (a GPU must not go to a reservation's window unknowingly)."""
-        keeper = self.gpu_hub.reservations
-        await keeper.refresh()
-        if not keeper.known:
-            message, reason = NOT_RESERVED[LedgerError]
-            raise spawn_error(message, reason=reason, log_message="reservations not read yet", status_code=503)
 
     async def _remove(self, holdings: Holdings) -> bool:
         """Remove this server's service; True once no task of it can run

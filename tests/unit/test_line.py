@@ -505,7 +505,14 @@ def test_a_ledger_down_for_a_while_with_two_in_line_throws_nobody_out_and_serves
     def scenario(run: Run, cancel: bool) -> Scenario:
         runs.append(run)
         return waiting_scenario(
-            run, tmp_path, seen=seen, cancel=cancel, also_waiting=("carol",), faults=ledger_faults, outage=ledger_faults
+            run,
+            tmp_path,
+            seen=seen,
+            cancel=cancel,
+            also_waiting=("carol",),
+            faults=ledger_faults,
+            outage=ledger_faults,
+            wait_timeout=60,  # long enough for alice's stop to come in many schedules
         )
 
     for cancel in (True, False):  # random choices cancel early when they may; without, waits are served

@@ -197,27 +197,40 @@ async def test_the_gauge_counts_reserved_gpus_held_by_members_and_unused(hub):
 
 
 async def test_reservations_never_read_refuse_gpus_with_a_retry_and_a_list_once_read_is_kept(hub, monkeypatch):
+    """While the list was never read, no GPU is handed out: a request is refused with a
+    retry, one that waits keeps its place and is served once the list can be read; a list
+    once read is kept while the ledger is down."""
     keeper = hub.hub.reservations
-    calls = []
-    real = hub.owner.ledger_call
+    real = keeper.holdings.ledger_call
 
-    async def ledger_down(call):
-        calls.append(call)
-        raise LedgerError("the ledger is down")
+    async def reservations_down(call):
+        if call.__code__.co_names == ("reservations",):  # the keeper's read: db.reservations()
+            raise LedgerError("the ledger is down")
+        return await real(call)
 
-    monkeypatch.setattr(hub.owner, "ledger_call", ledger_down)
+    monkeypatch.setattr(keeper.holdings, "ledger_call", reservations_down)
     with pytest.raises(SpawnException) as refused:
         await hub.started(spawner(hub, "bob"))
-    assert (refused.value.status_code, refused.value.reason) == (503, "ledger_unavailable")
-    assert refused.value.log_message == "reservations not read yet"
-    assert hub.owner.get("jupyter-bob") is None
-    monkeypatch.setattr(hub.owner, "ledger_call", real)
+    assert (refused.value.status_code, refused.value.reason) == (503, "gpu_unavailable")
+    assert "until the hub can read its GPU reservations" in refused.value.jupyterhub_message
+    assert hub.owner.get("jupyter-bob") is None  # nothing left booked
+    waiting = asyncio.ensure_future(hub.started(spawner(hub, "carol", {"gpu_model": A100, "gpu_wait": True})))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if hub.hub.line.waiting_for(A100):
+            break
+    assert hub.hub.line.waiting_for(A100) == 1  # in line, not thrown out
+    monkeypatch.setattr(keeper.holdings, "ledger_call", real)
+    hub.hub.line.poke()  # as its wait does every 10 s
+    await asyncio.wait_for(waiting, 20)
+    assert hub.owner.get("jupyter-carol").held.uuids
+
     reserve(hub, NOW - timedelta(minutes=5), count=2)
     await keeper.refresh(force=True)
-    monkeypatch.setattr(hub.owner, "ledger_call", ledger_down)
+    monkeypatch.setattr(keeper.holdings, "ledger_call", reservations_down)
     await keeper.refresh(force=True)
-    assert calls and [r.label for r in keeper.reservations] == ["CS101"]  # the list read before
-    assert keeper.keep_free([]) == {A100: 2}
+    assert [r.label for r in keeper.reservations] == ["CS101"]  # the list read before
+    assert keeper.keep_free([]) == {A100: 2}  # none of the two is held by a member
 
 
 async def test_a_lending_window_lends_its_unused_gpus_and_takes_one_back_when_a_member_waits(hub):
