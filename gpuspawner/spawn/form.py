@@ -104,7 +104,7 @@ def with_reservations(summary: list[ModelSummary], keeper, groups: list[str]) ->
     now = keeper.wall()
     mine = keeper.member_of(groups)
     kept = keeper.keep_free(groups)
-    notes = []
+    notes = [] if keeper.known else [keeper.refusal("", groups)]  # none is handed out: say why
     for n in keeper.needs(now):
         r = n.reservation
         until = r.when(n.window.end)

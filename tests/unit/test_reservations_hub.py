@@ -214,6 +214,8 @@ async def test_reservations_never_read_refuse_gpus_with_a_retry_and_a_list_once_
     assert (refused.value.status_code, refused.value.reason) == (503, "gpu_unavailable")
     assert "until the hub can read its GPU reservations" in refused.value.jupyterhub_message
     assert hub.owner.get("jupyter-bob") is None  # nothing left booked
+    form = await spawner(hub, "dan")._render_options_form()
+    assert "until the hub can read its GPU reservations" in form and "No GPU is free right now" in form
     waiting = asyncio.ensure_future(hub.started(spawner(hub, "carol", {"gpu_model": A100, "gpu_wait": True})))
     for _ in range(100):
         await asyncio.sleep(0.01)
