@@ -37,7 +37,7 @@ import asyncio
 import enum
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
@@ -49,7 +49,7 @@ from ..core.labels import LABEL, Held, LabelError, parse_labels
 from ..ledger.ledger import Ledger, LedgerError
 from .ports import NoPortFree, PortPool
 
-__all__ = ["Holding", "Holdings", "HoldingBusy", "Phase"]
+__all__ = ["Holding", "Holdings", "HoldingBusy", "Phase", "stop_for"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -82,6 +82,20 @@ class Holding:
     @property
     def user(self) -> str:
         return self.held.user
+
+
+async def stop_for(h: Holding, reason: str, stop: Callable[[Holding, str], Awaitable[bool]]) -> bool:
+    """``stop(h, reason)`` (through the hub), with ``reason`` the end reason whoever releases
+    the holding records, unless a stop under way already named its own (an idle reclaim's,
+    a reservation's). True when the stop began; when it did not (a stop or spawn under way),
+    the reason is taken back. An exception propagates: begun, not done, the reason stays."""
+    mine = not h.end_reason
+    if mine:
+        h.end_reason = reason
+    stopped = await stop(h, reason)
+    if not stopped and mine and h.end_reason == reason:
+        h.end_reason = ""  # the reason is the other's
+    return stopped
 
 
 class Holdings:

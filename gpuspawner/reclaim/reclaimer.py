@@ -27,7 +27,7 @@ from ..core.idle import BUDGET, IDLE, DeviceSample, IdleTimers, Limits, Notice
 from ..core.memory import MEMORY, DeviceMemory, MemoryPolicy, MemoryWatch
 from ..core.reports import NodeReport
 from ..core.sharing import UNIT, entitled_mib
-from ..holdings.holdings import Holding, Holdings, Phase
+from ..holdings.holdings import Holding, Holdings, Phase, stop_for
 
 __all__ = ["Reclaimer"]
 
@@ -253,14 +253,9 @@ class Reclaimer:
         idle = self.timers.idle_for(h.name) or 0.0
         gpus = sum(h.held.milli) / UNIT
         self._stopping.add(h.name)
-        mine = not h.end_reason  # a stop for a reservation under way keeps its reason
-        if mine:
-            h.end_reason = reason  # whoever releases it (this stop, the reconcile) records this reason
         log.info("Stopping %s of %s (%s)", h.name, h.user, reason)
         try:
-            stopped = await self.stop(h, reason)
-            if not stopped and mine and h.end_reason == reason:
-                h.end_reason = ""  # not begun (a stop or spawn under way): the reason is the other's
+            stopped = await stop_for(h, reason, self.stop)
         except Exception as exc:  # begun, not done (its container still runs): the reconcile ends it
             log.error("Idle reclaim could not stop %s: %s", h.name, exc)
             stopped = False

@@ -36,7 +36,7 @@ from ..core.reservations import (
     to_stop,
 )
 from ..core.sharing import UNIT
-from ..holdings.holdings import Holding, Holdings, Phase
+from ..holdings.holdings import Holding, Holdings, Phase, stop_for
 from ..ledger.checks import utc_now
 from ..ledger.ledger import LedgerError
 
@@ -329,18 +329,12 @@ class ReservationKeeper:
             # The others' stops may have let the holding end, or its name go to a new server.
             if self.holdings.get(name) is not h or h.phase is not Phase.RUNNING or self.stop is None:
                 return False  # a spawn under way is stopped at a later check, once running
-            mine = not h.end_reason  # an idle reclaim's stop under way keeps its reason
-            if mine:
-                h.end_reason = RESERVATION  # whoever releases it records this reason
             log.info("Stopping %s of %s for the reservation %s", name, h.user, need.reservation.label)
             try:
-                stopped = await self.stop(h, RESERVATION)
+                return await stop_for(h, RESERVATION, self.stop)
             except Exception as exc:  # begun, not done: the reconcile ends it
                 log.error("Could not stop %s for a reservation: %s", name, exc)
                 return False
-            if not stopped and mine and h.end_reason == RESERVATION:
-                h.end_reason = ""  # not begun (a stop or spawn under way): the reason is the other's
-            return stopped
 
     def _show(self, now: datetime) -> None:
         """The gauge: per model, GPUs of open windows their members hold, those a lending
