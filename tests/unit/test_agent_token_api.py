@@ -31,6 +31,17 @@ READER = "reader-token-0123456789abcdef"
 INVALID = "Missing or invalid credentials."
 
 
+async def served(config: Config) -> tuple[JupyterHub, HTTPServer, int]:
+    """A JupyterHub made from ``config`` and served over HTTP on a free loopback port."""
+    app = JupyterHub()
+    app.update_config(config)
+    await app.initialize([])
+    sockets = bind_sockets(0, "127.0.0.1")
+    server = HTTPServer(app.tornado_application)
+    server.add_sockets(sockets)
+    return app, server, sockets[0].getsockname()[1]
+
+
 def hub_config(tmp_path, **gpu_settings) -> Config:
     c = Config()
     c.JupyterHub.spawner_class = type(
@@ -86,15 +97,10 @@ async def hub(monkeypatch, tmp_path):
     servers, hubs = [], []
 
     async def start(config: Config) -> Client:
-        app = JupyterHub()
-        app.update_config(config)
-        await app.initialize([])
+        app, server, port = await served(config)
         hubs.append(app.tornado_settings[KEY])
-        sockets = bind_sockets(0, "127.0.0.1")
-        server = HTTPServer(app.tornado_application)
-        server.add_sockets(sockets)
         servers.append(server)
-        return Client(sockets[0].getsockname()[1])
+        return Client(port)
 
     yield start
     for server in servers:

@@ -19,12 +19,10 @@ import pytest
 from jupyterhub import orm
 from jupyterhub.app import JupyterHub
 from tornado.httpclient import AsyncHTTPClient
-from tornado.httpserver import HTTPServer
-from tornado.netutil import bind_sockets
 
 from gpuspawner import hub_port
 from gpuspawner.hub.app import KEY
-from tests.unit.test_agent_token_api import ADMIN, READER, hub_config
+from tests.unit.test_agent_token_api import ADMIN, READER, hub_config, served
 
 A100 = "NVIDIA A100 80GB PCIe"
 T4 = "Tesla T4"
@@ -89,14 +87,9 @@ async def start(monkeypatch, tmp_path):
         groups = ("cs101", "cs102", "physics")
         config.JupyterHub.load_groups = {g: {"users": ["anna"] if g == "cs101" else []} for g in groups}
         config.Authenticator.admin_users = {"boss"}
-        app = JupyterHub()
-        app.update_config(config)
-        await app.initialize([])
-        sockets = bind_sockets(0, "127.0.0.1")
-        server = HTTPServer(app.tornado_application)
-        server.add_sockets(sockets)
+        app, server, port = await served(config)
         servers.append(server)
-        hub = Hub(app, sockets[0].getsockname()[1])
+        hub = Hub(app, port)
         hubs.append(hub.gpu_hub)
         hub.gpu_hub.reservations.wall = lambda: NOW
         return hub

@@ -12,11 +12,9 @@ import pytest
 from jupyterhub import orm
 from jupyterhub.app import JupyterHub
 from tornado.httpclient import AsyncHTTPClient
-from tornado.httpserver import HTTPServer
-from tornado.netutil import bind_sockets
 
 from gpuspawner.hub.app import KEY
-from tests.unit.test_agent_token_api import hub_config
+from tests.unit.test_agent_token_api import hub_config, served
 
 
 @pytest.fixture
@@ -25,13 +23,8 @@ async def hub(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     config = hub_config(tmp_path)
     config.Authenticator.allowed_users = {"anna", "mia"}
-    app = JupyterHub()
-    app.update_config(config)
-    await app.initialize([])
-    sockets = bind_sockets(0, "127.0.0.1")
-    server = HTTPServer(app.tornado_application)
-    server.add_sockets(sockets)
-    yield app, f"http://127.0.0.1:{sockets[0].getsockname()[1]}/hub/api/gpuspawner/servers/"
+    app, server, port = await served(config)
+    yield app, f"http://127.0.0.1:{port}/hub/api/gpuspawner/servers/"
     server.stop()
     await app.tornado_settings[KEY].stop()
 
