@@ -138,13 +138,13 @@ class WaitLine:
         users = sorted({w.user for w in self.rows})
         groups: dict[str, list[str]] = {}
         members: dict[str, list[str]] = {}
-        if fair.by_group:  # JupyterHub's groups now, read before the ledger's await
-            groups = {u: list(self.groups_of(u) or ()) for u in users}
-            members = {g: list(self.members_of(g) or ()) for g in {g for gs in groups.values() for g in gs}}
-        everyone = sorted(set(users).union(*members.values()))
         self._reads += 1
         read = self._reads
         try:
+            if fair.by_group:  # JupyterHub's groups now, read before the ledger's await
+                groups = {u: list(self.groups_of(u) or ()) for u in users}
+                members = {g: list(self.members_of(g) or ()) for g in {g for gs in groups.values() for g in gs}}
+            everyone = sorted(set(users).union(*members.values()))
             used = await self.holdings.ledger_call(lambda db: db.recent_use(everyone, fair))
         except LedgerError as exc:
             log.warning("The line's order keeps the recent use last read: %s", exc)

@@ -152,7 +152,11 @@ class ReservationKeeper:
         now = self.clock()
         known = self._groups.get(user)
         if known is None or now - known[0] >= GROUPS_SECONDS:
-            found = self.groups_of(user)
+            try:
+                found = self.groups_of(user)
+            except Exception as exc:  # JupyterHub's database: not known, asked again later
+                log.warning("The JupyterHub groups of %s could not be read: %s", user, exc)
+                found = None
             known = self._groups[user] = (now, None if found is None else frozenset(found))
         return known[1]
 

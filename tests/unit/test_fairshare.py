@@ -321,3 +321,19 @@ async def test_by_group_the_waiter_whose_group_used_less_goes_first_though_it_ca
     with contextlib.suppress(asyncio.CancelledError):
         await bob_start
     await bob.stop()
+
+
+async def test_by_group_when_jupyterhub_cannot_say_the_groups_the_line_keeps_what_it_last_read(tmp_path):
+    world = World(tmp_path, gpu_fairshare_half_life_days=7, gpu_fairshare_by="group")
+    line = world.hub.line
+    line.groups_of = {"bob": ["physics"]}.get
+    line.members_of = {"physics": ["bob", "max"]}.get
+    line._used, line._whose = {"bob": 3.0}, {"bob": "physics"}  # as read before
+    line.rows = [waiter(1, "bob")]
+
+    def down(group):
+        raise RuntimeError("JupyterHub's database is locked")
+
+    line.members_of = down
+    await line.read_use(now=True)  # logged, not raised: serving goes on
+    assert (line._used, line._whose) == ({"bob": 3.0}, {"bob": "physics"})

@@ -398,3 +398,18 @@ async def test_the_servers_that_make_room_at_a_start_are_stopped_eight_at_a_time
     await keeper.refresh(force=True)  # made after the spawns read the list: read it now
     assert len(await keeper.check()) == 10
     assert sorted(stopped) == sorted(users) and most[0] == reservations_module.STOPS_AT_ONCE == 8
+
+
+async def test_groups_jupyterhub_cannot_say_count_as_unknown_and_stop_nobody(hub):
+    await hub.started(spawner(hub, "bob"))
+    await hub.started(spawner(hub, "carol"))
+    reserve(hub, NOW - timedelta(minutes=1), count=1)
+    keeper = hub.hub.reservations
+    await keeper.refresh(force=True)
+
+    def down(user):
+        raise RuntimeError("JupyterHub's database is locked")
+
+    keeper.groups_of = down
+    assert keeper.keep_free([]) == {A100: 1}  # nobody known to be a member: all kept
+    assert keeper.must_make_room(NOW) == {}  # nobody known to be outside it: nobody stopped
