@@ -734,3 +734,25 @@ def test_default_db_url_makes_a_relative_cwd_absolute(tmp_path, monkeypatch):
 )
 def test_hours_within(start, end, since, until, hours):
     assert hours_within(at(start), at(end), None if since is None else at(since), at(until)) == hours
+
+
+def test_ledgers_of_two_databases_may_make_their_tables_at_once(tmp_path):
+    # Alembic's migration context is one per process: without a lock, the second
+    # thread's steps ran on the first's context (a KeyError or a None ``op``).
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def first_use(i: int) -> None:
+        ledger = Ledger(f"sqlite:///{tmp_path}/l{i}.sqlite")
+        start.wait()
+        try:
+            assert ledger.reservations() == []
+        except BaseException as exc:  # noqa: BLE001 - any failure is the finding
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first_use, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

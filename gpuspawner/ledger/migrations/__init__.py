@@ -15,6 +15,7 @@ and extend ``tests/unit/test_ledger.py``'s upgrade tests if the data needs conve
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -28,6 +29,7 @@ __all__ = ["MigrationError", "VERSION_TABLE", "config", "current", "downgrade", 
 
 #: Alembic's version table for the ledger: JupyterHub's own is ``alembic_version``.
 VERSION_TABLE = "gpuspawner_alembic_version"
+_ONE_AT_A_TIME = threading.Lock()  # see _run
 
 
 class MigrationError(Exception):
@@ -80,7 +82,9 @@ def _run(step, engine: sa.Engine, revision: str, url: str = "") -> None:
     """``url``: the database as messages show it (the Ledger's, passwords hidden)."""
     cfg = config()
     try:
-        with engine.begin() as conn:
+        # Alembic's ``op`` and ``context`` are one per process: two ledgers migrating
+        # at once in two threads would run each other's steps on a torn context.
+        with _ONE_AT_A_TIME, engine.begin() as conn:
             cfg.attributes["connection"] = conn  # env.py runs the migrations on it
             step(cfg, revision)
     except CommandError as e:
