@@ -66,7 +66,7 @@ from datetime import datetime, timedelta, timezone
 
 from gpuspawner.core.fairshare import FairShare
 from gpuspawner.core.line_order import Standing, Waiter, ordered
-from gpuspawner.core.reservations import Reservation, conflicts, keep_free, needs, to_stop
+from gpuspawner.core.reservations import Keep, Reservation, conflicts, keep_free, needs, to_stop
 
 START = datetime(2026, 11, 30, tzinfo=timezone.utc)  # a Monday
 MODEL = "A100"
@@ -279,9 +279,9 @@ def simulate(setup: Setup, asks: list[Ask], fair: FairShare | None, lend: bool =
         n = sum(1 for s in running.values() if s.ask.cls == COURSE)
         return {i: float(n) for i in ids}
 
-    def members_waiting() -> dict[int, int]:
+    def members_waiting() -> dict[int, int]:  # in thousandths: one GPU each
         n = sum(1 for k in line if asked[k].cls == COURSE)
-        return {i: n for i in ids}
+        return {i: n * 1000 for i in ids}
 
     def open_needs(now: datetime):
         return [n for n in needs(rs, now, members_hold(), members_waiting=members_waiting()) if now in n.window]
@@ -340,8 +340,8 @@ def simulate(setup: Setup, asks: list[Ask], fair: FairShare | None, lend: bool =
             if not untouched:
                 return  # not yet: nobody behind it is served
             mine = ids if asked[w.service].cls == COURSE else []
-            kept = keep_free(open_needs(now), mine, now).get(MODEL, 0)
-            if len(untouched) - 1 < kept:
+            kept = keep_free(open_needs(now), mine, now).get(MODEL, Keep())
+            if len(untouched) - 1 < kept.devices:
                 continue  # kept for a reservation's members: they may be behind it
             a = asked[w.service]
             del line[w.service]

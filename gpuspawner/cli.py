@@ -136,7 +136,8 @@ def format_line(result: dict) -> str:
 def format_reservations(result: dict, removed: bool = False) -> str:
     """Each reservation with its open or next window and what its members hold; or the one made or removed."""
     if "reservations" not in result:
-        what = f"{result['name']}, {result['count']} {result['model']} for {result['group']}."
+        shares = " in shares" if result.get("shares") else ""
+        what = f"{result['name']}, {result['count']} {result['model']}{shares} for {result['group']}."
         return f"{'Removed reservation' if removed else 'Reservation'} {result['id']}: {what}"
     rows = [("ID", "NAME", "GROUP", "MODEL", "COUNT", "WEEKLY", "LENDS", "WINDOW (UTC)", "OPEN", "MEMBERS HOLD")]
     for r in result["reservations"]:
@@ -148,7 +149,7 @@ def format_reservations(result: dict, removed: bool = False) -> str:
                 r["name"],
                 r["group"],
                 r["model"],
-                str(r["count"]),
+                _count(r),
                 f"yes ({r['timezone']})" if r["weekly"] else "no",
                 "yes" if r.get("lend") else "no",
                 window,
@@ -157,6 +158,21 @@ def format_reservations(result: dict, removed: bool = False) -> str:
             )
         )
     return _table(rows) if len(rows) > 1 else "No reservations."
+
+
+def _count(r: dict) -> str:
+    return f"{r['count']} (shares)" if r.get("shares") else str(r["count"])
+
+
+def _number(text: str) -> int | float:
+    """A reservation's count: whole, or a share total such as 2.5 (checked by the hub)."""
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:
@@ -252,11 +268,12 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("reserve", help="reserve GPUs of a model for a group's window; --list, --remove ID")
     p.add_argument("group", nargs="?", help="the JupyterHub group whose members the GPUs are kept for")
     p.add_argument("model", nargs="?", help="the GPU model, as the form names it")
-    p.add_argument("count", nargs="?", type=int, help="how many whole GPUs")
+    p.add_argument("count", nargs="?", type=_number, help="how many whole GPUs (with --shares: a total, e.g. 2.5)")
     p.add_argument("--start", help="ISO 8601, e.g. 2026-12-08T14:00 (in --timezone unless it has an offset)")
     p.add_argument("--end", help="ISO 8601, the window's end")
     p.add_argument("--weekly", action="store_true", help="the same window every week, at the same local time")
     p.add_argument("--lend", action="store_true", help="unused GPUs go to others until a member waits for one")
+    p.add_argument("--shares", action="store_true", help="COUNT is a total that members take as shares or whole GPUs")
     p.add_argument("--timezone", default="UTC", help="IANA name, e.g. Europe/Berlin (default: %(default)s)")
     p.add_argument("--name", default="", help="shown to people (default: the group's name)")
     what = p.add_mutually_exclusive_group()
@@ -269,14 +286,14 @@ def _parser() -> argparse.ArgumentParser:
 def _reserve_request(parser: argparse.ArgumentParser, args) -> tuple[str, str, dict | None]:
     made = (args.group, args.model, args.count, args.start, args.end)
     if args.list or args.remove is not None:
-        if any(v is not None for v in made) or args.weekly or args.lend or args.name:
+        if any(v is not None for v in made) or args.weekly or args.lend or args.shares or args.name:
             parser.error("reserve --list and --remove take nothing else")
         if args.list:
             return "GET", "gpuspawner/reservations", None
         return "DELETE", f"gpuspawner/reservations/{args.remove}", None
     if any(v is None for v in made):
         parser.error("reserve needs GROUP MODEL COUNT --start TIME --end TIME (or --list, --remove ID)")
-    keys = ("group", "model", "count", "start", "end", "weekly", "timezone", "name", "lend")
+    keys = ("group", "model", "count", "start", "end", "weekly", "timezone", "name", "lend", "shares")
     body = {k: getattr(args, k) for k in keys}
     return "POST", "gpuspawner/reservations", body
 

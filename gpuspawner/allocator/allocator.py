@@ -591,6 +591,21 @@ class Allocator:
         mi = self._index.models.get(model)
         return 0 if mi is None else mi.free_available
 
+    def room(self, model: str) -> int:
+        """The thousandths of ``model`` nobody holds, on available hosts: untouched
+        devices and what shared ones have left."""
+        with self._lock:
+            index = self._index
+            mi = index.models.get(model)
+            if mi is None:
+                return 0
+            shared = (
+                UNIT - sum(held.values())
+                for uuid, held in self._shares.items()
+                if (g := index.gpus.get(uuid)) is not None and g.model == model and index.is_available(g.host)
+            )
+            return mi.free_available * UNIT + sum(shared)
+
     def model_devices(self, model: str) -> dict[str, dict[str, int]]:
         """The devices of ``model`` on available hosts, each with who holds it (as
         :meth:`booked_on`; empty: untouched)."""

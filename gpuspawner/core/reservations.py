@@ -1,5 +1,7 @@
-"""Reservations: COUNT whole GPUs of a MODEL kept for a group's members in a
-window of time, once or every week (pure: no JupyterHub, no Docker, no ledger).
+"""Reservations: COUNT GPUs of a MODEL kept for a group's members in a window of
+time, once or every week (pure: no JupyterHub, no Docker, no ledger). COUNT is
+whole GPUs, or with ``shares`` a total of GPU (2.5: two and a half GPUs' worth)
+that members take as shares or whole GPUs.
 
 A weekly reservation repeats at the same local time in its time zone, so a
 course at 14:00–16:00 in Europe/Berlin stays at 14:00 local across a
@@ -9,9 +11,10 @@ the change, as :mod:`zoneinfo` does (02:30 becomes 03:30).
 
 During a window, the GPUs its members do not hold are kept free for them: a
 request of anyone else is granted only if as many untouched devices of the
-model stay free (:func:`keep_free`). At a window's start, servers of others are
-stopped, newest first, until that many are free (:func:`to_stop`); they are
-told ahead (:data:`NOTICE_BEFORE`).
+model stay free (:func:`keep_free`); for a share total, as much free room (the
+thousandths nobody holds, on untouched and shared devices alike). At a window's
+start, servers of others are stopped, newest first, until that much is free
+(:func:`to_stop`); they are told ahead (:data:`NOTICE_BEFORE`).
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from .sharing import UNIT, fmt, to_milli
+
 __all__ = [
     "RESERVATION",
     "Reservation",
     "ReservationError",
+    "Keep",
     "Need",
     "Window",
     "conflicts",
@@ -41,6 +47,7 @@ RESERVATION = "reservation"  # the end reason of a server stopped for one
 WEEK = timedelta(days=7)
 HORIZON_WEEKS = 53  # overlaps of weekly windows are checked over a year ahead (every DST change)
 NAME_MAX = 64
+MAX_COUNT = 10_000  # GPUs one reservation may keep
 _NAME = re.compile(r"^[\w .:/+()@-]{1,64}$")
 
 
@@ -62,18 +69,20 @@ class Window:
 
 @dataclass(frozen=True)
 class Reservation:
-    """``count`` whole GPUs of ``model`` for ``group``'s members from ``start`` to
-    ``end`` (UTC; the first window when ``weekly``)."""
+    """``count`` GPUs of ``model`` for ``group``'s members from ``start`` to ``end``
+    (UTC; the first window when ``weekly``): whole GPUs, or with ``shares`` a total
+    that may be a fraction (2.5), taken as shares or whole GPUs."""
 
     group: str
     model: str
-    count: int
+    count: int | float
     start: datetime
     end: datetime
     weekly: bool = False
     timezone: str = "UTC"  # where a weekly window keeps its local time
     name: str = ""  # shown to people; the group's name when empty
     lend: bool = False  # unused GPUs of an open window go to others until a member waits for one
+    shares: bool = False  # ``count`` is a total of GPU, kept as free room rather than untouched devices
     id: int | None = None  # the ledger's
     created_by: str = ""
     created_at: datetime | None = field(default=None, compare=False)
@@ -86,10 +95,21 @@ class Reservation:
             raise ReservationError(
                 f"a reservation's name is at most {NAME_MAX} letters, digits, spaces or . : / + ( ) @ - _"
             )
-        if not isinstance(self.weekly, bool) or not isinstance(self.lend, bool):
-            raise ReservationError("a reservation's weekly and lend are true or false")
-        if isinstance(self.count, bool) or not isinstance(self.count, int) or not 1 <= self.count <= 10_000:
-            raise ReservationError(f"a reservation's count is a whole number of GPUs from 1, got {self.count!r}")
+        if not all(isinstance(v, bool) for v in (self.weekly, self.lend, self.shares)):
+            raise ReservationError("a reservation's weekly, lend and shares are true or false")
+        if self.shares:
+            try:
+                milli = to_milli(self.count, "a reservation's share total")
+            except ValueError as exc:
+                raise ReservationError(str(exc)) from None
+            if not 0 < milli <= MAX_COUNT * UNIT:
+                raise ReservationError(f"a reservation's share total is above 0 and at most {MAX_COUNT} GPUs")
+            object.__setattr__(self, "count", milli // UNIT if milli % UNIT == 0 else milli / UNIT)
+        elif isinstance(self.count, bool) or not isinstance(self.count, int) or not 1 <= self.count <= MAX_COUNT:
+            raise ReservationError(
+                f"a reservation's count is a whole number of GPUs from 1, got {self.count!r} "
+                "(a total such as 2.5 is kept as shares)"
+            )
         for what, t in (("start", self.start), ("end", self.end)):
             if not isinstance(t, datetime) or t.tzinfo is None:
                 raise ReservationError(f"a reservation's {what} needs a time zone (e.g. 2026-12-08T14:00+01:00)")
@@ -108,6 +128,16 @@ class Reservation:
     @property
     def label(self) -> str:
         return self.name or self.group
+
+    @property
+    def milli(self) -> int:
+        """What it keeps, in thousandths of a GPU."""
+        return round(self.count * UNIT)
+
+    @property
+    def amount(self) -> str:
+        """E.g. "10 A100" or "2.5 A100 in shares"."""
+        return f"{fmt(self.milli)} {self.model}" + (" in shares" if self.shares else "")
 
     def when(self, t: datetime) -> str:
         """``t`` as people of this reservation read it: in its time zone."""
@@ -165,19 +195,21 @@ class Reservation:
             "weekly": self.weekly,
             "timezone": self.timezone,
             "lend": self.lend,
+            "shares": self.shares,
             "created_by": self.created_by,
             "created_at": _iso(self.created_at) if self.created_at else None,
         }
 
     def describe(self) -> str:
-        """E.g. "CS101: 10 A100 every week, Tue 14:00–16:00 Europe/Berlin"."""
+        """E.g. "CS101: 10 A100 every week, Tue 14:00–16:00 Europe/Berlin"; a share
+        total: "Lab: 2.5 A100 in shares 2026-12-08 09:00–2026-12-10 09:00 UTC"."""
         zone = self.zone
         a, b = self.start.astimezone(zone), self.end.astimezone(zone)
         if self.weekly:
             when = f"every week, {a:%a %H:%M}–{b:%a %H:%M} {self.timezone}".replace(f"–{a:%a} ", "–")
         else:
             when = f"{a:%Y-%m-%d %H:%M}–{b:%Y-%m-%d %H:%M} {self.timezone}"
-        return f"{self.label}: {self.count} {self.model} {when}" + (", lent while unused" if self.lend else "")
+        return f"{self.label}: {self.amount} {when}" + (", lent while unused" if self.lend else "")
 
 
 def local(t: datetime, zone: ZoneInfo) -> datetime:
@@ -207,11 +239,11 @@ def _iso(t: datetime) -> str:
 
 def conflicts(new: Reservation, existing: Iterable[Reservation], capacity: int, now: datetime) -> list[Reservation]:
     """The reservations of ``new``'s model whose windows, with ``new``'s, would
-    ask for more than ``capacity`` GPUs at once (checked over a year of weekly
-    windows, from ``now``). Raises ReservationError when ``new`` alone is more
-    than the model has."""
-    if new.count > capacity:
-        raise ReservationError(f"the cluster has {capacity} {new.model}, fewer than the {new.count} asked for")
+    ask for more than ``capacity`` GPUs at once (share totals as their fraction;
+    checked over a year of weekly windows, from ``now``). Raises ReservationError
+    when ``new`` alone is more than the model has."""
+    if new.milli > capacity * UNIT:
+        raise ReservationError(f"the cluster has {capacity} {new.model}, fewer than the {fmt(new.milli)} asked for")
     same = [
         r
         for r in existing
@@ -225,9 +257,29 @@ def conflicts(new: Reservation, existing: Iterable[Reservation], capacity: int, 
         others = [(o, r) for r in same for o in r.windows(w.start, w.end)]
         for t in sorted({w.start} | {o.start for o, _ in others if o.start > w.start}):
             at = [r for o, r in others if t in o]
-            if new.count + sum(r.count for r in at) > capacity:
+            if new.milli + sum(r.milli for r in at) > capacity * UNIT:
                 found.update((id(r), r) for r in at)
     return sorted(found.values(), key=lambda r: (r.start, r.id or 0))
+
+
+@dataclass(frozen=True)
+class Keep:
+    """What a request of someone else must leave free of a model: ``devices``
+    untouched (reservations of whole GPUs) and, beyond theirs, ``room``
+    thousandths nobody holds, on any device (share totals)."""
+
+    devices: int = 0
+    room: int = 0
+
+    def __add__(self, other: Keep) -> Keep:
+        return Keep(self.devices + other.devices, self.room + other.room)
+
+    def __bool__(self) -> bool:
+        return bool(self.devices or self.room)
+
+    def met(self, untouched: int, room: int) -> bool:
+        """Whether ``untouched`` devices and ``room`` free thousandths (theirs included) leave it."""
+        return untouched >= self.devices and room >= self.devices * UNIT + self.room
 
 
 @dataclass(frozen=True)
@@ -237,8 +289,23 @@ class Need:
 
     reservation: Reservation
     window: Window
-    unmet: int  # whole devices
-    held: int = 0  # whole GPUs its members hold (shares added up, rounded down)
+    unmet: int  # whole devices (a reservation of whole GPUs)
+    held: int | float = 0  # GPUs its members hold: whole ones (shares added up, rounded down); all, for a share total
+    room: int = 0  # thousandths (a share total)
+
+    @property
+    def keep(self) -> Keep:
+        return Keep(self.unmet, self.room)
+
+    @property
+    def left(self) -> str:
+        """What its members may still take, e.g. "3" or "1.25"."""
+        return fmt(max(0, self.reservation.milli - round(self.held * UNIT)))
+
+    @property
+    def kept(self) -> str:
+        """What it keeps from others, in GPUs: "3" or "1.25"."""
+        return fmt(self.unmet * UNIT + self.room)
 
 
 def needs(
@@ -251,63 +318,83 @@ def needs(
     """Each reservation whose window is open at ``now`` (or opens within ``ahead``),
     with the GPUs its members (``members_hold``: reservation id -> GPUs of its
     model they hold, shares as fractions) leave unused. A reservation that lends
-    needs only as many as its members wait for in line (``members_waiting``), and
+    needs only as much as its members wait for in line (``members_waiting``:
+    thousandths; a reservation of whole GPUs counts a share asked as a GPU), and
     only while its window is open."""
     out = []
     for r in reservations:
         w = r.next_window(now)
         if w is None or w.start > now + ahead:
             continue
-        held = math.floor(members_hold.get(r.id or 0, 0.0) + 1e-9)
+        hold = members_hold.get(r.id or 0, 0.0)
+        waiting = (members_waiting or {}).get(r.id or 0, 0) if now in w else 0
+        if r.shares:
+            room = max(0, r.milli - round(hold * UNIT))
+            out.append(Need(r, w, 0, round(hold, 3), min(room, waiting) if r.lend else room))
+            continue
+        held = math.floor(hold + 1e-9)
         unmet = max(0, r.count - held)
         if r.lend:
-            unmet = min(unmet, (members_waiting or {}).get(r.id or 0, 0)) if now in w else 0
+            unmet = min(unmet, -(-waiting // UNIT))
         out.append(Need(r, w, unmet, held))
     return out
 
 
-def keep_free(need_list: Iterable[Need], member_of: Iterable[int], now: datetime) -> dict[str, int]:
-    """Per model, the untouched devices a request of a member of ``member_of``
-    (reservation ids) must leave free: the unused GPUs of the open windows it
-    is not a member of."""
+def keep_free(need_list: Iterable[Need], member_of: Iterable[int], now: datetime) -> dict[str, Keep]:
+    """Per model, what a request of a member of ``member_of`` (reservation ids)
+    must leave free: the unused GPUs of the open windows it is not a member of."""
     mine = set(member_of)
-    out: dict[str, int] = {}
+    out: dict[str, Keep] = {}
     for n in need_list:
-        if now in n.window and n.reservation.id not in mine and n.unmet:
-            out[n.reservation.model] = out.get(n.reservation.model, 0) + n.unmet
+        if now in n.window and n.reservation.id not in mine and n.keep:
+            out[n.reservation.model] = out.get(n.reservation.model, Keep()) + n.keep
     return out
 
 
-def to_stop(needed: int, devices: Mapping[str, Mapping[str, int]], candidates: Sequence[str]) -> list[str]:
+def to_stop(
+    needed: int, devices: Mapping[str, Mapping[str, int]], candidates: Sequence[str], room: int = 0
+) -> list[str]:
     """Which of ``candidates`` (holders, newest first) to stop so that ``needed``
-    devices are untouched, among ``devices`` (uuid -> {holder: milli}; empty: free):
-    the newest until enough are free, then any not needed after all are let off.
-    The newest go first even where fewer older ones would do. When stopping all
-    would free fewer, as many as stopping all would. Linear in the devices and
-    what the candidates hold (a window's start at a thousand nodes)."""
+    devices are untouched and, beyond them, ``room`` thousandths are free, among
+    ``devices`` (uuid -> {holder: milli}; empty: free): the newest until enough
+    are free, then any not needed after all are let off. The newest go first
+    even where fewer older ones would do. When stopping all would free less, as
+    much as stopping all would. Linear in the devices and what the candidates
+    hold (a window's start at a thousand nodes)."""
     left = {uuid: len(held) for uuid, held in devices.items()}  # holders not stopped, per device
-    held_by: dict[str, list[str]] = {}
+    used = {uuid: sum(held.values()) for uuid, held in devices.items()}  # thousandths they hold
+    held_by: dict[str, list[tuple[str, int]]] = {}
     for uuid, held in devices.items():
-        for holder in held:
-            held_by.setdefault(holder, []).append(uuid)
+        for holder, milli in held.items():
+            held_by.setdefault(holder, []).append((uuid, milli))
     everyone = set(candidates)
     reachable = sum(1 for held in devices.values() if everyone.issuperset(held))
     needed = min(needed, reachable)
+    most = sum(UNIT - sum(m for h, m in held.items() if h not in everyone) for held in devices.values())
+    want = needed * UNIT + min(room, max(0, most - needed * UNIT))  # free thousandths in all
     free = sum(1 for n in left.values() if n == 0)
+    free_room = sum(UNIT - u for u in used.values())
+
+    def enough() -> bool:
+        return free >= needed and free_room >= want
+
     chosen: list[str] = []
     for c in dict.fromkeys(candidates):
-        if free >= needed:
+        if enough():
             break
         chosen.append(c)
-        for uuid in held_by.get(c, ()):
+        for uuid, milli in held_by.get(c, ()):
             left[uuid] -= 1
             free += left[uuid] == 0
+            free_room += milli
     kept = set(chosen)
     for c in reversed(chosen):  # let off, oldest first, any whose stop is not needed after all
-        lost = sum(1 for uuid in held_by.get(c, ()) if left[uuid] == 0)
-        if free - lost >= needed:
+        lost = sum(1 for uuid, _ in held_by.get(c, ()) if left[uuid] == 0)
+        lost_room = sum(milli for _, milli in held_by.get(c, ()))
+        if free - lost >= needed and free_room - lost_room >= want:
             kept.discard(c)
             free -= lost
-            for uuid in held_by.get(c, ()):
+            free_room -= lost_room
+            for uuid, _ in held_by.get(c, ()):
                 left[uuid] += 1
     return [c for c in chosen if c in kept]

@@ -46,6 +46,8 @@ from ..allocator.allocator import Allocation, AllocationRefused, Refusal, Reques
 from ..cluster.cluster import GPUCluster
 from ..cluster.swarm import Swarm, SwarmError, spec_reservations
 from ..core.labels import LABEL, Held, LabelError, parse_labels
+from ..core.reservations import Keep
+from ..core.sharing import UNIT
 from ..ledger.ledger import Ledger, LedgerError
 from .ports import NoPortFree, PortPool
 
@@ -172,12 +174,12 @@ class Holdings:
         max_per_owner: int,
         policy: str,
         port_range: tuple[int, int] | None = None,
-        keep_free: Mapping[str, int] | None = None,
+        keep_free: Mapping[str, Keep] | None = None,
         kept_why: Callable[[str], str] = lambda model: f"The free {model} GPUs are reserved.",
     ) -> Holding:
         """Book devices (``request``; None: CPU-only) and a port, and record
-        them in the ledger. ``keep_free``: per model, the untouched devices that
-        must stay so (others' reservations; AllocationRefused with
+        them in the ledger. ``keep_free``: per model, what must stay free
+        (others' reservations; AllocationRefused with
         Refusal.RESERVED, saying ``kept_why(model)``, when they would not). Raises AllocationRefused, HoldingBusy (an earlier
         holding of this server is still being removed), LedgerError (nothing
         is left booked) or NoPortFree."""
@@ -222,11 +224,11 @@ class Holdings:
         request: Request,
         max_per_owner: int,
         policy: str,
-        keep_free: Mapping[str, int],
+        keep_free: Mapping[str, Keep],
         kept_why: Callable[[str], str],
     ) -> Allocation:
-        """The allocator's booking, unless it leaves fewer untouched devices of its model
-        than ``keep_free`` says: then the request's other models, if it takes several."""
+        """The allocator's booking, unless it leaves less of its model free than
+        ``keep_free`` says: then the request's other models, if it takes several."""
         reserved: str | None = None  # the first model found kept for others
         while True:
             try:
@@ -236,8 +238,11 @@ class Holdings:
                 if reserved is None:
                     raise
                 raise AllocationRefused(kept_why(reserved), Refusal.RESERVED) from None
-            kept = keep_free.get(alloc.model, 0) if alloc.devices else 0
-            if not kept or self.allocator.untouched(alloc.model) >= kept:
+            kept = keep_free.get(alloc.model) if alloc.devices else None
+            if not kept or kept.met(
+                self.allocator.untouched(alloc.model),
+                self.allocator.room(alloc.model) if kept.room else kept.devices * UNIT,  # room: only when asked
+            ):
                 return alloc
             self.allocator.release(name)
             reserved = reserved or alloc.model

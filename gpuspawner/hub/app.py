@@ -37,7 +37,7 @@ from ..holdings.views import holders_of
 from ..ledger.ledger import Ledger, LedgerError, default_db_url
 from ..line.wait import WaitLine
 from ..reclaim.reclaimer import Reclaimer
-from ..reclaim.reservations import ReservationKeeper, gpus_asked
+from ..reclaim.reservations import ReservationKeeper, milli_asked
 from ..reclaim.settings import ReclaimSettings
 from .resume import resume_waiting
 from .settings import SPAWNER_SECTIONS, GPUSettings, placement_mix, spawner_values
@@ -221,7 +221,7 @@ class GPUHub:
             stop=self._stop_server,
             ends_in=self._reclaimer.ends_in,
             held_for=self._reclaimer.held_for,
-            waiting=lambda: [(w.user, w.model, gpus_asked(w.request)) for w in self._line.rows] if self._line else [],
+            waiting=lambda: [(w.user, w.model, milli_asked(w.request)) for w in self._line.rows] if self._line else [],
             wall=lambda: datetime.fromtimestamp(self.wall(), timezone.utc),
             clock=self.clock,
         )

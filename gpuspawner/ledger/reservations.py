@@ -1,5 +1,6 @@
-"""The ledger's reservations (table ``gpuspawner_reservations``, migration 0006):
-whole GPUs of a model kept for a group's members, once or every week.
+"""The ledger's reservations (table ``gpuspawner_reservations``, migrations 0006
+and 0007): GPUs of a model kept for a group's members, once or every week (whole
+GPUs, or a share total in ``share_milli``).
 
 A mixin of :class:`gpuspawner.ledger.ledger.Ledger`: the same database, locks and
 error handling. What a reservation means (its windows, conflicts, what it keeps
@@ -17,6 +18,7 @@ from datetime import datetime
 import sqlalchemy as sa
 
 from ..core.reservations import Reservation
+from ..core.sharing import UNIT
 from .checks import aware_utc, checked_name, utc_now
 from .schema import TIMEZONE_MAX
 from .schema import reservations as table  # the method reservations() reads it
@@ -29,7 +31,8 @@ def _reservation(row: sa.Row) -> Reservation:
     return Reservation(
         group=m["group_name"],
         model=m["model"],
-        count=m["count"],
+        count=m["count"] if m["share_milli"] is None else m["share_milli"] / UNIT,
+        shares=m["share_milli"] is not None,
         start=m["starts_at"],
         end=m["ends_at"],
         weekly=bool(m["weekly"]),
@@ -64,7 +67,8 @@ class LedgerReservations:
             name=checked_name(r.name, "name", required=False),
             group_name=checked_name(r.group, "group", required=True),
             model=checked_name(r.model, "model", required=True),
-            count=r.count,
+            count=-(-r.milli // UNIT),  # rounded up: a hub without share_milli keeps at least as much
+            share_milli=r.milli if r.shares else None,
             starts_at=r.start,
             ends_at=r.end,
             weekly=r.weekly,

@@ -96,6 +96,7 @@ reservations = sa.Table(
     sa.Column("ends_at", UTCDateTime, nullable=False),
     sa.Column("weekly", sa.Boolean, nullable=False),
     sa.Column("lend", sa.Boolean, nullable=False, server_default=sa.false()),  # unused GPUs lent to others
+    sa.Column("share_milli", sa.Integer, nullable=True),  # a share total in thousandths; NULL: whole GPUs
     sa.Column("timezone", sa.String(TIMEZONE_MAX), nullable=False),  # IANA: where a weekly window keeps its local time
     sa.Column("created_by", sa.String(NAME_MAX), nullable=False),
     sa.Column("created_at", UTCDateTime, nullable=False),

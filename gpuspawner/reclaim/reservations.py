@@ -27,6 +27,7 @@ from prometheus_client import Gauge
 from ..core.reservations import (
     RESERVATION,
     WEEK,
+    Keep,
     Need,
     Reservation,
     ReservationError,
@@ -35,12 +36,12 @@ from ..core.reservations import (
     needs,
     to_stop,
 )
-from ..core.sharing import UNIT
+from ..core.sharing import UNIT, to_milli
 from ..holdings.holdings import Holding, Holdings, Phase, stop_for
 from ..ledger.checks import utc_now
 from ..ledger.ledger import LedgerError
 
-__all__ = ["NOTICE_BEFORE", "ReservationKeeper"]
+__all__ = ["NOTICE_BEFORE", "ReservationKeeper", "milli_asked"]
 
 log = logging.getLogger(__name__)
 
@@ -58,17 +59,23 @@ RESERVED = Gauge(
 )
 
 GroupsOf = Callable[[str], "Iterable[str] | None"]  # a user's groups now; None: not known
-Waiting = Callable[[], "Iterable[tuple[str, str, int]]"]  # (user, model, GPUs asked) of each waiter
+Waiting = Callable[[], "Iterable[tuple[str, str, int]]"]  # (user, model, thousandths asked) of each waiter
 
 
 def _iso(t: datetime) -> str:
     return t.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def gpus_asked(request: dict) -> int:
-    """Whole GPUs a waiting request asks for (a share, "all" or a bad count: 1)."""
+def milli_asked(request: dict) -> int:
+    """What a waiting request asks for, in thousandths of a GPU ("all" or a bad value: one GPU)."""
+    if "gpu_share" in request:
+        try:
+            milli = to_milli(request["gpu_share"])
+        except ValueError:
+            return UNIT
+        return milli if milli > 0 else UNIT
     count = request.get("gpu_count", 1)
-    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1
+    return count * UNIT if isinstance(count, int) and not isinstance(count, bool) and 0 < count <= 10_000 else UNIT
 
 
 class ReservationKeeper:
@@ -132,7 +139,7 @@ class ReservationKeeper:
             if clash:
                 names = "; ".join(c.describe() for c in clash)
                 raise ReservationError(
-                    f"{r.count} {r.model} for {r.label} would need more than the {capacity} there are "
+                    f"{r.amount} for {r.label} would need more than the {capacity} there are "
                     f"while these are reserved too: {names}"
                 )
             made = await self.holdings.ledger_call(lambda db: db.add_reservation(r))
@@ -193,14 +200,14 @@ class ReservationKeeper:
         return held
 
     def _members_waiting(self, near: list[Reservation]) -> dict[int, int]:
-        """Per reservation that lends, the GPUs its members wait for in line for its model."""
+        """Per reservation that lends, the thousandths of its model its members wait for in line."""
         lending = [r for r in near if r.lend and r.id is not None]
         out: dict[int, int] = {}
-        for user, model, gpus in self.waiting() if lending else ():
+        for user, model, milli in self.waiting() if lending else ():
             groups = self._groups_of(user) or frozenset()
             for r in lending:
                 if r.model == model and r.group in groups:
-                    out[r.id] = out.get(r.id, 0) + gpus  # type: ignore[index]
+                    out[r.id] = out.get(r.id, 0) + milli  # type: ignore[index]
         return out
 
     def needs(self, now: datetime, ahead: timedelta = timedelta(0)) -> list[Need]:
@@ -224,18 +231,18 @@ class ReservationKeeper:
                     "open": w is not None and now in w,
                     "window": None if w is None else {"start": _iso(w.start), "end": _iso(w.end)},
                     "members_hold": hold,
-                    "unused": max(0, r.count - int(hold + 1e-9)),
+                    "unused": max(0, r.count - (hold if r.shares else int(hold + 1e-9))),
                 }
             )
         return out
 
-    def keep_free(self, groups: Iterable[str]) -> dict[str, int]:
-        """Per model, the untouched devices a request of a user in ``groups`` must
-        leave (the open windows of reservations they are not a member of). While the
+    def keep_free(self, groups: Iterable[str]) -> dict[str, Keep]:
+        """Per model, what a request of a user in ``groups`` must leave free (the
+        open windows of reservations they are not a member of). While the
         list has never been read, every device of every model: no GPU is handed out
         (a request that waits keeps its place, and is served once the list is read)."""
         if not self.known:
-            return {m.model: UNKNOWN for m in self.holdings.allocator.summary()}
+            return {m.model: Keep(UNKNOWN) for m in self.holdings.allocator.summary()}
         now = self.wall()
         return keep_free(self.needs(now), self.member_of(groups), now)
 
@@ -254,7 +261,7 @@ class ReservationKeeper:
         now, mine = self.wall(), self.member_of(groups)
         kept = [n for n in self.needs(now) if n.reservation.model == model and n.reservation.id not in mine]
         names = ", ".join(
-            f"{n.unmet} for {n.reservation.label} until {n.reservation.when(n.window.end)}" for n in kept if n.unmet
+            f"{n.kept} for {n.reservation.label} until {n.reservation.when(n.window.end)}" for n in kept if n.keep
         )
         return f"The free {model} GPUs are reserved ({names}); please try again later or ask for another model."
 
@@ -269,7 +276,7 @@ class ReservationKeeper:
         out: dict[str, tuple[Need, Holding]] = {}
         by_model: dict[str, list[Need]] = {}
         for n in self.needs(now, ahead):
-            if n.unmet:
+            if n.keep:
                 by_model.setdefault(n.reservation.model, []).append(n)
         if not by_model:
             return out
@@ -285,7 +292,8 @@ class ReservationKeeper:
                 candidates = [name for name, h in holders if name not in out and self._in_the_way(h, groups, t, now)]
                 left = {uuid: {k: v for k, v in booked.items() if k not in out} for uuid, booked in devices.items()}
                 first = min(open_then, key=lambda n: n.window.start)
-                for name in to_stop(sum(n.unmet for n in open_then), left, candidates):
+                kept = sum((n.keep for n in open_then), Keep())
+                for name in to_stop(kept.devices, left, candidates, kept.room):
                     out[name] = (first, everyone[name])
         return out
 
@@ -343,13 +351,16 @@ class ReservationKeeper:
     def _show(self, now: datetime) -> None:
         """The gauge: per model, GPUs of open windows their members hold, those a lending
         reservation has lent (neither held by members nor untouched), and the rest."""
-        counts: dict[tuple[str, str], int] = {key: 0 for key in self._shown}
+        counts: dict[tuple[str, str], float] = {key: 0 for key in self._shown}
         near = self._near(now, timedelta(0))
         held = self._members_hold(near)
+        allocator = self.holdings.allocator
         for r in near:
-            used = min(r.count, int(held.get(r.id or 0, 0.0) + 1e-9))
-            lent = max(0, r.count - used - self.holdings.allocator.untouched(r.model)) if r.lend else 0
-            for state, n in (("held", used), ("lent", lent), ("unused", r.count - used - lent)):
+            hold = held.get(r.id or 0, 0.0)
+            used = min(r.count, round(hold, 3) if r.shares else int(hold + 1e-9))
+            free = allocator.room(r.model) / UNIT if r.shares else allocator.untouched(r.model)
+            lent = max(0, round(r.count - used - free, 3)) if r.lend else 0
+            for state, n in (("held", used), ("lent", lent), ("unused", round(r.count - used - lent, 3))):
                 counts[(r.model, state)] = counts.get((r.model, state), 0) + n
         for (model, state), value in counts.items():
             RESERVED.labels(model, state).set(value)

@@ -108,17 +108,23 @@ def with_reservations(summary: list[ModelSummary], keeper, groups: list[str]) ->
     for n in keeper.needs(now):
         r = n.reservation
         until = r.when(n.window.end)
+        shares = ", as shares or whole GPUs," if r.shares else ""
         if r.id in mine:
-            free = max(0, r.count - n.held)
-            notes.append(f"{r.label}: {free} of {r.count} reserved {r.model} GPUs free for you until {until}.")
-        elif n.unmet:
-            notes.append(f"{n.unmet} {r.model} GPUs are reserved for {r.label} until {until}.")
+            notes.append(
+                f"{r.label}: {n.left} of {fmt(r.milli)} reserved {r.model} GPUs free for you{shares} until {until}."
+            )
+        elif n.keep:
+            notes.append(f"{n.kept} {r.model} GPUs are reserved for {r.label}{shares} until {until}.")
     out = []
     for m in summary:
-        k = kept.get(m.model, 0)
+        k = kept.get(m.model)
         if k:
-            free = max(0, m.free - k)
-            m = replace(m, free=free, largest_block=min(m.largest_block, free))
+            free, largest = m.free - k.devices, m.largest_milli
+            if k.room:  # others may take only the room beyond all that is kept
+                room = keeper.holdings.allocator.room(m.model) - k.devices * UNIT - k.room
+                free, largest = min(free, room // UNIT), min(largest, room)
+            free = max(0, free)
+            m = replace(m, free=free, largest_block=min(m.largest_block, free), largest_milli=max(0, largest))
         out.append(m)
     return out, notes
 

@@ -3,8 +3,9 @@
 * ``GET /hub/api/gpuspawner/reservations``: every reservation, with its open or
   next window and what its members hold now.
 * ``POST /hub/api/gpuspawner/reservations``: a new one, from a JSON body
-  ``{"group", "model", "count", "start", "end", "weekly", "timezone", "name", "lend"}``;
-  times are ISO 8601, read in ``timezone`` when they carry no offset. 400 with
+  ``{"group", "model", "count", "start", "end", "weekly", "timezone", "name", "lend",
+  "shares"}`` (``shares``: ``count`` is a total such as 2.5, taken as shares or whole
+  GPUs, of a model users may share); times are ISO 8601, read in ``timezone`` when they carry no offset. 400 with
   the reason when it is bad or conflicts with others; 201 with it when stored.
 * ``DELETE /hub/api/gpuspawner/reservations/ID``: removes it.
 
@@ -29,7 +30,7 @@ from .api import ADMIN_SCOPE, _GPUMixin
 
 __all__ = ["handlers", "parse_reservation"]
 
-FIELDS = {"group", "model", "count", "start", "end", "weekly", "timezone", "name", "lend"}
+FIELDS = {"group", "model", "count", "start", "end", "weekly", "timezone", "name", "lend", "shares"}
 # Weekly windows are looked at a year past a reservation's end: its times must leave room for that in datetime's range.
 MARGIN = (HORIZON_WEEKS + 4) * WEEK
 
@@ -44,9 +45,9 @@ def parse_reservation(body: Any, created_by: str, aliases: dict[str, str]) -> Re
     zone_name = body.get("timezone", "UTC")
     if not isinstance(zone_name, str):
         raise ReservationError("timezone must be an IANA name, e.g. Europe/Berlin")
-    weekly, lend = body.get("weekly", False), body.get("lend", False)
-    if not isinstance(weekly, bool) or not isinstance(lend, bool):
-        raise ReservationError("weekly and lend must be true or false")
+    weekly, lend, shares = (body.get(k, False) for k in ("weekly", "lend", "shares"))
+    if not all(isinstance(v, bool) for v in (weekly, lend, shares)):
+        raise ReservationError("weekly, lend and shares must be true or false")
     name = body.get("name", "")
     if not isinstance(name, str):
         raise ReservationError("name must be a string")
@@ -61,6 +62,7 @@ def parse_reservation(body: Any, created_by: str, aliases: dict[str, str]) -> Re
         end=times[1],
         weekly=weekly,
         lend=lend,
+        shares=shares,
         timezone=zone_name,
         name=name,
         created_by=created_by,
@@ -105,17 +107,21 @@ class ReservationsHandler(_GPUMixin, APIHandler):
             raise web.HTTPError(400, "the body must be a JSON object") from None
         try:
             r = parse_reservation(body, self.current_user.name, hub.settings.gpu_model_aliases)
-            totals = {m.model: m.total for m in hub.holdings.allocator.summary()}
-            if r.model not in totals:
+            models = {m.model: m for m in hub.holdings.allocator.summary()}
+            if r.model not in models:
                 raise ReservationError(
-                    f"no {r.model} in the cluster; its models: {', '.join(sorted(totals)) or 'none'}"
+                    f"no {r.model} in the cluster; its models: {', '.join(sorted(models)) or 'none'}"
+                )
+            if r.shares and not models[r.model].shareable:
+                raise ReservationError(
+                    f"users may not share {r.model} on this hub (gpu_sharing): reserve whole GPUs of it"
                 )
             if hub_port.group_members(self, r.group) is None:  # (the handler has the hub's db)
                 # A typo would keep the GPUs for nobody and stop everyone's servers at its start.
                 raise ReservationError(
                     f"no JupyterHub group {r.group!r}: create it first (the admin page, or c.JupyterHub.load_groups)"
                 )
-            made = await hub.reservations.add(r, totals[r.model])
+            made = await hub.reservations.add(r, models[r.model].total)
         except ReservationError as exc:
             raise web.HTTPError(400, str(exc)) from None
         except LedgerError as exc:

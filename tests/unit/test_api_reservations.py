@@ -172,7 +172,7 @@ async def test_an_overlap_beyond_the_models_count_is_refused_naming_the_other(hu
         ({"model": "H100"}, f"no H100 in the cluster; its models: {A100}, {T4}"),
         (
             {"colour": "red"},
-            "unknown field(s): colour; known: count, end, group, lend, model, name, start, timezone, weekly",
+            "unknown field(s): colour; known: count, end, group, lend, model, name, shares, start, timezone, weekly",
         ),
         ({"timezone": "Europe/Atlantis"}, "unknown time zone 'Europe/Atlantis' (an IANA name, e.g. Europe/Berlin)"),
         ({"timezone": ""}, "unknown time zone ''"),
@@ -181,8 +181,8 @@ async def test_an_overlap_beyond_the_models_count_is_refused_naming_the_other(hu
         ({"end": None}, "end must be an ISO 8601 time"),
         ({"count": 0}, "a reservation's count is a whole number of GPUs from 1, got 0"),
         ({"count": "2"}, "a reservation's count is a whole number of GPUs from 1, got '2'"),
-        ({"weekly": "yes"}, "weekly and lend must be true or false"),
-        ({"lend": 1}, "weekly and lend must be true or false"),
+        ({"weekly": "yes"}, "weekly, lend and shares must be true or false"),
+        ({"lend": 1}, "weekly, lend and shares must be true or false"),
         ({"group": ""}, "a reservation needs a group"),
         ({"end": "2026-12-15T14:00"}, "a weekly reservation's window must be shorter than a week"),
         ({"group": "cs10"}, "no JupyterHub group 'cs10': create it first"),  # a typo keeps GPUs for nobody
@@ -305,3 +305,27 @@ async def test_the_hubs_groups_are_read_as_jupyterhub_has_them(start):
     assert hub_port.group_members(app, "cs101") == ["anna"]
     assert hub_port.group_members(app, "physics") == []
     assert hub_port.group_members(app, "chemistry") is None
+
+
+async def test_a_share_total_is_stored_for_a_model_users_may_share_and_refused_for_another(start):
+    hub = await start(gpu_sharing={A100: {"quantum": 0.25}})
+    code, made = await hub("POST", body=CS101 | {"count": 1.5, "shares": True})
+    assert code == 201 and (made["count"], made["shares"]) == (1.5, True)
+    (listed,) = await hub.listed()
+    assert (listed["count"], listed["shares"], listed["unused"]) == (1.5, True, 1.5)
+    code, answer = await hub("POST", body=CS101 | {"model": T4, "count": 0.5, "shares": True})
+    assert (
+        code == 400
+        and answer["message"] == f"users may not share {T4} on this hub (gpu_sharing): reserve whole GPUs of it"
+    )
+    code, answer = await hub("POST", body=CS101 | {"group": "cs102", "count": 0.75, "shares": True})
+    assert (
+        code == 400
+        and "would need more than the 2 there are while these are reserved too: CS101 lab: 1.5" in (answer["message"])
+    )
+    code, answer = await hub("POST", body=CS101 | {"group": "cs102", "count": 1.5})
+    assert code == 400 and answer["message"].startswith("a reservation's count is a whole number of GPUs from 1")
+    assert len(await hub.listed()) == 1
+    admin = await login(hub, "boss")
+    page = (await AsyncHTTPClient().fetch(hub.url + "/hub/gpus", headers=admin, follow_redirects=False)).body.decode()
+    assert f"<td>1.5 {A100} in shares weekly (Europe/Berlin)</td>" in page

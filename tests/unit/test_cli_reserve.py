@@ -121,6 +121,7 @@ def test_reserve_posts_the_reservation_and_prints_its_id(hub, capsys):
                 "timezone": "Europe/Berlin",
                 "name": "CS101",
                 "lend": True,
+                "shares": False,
             },
         )
     ]
@@ -142,8 +143,18 @@ def test_reserve_sends_the_defaults_for_what_is_not_given(hub, capsys):
         "timezone": "UTC",
         "name": "",
         "lend": False,
+        "shares": False,
     }
     assert capsys.readouterr().out == f"Reservation 3: cs101, 1 {A100} for cs101.\n"
+
+
+def test_reserve_shares_sends_a_share_total(hub, capsys):
+    hub.answers.append((201, MADE | {"count": 2.5, "shares": True, "name": "Lab"}))
+    argv = ["lab", A100, "2.5", "--shares", "--start", "2026-12-08T14:00Z", "--end", "2026-12-08T16:00Z"]
+    assert hub.run(*argv) == 0
+    (request,) = hub.requests
+    assert (request[4]["count"], request[4]["shares"]) == (2.5, True)
+    assert capsys.readouterr().out == f"Reservation 3: Lab, 2.5 {A100} in shares for cs101.\n"
 
 
 def test_reserve_list_prints_a_table_and_says_when_there_is_none(hub, capsys):
@@ -229,7 +240,7 @@ def test_reserve_remove_sends_delete_with_the_id_and_says_it_was_removed(hub, ca
         (["cs101", A100], "reserve needs GROUP MODEL COUNT --start TIME --end TIME (or --list, --remove ID)"),
         (["cs101", A100, "2", "--start", "2026-12-08T14:00"], "reserve needs GROUP MODEL COUNT --start TIME"),
         ([], "reserve needs GROUP MODEL COUNT"),
-        (["cs101", A100, "two"], "argument count: invalid int value: 'two'"),
+        (["cs101", A100, "two"], "argument count: not a number: 'two'"),
     ],
 )
 def test_reserve_argument_errors_are_usage_errors_and_ask_nothing(hub, capsys, argv, message):

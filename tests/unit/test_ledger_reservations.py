@@ -1,5 +1,6 @@
 """Reservations in the ledger (gpuspawner.ledger.reservations) on a real SQLite file,
-and migration 0006, which adds their table to a ledger at 0005.
+migration 0006, which adds their table to a ledger at 0005, and 0007, which adds
+share totals.
 
 ``ReservationsContract`` holds the behaviour every backend must show, as
 tests/unit/test_ledger.py's ``LedgerContract`` does; a subclass provides ``url``.
@@ -103,6 +104,16 @@ class ReservationsContract:
         assert (o.weekly, o.lend, o.timezone, o.name, o.label, o.count) == (False, False, "UTC", "", "thesis", 4)
         assert (o.start, o.end) == (datetime(2026, 5, 2, 8, 0, tzinfo=UTC), datetime(2026, 5, 2, 20, 0, tzinfo=UTC))
         assert o.window(1) == o.window(0)  # one-off: only its first window
+
+    def test_a_share_total_reads_back_as_stored_and_counts_whole_gpus_rounded_up(self, ledger, url):
+        shares = ledger.add_reservation(one_off(count=2.5, shares=True))
+        exact = ledger.add_reservation(one_off(count=3, shares=True))
+        back = {r.id: r for r in ledger.reservations()}
+        assert back[shares.id] == shares and (back[shares.id].count, back[shares.id].milli) == (2.5, 2500)
+        assert back[exact.id].shares and back[exact.id].count == 3 and isinstance(back[exact.id].count, int)
+        assert back[shares.id].as_json()["count"] == 2.5 and back[shares.id].as_json()["shares"] is True
+        # A hub that predates the share total reads ``count``: the total rounded up, never less.
+        assert [row[2] for row in stored_rows(ledger.engine)] == [3, 3]
 
     def test_add_returns_distinct_ids_and_sets_created_at(self, ledger):
         before = datetime.now(UTC)
@@ -231,10 +242,10 @@ def test_0006_adds_the_table_to_a_ledger_at_0005_keeping_its_rows(tmp_path):
                 dict(start=start),
             )
 
-        ledger = Ledger(url)  # upgrades to 0006 on first use
+        ledger = Ledger(url)  # upgrades to the head on first use
         try:
             assert ledger.reservations() == []
-            assert ledger_migrations.current(engine) == ("0006",)
+            assert ledger_migrations.current(engine) == (ledger_migrations.head(),)
             (record,) = ledger.open_allocations()
             assert (record.id, record.service, record.devices, record.milli, record.tasks, record.peak_memory_mib) == (
                 5,
@@ -284,3 +295,31 @@ def test_a_name_left_out_is_stored_as_empty(tmp_path):
         assert (r.name, r.label, r.weekly, r.start) == ("", "g", False, datetime(2026, 1, 1, 8, tzinfo=UTC))
     finally:
         ledger.dispose()
+
+
+def test_0007_adds_share_totals_keeping_the_reservations_of_whole_gpus(tmp_path):
+    url = f"sqlite:///{tmp_path}/gpuspawner.sqlite"
+    engine = sa.create_engine(url)
+    try:
+        ledger_migrations.upgrade(engine, revision="0006")
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    f"INSERT INTO {TABLE} (id, name, group_name, model, count, starts_at, ends_at, weekly, lend,"
+                    " timezone, created_by, created_at) VALUES (4, '', 'thesis', 'NVIDIA H100', 4, :start, :end,"
+                    " 0, 0, 'UTC', 'bob', :start)"
+                ),
+                dict(start=datetime(2026, 5, 2, 8, 0), end=datetime(2026, 5, 2, 20, 0)),
+            )
+        ledger = Ledger(url)
+        try:
+            (old,) = ledger.reservations()
+            assert ledger_migrations.current(engine) == ("0007",)
+            assert (old.id, old.count, old.shares, old.milli) == (4, 4, False, 4000)
+            ledger.add_reservation(one_off(count=0.75, shares=True))
+        finally:
+            ledger.dispose()
+        ledger_migrations.downgrade(engine, "0006")  # the share total goes; its count (1) stays
+        assert stored_rows(engine) == [(4, "thesis", 4), (5, "thesis", 1)]
+    finally:
+        engine.dispose()

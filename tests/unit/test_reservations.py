@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from gpuspawner.core.reservations import (
     HORIZON_WEEKS,
     WEEK,
+    Keep,
     Need,
     Reservation,
     ReservationError,
@@ -381,6 +382,14 @@ GOOD = dict(group="cs101", model=A100, count=2, start=START, end=END)
         (dict(group=None), "a reservation needs a group"),
         (dict(model=""), "a reservation needs a model (at most 64 characters)"),
         (dict(model=7), "a reservation needs a model"),
+        (dict(count=2.5), "a reservation's count is a whole number of GPUs from 1, got 2.5 (a total such as 2.5 is"),
+        (dict(count=0, shares=True), "a reservation's share total is above 0 and at most 10000 GPUs"),
+        (dict(count=-0.5, shares=True), "a reservation's share total is above 0"),
+        (dict(count=10_000.001, shares=True), "a reservation's share total is above 0 and at most 10000"),
+        (dict(count=0.0005, shares=True), "a reservation's share total must be a multiple of 0.001, got 0.0005"),
+        (dict(count="2.5", shares=True), "a reservation's share total must be a number such as 0.5, got '2.5'"),
+        (dict(count=float("nan"), shares=True), "a reservation's share total must be a finite number"),
+        (dict(shares=1), "a reservation's weekly, lend and shares are true or false"),
     ],
 )
 def test_a_bad_reservation_is_refused_with_what_is_wrong(change, message):
@@ -648,6 +657,42 @@ def test_members_holdings_reduce_what_is_kept():
     assert needs([no_id], AT, {1: 4.0})[0].unmet == 4
 
 
+S1 = replace(make(utc(2027, 1, 12, 14), utc(2027, 1, 12, 16), id=7, group="lab"), count=2.5, shares=True)
+
+
+def test_a_share_total_keeps_room_its_members_do_not_hold():
+    assert (S1.milli, S1.amount, S1.count) == (2500, f"2.5 {A100} in shares", 2.5)
+    assert replace(S1, count=2.0).count == 2 and isinstance(replace(S1, count=2.0).count, int)
+    assert S1.describe() == f"lab: 2.5 {A100} in shares 2027-01-12 14:00–2027-01-12 16:00 UTC"
+    (n,) = needs([S1], AT, {7: 0.75})
+    assert (n.unmet, n.room, n.held, n.keep, n.left, n.kept) == (0, 1750, 0.75, Keep(0, 1750), "1.75", "1.75")
+    assert needs([S1], AT, {7: sum([0.1] * 10)})[0].room == 1500  # 0.9999999999999999: one GPU held
+    assert needs([S1], AT, {7: 3.0})[0].room == 0  # never below none
+    assert keep_free(needs([R1, S1], AT, {1: 1, 7: 0.5}), [], AT) == {A100: Keep(3, 2000)}
+    assert keep_free(needs([R1, S1], AT, {1: 1, 7: 0.5}), [7], AT) == {A100: Keep(3)}  # a member of lab
+    # Lending: only what its members wait for, in thousandths.
+    lends = replace(S1, lend=True)
+    assert needs([lends], AT, {7: 0.5}, members_waiting={7: 250})[0].room == 250
+    assert needs([lends], AT, {7: 0.5}, members_waiting={7: 5000})[0].room == 2000
+    assert needs([replace(R1, lend=True)], AT, {}, members_waiting={1: 250})[0].unmet == 1  # a share: one device
+
+
+@pytest.mark.parametrize(
+    "keep, untouched, room, met",
+    [
+        (Keep(), 0, 0, True),
+        (Keep(2), 2, 2000, True),
+        (Keep(2), 1, 5000, False),  # whole GPUs need untouched devices
+        (Keep(0, 1500), 0, 1500, True),  # a share total: room anywhere
+        (Keep(0, 1500), 9, 1499, False),
+        (Keep(1, 500), 1, 1499, False),  # the share total is beyond the untouched device's room
+        (Keep(1, 500), 1, 1500, True),
+    ],
+)
+def test_what_is_kept_is_met_by_untouched_devices_and_room(keep, untouched, room, met):
+    assert keep.met(untouched, room) is met
+
+
 def test_needs_are_the_open_windows_and_those_opening_within_ahead():
     everything = [R1, R2, R3, R4, R5]
     held = {1: 2.5, 3: 0.25}
@@ -668,15 +713,15 @@ def test_needs_are_the_open_windows_and_those_opening_within_ahead():
 
 def test_keep_free_counts_only_open_windows_of_reservations_one_is_not_a_member_of():
     soon = needs([R1, R2, R3, R4, R5, R6], AT, {1: 2.5, 3: 0.25}, ahead=timedelta(minutes=15))
-    assert keep_free(soon, [], AT) == {A100: 2 + 1, H100: 2}  # R2 opens later: not counted yet
-    assert keep_free(soon, [1], AT) == {A100: 1, H100: 2}  # a member of R1, not of R6 (the same model)
-    assert keep_free(soon, [1, 6], AT) == {H100: 2}
-    assert keep_free(soon, [3], AT) == {A100: 3}
+    assert keep_free(soon, [], AT) == {A100: Keep(2 + 1), H100: Keep(2)}  # R2 opens later: not counted yet
+    assert keep_free(soon, [1], AT) == {A100: Keep(1), H100: Keep(2)}  # a member of R1, not of R6 (the same model)
+    assert keep_free(soon, [1, 6], AT) == {H100: Keep(2)}
+    assert keep_free(soon, [3], AT) == {A100: Keep(3)}
     assert keep_free(soon, {1, 3, 6}, AT) == {}
     # Once R2 has opened (at its start, not a microsecond before) it counts.
-    assert keep_free(soon, [1, 6], R2.start - US) == {H100: 2}
-    assert keep_free(soon, [1, 6], R2.start) == {A100: 3, H100: 2}
-    assert keep_free(soon, [1, 6], R6.end) == {A100: 3}  # R3's and R6's windows have ended
+    assert keep_free(soon, [1, 6], R2.start - US) == {H100: Keep(2)}
+    assert keep_free(soon, [1, 6], R2.start) == {A100: Keep(3), H100: Keep(2)}
+    assert keep_free(soon, [1, 6], R6.end) == {A100: Keep(3)}  # R3's and R6's windows have ended
     # What its members already hold is not kept a second time.
     assert keep_free(needs([R1, R6], AT, {1: 4, 6: 1}), [], AT) == {}
 
@@ -764,6 +809,46 @@ def test_to_stop_against_every_set_of_candidates(case):
     assert set(got) <= set(candidates[:shortest])
     # Nothing to free: nobody stopped.
     if reach <= free_with(devices, set()):
+        assert got == []
+
+
+def room_with(devices: dict[str, dict[str, int]], stopped: set[str]) -> int:
+    return sum(1000 - sum(m for h, m in held.items() if h not in stopped) for held in devices.values())
+
+
+@st.composite
+def room_cases(draw) -> tuple[int, int, dict[str, dict[str, int]], list[str]]:
+    devices = {}
+    for i in range(draw(st.integers(0, 6))):
+        who = draw(st.lists(st.sampled_from(HOLDERS), max_size=3, unique=True))
+        parts = [draw(st.integers(1, 1000 // max(1, len(who)))) for _ in who]
+        devices[f"GPU-{i}"] = dict(zip(who, [1000] if len(who) == 1 and draw(st.booleans()) else parts))
+    pool = draw(st.permutations(HOLDERS[:-1]))
+    candidates = list(pool[: draw(st.integers(0, len(pool)))])
+    return draw(st.integers(0, 4)), draw(st.integers(0, 6000)), devices, candidates
+
+
+@SETTINGS
+@given(room_cases())
+@example((0, 500, {"d1": {"h0": 300, "h1": 300}, "d2": {"h2": 1000}}, ["h0", "h1", "h2"]))
+def test_to_stop_frees_a_share_totals_room_against_every_set_of_candidates(case):
+    needed, room, devices, candidates = case
+    got = to_stop(needed, devices, candidates, room)
+    everyone = set(candidates)
+    reach = min(needed, free_with(devices, everyone))
+    want = reach * 1000 + min(room, max(0, room_with(devices, everyone) - reach * 1000))
+
+    def enough(stopped: set[str]) -> bool:
+        return free_with(devices, stopped) >= reach and room_with(devices, stopped) >= want
+
+    assert enough(set(got))
+    assert got == [c for c in candidates if c in got]  # candidates only, each once, newest first
+    for k in range(len(got)):  # none could be let off
+        for fewer in itertools.combinations(got, k):
+            assert not enough(set(fewer))
+    shortest = next(i for i in range(len(candidates) + 1) if enough(set(candidates[:i])))
+    assert set(got) <= set(candidates[:shortest])
+    if enough(set()):
         assert got == []
 
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from jupyterhub.spawner import SpawnException
 
-from gpuspawner.core.reservations import RESERVATION, Reservation
+from gpuspawner.core.reservations import RESERVATION, Keep, Reservation
 from gpuspawner.hub.app import KEY, GPUHub
 from gpuspawner.ledger.ledger import Ledger, LedgerError
 from gpuspawner.reclaim import reservations as reservations_module
@@ -232,7 +232,7 @@ async def test_reservations_never_read_refuse_gpus_with_a_retry_and_a_list_once_
     monkeypatch.setattr(keeper.holdings, "ledger_call", reservations_down)
     await keeper.refresh(force=True)
     assert [r.label for r in keeper.reservations] == ["CS101"]  # the list read before
-    assert keeper.keep_free([]) == {A100: 2}  # none of the two is held by a member
+    assert keeper.keep_free([]) == {A100: Keep(2)}  # none of the two is held by a member
 
 
 async def test_a_lending_window_lends_its_unused_gpus_and_takes_one_back_when_a_member_waits(hub):
@@ -337,9 +337,9 @@ async def test_a_lending_window_keeps_as_many_gpus_as_its_waiting_members_ask_fo
     assert [gauge.labels(A100, s)._value.get() for s in ("held", "lent", "unused")] == [0, 0, 2]  # all free
     form = await spawner(hub, "alice")._render_options_form()
     assert "CS101: 2 of 2 reserved NVIDIA A100 80GB PCIe GPUs free for you" in form
-    keeper.waiting = lambda: [("alice", A100, 2)]
-    assert keeper.keep_free([]) == {A100: 2}  # her request for 2 keeps both, not one
-    keeper.waiting = lambda: [("bob", A100, 2)]
+    keeper.waiting = lambda: [("alice", A100, 2000)]  # thousandths
+    assert keeper.keep_free([]) == {A100: Keep(2)}  # her request for 2 keeps both, not one
+    keeper.waiting = lambda: [("bob", A100, 2000)]
     assert keeper.keep_free([]) == {}  # not a member: nothing kept
 
 
@@ -411,5 +411,73 @@ async def test_groups_jupyterhub_cannot_say_count_as_unknown_and_stop_nobody(hub
         raise RuntimeError("JupyterHub's database is locked")
 
     keeper.groups_of = down
-    assert keeper.keep_free([]) == {A100: 1}  # nobody known to be a member: all kept
+    assert keeper.keep_free([]) == {A100: Keep(1)}  # nobody known to be a member: all kept
     assert keeper.must_make_room(NOW) == {}  # nobody known to be outside it: nobody stopped
+
+
+async def test_a_share_total_keeps_room_for_its_members_and_stops_only_whom_it_needs(tmp_path):
+    """1.5 A100 in shares for CS101 on two A100s: others get shares or a GPU only while
+    1.5 GPUs' worth stays free for the members, who take shares of it; at a window's
+    start the newest are stopped until that much is free, and one whose stop is not
+    needed after all is let off."""
+    GROUPS["erin"] = []
+    hub = World(tmp_path, inventory=TWO_GPUS, gpu_sharing={A100: {"quantum": 0.25}})
+    new_hub(hub, Wall())
+    quarter = {"gpu_model": A100, "gpu_share": 0.25}
+    reserve(hub, NOW - timedelta(minutes=30), count=1.5, shares=True)
+    await hub.started(spawner(hub, "bob", quarter))  # 1.75 left: 1.5 kept
+    with pytest.raises(SpawnException) as refused:
+        await hub.started(spawner(hub, "dan"))  # a whole GPU would leave 0.75
+    assert refused.value.status_code == 503
+    assert "reserved (1.5 for CS101 until 2026-12-08 14:30 UTC)" in refused.value.jupyterhub_message
+    assert hub.owner.get("jupyter-dan") is None
+    form = " ".join((await spawner(hub, "carol")._render_options_form()).split())
+    assert f"1.5 {A100} GPUs are reserved for CS101, as shares or whole GPUs, until 2026-12-08 14:30 UTC." in form
+    await hub.started(spawner(hub, "dan", quarter))  # 1.5 left: just enough
+    with pytest.raises(SpawnException):
+        await hub.started(spawner(hub, "carol", quarter))
+    alice = " ".join((await spawner(hub, "alice")._render_options_form()).split())
+    assert f"CS101: 1.5 of 1.5 reserved {A100} GPUs free for you, as shares or whole GPUs, until" in alice
+    await hub.started(spawner(hub, "alice", {"gpu_model": A100, "gpu_share": 0.5}))  # a member
+    assert hub.hub.reservations.status()[0]["unused"] == 1.0
+    with pytest.raises(SpawnException):
+        await hub.started(spawner(hub, "carol", quarter))  # 1 left, 1 still kept
+
+    # The next day's window opens while others hold all but a quarter.
+    stopped = []
+
+    async def stop(h, reason):
+        stopped.append(h.user)
+        return await driven(hub.owner.remove(h.name, reason=reason), lambda: exit_removed(hub))
+
+    keeper = hub.hub.reservations
+    keeper.stop = stop
+    for user in ("alice", "bob", "dan"):
+        await driven(hub.owner.remove(f"jupyter-{user}", reason="done"), lambda: exit_removed(hub))
+    hub.wall.now = NOW + timedelta(hours=12)  # the first window is over
+    await hub.started(spawner(hub, "bob"))  # oldest: a whole GPU
+    await hub.started(spawner(hub, "carol", {"gpu_model": A100, "gpu_share": 0.5}))
+    await hub.started(spawner(hub, "erin", quarter))  # newest
+    hub.wall.now = NOW + timedelta(days=1)
+    reserve(hub, hub.wall.now, count=1.5, shares=True)
+    await keeper.refresh(force=True)
+    # 0.25 is free. Newest first, erin's and carol's stops free 1 in all, not enough, and
+    # bob's then 2; carol's is let off after all (erin's and bob's leave exactly 1.5 free).
+    assert await keeper.check() == [("jupyter-erin", RESERVATION), ("jupyter-bob", RESERVATION)]
+    assert sorted(stopped) == ["bob", "erin"] and hub.owner.get("jupyter-carol").held.milli == (500,)
+
+
+@pytest.mark.parametrize(
+    "request_, milli",
+    [
+        ({"gpu_model": A100, "gpu_count": 2}, 2000),
+        ({"gpu_model": A100, "gpu_share": 0.25}, 250),
+        ({"gpu_model": A100, "gpu_count": 1, "gpu_share": 1.5}, 1500),  # the form sends both: the share counts
+        ({"gpu_model": A100}, 1000),
+        ({"gpu_model": A100, "gpu_count": "all"}, 1000),
+        ({"gpu_model": A100, "gpu_share": "half"}, 1000),
+        ({"gpu_model": A100, "gpu_count": True}, 1000),
+    ],
+)
+def test_what_a_waiter_asks_for_is_counted_in_thousandths(request_, milli):
+    assert reservations_module.milli_asked(request_) == milli
