@@ -25,6 +25,11 @@ client has. Timed, each ``--repeats`` times:
   each). **The fake's cost is part of this figure**: its ``services()`` and
   ``tasks()`` build their answers by copying every service and task in Python, where
   a real client would wait for the daemon and decode its JSON;
+* a spawn's wait: one ``read_reservations`` with figures read before but too old,
+  timed until it returns (it waits for the read up to ``READ_WAIT``, then goes on
+  with the last figures while the read finishes); and how long the hub keeps the
+  figures after such reads (``reserved_max_age``: ten times the last read, at least
+  a second);
 * the fake's part: its two list calls alone;
 * the hub's part: ``Swarm.reservations`` over a client that hands back the same
   two lists ready-made (the thread hops and the summing per node and service),
@@ -284,6 +289,20 @@ async def read(built: Built) -> None:
     """One read as a spawn makes it, the once-a-second gate open."""
     built.cluster._reserved_at = -math.inf  # as if the last read were a second old
     await built.cluster.read_reservations(built.swarm, LOG)
+    if built.cluster.reading is not None:  # after the first, a read runs in the background
+        await built.cluster.reading
+
+
+async def spawn_wait(built: Built) -> float:
+    """How long a spawn waits for the figures once they are too old (s): the read is
+    begun and waited for up to READ_WAIT; then the rest of it, untimed."""
+    built.cluster._reserved_at = -math.inf
+    t0 = time.perf_counter()
+    await built.cluster.read_reservations(built.swarm, LOG)
+    waited = time.perf_counter() - t0
+    if built.cluster.reading is not None:
+        await built.cluster.reading
+    return waited
 
 
 async def loop_late_during(work: Callable[[], object]) -> float:
@@ -345,6 +364,8 @@ async def measure(nodes: int, services: int, repeats: int, seed: int = 1) -> dic
             "tasks_json_bytes": len(tasks_json),
             "repeats": repeats,
             "read": summary(await atimed(lambda: read(built), repeats)),
+            "spawn_wait": summary([await spawn_wait(built) for _ in range(repeats)]),
+            "max_age_s": round(built.cluster.reserved_max_age, 2),
             "fake_lists": summary(timed(lambda: answers(fake), repeats)),
             "hub_reservations": summary(await atimed(replay.reservations, repeats)),
             "set_host_reserved": summary(timed(hand_over, repeats)),
@@ -378,10 +399,10 @@ def table(results: list[dict]) -> str:
 
     rows = [
         "| nodes | services (hub's GPU servers) | JSON: services + tasks | dicts and lists in it "
-        "| read_reservations | the same, collector off "
+        "| read_reservations | the same, collector off | a spawn waits | figures kept for "
         "| the fake's two lists alone | the hub's summing | set_host_reserved, every node | free() of every node "
         "| json.loads of the JSON | event loop late, max: read / read, collector off / json.loads in the executor |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         mb = (r["services_json_bytes"] + r["tasks_json_bytes"]) / 1e6
@@ -389,6 +410,7 @@ def table(results: list[dict]) -> str:
             f"| {r['nodes']:,} | {r['services']:,} ({r['hub_servers']:,}) "
             f"| {r['services_json_bytes'] / 1e6:.2f} + {r['tasks_json_bytes'] / 1e6:.2f} = {mb:.2f} MB "
             f"| {r['containers']:,} | {both(r, 'read')} | {both(r, 'read_gc_off')} "
+            f"| {both(r, 'spawn_wait')} | {r['max_age_s']:g} s "
             f"| {both(r, 'fake_lists')} | {both(r, 'hub_reservations')} "
             f"| {both(r, 'set_host_reserved')} | {both(r, 'free_all')} | {both(r, 'decode')} "
             f"| {_ms(r['loop_late']['max_ms'])} / {_ms(r['loop_late_gc_off']['max_ms'])} "

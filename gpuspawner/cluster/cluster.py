@@ -39,6 +39,8 @@ from .views import ClusterViews
 __all__ = ["GPUCluster", "DeviceState", "SOURCES", "InventorySettings"]
 
 NODES_MAX_AGE = 1.0  # seconds a node list is good for
+READ_SHARE = 0.1  # the most of the hub's time that reading what other services reserve may take
+READ_WAIT = 0.25  # seconds a spawn waits for that read before it goes on with the last figures
 
 
 class GPUCluster:
@@ -65,6 +67,9 @@ class GPUCluster:
         self.views = ClusterViews(self, holders_of)  # who holds a device: the hub's holdings say
         self._schedulable: set[str] | None = None
         self._reserved_at = -float("inf")  # when the nodes' reservations were last read (monotonic)
+        self._reserved_read = False  # once: the first read is waited for to its end
+        self._reading: asyncio.Future | None = None
+        self.reserved_max_age = NODES_MAX_AGE  # seconds the last read's figures are good for
         self._nodes_read = False
         self._nodes_at = 0.0  # when the node list was last read
         self._local_due = 0.0
@@ -270,21 +275,46 @@ class GPUCluster:
             self._nodes_read = True
 
     async def read_reservations(self, swarm: Swarm, log: logging.Logger | logging.LoggerAdapter) -> None:
-        """What the services running on each node reserve there, for the allocator (at
-        most every NODES_MAX_AGE seconds; asked only for requests that reserve CPU or
-        memory). When it cannot be read, what was last read stays (could not find out
-        is not "none reserved")."""
-        async with self._lock:
-            if time.monotonic() - self._reserved_at < NODES_MAX_AGE:
-                return
-            try:
-                reserved = await swarm.reservations()
-            except SwarmError as exc:
-                log.warning("What services reserve on the nodes could not be read (the last figures stay): %s", exc)
-                return
-            self._reserved_at = time.monotonic()
-            for hostname, n in self.nodes.items():
-                self.allocator.set_host_reserved(hostname, reserved.get(n.id, {}))
+        """What the services running on each node reserve there, for the allocator
+        (asked only for requests that reserve CPU or memory), when the figures are
+        older than :attr:`reserved_max_age`: one read at a time, waited for up to
+        READ_WAIT seconds (the first, until it ends); a read that takes longer goes
+        on in the background and the caller goes on with the last figures. When it
+        cannot be read, what was last read stays (could not find out is not "none
+        reserved")."""
+        if time.monotonic() - self._reserved_at < self.reserved_max_age:
+            return
+        if self._reading is None:
+            self._reading = asyncio.ensure_future(self._read_reserved(swarm, log))
+        # asyncio.wait neither cancels the read at its timeout nor when the caller is cancelled.
+        await asyncio.wait([self._reading], timeout=READ_WAIT if self._reserved_read else None)
+
+    @property
+    def reading(self) -> asyncio.Future | None:
+        """The read of the nodes' reservations under way, if any."""
+        return self._reading
+
+    async def _read_reserved(self, swarm: Swarm, log: logging.Logger | logging.LoggerAdapter) -> None:
+        try:
+            async with self._lock:
+                began = time.monotonic()
+                try:
+                    reserved = await swarm.reservations()
+                except SwarmError as exc:
+                    log.warning("What services reserve on the nodes could not be read (the last figures stay): %s", exc)
+                    return
+                except Exception:  # read in the background: nobody else would hear of it
+                    log.exception("What services reserve on the nodes could not be read (the last figures stay)")
+                    return
+                now = time.monotonic()
+                # A read that takes long is made less often: the event loop spends at most
+                # READ_SHARE of its time on them (at a thousand nodes a read takes about a second).
+                self._reserved_at, self._reserved_read = now, True
+                self.reserved_max_age = max(NODES_MAX_AGE, (now - began) / READ_SHARE)
+                for hostname, n in self.nodes.items():
+                    self.allocator.set_host_reserved(hostname, reserved.get(n.id, {}))
+        finally:
+            self._reading = None
 
     def _forget_gone(self, log: logging.Logger | logging.LoggerAdapter) -> None:
         """A host that is no longer a node of the swarm has no devices by its

@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 from benchmarks import bench_swarm_reads as bench
-from gpuspawner.cluster.swarm import Swarm
+from gpuspawner.cluster.cluster import READ_WAIT
+from gpuspawner.cluster.swarm import Swarm, SwarmError
 
 LOG = logging.getLogger(__name__)
 HAS = (bench.NODE_CPUS * 1000, bench.NODE_MEMORY_GIB * 1024)
@@ -62,10 +64,58 @@ async def test_the_swarm_is_read_at_most_once_a_second_however_many_spawns_ask()
         await cluster.read_reservations(built.swarm, LOG)  # within the second: not asked, the figures stay
         assert reads() == (before[0] + 1, before[1] + 1)
         assert cluster.allocator.resources.free(host) != expected_free(built, host)
-        await asyncio.sleep(1.05)
+        await asyncio.sleep(cluster.reserved_max_age + 0.05)
         await cluster.read_reservations(built.swarm, LOG)
         assert reads() == (before[0] + 2, before[1] + 2)
         assert cluster.allocator.resources.free(host) == expected_free(built, host)
+    finally:
+        built.close()
+
+
+async def test_a_read_that_takes_long_goes_on_in_the_background_is_made_less_often_and_one_that_fails_keeps_the_figures(
+    monkeypatch,
+):
+    built = await bench.build(4, 16, seed=7)
+    try:
+        fake, cluster, swarm = built.fake, built.cluster, built.swarm
+        host, by = next(
+            (h, by) for h, by in sorted(built.asked.items()) if any(not n.startswith("jupyter-") for n in by)
+        )
+        real = swarm.reservations
+        await cluster.read_reservations(swarm, LOG)  # the first read: waited for to its end
+        assert cluster.reading is None
+
+        async def slow():
+            await asyncio.sleep(0.6)
+            return await real()
+
+        monkeypatch.setattr(swarm, "reservations", slow)
+        name = next(n for n in by if not n.startswith("jupyter-"))
+        fake.remove_service(name)
+        del by[name]
+        await asyncio.sleep(cluster.reserved_max_age + 0.05)
+        t0 = time.monotonic()
+        await cluster.read_reservations(swarm, LOG)  # waits READ_WAIT, then goes on with the last figures
+        assert READ_WAIT - 0.01 <= time.monotonic() - t0 < READ_WAIT + 0.2
+        assert cluster.allocator.resources.free(host) != expected_free(built, host)
+        assert cluster.reading is not None
+        await cluster.reading  # the read went on
+        assert cluster.allocator.resources.free(host) == expected_free(built, host)
+        assert 6.0 <= cluster.reserved_max_age < 9.0  # ten times the read's 0.6 s (READ_SHARE)
+        await asyncio.sleep(1.1)
+        await cluster.read_reservations(swarm, LOG)
+        assert cluster.reading is None  # a second on: not yet
+
+        async def down():
+            raise SwarmError("the manager does not answer")
+
+        monkeypatch.setattr(swarm, "reservations", down)
+        cluster._reserved_at -= cluster.reserved_max_age  # as if that long had passed
+        await cluster.read_reservations(swarm, LOG)
+        assert cluster.reading is None and cluster.allocator.resources.free(host) == expected_free(built, host)
+        monkeypatch.setattr(swarm, "reservations", real)
+        await cluster.read_reservations(swarm, LOG)  # the figures are still old: read again at once
+        assert cluster.reserved_max_age == 1.0  # a quick read: every second again
     finally:
         built.close()
 
@@ -77,8 +127,11 @@ def test_the_benchmark_gives_a_row_per_size_with_its_figures_in_order(capsys):
     for r in results:
         assert 0 < r["hub_servers"] < r["services"] and r["repeats"] == 3
         assert r["services_json_bytes"] > 1000 * r["services"] // 2 and r["tasks_json_bytes"] > 0
-        for key in ("read", "read_gc_off", "fake_lists", "hub_reservations", "set_host_reserved", "decode", "free_all"):
+        keys = ("read", "read_gc_off", "spawn_wait", "fake_lists", "hub_reservations", "set_host_reserved", "decode")
+        for key in (*keys, "free_all"):
             assert 0 <= r[key]["p50_ms"] <= r[key]["p95_ms"] <= r[key]["max_ms"], key
+        assert r["spawn_wait"]["max_ms"] < 1000 * READ_WAIT + 100  # never the whole read, once one was made
+        assert r["max_age_s"] >= 1.0
     assert results[1]["tasks_json_bytes"] > results[0]["tasks_json_bytes"]
     rows = bench.table(results).splitlines()
     assert len(rows) == 4 and rows[2].startswith("| 4 | 20 (") and rows[3].startswith("| 8 | 50 (")
