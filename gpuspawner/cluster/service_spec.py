@@ -230,6 +230,16 @@ def _task_template(spec: Any) -> dict[str, Any]:
     return task
 
 
+def task_resources(resources: Mapping[str, Any] | None, extra_task: Any = None) -> dict:
+    """The resources the service's task template will have, as :func:`build_service`
+    makes it: ``resources`` (the spawner's limits and guarantees), unless the admin's
+    ``extra_task_spec`` replaces them (a ``task_template`` in ``extra_create_kwargs``
+    is refused: :func:`admin_conflicts`)."""
+    task = _task_template(extra_task) if extra_task else {}
+    found = [task[k] for k in task if k.lower() == "resources"]
+    return dict(found[-1] or {}) if found else _as_built(Resources, resources)
+
+
 def admin_constraints(extra_placement: Any, extra_task: Any, extra_create: Any = None) -> list[str]:
     """The placement constraints the admin's settings give a service (placement, task
     template, and the task template of the create kwargs), less any that pin a node

@@ -24,7 +24,7 @@ from traitlets import default
 from .. import hub_port, metrics
 from ..allocator.allocator import AllocationRefused, Request
 from ..cluster.constraints import eligible
-from ..cluster.service_spec import admin_conflicts, admin_constraints, build_service
+from ..cluster.service_spec import admin_conflicts, admin_constraints, build_service, task_resources
 from ..cluster.swarm import TASK_FAILED, TASK_WAITING, SwarmError
 from ..core.access import Access
 from ..core.budget import Budget, hours_allowed, request_refusal
@@ -209,9 +209,10 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         return replace(request, cpu_milli=cpu_milli, memory_mib=memory_mib)
 
     def _reserves(self) -> tuple[int, int]:
-        """(CPU thousandths, memory MiB) the service reserves, as its spec will say."""
-        resources = self._resources()
-        cpu, mem = resources.get("cpu_reservation"), resources.get("mem_reservation")
+        """(CPU thousandths, memory MiB) the service reserves, as its spec will say (the
+        admin's ``extra_task_spec`` may replace the spawner's resources)."""
+        reserved = task_resources(self._resources(), self.extra_task_spec).get("Reservations") or {}
+        cpu, mem = reserved.get("NanoCPUs"), reserved.get("MemoryBytes")
         if isinstance(mem, str):
             try:
                 mem = parse_bytes(mem)

@@ -198,6 +198,27 @@ async def test_reservations_set_by_extra_resources_spec_count_too(tmp_path):
     assert "only 12.0 GiB of memory left there" in exc.message
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"extra_task_spec": {"Resources": {"Reservations": {"MemoryBytes": 20 * 2**30}}}},
+        {"extra_task_spec": {"resources": {"Reservations": {"MemoryBytes": 20 * 2**30}}}},
+        # The admin's task template replaces the spawner's resources, as in the service's spec.
+        {"mem_guarantee": "1G", "extra_task_spec": {"Resources": {"Reservations": {"MemoryBytes": 20 * 2**30}}}},
+    ],
+)
+async def test_reservations_set_by_the_admins_task_template_count_as_the_service_has_them(tmp_path, setting):
+    w = World(tmp_path, inventory=TWO, **setting)
+    w.fake.set_node_resources("gpu-b", cpus=8, memory_gib=32)
+    alice = w.spawner("alice", {"gpu_model": A100})
+    assert alice._reserves() == (0, 20 * 1024)
+    await w.started(alice)
+    spec = w.fake.inspect_service(alice.service_name)["Spec"]
+    assert spec["TaskTemplate"]["Resources"]["Reservations"]["MemoryBytes"] == 20 * 2**30
+    exc = await refused(w, "bob")
+    assert "only 12.0 GiB of memory left there" in exc.message
+
+
 async def test_with_gpu_place_cpu_only_but_no_node_figures_the_swarm_places_servers_without_gpus(tmp_path):
     w = World(tmp_path, inventory=TWO, gpu_place_cpu_only=True)  # the fake's nodes say nothing of their resources
     dan = w.spawner("dan", {})
