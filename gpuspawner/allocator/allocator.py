@@ -595,16 +595,21 @@ class Allocator:
         """The thousandths of ``model`` nobody holds, on available hosts: untouched
         devices and what shared ones have left."""
         with self._lock:
-            index = self._index
-            mi = index.models.get(model)
-            if mi is None:
-                return 0
-            shared = (
-                UNIT - sum(held.values())
-                for uuid, held in self._shares.items()
-                if (g := index.gpus.get(uuid)) is not None and g.model == model and index.is_available(g.host)
-            )
-            return mi.free_available * UNIT + sum(shared)
+            mi = self._index.models.get(model)
+            return 0 if mi is None else mi.free_available * UNIT + sum(self._shared_rooms(model))
+
+    def largest_shared_room(self, model: str) -> int:
+        """The most room (thousandths) on one shared device of ``model``, on available
+        hosts: the largest share that would leave every untouched device as it is."""
+        with self._lock:
+            return max(self._shared_rooms(model), default=0)
+
+    def _shared_rooms(self, model: str) -> Iterator[int]:
+        index = self._index
+        for uuid, held in self._shares.items():
+            g = index.gpus.get(uuid)
+            if g is not None and g.model == model and index.is_available(g.host):
+                yield UNIT - sum(held.values())
 
     def model_devices(self, model: str) -> dict[str, dict[str, int]]:
         """The devices of ``model`` on available hosts, each with who holds it (as

@@ -105,6 +105,9 @@ class Reservation:
             if not 0 < milli <= MAX_COUNT * UNIT:
                 raise ReservationError(f"a reservation's share total is above 0 and at most {MAX_COUNT} GPUs")
             object.__setattr__(self, "count", milli // UNIT if milli % UNIT == 0 else milli / UNIT)
+            if self.lend:
+                # What borrowers give back could lie in pieces no waiting member can use.
+                raise ReservationError("a share total is not lent: lend a reservation of whole GPUs")
         elif isinstance(self.count, bool) or not isinstance(self.count, int) or not 1 <= self.count <= MAX_COUNT:
             raise ReservationError(
                 f"a reservation's count is a whole number of GPUs from 1, got {self.count!r} "
@@ -318,8 +321,8 @@ def needs(
     """Each reservation whose window is open at ``now`` (or opens within ``ahead``),
     with the GPUs its members (``members_hold``: reservation id -> GPUs of its
     model they hold, shares as fractions) leave unused. A reservation that lends
-    needs only as much as its members wait for in line (``members_waiting``:
-    thousandths; a reservation of whole GPUs counts a share asked as a GPU), and
+    (of whole GPUs) needs only as many as its members wait for in line
+    (``members_waiting``, in thousandths, each ask rounded up to whole GPUs), and
     only while its window is open."""
     out = []
     for r in reservations:
@@ -327,14 +330,13 @@ def needs(
         if w is None or w.start > now + ahead:
             continue
         hold = members_hold.get(r.id or 0, 0.0)
-        waiting = (members_waiting or {}).get(r.id or 0, 0) if now in w else 0
-        if r.shares:
-            room = max(0, r.milli - round(hold * UNIT))
-            out.append(Need(r, w, 0, round(hold, 3), min(room, waiting) if r.lend else room))
+        if r.shares:  # never lent
+            out.append(Need(r, w, 0, round(hold, 3), max(0, r.milli - round(hold * UNIT))))
             continue
         held = math.floor(hold + 1e-9)
         unmet = max(0, r.count - held)
         if r.lend:
+            waiting = (members_waiting or {}).get(r.id or 0, 0) if now in w else 0
             unmet = min(unmet, -(-waiting // UNIT))
         out.append(Need(r, w, unmet, held))
     return out

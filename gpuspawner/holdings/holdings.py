@@ -228,7 +228,8 @@ class Holdings:
         kept_why: Callable[[str], str],
     ) -> Allocation:
         """The allocator's booking, unless it leaves less of its model free than
-        ``keep_free`` says: then the request's other models, if it takes several."""
+        ``keep_free`` says: then, for a share, as ``pack`` places it; then the request's
+        other models, if it takes several."""
         reserved: str | None = None  # the first model found kept for others
         while True:
             try:
@@ -245,6 +246,11 @@ class Holdings:
             ):
                 return alloc
             self.allocator.release(name)
+            if request.milli is not None and policy != "pack":
+                # frag may put a share on an untouched device kept for others; pack puts it
+                # on the fullest device that has room, untouched ones last.
+                policy = "pack"
+                continue
             reserved = reserved or alloc.model
             others = tuple(m for m in request.models or () if m != alloc.model)
             if not others:

@@ -200,14 +200,16 @@ class ReservationKeeper:
         return held
 
     def _members_waiting(self, near: list[Reservation]) -> dict[int, int]:
-        """Per reservation that lends, the thousandths of its model its members wait for in line."""
+        """Per reservation that lends, what its members wait for in line: each ask rounded
+        up to whole GPUs (a share asked is a GPU: lending reservations are of whole GPUs),
+        in thousandths."""
         lending = [r for r in near if r.lend and r.id is not None]
         out: dict[int, int] = {}
         for user, model, milli in self.waiting() if lending else ():
             groups = self._groups_of(user) or frozenset()
             for r in lending:
                 if r.model == model and r.group in groups:
-                    out[r.id] = out.get(r.id, 0) + milli  # type: ignore[index]
+                    out[r.id] = out.get(r.id, 0) + -(-milli // UNIT) * UNIT  # type: ignore[index]  # whole GPUs
         return out
 
     def needs(self, now: datetime, ahead: timedelta = timedelta(0)) -> list[Need]:
@@ -231,7 +233,7 @@ class ReservationKeeper:
                     "open": w is not None and now in w,
                     "window": None if w is None else {"start": _iso(w.start), "end": _iso(w.end)},
                     "members_hold": hold,
-                    "unused": max(0, r.count - (hold if r.shares else int(hold + 1e-9))),
+                    "unused": max(0, round(r.count - (hold if r.shares else int(hold + 1e-9)), 3)),
                 }
             )
         return out
@@ -363,7 +365,7 @@ class ReservationKeeper:
             for state, n in (("held", used), ("lent", lent), ("unused", round(r.count - used - lent, 3))):
                 counts[(r.model, state)] = counts.get((r.model, state), 0) + n
         for (model, state), value in counts.items():
-            RESERVED.labels(model, state).set(value)
+            RESERVED.labels(model, state).set(round(value, 3))
         self._shown = set(counts)
 
     def notices_for(self, user: str) -> list[dict]:

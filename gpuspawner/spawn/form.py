@@ -119,9 +119,12 @@ def with_reservations(summary: list[ModelSummary], keeper, groups: list[str]) ->
     for m in summary:
         k = kept.get(m.model)
         if k:
-            free, largest = m.free - k.devices, m.largest_milli
+            allocator = keeper.holdings.allocator
+            free = m.free - k.devices  # untouched devices beyond those kept
+            # A share goes on an untouched device only where one is left beyond those kept.
+            largest = m.largest_milli if free > 0 else allocator.largest_shared_room(m.model) if free == 0 else 0
             if k.room:  # others may take only the room beyond all that is kept
-                room = keeper.holdings.allocator.room(m.model) - k.devices * UNIT - k.room
+                room = allocator.room(m.model) - k.devices * UNIT - k.room
                 free, largest = min(free, room // UNIT), min(largest, room)
             free = max(0, free)
             m = replace(m, free=free, largest_block=min(m.largest_block, free), largest_milli=max(0, largest))

@@ -21,6 +21,7 @@ from tests.integration.support import hub_on, services_of
 
 A100 = "NVIDIA A100 80GB PCIe"
 GTX = "NVIDIA GeForce GTX 1070"
+ANY = "Any GPU"  # a class of both models (gpu_model_classes)
 SPAWN_TIMEOUT = 150  # the local config's start_timeout for real Jupyter servers
 
 
@@ -43,7 +44,9 @@ def browsers():
 
 @pytest.fixture(scope="module")
 def hub(browsers, swarm, jupyter_image, tmp_path_factory):
-    with hub_on(swarm, tmp_path_factory.mktemp("hub-browser"), 21200, env={"GPUSPAWNER_IMAGE": jupyter_image}) as h:
+    classes = f"c.GPUSwarmSpawner.gpu_model_classes = {{{ANY!r}: [{A100!r}, {GTX!r}]}}\n"
+    env = {"GPUSPAWNER_IMAGE": jupyter_image}
+    with hub_on(swarm, tmp_path_factory.mktemp("hub-browser"), 21200, extra_config=classes, env=env) as h:
         yield h
 
 
@@ -189,6 +192,18 @@ def test_from_the_form_to_jupyterlab_and_the_next_user_sees_one_less(hub, swarm,
     assert model_help(ben, GTX) == "8 GiB memory · 1 of 3 free now, up to 1 on one host"  # the form is current again
     ben.save_screenshot(str(shots / "spawn-refused.png"))
     assert services_of(swarm, "ben") == []
+
+    # Ben takes the class of both models instead: the server gets the one that is free.
+    assert model_help(ben, ANY) == (
+        f"Any of {A100}, {GTX} · 1 of 5 free now, up to 1 of one model on one host · does not wait in line"
+    )
+    ben.find_element(B.CSS_SELECTOR, f'label[for="{model_radio(ben, ANY).get_attribute("id")}"]').click()
+    Select(ben.find_element(B.ID, "gpu-count")).select_by_value("1")
+    ben.find_element(B.CSS_SELECTOR, "#spawn_form button[type=submit]").click()
+    wait(ben, lambda d: services_of(swarm, "ben"), "no server for ben's class of models", timeout=SPAWN_TIMEOUT)
+    (service,) = services_of(swarm, "ben")
+    assert service.attrs["Spec"]["Labels"]["gpuspawner.model"] == GTX
+    assert hub.server_model("ben")["user_options"] == {"gpu_model": ANY, "gpu_count": 1}
 
 
 def test_the_form_at_phone_width(hub, browsers, shots):

@@ -315,11 +315,17 @@ def test_0007_adds_share_totals_keeping_the_reservations_of_whole_gpus(tmp_path)
         try:
             (old,) = ledger.reservations()
             assert ledger_migrations.current(engine) == ("0007",)
+            with engine.connect() as conn:
+                made = conn.execute(sa.text(f"SELECT sql FROM sqlite_master WHERE name = '{TABLE}'")).scalar_one()
+            assert "AUTOINCREMENT" in made
             assert (old.id, old.count, old.shares, old.milli) == (4, 4, False, 4000)
             ledger.add_reservation(one_off(count=0.75, shares=True))
         finally:
             ledger.dispose()
         ledger_migrations.downgrade(engine, "0006")  # the share total goes; its count (1) stays
         assert stored_rows(engine) == [(4, "thesis", 4), (5, "thesis", 1)]
+        with engine.connect() as conn:  # an id is still never given again
+            made = conn.execute(sa.text(f"SELECT sql FROM sqlite_master WHERE name = '{TABLE}'")).scalar_one()
+        assert "AUTOINCREMENT" in made
     finally:
         engine.dispose()

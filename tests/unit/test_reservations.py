@@ -670,11 +670,11 @@ def test_a_share_total_keeps_room_its_members_do_not_hold():
     assert needs([S1], AT, {7: 3.0})[0].room == 0  # never below none
     assert keep_free(needs([R1, S1], AT, {1: 1, 7: 0.5}), [], AT) == {A100: Keep(3, 2000)}
     assert keep_free(needs([R1, S1], AT, {1: 1, 7: 0.5}), [7], AT) == {A100: Keep(3)}  # a member of lab
-    # Lending: only what its members wait for, in thousandths.
-    lends = replace(S1, lend=True)
-    assert needs([lends], AT, {7: 0.5}, members_waiting={7: 250})[0].room == 250
-    assert needs([lends], AT, {7: 0.5}, members_waiting={7: 5000})[0].room == 2000
-    assert needs([replace(R1, lend=True)], AT, {}, members_waiting={1: 250})[0].unmet == 1  # a share: one device
+    # A share total is not lent: what borrowers give back could lie in pieces nobody can use.
+    with pytest.raises(ReservationError, match="a share total is not lent"):
+        replace(S1, lend=True)
+    assert needs([replace(S1, id=8)], AT, {}, members_waiting={8: 250})[0].room == 2500  # waiters do not matter
+    assert needs([replace(R1, lend=True)], AT, {}, members_waiting={1: 1000})[0].unmet == 1  # a share: one device
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 from jupyterhub.spawner import SpawnException
 
+from gpuspawner.core.requests import Request
 from gpuspawner.core.reservations import RESERVATION, Keep, Reservation
 from gpuspawner.hub.app import KEY, GPUHub
 from gpuspawner.ledger.ledger import Ledger, LedgerError
@@ -339,6 +340,8 @@ async def test_a_lending_window_keeps_as_many_gpus_as_its_waiting_members_ask_fo
     assert "CS101: 2 of 2 reserved NVIDIA A100 80GB PCIe GPUs free for you" in form
     keeper.waiting = lambda: [("alice", A100, 2000)]  # thousandths
     assert keeper.keep_free([]) == {A100: Keep(2)}  # her request for 2 keeps both, not one
+    keeper.waiting = lambda: [("alice", A100, 400), ("alice", A100, 400)]  # two servers, a share each
+    assert keeper.keep_free([]) == {A100: Keep(2)}  # a GPU each: this reservation is of whole GPUs
     keeper.waiting = lambda: [("bob", A100, 2000)]
     assert keeper.keep_free([]) == {}  # not a member: nothing kept
 
@@ -481,3 +484,44 @@ async def test_a_share_total_keeps_room_for_its_members_and_stops_only_whom_it_n
 )
 def test_what_a_waiter_asks_for_is_counted_in_thousandths(request_, milli):
     assert reservations_module.milli_asked(request_) == milli
+
+
+async def test_a_share_frag_would_put_on_a_kept_device_goes_where_pack_puts_it(tmp_path):
+    """frag may place a share on an untouched device; where a reservation keeps the
+    untouched ones, the share is placed as pack places it, on a device with room."""
+    three = {"gpu-b": [{"uuid": f"GPU-b{i}", "model": A100, "memory_mib": 81920} for i in range(3)]}
+    hub = World(
+        tmp_path,
+        inventory=three,
+        gpu_sharing={A100: {"quantum": 0.25}},
+        allocation_policy="frag",
+        gpu_placement_mix=[{"share": 0.5}, {"share": 0.25}],
+    )
+    new_hub(hub, Wall())
+    await hub.started(spawner(hub, "bob", {"gpu_model": A100, "gpu_share": 0.5}))
+    held = hub.owner.get("jupyter-bob").held.uuids
+    # frag's own choice for a quarter, with nothing kept: an untouched device.
+    alone = hub.hub.holdings.allocator
+    probe = alone.allocate("probe", Request(count=1, milli=250, model=A100, owner="probe"), policy="frag")
+    assert probe.uuids != held
+    alone.release("probe")
+    reserve(hub, NOW - timedelta(minutes=5), count=2)  # both untouched ones kept for CS101
+    await hub.hub.reservations.refresh(force=True)
+    await hub.started(spawner(hub, "dan", {"gpu_model": A100, "gpu_share": 0.25}))
+    assert hub.owner.get("jupyter-dan").held.uuids == held
+
+
+async def test_the_form_offers_others_only_shares_that_leave_the_kept_devices_untouched(tmp_path):
+    hub = World(tmp_path, inventory=TWO_GPUS, gpu_sharing={A100: {"quantum": 0.25}})
+    new_hub(hub, Wall())
+    await hub.started(spawner(hub, "bob", {"gpu_model": A100, "gpu_share": 0.5}))
+    reserve(hub, NOW - timedelta(minutes=5), count=1)  # the untouched one is kept for CS101
+    await hub.hub.reservations.refresh(force=True)
+    form = " ".join((await spawner(hub, "carol")._render_options_form()).split())
+    assert "0 of 2 free now · can be shared: up to 0.5 of one GPU free" in form  # not the kept one's 1
+    with pytest.raises(SpawnException):
+        await hub.started(spawner(hub, "carol", {"gpu_model": A100, "gpu_share": 0.75}))
+    await hub.started(spawner(hub, "carol", {"gpu_model": A100, "gpu_share": 0.5}))
+    assert hub.owner.get("jupyter-carol").held.uuids == hub.owner.get("jupyter-bob").held.uuids
+    form = " ".join((await spawner(hub, "dan")._render_options_form()).split())
+    assert "0 of 2 free now · can be shared" in form and "up to" not in form.split("0 of 2 free now")[1][:60]

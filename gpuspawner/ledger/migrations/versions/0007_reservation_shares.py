@@ -18,11 +18,15 @@ branch_labels = None
 depends_on = None
 
 
+# SQLite rebuilds the table: it keeps AUTOINCREMENT only when told (0006: an id is never given again).
+KEEP = {"sqlite_autoincrement": True}
+
+
 def upgrade() -> None:
-    with op.batch_alter_table("gpuspawner_reservations") as batch:
+    with op.batch_alter_table("gpuspawner_reservations", table_kwargs=KEEP) as batch:
         batch.add_column(sa.Column("share_milli", sa.Integer, nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("gpuspawner_reservations") as batch:
+    with op.batch_alter_table("gpuspawner_reservations", table_kwargs=KEEP) as batch:
         batch.drop_column("share_milli")
