@@ -307,10 +307,12 @@ class GPUHub:
             self._spawn_task(job)
 
     async def stop(self) -> None:
-        """End the background loops and hide the gauges."""
-        for task in list(self._tasks):
+        """End the background loops (and a read of the nodes' reservations) and hide the gauges."""
+        reading = self._holdings.cluster.reading if self._holdings is not None else None
+        tasks = [*self._tasks, *([reading] if reading is not None else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         if self._gauges is not None:
             metrics.hide(self._gauges)
             self._gauges = None

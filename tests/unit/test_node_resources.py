@@ -224,3 +224,22 @@ async def test_with_gpu_place_cpu_only_but_no_node_figures_the_swarm_places_serv
     dan = w.spawner("dan", {})
     await w.started(dan)
     assert constraints(w, dan.service_name) == []
+
+
+async def test_a_hub_that_stops_cancels_a_read_of_the_nodes_reservations_under_way(tmp_path, monkeypatch):
+    w = World(tmp_path, inventory=TWO, mem_guarantee="1G")
+    w.fake.set_node_resources("gpu-b", cpus=8, memory_gib=32)
+    await w.started(w.spawner("alice", {"gpu_model": A100}))  # the first read, waited for
+    holdings = w.hub.holdings
+    cluster = holdings.cluster
+
+    async def stuck():
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(holdings.swarm, "reservations", stuck)
+    cluster._reserved_at -= cluster.reserved_max_age  # as if that long had passed
+    await cluster.read_reservations(holdings.swarm, logging.getLogger())  # goes on after READ_WAIT
+    reading = cluster.reading
+    assert reading is not None and not reading.done()
+    await w.hub.stop()
+    assert reading.cancelled() and cluster.reading is None
