@@ -150,7 +150,9 @@ def format_reservations(result: dict, removed: bool = False) -> str:
                 r["group"],
                 r["model"],
                 _count(r),
-                f"yes ({r['timezone']})" if r["weekly"] else "no",
+                (f"yes ({r['timezone']}" + (f", until {r['until']})" if r.get("until") else ")"))
+                if r["weekly"]
+                else "no",
                 "yes" if r.get("lend") else "no",
                 window,
                 "yes" if r["open"] else "no",
@@ -274,6 +276,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--weekly", action="store_true", help="the same window every week, at the same local time")
     p.add_argument("--lend", action="store_true", help="unused GPUs go to others until a member waits for one")
     p.add_argument("--shares", action="store_true", help="COUNT is a total that members take as shares or whole GPUs")
+    p.add_argument("--until", help="with --weekly: no window starts at or after this time (ISO 8601)")
     p.add_argument("--timezone", default="UTC", help="IANA name, e.g. Europe/Berlin (default: %(default)s)")
     p.add_argument("--name", default="", help="shown to people (default: the group's name)")
     what = p.add_mutually_exclusive_group()
@@ -286,7 +289,7 @@ def _parser() -> argparse.ArgumentParser:
 def _reserve_request(parser: argparse.ArgumentParser, args) -> tuple[str, str, dict | None]:
     made = (args.group, args.model, args.count, args.start, args.end)
     if args.list or args.remove is not None:
-        if any(v is not None for v in made) or args.weekly or args.lend or args.shares or args.name:
+        if any(v is not None for v in made) or args.weekly or args.lend or args.shares or args.name or args.until:
             parser.error("reserve --list and --remove take nothing else")
         if args.list:
             return "GET", "gpuspawner/reservations", None
@@ -294,7 +297,7 @@ def _reserve_request(parser: argparse.ArgumentParser, args) -> tuple[str, str, d
     if any(v is None for v in made):
         parser.error("reserve needs GROUP MODEL COUNT --start TIME --end TIME (or --list, --remove ID)")
     keys = ("group", "model", "count", "start", "end", "weekly", "timezone", "name", "lend", "shares")
-    body = {k: getattr(args, k) for k in keys}
+    body = {k: getattr(args, k) for k in keys} | ({"until": args.until} if args.until else {})
     return "POST", "gpuspawner/reservations", body
 
 

@@ -83,6 +83,7 @@ class Reservation:
     name: str = ""  # shown to people; the group's name when empty
     lend: bool = False  # unused GPUs of an open window go to others until a member waits for one
     shares: bool = False  # ``count`` is a total of GPU, kept as free room rather than untouched devices
+    until: datetime | None = None  # weekly: no window starts at or after it (None: every week on)
     id: int | None = None  # the ledger's
     created_by: str = ""
     created_at: datetime | None = field(default=None, compare=False)
@@ -120,6 +121,14 @@ class Reservation:
             raise ReservationError("a reservation's end must be after its start")
         if self.weekly and self.end - self.start >= WEEK:
             raise ReservationError("a weekly reservation's window must be shorter than a week")
+        if self.until is not None:
+            if not self.weekly:
+                raise ReservationError("only a weekly reservation has an until (a one-off one ends at its end)")
+            if not isinstance(self.until, datetime) or self.until.tzinfo is None:
+                raise ReservationError("a reservation's until needs a time zone (e.g. 2027-02-10T00:00+01:00)")
+            if self.until <= self.start:
+                raise ReservationError("a reservation's until must be after its start")
+            object.__setattr__(self, "until", self.until.astimezone(timezone.utc))
         _ = self.zone  # an unknown time zone is refused here
         object.__setattr__(self, "start", self.start.astimezone(timezone.utc))
         object.__setattr__(self, "end", self.end.astimezone(timezone.utc))
@@ -165,9 +174,10 @@ class Reservation:
                 yield w
             return
         k = max(0, math.floor((since - self.end) / WEEK) - 1)  # a week of slack for DST shifts
+        last = until if self.until is None else min(until, self.until)
         while True:
             w = self.window(k)
-            if w.start >= until:
+            if w.start >= last:
                 return
             if w.end > since and w.end > w.start:  # none on a day its times fall in the skipped hour
                 yield w
@@ -183,8 +193,10 @@ class Reservation:
         return next(self.windows(now, until), None)
 
     def over(self, now: datetime) -> bool:
-        """No window is left (a one-off reservation that has ended)."""
-        return not self.weekly and self.end <= now
+        """No window is left (a one-off reservation that has ended, or a weekly one past its until)."""
+        if not self.weekly:
+            return self.end <= now
+        return self.until is not None and self.until <= now and self.active(now) is None
 
     def as_json(self) -> dict:
         return {
@@ -199,6 +211,7 @@ class Reservation:
             "timezone": self.timezone,
             "lend": self.lend,
             "shares": self.shares,
+            "until": _iso(self.until) if self.until else None,
             "created_by": self.created_by,
             "created_at": _iso(self.created_at) if self.created_at else None,
         }
@@ -210,6 +223,8 @@ class Reservation:
         a, b = self.start.astimezone(zone), self.end.astimezone(zone)
         if self.weekly:
             when = f"every week, {a:%a %H:%M}–{b:%a %H:%M} {self.timezone}".replace(f"–{a:%a} ", "–")
+            if self.until is not None:
+                when += f" until {self.until.astimezone(zone):%Y-%m-%d %H:%M}"
         else:
             when = f"{a:%Y-%m-%d %H:%M}–{b:%Y-%m-%d %H:%M} {self.timezone}"
         return f"{self.label}: {self.amount} {when}" + (", lent while unused" if self.lend else "")

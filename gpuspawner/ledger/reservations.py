@@ -1,6 +1,6 @@
 """The ledger's reservations (table ``gpuspawner_reservations``, migrations 0006
 and 0007): GPUs of a model kept for a group's members, once or every week (whole
-GPUs, or a share total in ``share_milli``).
+GPUs, or a share total in ``share_milli``; a weekly one until ``repeat_until``).
 
 A mixin of :class:`gpuspawner.ledger.ledger.Ledger`: the same database, locks and
 error handling. What a reservation means (its windows, conflicts, what it keeps
@@ -33,6 +33,7 @@ def _reservation(row: sa.Row) -> Reservation:
         model=m["model"],
         count=m["count"] if m["share_milli"] is None else m["share_milli"] / UNIT,
         shares=m["share_milli"] is not None,
+        until=m["repeat_until"],
         start=m["starts_at"],
         end=m["ends_at"],
         weekly=bool(m["weekly"]),
@@ -69,6 +70,7 @@ class LedgerReservations:
             model=checked_name(r.model, "model", required=True),
             count=-(-r.milli // UNIT),  # rounded up: a hub without share_milli keeps at least as much
             share_milli=r.milli if r.shares else None,
+            repeat_until=r.until,
             starts_at=r.start,
             ends_at=r.end,
             weekly=r.weekly,

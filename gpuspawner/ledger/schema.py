@@ -97,6 +97,7 @@ reservations = sa.Table(
     sa.Column("weekly", sa.Boolean, nullable=False),
     sa.Column("lend", sa.Boolean, nullable=False, server_default=sa.false()),  # unused GPUs lent to others
     sa.Column("share_milli", sa.Integer, nullable=True),  # a share total in thousandths; NULL: whole GPUs
+    sa.Column("repeat_until", UTCDateTime, nullable=True),  # weekly: no window starts at or after it
     sa.Column("timezone", sa.String(TIMEZONE_MAX), nullable=False),  # IANA: where a weekly window keeps its local time
     sa.Column("created_by", sa.String(NAME_MAX), nullable=False),
     sa.Column("created_at", UTCDateTime, nullable=False),

@@ -4,8 +4,9 @@
   next window and what its members hold now.
 * ``POST /hub/api/gpuspawner/reservations``: a new one, from a JSON body
   ``{"group", "model", "count", "start", "end", "weekly", "timezone", "name", "lend",
-  "shares"}`` (``shares``: ``count`` is a total such as 2.5, taken as shares or whole
-  GPUs, of a model users may share); times are ISO 8601, read in ``timezone`` when they carry no offset. 400 with
+  "shares", "until"}`` (``shares``: ``count`` is a total such as 2.5, taken as shares or
+  whole GPUs, of a model users may share; ``until``: a weekly one's last window starts
+  before it); times are ISO 8601, read in ``timezone`` when they carry no offset. 400 with
   the reason when it is bad or conflicts with others; 201 with it when stored.
 * ``DELETE /hub/api/gpuspawner/reservations/ID``: removes it.
 
@@ -30,7 +31,7 @@ from .api import ADMIN_SCOPE, _GPUMixin
 
 __all__ = ["handlers", "parse_reservation"]
 
-FIELDS = {"group", "model", "count", "start", "end", "weekly", "timezone", "name", "lend", "shares"}
+FIELDS = {"group", "model", "count", "start", "end", "weekly", "timezone", "name", "lend", "shares", "until"}
 # Weekly windows are looked at a year past a reservation's end: its times must leave room for that in datetime's range.
 MARGIN = (HORIZON_WEEKS + 4) * WEEK
 
@@ -54,6 +55,7 @@ def parse_reservation(body: Any, created_by: str, aliases: dict[str, str]) -> Re
     model = body.get("model")
     zone = zone_of(zone_name)
     times = [_time(body.get(k), k, zone) for k in ("start", "end")]
+    until = None if body.get("until") is None else _time(body["until"], "until", zone)
     return Reservation(
         group=body.get("group"),  # type: ignore[arg-type] - checked by Reservation
         model=aliases.get(model, model) if isinstance(model, str) else model,  # type: ignore[arg-type]
@@ -63,6 +65,7 @@ def parse_reservation(body: Any, created_by: str, aliases: dict[str, str]) -> Re
         weekly=weekly,
         lend=lend,
         shares=shares,
+        until=until,
         timezone=zone_name,
         name=name,
         created_by=created_by,

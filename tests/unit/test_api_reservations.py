@@ -172,7 +172,7 @@ async def test_an_overlap_beyond_the_models_count_is_refused_naming_the_other(hu
         ({"model": "H100"}, f"no H100 in the cluster; its models: {A100}, {T4}"),
         (
             {"colour": "red"},
-            "unknown field(s): colour; known: count, end, group, lend, model, name, shares, start, timezone, weekly",
+            "unknown field(s): colour; known: count, end, group, lend, model, name, shares, start, timezone, until, weekly",
         ),
         ({"timezone": "Europe/Atlantis"}, "unknown time zone 'Europe/Atlantis' (an IANA name, e.g. Europe/Berlin)"),
         ({"timezone": ""}, "unknown time zone ''"),
@@ -329,3 +329,13 @@ async def test_a_share_total_is_stored_for_a_model_users_may_share_and_refused_f
     admin = await login(hub, "boss")
     page = (await AsyncHTTPClient().fetch(hub.url + "/hub/gpus", headers=admin, follow_redirects=False)).body.decode()
     assert f"<td>1.5 {A100} in shares weekly (Europe/Berlin)</td>" in page
+
+
+async def test_a_weekly_reservation_until_a_day_is_stored_and_listed_with_it(hub):
+    code, made = await hub("POST", body=CS101 | {"until": "2027-02-09T00:00"})  # Berlin time
+    assert code == 201 and made["until"] == "2027-02-08T23:00:00Z"
+    assert (await hub.listed())[0]["until"] == "2027-02-08T23:00:00Z"
+    code, answer = await hub("POST", body=CS101 | {"group": "cs102", "weekly": False, "until": "2027-02-09T00:00"})
+    assert code == 400 and answer["message"].startswith("only a weekly reservation has an until")
+    code, answer = await hub("POST", body=CS101 | {"group": "cs102", "until": "soon"})
+    assert code == 400 and answer["message"].startswith("until 'soon' is not an ISO 8601 time")

@@ -148,6 +148,13 @@ def test_reserve_sends_the_defaults_for_what_is_not_given(hub, capsys):
     assert capsys.readouterr().out == f"Reservation 3: cs101, 1 {A100} for cs101.\n"
 
 
+def test_reserve_until_sends_the_weekly_reservations_end(hub, capsys):
+    hub.answers.append((201, MADE))
+    argv = ["cs101", A100, "2", "--weekly", "--start", "2026-12-08T14:00", "--end", "2026-12-08T16:00"]
+    assert hub.run(*argv, "--until", "2027-02-09") == 0
+    assert hub.requests[0][4]["until"] == "2027-02-09"
+
+
 def test_reserve_shares_sends_a_share_total(hub, capsys):
     hub.answers.append((201, MADE | {"count": 2.5, "shares": True, "name": "Lab"}))
     argv = ["lab", A100, "2.5", "--shares", "--start", "2026-12-08T14:00Z", "--end", "2026-12-08T16:00Z"]

@@ -115,6 +115,12 @@ class ReservationsContract:
         # A hub that predates the share total reads ``count``: the total rounded up, never less.
         assert [row[2] for row in stored_rows(ledger.engine)] == [3, 3]
 
+    def test_a_weekly_reservations_until_reads_back_as_stored(self, ledger):
+        ends = ledger.add_reservation(course(until=datetime(2026, 7, 14, 12, 0, tzinfo=BERLIN)))
+        (back,) = ledger.reservations()
+        assert back == ends and back.until == datetime(2026, 7, 14, 10, 0, tzinfo=UTC) and back.until.tzinfo is UTC
+        assert ledger.add_reservation(course()).until is None
+
     def test_add_returns_distinct_ids_and_sets_created_at(self, ledger):
         before = datetime.now(UTC)
         added = [ledger.add_reservation(one_off(count=n)) for n in (1, 2, 3)]

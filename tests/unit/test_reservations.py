@@ -390,6 +390,9 @@ GOOD = dict(group="cs101", model=A100, count=2, start=START, end=END)
         (dict(count="2.5", shares=True), "a reservation's share total must be a number such as 0.5, got '2.5'"),
         (dict(count=float("nan"), shares=True), "a reservation's share total must be a finite number"),
         (dict(shares=1), "a reservation's weekly, lend and shares are true or false"),
+        (dict(until=END + WEEK), "only a weekly reservation has an until"),
+        (dict(weekly=True, until=datetime(2027, 3, 1)), "a reservation's until needs a time zone"),
+        (dict(weekly=True, until=START), "a reservation's until must be after its start"),
     ],
 )
 def test_a_bad_reservation_is_refused_with_what_is_wrong(change, message):
@@ -863,3 +866,23 @@ def test_to_stop_takes_the_newest_first_even_where_fewer_older_ones_would_do(nee
     """The newest servers make room (docs/reservations.md), not the fewest: c alone would free
     3 devices, and c with e would free 2, but they are older."""
     assert to_stop(needed, devices, candidates) == stopped
+
+
+def test_a_weekly_reservation_until_a_day_has_no_window_starting_from_it():
+    course = make(utc(2027, 1, 12, 14), utc(2027, 1, 12, 16), weekly=True, tz="Europe/Berlin")
+    ends = replace(course, until=utc(2027, 1, 26, 14))  # the third Tuesday's start: its window is not held
+    assert [w.start for w in ends.windows(utc(2027, 1, 1), utc(2027, 3, 1))] == [
+        utc(2027, 1, 12, 14),
+        utc(2027, 1, 19, 14),
+    ]
+    assert ends.next_window(utc(2027, 1, 20)) is None and ends.over(utc(2027, 1, 26, 14))
+    midway = replace(course, until=utc(2027, 1, 19, 15))  # during the second window: it is held to its end
+    assert midway.active(utc(2027, 1, 19, 15, 30)) == Window(utc(2027, 1, 19, 14), utc(2027, 1, 19, 16))
+    assert not midway.over(utc(2027, 1, 19, 15, 30)) and midway.over(utc(2027, 1, 19, 16))
+    assert not course.over(utc(2030, 1, 1))  # without an until: every week on
+    assert ends.as_json()["until"] == "2027-01-26T14:00:00Z"
+    assert ends.describe().endswith("every week, Tue 15:00–17:00 Europe/Berlin until 2027-01-26 15:00")
+    # A reservation that has ended conflicts with nothing; one that has not, as before.
+    later = replace(course, id=2, start=utc(2027, 2, 2, 14), end=utc(2027, 2, 2, 16))
+    assert conflicts(later, [replace(ends, id=1, count=4)], 4, utc(2027, 1, 1)) == []
+    assert conflicts(later, [replace(course, id=1, count=4)], 4, utc(2027, 1, 1)) == [replace(course, id=1, count=4)]
