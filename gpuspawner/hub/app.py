@@ -221,9 +221,7 @@ class GPUHub:
             stop=self._stop_server,
             ends_in=self._reclaimer.ends_in,
             held_for=self._reclaimer.held_for,
-            waiting=lambda: (
-                [(w.user, w.model, milli_asked(w.request), w.since) for w in self._line.rows] if self._line else []
-            ),
+            waiting=lambda: [(w.user, w.model, milli_asked(w.request)) for w in self._line.rows] if self._line else [],
             wall=lambda: datetime.fromtimestamp(self.wall(), timezone.utc),
             clock=self.clock,
         )

@@ -59,8 +59,7 @@ RESERVED = Gauge(
 )
 
 GroupsOf = Callable[[str], "Iterable[str] | None"]  # a user's groups now; None: not known
-# (user, model, thousandths asked, since when) of each waiter
-Waiting = Callable[[], "Iterable[tuple[str, str, int, datetime]]"]
+Waiting = Callable[[], "Iterable[tuple[str, str, int]]"]  # (user, model, thousandths asked) of each waiter
 
 
 def _iso(t: datetime) -> str:
@@ -106,7 +105,6 @@ class ReservationKeeper:
         self._groups: dict[str, tuple[float, frozenset[str] | None]] = {}  # user -> (when asked, groups)
         self._held: tuple[tuple, dict[int, float]] | None = None  # (what it was worked out from, members' GPUs)
         self._told: dict[str, tuple[Holding, datetime]] = {}  # holding name -> when it was first told to make room
-        self._waited_since: dict[int, datetime] = {}  # lending reservation id -> its earliest waiting member's since
         self._shown: set[tuple[str, str]] = set()  # the gauge's label pairs
         self._change = asyncio.Lock()  # a new reservation is checked against the list it is added to
 
@@ -207,14 +205,11 @@ class ReservationKeeper:
         in thousandths."""
         lending = [r for r in near if r.lend and r.id is not None]
         out: dict[int, int] = {}
-        since: dict[int, datetime] = {}
-        for user, model, milli, waiting_since in self.waiting() if lending else ():
+        for user, model, milli in self.waiting() if lending else ():
             groups = self._groups_of(user) or frozenset()
             for r in lending:
                 if r.model == model and r.group in groups:
                     out[r.id] = out.get(r.id, 0) + -(-milli // UNIT) * UNIT  # type: ignore[index]  # whole GPUs
-                    since[r.id] = min(since.get(r.id, waiting_since), waiting_since)  # type: ignore[index]
-        self._waited_since = since
         return out
 
     def needs(self, now: datetime, ahead: timedelta = timedelta(0)) -> list[Need]:
@@ -320,15 +315,8 @@ class ReservationKeeper:
         """When a server that must make room is stopped: at the window's start; a lent GPU
         a member waits for, LEND_NOTICE after its holder was first told."""
         told = self._told.get(name)
-        since = told[1] if told is not None and told[0] is h else self._told_at(need, now)
+        since = told[1] if told is not None and told[0] is h else now
         return since + LEND_NOTICE if need.reservation.lend else max(need.window.start, since)
-
-    def _told_at(self, need: Need, now: datetime) -> datetime:
-        """When the holders that must make room for ``need`` are told: for a lending
-        window, when its first member still waiting began to wait during it (the line's
-        rows are in the ledger: a restarted hub keeps the stop's time), else now."""
-        since = self._waited_since.get(need.reservation.id or 0) if need.reservation.lend else None
-        return since if since is not None and need.window.start <= since <= now else now
 
     async def check(self) -> list[tuple[str, str]]:
         """Stop the servers that must make room for a window that has opened (several
@@ -339,9 +327,9 @@ class ReservationKeeper:
         due = self.must_make_room(now)
         for name in set(self._told) - set(due):
             del self._told[name]  # no longer in the way
-        for name, (need, h) in due.items():
+        for name, (_, h) in due.items():
             if name not in self._told or self._told[name][0] is not h:
-                self._told[name] = (h, self._told_at(need, now))
+                self._told[name] = (h, now)
         if self.stop is None:
             return []
         now_due = [(name, need, h) for name, (need, h) in due.items() if self._stop_at(name, need, h, now) <= now]

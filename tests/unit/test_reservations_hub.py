@@ -338,11 +338,11 @@ async def test_a_lending_window_keeps_as_many_gpus_as_its_waiting_members_ask_fo
     assert [gauge.labels(A100, s)._value.get() for s in ("held", "lent", "unused")] == [0, 0, 2]  # all free
     form = await spawner(hub, "alice")._render_options_form()
     assert "CS101: 2 of 2 reserved NVIDIA A100 80GB PCIe GPUs free for you" in form
-    keeper.waiting = lambda: [("alice", A100, 2000, NOW)]  # thousandths
+    keeper.waiting = lambda: [("alice", A100, 2000)]  # thousandths
     assert keeper.keep_free([]) == {A100: Keep(2)}  # her request for 2 keeps both, not one
-    keeper.waiting = lambda: [("alice", A100, 400, NOW), ("alice", A100, 400, NOW)]  # two servers, a share each
+    keeper.waiting = lambda: [("alice", A100, 400), ("alice", A100, 400)]  # two servers, a share each
     assert keeper.keep_free([]) == {A100: Keep(2)}  # a GPU each: this reservation is of whole GPUs
-    keeper.waiting = lambda: [("bob", A100, 2000, NOW)]
+    keeper.waiting = lambda: [("bob", A100, 2000)]
     assert keeper.keep_free([]) == {}  # not a member: nothing kept
 
 
@@ -525,36 +525,3 @@ async def test_the_form_offers_others_only_shares_that_leave_the_kept_devices_un
     assert hub.owner.get("jupyter-carol").held.uuids == hub.owner.get("jupyter-bob").held.uuids
     form = " ".join((await spawner(hub, "dan")._render_options_form()).split())
     assert "0 of 2 free now · can be shared" in form and "up to" not in form.split("0 of 2 free now")[1][:60]
-
-
-async def test_a_restarted_hub_stops_a_borrower_when_the_hub_before_said(hub):
-    """The minute a borrower is given counts from when the member began to wait (the
-    line's row in the ledger): a hub that restarts meanwhile does not start it again."""
-    stops = []
-
-    async def stop(h, reason):
-        stops.append(h.name)
-        return True
-
-    reserve(hub, NOW - timedelta(minutes=5), count=2, lend=True)
-    await hub.started(spawner(hub, "bob"))
-    await hub.started(spawner(hub, "carol"))  # both lent; carol's is the newer
-    keeper = hub.hub.reservations
-    keeper.stop = stop
-    began = NOW + timedelta(seconds=10)
-    keeper.waiting = lambda: [("alice", A100, 1000, began)]  # as the line's rows say
-    hub.wall.now = began + timedelta(seconds=20)  # the first check after she began to wait
-    assert await keeper.check() == []
-    [notice] = keeper.notices_for("carol")
-    assert notice["stop_at"] == "2026-12-08T13:01:10Z"  # a minute after she began to wait
-
-    hub.restart()  # the new hub knows nothing it was told, but reads the line from the ledger
-    new_hub(hub, hub.wall)
-    keeper = hub.hub.reservations
-    keeper.stop, keeper.waiting = stop, lambda: [("alice", A100, 1000, began)]
-    await hub.owner.reconcile()
-    hub.wall.now = began + timedelta(seconds=40)
-    assert await keeper.check() == []
-    assert keeper.notices_for("carol")[0]["stop_at"] == "2026-12-08T13:01:10Z"  # the same time
-    hub.wall.now = began + timedelta(seconds=60)
-    assert await keeper.check() == [("jupyter-carol", RESERVATION)] and stops == ["jupyter-carol"]
