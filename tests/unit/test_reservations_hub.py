@@ -525,3 +525,31 @@ async def test_the_form_offers_others_only_shares_that_leave_the_kept_devices_un
     assert hub.owner.get("jupyter-carol").held.uuids == hub.owner.get("jupyter-bob").held.uuids
     form = " ".join((await spawner(hub, "dan")._render_options_form()).split())
     assert "0 of 2 free now · can be shared" in form and "up to" not in form.split("0 of 2 free now")[1][:60]
+
+
+async def test_a_restarted_hub_gives_a_borrower_a_fresh_minute_never_less(hub):
+    stops = []
+
+    async def stop(h, reason):
+        stops.append(h.name)
+        return True
+
+    reserve(hub, NOW - timedelta(minutes=5), count=2, lend=True)
+    await hub.started(spawner(hub, "bob"))
+    await hub.started(spawner(hub, "carol"))  # both lent; carol's is the newer
+    keeper = hub.hub.reservations
+    keeper.stop, keeper.waiting = stop, lambda: [("alice", A100, 1000)]
+    assert await keeper.check() == []
+    assert keeper.notices_for("carol")[0]["stop_at"] == "2026-12-08T13:01:00Z"
+    hub.restart()  # 30 s on, a new hub: it has not told anybody yet
+    new_hub(hub, hub.wall)
+    keeper = hub.hub.reservations
+    keeper.stop, keeper.waiting = stop, lambda: [("alice", A100, 1000)]
+    await hub.owner.reconcile()
+    hub.wall.now = NOW + timedelta(seconds=30)
+    assert await keeper.check() == []
+    assert keeper.notices_for("carol")[0]["stop_at"] == "2026-12-08T13:01:30Z"
+    hub.wall.now = NOW + timedelta(seconds=60)
+    assert await keeper.check() == [] and stops == []  # not before the time it was told now
+    hub.wall.now = NOW + timedelta(seconds=90)
+    assert await keeper.check() == [("jupyter-carol", RESERVATION)] and stops == ["jupyter-carol"]
