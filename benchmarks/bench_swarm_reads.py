@@ -28,8 +28,7 @@ client has. Timed, each ``--repeats`` times:
 * a spawn's wait: one ``read_reservations`` with figures read before but too old,
   timed until it returns (it waits for the read up to ``READ_WAIT``, then goes on
   with the last figures while the read finishes); and how long the hub keeps the
-  figures after such reads (``reserved_max_age``: ten times the last read, at least
-  a second);
+  figures (``reserved_max_age``: a second per 100 nodes, at least a second);
 * the fake's part: its two list calls alone;
 * the hub's part: ``Swarm.reservations`` over a client that hands back the same
   two lists ready-made (the thread hops and the summing per node and service),

@@ -39,8 +39,17 @@ from .views import ClusterViews
 __all__ = ["GPUCluster", "DeviceState", "SOURCES", "InventorySettings"]
 
 NODES_MAX_AGE = 1.0  # seconds a node list is good for
-READ_SHARE = 0.1  # the most of the hub's time that reading what other services reserve may take
+NODES_PER_SECOND = 100  # figures of what other services reserve are kept a second per this many nodes
 READ_WAIT = 0.25  # seconds a spawn waits for that read before it goes on with the last figures
+
+
+def reservations_max_age(nodes: int) -> float:
+    """Seconds the figures of what other services reserve are kept on a swarm of
+    ``nodes``: a second up to NODES_PER_SECOND nodes, then a second more per as many
+    (10 s at 1,000 nodes, where a read takes about a second: the event loop spends at
+    most about a tenth of its time on them). By size, not by how long a read took: a
+    read slowed by other Docker calls would keep old figures for long."""
+    return max(NODES_MAX_AGE, nodes / NODES_PER_SECOND)
 
 
 class GPUCluster:
@@ -284,7 +293,7 @@ class GPUCluster:
         reserved")."""
         if time.monotonic() - self._reserved_at < self.reserved_max_age:
             return
-        if self._reading is None:
+        if self._reading is None or self._reading.done():  # done: cancelled before it began
             self._reading = asyncio.ensure_future(self._read_reserved(swarm, log))
         # asyncio.wait neither cancels the read at its timeout nor when the caller is cancelled.
         await asyncio.wait([self._reading], timeout=READ_WAIT if self._reserved_read else None)
@@ -297,7 +306,6 @@ class GPUCluster:
     async def _read_reserved(self, swarm: Swarm, log: logging.Logger | logging.LoggerAdapter) -> None:
         try:
             async with self._lock:
-                began = time.monotonic()
                 try:
                     reserved = await swarm.reservations()
                 except SwarmError as exc:
@@ -306,11 +314,8 @@ class GPUCluster:
                 except Exception:  # read in the background: nobody else would hear of it
                     log.exception("What services reserve on the nodes could not be read (the last figures stay)")
                     return
-                now = time.monotonic()
-                # A read that takes long is made less often: the event loop spends at most
-                # READ_SHARE of its time on them (at a thousand nodes a read takes about a second).
-                self._reserved_at, self._reserved_read = now, True
-                self.reserved_max_age = max(NODES_MAX_AGE, (now - began) / READ_SHARE)
+                self._reserved_at, self._reserved_read = time.monotonic(), True
+                self.reserved_max_age = reservations_max_age(len(self.nodes))
                 for hostname, n in self.nodes.items():
                     self.allocator.set_host_reserved(hostname, reserved.get(n.id, {}))
         finally:

@@ -11,7 +11,7 @@ import logging
 import time
 
 from benchmarks import bench_swarm_reads as bench
-from gpuspawner.cluster.cluster import READ_WAIT
+from gpuspawner.cluster.cluster import READ_WAIT, reservations_max_age
 from gpuspawner.cluster.swarm import Swarm, SwarmError
 
 LOG = logging.getLogger(__name__)
@@ -101,10 +101,9 @@ async def test_a_read_that_takes_long_goes_on_in_the_background_is_made_less_oft
         assert cluster.reading is not None
         await cluster.reading  # the read went on
         assert cluster.allocator.resources.free(host) == expected_free(built, host)
-        assert 6.0 <= cluster.reserved_max_age < 9.0  # ten times the read's 0.6 s (READ_SHARE)
-        await asyncio.sleep(1.1)
+        assert cluster.reserved_max_age == 1.0  # by the swarm's size (4 nodes), not by the read's 0.6 s
         await cluster.read_reservations(swarm, LOG)
-        assert cluster.reading is None  # a second on: not yet
+        assert cluster.reading is None  # the figures are fresh: not read again
 
         async def down():
             raise SwarmError("the manager does not answer")
@@ -115,7 +114,27 @@ async def test_a_read_that_takes_long_goes_on_in_the_background_is_made_less_oft
         assert cluster.reading is None and cluster.allocator.resources.free(host) == expected_free(built, host)
         monkeypatch.setattr(swarm, "reservations", real)
         await cluster.read_reservations(swarm, LOG)  # the figures are still old: read again at once
-        assert cluster.reserved_max_age == 1.0  # a quick read: every second again
+        assert cluster.reading is None and cluster.reserved_max_age == 1.0
+    finally:
+        built.close()
+
+
+def test_figures_are_kept_a_second_per_hundred_nodes_and_at_least_a_second():
+    assert [reservations_max_age(n) for n in (0, 3, 100, 250, 1000, 1213)] == [1.0, 1.0, 1.0, 2.5, 10.0, 12.13]
+
+
+async def test_a_read_cancelled_before_it_began_does_not_stop_later_reads(monkeypatch):
+    built = await bench.build(4, 16, seed=9)
+    try:
+        cluster, swarm = built.cluster, built.swarm
+        await cluster.read_reservations(swarm, LOG)  # the first read
+        cluster._reserved_at = -float("inf")
+        cluster._reading = asyncio.ensure_future(asyncio.sleep(1))  # as a hub's stop leaves one
+        cluster._reading.cancel()
+        await asyncio.sleep(0)
+        reads = len(built.fake.calls_to("tasks"))
+        await cluster.read_reservations(swarm, LOG)
+        assert len(built.fake.calls_to("tasks")) == reads + 1
     finally:
         built.close()
 
