@@ -21,9 +21,11 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m pip install -q -e '.[test,lint,lab]'
 	touch $@
 
-# Every test: unit tests, then integration tests on a real three-node swarm.
+# Every test: unit tests and integration tests on a real three-node swarm, then the long
+# explorations of interleavings (`make explore`, one worker per CPU).
 test: deps
-	$(PYTHON) -m pytest -ra tests
+	$(PYTHON) -m pytest -ra -m "not explore" tests
+	$(MAKE) --no-print-directory explore
 
 # The tests that need no docker, less the long explorations of interleavings (a minute and
 # a half here); `make explore` runs those alone, and `make test` runs everything.
@@ -31,9 +33,10 @@ unit: $(VENV)/.installed
 	$(PYTHON) -m pytest -ra -m "not explore" tests/unit
 
 # EXPLORE_SCALE=N samples N times as many schedules (the first ones unchanged): CI runs
-# the bounded number, a long exploration by hand as many more as it likes.
+# the bounded number, a long exploration by hand as many more as it likes. Each
+# exploration is deterministic and needs no docker, so they run side by side (pytest-xdist).
 explore: $(VENV)/.installed
-	GPUSPAWNER_EXPLORE_SCALE=$(or $(EXPLORE_SCALE),1) $(PYTHON) -m pytest -ra -m explore tests/unit
+	GPUSPAWNER_EXPLORE_SCALE=$(or $(EXPLORE_SCALE),1) $(PYTHON) -m pytest -ra -n auto -m explore tests/unit
 
 # ruff check, ruff format --check and mypy: the hooks of .pre-commit-config.yaml, on every tracked file.
 lint: $(VENV)/.installed
