@@ -208,3 +208,13 @@ def test_with_departures_the_command_reports_every_policy(life, capsys):
         assert r["decisions"] >= 2 * r["served"]  # one at least for each served, on each of 2 seeds
     assert bench.main(["--trace", str(life), "--list", "timeless", "--departures"]) == 2
     assert "no scheduled and deletion times" in capsys.readouterr().err
+
+
+def test_the_shares_arrived_by_100_percent_packed_offline_by_size_leave_what_best_fit_leaves():
+    """Two 0.7s, a 0.3 and a 0.2 with a whole GPU, on 3 GPUs: largest first, each on the
+    device with least room that takes it: 0.3 beside a 0.7, 0.2 beside the other: 0.1 of
+    3 GPUs unused. The share arriving past 100 % is not counted."""
+    share = lambda milli: bench.Task(1000, 1024, 1, milli, ())  # noqa: E731
+    order = [share(200), share(700), bench.Task(1000, 1024, 1, 1000, ()), share(300), share(700), share(900)]
+    assert bench.shares_packed_offline(order, 3000) == pytest.approx(100 * 100 / 3000)
+    assert bench.shares_packed_offline(order[1:2], 3000) == pytest.approx(100 * 300 / 3000)

@@ -24,15 +24,35 @@ def test_the_fragment_is_the_free_gpu_each_shape_could_not_use_weighted():
     assert fragment.fragment(mix, "M", [300, UNIT, UNIT], INF, INF) == 0.5 * 300 + 0.5 * 300
     # One untouched device: two whole GPUs can use none of the 1.3 free.
     assert fragment.fragment(mix, "M", [300, UNIT], INF, INF) == 0.5 * 300 + 0.5 * 1300
-    # A shape needing more CPU than is left, or another model, can use nothing there.
+    # A shape needing more CPU than is left, or another model, can use nothing there
+    # (besides, the CPU left serves less than the free GPU: below).
     cpu_bound = Mix([Shape(1, 500, cpu_milli=4000, weight=1)])
-    assert fragment.fragment(cpu_bound, "M", [UNIT], 3999, INF) == UNIT
-    assert fragment.fragment(cpu_bound, "M", [UNIT], 4000, INF) == 0
+    assert fragment.fragment(cpu_bound, "M", [UNIT], 3999, INF) == UNIT + fragment.SHORT_WEIGHT * (UNIT - 3999 / 8)
+    assert fragment.fragment(cpu_bound, "M", [UNIT], 8000, INF) == 0
     other = Mix([Shape(1, UNIT, models=frozenset({"N"}))])
     assert fragment.fragment(other, "M", [UNIT], INF, INF) == UNIT
     # A request without GPUs uses none of it anywhere.
     assert fragment.fragment(Mix([Shape(0, UNIT)]), "M", [200, UNIT], INF, INF) == 1200
     assert fragment.fragment(mix, "M", [0, 0], INF, INF) == 0
+
+
+def test_free_gpu_that_the_cpu_or_memory_left_cannot_serve_at_the_mixs_rate_counts_a_tenth():
+    """The mix asks 4 cores and 8 GiB per GPU on average (half a GPU with 2 cores and a
+    GPU with 4 cores and 12 GiB, weighted alike: 6 cores and 12 GiB per 1.5 GPU)."""
+    mix = Mix([Shape(1, 500, cpu_milli=2000, weight=1), Shape(1, UNIT, cpu_milli=4000, memory_mib=12288, weight=1)])
+    assert mix.cpu_per_milli == pytest.approx(6000 / 1500) and mix.mem_per_milli == pytest.approx(12288 / 1500)
+    # Two free GPUs and 8 cores: enough for both at the mix's rate, nothing short.
+    assert fragment.fragment(mix, "M", [UNIT, UNIT], 8000, 65536) == 0
+    # 6 cores serve 1.5 of the 2 GPUs: the other half counts a tenth (both shapes still fit).
+    assert fragment.SHORT_WEIGHT == 0.1
+    assert fragment.fragment(mix, "M", [UNIT, UNIT], 6000, 65536) == pytest.approx(0.1 * 500)
+    # Memory short too, further: the larger shortfall counts, not both.
+    assert fragment.fragment(mix, "M", [UNIT, UNIT], 6000, 12288) == pytest.approx(0.1 * (2000 - 1500))
+    # 8 GiB: the GPU shape cannot run there at all (half of 2 GPUs), and 1 GPU is short.
+    assert fragment.fragment(mix, "M", [UNIT, UNIT], 6000, 8192) == pytest.approx(0.5 * 2000 + 0.1 * (2000 - 1000))
+    # Not known (a host whose resources were never told) or a mix without CPU: nothing short.
+    assert fragment.fragment(mix, "M", [UNIT, UNIT], INF, INF) == 0
+    assert fragment.fragment(Mix([Shape(1, UNIT)]), "M", [UNIT, UNIT], 0, 0) == 0
 
 
 @pytest.mark.parametrize(
@@ -86,7 +106,16 @@ def oracle_fragment(mix: Mix, model: str, rooms: list[int], cpu: float, mem: flo
         else:
             untouched = [r for r in rooms if r == UNIT]
             out += s.weight * (total - UNIT * len(untouched) if len(untouched) >= s.count else total)
-    return out
+    # and a tenth of the free GPU beyond what the CPU (or memory) left serves at the mix's rate
+    gpu = sum(s.weight * s.count * s.milli for s in mix.shapes)
+    served = [total]
+    for need, left in (
+        (sum(s.weight * s.cpu_milli for s in mix.shapes), cpu),
+        (sum(s.weight * s.memory_mib for s in mix.shapes), mem),
+    ):
+        if gpu and need and left != INF:
+            served.append(left * gpu / need)
+    return out + 0.1 * (total - min(served))
 
 
 def state(alloc: Allocator, gpus: list[GPU], host: str) -> tuple[list[int], float, float]:
