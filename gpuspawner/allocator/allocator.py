@@ -318,8 +318,9 @@ class Allocator:
         def in_order() -> Iterator[str]:
             yield from (h for h in gpuless if index.is_available(h) and fits(h))
             for n in range(max((len(mi.buckets) for mi in mis), default=0)):
-                # Each bucket is sorted by name: merged lazily.
-                yield from (h for h in heapq.merge(*(mi.buckets[n] for mi in mis if n < len(mi.buckets))) if fits(h))
+                # Each bucket is sorted by name: the hosts that fit, merged lazily (on a
+                # busy cluster most do not, and are passed over before the merge).
+                yield from heapq.merge(*((h for h in mi.buckets[n] if fits(h)) for mi in mis if n < len(mi.buckets)))
 
         pol = self.policy if policy is None else POLICIES[policy]
         if pol.name == "frag" and self.mix is not None:

@@ -37,7 +37,7 @@ from .whole import Fits
 
 __all__ = ["CANDIDATES", "SHORT_WEIGHT", "Mix", "Shape", "frag_cpu_only", "frag_share", "frag_whole", "fragment"]
 
-CANDIDATES = 12  # hosts (or shared devices) scored per model and kind, in pack's order
+CANDIDATES = 6  # hosts (or shared devices) scored per model and kind, in pack's order
 # How much a thousandth of free GPU that the host's CPU or memory cannot serve counts, beside
 # one that no request of the mix can use. On the OpenB trace 0.05 to 0.1 place best: 0 leaves
 # a quarter more GPU unallocated, 0.25 and more leave the lists heavy in 8-GPU requests worse.

@@ -33,9 +33,13 @@ class HostResources:
         self._running: dict[str, dict[str, tuple[int, int]]] = {}  # host -> service -> what it reserves there
         self._ours: dict[str, tuple[int, int]] = {}  # host -> reserved by the allocator's holdings
         self._sorted: list[str] | None = None  # known(), kept until a host comes or goes
+        # free(), kept per host until something on it changes: placement asks it of
+        # hundreds of hosts per decision
+        self._free: dict[str, tuple[int, int]] = {}
 
     def set_host(self, host: str, cpu_milli: int | None, memory_mib: int | None) -> None:
         """What ``host`` has (None: not known; the host is then not limited)."""
+        self._free.pop(host, None)
         if cpu_milli is None or memory_mib is None:
             if self._has.pop(host, None) is not None:
                 self._sorted = None
@@ -48,6 +52,7 @@ class HostResources:
     def set_running(self, host: str, by_service: Mapping[str, tuple[int, int]]) -> None:
         """What the services running on ``host`` reserve there: service name ->
         (cpu milli, memory MiB). Replaces what was said before."""
+        self._free.pop(host, None)
         self._running[host] = {
             name: (checked_amount(cpu, "cpu_milli"), checked_amount(mem, "memory_mib"))
             for name, (cpu, mem) in by_service.items()
@@ -56,8 +61,9 @@ class HostResources:
     def forget(self, service: str) -> None:
         """``service`` runs no more (its holding is given back only once its tasks
         have ended): what it reserved is not counted until the swarm says otherwise."""
-        for running in self._running.values():
-            running.pop(service, None)
+        for host, running in self._running.items():
+            if running.pop(service, None) is not None:
+                self._free.pop(host, None)
 
     def _others(self, host: str) -> tuple[int, int]:
         running = self._running.get(host)
@@ -77,17 +83,23 @@ class HostResources:
         return self._sorted
 
     def book(self, host: str, cpu_milli: int, memory_mib: int, sign: int = 1) -> None:
+        """A holding on ``host`` comes (sign 1) or goes (-1), after the allocator's
+        holdings changed: what services running there count changes with them."""
+        self._free.pop(host, None)
         if cpu_milli or memory_mib:
             cpu, mem = self._ours.get(host, (0, 0))
             self._ours[host] = (cpu + sign * cpu_milli, mem + sign * memory_mib)
 
     def free(self, host: str) -> tuple[int, int] | None:
         """(cpu milli, memory MiB) free on ``host``; None when not known."""
-        has = self._has.get(host)
-        if has is None:
-            return None
-        others, ours = self._others(host), self._ours.get(host, (0, 0))
-        return has[0] - others[0] - ours[0], has[1] - others[1] - ours[1]
+        found = self._free.get(host)
+        if found is None:
+            has = self._has.get(host)
+            if has is None:
+                return None
+            others, ours = self._others(host), self._ours.get(host, (0, 0))
+            found = self._free[host] = (has[0] - others[0] - ours[0], has[1] - others[1] - ours[1])
+        return found
 
     def fits(self, host: str, cpu_milli: int, memory_mib: int) -> bool:
         free = self.free(host)

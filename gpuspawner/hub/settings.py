@@ -246,9 +246,11 @@ class GPUSettings(LoggingConfigurable):
         {"gpus": 1, "cpu": 8, "weight": 3}, {"gpus": 4, "weight": 1}]``. Each entry:
         ``gpus`` (whole GPUs, 0 for none; default 1) or ``share`` (of one GPU),
         ``cpu`` (cores), ``memory_mib``, ``models`` (the models it takes; default
-        any) and ``weight`` (how often it comes; default 1). Empty (the default): frag
-        learns the mix from what servers held over the last 14 days (the ledger), read
-        every hour; until the ledger has any, it places as pack.""",
+        any) and ``weight`` (how often it comes; default 1). With ``cpu`` or
+        ``memory_mib``, frag also keeps a host's CPU and memory in step with its free
+        GPUs, at the rate the mix asks for them. Empty (the default): frag learns the mix
+        from what servers held over the last 14 days (the ledger), read every hour,
+        without CPU or memory; until the ledger has any, it places as pack.""",
     ).tag(config=True)
 
     @validate("gpu_placement_mix")

@@ -190,3 +190,59 @@ def test_the_choice_is_the_one_made_among_only_the_hosts_that_have_the_cpu(state
             continue
         assert expected is not None and (got.host, got.booking()) == (expected.host, expected.booking())
         assert got.cpu_milli == cpu and a.resources.free(got.host)[0] >= 0
+
+
+@settings(max_examples=100, deadline=None, database=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(
+                st.just("take"), st.sampled_from(["s0", "s1", "s2", "x"]), st.sampled_from([0, 1]), st.integers(0, 3)
+            ),
+            st.tuples(st.just("give"), st.sampled_from(["s0", "s1", "s2", "x"])),
+            st.tuples(
+                st.just("running"),
+                st.sampled_from(HOSTS),
+                st.dictionaries(st.sampled_from(["s0", "s1", "x", "other"]), st.integers(0, 3), max_size=3),
+            ),
+            st.tuples(st.just("host"), st.sampled_from(HOSTS), st.sampled_from([None, 4, 8])),
+        ),
+        max_size=25,
+    )
+)
+def test_the_free_cpu_kept_between_decisions_is_always_what_it_would_be_worked_out_afresh(ops):
+    """free() is kept per host between decisions (placement asks it of hundreds of hosts):
+    after any mix of bookings, give-backs, what the swarm says runs, and a host's size
+    changing, it equals what the module's rule gives from scratch."""
+    a = Allocator([g for h in HOSTS for g in gpus(h, T4, 1)], "pack", SHARING)
+    has, running = {}, {}
+    for h in HOSTS:
+        a.set_host_resources(h, 8000, 1024)
+        has[h] = 8000
+    for op in ops:
+        if op[0] == "take":
+            if op[1] in a.holdings():
+                continue
+            try:
+                a.allocate(op[1], Request(count=op[2], cpu_milli=op[3] * 1000))
+            except AllocationRefused:
+                pass
+        elif op[0] == "give":
+            if a.release(op[1]) is None:
+                continue
+            for services in running.values():  # forgotten until the swarm says it runs again
+                services.pop(op[1], None)
+        elif op[0] == "running":
+            running[op[1]] = {name: cpu * 1000 for name, cpu in op[2].items()}
+            a.set_host_reserved(op[1], {name: (cpu, 0) for name, cpu in running[op[1]].items()})
+        else:
+            has[op[1]] = None if op[2] is None else op[2] * 1000
+            a.set_host_resources(op[1], has[op[1]], None if op[2] is None else 1024)
+        held = a.holdings()
+        for h in HOSTS:
+            if has[h] is None:
+                assert a.resources.free(h) is None
+                continue
+            ours = sum(x.cpu_milli for x in held.values() if x.host == h)
+            others = sum(c for n, c in running.get(h, {}).items() if (n not in held or held[n].host != h))
+            assert a.resources.free(h)[0] == has[h] - others - ours, (h, op)

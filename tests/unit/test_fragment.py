@@ -218,6 +218,23 @@ def test_a_server_without_gpus_goes_where_the_fragment_grows_least():
     assert packed.allocate("cpu", Request(count=0, cpu_milli=4000)).host == "h0"
 
 
+def test_with_cpu_in_the_mix_frag_keeps_a_hosts_cpu_in_step_with_its_free_gpus():
+    """docs/configuration.md#gpu_placement_mix: two hosts with two free GPUs each, 10 and
+    40 cores; the mix asks 4 cores per GPU. A server without GPUs taking 4 cores would
+    leave h0 6 cores for its 2 GPUs (every request of the mix still fits there, but not
+    twice): frag puts it on h1. A mix without CPU (as learned from the ledger) says
+    nothing of it, and frag goes as pack, to h0."""
+    gpus = [GPU(h, i, f"{h}-{i}", "M", 0) for h in ("h0", "h1") for i in (0, 1)]
+    chosen = []
+    for mix in ([{"gpus": 1, "cpu": 4}], [{"gpus": 1}]):
+        alloc = Allocator(gpus, "frag")
+        alloc.set_host_resources("h0", 10000, 65536)
+        alloc.set_host_resources("h1", 40000, 65536)
+        alloc.set_mix(Mix.parse(mix))
+        chosen.append(alloc.allocate("cpu", Request(count=0, cpu_milli=4000)).host)
+    assert chosen == ["h1", "h0"]
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 4), st.sampled_from([250, 500, UNIT]), st.booleans()), max_size=30))
 def test_without_a_mix_frag_decides_as_pack(ops):
