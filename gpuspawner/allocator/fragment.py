@@ -130,6 +130,7 @@ class Mix:
         # every candidate, so only its weight is kept.
         self.no_gpu = sum(s.weight for s in self.shapes if s.count == 0)
         self.gpu = tuple(s for s in self.shapes if s.count > 0)
+        self.rows = tuple((s.weight, s.count, s.milli, s.cpu_milli, s.memory_mib, s.models) for s in self.gpu)
         # CPU and memory the mix asks for per thousandth of GPU (0: it does not say).
         asked = sum(s.weight * s.count * s.milli for s in self.shapes)
         self.cpu_per_milli = sum(s.weight * s.cpu_milli for s in self.shapes) / asked if asked else 0.0
@@ -160,16 +161,18 @@ def _fragment(mix: Mix, model: str, rooms: list[int], cpu: float, mem: float) ->
     total = sum(rooms)
     if not total:
         return 0.0
-    whole = len(rooms) - bisect.bisect_left(rooms, UNIT)
+    n = len(rooms)
+    whole = n - bisect.bisect_left(rooms, UNIT)
+    below = list(itertools.accumulate(rooms, initial=0))  # below[i]: the room of the i smallest
     frag = mix.no_gpu * total
-    for s in mix.gpu:
-        if s.cpu_milli > cpu or s.memory_mib > mem or (s.models is not None and model not in s.models):
-            frag += s.weight * total
-        elif s.milli < UNIT:  # a share: devices with less room are of no use to it
-            i = bisect.bisect_left(rooms, s.milli)
-            frag += s.weight * (total if i == len(rooms) else sum(rooms[:i]))
+    for weight, count, milli, s_cpu, s_mem, models in mix.rows:
+        if s_cpu > cpu or s_mem > mem or (models is not None and model not in models):
+            frag += weight * total
+        elif milli < UNIT:  # a share: devices with less room are of no use to it
+            i = bisect.bisect_left(rooms, milli)
+            frag += weight * (total if i == n else below[i])
         else:
-            frag += s.weight * (total if whole < s.count else total - whole * UNIT)
+            frag += weight * (total if whole < count else total - whole * UNIT)
     short = 0.0  # free GPU without the CPU or memory to serve it
     if mix.cpu_per_milli and cpu != math.inf:
         short = total - cpu / mix.cpu_per_milli
