@@ -178,7 +178,7 @@ def _fragment(mix: Mix, model: str, rooms: list[int], cpu: float, mem: float) ->
         short = total - cpu / mix.cpu_per_milli
     if mix.mem_per_milli and mem != math.inf:
         short = max(short, total - mem / mix.mem_per_milli)
-    return frag + SHORT_WEIGHT * max(0.0, short)
+    return frag + SHORT_WEIGHT * min(total, max(0.0, short))  # (a host over-booked by others: all of it)
 
 
 class _Scorer:

@@ -53,6 +53,8 @@ def test_free_gpu_that_the_cpu_or_memory_left_cannot_serve_at_the_mixs_rate_coun
     # Not known (a host whose resources were never told) or a mix without CPU: nothing short.
     assert fragment.fragment(mix, "M", [UNIT, UNIT], INF, INF) == 0
     assert fragment.fragment(Mix([Shape(1, UNIT)]), "M", [UNIT, UNIT], 0, 0) == 0
+    # Others reserve more than the host has (its CPU left is below 0): at most all of it.
+    assert fragment.fragment(mix, "M", [UNIT, UNIT], -4000, 65536) == pytest.approx(2000 + 0.1 * 2000)
 
 
 @pytest.mark.parametrize(
@@ -114,7 +116,7 @@ def oracle_fragment(mix: Mix, model: str, rooms: list[int], cpu: float, mem: flo
         (sum(s.weight * s.memory_mib for s in mix.shapes), mem),
     ):
         if gpu and need and left != INF:
-            served.append(left * gpu / need)
+            served.append(max(0.0, left * gpu / need))
     return out + 0.1 * (total - min(served))
 
 
