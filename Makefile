@@ -22,10 +22,10 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	touch $@
 
 # Every test: unit tests and integration tests on a real three-node swarm, then the long
-# explorations of interleavings (`make explore`, one worker per CPU).
+# explorations of interleavings (`make explore`, one worker per CPU), even when a test before
+# failed; it fails when either does.
 test: deps
-	$(PYTHON) -m pytest -ra -m "not explore" tests
-	$(MAKE) --no-print-directory explore
+	$(PYTHON) -m pytest -ra -m "not explore" tests; failed=$$?; $(MAKE) --no-print-directory explore && exit $$failed
 
 # The tests that need no docker, less the long explorations of interleavings (a minute and
 # a half here); `make explore` runs those alone, and `make test` runs everything.

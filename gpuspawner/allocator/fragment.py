@@ -8,7 +8,8 @@ for a share, the partly booked devices for whole GPUs (all of it when too few ar
 untouched). To that it adds a tenth of the free GPU that the host's CPU or memory left
 could not serve at the rate the mix asks for them (:data:`SHORT_WEIGHT`): the measure
 above sees a host run short of CPU only once a request no longer fits there, this sees
-it coming, so servers without GPUs and CPU-hungry ones go where CPU is plenty. ``frag``
+it coming, so servers without GPUs and CPU-hungry ones go where CPU is plenty (on a host with GPUs of several models, each model's free GPU is
+set against all of the host's CPU and memory: a little lenient there). ``frag``
 puts a request where the fragment grows least, among the candidates ``pack`` would try
 first; ties go as ``pack`` goes. Without a mix it is ``pack``.
 
@@ -39,8 +40,8 @@ __all__ = ["CANDIDATES", "SHORT_WEIGHT", "Mix", "Shape", "frag_cpu_only", "frag_
 
 CANDIDATES = 6  # hosts (or shared devices) scored per model and kind, in pack's order
 # How much a thousandth of free GPU that the host's CPU or memory cannot serve counts, beside
-# one that no request of the mix can use. On the OpenB trace 0.05 to 0.1 place best: 0 leaves
-# a quarter more GPU unallocated, 0.25 and more leave the lists heavy in 8-GPU requests worse.
+# one that no request of the mix can use. On the OpenB trace 0.1 places best: 0 leaves a third
+# more GPU unallocated, 0.5 leaves the list heaviest in 8-GPU requests worse (docs/benchmarks.md).
 SHORT_WEIGHT = 0.1
 
 

@@ -46,7 +46,7 @@ def test_free_gpu_that_the_cpu_or_memory_left_cannot_serve_at_the_mixs_rate_coun
     # 6 cores serve 1.5 of the 2 GPUs: the other half counts a tenth (both shapes still fit).
     assert fragment.SHORT_WEIGHT == 0.1
     assert fragment.fragment(mix, "M", [UNIT, UNIT], 6000, 65536) == pytest.approx(0.1 * 500)
-    # Memory short too, further: the larger shortfall counts, not both.
+    # Memory as short as the CPU: counted once, not twice.
     assert fragment.fragment(mix, "M", [UNIT, UNIT], 6000, 12288) == pytest.approx(0.1 * (2000 - 1500))
     # 8 GiB: the GPU shape cannot run there at all (half of 2 GPUs), and 1 GPU is short.
     assert fragment.fragment(mix, "M", [UNIT, UNIT], 6000, 8192) == pytest.approx(0.5 * 2000 + 0.1 * (2000 - 1000))
