@@ -30,7 +30,14 @@ def test_the_hub_keeps_the_tokens_sha256_and_matches_only_that_token():
 @pytest.mark.parametrize(
     "token",
     [None, "", "agent-token-for-tests-0123456789", t.PREFIX, t.PREFIX + "x" * 10, "x" + t.new_token()],
-    ids=["none", "empty", "not-node-shaped", "prefix-only", "prefix-and-10", "x-and-a-real-token"],  # the same in every worker
+    ids=[
+        "none",
+        "empty",
+        "not-node-shaped",
+        "prefix-only",
+        "prefix-and-10",
+        "x-and-a-real-token",
+    ],  # the same in every worker
 )
 def test_only_node_shaped_tokens_are_looked_up(token):
     assert not t.is_node_token(token)
