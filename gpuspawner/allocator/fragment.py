@@ -8,10 +8,11 @@ for a share, the partly booked devices for whole GPUs (all of it when too few ar
 untouched). To that it adds a tenth of the free GPU that the host's CPU or memory left
 could not serve at the rate the mix asks for them (:data:`SHORT_WEIGHT`): the measure
 above sees a host run short of CPU only once a request no longer fits there, this sees
-it coming, so servers without GPUs and CPU-hungry ones go where CPU is plenty (on a host with GPUs of several models, each model's free GPU is
-set against all of the host's CPU and memory: a little lenient there). ``frag``
-puts a request where the fragment grows least, among the candidates ``pack`` would try
-first; ties go as ``pack`` goes. Without a mix it is ``pack``.
+it coming, so servers without GPUs and CPU-hungry ones go where CPU is plenty. (On a
+host with GPUs of several models, each model's free GPU is set against all of the
+host's CPU and memory: a little lenient there.) ``frag`` puts a request where the
+fragment grows least, among the candidates ``pack`` would try first; ties go as
+``pack`` goes. Without a mix it is ``pack``.
 
 The score is looked at for a bounded number of candidates per model
 (:data:`CANDIDATES` hosts, or shared devices), in ``pack``'s order, and hosts in the
