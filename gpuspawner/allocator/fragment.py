@@ -131,8 +131,10 @@ class Mix:
         # A request without GPUs leaves all free GPU unused wherever it goes: the same for
         # every candidate, so only its weight is kept.
         self.no_gpu = sum(s.weight for s in self.shapes if s.count == 0)
-        self.gpu = tuple(s for s in self.shapes if s.count > 0)
-        self.rows = tuple((s.weight, s.count, s.milli, s.cpu_milli, s.memory_mib, s.models) for s in self.gpu)
+        # The shapes with GPUs, as (weight, count, milli, cpu, memory, models): read per host scored.
+        self.rows = tuple(
+            (s.weight, s.count, s.milli, s.cpu_milli, s.memory_mib, s.models) for s in self.shapes if s.count
+        )
         # CPU and memory the mix asks for per thousandth of GPU (0: it does not say).
         asked = sum(s.weight * s.count * s.milli for s in self.shapes)
         self.cpu_per_milli = sum(s.weight * s.cpu_milli for s in self.shapes) / asked if asked else 0.0
