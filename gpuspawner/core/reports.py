@@ -22,6 +22,7 @@ from typing import Any, Literal, overload
 
 from .enforcement import Seen
 from .inventory import GPU, HOSTNAME_RE, MODEL_RE, UUID_RE
+from .json_shape import JSONShapeError, check_shape
 from .numbers import finite
 
 __all__ = [
@@ -56,11 +57,6 @@ MAX_DEPTH = 8
 # Objects and lists in one report: 64 devices with their MIG devices and thousands
 # of processes stay far below; a body of 100,000 empty lists does not.
 MAX_CONTAINERS = 16384
-# A string, or an unterminated one to the end: a match from every quote, so the scan
-# stays linear (needing the closing quote rescans the rest from each quote: 256 KiB
-# of \"[ took seconds).
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
-_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 PROFILE_CHARS = set("0123456789abcdefghijklmnopqrstuvwxyz.+")
 MIG_SEPARATOR = " · MIG "
 
@@ -200,22 +196,11 @@ def _enforcement(data: Any) -> Seen | None:
 
 def _check_shape(text: str) -> None:
     """Refuse a body nested deeper than a report can be, or with more objects
-    and lists than one can hold, from its brackets outside strings (cheap, and
-    without the recursion of decoding it)."""
-    brackets = _NOT_BRACKET.sub("", _JSON_STRING.sub("", text))
-    containers = brackets.count("[") + brackets.count("{")
-    if containers > MAX_CONTAINERS:
-        raise ReportError(f"report has {containers} objects and lists; the limit is {MAX_CONTAINERS}")
-    depth = 0
-    for c in brackets:
-        if c in "[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                raise ReportError(f"report is nested more than {MAX_DEPTH} levels deep; a report needs 6")
-        else:
-            depth -= 1
-            if depth < 0:
-                return  # not JSON: json.loads says where
+    and lists than one can hold (:func:`~gpuspawner.core.json_shape.check_shape`)."""
+    try:
+        check_shape(text, "report", MAX_DEPTH, MAX_CONTAINERS)
+    except JSONShapeError as exc:
+        raise ReportError(str(exc)) from None
 
 
 def _one_line(exc: BaseException) -> str:

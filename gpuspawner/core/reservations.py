@@ -48,7 +48,7 @@ WEEK = timedelta(days=7)
 HORIZON_WEEKS = 53  # overlaps of weekly windows are checked over a year ahead (every DST change)
 NAME_MAX = 64
 MAX_COUNT = 10_000  # GPUs one reservation may keep
-_NAME = re.compile(r"^[\w .:/+()@-]{1,64}$")
+_NAME = re.compile(r"[\w .:/+()@-]{1,64}")  # the whole name (fullmatch: "$" allows a newline at the end)
 
 
 class ReservationError(ValueError):
@@ -92,7 +92,7 @@ class Reservation:
         for what, value in (("group", self.group), ("model", self.model)):
             if not isinstance(value, str) or not value.strip() or len(value) > NAME_MAX:
                 raise ReservationError(f"a reservation needs a {what} (at most {NAME_MAX} characters)")
-        if self.name and not _NAME.match(self.name):
+        if self.name and not _NAME.fullmatch(self.name):
             raise ReservationError(
                 f"a reservation's name is at most {NAME_MAX} letters, digits, spaces or . : / + ( ) @ - _"
             )
@@ -244,10 +244,12 @@ def local(t: datetime, zone: ZoneInfo) -> datetime:
 
 
 def zone_of(name: str) -> ZoneInfo:
-    """The IANA time zone ``name``; ReservationError when there is none."""
+    """The IANA time zone ``name``; ReservationError when there is none, also for a
+    name :mod:`zoneinfo` cannot open as a file (a folder of the tz database such as
+    "Europe", a name too long for the file system: OSError)."""
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, TypeError):
+    except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):
         raise ReservationError(f"unknown time zone {name!r} (an IANA name, e.g. Europe/Berlin)") from None
 
 

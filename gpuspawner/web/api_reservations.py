@@ -25,6 +25,7 @@ from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
 
 from .. import hub_port
+from ..core.json_shape import JSONShapeError, check_shape
 from ..core.reservations import HORIZON_WEEKS, WEEK, Reservation, ReservationError, local, zone_of
 from ..ledger.ledger import LedgerError
 from .api import ADMIN_SCOPE, _GPUMixin
@@ -32,6 +33,9 @@ from .api import ADMIN_SCOPE, _GPUMixin
 __all__ = ["handlers", "parse_reservation"]
 
 FIELDS = {"group", "model", "count", "start", "end", "weekly", "timezone", "name", "lend", "shares", "until"}
+# A reservation is one object of plain fields: deeper or larger bodies are refused before decoding.
+MAX_DEPTH = 4
+MAX_CONTAINERS = 64
 # Weekly windows are looked at a year past a reservation's end: its times must leave room for that in datetime's range.
 MARGIN = (HORIZON_WEEKS + 4) * WEEK
 
@@ -88,6 +92,19 @@ def _time(value: Any, key: str, zone: ZoneInfo) -> datetime:
     return t
 
 
+def _body(raw: bytes) -> Any:
+    """A POST's JSON, decoded once its shape is checked (json.loads recurses once per
+    level); web.HTTPError 400 with the reason when it is not JSON or too deep."""
+    try:
+        text = raw.decode(json.detect_encoding(raw))
+        check_shape(text, "the body", MAX_DEPTH, MAX_CONTAINERS)
+        return json.loads(text)
+    except JSONShapeError as exc:
+        raise web.HTTPError(400, f"{exc} (a reservation is one JSON object of plain fields)") from None
+    except (ValueError, LookupError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise web.HTTPError(400, "the body must be a JSON object") from None
+
+
 class ReservationsHandler(_GPUMixin, APIHandler):
     async def get(self, reservation_id: str | None = None):
         self.require(ADMIN_SCOPE)
@@ -104,10 +121,7 @@ class ReservationsHandler(_GPUMixin, APIHandler):
         if reservation_id is not None:
             raise web.HTTPError(405, "POST to /hub/api/gpuspawner/reservations, without an id")
         hub = self.gpu_hub()
-        try:
-            body = json.loads(self.request.body or b"null")
-        except ValueError:
-            raise web.HTTPError(400, "the body must be a JSON object") from None
+        body = _body(self.request.body or b"null")
         try:
             r = parse_reservation(body, self.current_user.name, hub.settings.gpu_model_aliases)
             models = {m.model: m for m in hub.holdings.allocator.summary()}

@@ -205,6 +205,45 @@ async def test_a_body_that_is_no_json_object_is_refused(hub, body):
     assert await hub.listed() == []
 
 
+HOSTILE = [
+    (b"[" * 100_000 + b"]" * 100_000, "the body has 100000 objects and lists; the limit is 64 (a reservation"),
+    (json.dumps(CS101 | {"name": "x"}).replace('"x"', "[" * 10 + "]" * 10), "the body is nested more than 4 levels"),
+    (json.dumps(CS101 | {"timezone": "Europe"}), "unknown time zone 'Europe' (an IANA name"),  # a tz folder
+    (json.dumps(CS101 | {"timezone": "a" * 300}), "unknown time zone 'aaaa"),  # ENAMETOOLONG
+    (json.dumps(CS101 | {"timezone": "Europe/" + "a" * 300}), "unknown time zone 'Europe/aaaa"),
+    (json.dumps(CS101 | {"name": "CS101\n"}), "a reservation's name is at most 64 letters"),
+]
+
+
+@pytest.mark.parametrize("body, message", HOSTILE, ids=["deep", "deep-field", "tz-folder", "tz-300", "tz-long", "nl"])
+async def test_a_hostile_body_is_a_400_with_a_sentence_and_nothing_is_stored(hub, body, message):
+    """docs/reservations.md: "A bad body gets 400 with the reason, and nothing is stored" (hostile bodies:
+    a deep body, a time zone that is a folder of the tz database or too long a name, a name
+    ending in a newline)."""
+    code, answer = await hub("POST", body=body)
+    assert code == 400 and answer["message"].startswith(message), answer
+    assert "\n" not in answer["message"] and "Traceback" not in answer["message"]
+    assert await hub.listed() == []
+
+
+async def test_the_clis_timezone_that_names_a_tz_folder_is_refused_with_a_sentence(hub, monkeypatch, capsys):
+    """docs/reservations.md: "A bad body gets 400 with the reason", through `gpuspawner reserve
+    --timezone` too."""
+    import asyncio
+
+    from gpuspawner.cli import main
+    from tests.unit.test_agent_token_api import ADMIN as TOKEN
+
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", TOKEN)
+    argv = ["--hub-url", hub.url, "reserve", "cs101", A100, "1", "--start", "2026-12-08T14:00"]
+    for zone in ("Europe", "a" * 300):
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, main, [*argv, "--end", "2026-12-08T16:00", "--timezone", zone]) == 1
+        err = capsys.readouterr().err
+        assert f"HTTP 400: unknown time zone {zone!r} (an IANA name, e.g. Europe/Berlin)" in err, err
+    assert await hub.listed() == []
+
+
 async def test_a_removed_reservation_is_answered_once_and_no_longer_listed(hub):
     _, made = await hub("POST", body=CS101)
     _, other = await hub("POST", body=CS101 | {"group": "cs102", "name": "", "model": T4, "count": 1})

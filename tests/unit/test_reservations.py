@@ -401,6 +401,23 @@ def test_a_bad_reservation_is_refused_with_what_is_wrong(change, message):
     assert str(raised.value).startswith(message)
 
 
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(timezone="Europe"), "unknown time zone 'Europe' (an IANA name, e.g. Europe/Berlin)"),  # a folder
+        (dict(timezone="a" * 300), "unknown time zone 'aaa"),  # a file name too long
+        (dict(timezone="Europe/" + "a" * 300), "unknown time zone 'Europe/aaa"),
+        (dict(name="CS101\n"), "a reservation's name is at most 64 letters"),  # $ matched before the newline
+    ],
+)
+def test_a_time_zone_zoneinfo_cannot_open_or_a_name_ending_in_a_newline_is_refused(change, message):
+    """docs/reservations.md: "a time zone that is no IANA zone (a folder of the tz database such as
+    `Europe`, a name too long) and a name with a line break" get 400 with the reason."""
+    with pytest.raises(ReservationError) as raised:
+        Reservation(**{**GOOD, **change})
+    assert str(raised.value).startswith(message)
+
+
 def test_the_edges_that_are_allowed():
     assert Reservation(**{**GOOD, "end": START + US}).end == START + US
     assert Reservation(**{**GOOD, "weekly": True, "end": START + WEEK - US}).weekly
