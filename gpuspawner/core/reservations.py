@@ -12,18 +12,21 @@ the change, as :mod:`zoneinfo` does (02:30 becomes 03:30).
 During a window, the GPUs its members do not hold are kept free for them: a
 request of anyone else is granted only if as many untouched devices of the
 model stay free (:func:`keep_free`); for a share total, as much free room (the
-thousandths nobody holds, on untouched and shared devices alike). At a window's
-start, servers of others are stopped, newest first, until that much is free
-(:func:`to_stop`); they are told ahead (:data:`NOTICE_BEFORE`).
+thousandths nobody holds, on untouched and shared devices alike). A holding
+counts toward one reservation at most, though its user be a member of several
+open ones (:func:`count_toward`). At a window's start, servers of others are
+stopped, newest first, until that much is free (:func:`to_stop`); they are told
+ahead (:data:`NOTICE_BEFORE`).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from typing import NamedTuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from .sharing import UNIT, fmt, to_milli
@@ -32,10 +35,12 @@ __all__ = [
     "RESERVATION",
     "Reservation",
     "ReservationError",
+    "Holder",
     "Keep",
     "Need",
     "Window",
     "conflicts",
+    "count_toward",
     "keep_free",
     "needs",
     "to_stop",
@@ -326,6 +331,41 @@ class Need:
     def kept(self) -> str:
         """What it keeps from others, in GPUs: "3" or "1.25"."""
         return fmt(self.unmet * UNIT + self.room)
+
+
+class Holder(NamedTuple):
+    """A holding as the reservations see it: ``key`` (its service's name), the ``model``
+    of its devices, the thousandths it holds of them, and its user's groups now."""
+
+    key: str
+    model: str
+    milli: int
+    groups: Collection[str]
+
+
+def count_toward(reservations: Iterable[Reservation], holders: Iterable[Holder], now: datetime) -> dict[str, int]:
+    """Which reservation each holding counts toward (holder key -> reservation id): one
+    at most, of ``reservations`` (those whose windows are open at the moment looked at),
+    of its model and its user's groups. A holding that can count toward fewer of them is
+    counted first (the larger first, then by key), and each goes to the one of its own
+    that lacks the most (what it keeps less what is counted toward it so far), on a tie
+    the one whose window opened first, then the lower id: so a member of two open
+    windows does not meet both, and what it meets is what was lacking."""
+    rs = [r for r in reservations if r.id is not None]
+    opened = {r.id: (w.start if (w := r.next_window(now)) is not None else r.start) for r in rs}
+    lacks = {r.id: r.milli for r in rs}
+    choices = []
+    for h in holders:
+        mine = [r for r in rs if r.model == h.model and r.group in h.groups]
+        if mine:
+            choices.append((h, mine))
+    choices.sort(key=lambda hc: (len(hc[1]), -hc[0].milli, hc[0].key))
+    out: dict[str, int] = {}
+    for h, mine in choices:
+        r = min(mine, key=lambda r: (-lacks[r.id], opened[r.id], r.id))
+        out[h.key] = r.id  # type: ignore[assignment]  # rs have ids
+        lacks[r.id] -= h.milli
+    return out
 
 
 def needs(

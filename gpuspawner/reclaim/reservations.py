@@ -27,11 +27,13 @@ from prometheus_client import Gauge
 from ..core.reservations import (
     RESERVATION,
     WEEK,
+    Holder,
     Keep,
     Need,
     Reservation,
     ReservationError,
     conflicts,
+    count_toward,
     keep_free,
     needs,
     to_stop,
@@ -103,7 +105,8 @@ class ReservationKeeper:
         self._read_at = -float("inf")
         self._reads = self._read_applied = 0  # reads begun, and the latest whose answer is kept
         self._groups: dict[str, tuple[float, frozenset[str] | None]] = {}  # user -> (when asked, groups)
-        self._held: tuple[tuple, dict[int, float]] | None = None  # (what it was worked out from, members' GPUs)
+        # (the holdings' version and the groups' age, {reservation ids looked at: their members' GPUs})
+        self._held: tuple[tuple, dict[tuple, dict[int, float]]] | None = None
         self._told: dict[str, tuple[Holding, datetime]] = {}  # holding name -> when it was first told to make room
         self._shown: set[tuple[str, str]] = set()  # the gauge's label pairs
         self._change = asyncio.Lock()  # a new reservation is checked against the list it is added to
@@ -182,21 +185,26 @@ class ReservationKeeper:
 
     def _members_hold(self, near: list[Reservation]) -> dict[int, float]:
         """Per reservation id, the GPUs of its model its members hold now (shares as
-        fractions); worked out again only when a holding or the list changed, or the
-        groups may have."""
-        key = (self.holdings.version, tuple(r.id for r in near), int(self.clock() // GROUPS_SECONDS))
-        if self._held is not None and self._held[0] == key:
-            return self._held[1]
-        held: dict[int, float] = {}
+        fractions), each holding counted toward one of ``near`` at most (the one that
+        lacks the most: :func:`~gpuspawner.core.reservations.count_toward`); worked out
+        again only when a holding or the list changed, or the groups may have."""
+        when = (self.holdings.version, int(self.clock() // GROUPS_SECONDS))
+        ids = tuple(r.id for r in near)
+        if self._held is None or self._held[0] != when:
+            self._held = (when, {})
+        known = self._held[1].get(ids)
+        if known is not None:
+            return known
         models = {r.model for r in near}
-        for h in self.holdings.all().values():
+        holders, everyone = [], self.holdings.all()
+        for name, h in everyone.items():
             if h.held.model not in models or not h.held.uuids or h.phase is Phase.REMOVING:
                 continue
-            groups = self._groups_of(h.user) or frozenset()
-            for r in near:
-                if r.model == h.held.model and r.group in groups and r.id is not None:
-                    held[r.id] = held.get(r.id, 0.0) + sum(h.held.milli) / UNIT
-        self._held = (key, held)
+            holders.append(Holder(name, h.held.model, sum(h.held.milli), self._groups_of(h.user) or frozenset()))
+        held: dict[int, float] = {}
+        for name, rid in count_toward(near, holders, self.wall()).items():
+            held[rid] = held.get(rid, 0.0) + sum(everyone[name].held.milli) / UNIT
+        self._held[1][ids] = held
         return held
 
     def _members_waiting(self, near: list[Reservation]) -> dict[int, int]:
@@ -220,7 +228,8 @@ class ReservationKeeper:
     # -- what a request may take -----------------------------------------------------
 
     def status(self) -> list[dict]:
-        """Each reservation as stored, with its current or next window and what its members hold now."""
+        """Each reservation as stored, with its current or next window and what its members hold now
+        (each holding counted toward one open reservation at most)."""
         now = self.wall()
         held = self._members_hold(self._near(now, timedelta(0)))
         out = []

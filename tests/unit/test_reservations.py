@@ -21,12 +21,14 @@ from hypothesis import strategies as st
 from gpuspawner.core.reservations import (
     HORIZON_WEEKS,
     WEEK,
+    Holder,
     Keep,
     Need,
     Reservation,
     ReservationError,
     Window,
     conflicts,
+    count_toward,
     keep_free,
     needs,
     to_stop,
@@ -744,6 +746,33 @@ def test_keep_free_counts_only_open_windows_of_reservations_one_is_not_a_member_
     assert keep_free(soon, [1, 6], R6.end) == {A100: Keep(3)}  # R3's and R6's windows have ended
     # What its members already hold is not kept a second time.
     assert keep_free(needs([R1, R6], AT, {1: 4, 6: 1}), [], AT) == {}
+
+
+def test_a_holding_counts_toward_one_reservation_only_the_one_that_lacks_most():
+    """docs/reservations.md: "A GPU counts for one reservation only": the one of its user's
+    open reservations of its model that lacks the most, on a tie the one whose window opened
+    first, then the lower id; a holding that can count toward one only is counted first."""
+    lab_a = make(utc(2027, 1, 12, 14), utc(2027, 1, 12, 16), 1, id=11, group="lab-a")
+    lab_b = make(utc(2027, 1, 12, 14, 10), utc(2027, 1, 12, 16), 1, id=12, group="lab-b")
+    lab_c = make(utc(2027, 1, 12, 14, 20), utc(2027, 1, 12, 16), 2, id=13, group="lab-c")
+    both = frozenset({"lab-a", "lab-b"})
+    assert count_toward([lab_a, lab_b], [Holder("eve", A100, 1000, both)], AT) == {"eve": 11}  # opened first
+    assert count_toward([lab_b, lab_a], [Holder("eve", A100, 1000, both)], AT) == {"eve": 11}  # whatever the order
+    same_start = replace(lab_b, start=lab_a.start)
+    assert count_toward([same_start, lab_a], [Holder("eve", A100, 1000, both)], AT) == {"eve": 11}  # the lower id
+    assert count_toward([lab_a, lab_c], [Holder("eve", A100, 1000, frozenset({"lab-a", "lab-c"}))], AT) == {
+        "eve": 13  # lab-c lacks 2, lab-a 1
+    }
+    # Yan can count toward lab-a only: he is counted first, and Xia's GPU goes to lab-b.
+    held = [Holder("xia", A100, 1000, both), Holder("yan", A100, 1000, frozenset({"lab-a"}))]
+    assert count_toward([lab_a, lab_b], held, AT) == {"xia": 12, "yan": 11}
+    # Another model, or no group of an open one of its model: counted toward none.
+    others = [Holder("h", H100, 1000, both), Holder("bob", A100, 1000, frozenset({"physics"}))]
+    assert count_toward([lab_a, lab_b], others, AT) == {}
+    # Both reservations then keep their GPU from others but one, as the holding counts once.
+    toward = count_toward([lab_a, lab_b], [Holder("eve", A100, 1000, both)], AT)
+    hold = {11: 1.0} if toward == {"eve": 11} else {12: 1.0}
+    assert keep_free(needs([lab_a, lab_b], AT, hold), [], AT) == {A100: Keep(1)}
 
 
 # -- to_stop --------------------------------------------------------------------------------------

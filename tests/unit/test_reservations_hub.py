@@ -470,6 +470,34 @@ async def test_a_share_total_keeps_room_for_its_members_and_stops_only_whom_it_n
     assert sorted(stopped) == ["bob", "erin"] and hub.owner.get("jupyter-carol").held.milli == (500,)
 
 
+async def test_a_gpu_counts_for_one_reservation_only(tmp_path):
+    """docs/reservations.md: "A GPU counts for one reservation only". Two open reservations of
+    1 A100 each on two A100s; eve, a member of both, takes one: it counts for Lab A (opened
+    first), so Lab B still keeps the other from gus (a member of neither) and gives it to fay
+    (a member of Lab B); status() (what /hub/gpus and `gpuspawner reserve --list` show) has
+    it held for Lab A only."""
+    GROUPS.update(eve=["lab-a", "lab-b"], fay=["lab-b"], gus=[])
+    hub = world_of(tmp_path, TWO_GPUS)
+    ledger = Ledger(hub.db_url)
+    lab_a = Reservation("lab-a", A100, 1, NOW - timedelta(hours=1), NOW + timedelta(hours=1), name="Lab A")
+    lab_b = Reservation("lab-b", A100, 1, NOW - timedelta(minutes=30), NOW + timedelta(hours=1), name="Lab B")
+    ledger.add_reservation(lab_a)
+    ledger.add_reservation(lab_b)
+    await hub.started(spawner(hub, "eve"))
+    keeper = hub.hub.reservations
+    await keeper.refresh(force=True)
+    held = {r["name"]: (r["members_hold"], r["unused"]) for r in keeper.status()}
+    assert held == {"Lab A": (1, 0), "Lab B": (0, 1)}
+    with pytest.raises(SpawnException) as refused:
+        await hub.started(spawner(hub, "gus"))
+    assert "reserved (1 for Lab B until" in refused.value.jupyterhub_message
+    assert hub.owner.get("jupyter-gus") is None
+    await hub.started(spawner(hub, "fay"))  # her own window keeps it for her
+    assert hub.owner.get("jupyter-fay").held.uuids
+    held = {r["name"]: (r["members_hold"], r["unused"]) for r in keeper.status()}
+    assert held == {"Lab A": (1, 0), "Lab B": (1, 0)}
+
+
 @pytest.mark.parametrize(
     "request_, milli",
     [
