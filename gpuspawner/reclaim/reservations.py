@@ -32,6 +32,7 @@ from ..core.reservations import (
     Need,
     Reservation,
     ReservationError,
+    Window,
     conflicts,
     count_toward,
     keep_free,
@@ -282,28 +283,45 @@ class ReservationKeeper:
         """Servers of others that must end for the open windows and those opening
         within ``ahead``, as things are now: holding name -> (the window's need that
         first requires it, the holding). Each moment a window opens is taken in turn,
-        with what the windows open then need together; the members of those windows
-        are left alone, and so is a server whose held-time limit ends it by then."""
+        with what the windows of the model open then lack together (each holding
+        counted toward one of them at most), so no more are stopped than all of them
+        need. A member of any reservation of the model open then is left alone, and
+        so is a server whose held-time limit ends it by then."""
         out: dict[str, tuple[Need, Holding]] = {}
-        by_model: dict[str, list[Need]] = {}
-        for n in self.needs(now, ahead):
-            if n.keep:
-                by_model.setdefault(n.reservation.model, []).append(n)
-        if not by_model:
+        near = self._near(now, ahead)
+        if not near:
             return out
+        waiting = self._members_waiting(near)
+        by_model: dict[str, list[tuple[Reservation, Window]]] = {}
+        for r in near:
+            w = r.next_window(now)
+            if w is not None:
+                by_model.setdefault(r.model, []).append((r, w))
         everyone = self.holdings.all()
-        for model, wanting in by_model.items():
-            devices = self.holdings.allocator.model_devices(model)
-            held = {name for booked in devices.values() for name in booked}
-            holders = [(n, h) for n, h in reversed(everyone.items()) if n in held and h.phase is not Phase.REMOVING]
-            holders.sort(key=lambda nh: self.held_for(nh[1]) or 0.0)  # stable: newest first
-            for t in sorted({max(n.window.start, now) for n in wanting}):
-                open_then = [n for n in wanting if n.window.start <= t < n.window.end]
-                groups = {n.reservation.group for n in open_then}
+        for model, windows in by_model.items():
+            devices: dict[str, dict[str, int]] | None = None
+            holders: list[tuple[str, Holding]] = []
+            for t in sorted({max(w.start, now) for _, w in windows}):
+                open_then = [r for r, w in windows if w.start <= t < w.end]
+                lacking = [
+                    n
+                    for n in needs(open_then, now, self._members_hold(open_then), ahead, waiting)
+                    if n.keep and n.window.start <= t < n.window.end
+                ]
+                if not lacking:
+                    continue
+                if devices is None:
+                    devices = self.holdings.allocator.model_devices(model)
+                    held = {name for booked in devices.values() for name in booked}
+                    holders = [
+                        (n, h) for n, h in reversed(everyone.items()) if n in held and h.phase is not Phase.REMOVING
+                    ]
+                    holders.sort(key=lambda nh: self.held_for(nh[1]) or 0.0)  # stable: newest first
+                groups = {r.group for r in open_then}  # members of any of them are not stopped for them
                 candidates = [name for name, h in holders if name not in out and self._in_the_way(h, groups, t, now)]
                 left = {uuid: {k: v for k, v in booked.items() if k not in out} for uuid, booked in devices.items()}
-                first = min(open_then, key=lambda n: n.window.start)
-                kept = sum((n.keep for n in open_then), Keep())
+                first = min(lacking, key=lambda n: n.window.start)
+                kept = sum((n.keep for n in lacking), Keep())
                 for name in to_stop(kept.devices, left, candidates, kept.room):
                     out[name] = (first, everyone[name])
         return out

@@ -498,6 +498,39 @@ async def test_a_gpu_counts_for_one_reservation_only(tmp_path):
     assert held == {"Lab A": (1, 0), "Lab B": (1, 0)}
 
 
+async def test_a_windows_start_stops_only_a_member_of_no_open_reservation(tmp_path):
+    """docs/reservations.md: "Members of any open reservation of the model are never stopped
+    for one". Two A100s: Lab B (1) has been open since 12:00 and its member dave holds its
+    GPU; bob (no group) holds the other. When Lab A (1) opens, bob alone is told and stopped,
+    which meets both; dave, the newer, keeps his, also at the checks after."""
+    GROUPS.update(dave=["lab-b"])
+    hub = world_of(tmp_path, TWO_GPUS)
+    ledger = Ledger(hub.db_url)
+    start = NOW + timedelta(minutes=10)
+    ledger.add_reservation(Reservation("lab-b", A100, 1, NOW - timedelta(hours=1), NOW + timedelta(hours=2)))
+    stops = []
+
+    async def stop(h, reason):
+        stops.append(h.user)
+        return await driven(hub.owner.remove(h.name, reason=reason), lambda: exit_removed(hub))
+
+    keeper = hub.hub.reservations
+    keeper.stop = stop
+    await hub.started(spawner(hub, "bob"))
+    await hub.started(spawner(hub, "dave"))  # the newer
+    ledger.add_reservation(Reservation("lab-a", A100, 1, start, NOW + timedelta(hours=2), name="Lab A"))
+    await keeper.refresh(force=True)
+    assert set(keeper.must_make_room(NOW)) == {"jupyter-bob"}
+    assert await keeper.check() == [] and keeper.notices_for("dave") == []
+    assert keeper.notices_for("bob")[0]["stop_at"] == "2026-12-08T13:10:00Z"
+    hub.wall.now = start
+    assert await keeper.check() == [("jupyter-bob", RESERVATION)]
+    for minutes in (1, 2):
+        hub.wall.now = start + timedelta(minutes=minutes)
+        assert await keeper.check() == []
+    assert stops == ["bob"] and hub.owner.get("jupyter-dave") is not None
+
+
 @pytest.mark.parametrize(
     "request_, milli",
     [
