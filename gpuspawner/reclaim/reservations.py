@@ -186,8 +186,9 @@ class ReservationKeeper:
 
     def _members_hold(self, near: list[Reservation]) -> dict[int, float]:
         """Per reservation id, the GPUs of its model its members hold now (shares as
-        fractions), each holding counted toward one of ``near`` at most (the one that
-        lacks the most: :func:`~gpuspawner.core.reservations.count_toward`); worked out
+        fractions; a server being removed too, until its devices are given back), each
+        holding counted toward one of ``near`` at most (the one that lacks the most:
+        :func:`~gpuspawner.core.reservations.count_toward`); worked out
         again only when a holding or the list changed, or the groups may have."""
         when = (self.holdings.version, int(self.clock() // GROUPS_SECONDS))
         ids = tuple(r.id for r in near)
@@ -199,7 +200,9 @@ class ReservationKeeper:
         models = {r.model for r in near}
         holders, everyone = [], self.holdings.all()
         for name, h in everyone.items():
-            if h.held.model not in models or not h.held.uuids or h.phase is Phase.REMOVING:
+            # A member's server being removed still counts: its GPU comes back to the reservation,
+            # and counting it as nobody's would have others stop for room it gives back.
+            if h.held.model not in models or not h.held.uuids:
                 continue
             holders.append(Holder(name, h.held.model, sum(h.held.milli), self._groups_of(h.user) or frozenset()))
         held: dict[int, float] = {}

@@ -531,6 +531,37 @@ async def test_a_windows_start_stops_only_a_member_of_no_open_reservation(tmp_pa
     assert stops == ["bob"] and hub.owner.get("jupyter-dave") is not None
 
 
+async def test_a_members_stop_mid_window_stops_nobody_and_keeps_her_gpu_for_the_members(hub):
+    """docs/reservations.md: "A member's stop during an open window stops nobody". The window
+    keeps 1 of 2 A100s; bob (no group) holds one, alice (CS101) the other. While her server
+    is being removed its GPU still counts as hers, so no check asks bob to make room (no
+    notice, no stop due at once); once it is given back it is kept for the members."""
+    stops = []
+
+    async def stop(h, reason):
+        stops.append(h.user)
+        return True
+
+    reserve(hub, NOW - timedelta(minutes=30), count=1)
+    await hub.started(spawner(hub, "bob"))
+    await hub.started(spawner(hub, "alice"))
+    keeper = hub.hub.reservations
+    keeper.stop = stop
+    assert await keeper.check() == []
+    assert not await hub.owner.remove("jupyter-alice", wait=0)  # her container still runs: removing
+    for seconds in (0, 3, 30, 90):  # the reclaim's ticks while it is removed
+        hub.wall.now = NOW + timedelta(seconds=seconds)
+        assert keeper.must_make_room(hub.wall.now) == {}
+        assert await keeper.check() == [] and keeper.notices_for("bob") == []
+    exit_removed(hub)
+    assert await hub.owner.remove("jupyter-alice", wait=0)  # given back
+    assert hub.owner.get("jupyter-alice") is None
+    assert await keeper.check() == [] and stops == [] and hub.owner.get("jupyter-bob") is not None
+    with pytest.raises(SpawnException, match="reserved"):
+        await hub.started(spawner(hub, "dan"))  # her GPU is kept for CS101
+    await hub.started(spawner(hub, "alice"))
+
+
 @pytest.mark.parametrize(
     "request_, milli",
     [
