@@ -249,7 +249,7 @@ async def test_resuming_reads_the_line_again_while_the_ledger_is_down_goes_on_pa
                 raise RuntimeError("the user store is down")
             return super().__getitem__(name)
 
-    stu = SimpleNamespace(spawners={"": SimpleNamespace(active=False)})
+    stu = SimpleNamespace(spawners={"": SimpleNamespace(pending=None, ready=False)})
     spawned = []
 
     def spawn(_app, user, server, options):
