@@ -42,10 +42,12 @@ from ..core.sharing import OFF, UNIT, SharingPolicy, fmt
 from .adopt import AdoptProblem, AdoptReason, adopted_pieces, conflict
 from .fragment import Mix, frag_cpu_only, frag_share, frag_whole
 from .index import DeviceIndex
+from .nearest import nearest_host
 from .records import ALL, ONE_DEVICE, POLICIES, Allocation, Policy, Request
 from .refusals import (
     AllocationRefused,
     Refusal,
+    held_for_line,
     over_limit,
     share_refusal,
     short_of_resources,
@@ -209,6 +211,10 @@ class Allocator:
             else:
                 found = choose(index, pol, models, count, request.host, room, fits)
             if found is None:
+                if not over_room and request.avoid:
+                    kept = choose(index, pol, models, count, request.host, room, self._fits(request, avoid=False))
+                    if kept is not None:
+                        raise held_for_line(f"{len(index.models[kept[0]].free[kept[1]])} {kept[0]} free", kept[1])
                 if not over_room and fits is not None:
                     elsewhere = choose(index, pol, models, count, request.host, room)
                     if elsewhere is not None:
@@ -230,6 +236,16 @@ class Allocator:
             alloc = self._made(holder, request, host, devices)
             self._record(alloc)
             return alloc
+
+    def nearest_host(self, request: Request, exclude: frozenset[str] = frozenset()) -> str | None:
+        """The host where ``request`` would fit first as devices free up, of those not
+        in ``exclude`` (see :mod:`~gpuspawner.allocator.nearest`); None: none could take it."""
+        with self._lock:
+            try:
+                wanted = self._wanted(request)
+            except AllocationRefused:
+                return None
+            return nearest_host(self._index, self.resources, request, wanted or self._index.models, exclude)
 
     def _wanted(self, request: Request) -> list[str] | None:
         """The models the request accepts (None: any); raises for one not in the inventory."""
@@ -267,12 +283,17 @@ class Allocator:
             Refusal.NONE_FREE,
         )
 
-    def _fits(self, request: Request) -> Fits:
-        """Whether a host has the request's CPU and memory free (None: nothing asked)."""
+    def _fits(self, request: Request, avoid: bool = True) -> Fits:
+        """Whether a host may take the request: not one kept for those ahead in line
+        (``request.avoid``, unless ``avoid`` is False), with the CPU and memory asked
+        for free (None: any host may)."""
         cpu, mem = request.cpu_milli, request.memory_mib
-        if not cpu and not mem:
-            return None
+        kept = request.avoid if avoid else frozenset()
         fits = self.resources.fits
+        if not cpu and not mem:
+            return (lambda host: host not in kept) if kept else None
+        if kept:
+            return lambda host: host not in kept and fits(host, cpu, mem)
         return lambda host: fits(host, cpu, mem)
 
     def _short(self, request: Request, host: str, offered: str) -> AllocationRefused:
@@ -306,6 +327,7 @@ class Allocator:
                 and host != request.host
                 or request.hosts is not None
                 and host not in request.hosts
+                or host in request.avoid
             ):
                 return False
             free = resources.free(host)  # None: not known, so not chosen
@@ -363,6 +385,12 @@ class Allocator:
             if found is None:  # (also a share no one device takes, which the model may split)
                 found = choose_share(index, self.sharing, pol, models, share, request.host, fits)
         if found is None:
+            if not over and request.avoid:
+                kept = choose_share(
+                    index, self.sharing, pol, models, share, request.host, self._fits(request, avoid=False)
+                )
+                if kept is not None:
+                    raise held_for_line(f"Room for {fmt(share)} of a {kept[0]}", kept[1])
             if not over and fits is not None:
                 elsewhere = choose_share(index, self.sharing, pol, models, share, request.host)
                 if elsewhere is not None:

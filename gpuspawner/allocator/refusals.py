@@ -18,7 +18,7 @@ from .model import ModelIndex, total_room
 from .records import ALL, Request
 from .summary import ModelSummary
 
-__all__ = ["AllocationRefused", "Refusal", "share_refusal", "short_of_resources", "whole_refusal"]
+__all__ = ["AllocationRefused", "Refusal", "held_for_line", "share_refusal", "short_of_resources", "whole_refusal"]
 
 
 class Refusal(enum.Enum):
@@ -42,6 +42,7 @@ class Refusal(enum.Enum):
     SHARES_UNENFORCED = "shares_unenforced"  # room only on nodes that lack what enforces shares
     RESOURCES_SHORT = "resources_short"  # GPUs free, but not the CPU or memory asked for beside them
     RESERVED = "reserved"  # free, but kept for the members of a reservation's open window
+    HELD_FOR_LINE = "held_for_line"  # free, but only on hosts kept for requests ahead in line
 
     @property
     def retry(self) -> bool:
@@ -61,6 +62,7 @@ _MAY_SUCCEED_LATER = {
     Refusal.SHARES_UNENFORCED,
     Refusal.RESOURCES_SHORT,
     Refusal.RESERVED,
+    Refusal.HELD_FOR_LINE,
 }
 
 
@@ -71,6 +73,7 @@ class AllocationRefused(Exception):
         super().__init__(message)
         self.message = message
         self.reason = reason
+        self.host: str | None = None  # HELD_FOR_LINE: the kept host that would take the request
 
     @property
     def retry(self) -> bool:
@@ -84,6 +87,15 @@ class AllocationRefused(Exception):
 
 def unknown_model(model: str, models: Mapping[str, object]) -> AllocationRefused:
     return AllocationRefused(f"Unknown GPU model {model!r}; choose one of: {', '.join(models)}", Refusal.UNKNOWN_MODEL)
+
+
+def held_for_line(offered: str, host: str) -> AllocationRefused:
+    """What fits is only on a host kept for requests ahead in line (``Request.avoid``)."""
+    refused = AllocationRefused(
+        f"{offered} on {host}, but that host is kept for requests ahead of this one in line", Refusal.HELD_FOR_LINE
+    )
+    refused.host = host
+    return refused
 
 
 def short_of_resources(offered: str, host: str, lacks: str) -> AllocationRefused:

@@ -101,6 +101,10 @@ class HostResources:
             found = self._free[host] = (has[0] - others[0] - ours[0], has[1] - others[1] - ours[1])
         return found
 
+    def capacity(self, host: str) -> tuple[int, int] | None:
+        """(cpu milli, memory MiB) ``host`` has in all; None when not known."""
+        return self._has.get(host)
+
     def fits(self, host: str, cpu_milli: int, memory_mib: int) -> bool:
         free = self.free(host)
         return free is None or (cpu_milli <= free[0] and memory_mib <= free[1])

@@ -28,3 +28,5 @@ class Request:
     memory_mib: int = 0
     # Only these hosts (the admin's placement constraints allow them); None: any.
     hosts: frozenset[str] | None = None
+    # Hosts kept for requests ahead of this one in line (backfill, gpuspawner.plan): not chosen.
+    avoid: frozenset[str] = frozenset()

@@ -206,7 +206,9 @@ class GPUHub:
             clock=self.clock,
             on_free=self._devices_back,
         )
-        self._line = WaitLine(holdings, s.fairshare(), groups_of=_groups_of, members_of=_members_of)
+        self._line = WaitLine(
+            holdings, s.fairshare(), groups_of=_groups_of, members_of=_members_of, backfill=s.gpu_line_backfill
+        )
         self._reclaimer = Reclaimer(
             holdings,
             limits_for=self._limits_for,

@@ -354,6 +354,16 @@ class GPUSettings(LoggingConfigurable):
         While a spawn may wait, JupyterHub's ``start_timeout`` is extended by this much.""",
     ).tag(config=True)
 
+    gpu_line_backfill = Bool(
+        True,
+        help="""Backfill in the line (docs/line.md): while a request waits for a model,
+        the host where it would fit first is kept for it, and requests behind it (or
+        new ones) that fit on other hosts are served at once, so no GPU they fit stays
+        idle and no waiter ahead starts later for it. False: strict order, nobody is
+        served ahead of a waiter of the same model (GPUs that free up stay free until
+        the first waiter fits).""",
+    ).tag(config=True)
+
     gpu_fairshare_half_life_days = FiniteFloat(
         0.0,
         off=0,

@@ -6,10 +6,12 @@ survives a hub restart; the order rules are :mod:`gpuspawner.core.line_order`'s.
 
 A waiting spawn registers how to reserve for itself; whenever devices come
 back (a holding is released: the hub calls :meth:`WaitLine.poke`), and every few seconds
-anyway, the line is served: each model's first waiter tries to reserve, and
-on success its spawn carries on. A failure that may pass (the ledger, no free
-port, the server's old service still going) keeps every place; the waits' own
-``gpu_wait_timeout`` bounds them.
+anyway, the line is served in order (:class:`gpuspawner.plan.backfill.Round`): each
+waiter tries to reserve, on success its spawn carries on, and one that is not
+served keeps its planned host, so that those behind it are served only on other
+hosts (backfill; ``gpu_line_backfill = False``: nobody behind it). A failure that
+may pass (the ledger, no free port, the server's old service still going) keeps
+every place; the waits' own ``gpu_wait_timeout`` bounds them.
 
 A row is owned by a live wait, or has a deadline, or is gone: a head whose
 spawn is not live (a hub restart, before it is resumed) holds its place for
@@ -39,9 +41,11 @@ from .. import hub_port, metrics
 from ..allocator.refusals import AllocationRefused, Refusal
 from ..core.fairshare import FairShare, by_group
 from ..core.line_order import Standing, Waiter, by_model, estimate, held_now, order_reason, position
+from ..core.requests import Request
 from ..holdings.holdings import Holding, Holdings
 from ..ledger.checks import utc_now
 from ..ledger.ledger import LedgerError
+from ..plan.backfill import Round
 
 __all__ = ["WaitLine", "extend_start_timeout", "refused_out_of_line", "reserve_or_wait"]
 
@@ -54,7 +58,7 @@ USE_SECONDS = 30.0  # with fair share, the waiters' recent use is read again at 
 # Refusals that may pass: the head keeps its place and the line is tried again.
 PASSING = frozenset({"stale_service", "ledger_unavailable", "no_port"})
 
-Reserve = Callable[[], Awaitable[Holding]]
+Reserve = Callable[[frozenset[str]], Awaitable[Holding]]  # (hosts kept for those ahead) -> the holding
 
 
 NOT_WAITED_FOR = (Refusal.LIMIT_REACHED, Refusal.SHARES_UNENFORCED)  # the user's own servers; an admin's fix
@@ -76,9 +80,11 @@ class WaitLine:
         *,
         groups_of: Callable[[str], Iterable[str] | None] = lambda user: None,
         members_of: Callable[[str], Iterable[str] | None] = lambda group: None,
+        backfill: bool = True,
     ):
         self.holdings = holdings
         self.fair = fair  # None: priority, then arrival
+        self.backfill = backfill  # False: nobody is served ahead of a waiter that is not
         self.groups_of, self.members_of = groups_of, members_of  # JupyterHub's, for fair share by group
         self._whose: dict[str, str] = {}  # by group: user -> the group its figure is of
         self._used: dict[str, float] = {}  # user -> recent use, as last read (fair share)
@@ -86,7 +92,9 @@ class WaitLine:
         self._reads = self._read_applied = 0  # reads begun, and the latest whose answer is kept
         self.rows: list[Waiter] = []  # as in the ledger
         self.loaded = False
-        self._live: dict[str, tuple[Reserve, asyncio.Future]] = {}  # waiting spawns: how to reserve, their result
+        # waiting spawns: how to reserve, their result, what they ask for (None: not known)
+        self._live: dict[str, tuple[Reserve, asyncio.Future, Request | None]] = {}
+        self.planned: dict[str, str | None] = {}  # waiting service -> the host kept for it at the last serving
         self._ids = count(1)  # without a ledger
         self._serving: asyncio.Task | None = None
         self._again = False
@@ -260,7 +268,7 @@ class WaitLine:
                 except Exception:  # never stop serving the others
                     log.exception("Serving the line for %s failed", line[0].model)
 
-    def _live_wait(self, service: str) -> tuple[Reserve, asyncio.Future] | None:
+    def _live_wait(self, service: str) -> tuple[Reserve, asyncio.Future, Request | None] | None:
         live = self._live.get(service)
         if live is None or live[1].done():
             return None
@@ -299,25 +307,31 @@ class WaitLine:
         now = time.monotonic()
         self._unowned = {w.service: now for w in self.rows if w.service not in self._live}
 
+    def _round(self) -> Round:
+        return Round(self.holdings.allocator.nearest_host, self.backfill)
+
     async def _serve(self, line: list[Waiter]) -> None:
-        """Reserve for the first in ``line`` while what is free allows."""
+        """Reserve for each in ``line``, in order, on the hosts not kept for those ahead."""
+        plan = self._round()
         for w in line:
+            avoid = plan.avoid()
+            if avoid is None:
+                break  # strict, or a row ahead without a live wait keeps the line
             live = self._live_wait(w.service)
             if live is None:
-                if await self._expired(w):
-                    continue
-                return  # not live yet (a restarted hub resumes it): its place holds
-            reserve, result = live
+                if not await self._expired(w):
+                    plan.wait(w.service, None)  # not live yet (a restarted hub resumes it): its place holds
+                continue
+            reserve, result, request = live
             try:
-                holding = await reserve()
+                holding = await reserve(avoid)
             except SpawnException as exc:
                 if waits_for(exc):
-                    if getattr(exc.__cause__, "reason", None) is Refusal.RESERVED:
-                        continue  # kept for a reservation's members: they may be behind it
-                    return  # not yet
+                    plan.wait(w.service, request)  # not yet: the host it would fit first is kept for it
+                    continue
                 if exc.reason in PASSING:
                     log.info("%s keeps its place in line for %s: %s", w.service, w.model, exc.log_message or exc)
-                    return
+                    break
                 if not result.done():
                     result.set_exception(exc)
                 self._drop(w.service)
@@ -325,18 +339,40 @@ class WaitLine:
             if result.done():  # the wait ended (cancelled) while reserving: give them back
                 if self.holdings.get(w.service) is holding:
                     await self.holdings.remove(w.service)
-                return
+                break
             self._drop(w.service)
             result.set_result(holding)
+        for service, host in plan.planned.items():
+            self.planned[service] = host
+
+    def kept(self, model: str) -> frozenset[str] | None:
+        """The hosts a new request for ``model`` may not be placed on, as the line's
+        plan is now (every waiter's planned host); None: it may not be placed at all
+        (strict, or a row without a live wait keeps the line). Nothing is awaited."""
+        plan = self._round()
+        for w in self.lines().get(model, []):
+            if plan.avoid() is None:
+                break
+            live = self._live_wait(w.service)
+            plan.wait(w.service, None if live is None else live[2])
+        return plan.avoid()
 
     # -- one spawn's wait ------------------------------------------------------------
 
-    async def wait(self, service: str, reserve: Reserve, timeout: float, report: Callable[[str], None]) -> Holding:
-        """Wait (at most ``timeout`` s) until the line reserves for ``service``;
-        ``report`` gets each new place in line. Cancelling it leaves the line at once."""
+    async def wait(
+        self,
+        service: str,
+        reserve: Reserve,
+        timeout: float,
+        report: Callable[[str], None],
+        request: Request | None = None,
+    ) -> Holding:
+        """Wait (at most ``timeout`` s) until the line reserves for ``service``
+        (``request``: what it asks for, to plan its host; None: nobody behind it is
+        served); ``report`` gets each new place in line. Cancelling it leaves the line at once."""
         loop = asyncio.get_running_loop()
         result: asyncio.Future = loop.create_future()
-        self._live[service] = (reserve, result)
+        self._live[service] = (reserve, result, request)
         deadline, last, poked = loop.time() + timeout, None, 0.0
         cancelled = False
         try:
@@ -369,6 +405,7 @@ class WaitLine:
         finally:
             self._live.pop(service, None)
             self._outlook.pop(service, None)
+            self.planned.pop(service, None)
             if not result.done():
                 result.cancel()  # a reservation under way is given back (see _serve)
             if cancelled:
@@ -446,26 +483,53 @@ async def refused_out_of_line(line: WaitLine, service: str) -> AsyncIterator[Non
 
 
 async def reserve_or_wait(
-    spawner, line: WaitLine, model: str | None, wait: bool, reserve: Reserve, spawn_error, member: bool = False
+    spawner,
+    line: WaitLine,
+    model: str | None,
+    wait: bool,
+    reserve: Reserve,
+    spawn_error,
+    member: bool = False,
+    request: Request | None = None,
 ) -> Holding:
     """Reserve now, or (with ``wait``) wait in ``model``'s line while none is
-    free: a request never goes ahead of those in line for its model, unless it is
-    a ``member`` of a reservation whose open window keeps the model (the GPUs kept
-    are its to take first). ``spawn_error`` makes the SpawnExceptions users see."""
+    free. While others wait for ``model``, a request is placed only on hosts the
+    line's plan keeps for none of them (:meth:`WaitLine.kept`): it never delays
+    those ahead. A ``member`` of a reservation whose open window keeps the model
+    is not held back by the line (the GPUs kept are its to take first).
+    ``request``: what it asks for (its host is planned while it waits);
+    ``spawn_error`` makes the SpawnExceptions users see."""
     if wait:  # a hub loads its line at start (line_resume): others need not wait for the ledger here
         await line.load()
     name = spawner.service_name
-    if model is None or (line.place(name) is None and (member or not line.waiting_for(model))):
+    in_line = line.place(name) is not None
+    if model is None or not in_line and (member or not line.waiting_for(model)):
         try:
-            return await reserve()
+            return await reserve(frozenset())
         except SpawnException as exc:
             if not (wait and model and waits_for(exc)):
                 raise
     elif not wait:
         await line.clear_unowned(model)
-        if line.waiting_for(model):
+        if not line.waiting_for(model):
+            return await reserve(frozenset())
+        kept = None if in_line else line.kept(model)
+        if kept is None:
             raise busy_refusal(model, line.waiting_for(model), spawn_error)
-        return await reserve()
+        try:
+            return await reserve(kept)
+        except SpawnException as exc:
+            if waits_for(exc):
+                raise busy_refusal(model, line.waiting_for(model), spawn_error) from exc
+            raise
+    elif not in_line:
+        kept = line.kept(model)
+        if kept is not None:
+            try:
+                return await reserve(kept)
+            except SpawnException as exc:
+                if not waits_for(exc):
+                    raise
     assert model is not None
     joining = asyncio.ensure_future(
         line.join(name, spawner.user.name, spawner.name, model, spawner._line_priority(), spawner.user_options)
@@ -485,15 +549,15 @@ async def reserve_or_wait(
             log_message=str(exc),
             status_code=503,
         ) from exc
-    return await _wait(spawner, line, reserve, spawn_error)
+    return await _wait(spawner, line, reserve, spawn_error, request)
 
 
-async def _wait(spawner, line: WaitLine, reserve: Reserve, spawn_error) -> Holding:
+async def _wait(spawner, line: WaitLine, reserve: Reserve, spawn_error, request: Request | None) -> Holding:
     settings = hub_port.spawn_limit_settings()
     hub_port.hold_spawn_slot(settings, +1)
     since = time.monotonic()
     try:
-        holding = await line.wait(spawner.service_name, reserve, spawner.gpu_wait_timeout, spawner._report)
+        holding = await line.wait(spawner.service_name, reserve, spawner.gpu_wait_timeout, spawner._report, request)
     except TimeoutError:
         hours = spawner.gpu_wait_timeout / 3600
         raise spawn_error(

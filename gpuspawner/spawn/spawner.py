@@ -250,7 +250,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                 raise spawn_error(STALE, reason="stale_service", status_code=503)
         first = True
 
-        async def reserve() -> Holding:
+        async def reserve(avoid: frozenset[str]) -> Holding:
             nonlocal first, budget
             if any(self._reserves()):  # what the nodes' other services reserve, read fresh
                 await holdings.cluster.read_reservations(holdings.swarm, self.log)
@@ -264,7 +264,13 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                 await self.gpu_hub.reservations.refresh()  # read at most every half minute
             # No await from here to the booking: a concurrent spawn of this user counts it, and
             # nobody can join a line that an any-of request's models are checked against.
-            asked = request if request is None else replace(request, models=self._not_waited_for(request.models))
+            # A member of an open reservation of the model takes its kept GPUs wherever they are.
+            kept = frozenset() if member else avoid
+            asked = (
+                request
+                if request is None
+                else replace(request, models=self._not_waited_for(request.models), avoid=kept)
+            )
             self.gpu_budget_hours = self._budget_hours(budget, asked, access)
             return await self._reserve(holdings, asked, access.max_gpus, wait, settings)
 
@@ -273,7 +279,9 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             keeper = self.gpu_hub.reservations
             await keeper.refresh()
             member = keeper.open_for(groups_of(self), request.model)
-        holding = await reserve_or_wait(self, line, request and request.model, wait, reserve, spawn_error, member)
+        holding = await reserve_or_wait(
+            self, line, request and request.model, wait, reserve, spawn_error, member, request
+        )
         if self.gpu_budget_hours is not None:
             self._report(
                 f"Your weekly GPU budget lets it hold its GPUs for {fmt_duration(self.gpu_budget_hours * 3600)}", 25

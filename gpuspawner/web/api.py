@@ -271,8 +271,9 @@ class QueueHandler(_GPUMixin, APIHandler):
 
 
 async def queue_json(line: WaitLine) -> dict:
-    """Each model's line in order, with why each waiter stands there ("order") and,
-    with fair share, the recent use it was ordered by."""
+    """Each model's line in order, with why each waiter stands there ("order"), the
+    host kept for it at the line's last serving ("planned_host") and, with fair
+    share, the recent use it was ordered by."""
     await line.load()
     await line.read_use()
     standing = line.standing()
@@ -285,6 +286,7 @@ async def queue_json(line: WaitLine) -> dict:
                 "position": i,
                 "request": w.request,
                 "order": order_reason(w, standing),
+                "planned_host": line.planned.get(w.service),  # kept for it (backfill); None: behind others
                 **({} if standing is None else {"recent_gpu_hours": round(standing.used.get(w.user, 0.0), 3)}),
             }
             for i, w in enumerate(waiters, 1)

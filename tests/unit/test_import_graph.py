@@ -101,6 +101,16 @@ def test_the_allocator_needs_only_the_standard_library_and_the_pure_core():
         assert outside <= sys.stdlib_module_names | {"__future__"}, (name, outside)
 
 
+def test_the_plan_is_pure_like_the_allocator():
+    """The scheduling round: the standard library, the pure core and the allocator only."""
+    g = graph()
+    plan = [m for m in g if part(m) == "plan"]
+    assert "gpuspawner.plan.backfill" in plan
+    for module in plan:
+        assert {part(m) for m in g[module]} <= {"plan", "core", "allocator"}, (module, g[module])
+        assert _outside_imports(module) <= sys.stdlib_module_names | {"__future__"}, module
+
+
 def test_the_package_imports_itself_by_relative_imports_only():
     """So that benchmarks/impl.py can load another commit's allocator under another name
     without it reaching into this tree's modules."""

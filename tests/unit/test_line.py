@@ -428,7 +428,7 @@ async def test_a_refusal_that_may_pass_keeps_the_place_and_the_line_is_tried_aga
     await line.join("jupyter-bob", "bob", "", A100, 0, WAIT)
     tries = []
 
-    async def reserve():
+    async def reserve(avoid):
         tries.append(line.place("jupyter-bob"))
         if len(tries) < 3:
             raise spawn_error("not now", reason=reason, status_code=503)

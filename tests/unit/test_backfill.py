@@ -1,0 +1,219 @@
+"""Backfill: the hosts kept for those ahead in line (``Request.avoid``), the planned
+host of a waiter (``Allocator.nearest_host``, checked against brute force) and one
+serving of a line (``gpuspawner.plan.backfill.Round``), all pure.
+
+Guards docs/line.md, "Backfill": "the host where it would fit first is kept for it"
+and "requests behind it ... are served at once on the other hosts"."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuspawner.allocator.allocator import AllocationRefused, Allocator, Request
+from gpuspawner.allocator.refusals import Refusal
+from gpuspawner.core.inventory import GPU
+from gpuspawner.core.sharing import UNIT
+from gpuspawner.plan.backfill import Round
+
+A100 = "NVIDIA A100 80GB PCIe"
+T4 = "NVIDIA Tesla T4"
+
+
+def cluster(sizes: dict[str, int], model: str = A100) -> Allocator:
+    return Allocator([GPU(h, i, f"GPU-{h}-{i}", model, 81920) for h, n in sizes.items() for i in range(n)])
+
+
+def test_a_request_is_never_placed_on_a_host_kept_for_those_ahead():
+    alloc = cluster({"gpu-a": 4, "gpu-b": 4})
+    got = alloc.allocate("s1", Request(model=A100, count=2, avoid=frozenset({"gpu-a"})))
+    assert got.host == "gpu-b"  # pack would take gpu-a (ties by name)
+
+
+def test_what_fits_only_on_a_kept_host_is_refused_with_a_retry_naming_it():
+    alloc = cluster({"gpu-a": 4, "gpu-b": 4})
+    alloc.allocate("held", Request(model=A100, count=4, avoid=frozenset({"gpu-a"})))  # all of gpu-b
+    with pytest.raises(AllocationRefused) as exc:
+        alloc.allocate("s1", Request(model=A100, count=1, avoid=frozenset({"gpu-a"})))
+    assert exc.value.reason is Refusal.HELD_FOR_LINE and exc.value.retry and exc.value.host == "gpu-a"
+    assert "kept for requests ahead of this one in line" in exc.value.message
+    assert alloc.holding("s1") is None
+
+
+def test_a_share_is_never_placed_on_a_kept_host():
+    alloc = Allocator(
+        [GPU(h, 0, f"GPU-{h}", A100, 81920) for h in ("gpu-a", "gpu-b")], sharing={A100: {"quantum": 0.05}}
+    )
+    got = alloc.allocate("s1", Request(model=A100, milli=250, avoid=frozenset({"gpu-a"})))
+    assert got.host == "gpu-b"
+    alloc.allocate("s2", Request(model=A100, milli=750, avoid=frozenset({"gpu-a"})))
+    with pytest.raises(AllocationRefused) as exc:
+        alloc.allocate("s3", Request(model=A100, milli=250, avoid=frozenset({"gpu-a"})))
+    assert exc.value.reason is Refusal.HELD_FOR_LINE and exc.value.host == "gpu-a"
+
+
+def test_the_planned_host_is_the_one_that_lacks_least_and_could_ever_take_it():
+    alloc = cluster({"gpu-a": 8, "gpu-b": 8, "gpu-c": 4})
+    for i in range(6):
+        alloc.allocate(f"a{i}", Request(model=A100, count=1, host="gpu-a"))  # 2 free
+    for i in range(3):
+        alloc.allocate(f"b{i}", Request(model=A100, count=1, host="gpu-b"))  # 5 free
+    # gpu-c has all 4 free, but never 8: it could not take the request at all.
+    assert alloc.nearest_host(Request(model=A100, count=8)) == "gpu-b"
+    assert alloc.nearest_host(Request(model=A100, count=8), frozenset({"gpu-b"})) == "gpu-a"
+    assert alloc.nearest_host(Request(model=A100, count=8), frozenset({"gpu-a", "gpu-b"})) is None
+    assert alloc.nearest_host(Request(model=T4, count=1)) is None  # not in the inventory
+
+
+def test_the_planned_host_has_the_cpu_and_memory_the_request_asks_for_in_all():
+    alloc = cluster({"gpu-a": 2, "gpu-b": 2})
+    alloc.set_host_resources("gpu-a", 8_000, 65536)
+    alloc.set_host_resources("gpu-b", 64_000, 65536)
+    alloc.allocate("b0", Request(model=A100, count=1, host="gpu-b"))
+    # gpu-a has both GPUs free but only 8 CPUs: 16 could never fit there.
+    assert alloc.nearest_host(Request(model=A100, count=2, cpu_milli=16_000)) == "gpu-b"
+    assert alloc.nearest_host(Request(model=A100, count=2)) == "gpu-a"
+
+
+@st.composite
+def busy_clusters(draw):
+    hosts = draw(st.lists(st.sampled_from(["n1", "n02", "gpu-b", "gpu-a", "x", "A"]), min_size=1, unique=True))
+    sizes = {h: draw(st.integers(1, 8)) for h in hosts}
+    held = {h: draw(st.integers(0, n)) for h, n in sizes.items()}
+    cpus = {h: draw(st.sampled_from([None, 4_000, 16_000, 64_000])) for h in hosts}
+    used = {h: draw(st.sampled_from([0, 2_000, 12_000])) for h in hosts}
+    count = draw(st.integers(1, 8))
+    cpu = draw(st.sampled_from([0, 1_000, 8_000, 20_000]))
+    exclude = frozenset(draw(st.lists(st.sampled_from(hosts), unique=True)))
+    return sizes, held, cpus, used, count, cpu, exclude
+
+
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(busy_clusters())
+def test_the_planned_host_of_whole_gpus_is_what_brute_force_finds(case):
+    """Brute force over every host: the least missing of the request, then free CPU now,
+    then pack's order (fewest free that are enough; among those that lack, by name)."""
+    sizes, held, cpus, used, count, cpu, exclude = case
+    alloc = cluster(sizes)
+    for h in sizes:
+        if cpus[h] is not None:
+            alloc.set_host_resources(h, cpus[h], 1 << 20)
+            alloc.set_host_reserved(h, {f"other-{h}": (min(used[h], cpus[h]), 0)})
+        for i in range(held[h]):
+            alloc.allocate(f"{h}-{i}", Request(model=A100, count=1, host=h))
+
+    def key(h: str):
+        free = sizes[h] - held[h]
+        missing = max(0, count - free) / count
+        has = cpus[h]
+        fits_now = has is None or cpu <= has - min(used[h], has)
+        return (missing, not fits_now, free if missing == 0 else 0, h)
+
+    could = [h for h in sizes if h not in exclude and sizes[h] >= count and (cpus[h] is None or cpu <= cpus[h])]
+    want = min(could, key=key) if could else None
+    assert alloc.nearest_host(Request(model=A100, count=count, cpu_milli=cpu), exclude) == want
+
+
+def test_strict_serves_nobody_after_the_first_that_is_not_served():
+    plan = Round(lambda request, kept: "gpu-a", backfill=False)
+    assert plan.avoid() == frozenset()
+    assert plan.wait("bob", Request(model=A100, count=8)) is None
+    assert plan.avoid() is None
+
+
+def test_each_waiter_keeps_its_own_host_and_one_whose_hosts_are_all_kept_keeps_none():
+    alloc = cluster({"gpu-a": 8, "gpu-b": 8})
+    plan = Round(alloc.nearest_host)
+    assert plan.wait("bob", Request(model=A100, count=8)) == "gpu-a"
+    assert plan.wait("carol", Request(model=A100, count=8)) == "gpu-b"
+    assert plan.wait("dave", Request(model=A100, count=8)) is None
+    assert plan.avoid() == {"gpu-a", "gpu-b"}
+    assert plan.planned == {"bob": "gpu-a", "carol": "gpu-b", "dave": None}
+
+
+def test_a_row_without_a_request_to_plan_holds_everyone_behind_it():
+    plan = Round(cluster({"gpu-a": 1}).nearest_host)
+    plan.wait("resumed", None)
+    assert plan.avoid() is None
+
+
+def serve(alloc: Allocator, line: list[tuple[str, Request]], backfill: bool) -> tuple[list[str], Round]:
+    """One serving of ``line`` as the hub's line does it: in order, on the hosts not kept."""
+    plan, served = Round(alloc.nearest_host, backfill), []
+    for who, request in line:
+        avoid = plan.avoid()
+        if avoid is None:
+            break
+        try:
+            alloc.allocate(who, Request(**{**request.__dict__, "avoid": avoid}))
+        except AllocationRefused as exc:
+            assert exc.retry
+            plan.wait(who, request)
+            continue
+        served.append(who)
+    return served, plan
+
+
+def test_a_small_request_behind_a_large_one_is_served_on_another_host_never_on_the_large_ones():
+    alloc = cluster({"gpu-a": 8, "gpu-b": 8})
+    for i in range(2):
+        alloc.allocate(f"a{i}", Request(model=A100, count=1, host="gpu-a"))  # 6 free
+    for i in range(7):
+        alloc.allocate(f"b{i}", Request(model=A100, count=1, host="gpu-b"))  # 1 free
+    line = [("big", Request(model=A100, count=8)), ("small", Request(model=A100, count=1))]
+    assert serve(alloc, line, backfill=False)[0] == []
+    served, plan = serve(alloc, line, backfill=True)
+    assert served == ["small"] and plan.planned == {"big": "gpu-a"}
+    assert alloc.holding("small").host == "gpu-b"  # gpu-a's 6 free stay for big
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.integers(0, 10**6))
+def test_backfill_never_takes_a_device_of_a_host_kept_for_someone_ahead_and_serves_whom_strict_serves(seed):
+    """Random clusters and lines: what each waiter is given lies on no host kept for an
+    earlier one when it was served; strict order serves a prefix of the line, and every
+    waiter of that prefix is served by backfill too."""
+    rng = random.Random(seed)
+    sizes = {f"n{i}": rng.choice([1, 2, 4, 8]) for i in range(rng.randint(1, 6))}
+    busy = [(f"h{i}", Request(model=A100, count=rng.choice([1, 1, 2]))) for i in range(rng.randint(0, 12))]
+    line = [(f"w{i}", Request(model=A100, count=rng.choice([1, 1, 2, 4, 8]))) for i in range(rng.randint(1, 8))]
+    results = {}
+    for backfill in (False, True):
+        alloc = cluster(sizes)
+        for who, request in busy:
+            try:
+                alloc.allocate(who, request)
+            except AllocationRefused:
+                pass
+        plan, served = Round(alloc.nearest_host, backfill), []
+        for who, request in line:
+            avoid = plan.avoid()
+            if avoid is None:
+                break
+            try:
+                got = alloc.allocate(who, Request(model=A100, count=request.count, avoid=avoid))
+            except AllocationRefused as exc:
+                if not exc.retry:
+                    continue  # could never fit: leaves the line
+                plan.wait(who, request)
+                continue
+            assert got.host not in plan.kept, (who, got.host, plan.kept)
+            served.append(who)
+        results[backfill] = served
+    strict, backfilled = results[False], results[True]
+    assert backfilled[: len(strict)] == strict  # the same, up to the first that strict order leaves waiting
+
+
+def test_a_share_waiter_is_planned_on_the_host_with_the_most_room_on_one_device():
+    alloc = Allocator(
+        [GPU(h, 0, f"GPU-{h}", A100, 81920) for h in ("gpu-a", "gpu-b")], sharing={A100: {"quantum": 0.05}}
+    )
+    alloc.allocate("a", Request(model=A100, milli=800, host="gpu-a"))  # 0.2 left
+    alloc.allocate("b", Request(model=A100, milli=600, host="gpu-b"))  # 0.4 left
+    assert alloc.nearest_host(Request(model=A100, milli=500)) == "gpu-b"
+    assert alloc.nearest_host(Request(model=A100, milli=500), frozenset({"gpu-b"})) == "gpu-a"
+    # A whole GPU: neither has one untouched, both have one that will be: by name.
+    assert alloc.nearest_host(Request(model=A100, milli=UNIT)) == "gpu-a"
