@@ -651,6 +651,17 @@ class Allocator:
                 if g.model == model and index.is_available(g.host)
             }
 
+    def host_devices(self, host: str, models: Iterable[str] | None = None) -> dict[str, dict[str, int]]:
+        """The devices on ``host`` (of ``models``, when given), each with who holds it (as
+        :meth:`booked_on`; empty: untouched)."""
+        with self._lock:
+            wanted = None if models is None else set(models)
+            return {
+                g.uuid: self.booked_on(g.uuid)
+                for g in self._index.by_host.get(host, ())
+                if wanted is None or g.model in wanted
+            }
+
     def device(self, uuid: str) -> GPU | None:
         """The inventory's record of a device (its model and memory), or None."""
         return self._index.gpus.get(uuid)

@@ -206,16 +206,26 @@ class GPUHub:
             clock=self.clock,
             on_free=self._devices_back,
         )
-        self._line = WaitLine(
-            holdings, s.fairshare(), groups_of=_groups_of, members_of=_members_of, backfill=s.gpu_line_backfill
-        )
-        self._reclaimer = Reclaimer(
+        self._reclaimer = reclaimer = Reclaimer(
             holdings,
             limits_for=self._limits_for,
             stop=self._stop_server,
             on_active=self._touch if s.gpu_activity_updates_last_activity else None,
             clock=self.clock,
             wall=self.wall,
+        )
+
+        def ends_in(name: str) -> float | None:
+            h = holdings.get(name)
+            return None if h is None else reclaimer.ends_in(h)
+
+        self._line = WaitLine(
+            holdings,
+            s.fairshare(),
+            groups_of=_groups_of,
+            members_of=_members_of,
+            backfill=s.gpu_line_backfill,
+            ends_in=ends_in,
         )
         self._reservations = ReservationKeeper(
             holdings,

@@ -32,8 +32,9 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from itertools import count
+from typing import NamedTuple
 
 from jupyterhub.spawner import SpawnException
 
@@ -45,7 +46,7 @@ from ..core.requests import Request
 from ..holdings.holdings import Holding, Holdings
 from ..ledger.checks import utc_now
 from ..ledger.ledger import LedgerError
-from ..plan.backfill import Round
+from ..plan.backfill import Round, Start, planned_start
 
 __all__ = ["WaitLine", "extend_start_timeout", "refused_out_of_line", "reserve_or_wait"]
 
@@ -59,6 +60,17 @@ USE_SECONDS = 30.0  # with fair share, the waiters' recent use is read again at 
 PASSING = frozenset({"stale_service", "ledger_unavailable", "no_port"})
 
 Reserve = Callable[[frozenset[str]], Awaitable[Holding]]  # (hosts kept for those ahead) -> the holding
+
+
+class Live(NamedTuple):
+    """A waiting spawn: how to reserve, its result, what it asks for (None: not known,
+    nobody behind it is served) and the seconds within which its server must end
+    (its held-time limit; None: no bound)."""
+
+    reserve: Reserve
+    result: asyncio.Future
+    request: Request | None
+    lasts: float | None
 
 
 NOT_WAITED_FOR = (Refusal.LIMIT_REACHED, Refusal.SHARES_UNENFORCED)  # the user's own servers; an admin's fix
@@ -81,10 +93,12 @@ class WaitLine:
         groups_of: Callable[[str], Iterable[str] | None] = lambda user: None,
         members_of: Callable[[str], Iterable[str] | None] = lambda group: None,
         backfill: bool = True,
+        ends_in: Callable[[str], float | None] = lambda holding: None,
     ):
         self.holdings = holdings
         self.fair = fair  # None: priority, then arrival
         self.backfill = backfill  # False: nobody is served ahead of a waiter that is not
+        self.ends_in = ends_in  # holding name -> seconds until its held-time limit ends it (None: no bound)
         self.groups_of, self.members_of = groups_of, members_of  # JupyterHub's, for fair share by group
         self._whose: dict[str, str] = {}  # by group: user -> the group its figure is of
         self._used: dict[str, float] = {}  # user -> recent use, as last read (fair share)
@@ -92,9 +106,9 @@ class WaitLine:
         self._reads = self._read_applied = 0  # reads begun, and the latest whose answer is kept
         self.rows: list[Waiter] = []  # as in the ledger
         self.loaded = False
-        # waiting spawns: how to reserve, their result, what they ask for (None: not known)
-        self._live: dict[str, tuple[Reserve, asyncio.Future, Request | None]] = {}
+        self._live: dict[str, Live] = {}  # the waiting spawns
         self.planned: dict[str, str | None] = {}  # waiting service -> the host kept for it at the last serving
+        self.start: dict[str, tuple[float, Start] | None] = {}  # -> (when planned (monotonic), its planned start)
         self._ids = count(1)  # without a ledger
         self._serving: asyncio.Task | None = None
         self._again = False
@@ -268,7 +282,7 @@ class WaitLine:
                 except Exception:  # never stop serving the others
                     log.exception("Serving the line for %s failed", line[0].model)
 
-    def _live_wait(self, service: str) -> tuple[Reserve, asyncio.Future, Request | None] | None:
+    def _live_wait(self, service: str) -> Live | None:
         live = self._live.get(service)
         if live is None or live[1].done():
             return None
@@ -308,21 +322,28 @@ class WaitLine:
         self._unowned = {w.service: now for w in self.rows if w.service not in self._live}
 
     def _round(self) -> Round:
-        return Round(self.holdings.allocator.nearest_host, self.backfill)
+        allocator = self.holdings.allocator
+
+        def starts(request: Request, host: str) -> Start | None:
+            models = request.models or ((request.model,) if request.model else None)
+            return planned_start(request, allocator.host_devices(host, models), self.ends_in)
+
+        return Round(allocator.nearest_host, self.backfill, starts)
 
     async def _serve(self, line: list[Waiter]) -> None:
         """Reserve for each in ``line``, in order, on the hosts not kept for those ahead."""
         plan = self._round()
         for w in line:
-            avoid = plan.avoid()
-            if avoid is None:
+            if plan.avoid() is None:
                 break  # strict, or a row ahead without a live wait keeps the line
             live = self._live_wait(w.service)
             if live is None:
                 if not await self._expired(w):
                     plan.wait(w.service, None)  # not live yet (a restarted hub resumes it): its place holds
                 continue
-            reserve, result, request = live
+            reserve, result, request, lasts = live
+            avoid = plan.avoid(lasts)
+            assert avoid is not None
             try:
                 holding = await reserve(avoid)
             except SpawnException as exc:
@@ -342,20 +363,41 @@ class WaitLine:
                 break
             self._drop(w.service)
             result.set_result(holding)
+        now = time.monotonic()
         for service, host in plan.planned.items():
             self.planned[service] = host
+            start = plan.start.get(service)
+            self.start[service] = None if start is None else (now, start)
 
-    def kept(self, model: str) -> frozenset[str] | None:
-        """The hosts a new request for ``model`` may not be placed on, as the line's
-        plan is now (every waiter's planned host); None: it may not be placed at all
-        (strict, or a row without a live wait keeps the line). Nothing is awaited."""
+    def kept(self, model: str, lasts: float | None = None) -> frozenset[str] | None:
+        """The hosts a new request for ``model`` (that must end within ``lasts`` s;
+        None: no bound) may not be placed on, as the line's plan is now (every
+        waiter's planned host); None: it may not be placed at all (strict, or a row
+        without a live wait keeps the line). Nothing is awaited."""
         plan = self._round()
         for w in self.lines().get(model, []):
             if plan.avoid() is None:
                 break
             live = self._live_wait(w.service)
-            plan.wait(w.service, None if live is None else live[2])
-        return plan.avoid()
+            plan.wait(w.service, None if live is None else live.request)
+        return plan.avoid(lasts)
+
+    def planned_at(self, service: str) -> datetime | None:
+        """When ``service`` is planned to start on the host kept for it, where the
+        holders it waits for have time limits (None: not known)."""
+        known = self.start.get(service)
+        if known is None or known[1][1] is None:
+            return None
+        at, (seconds, _) = known
+        return utc_now() + timedelta(seconds=max(0.0, seconds - (time.monotonic() - at)))
+
+    def plan_text(self, service: str) -> str:
+        """What a waiter is told of its planned start ("" where it is not known): the
+        host kept for it and about when a server there reaches its time limit."""
+        when = self.planned_at(service)
+        if when is None:
+            return ""
+        return f"Planned: about {when:%H:%M} UTC on {self.planned[service]}, when a server there reaches its time limit"
 
     # -- one spawn's wait ------------------------------------------------------------
 
@@ -366,27 +408,32 @@ class WaitLine:
         timeout: float,
         report: Callable[[str], None],
         request: Request | None = None,
+        lasts: float | None = None,
     ) -> Holding:
         """Wait (at most ``timeout`` s) until the line reserves for ``service``
         (``request``: what it asks for, to plan its host; None: nobody behind it is
-        served); ``report`` gets each new place in line. Cancelling it leaves the line at once."""
+        served; ``lasts``: within how many seconds its server must end, None: no
+        bound); ``report`` gets each new place in line. Cancelling it leaves the line at once."""
         loop = asyncio.get_running_loop()
         result: asyncio.Future = loop.create_future()
-        self._live[service] = (reserve, result, request)
-        deadline, last, poked = loop.time() + timeout, None, 0.0
+        self._live[service] = Live(reserve, result, request, lasts)
+        deadline, poked = loop.time() + timeout, 0.0
+        last: tuple | None = None  # (place, plan) last reported
         cancelled = False
         try:
             while not result.done():
                 place = self.place(service)
                 if place is None:
                     break
-                if place != last:
-                    last = place
-                    self._outlook[service] = await self._guess(*place)
+                plan = self.plan_text(service)
+                if (place, plan) != last:
+                    if place != (last or (None,))[0]:
+                        self._outlook[service] = await self._guess(*place)
+                    last = (place, plan)
                     order = f"Fair share orders this line: {self.reason(service)}" if self.fair else ""
                     report(
                         f"You are number {place[1]} in line for {place[0]}"
-                        + _sentence(self.outlook(service))
+                        + _sentence(plan or self.outlook(service))
                         + _sentence(order)
                     )
                 if loop.time() - poked >= RETRY_SECONDS:
@@ -406,6 +453,7 @@ class WaitLine:
             self._live.pop(service, None)
             self._outlook.pop(service, None)
             self.planned.pop(service, None)
+            self.start.pop(service, None)
             if not result.done():
                 result.cancel()  # a reservation under way is given back (see _serve)
             if cancelled:
@@ -503,6 +551,7 @@ async def reserve_or_wait(
         await line.load()
     name = spawner.service_name
     in_line = line.place(name) is not None
+    lasts = spawner.reclaim_limits().max_held  # its held-time limit: what it takes is back by then
     if model is None or not in_line and (member or not line.waiting_for(model)):
         try:
             return await reserve(frozenset())
@@ -513,7 +562,7 @@ async def reserve_or_wait(
         await line.clear_unowned(model)
         if not line.waiting_for(model):
             return await reserve(frozenset())
-        kept = None if in_line else line.kept(model)
+        kept = None if in_line else line.kept(model, lasts)
         if kept is None:
             raise busy_refusal(model, line.waiting_for(model), spawn_error)
         try:
@@ -523,7 +572,7 @@ async def reserve_or_wait(
                 raise busy_refusal(model, line.waiting_for(model), spawn_error) from exc
             raise
     elif not in_line:
-        kept = line.kept(model)
+        kept = line.kept(model, lasts)
         if kept is not None:
             try:
                 return await reserve(kept)
@@ -549,15 +598,19 @@ async def reserve_or_wait(
             log_message=str(exc),
             status_code=503,
         ) from exc
-    return await _wait(spawner, line, reserve, spawn_error, request)
+    return await _wait(spawner, line, reserve, spawn_error, request, lasts)
 
 
-async def _wait(spawner, line: WaitLine, reserve: Reserve, spawn_error, request: Request | None) -> Holding:
+async def _wait(
+    spawner, line: WaitLine, reserve: Reserve, spawn_error, request: Request | None, lasts: float | None
+) -> Holding:
     settings = hub_port.spawn_limit_settings()
     hub_port.hold_spawn_slot(settings, +1)
     since = time.monotonic()
     try:
-        holding = await line.wait(spawner.service_name, reserve, spawner.gpu_wait_timeout, spawner._report, request)
+        holding = await line.wait(
+            spawner.service_name, reserve, spawner.gpu_wait_timeout, spawner._report, request, lasts
+        )
     except TimeoutError:
         hours = spawner.gpu_wait_timeout / 3600
         raise spawn_error(

@@ -17,10 +17,14 @@ from gpuspawner.allocator.allocator import AllocationRefused, Allocator, Request
 from gpuspawner.allocator.refusals import Refusal
 from gpuspawner.core.inventory import GPU
 from gpuspawner.core.sharing import UNIT
-from gpuspawner.plan.backfill import Round
+from gpuspawner.plan.backfill import Round, planned_start
 
 A100 = "NVIDIA A100 80GB PCIe"
 T4 = "NVIDIA Tesla T4"
+
+
+def _share(milli: int) -> Request:
+    return Request(milli=milli)
 
 
 def cluster(sizes: dict[str, int], model: str = A100) -> Allocator:
@@ -217,3 +221,72 @@ def test_a_share_waiter_is_planned_on_the_host_with_the_most_room_on_one_device(
     assert alloc.nearest_host(Request(model=A100, milli=500), frozenset({"gpu-b"})) == "gpu-a"
     # A whole GPU: neither has one untouched, both have one that will be: by name.
     assert alloc.nearest_host(Request(model=A100, milli=UNIT)) == "gpu-a"
+
+
+# -- planned starts, where the holders' ends are bounded ---------------------------------
+
+
+def test_whole_gpus_start_when_enough_devices_have_all_their_holders_ended():
+    devices = {"d0": {}, "d1": {"a": UNIT}, "d2": {"b": 500, "c": 500}, "d3": {"u": UNIT}}
+    ends = {"a": 3600.0, "b": 600.0, "c": 7200.0, "u": None}.get
+    assert planned_start(Request(count=1), devices, ends) == (0.0, None)  # d0 is free now
+    assert planned_start(Request(count=2), devices, ends) == (3600.0, "a")
+    assert planned_start(Request(count=3), devices, ends) == (7200.0, "c")  # d2 frees when both have ended
+    assert planned_start(Request(count=4), devices, ends) is None  # d3's holder has no limit
+
+
+def test_a_share_starts_when_one_device_has_room_for_it():
+    devices = {"d0": {"a": 600, "b": 300}, "d1": {"c": 800}}
+    ends = {"a": 3600.0, "b": 60.0, "c": 1800.0}.get
+    assert planned_start(Request(milli=100), devices, ends) == (0.0, None)
+    assert planned_start(Request(milli=400), devices, ends) == (60.0, "b")
+    assert planned_start(Request(milli=500), devices, ends) == (1800.0, "c")
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(
+    st.lists(st.lists(st.tuples(st.integers(0, 5), st.sampled_from([250, 500, UNIT])), max_size=3), max_size=5),
+    st.lists(st.one_of(st.none(), st.integers(0, 10)), min_size=6, max_size=6),
+    st.one_of(st.integers(1, 5).map(lambda n: Request(count=n)), st.sampled_from([250, 500, 750]).map(_share)),
+)
+def test_the_planned_start_is_the_first_moment_it_fits_as_holders_end_one_by_one(held, ends, request):
+    """Brute force: step through the holders' ends in time and try the request at each."""
+    devices: dict[str, dict[str, int]] = {}
+    for i, pieces in enumerate(held):
+        booked: dict[str, int] = {}
+        for holder, milli in pieces:
+            if sum(booked.values()) + milli <= UNIT and f"h{holder}" not in booked:
+                booked[f"h{holder}"] = milli
+        devices[f"d{i}"] = booked
+    end_of = {f"h{i}": (None if t is None else float(t)) for i, t in enumerate(ends)}
+
+    def fits(gone: set[str]) -> bool:
+        rooms = [UNIT - sum(m for h, m in b.items() if h not in gone) for b in devices.values()]
+        if request.milli is not None:
+            return any(r >= request.milli for r in rooms)
+        return sum(r == UNIT for r in rooms) >= int(request.count)
+
+    want = None
+    for t in sorted({0.0} | {e for e in end_of.values() if e is not None}):
+        if fits({h for h, e in end_of.items() if e is not None and e <= t}):
+            want = t
+            break
+    got = planned_start(request, devices, end_of.get)
+    if want is None:
+        assert got is None
+    else:
+        assert got is not None and got[0] == want
+    if got is not None and got[1] is not None:
+        assert end_of[got[1]] == got[0]  # it names the holder whose end it waits for
+
+
+def test_a_request_that_ends_before_the_planned_start_may_use_the_kept_host_too():
+    """The EASY rule: what it takes there is back before the waiter starts."""
+    plan = Round(lambda request, kept: "gpu-a", starts=lambda request, host: (3600.0, "alice"))
+    plan.wait("bob", Request(model=A100, count=8))
+    assert plan.avoid() == {"gpu-a"}  # no bound on its end
+    assert plan.avoid(7200.0) == {"gpu-a"}  # it would still hold it when bob starts
+    assert plan.avoid(1800.0) == frozenset()  # back by then
+    unknown = Round(lambda request, kept: "gpu-a", starts=lambda request, host: None)
+    unknown.wait("bob", Request(model=A100, count=8))
+    assert unknown.avoid(60.0) == {"gpu-a"}  # bob's start is not known: kept

@@ -10,6 +10,9 @@ once" and "gpu_line_backfill = False: strict order"."""
 from __future__ import annotations
 
 import asyncio
+import re
+from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import pytest
 from jupyterhub.spawner import SpawnException
@@ -17,6 +20,7 @@ from jupyterhub.spawner import SpawnException
 from gpuspawner.web.api import queue_json
 from tests.unit.test_holdings import A100, World
 from tests.unit.test_line import WAIT, messages, stopped, until
+from tests.unit.test_reservations_hub import NOW, THREE, Wall, new_hub, reserve, spawner
 
 TWO_HOSTS = {
     "gpu-a": [{"uuid": f"GPU-a{i}", "model": A100, "memory_mib": 81920} for i in range(2)],
@@ -52,6 +56,7 @@ async def test_a_small_request_behind_a_large_one_is_served_at_once_on_another_h
     erin = world.spawner("erin", {**WAIT, "gpu_count": 1})
     erin_start = asyncio.ensure_future(erin.start())
     await until(lambda: world.hub.line.place(erin.service_name) == (A100, 2))
+    await until(lambda: erin.service_name in world.hub.line.planned)  # planned at a serving after she joined
     lines = await queue_json(world.hub.line)
     assert [(w["user"], w["planned_host"]) for w in lines[A100]] == [("bob", "gpu-a"), ("erin", "gpu-b")]
     await stopped(world, alice)
@@ -78,3 +83,62 @@ async def test_strict_order_serves_nobody_ahead_of_the_head(tmp_path):
     await asyncio.wait_for(carol_start, 10)  # then carol, on gpu-b
     assert world.owner.get(carol.service_name).held.uuids == ("GPU-b0",)
     world.ledger_matches()
+
+
+async def test_a_reservations_refusal_lets_no_small_request_jump_a_large_one(tmp_path):
+    """Issue 38, "A reservation's refusal lets a small request jump a large one". An open
+    window keeps 1 of 3 A100s (one host) and dan holds one: bob's 2 are refused as
+    reserved, so he waits first. Carol (no group) asks for 1 after him: she waits behind
+    him (without gpu_wait she is refused with the line's message), though the GPU left
+    over the kept one is free; alice (CS101) is still granted the kept one. When dan
+    stops, bob is served first; carol still waits."""
+    world = World(tmp_path, inventory=THREE, max_gpus_per_user=2)
+    new_hub(world, Wall())
+    reserve(world, NOW - timedelta(minutes=30), count=1)
+    dan = spawner(world, "dan")
+    await world.started(dan)
+    line = world.hub.line
+    bob = spawner(world, "bob", {**WAIT, "gpu_count": 2})
+    bob_start = asyncio.ensure_future(world.started(bob))
+    await until(lambda: line.place(bob.service_name) == (A100, 1))
+    with pytest.raises(SpawnException) as refused:
+        await world.started(spawner(world, "carol"))
+    assert refused.value.status_code == 503 and "1 request is waiting in line" in refused.value.message
+    assert world.owner.get("jupyter-carol") is None
+    carol = spawner(world, "carol", {**WAIT, "gpu_count": 1})
+    carol_start = asyncio.ensure_future(world.started(carol))
+    await until(lambda: line.place(carol.service_name) == (A100, 2))
+    line.poke()  # a serving after she joined: bob is refused as reserved again
+    await until(lambda: any("number 2" in m for m in messages(carol)))
+    assert world.owner.get(carol.service_name) is None and not carol_start.done()
+    assert line.planned[bob.service_name] == "gpu-b"  # the host kept for him
+    await world.started(spawner(world, "alice"))  # a member: the kept GPU is hers
+    assert world.owner.get("jupyter-alice").held.uuids
+    assert world.owner.get(carol.service_name) is None and line.place(carol.service_name) == (A100, 2)
+    await stopped(world, dan)
+    await asyncio.wait_for(bob_start, 10)
+    assert len(world.owner.get(bob.service_name).held.uuids) == 2
+    assert world.owner.get(carol.service_name) is None and line.place(carol.service_name) == (A100, 1)
+    carol_start.cancel()
+    await asyncio.gather(carol_start, return_exceptions=True)
+    world.ledger_matches()
+
+
+async def test_a_waiter_is_told_when_it_starts_where_the_holders_have_a_time_limit(tmp_path):
+    """Guards docs/line.md: "where the servers it waits for have a time limit, about when"."""
+    world = World(tmp_path, inventory=TWO_HOSTS, allow_host_choice=True, max_gpus_per_user=2, gpu_max_hours=2)
+    alice, bob, bob_start = await big_at_the_head(world)
+    await until(lambda: any("Planned: about" in m for m in messages(bob)))
+    [told] = [m for m in messages(bob) if "Planned: about" in m]
+    assert re.fullmatch(
+        rf"You are number 1 in line for {A100}\. Planned: about \d\d:\d\d UTC on gpu-a, "
+        "when a server there reaches its time limit",
+        told,
+    )
+    [row] = (await queue_json(world.hub.line))[A100]
+    start = datetime.fromisoformat(row["planned_start"].replace("Z", "+00:00"))
+    # Alice's two hours began a moment ago.
+    assert timedelta(hours=1, minutes=59) < start - datetime.now(timezone.utc) <= timedelta(hours=2)
+    bob_start.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await bob_start
