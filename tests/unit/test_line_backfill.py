@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import re
 from datetime import datetime, timedelta, timezone
-from datetime import timedelta
 
 import pytest
 from jupyterhub.spawner import SpawnException
