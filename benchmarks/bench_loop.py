@@ -67,6 +67,7 @@ from gpuspawner.allocator.allocator import AllocationRefused, Request
 from gpuspawner.cluster.cluster import GPUCluster, InventorySettings
 from gpuspawner.cluster.host_views import batches
 from gpuspawner.core.reports import parse_report
+from gpuspawner.plan.backfill import Round, StartsCache, planned_start
 from gpuspawner.web.api import gpu_page
 
 from .bench_allocator import MODELS, SHARING
@@ -280,6 +281,47 @@ def stats(ns: list[int], lags: list[float] | None = None, gcs: list[list] | None
     return out
 
 
+LINE = 200  # waiters planned in one serving of the line
+LINE_SIZES = [8, 8, 4, 2, 1]  # GPUs a waiter asks for (the line holds the large requests)
+
+
+def plan_line(hub: Hub, rounds: int) -> dict:
+    """One serving's plan of a line of :data:`LINE` waiters, as the hub's line makes it
+    (``Round`` over the allocator's ``nearest_host`` and ``planned_start``), with the
+    cluster filled until none of them fits now; every holder has a held-time limit but
+    one in ten (``ends_in``). Timed: the whole plan of all 200 and the hosts kept from a
+    request with a time limit (every planned start worked out), ``rounds`` times, with
+    a holder's server ending between two."""
+    alloc, rng = hub.cluster.allocator, hub.rng
+    while hub.start(Request(count=1)) is not None:  # full: the line's requests wait
+        pass
+    ends = {h: None if rng.random() < 0.1 else rng.uniform(60, 8 * 3600) for h in hub.requests}
+    models = [m.model for m in alloc.summary()]
+    line = [Request(model=rng.choice(models), count=rng.choice(LINE_SIZES)) for _ in range(LINE)]
+
+    def start_here(request: Request, host: str):
+        return planned_start(request, alloc.host_devices(host, (request.model,)), ends.get)
+
+    cache = StartsCache(start_here, alloc.version, time.monotonic)  # as the hub's line keeps them
+
+    times, gcs = [], []
+    for _ in range(rounds):
+        with gc_watch() as collected:
+            t = pc()
+            plan = Round(alloc.nearest_host, True, cache.starts(time.monotonic()))
+            for i, request in enumerate(line):
+                plan.wait(i, request)
+            plan.avoid(4 * 3600.0)  # a request with a time limit: every planned start is worked out
+            times.append(pc() - t)
+        gcs.append(collected)
+        holder = rng.choice(list(hub.requests))  # a server ends, another takes its place
+        hub.stop(holder)
+        ends.pop(holder, None)
+        for new in [h for h in [hub.start(Request(count=1))] if h is not None]:
+            ends[new.holder] = rng.uniform(60, 8 * 3600)
+    return stats(times, gcs=gcs)
+
+
 def page_environments() -> tuple[jinja2.Environment, jinja2.Environment]:
     """An async and a sync environment, as JupyterHub sets them up."""
     loader = jinja2.ChoiceLoader([jinja2.DictLoader({"page.html": STUB_PAGE}), jinja2.FileSystemLoader(TEMPLATES)])
@@ -376,6 +418,8 @@ async def run(nodes: int, reports: int, decisions: int, views: int, seed: int) -
         hub.requests.pop(holder)
         hub.start(shape)
     out["ops"]["release"] = stats(times, gcs=gcs)
+
+    out["ops"]["plan a line of 200"] = plan_line(hub, decisions)
 
     collectors, registries = {}, {}
     for per_host in (False, True):  # the default (a series per model), and gpu_metrics_per_host

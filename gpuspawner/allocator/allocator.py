@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -651,15 +651,15 @@ class Allocator:
                 if g.model == model and index.is_available(g.host)
             }
 
-    def host_devices(self, host: str, models: Iterable[str] | None = None) -> dict[str, dict[str, int]]:
+    def host_devices(self, host: str, models: Collection[str] | None = None) -> dict[str, dict[str, int]]:
         """The devices on ``host`` (of ``models``, when given), each with who holds it (as
         :meth:`booked_on`; empty: untouched)."""
         with self._lock:
-            wanted = None if models is None else set(models)
+            held, shares = self._held, self._shares
             return {
-                g.uuid: self.booked_on(g.uuid)
+                g.uuid: {held[g.uuid]: UNIT} if g.uuid in held else dict(shares.get(g.uuid, {}))
                 for g in self._index.by_host.get(host, ())
-                if wanted is None or g.model in wanted
+                if models is None or g.model in models
             }
 
     def device(self, uuid: str) -> GPU | None:

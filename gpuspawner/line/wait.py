@@ -46,7 +46,7 @@ from ..core.requests import Request
 from ..holdings.holdings import Holding, Holdings
 from ..ledger.checks import utc_now
 from ..ledger.ledger import LedgerError
-from ..plan.backfill import Round, Start, planned_start
+from ..plan.backfill import Round, Start, StartsCache, planned_start
 
 __all__ = ["WaitLine", "extend_start_timeout", "refused_out_of_line", "reserve_or_wait"]
 
@@ -108,7 +108,8 @@ class WaitLine:
         self.loaded = False
         self._live: dict[str, Live] = {}  # the waiting spawns
         self.planned: dict[str, str | None] = {}  # waiting service -> the host kept for it at the last serving
-        self.start: dict[str, tuple[float, Start] | None] = {}  # -> (when planned (monotonic), its planned start)
+        self._plans: dict[str, tuple[float, Round]] = {}  # model -> (when (monotonic), its line's last plan)
+        self._starts = StartsCache(self._start_here, holdings.allocator.version, time.monotonic)
         self._ids = count(1)  # without a ledger
         self._serving: asyncio.Task | None = None
         self._again = False
@@ -321,18 +322,20 @@ class WaitLine:
         now = time.monotonic()
         self._unowned = {w.service: now for w in self.rows if w.service not in self._live}
 
-    def _round(self) -> Round:
-        allocator = self.holdings.allocator
+    def _round(self) -> tuple[float, Round]:
+        """(when it is made (monotonic), a new plan of a serving of a line): its planned
+        starts are in seconds from when it was made, as the bookings are when asked."""
+        at = time.monotonic()
+        return at, Round(self.holdings.allocator.nearest_host, self.backfill, self._starts.starts(at))
 
-        def starts(request: Request, host: str) -> Start | None:
-            models = request.models or ((request.model,) if request.model else None)
-            return planned_start(request, allocator.host_devices(host, models), self.ends_in)
-
-        return Round(allocator.nearest_host, self.backfill, starts)
+    def _start_here(self, request: Request, host: str) -> Start | None:
+        """When ``request`` would start on ``host`` as its holders reach their limits (seconds from now)."""
+        models = request.models or ((request.model,) if request.model else None)
+        return planned_start(request, self.holdings.allocator.host_devices(host, models), self.ends_in)
 
     async def _serve(self, line: list[Waiter]) -> None:
         """Reserve for each in ``line``, in order, on the hosts not kept for those ahead."""
-        plan = self._round()
+        at, plan = self._round()
         for w in line:
             if plan.avoid() is None:
                 break  # strict, or a row ahead without a live wait keeps the line
@@ -363,18 +366,16 @@ class WaitLine:
                 break
             self._drop(w.service)
             result.set_result(holding)
-        now = time.monotonic()
         for service, host in plan.planned.items():
             self.planned[service] = host
-            start = plan.start.get(service)
-            self.start[service] = None if start is None else (now, start)
+        self._plans[line[0].model] = (at, plan)
 
     def kept(self, model: str, lasts: float | None = None) -> frozenset[str] | None:
         """The hosts a new request for ``model`` (that must end within ``lasts`` s;
         None: no bound) may not be placed on, as the line's plan is now (every
         waiter's planned host); None: it may not be placed at all (strict, or a row
         without a live wait keeps the line). Nothing is awaited."""
-        plan = self._round()
+        _, plan = self._round()
         for w in self.lines().get(model, []):
             if plan.avoid() is None:
                 break
@@ -385,11 +386,12 @@ class WaitLine:
     def planned_at(self, service: str) -> datetime | None:
         """When ``service`` is planned to start on the host kept for it, where the
         holders it waits for have time limits (None: not known)."""
-        known = self.start.get(service)
-        if known is None or known[1][1] is None:
+        row = next((w for w in self.rows if w.service == service), None)
+        at, plan = self._plans.get(row.model, (0.0, None)) if row is not None else (0.0, None)
+        start = None if plan is None else plan.start_of(service)  # as the plan's bookings were
+        if start is None or start[1] is None:
             return None
-        at, (seconds, _) = known
-        return utc_now() + timedelta(seconds=max(0.0, seconds - (time.monotonic() - at)))
+        return utc_now() + timedelta(seconds=max(0.0, at + start[0] - time.monotonic()))
 
     def plan_text(self, service: str) -> str:
         """What a waiter is told of its planned start ("" where it is not known): the
@@ -453,7 +455,6 @@ class WaitLine:
             self._live.pop(service, None)
             self._outlook.pop(service, None)
             self.planned.pop(service, None)
-            self.start.pop(service, None)
             if not result.done():
                 result.cancel()  # a reservation under way is given back (see _serve)
             if cancelled:

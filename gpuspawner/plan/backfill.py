@@ -41,7 +41,7 @@ Starts = Callable[[Request, str], "Start | None"]  # (request, its planned host)
 class Round:
     """The hosts kept so far in one serving of a line, each for the waiter it is planned
     for, with when that waiter is planned to start there where the holders' ends are
-    bounded (``starts``; None: never known)."""
+    bounded (``starts``, worked out when first asked: :meth:`start_of`)."""
 
     def __init__(self, nearest: Nearest, backfill: bool = True, starts: Starts | None = None):
         self.nearest = nearest
@@ -49,8 +49,8 @@ class Round:
         self.starts = starts
         self.kept: dict[str, Hashable] = {}  # host -> the waiter it is kept for
         self.planned: dict[Hashable, str | None] = {}  # waiter -> its planned host (None: behind others)
-        self.start: dict[Hashable, Start | None] = {}  # waiter -> its planned start (None: not known)
-        self._start_at: dict[str, float] = {}  # kept host -> its waiter's planned start, where known
+        self._asked: dict[Hashable, Request] = {}  # waiter with a planned host -> its request
+        self._start: dict[Hashable, Start | None] = {}  # waiter -> its planned start, once worked out
         self.blocked = False  # strict, and someone was not served: nobody more is
 
     def avoid(self, lasts: float | None = None) -> frozenset[str] | None:
@@ -61,9 +61,17 @@ class Round:
         as what it takes there is back by then."""
         if self.blocked:
             return None
-        if lasts is None:
+        if lasts is None or self.starts is None:
             return frozenset(self.kept)
-        return frozenset(h for h in self.kept if self._start_at.get(h, -1.0) < lasts)
+        return frozenset(h for h, who in self.kept.items() if (s := self.start_of(who)) is None or s[0] < lasts)
+
+    def start_of(self, who: Hashable) -> Start | None:
+        """When ``who`` is planned to start on its host (None: not known, or no host)."""
+        if who not in self._start:
+            request, host = self._asked.get(who), self.planned.get(who)
+            ok = self.starts is not None and request is not None and host is not None
+            self._start[who] = self.starts(request, host) if ok else None  # type: ignore[misc,arg-type]
+        return self._start[who]
 
     def wait(self, who: Hashable, request: Request | None) -> str | None:
         """``who`` (its ``request``) is not served now: keep its planned host for it.
@@ -77,10 +85,7 @@ class Round:
         self.planned[who] = host
         if host is not None:
             self.kept[host] = who
-            when = self.starts(request, host) if self.starts is not None else None
-            self.start[who] = when
-            if when is not None:
-                self._start_at[host] = when[0]
+            self._asked[who] = request
         return host
 
 
@@ -99,13 +104,15 @@ def planned_start(
     # Whole GPUs: a device is free once all its holders have ended.
     frees: list[tuple[float, str | None]] = []
     for held in devices.values():
-        if not held:
-            frees.append((0.0, None))
-            continue
-        ends = [(ends_in(h), h) for h in held]
-        if any(t is None for t, _ in ends):
-            continue  # never known to free up
-        frees.append(max((t, h) for t, h in ends if t is not None))
+        last: tuple[float, str | None] = (0.0, None)
+        for h in held:
+            t = ends_in(h)
+            if t is None:
+                break  # never known to free up
+            if last[1] is None or t > last[0]:
+                last = (t, h)
+        else:
+            frees.append(last)
     n = len(devices) if request.count == ALL else -(-milli // UNIT) if milli is not None else int(request.count)
     if n < 1 or len(frees) < n:
         return None
@@ -130,3 +137,39 @@ def _share_start(
                     best = (t, h)
                 break
     return best
+
+
+class StartsCache:
+    """Planned starts kept between servings of a line, per host while its bookings stay
+    the same (``version``: the allocator's count of changes on a host) and for at most
+    ``ttl`` seconds (the holders' limits can change): most of a thousand hosts do not
+    change between two servings, and working a start out reads every device of its host.
+    ``clock``: monotonic seconds; a start is kept as the moment it falls at."""
+
+    def __init__(
+        self,
+        compute: Starts,
+        version: Callable[[str], int],
+        clock: Callable[[], float],
+        ttl: float = 60.0,
+        size: int = 10_000,
+    ):
+        self.compute, self.version, self.clock, self.ttl, self.size = compute, version, clock, ttl, size
+        self._kept: dict[tuple, tuple[float, tuple[float, str | None] | None]] = {}
+
+    def starts(self, since: float) -> Starts:
+        """A plan's ``starts``, in seconds from ``since`` (when the plan was made)."""
+
+        def start(request: Request, host: str) -> Start | None:
+            now = self.clock()
+            key = (host, self.version(host), request.count, request.milli, request.model, request.models)
+            found = self._kept.get(key)
+            if found is None or now - found[0] > self.ttl:
+                if len(self._kept) >= self.size:
+                    self._kept.clear()
+                got = self.compute(request, host)
+                found = self._kept[key] = (now, None if got is None else (now + got[0], got[1]))
+            at = found[1]
+            return None if at is None else (at[0] - since, at[1])
+
+        return start

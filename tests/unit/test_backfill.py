@@ -17,7 +17,7 @@ from gpuspawner.allocator.allocator import AllocationRefused, Allocator, Request
 from gpuspawner.allocator.refusals import Refusal
 from gpuspawner.core.inventory import GPU
 from gpuspawner.core.sharing import UNIT
-from gpuspawner.plan.backfill import Round, planned_start
+from gpuspawner.plan.backfill import Round, StartsCache, planned_start
 
 A100 = "NVIDIA A100 80GB PCIe"
 T4 = "NVIDIA Tesla T4"
@@ -290,3 +290,24 @@ def test_a_request_that_ends_before_the_planned_start_may_use_the_kept_host_too(
     unknown = Round(lambda request, kept: "gpu-a", starts=lambda request, host: None)
     unknown.wait("bob", Request(model=A100, count=8))
     assert unknown.avoid(60.0) == {"gpu-a"}  # bob's start is not known: kept
+
+
+def test_a_kept_start_is_worked_out_again_once_its_host_changes_or_it_is_a_minute_old():
+    calls, version, clock = [], {"gpu-a": 1}, [100.0]
+
+    def compute(request, host):
+        calls.append(host)
+        return (600.0, "alice")
+
+    cache = StartsCache(compute, version.get, lambda: clock[0])
+    bob = Request(model=A100, count=2)
+    assert cache.starts(100.0)(bob, "gpu-a") == (600.0, "alice")
+    clock[0] = 130.0  # half a minute on, in a plan made then: the same moment, 30 s nearer
+    assert cache.starts(130.0)(bob, "gpu-a") == (570.0, "alice") and calls == ["gpu-a"]
+    version["gpu-a"] = 2  # a booking on gpu-a changed
+    assert cache.starts(130.0)(bob, "gpu-a") == (600.0, "alice") and len(calls) == 2
+    clock[0] = 200.0  # more than a minute after it was worked out
+    cache.starts(200.0)(bob, "gpu-a")
+    assert len(calls) == 3
+    cache.starts(200.0)(Request(model=A100, count=1), "gpu-a")  # another shape: its own
+    assert len(calls) == 4
