@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 RETRY_SECONDS = 10.0  # a waiter's line is served at least this often (devices may come back unannounced)
 LOOK_SECONDS = 1.0  # how often a waiting spawn looks at its place in line
 UNOWNED_SECONDS = 120.0  # how long a row keeps its place without a live wait (a resumed spawn is live in seconds)
+PASSED_SHOWN = 10  # servers granted ahead of a waiter that the queue API shows it
 USE_SECONDS = 30.0  # with fair share, the waiters' recent use is read again at most this often
 # Refusals that may pass: the head keeps its place and the line is tried again.
 PASSING = frozenset({"stale_service", "ledger_unavailable", "no_port"})
@@ -108,6 +109,7 @@ class WaitLine:
         self.loaded = False
         self._live: dict[str, Live] = {}  # the waiting spawns
         self.planned: dict[str, str | None] = {}  # waiting service -> the host kept for it at the last serving
+        self.passed: dict[str, list[dict]] = {}  # waiting service -> servers granted ahead of it (backfill)
         self._plans: dict[str, tuple[float, Round]] = {}  # model -> (when (monotonic), its line's last plan)
         self._starts = StartsCache(self._start_here, holdings.allocator.version, time.monotonic)
         self._ids = count(1)  # without a ledger
@@ -249,8 +251,17 @@ class WaitLine:
         self._leaving.add(task)  # the loop keeps only weak references to tasks
         task.add_done_callback(self._leaving.discard)
 
+    def passed_by(self, waiters: Iterable[str], holding: Holding) -> None:
+        """``holding`` was granted ahead of ``waiters`` (backfill, on a host none of
+        them needs): each of them is shown it, the most recent :data:`PASSED_SHOWN`."""
+        for service in waiters:
+            shown = self.passed.setdefault(service, [])
+            shown.append({"user": holding.held.user, "server": holding.held.server, "host": holding.held.host})
+            del shown[:-PASSED_SHOWN]
+
     def _drop(self, service: str) -> None:
         self._unowned.pop(service, None)
+        self.passed.pop(service, None)
         before = len(self.rows)
         self.rows = [w for w in self.rows if w.service != service]
         if len(self.rows) != before:
@@ -366,6 +377,7 @@ class WaitLine:
                 break
             self._drop(w.service)
             result.set_result(holding)
+            self.passed_by(plan.planned, holding)
         for service, host in plan.planned.items():
             self.planned[service] = host
         self._plans[line[0].model] = (at, plan)
@@ -382,6 +394,11 @@ class WaitLine:
             live = self._live_wait(w.service)
             plan.wait(w.service, None if live is None else live.request)
         return plan.avoid(lasts)
+
+    def went_ahead(self, model: str, holding: Holding) -> Holding:
+        """A new request for ``model`` was granted while others wait for it (backfill): shown to them."""
+        self.passed_by([w.service for w in self.lines().get(model, [])], holding)
+        return holding
 
     def planned_at(self, service: str) -> datetime | None:
         """When ``service`` is planned to start on the host kept for it, where the
@@ -567,7 +584,7 @@ async def reserve_or_wait(
         if kept is None:
             raise busy_refusal(model, line.waiting_for(model), spawn_error)
         try:
-            return await reserve(kept)
+            return line.went_ahead(model, await reserve(kept))
         except SpawnException as exc:
             if waits_for(exc):
                 raise busy_refusal(model, line.waiting_for(model), spawn_error) from exc
@@ -576,7 +593,7 @@ async def reserve_or_wait(
         kept = line.kept(model, lasts)
         if kept is not None:
             try:
-                return await reserve(kept)
+                return line.went_ahead(model, await reserve(kept))
             except SpawnException as exc:
                 if not waits_for(exc):
                     raise

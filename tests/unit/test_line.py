@@ -190,7 +190,7 @@ async def test_a_waiter_gets_the_gpu_its_holder_gives_back_and_the_next_moves_up
     assert REGISTRY.get_sample_value("gpuspawner_wait_seconds_count", {"model": A100}) >= 1
     lines = await queue_json(world.hub.line)
     assert [(w["user"], w["position"], w["request"]) for w in lines[A100]] == [("carol", 1, WAIT)]
-    assert admin_page(lines) == [["1", "carol", "", lines[A100][0]["since"]]]
+    assert admin_page(lines) == [["1", "carol", "", lines[A100][0]["since"], "gpu-b", ""]]
     carol_start.cancel()  # the Cancel button
     with pytest.raises(asyncio.CancelledError):
         await carol_start

@@ -18,7 +18,7 @@ from jupyterhub.spawner import SpawnException
 
 from gpuspawner.web.api import queue_json
 from tests.unit.test_holdings import A100, World
-from tests.unit.test_line import WAIT, messages, stopped, until
+from tests.unit.test_line import WAIT, admin_page, messages, stopped, until
 from tests.unit.test_reservations_hub import NOW, THREE, Wall, new_hub, reserve, spawner
 
 TWO_HOSTS = {
@@ -58,6 +58,9 @@ async def test_a_small_request_behind_a_large_one_is_served_at_once_on_another_h
     await until(lambda: erin.service_name in world.hub.line.planned)  # planned at a serving after she joined
     lines = await queue_json(world.hub.line)
     assert [(w["user"], w["planned_host"]) for w in lines[A100]] == [("bob", "gpu-a"), ("erin", "gpu-b")]
+    # Carol was granted ahead of bob: marked in the queue API and on /hub/gpus.
+    assert lines[A100][0]["passed_by"] == [{"user": "carol", "server": "", "host": "gpu-b"}]
+    assert admin_page(lines)[0][4:] == ["gpu-a", "carol on gpu-b"]
     await stopped(world, alice)
     await asyncio.wait_for(bob_start, 10)
     assert world.owner.get(bob.service_name).held.uuids == ("GPU-a0", "GPU-a1")
