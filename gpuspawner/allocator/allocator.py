@@ -43,7 +43,7 @@ from .adopt import AdoptProblem, AdoptReason, adopted_pieces, conflict
 from .fragment import Mix, frag_cpu_only, frag_share, frag_whole
 from .index import DeviceIndex
 from .nearest import nearest_host
-from .records import ALL, ONE_DEVICE, POLICIES, Allocation, Policy, Request
+from .records import ALL, ONE_DEVICE, POLICIES, Allocation, Policy, Request, accepted
 from .refusals import (
     AllocationRefused,
     Refusal,
@@ -308,6 +308,7 @@ class Allocator:
             devices=devices,
             cpu_milli=request.cpu_milli,
             memory_mib=request.memory_mib,
+            accepts=accepted(request),
             **shares,
         )
 

@@ -4,13 +4,23 @@ and the policies that pick a host (pure). Requests are gpuspawner.core.requests'
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core.inventory import GPU
 from ..core.requests import ALL, Request
 from ..core.sharing import UNIT
 
-__all__ = ["ALL", "EVEN_SPLIT", "ONE_DEVICE", "POLICIES", "UNEVEN_SPLIT", "Allocation", "Policy", "Request"]
+__all__ = [
+    "ALL",
+    "EVEN_SPLIT",
+    "ONE_DEVICE",
+    "POLICIES",
+    "UNEVEN_SPLIT",
+    "Allocation",
+    "Policy",
+    "Request",
+    "accepted",
+]
 
 #: ``Allocation.rule``: which rule placed a share (see docs/sharing.md).
 ONE_DEVICE = "one device"
@@ -33,6 +43,10 @@ class Allocation:
     # The CPU (thousandths) and memory (MiB) it reserves on its host, as asked.
     cpu_milli: int = 0
     memory_mib: int = 0
+    # The models the request accepted, sorted (() any model; None: not known, as for a
+    # holding adopted from the cluster): what the hub learns its mix from, not part of
+    # the booking (two allocations of the same devices are equal whatever it says).
+    accepts: tuple[str, ...] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if len(self.milli) != len(self.devices):
@@ -62,6 +76,13 @@ class Allocation:
     def booking(self) -> dict[GPU, int]:
         """Device -> thousandths held (1000: whole), whatever the order."""
         return dict(zip(self.devices, self.milli))
+
+
+def accepted(request: Request) -> tuple[str, ...]:
+    """The models ``request`` accepts, sorted: its ``models``, else its ``model``; () any."""
+    if request.models is not None:
+        return tuple(sorted(set(request.models)))
+    return () if request.model is None else (request.model,)
 
 
 @dataclass(frozen=True)

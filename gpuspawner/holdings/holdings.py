@@ -560,9 +560,22 @@ class Holdings:
     # -- the ledger ----------------------------------------------------------------
 
     async def _ledger_open(self, name: str, held: Held, alloc: Allocation) -> None:
-        """Record the holding as open: its server (``held``) and the devices booked for it."""
+        """Record the holding as open: its server (``held``), the devices booked for it, the CPU
+        and memory it reserves on its host and the models its request accepted (not known for
+        a holding adopted from the cluster)."""
         await self._ledger_write(
-            lambda db: db.open(name, held.user, held.server, held.host, held.model, alloc.uuids, alloc.milli)
+            lambda db: db.open(
+                name,
+                held.user,
+                held.server,
+                held.host,
+                held.model,
+                alloc.uuids,
+                alloc.milli,
+                cpu_milli=alloc.cpu_milli,
+                memory_mib=alloc.memory_mib,
+                accepts=alloc.accepts,
+            )
         )
 
     async def _close_missing(self) -> None:

@@ -10,6 +10,7 @@ from ..core.sharing import UNIT
 from .schema import NAME_MAX
 
 TASK_ID = re.compile(r"[A-Za-z0-9]{1,64}")  # a swarm task id (25 lowercase letters and digits)
+MODELS_MAX = 256  # models recorded as accepted by one request
 
 
 def aware_utc(value: datetime | None, name: str) -> datetime | None:
@@ -39,6 +40,27 @@ def checked_name(value: str, what: str, *, required: bool) -> str:
     if len(value) > NAME_MAX:
         raise ValueError(f"{what} is longer than {NAME_MAX} characters: {value[:40]}...")
     return value
+
+
+def checked_reserved(value: int | None, what: str) -> int | None:
+    """A whole number ≥ 0 below 2**31 (what an Integer column holds everywhere), or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+        raise ValueError(f"{what} must be a whole number from 0 to {2**31 - 1}, or None, got {value!r}")
+    return value
+
+
+def checked_models(models: Iterable[str] | None) -> tuple[str, ...] | None:
+    """The models a request accepted, sorted without repeats (() any model), or None."""
+    if models is None:
+        return None
+    if isinstance(models, str):
+        raise ValueError("accepts must be a list of model names, not one string")
+    found = sorted({checked_name(m, "an accepted model", required=True) for m in models})
+    if len(found) > MODELS_MAX:
+        raise ValueError(f"accepts names {len(found)} models; at most {MODELS_MAX} are recorded")
+    return tuple(found)
 
 
 def checked_shares(devices: Sequence[str], milli: Sequence[int]) -> tuple[tuple[str, ...], tuple[int, ...]]:

@@ -44,7 +44,16 @@ from sqlalchemy import exc as sa_exc
 
 from ..core.fairshare import FairShare
 from ..core.sharing import UNIT
-from .checks import aware_utc, checked_name, checked_range, checked_shares, checked_task_ids, utc_now
+from .checks import (
+    aware_utc,
+    checked_models,
+    checked_name,
+    checked_range,
+    checked_reserved,
+    checked_shares,
+    checked_task_ids,
+    utc_now,
+)
 from .line import LedgerQueue
 from .reads import (
     USAGE_KEYS,
@@ -65,6 +74,7 @@ from .schema import (
     agent_tokens,
     allocation_devices,
     allocations,
+    join_models,
     join_tasks,
     split_tasks,
 )
@@ -147,11 +157,17 @@ class Ledger(LedgerQueue, LedgerReservations):
         devices: Sequence[str],
         milli: Sequence[int],
         started_at: datetime | None = None,
+        *,
+        cpu_milli: int | None = None,
+        memory_mib: int | None = None,
+        accepts: Sequence[str] | None = None,
     ) -> int:
         """Record that ``service`` holds ``devices`` from ``started_at`` (default: now),
         ``milli`` thousandths of each (an int in 1..1000 per device, 1000 the whole
-        device); return the allocation's id. See the module's rules for a service that
-        already has an open allocation."""
+        device); return the allocation's id. ``cpu_milli`` and ``memory_mib``: what the
+        service reserves on its host besides GPUs; ``accepts``: the models its request
+        accepted (empty: any); each None when not known. See the module's rules for a
+        service that already has an open allocation."""
         devices, milli = checked_shares(devices, milli)
         wanted = Record(
             id=0,
@@ -166,6 +182,9 @@ class Ledger(LedgerQueue, LedgerReservations):
             started_at=aware_utc(started_at, "started_at") or utc_now(),
             ended_at=None,
             end_reason="",
+            cpu_milli=checked_reserved(cpu_milli, "cpu_milli"),
+            memory_mib=checked_reserved(memory_mib, "memory_mib"),
+            accepts=checked_models(accepts),
         )
         with self._write_lock, self._db(f"recording the allocation of {service}"):
             for attempt in range(_ATTEMPTS):
@@ -193,6 +212,7 @@ class Ledger(LedgerQueue, LedgerReservations):
                 self._end(conn, current, max(wanted.started_at, current.started_at), SUPERSEDED)
             values = {column: getattr(wanted, field) for field, column in COLUMNS.items()}
             values["tasks"] = ",".join(wanted.tasks)
+            values["accepted_models"] = join_models(wanted.accepts)
             new_id = conn.execute(allocations.insert().values(values)).inserted_primary_key[0]
             if wanted.devices:
                 conn.execute(

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import sqlalchemy as sa
 
 from ..core.sharing import UNIT
-from .schema import COLUMNS, Record, allocation_devices, allocations, split_tasks
+from .schema import COLUMNS, Record, allocation_devices, allocations, split_models, split_tasks
 
 
 class Usage(NamedTuple):
@@ -45,6 +45,7 @@ def select_records(conn: sa.Connection, *where) -> list[Record]:
             devices=tuple(uuids),
             milli=tuple(milli),
             tasks=split_tasks(row.tasks),
+            accepts=split_models(row.accepted_models),
             **{field: getattr(row, column) for field, column in COLUMNS.items()},
         )
         for row, uuids, milli in found.values()

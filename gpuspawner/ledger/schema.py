@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -45,6 +46,10 @@ allocations = sa.Table(
     sa.Column("end_reason", sa.Text, nullable=False),
     sa.Column("tasks", sa.Text, nullable=False, server_default=""),  # swarm task ids, comma-separated
     sa.Column("peak_memory_mib", sa.Integer, nullable=True),  # its processes' most GPU memory; NULL: not reported
+    # What the service reserved on its host besides GPUs (0008; NULL: not recorded, rows from before):
+    sa.Column("reserved_cpu_milli", sa.Integer, nullable=True),  # CPU, thousandths of a core
+    sa.Column("reserved_memory_mib", sa.Integer, nullable=True),  # memory, MiB
+    sa.Column("accepted_models", sa.Text, nullable=True),  # the models its request accepted: a JSON list, [] any
     # At most one open allocation per service (created as such on SQLite and PostgreSQL).
     sa.Index(
         "gpuspawner_allocations_open_service",
@@ -125,6 +130,8 @@ COLUMNS = {
     "ended_at": "ended_at",
     "end_reason": "end_reason",
     "peak_memory_mib": "peak_memory_mib",
+    "cpu_milli": "reserved_cpu_milli",
+    "memory_mib": "reserved_memory_mib",
 }
 
 
@@ -145,6 +152,12 @@ class Record:
     ended_at: datetime | None
     end_reason: str
     peak_memory_mib: int | None = None  # the most GPU memory its processes used, as reported
+    # What it reserved on its host besides GPUs (CPU thousandths, memory MiB) and the models
+    # its request accepted (sorted; () any model); None: not recorded (an allocation written
+    # before migration 0008, or a holding adopted from the cluster, whose models are not known).
+    cpu_milli: int | None = None
+    memory_mib: int | None = None
+    accepts: tuple[str, ...] | None = None
 
     @property
     def gpus(self) -> float:
@@ -165,3 +178,22 @@ def join_tasks(old: Sequence[str], new: Sequence[str]) -> tuple[str, ...]:
 def split_tasks(text: str) -> tuple[str, ...]:
     """The ``tasks`` column's text as ids."""
     return tuple(text.split(",")) if text else ()
+
+
+def join_models(models: Sequence[str] | None) -> str | None:
+    """The ``accepted_models`` column's text for ``models`` (None: not recorded)."""
+    return None if models is None else json.dumps(list(models))
+
+
+def split_models(text: str | None) -> tuple[str, ...] | None:
+    """The ``accepted_models`` column's text as models; None for NULL and for a text that
+    is not a JSON list of strings (not recorded, rather than a reading that fails)."""
+    if text is None:
+        return None
+    try:
+        models = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+        return None
+    return tuple(models)

@@ -571,6 +571,84 @@ class LedgerContract:
         finally:
             engine.dispose()
 
+    def test_an_allocation_reads_back_with_its_reserved_cpu_memory_and_accepted_models(self, ledger):
+        gpu(ledger, "svc-a", cpu_milli=2500, memory_mib=16384, accepts=["T4", "A100", "T4"])
+        gpu(ledger, "svc-b", devices=("GPU-2",), cpu_milli=0, memory_mib=0, accepts=[])  # any model
+        gpu(ledger, "svc-c", devices=("GPU-3",))  # not known (a holding adopted from the cluster)
+        found = {r.service: (r.cpu_milli, r.memory_mib, r.accepts) for r in ledger.history()}
+        assert found == {
+            "svc-a": (2500, 16384, ("A100", "T4")),  # sorted, once each
+            "svc-b": (0, 0, ()),
+            "svc-c": (None, None, None),
+        }
+
+    def test_0008_records_reserved_cpu_memory_and_accepted_models_and_rows_before_it_read_as_not_recorded(self, url):
+        engine = sa.create_engine(url)
+        table = "gpuspawner_allocations"
+        added = ["reserved_cpu_milli", "reserved_memory_mib", "accepted_models"]
+        try:
+            ledger_migrations.upgrade(engine, revision="0007")
+            with engine.begin() as conn:
+                conn.execute(
+                    sa.text(
+                        f"INSERT INTO {table} (id, service, username, server, host, model, started_at,"
+                        " end_reason, tasks, peak_memory_mib) VALUES"
+                        " (5, 'svc-alice', 'alice', '', 'gpu-a', 'A100', :start, '', 't1', 1234)"
+                    ),
+                    dict(start=naive(at(0))),
+                )
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO gpuspawner_allocation_devices (allocation_id, position, uuid, milli)"
+                        " VALUES (5, 0, 'GPU-0', 500)"
+                    )
+                )
+            ledger = Ledger(url)  # upgrades to the head on first use
+            try:
+                (old,) = ledger.open_allocations()
+                assert ledger_migrations.current(engine) == (ledger_migrations.head(),)
+                assert (old.id, old.milli, old.tasks, old.peak_memory_mib) == (5, (500,), ("t1",), 1234)
+                assert (old.cpu_milli, old.memory_mib, old.accepts) == (None, None, None)
+                gpu(ledger, "svc-bob", "bob", devices=("GPU-1",), cpu_milli=4000, memory_mib=8192, accepts=["A100"])
+                assert [(r.cpu_milli, r.memory_mib, r.accepts) for r in ledger.open_allocations()] == [
+                    (None, None, None),
+                    (4000, 8192, ("A100",)),
+                ]
+            finally:
+                ledger.dispose()
+
+            # Back to 0007: the columns go, the allocations stay, one open per service still.
+            ledger_migrations.downgrade(engine, "0007")
+            assert ledger_migrations.current(engine) == ("0007",)
+            assert not set(added) & set(columns(engine, table))
+            with engine.connect() as conn:
+                assert conn.execute(sa.text(f"SELECT service FROM {table} ORDER BY id")).scalars().all() == [
+                    "svc-alice",
+                    "svc-bob",
+                ]
+            with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:
+                conn.execute(
+                    sa.text(
+                        f"INSERT INTO {table} (service, username, server, host, model, started_at, end_reason)"
+                        " VALUES ('svc-bob', 'bob', '', 'gpu-a', 'A100', :start, '')"
+                    ),
+                    dict(start=naive(at(1))),
+                )
+
+            # And up again: the columns come back empty for the rows kept.
+            ledger_migrations.upgrade(engine, revision="0008")
+            assert set(added) <= set(columns(engine, table))
+            ledger = Ledger(url)
+            try:
+                assert [(r.service, r.cpu_milli, r.accepts) for r in ledger.open_allocations()] == [
+                    ("svc-alice", None, None),
+                    ("svc-bob", None, None),
+                ]
+            finally:
+                ledger.dispose()
+        finally:
+            engine.dispose()
+
     def test_tables_from_a_newer_gpuspawner_are_refused_with_a_clear_message(self, ledger, url):
         ledger.open_allocations()
         with ledger.engine.begin() as conn:
@@ -633,6 +711,14 @@ class TestLedgerOnSQLite(LedgerContract):
         ({"devices": ["GPU-1", "GPU-2"], "milli": [500, -1]}, "share of GPU-2 .*got -1"),
         ({"started_at": datetime(2026, 1, 1)}, "started_at must be timezone-aware"),
         ({"started_at": "2026-01-01"}, "started_at must be a datetime"),
+        ({"cpu_milli": -1}, "cpu_milli must be a whole number from 0 to 2147483647, or None, got -1"),
+        ({"cpu_milli": 1.5}, "cpu_milli must be a whole number .*got 1.5"),
+        ({"memory_mib": True}, "memory_mib must be a whole number .*got True"),
+        ({"memory_mib": 2**31}, "memory_mib must be a whole number .*got 2147483648"),
+        ({"accepts": "A100"}, "accepts must be a list of model names, not one string"),
+        ({"accepts": ["A100", ""]}, "an accepted model must not be empty"),
+        ({"accepts": ["x" * 256]}, "an accepted model is longer than 255"),
+        ({"accepts": [f"M{i}" for i in range(257)]}, "accepts names 257 models; at most 256"),
     ],
 )
 def test_bad_input_is_refused_and_changes_nothing(tmp_path, change, message):
