@@ -37,7 +37,17 @@ from .model import ModelIndex
 from .resources import HostResources
 from .whole import Fits
 
-__all__ = ["CANDIDATES", "SHORT_WEIGHT", "Mix", "Shape", "frag_cpu_only", "frag_share", "frag_whole", "fragment"]
+__all__ = [
+    "CANDIDATES",
+    "SHORT_WEIGHT",
+    "Mix",
+    "Placed",
+    "Shape",
+    "frag_cpu_only",
+    "frag_share",
+    "frag_whole",
+    "fragment",
+]
 
 CANDIDATES = 6  # hosts (or shared devices) scored per model and kind, in pack's order
 # How much a thousandth of free GPU that the host's CPU or memory cannot serve counts, beside
@@ -61,6 +71,20 @@ class Shape:
 
 
 MIX_KEYS = {"gpus", "share", "cpu", "memory_mib", "models", "weight"}
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One server as placed, for :meth:`Mix.learned`: the model it got, its devices'
+    thousandths, the CPU (thousandths) and memory (MiB) it reserved beside them and the
+    models its request accepted (() any); None where not recorded. The ledger's records
+    have these fields; a benchmark makes its own."""
+
+    model: str
+    milli: tuple[int, ...]
+    cpu_milli: int | None = None
+    memory_mib: int | None = None
+    accepts: tuple[str, ...] | None = None
 
 
 class Mix:
@@ -102,20 +126,20 @@ class Mix:
         return cls(shapes)
 
     @classmethod
-    def learned(cls, held: Iterable[tuple[str, tuple[int, ...]]]) -> Mix | None:
-        """From what servers held (each its model and its devices' thousandths; the
-        ledger records servers with GPUs only): one shape per kind, weighted by how
-        many held it; each of the model it got, without CPU or memory (the ledger has
-        neither). A share split over devices counts as a share of its largest piece.
-        None when nothing was held."""
+    def learned(cls, placed: Iterable[Placed]) -> Mix | None:
+        """From what servers held (the ledger records servers with GPUs only): one shape per
+        kind, weighted by how many held it. A kind is the devices and thousandths held (a
+        share split over devices counts as a share of its largest piece), the CPU and memory
+        reserved beside them, and the models the request accepted (where that is not
+        recorded: the model it got; CPU and memory not recorded: none). None when nothing
+        was held."""
         counts: Counter[Shape] = Counter()
-        for model, milli in held:
-            if not milli:
+        for p in placed:
+            if not p.milli:
                 continue
-            if all(m >= UNIT for m in milli):
-                counts[Shape(len(milli), UNIT, models=frozenset([model]))] += 1
-            else:
-                counts[Shape(1, max(milli), models=frozenset([model]))] += 1
+            models = frozenset([p.model]) if p.accepts is None else frozenset(p.accepts) or None
+            count, milli = (len(p.milli), UNIT) if all(m >= UNIT for m in p.milli) else (1, max(p.milli))
+            counts[Shape(count, milli, p.cpu_milli or 0, p.memory_mib or 0, models)] += 1
         if not counts:
             return None
         return cls(Shape(s.count, s.milli, s.cpu_milli, s.memory_mib, s.models, n) for s, n in counts.items())

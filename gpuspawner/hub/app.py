@@ -24,7 +24,7 @@ from traitlets import TraitError
 from traitlets.config import Config
 
 from .. import hub_port, metrics
-from ..allocator.fragment import Mix
+from ..allocator.fragment import Mix, Placed
 from ..cluster.cluster import GPUCluster, InventorySettings
 from ..cluster.service_spec import enforcement_mode
 from ..cluster.swarm import Swarm, SwarmError
@@ -384,7 +384,7 @@ class GPUHub:
         except LedgerError as exc:
             self.log.warning("gpuspawner: the frag policy keeps the mix it knows: %s", exc)
             return
-        mix = Mix.learned((r.model, r.milli) for r in records)
+        mix = Mix.learned(Placed(r.model, r.milli, r.cpu_milli, r.memory_mib, r.accepts) for r in records)
         holdings.allocator.set_mix(mix)
         self._mix_read = self.clock()
         shapes = 0 if mix is None else len(mix.shapes)

@@ -249,8 +249,10 @@ class GPUSettings(LoggingConfigurable):
         any) and ``weight`` (how often it comes; default 1). With ``cpu`` or
         ``memory_mib``, frag also keeps a host's CPU and memory in step with its free
         GPUs, at the rate the mix asks for them. Empty (the default): frag learns the mix
-        from what servers held over the last 14 days (the ledger), read every hour,
-        without CPU or memory; until the ledger has any, it places as pack.""",
+        from what servers held over the last 14 days (the ledger), read every hour: each
+        kind with the CPU and memory its servers reserved and the models their requests
+        accepted (servers the ledger recorded before it kept these: the model they got,
+        without CPU or memory); until the ledger has any, it places as pack.""",
     ).tag(config=True)
 
     @validate("gpu_placement_mix")

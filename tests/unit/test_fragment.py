@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gpuspawner.allocator import fragment
 from gpuspawner.allocator.allocator import AllocationRefused, Allocator, Request
-from gpuspawner.allocator.fragment import Mix, Shape
+from gpuspawner.allocator.fragment import Mix, Placed, Shape
 from gpuspawner.core.inventory import GPU
 from gpuspawner.core.sharing import UNIT
 
@@ -353,13 +353,15 @@ def test_a_bad_mix_stops_the_hub_whatever_the_policy_and_models_go_through_the_a
 
 
 def test_a_learned_mix_has_a_shape_per_kind_weighted_by_how_many_held_it():
+    """Rows without CPU, memory or accepted models (written before migration 0008): each
+    kind of the model it got, without CPU or memory."""
     held = [
-        ("A100", (1000,)),
-        ("A100", (1000,)),
-        ("A100", (500,)),
-        ("T4", (1000, 1000)),
-        ("A100", ()),  # nothing held: not a kind
-        ("A100", (600, 300)),
+        Placed("A100", (1000,)),
+        Placed("A100", (1000,)),
+        Placed("A100", (500,)),
+        Placed("T4", (1000, 1000)),
+        Placed("A100", ()),  # nothing held: not a kind
+        Placed("A100", (600, 300)),
     ]
     mix = Mix.learned(held)
     assert mix is not None
@@ -370,6 +372,46 @@ def test_a_learned_mix_has_a_shape_per_kind_weighted_by_how_many_held_it():
         Shape(2, UNIT, 0, 0, frozenset(["T4"]), 1 / 5),
     ]
     assert Mix.learned([]) is None
+
+
+def test_a_learned_mix_keeps_each_kinds_cpu_memory_and_the_models_its_requests_accepted():
+    """What the ledger records since migration 0008: a kind is also the CPU and memory
+    reserved beside the GPUs and the models the request accepted (() any model), so the
+    mix asks CPU and memory per thousandth of GPU as the servers did."""
+    held = [
+        Placed("A100", (1000,), 8000, 32768, ()),
+        Placed("T4", (1000,), 8000, 32768, ()),  # any model: the same kind, whichever it got
+        Placed("A100", (500,), 2000, 8192, ("A100", "T4")),
+        Placed("A100", (500,), 4000, 8192, ("A100", "T4")),  # more CPU: a kind of its own
+        Placed("T4", (1000,), None, None, None),  # not recorded: the model it got, no CPU
+    ]
+    mix = Mix.learned(held)
+    assert mix is not None
+    assert sorted(mix.shapes, key=lambda s: (s.milli, s.cpu_milli)) == [
+        Shape(1, 500, 2000, 8192, frozenset(["A100", "T4"]), 1 / 5),
+        Shape(1, 500, 4000, 8192, frozenset(["A100", "T4"]), 1 / 5),
+        Shape(1, UNIT, 0, 0, frozenset(["T4"]), 1 / 5),
+        Shape(1, UNIT, 8000, 32768, None, 2 / 5),
+    ]
+    asked = 2 * 500 / 5 + 3 * UNIT / 5  # thousandths of GPU per server, on average
+    assert mix.cpu_per_milli == pytest.approx((2 * 8000 + 2000 + 4000) / 5 / asked)
+    assert mix.mem_per_milli == pytest.approx((2 * 32768 + 2 * 8192) / 5 / asked)
+
+
+def test_frag_with_a_learned_mix_keeps_a_hosts_cpu_in_step_with_its_free_gpus():
+    """As test_with_cpu_in_the_mix_frag_keeps_a_hosts_cpu_in_step_with_its_free_gpus, with
+    the mix learned from what servers held: learned with their CPU (4 cores per GPU), frag
+    puts a server without GPUs taking 4 cores on h1; learned without it (as before the
+    ledger recorded CPU), frag says nothing of it and goes as pack, to h0."""
+    gpus = [GPU(h, i, f"{h}-{i}", "M", 0) for h in ("h0", "h1") for i in (0, 1)]
+    chosen = []
+    for cpu in (4000, None):
+        alloc = Allocator(gpus, "frag")
+        alloc.set_host_resources("h0", 10000, 65536)
+        alloc.set_host_resources("h1", 40000, 65536)
+        alloc.set_mix(Mix.learned([Placed("M", (UNIT,), cpu, 0, ())] * 3))
+        chosen.append(alloc.allocate("cpu", Request(count=0, cpu_milli=4000)).host)
+    assert chosen == ["h1", "h0"]
 
 
 async def test_a_hub_learns_its_mix_from_what_servers_held_and_keeps_it_while_the_ledger_is_down(tmp_path, monkeypatch):
@@ -393,3 +435,25 @@ async def test_a_hub_learns_its_mix_from_what_servers_held_and_keeps_it_while_th
     monkeypatch.setattr(world.owner, "ledger_call", down)
     await hub._learn_mix(world.owner)
     assert world.owner.allocator.mix is mix  # the mix last learned stays
+
+
+async def test_a_servers_cpu_memory_and_accepted_models_go_to_the_ledger_and_into_the_mix_the_hub_learns(tmp_path):
+    """Through the real spawner over the fake swarm: alice's server reserves 2 cores and 4 GiB
+    (``cpu_guarantee``, ``mem_guarantee``) with an A100 she chose; the ledger records them
+    with her allocation, a hub restarted over her running service keeps them, and the mix
+    the hub learns asks for them."""
+    from gpuspawner.ledger.ledger import Ledger
+    from tests.unit.test_holdings import A100, World
+
+    world = World(tmp_path, allocation_policy="frag", cpu_guarantee=2.0, mem_guarantee=4 * 2**30)
+    world.fake.set_node_resources("gpu-b", cpus=8, memory_gib=32)
+    await world.started(world.spawner("alice", {"gpu_model": A100}))
+    [row] = Ledger(world.db_url).open_allocations()
+    assert (row.cpu_milli, row.memory_mib, row.accepts, row.milli) == (2000, 4096, (A100,), (UNIT,))
+    world.restart()  # adopts her service: the row it finds open stays as written
+    await world.owner.reconcile()
+    [again] = Ledger(world.db_url).open_allocations()
+    assert (again.id, again.cpu_milli, again.memory_mib, again.accepts) == (row.id, 2000, 4096, (A100,))
+    await world.hub._learn_mix(world.owner)
+    mix = world.owner.allocator.mix
+    assert mix is not None and mix.shapes == (Shape(1, UNIT, 2000, 4096, frozenset([A100]), 1.0),)
