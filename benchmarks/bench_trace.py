@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuspawner.allocator.allocator import Allocation, AllocationRefused, Allocator, Request
-from gpuspawner.allocator.fragment import Mix, Shape
+from gpuspawner.allocator.fragment import Mix, Placed, Shape
 from gpuspawner.core.inventory import GPU
 from gpuspawner.core.sharing import UNIT
 
@@ -162,7 +162,8 @@ def arrivals(tasks: list[Task], capacity: int, seed: int, upto: float = 1.3) -> 
 
 def build(nodes: list[Node], policy: str, shapes: list[tuple[Task, float]] | None = None) -> Allocator:
     """The cluster as an allocator; ``shapes``: the mix the frag policy is given (the
-    typical task shapes, as the published FGD is given the task distribution)."""
+    typical task shapes, as the published FGD is given the task distribution; None: no
+    mix, as a hub starts that learns its own, :class:`Learning`)."""
     gpus = [GPU(n.name, i, f"{n.name}-gpu{i}", n.model, 0) for n in nodes for i in range(n.gpus)]
     models = sorted({n.model for n in nodes})
     alloc = Allocator(gpus, policy, {m: {"quantum": 0.001} for m in models})
@@ -219,9 +220,63 @@ def _unusable(task: Task, model: str, free: list[int], total: int, cpu: int, mem
     return sum(f for f in free if f < UNIT)
 
 
-def replay(nodes: list[Node], tasks: list[Task], policy: str, seed: int, shapes) -> dict:
+MIXES = ("learned", "shapes", "none")  # --mix: what the frag policy places by
+
+
+class Learning:
+    """The mix a hub learns by itself (``gpuspawner.hub.app``'s ``_learn_mix``), online: it
+    starts from no mix and, every ``every`` requests (the requests that arrive in the hub's
+    ``LEARN_SECONDS``, :func:`learn_every`), sets the allocator's mix to what the product's
+    own pure function (``Mix.learned``) makes of the servers placed so far, as the ledger
+    records them: those with GPUs only, each with the model and thousandths it got, the CPU
+    and memory it reserved and the models its request accepted. (The hub reads the last
+    ``LEARN_DAYS``, 14; a replay is shorter, so every server placed counts.)"""
+
+    def __init__(self, alloc: Allocator, every: int):
+        if every < 1:
+            raise ValueError(f"the mix is learned every N requests, N ≥ 1, got {every}")
+        self.alloc, self.every = alloc, every
+        self.placed: list[Placed] = []
+        self.asked = 0  # requests so far
+        self.learned = 0  # times the mix was learned
+
+    def asked_for(self, got: Allocation | None) -> None:
+        """One request, placed (``got``) or not; the mix learned again when it is due."""
+        if got is not None and got.devices:
+            self.placed.append(Placed(got.model, got.milli, got.cpu_milli, got.memory_mib, got.accepts))
+        self.asked += 1
+        if self.asked % self.every == 0:
+            self.alloc.set_mix(Mix.learned(self.placed))
+            self.learned += 1
+
+
+def learn_every(folder: Path, name: str, tasks: list[Task], capacity: int, load: float = 0.9) -> int:
+    """The requests that arrive within the hub's ``LEARN_SECONDS`` (an hour) at the rate of
+    the departures mode (:func:`draw`) at ``load`` (its default): a hub this busy learns its
+    mix again after that many. The durations are the list's, or where it has none (the
+    multigpu lists) the default list's; 1,000 where neither has them."""
+    from gpuspawner.hub.app import LEARN_SECONDS  # (the hub's modules: imported only for the learned mix)
+
+    durations = read_durations(folder, name)
+    if not durations and (folder / "openb_pod_list_default.csv").is_file():
+        durations = read_durations(folder, "default")
+    if not durations:
+        return 1000
+    rate = load * capacity / (statistics.mean(t.gpu_request for t in tasks) * statistics.mean(durations))
+    return max(1, round(rate * LEARN_SECONDS))
+
+
+def replay(
+    nodes: list[Node], tasks: list[Task], policy: str, seed: int, shapes, mix: str = "shapes", every: int = 1000
+) -> dict:
+    """One seed under ``policy``; ``shapes``: the typical task shapes (the fragmentation
+    rate's, and the mix with ``mix="shapes"``); ``mix="learned"``: the mix learned online
+    every ``every`` requests (:class:`Learning`); ``"none"``: no mix."""
+    if mix not in MIXES:
+        raise ValueError(f"unknown mix {mix!r}; choose one of: {', '.join(MIXES)}")
     capacity = UNIT * sum(n.gpus for n in nodes)
-    alloc = build(nodes, policy, shapes)
+    alloc = build(nodes, policy, shapes if mix == "shapes" else None)
+    learning = Learning(alloc, every) if mix == "learned" else None
     marks = [p * capacity / 100 for p in ARRIVED]
     unallocated: list[float] = []
     times: list[int] = []
@@ -239,12 +294,18 @@ def replay(nodes: list[Node], tasks: list[Task], policy: str, seed: int, shapes)
             dropped += 1
         else:
             placed += got.total_milli
+        if learning is not None:
+            learning.asked_for(got)
         asked += task.gpu_request
         while len(unallocated) < len(marks) and asked >= marks[len(unallocated)]:
             unallocated.append(100 - 100 * placed / capacity)
             if ARRIVED[len(unallocated) - 1] == 100:
                 frag = fragmentation(alloc, nodes, shapes)
-    return {"unallocated": unallocated, "fragmentation": frag, "dropped": dropped, "times_ns": times}
+    out = {"unallocated": unallocated, "fragmentation": frag, "dropped": dropped, "times_ns": times}
+    if learning is not None:
+        out["learned"] = learning.learned
+        out["learned_shapes"] = 0 if alloc.mix is None else len(alloc.mix.shapes)
+    return out
 
 
 def shares_packed_offline(order: list[Task], capacity: int) -> float:
@@ -271,7 +332,11 @@ def shares_packed_offline(order: list[Task], capacity: int) -> float:
     return 100 * sum(rooms) / capacity
 
 
-def run(folder: Path, name: str, policies: list[str], seeds: int) -> dict:
+def run(
+    folder: Path, name: str, policies: list[str], seeds: int, mix: str = "shapes", every: int | None = None
+) -> dict:
+    """The static replay of ``seeds`` seeds per policy; ``mix``: what frag places by (see
+    :func:`replay`), learned every ``every`` requests (None: :func:`learn_every`)."""
     nodes, tasks = read_nodes(folder), read_tasks(folder, name)
     shapes = typical(tasks)
     out: dict = {
@@ -280,15 +345,18 @@ def run(folder: Path, name: str, policies: list[str], seeds: int) -> dict:
         "gpus": sum(n.gpus for n in nodes),
         "tasks": len(tasks),
         "seeds": seeds,
+        "mix": mix,
         "python": platform.python_version(),
         "policies": {},
     }
     capacity = UNIT * out["gpus"]
+    if mix == "learned":
+        out["learn_every"] = every = every or learn_every(folder, name, tasks, capacity)
     out["shares_offline"] = round(
         statistics.mean(shares_packed_offline(arrivals(tasks, capacity, seed), capacity) for seed in range(seeds)), 2
     )
     for policy in policies:
-        runs = [replay(nodes, tasks, policy, seed, shapes) for seed in range(seeds)]
+        runs = [replay(nodes, tasks, policy, seed, shapes, mix, every or 1) for seed in range(seeds)]
         out["policies"][policy] = {
             "unallocated": [round(statistics.mean(r["unallocated"][k] for r in runs), 2) for k in range(len(ARRIVED))],
             "unallocated_median": [
@@ -298,7 +366,22 @@ def run(folder: Path, name: str, policies: list[str], seeds: int) -> dict:
             "dropped": round(statistics.mean(r["dropped"] for r in runs)),
             **decision_times([t for r in runs for t in r["times_ns"]]),
         }
+        if mix == "learned":  # how often, and into how many kinds, the mix was learned (the last time)
+            out["policies"][policy]["learned"] = round(statistics.mean(r["learned"] for r in runs), 1)
+            out["policies"][policy]["learned_shapes"] = round(statistics.mean(r["learned_shapes"] for r in runs), 1)
     return out
+
+
+def mix_line(result: dict) -> str:
+    """What frag placed by, in one line (above the static table)."""
+    if result["mix"] == "shapes":
+        return "frag's mix: the list's typical task shapes, given (--mix shapes)"
+    if result["mix"] == "none":
+        return "frag's mix: none (--mix none): frag places as pack"
+    return (
+        f"frag's mix: learned online as the hub learns it (--mix learned), from no mix, again every "
+        f"{result['learn_every']} requests (an hour of a hub this busy)"
+    )
 
 
 def percentile(xs: list, q: float) -> float:
@@ -623,6 +706,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--policies", help="comma-separated (default: pack,spread; with --departures pack,spread,frag)")
     p.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1 (default 10)")
     p.add_argument("--json", action="store_true", help="the figures as JSON")
+    p.add_argument(
+        "--mix",
+        choices=MIXES,
+        help="what frag places by: learned (the default): the mix the hub learns by itself, online, from\n"
+        "what was placed so far; shapes: the list's typical shapes, given; none: no mix.\n"
+        "With --departures only shapes (as before)",
+    )
+    p.add_argument(
+        "--learn-every",
+        type=int,
+        help="with --mix learned: requests between two learnings (default: those of an hour, see learn_every)",
+    )
     p.add_argument("--departures", action="store_true", help="servers end, requests wait in line (see the doc)")
     p.add_argument("--load", type=float, default=0.9, help="with --departures: GPUs asked on average (default 0.9)")
     p.add_argument("--patience", type=float, default=30, help="with --departures: mean patience, min (default 30)")
@@ -636,10 +731,18 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.trace / f"openb_pod_list_{args.list}.csv").is_file():
         print(f"{args.trace} has no openb_pod_list_{args.list}.csv", file=sys.stderr)
         return 2
+    if args.learn_every is not None and args.learn_every < 1:
+        print("--learn-every must be 1 or more requests", file=sys.stderr)
+        return 2
     if not args.departures:
-        result = run(args.trace, args.list, (args.policies or "pack,spread").split(","), args.seeds)
-        print(json.dumps(result) if args.json else table(result))
+        mix = args.mix or "learned"
+        policies = (args.policies or "pack,spread").split(",")
+        result = run(args.trace, args.list, policies, args.seeds, mix, args.learn_every)
+        print(json.dumps(result) if args.json else f"{mix_line(result)}\n{table(result)}")
         return 0
+    if args.mix not in (None, "shapes"):
+        print("with --departures frag places by the list's typical shapes (--mix shapes) only", file=sys.stderr)
+        return 2
     if not read_durations(args.trace, args.list):
         print(
             f"openb_pod_list_{args.list}.csv has no scheduled and deletion times to draw durations from",

@@ -218,3 +218,91 @@ def test_the_shares_arrived_by_100_percent_packed_offline_by_size_leave_what_bes
     order = [share(200), share(700), bench.Task(1000, 1024, 1, 1000, ()), share(300), share(700), share(900)]
     assert bench.shares_packed_offline(order, 3000) == pytest.approx(100 * 100 / 3000)
     assert bench.shares_packed_offline(order[1:2], 3000) == pytest.approx(100 * 300 / 3000)
+
+
+# -- the mix frag places by (--mix) -------------------------------------------------
+
+
+def test_the_learned_mix_is_learned_online_from_what_was_placed_as_the_ledger_records_it(life):
+    """Every ``every`` requests the allocator's mix becomes Mix.learned of the servers placed
+    so far, each with its CPU, memory and accepted models; from no mix; servers without GPUs
+    and requests that fit nowhere are not recorded (the hub's ledger has neither)."""
+    from gpuspawner.allocator.fragment import Placed
+
+    nodes = bench.read_nodes(life)
+    alloc = bench.build(nodes, "frag")
+    assert alloc.mix is None
+    learning = bench.Learning(alloc, every=2)
+    asks = [
+        bench.Task(2000, 4096, 1, 1000, ("T4", "G2")),
+        bench.Task(1000, 2048, 0, 0, ()),  # no GPU: not in the ledger
+        bench.Task(1000, 2048, 1, 250, ()),
+        bench.Task(64000, 1024, 1, 1000, ()),  # fits nowhere
+    ]
+    for i, task in enumerate(asks):
+        try:
+            got = alloc.allocate(f"t{i}", task.request())
+        except bench.AllocationRefused:
+            got = None
+        learning.asked_for(got)
+        if i == 0:
+            assert alloc.mix is None  # not due yet
+    held = [alloc.holding("t0"), alloc.holding("t2")]
+    assert learning.placed == [Placed(a.model, a.milli, a.cpu_milli, a.memory_mib, a.accepts) for a in held]
+    assert [(p.cpu_milli, p.memory_mib, p.accepts) for p in learning.placed] == [
+        (2000, 4096, ("G2", "T4")),
+        (1000, 2048, ()),
+    ]
+    assert learning.learned == 2 and alloc.mix is not None
+    assert alloc.mix.shapes == bench.Mix.learned(learning.placed).shapes
+    assert {(s.count, s.milli, s.cpu_milli, s.models) for s in alloc.mix.shapes} == {
+        (1, 1000, 2000, frozenset({"G2", "T4"})),
+        (1, 250, 1000, None),
+    }
+    with pytest.raises(ValueError, match="every N requests, N ≥ 1"):
+        bench.Learning(alloc, every=0)
+
+
+def test_the_mix_is_learned_again_after_an_hours_requests_at_the_departures_rate(life):
+    """learn_every: the requests of LEARN_SECONDS at the rate the departures mode asks for
+    0.9 of the GPUs; a list without durations takes the default list's, else 1000."""
+    from gpuspawner.hub.app import LEARN_SECONDS
+
+    tasks, durations = bench.read_tasks(life, "life"), bench.read_durations(life, "life")
+    rate = 0.9 * 7000 / (sum(t.gpu_request for t in tasks) / len(tasks) * sum(durations) / len(durations))
+    assert bench.learn_every(life, "life", tasks, 7000) == round(rate * LEARN_SECONDS)
+    assert bench.learn_every(life, "timeless", tasks, 7000) == 1000  # no durations, no default list
+    (life / "openb_pod_list_default.csv").write_text((life / "openb_pod_list_life.csv").read_text())
+    assert bench.learn_every(life, "timeless", tasks, 7000) == round(rate * LEARN_SECONDS)
+
+
+def test_the_mix_option_gives_frag_the_learned_mix_the_shapes_or_none(trace, capsys):
+    def figures(*extra: str) -> dict:
+        argv = ["--trace", str(trace), "--list", "tiny", "--seeds", "2", "--policies", "pack,frag", "--json"]
+        assert bench.main([*argv, *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    learned = figures()  # the default
+    tasks = bench.read_tasks(trace, "tiny")
+    assert learned["mix"] == "learned" and learned["learn_every"] == bench.learn_every(trace, "tiny", tasks, 3000)
+    assert learned["policies"]["frag"]["learned"] == 0  # its tasks last a second: fewer requests than an hour's
+    often = figures("--mix", "learned", "--learn-every", "1")
+    assert often["learn_every"] == 1 and often["policies"]["frag"]["learned"] > 0
+    assert often["policies"]["frag"]["learned_shapes"] >= 1
+    none, shapes = figures("--mix", "none"), figures("--mix", "shapes")
+    assert (none["mix"], shapes["mix"]) == ("none", "shapes") and "learn_every" not in none
+    strip = lambda r: {k: v for k, v in r.items() if not k.startswith("decision_us")}  # noqa: E731
+    assert strip(none["policies"]["frag"]) == strip(none["policies"]["pack"])  # no mix: frag is pack
+    assert bench.main(["--trace", str(trace), "--list", "tiny", "--seeds", "1", "--mix", "none"]) == 0
+    assert capsys.readouterr().out.startswith("frag's mix: none (--mix none)")
+    with pytest.raises(ValueError, match="unknown mix 'all'"):
+        bench.replay(bench.read_nodes(trace), bench.read_tasks(trace, "tiny"), "frag", 0, [], "all")
+    assert bench.main(["--trace", str(trace), "--list", "tiny", "--learn-every", "0"]) == 2
+    assert "--learn-every must be 1 or more" in capsys.readouterr().err
+
+
+def test_with_departures_frag_places_by_the_given_shapes_only(life, capsys):
+    argv = ["--trace", str(life), "--list", "life", "--departures", "--seeds", "1", "--span", "2", "--json"]
+    assert bench.main([*argv, "--mix", "learned"]) == 2
+    assert "with --departures frag places by the list's typical shapes (--mix shapes) only" in capsys.readouterr().err
+    assert bench.main([*argv, "--mix", "shapes"]) == 0
