@@ -405,7 +405,7 @@ class WaitLine:
         holders it waits for have time limits (None: not known)."""
         row = next((w for w in self.rows if w.service == service), None)
         at, plan = self._plans.get(row.model, (0.0, None)) if row is not None else (0.0, None)
-        start = None if plan is None else plan.start_of(service)  # as the plan's bookings were
+        start = None if plan is None else plan.start_of(service)  # worked out as the bookings are when first asked
         if start is None or start[1] is None:
             return None
         return utc_now() + timedelta(seconds=max(0.0, at + start[0] - time.monotonic()))
