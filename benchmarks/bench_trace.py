@@ -61,13 +61,14 @@ import statistics
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from gpuspawner.allocator.allocator import Allocation, AllocationRefused, Allocator, Request
+from gpuspawner.allocator.allocator import Allocation, AllocationRefused, Allocator, Refusal, Request
 from gpuspawner.allocator.fragment import Mix, Placed, Shape
 from gpuspawner.core.inventory import GPU
 from gpuspawner.core.sharing import UNIT
+from gpuspawner.plan.backfill import Round
 
 ARRIVED = (80, 90, 95, 100, 110, 130)  # % of the cluster's GPUs asked for so far
 # Published unallocated GPU % at 100 % arrived (mean of 10 seeds), by policy, per list.
@@ -275,7 +276,7 @@ def replay(
     if mix not in MIXES:
         raise ValueError(f"unknown mix {mix!r}; choose one of: {', '.join(MIXES)}")
     capacity = UNIT * sum(n.gpus for n in nodes)
-    alloc = build(nodes, policy, shapes if mix == "shapes" else None)
+    alloc = build(nodes, placement_of(policy)[0], shapes if mix == "shapes" else None)  # (no line: nobody waits)
     learning = Learning(alloc, every) if mix == "learned" else None
     marks = [p * capacity / 100 for p in ARRIVED]
     unallocated: list[float] = []
@@ -494,82 +495,143 @@ class Life:
     waiting: list[Ask] = field(default_factory=list)  # still in line when the span ends
     refused: set[int] = field(default_factory=set)  # the requests refused at least once
     gpu_seconds: float = 0.0  # allocated GPU thousandths × s, over the span
+    idle_fit_seconds: float = 0.0  # free GPU thousandths × s that a waiter could have used then
+    kept_from: dict[int, frozenset[str]] = field(default_factory=dict)  # served -> the hosts kept from it then
     times_ns: list[int] = field(default_factory=list)  # each decision of the span
+
+
+#: --policies names beside the allocator's: the product as configured by default (its
+#: placement policy, the line's backfill) and today's ``pack`` in strict order.
+DEFAULT_POLICY, STRICT_POLICY = "default", "strict"
+
+
+def placement_of(policy: str) -> tuple[str, bool]:
+    """(the allocator's policy, whether the line backfills) for a --policies name: an
+    allocator policy runs with the product's default line (backfill)."""
+    from gpuspawner.hub.settings import GPUSettings  # the product's defaults, as a site gets them
+
+    if policy == DEFAULT_POLICY:
+        return GPUSettings.allocation_policy.default_value, GPUSettings.gpu_line_backfill.default_value
+    if policy == STRICT_POLICY:
+        return "pack", False
+    return policy, True
 
 
 def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, float]]) -> Life:
     """The span under one policy. Those running at the start are placed first, one at a time
     (one that fits nowhere is left out, as in the published experiment); then events in time
-    order: a request is placed, or waits in the line of the models it accepts (the product's
-    line per model: it never goes ahead of one that came before it and still waits for any of
-    those models; requests for other models are not held up), or, a CPU-only task or one that
-    can never be met, gives up at once; a server ends after its duration; a waiter gives up
-    after its patience. Whenever a server ends or a waiter gives up, the line is served in
-    order, each waiter tried unless one before it that shares a model still waits."""
-    alloc = build(nodes, policy, shapes)
-    every = frozenset(n.model for n in nodes)
+    order: a request is placed, or waits in line, or, a CPU-only task or one that can never be
+    met, gives up at once; a server ends after its duration; a waiter gives up after its
+    patience. Whenever a server ends or a waiter gives up, the line is served as the product
+    serves it (:class:`gpuspawner.plan.backfill.Round`): in order, each waiter placed on the
+    hosts not kept for those ahead, one not served keeping its planned host; a new request is
+    placed only on hosts the line keeps for nobody (one line for all models: a task may
+    accept several, and a host kept for a waiter of another model is one its requests could
+    never use anyway). In strict order (``strict``), as the product's line per model: a
+    request never goes ahead of one that came before it and still waits for any of its
+    models, and each waiter is tried unless one before it that shares a model still waits;
+    requests for other models are not held up. After each event, the GPUs
+    that waiters could use now (each waiter tried in order, as if the line were not there)
+    count as idle while a waiter they fit waits."""
+    placement, backfill = placement_of(policy)
+    alloc = build(nodes, placement, shapes)
     life = Life()
     events: list[tuple[float, int, str, Ask]] = []
     order = itertools.count()  # at the same time: in the order pushed
     line: dict[int, Ask] = {}  # those waiting, in the order they came
-    waiting_for: Counter[str] = Counter()  # how many wait in each model's line
+    every = frozenset(n.model for n in nodes)
     allocated = 0  # GPU thousandths held now
+    idle_fit = 0  # GPU thousandths free that waiters could use now
     last = 0.0
-
-    def models_of(task: Task) -> frozenset[str]:
-        """The lines it waits in: none for a CPU-only task (it never waits)."""
-        return frozenset() if task.num_gpu == 0 else frozenset(task.spec) or every
 
     def start(ask: Ask, now: float, got: Allocation) -> None:
         nonlocal allocated
         allocated += got.total_milli
         heapq.heappush(events, (now + ask.duration, next(order), "end", ask))
 
-    def place(ask: Ask, now: float) -> AllocationRefused | None:
+    def place(ask: Ask, now: float, avoid: frozenset[str]) -> AllocationRefused | None:
         t0 = time.perf_counter_ns()
         try:
-            got = alloc.allocate(str(ask.id), ask.task.request())
+            got = alloc.allocate(str(ask.id), replace(ask.task.request(), avoid=avoid))
         except AllocationRefused as exc:
             life.refused.add(ask.id)
             return exc
         finally:
             life.times_ns.append(time.perf_counter_ns() - t0)
         life.served.append((ask, now, got))
+        life.kept_from[ask.id] = avoid
         start(ask, now, got)
         return None
 
     def join(ask: Ask, now: float) -> None:
         line[ask.id] = ask
-        waiting_for.update(models_of(ask.task))
         heapq.heappush(events, (now + ask.patience, next(order), "give up", ask))
 
-    def leave(ask: Ask) -> None:
-        del line[ask.id]
-        waiting_for.subtract(models_of(ask.task))
+    def models_of(task: Task) -> frozenset[str]:
+        return frozenset(task.spec) or every
+
+    def kept() -> frozenset[str] | None:
+        """Where a new request may not go: every waiter's planned host (strict: None,
+        nowhere, when someone waits for one of its models)."""
+        p = Round(alloc.nearest_host)
+        for ask in line.values():
+            p.wait(ask.id, ask.task.request())
+        return p.avoid()
 
     def arrive(ask: Ask, now: float) -> None:
-        models = models_of(ask.task)
-        if any(waiting_for[m] for m in models):  # others wait for its models: behind them
-            join(ask, now)
+        if ask.task.num_gpu == 0:  # a CPU-only task never waits
+            if place(ask, now, frozenset()) is not None:
+                life.gave_up.append((ask, now))
             return
-        refused = place(ask, now)
-        if refused is None:
+        if not line:
+            avoid: frozenset[str] | None = frozenset()
+        elif backfill:
+            avoid = kept()
+        else:
+            models = models_of(ask.task)
+            avoid = None if any(models & models_of(a.task) for a in line.values()) else frozenset()
+        refused = None if avoid is None else place(ask, now, avoid)
+        if avoid is not None and refused is None:
             return
-        if models and refused.retry:
+        if refused is None or refused.retry:
             join(ask, now)
-        else:  # it does not wait: a CPU-only task, or one that can never be met
+        else:  # it can never be met
             life.gave_up.append((ask, now))
 
     def serve(now: float) -> None:
-        blocked: set[str] = set()  # models that someone earlier in the line still waits for
+        p = Round(alloc.nearest_host)
+        blocked: set[str] = set()  # strict: the models someone earlier still waits for
         for ask in list(line.values()):
-            models = models_of(ask.task)
-            if not blocked & models and place(ask, now) is None:
-                leave(ask)
-                continue
-            blocked |= models
-            if blocked >= every:
-                return
+            if backfill:
+                refused = place(ask, now, p.avoid() or frozenset())
+            else:
+                models = models_of(ask.task)
+                refused = (
+                    place(ask, now, frozenset()) if not blocked & models else AllocationRefused("", Refusal.NONE_FREE)
+                )
+            if refused is None:
+                del line[ask.id]
+            elif backfill:
+                p.wait(ask.id, ask.task.request())
+            else:
+                blocked |= models
+                if blocked >= every:
+                    return
+
+    def fitting() -> int:
+        """GPU thousandths free that the waiters, tried in order, could take now."""
+        taken, failed = [], set()
+        for ask in line.values():
+            shape = (ask.task.num_gpu, ask.task.gpu_milli, ask.task.cpu_milli, ask.task.memory_mib, ask.task.spec)
+            if shape in failed:
+                continue  # the same shape did not fit with more room free
+            try:
+                taken.append(alloc.allocate(f"trial {ask.id}", ask.task.request()))
+            except AllocationRefused:
+                failed.add(shape)
+        for got in taken:
+            alloc.release(got.holder)
+        return sum(got.total_milli for got in taken)
 
     for ask in draws.running:
         try:
@@ -584,6 +646,7 @@ def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, 
     while events and events[0][0] <= draws.span:
         now, _, kind, ask = heapq.heappop(events)
         life.gpu_seconds += allocated * (now - last)
+        life.idle_fit_seconds += idle_fit * (now - last)
         last = now
         if kind == "arrive":
             arrive(ask, now)
@@ -591,10 +654,14 @@ def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, 
             allocated -= alloc.release(str(ask.id)).total_milli  # type: ignore[union-attr]
             serve(now)
         elif ask.id in line:  # its patience ran out
-            leave(ask)
+            del line[ask.id]
             life.gave_up.append((ask, now))
             serve(now)
+        else:
+            continue  # served before its patience ran out: nothing changed
+        idle_fit = fitting() if line else 0
     life.gpu_seconds += allocated * (draws.span - last)
+    life.idle_fit_seconds += idle_fit * (draws.span - last)
     life.waiting = list(line.values())
     return life
 
@@ -623,6 +690,9 @@ def figures(runs: list[tuple[Draws, Life]], capacity: int) -> dict:
     return {
         "served_gpu_h_pct": round(100 * served / asked, 2),
         "gpu_use_pct": round(statistics.mean(100 * life.gpu_seconds / (capacity * d.span) for d, life in runs), 2),
+        "idle_fit_pct": round(
+            statistics.mean(100 * life.idle_fit_seconds / (capacity * d.span) for d, life in runs), 3
+        ),
         "held_at_start_pct": round(
             statistics.mean(100 * sum(g.total_milli for _, g in life.running) / capacity for _, life in runs), 2
         ),
@@ -685,16 +755,17 @@ def departures_table(result: dict) -> str:
         f"{result['span_h']} h; offered over the span: {result['offered_pct']} % of the GPUs",
         "served: GPU-hours within the span, % of those asked; use: mean allocated GPU %; at start: GPU % held "
         "once those running are placed; waits of the served (min); gave up: per seed, % of requests, "
-        "% of asked GPU-hours; refused: requests refused at least once, per seed (who else waited was behind them)",
+        "% of asked GPU-hours; refused: requests refused at least once, per seed (who else waited was behind them); "
+        "idle fit: GPU-hours free while a waiter they fit waited, % of the span's GPU-hours",
         f"{'policy':20}{'served %':>9}{'use %':>7}{'at start':>9}{'wait p50':>9}{'p95':>7}"
-        f"{'gave up':>9}{'% req':>7}{'% GPU-h':>8}{'refused':>8}{'p50 µs':>8}{'p99 µs':>8}",
+        f"{'gave up':>9}{'% req':>7}{'% GPU-h':>8}{'refused':>8}{'idle fit':>9}{'p50 µs':>8}{'p99 µs':>8}",
     ]
     for policy, r in result["policies"].items():
         lines.append(
             f"{'gpuspawner ' + policy:20}{r['served_gpu_h_pct']:9.2f}{r['gpu_use_pct']:7.2f}"
             f"{r['held_at_start_pct']:9.2f}{r['wait_min_p50']:9.2f}{r['wait_min_p95']:7.1f}"
             f"{r['gave_up']:9.1f}{r['gave_up_pct']:7.2f}{r['gave_up_gpu_h_pct']:8.2f}{r['refused']:8.1f}"
-            f"{r['decision_us_p50']:8.1f}{r['decision_us_p99']:8.1f}"
+            f"{r['idle_fit_pct']:9.3f}{r['decision_us_p50']:8.1f}{r['decision_us_p99']:8.1f}"
         )
     return "\n".join(lines)
 
@@ -703,7 +774,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--trace", type=Path, required=True, help="the OpenB folder (its CSV files)")
     p.add_argument("--list", default="default", help="which task list: default, gpushare40, multigpu20, ...")
-    p.add_argument("--policies", help="comma-separated (default: pack,spread; with --departures pack,spread,frag)")
+    p.add_argument(
+        "--policies",
+        help="comma-separated allocator policies, or default (the product as configured by default) or strict "
+        "(pack in today's strict order); default: pack,spread; with --departures strict,default,frag",
+    )
     p.add_argument("--seeds", type=int, default=10, help="seeds 0..N-1 (default 10)")
     p.add_argument("--json", action="store_true", help="the figures as JSON")
     p.add_argument(
@@ -750,7 +825,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     t0 = time.perf_counter()
-    policies = (args.policies or "pack,spread,frag").split(",")
+    policies = (args.policies or f"{STRICT_POLICY},{DEFAULT_POLICY},frag").split(",")
     result = run_departures(args.trace, args.list, policies, args.seeds, args.load, args.patience, args.span)
     result["seconds"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(result) if args.json else f"{departures_table(result)}\ntook {result['seconds']} s")

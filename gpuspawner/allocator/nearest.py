@@ -87,3 +87,6 @@ def _share_levels(mi: ModelIndex, milli: int, could: Callable[[str], bool]) -> I
         for host, _, _ in rooms.by_room[room]:
             if could(host):
                 yield max(0.0, (milli - room) / milli), host
+    for h in buckets[0]:  # every device held (whole, or shared to the full)
+        if could(h):
+            yield 1.0, h

@@ -311,3 +311,12 @@ def test_a_kept_start_is_worked_out_again_once_its_host_changes_or_it_is_a_minut
     assert len(calls) == 3
     cache.starts(200.0)(Request(model=A100, count=1), "gpu-a")  # another shape: its own
     assert len(calls) == 4
+
+
+def test_a_share_waiter_where_every_device_is_held_is_planned_on_a_host_all_the_same():
+    alloc = Allocator([GPU("gpu-a", 0, "GPU-a", A100, 81920)], sharing={A100: {"quantum": 0.05}})
+    alloc.allocate("whole", Request(model=A100, count=1))
+    assert alloc.nearest_host(Request(model=A100, milli=250)) == "gpu-a"
+    alloc.release("whole")
+    alloc.allocate("full", Request(model=A100, milli=UNIT - 0, host="gpu-a"))
+    assert alloc.nearest_host(Request(model=A100, milli=250)) == "gpu-a"
