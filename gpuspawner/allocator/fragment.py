@@ -77,8 +77,8 @@ MIX_KEYS = {"gpus", "share", "cpu", "memory_mib", "models", "weight"}
 class Placed:
     """One server as placed, for :meth:`Mix.learned`: the model it got, its devices'
     thousandths, the CPU (thousandths) and memory (MiB) it reserved beside them and the
-    models its request accepted (() any); None where not recorded. The ledger's records
-    have these fields; a benchmark makes its own."""
+    models its request accepted (() any; the mix leaves them out, see there); None where
+    not recorded. The ledger's records have these fields; a benchmark makes its own."""
 
     model: str
     milli: tuple[int, ...]
@@ -129,17 +129,21 @@ class Mix:
     def learned(cls, placed: Iterable[Placed]) -> Mix | None:
         """From what servers held (the ledger records servers with GPUs only): one shape per
         kind, weighted by how many held it. A kind is the devices and thousandths held (a
-        share split over devices counts as a share of its largest piece), the CPU and memory
-        reserved beside them, and the models the request accepted (where that is not
-        recorded: the model it got; CPU and memory not recorded: none). None when nothing
-        was held."""
+        share split over devices counts as a share of its largest piece) and the CPU and
+        memory reserved beside them (none where not recorded). None when nothing was held.
+
+        Every kind takes any model, whichever models its requests accepted: with kinds that
+        take one model, the fragment counts the free GPU of each model as lost to the kinds
+        of the others, so frag fills the models that pinned requests need with requests that
+        take any; on the OpenB lists with a quarter or half of the GPU requests pinned to one
+        model that left more GPU unallocated than pack (docs/benchmarks.md). A pinned request
+        still goes only to its models: the allocator sees to that, not the mix."""
         counts: Counter[Shape] = Counter()
         for p in placed:
             if not p.milli:
                 continue
-            models = frozenset([p.model]) if p.accepts is None else frozenset(p.accepts) or None
             count, milli = (len(p.milli), UNIT) if all(m >= UNIT for m in p.milli) else (1, max(p.milli))
-            counts[Shape(count, milli, p.cpu_milli or 0, p.memory_mib or 0, models)] += 1
+            counts[Shape(count, milli, p.cpu_milli or 0, p.memory_mib or 0)] += 1
         if not counts:
             return None
         return cls(Shape(s.count, s.milli, s.cpu_milli, s.memory_mib, s.models, n) for s, n in counts.items())

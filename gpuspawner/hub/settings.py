@@ -250,9 +250,9 @@ class GPUSettings(LoggingConfigurable):
         ``memory_mib``, frag also keeps a host's CPU and memory in step with its free
         GPUs, at the rate the mix asks for them. Empty (the default): frag learns the mix
         from what servers held over the last 14 days (the ledger), read every hour: each
-        kind with the CPU and memory its servers reserved and the models their requests
-        accepted (servers the ledger recorded before it kept these: the model they got,
-        without CPU or memory); until the ledger has any, it places as pack.""",
+        kind with the CPU and memory its servers reserved (none for servers the ledger
+        recorded before it kept them), of any model; until the ledger has any, it places
+        as pack.""",
     ).tag(config=True)
 
     @validate("gpu_placement_mix")

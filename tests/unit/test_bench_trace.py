@@ -262,7 +262,7 @@ def test_the_learned_mix_is_learned_online_from_what_was_placed_as_the_ledger_re
     assert learning.learned == 2 and alloc.mix is not None
     assert alloc.mix.shapes == bench.Mix.learned(learning.placed).shapes
     assert {(s.count, s.milli, s.cpu_milli, s.models) for s in alloc.mix.shapes} == {
-        (1, 1000, 2000, frozenset({"G2", "T4"})),
+        (1, 1000, 2000, None),  # any model (Mix.learned)
         (1, 250, 1000, None),
     }
     with pytest.raises(ValueError, match="every N requests, N ≥ 1"):
@@ -312,3 +312,30 @@ def test_with_departures_frag_places_by_the_given_shapes_only(life, capsys):
     assert bench.main([*argv, "--mix", "learned"]) == 2
     assert "with --departures frag places by the list's typical shapes (--mix shapes) only" in capsys.readouterr().err
     assert bench.main([*argv, "--mix", "shapes"]) == 0
+
+
+def test_the_variants_made_for_tuning_pin_share_or_widen_the_default_lists_gpu_requests(life, capsys):
+    from benchmarks import trace_variants
+
+    nodes, tasks = bench.read_nodes(life), bench.read_tasks(life, "life")
+    pinned = trace_variants.variant(nodes, tasks, "pin100")
+    assert all(len(t.spec) == 1 and t.spec[0] in {"T4", "G2"} for t in pinned if t.num_gpu)
+    assert [t for t in pinned if not t.num_gpu] == [t for t in tasks if not t.num_gpu]
+    assert trace_variants.variant(nodes, tasks, "pin0") == tasks
+    shares = [t for t in tasks if t.num_gpu == 1 and t.gpu_milli < 1000]
+    shared = trace_variants.variant(nodes, tasks, "share100")
+    assert all(t in shares for t, old in zip(shared, tasks) if old.num_gpu == 1 and old.gpu_milli == 1000)
+    wide = trace_variants.variant(nodes, tasks, "multi100")
+    for t, old in zip(wide, tasks):
+        if old.num_gpu == 1 and old.gpu_milli == 1000:
+            assert t.num_gpu in (2, 4, 8) and t.cpu_milli == old.cpu_milli * t.num_gpu and t.spec == old.spec
+        else:
+            assert t == old
+    assert trace_variants.variant(nodes, tasks, "pin50") == trace_variants.variant(nodes, tasks, "pin50")  # seeded
+    with pytest.raises(ValueError, match="unknown variant 'pin101'"):
+        trace_variants.variant(nodes, tasks, "pin101")
+    (life / "openb_pod_list_default.csv").write_text((life / "openb_pod_list_life.csv").read_text())
+    assert trace_variants.main(["--trace", str(life), "--variant", "pin50", "--seeds", "1-2"]) == 0
+    out = capsys.readouterr().out
+    assert "OpenB variant pin50 of the default list" in out and "gpuspawner frag" in out and "gpuspawner pack" in out
+    assert trace_variants.main(["--trace", str(life), "--variant", "half"]) == 2

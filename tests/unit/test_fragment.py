@@ -353,8 +353,7 @@ def test_a_bad_mix_stops_the_hub_whatever_the_policy_and_models_go_through_the_a
 
 
 def test_a_learned_mix_has_a_shape_per_kind_weighted_by_how_many_held_it():
-    """Rows without CPU, memory or accepted models (written before migration 0008): each
-    kind of the model it got, without CPU or memory."""
+    """Rows without CPU or memory (written before migration 0008): each kind without them."""
     held = [
         Placed("A100", (1000,)),
         Placed("A100", (1000,)),
@@ -365,37 +364,62 @@ def test_a_learned_mix_has_a_shape_per_kind_weighted_by_how_many_held_it():
     ]
     mix = Mix.learned(held)
     assert mix is not None
-    assert sorted(mix.shapes, key=lambda s: (s.count, s.milli, sorted(s.models or ()))) == [
-        Shape(1, 500, 0, 0, frozenset(["A100"]), 1 / 5),
-        Shape(1, 600, 0, 0, frozenset(["A100"]), 1 / 5),  # a split share: its largest piece
-        Shape(1, UNIT, 0, 0, frozenset(["A100"]), 2 / 5),
-        Shape(2, UNIT, 0, 0, frozenset(["T4"]), 1 / 5),
+    assert sorted(mix.shapes, key=lambda s: (s.count, s.milli)) == [
+        Shape(1, 500, 0, 0, None, 1 / 5),
+        Shape(1, 600, 0, 0, None, 1 / 5),  # a split share: its largest piece
+        Shape(1, UNIT, 0, 0, None, 2 / 5),
+        Shape(2, UNIT, 0, 0, None, 1 / 5),
     ]
     assert Mix.learned([]) is None
 
 
-def test_a_learned_mix_keeps_each_kinds_cpu_memory_and_the_models_its_requests_accepted():
+def test_a_learned_mix_keeps_each_kinds_cpu_and_memory_and_every_kind_takes_any_model():
     """What the ledger records since migration 0008: a kind is also the CPU and memory
-    reserved beside the GPUs and the models the request accepted (() any model), so the
-    mix asks CPU and memory per thousandth of GPU as the servers did."""
+    reserved beside the GPUs, so the mix asks CPU and memory per thousandth of GPU as the
+    servers did; whichever models the requests accepted, each kind takes any."""
     held = [
         Placed("A100", (1000,), 8000, 32768, ()),
-        Placed("T4", (1000,), 8000, 32768, ()),  # any model: the same kind, whichever it got
+        Placed("T4", (1000,), 8000, 32768, ("T4",)),  # pinned to a model: the same kind
         Placed("A100", (500,), 2000, 8192, ("A100", "T4")),
         Placed("A100", (500,), 4000, 8192, ("A100", "T4")),  # more CPU: a kind of its own
-        Placed("T4", (1000,), None, None, None),  # not recorded: the model it got, no CPU
+        Placed("T4", (1000,), None, None, None),  # not recorded: no CPU or memory
     ]
     mix = Mix.learned(held)
     assert mix is not None
     assert sorted(mix.shapes, key=lambda s: (s.milli, s.cpu_milli)) == [
-        Shape(1, 500, 2000, 8192, frozenset(["A100", "T4"]), 1 / 5),
-        Shape(1, 500, 4000, 8192, frozenset(["A100", "T4"]), 1 / 5),
-        Shape(1, UNIT, 0, 0, frozenset(["T4"]), 1 / 5),
+        Shape(1, 500, 2000, 8192, None, 1 / 5),
+        Shape(1, 500, 4000, 8192, None, 1 / 5),
+        Shape(1, UNIT, 0, 0, None, 1 / 5),
         Shape(1, UNIT, 8000, 32768, None, 2 / 5),
     ]
     asked = 2 * 500 / 5 + 3 * UNIT / 5  # thousandths of GPU per server, on average
     assert mix.cpu_per_milli == pytest.approx((2 * 8000 + 2000 + 4000) / 5 / asked)
     assert mix.mem_per_milli == pytest.approx((2 * 32768 + 2 * 8192) / 5 / asked)
+
+
+def test_with_a_learned_mix_a_request_for_any_model_leaves_the_one_gpu_of_a_model_that_others_are_pinned_to():
+    """One N on z, two M on b and c; half the servers took any model, 3 in 10 only M, 2 in
+    10 only N. Had the mix kept the pins, the free N would count as lost to the M-only
+    kind and frag would fill it with a request for any model (the next N-only one then
+    finds no room); learned, every kind takes any model, and frag goes as pack, to b."""
+    gpus = [GPU("b", 0, "b-0", "M", 0), GPU("c", 0, "c-0", "M", 0), GPU("z", 0, "z-0", "N", 0)]
+    held = [Placed("M", (UNIT,), accepts=())] * 5 + [Placed("M", (UNIT,), accepts=("M",))] * 3
+    held += [Placed("N", (UNIT,), accepts=("N",))] * 2
+    pinned = Mix(
+        [
+            Shape(1, UNIT, weight=5),
+            Shape(1, UNIT, models=frozenset({"M"}), weight=3),
+            Shape(1, UNIT, models=frozenset({"N"}), weight=2),
+        ]
+    )
+    hosts = []
+    for mix in (Mix.learned(held), pinned):
+        alloc = Allocator(gpus, "frag")
+        alloc.set_mix(mix)
+        hosts.append(alloc.allocate("any", Request()).host)
+        if mix is not pinned:
+            assert alloc.allocate("n", Request(model="N")).host == "z"
+    assert hosts == ["b", "z"]
 
 
 def test_frag_with_a_learned_mix_keeps_a_hosts_cpu_in_step_with_its_free_gpus():
@@ -456,4 +480,4 @@ async def test_a_servers_cpu_memory_and_accepted_models_go_to_the_ledger_and_int
     assert (again.id, again.cpu_milli, again.memory_mib, again.accepts) == (row.id, 2000, 4096, (A100,))
     await world.hub._learn_mix(world.owner)
     mix = world.owner.allocator.mix
-    assert mix is not None and mix.shapes == (Shape(1, UNIT, 2000, 4096, frozenset([A100]), 1.0),)
+    assert mix is not None and mix.shapes == (Shape(1, UNIT, 2000, 4096, None, 1.0),)
