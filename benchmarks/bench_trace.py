@@ -517,7 +517,7 @@ def placement_of(policy: str) -> tuple[str, bool]:
     return policy, True
 
 
-def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, float]]) -> Life:
+def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, float]], mix: str = "shapes") -> Life:
     """The span under one policy. Those running at the start are placed first, one at a time
     (one that fits nowhere is left out, as in the published experiment); then events in time
     order: a request is placed, or waits in line, or, a CPU-only task or one that can never be
@@ -532,9 +532,20 @@ def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, 
     models, and each waiter is tried unless one before it that shares a model still waits;
     requests for other models are not held up. After each event, the GPUs
     that waiters could use now (each waiter tried in order, as if the line were not there)
-    count as idle while a waiter they fit waits."""
+    count as idle while a waiter they fit waits.
+
+    ``mix``: what frag places by: ``shapes``, the list's typical shapes; ``learned``, what
+    the hub learns by itself (``Mix.learned`` of the servers placed so far, those running
+    at the start included, as a hub in that steady state has them in its ledger: learned
+    once they are placed, then every ``LEARN_SECONDS`` of the span); ``none``, no mix."""
+    from gpuspawner.hub.app import LEARN_SECONDS
+
+    if mix not in MIXES:
+        raise ValueError(f"unknown mix {mix!r}; choose one of: {', '.join(MIXES)}")
     placement, backfill = placement_of(policy)
-    alloc = build(nodes, placement, shapes)
+    alloc = build(nodes, placement, shapes if mix == "shapes" else None)
+    placed: list[Placed] = []  # what the ledger has, for the learned mix
+    learned_at = 0.0
     life = Life()
     events: list[tuple[float, int, str, Ask]] = []
     order = itertools.count()  # at the same time: in the order pushed
@@ -560,8 +571,13 @@ def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, 
             life.times_ns.append(time.perf_counter_ns() - t0)
         life.served.append((ask, now, got))
         life.kept_from[ask.id] = avoid
+        record(got)
         start(ask, now, got)
         return None
+
+    def record(got: Allocation) -> None:
+        if mix == "learned" and got.devices:
+            placed.append(Placed(got.model, got.milli, got.cpu_milli, got.memory_mib, got.accepts))
 
     def join(ask: Ask, now: float) -> None:
         line[ask.id] = ask
@@ -640,11 +656,17 @@ def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, 
             life.left_out.append(ask)
             continue
         life.running.append((ask, got))
+        record(got)
         start(ask, 0.0, got)
+    if mix == "learned":
+        alloc.set_mix(Mix.learned(placed))
     for ask in draws.asks:
         heapq.heappush(events, (ask.at, next(order), "arrive", ask))
     while events and events[0][0] <= draws.span:
         now, _, kind, ask = heapq.heappop(events)
+        if mix == "learned" and now - learned_at >= LEARN_SECONDS:
+            alloc.set_mix(Mix.learned(placed))
+            learned_at = now
         life.gpu_seconds += allocated * (now - last)
         life.idle_fit_seconds += idle_fit * (now - last)
         last = now
@@ -710,7 +732,14 @@ def figures(runs: list[tuple[Draws, Life]], capacity: int) -> dict:
 
 
 def run_departures(
-    folder: Path, name: str, policies: list[str], seeds: int, load: float, patience_min: float, upto: float
+    folder: Path,
+    name: str,
+    policies: list[str],
+    seeds: int,
+    load: float,
+    patience_min: float,
+    upto: float,
+    mix: str = "shapes",
 ) -> dict:
     nodes, tasks, durations = read_nodes(folder), read_tasks(folder, name), read_durations(folder, name)
     shapes = typical(tasks)
@@ -722,6 +751,7 @@ def run_departures(
     return {
         "mode": "departures",
         "list": name,
+        "mix": mix,
         "nodes": len(nodes),
         "gpus": capacity // UNIT,
         "tasks": len(tasks),
@@ -738,7 +768,7 @@ def run_departures(
         "offered_pct": round(100 * statistics.mean(offered), 1),
         "python": platform.python_version(),
         "policies": {
-            policy: figures([(d, live(nodes, d, policy, shapes)) for d in draws], capacity) for policy in policies
+            policy: figures([(d, live(nodes, d, policy, shapes, mix)) for d in draws], capacity) for policy in policies
         },
     }
 
@@ -746,7 +776,7 @@ def run_departures(
 def departures_table(result: dict) -> str:
     lines = [
         f"OpenB list {result['list']} with departures: {result['nodes']} nodes, {result['gpus']} GPUs; "
-        f"{result['seeds']} seeds, Python {result['python']}",
+        f"{result['seeds']} seeds, Python {result['python']}; frag's mix: {result['mix']}",
         f"Durations drawn from {result['durations']} of the list's tasks (mean {result['duration_h_mean']} h, "
         f"median {result['duration_min_median']} min); Poisson arrivals for {result['load']:.0%} of the GPUs; "
         f"patience exponential, mean {result['patience_min']:g} min",
@@ -815,9 +845,6 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args.trace, args.list, policies, args.seeds, mix, args.learn_every)
         print(json.dumps(result) if args.json else f"{mix_line(result)}\n{table(result)}")
         return 0
-    if args.mix not in (None, "shapes"):
-        print("with --departures frag places by the list's typical shapes (--mix shapes) only", file=sys.stderr)
-        return 2
     if not read_durations(args.trace, args.list):
         print(
             f"openb_pod_list_{args.list}.csv has no scheduled and deletion times to draw durations from",
@@ -826,7 +853,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.perf_counter()
     policies = (args.policies or f"{STRICT_POLICY},{DEFAULT_POLICY},frag").split(",")
-    result = run_departures(args.trace, args.list, policies, args.seeds, args.load, args.patience, args.span)
+    mix = args.mix or "learned"
+    result = run_departures(args.trace, args.list, policies, args.seeds, args.load, args.patience, args.span, mix)
     result["seconds"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(result) if args.json else f"{departures_table(result)}\ntook {result['seconds']} s")
     return 0

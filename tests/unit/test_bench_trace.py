@@ -307,11 +307,28 @@ def test_the_mix_option_gives_frag_the_learned_mix_the_shapes_or_none(trace, cap
     assert "--learn-every must be 1 or more" in capsys.readouterr().err
 
 
-def test_with_departures_frag_places_by_the_given_shapes_only(life, capsys):
-    argv = ["--trace", str(life), "--list", "life", "--departures", "--seeds", "1", "--span", "2", "--json"]
-    assert bench.main([*argv, "--mix", "learned"]) == 2
-    assert "with --departures frag places by the list's typical shapes (--mix shapes) only" in capsys.readouterr().err
-    assert bench.main([*argv, "--mix", "shapes"]) == 0
+def test_with_departures_frag_learns_its_mix_from_what_runs_and_again_each_hour(life, monkeypatch):
+    """--mix learned (the default): learned once those running at the start are placed,
+    then every LEARN_SECONDS of the span, from every server placed so far."""
+    from gpuspawner.hub import app
+
+    nodes, tasks = bench.read_nodes(life), bench.read_tasks(life, "life")
+    draws = bench.draw(tasks, bench.read_durations(life, "life"), 7000, seed=1, load=1.0, patience=7200, upto=20)
+    mixes: list = []
+    real = bench.Allocator.set_mix
+    monkeypatch.setattr(bench.Allocator, "set_mix", lambda self, mix: (mixes.append(mix), real(self, mix)))
+    monkeypatch.setattr(app, "LEARN_SECONDS", draws.span / 4)
+    run = bench.live(nodes, draws, "frag", bench.typical(tasks), "learned")
+    assert len(mixes) >= 4 and all(m is not None for m in mixes)
+    placed = [g for _, g in run.running if g.devices]
+    learned = bench.Mix.learned(bench.Placed(g.model, g.milli, g.cpu_milli, g.memory_mib, g.accepts) for g in placed)
+    assert mixes[0].shapes == learned.shapes  # from those running at the start
+    assert mixes[-1].shapes != mixes[0].shapes  # the servers placed since count too
+    mixes.clear()
+    bench.live(nodes, draws, "frag", bench.typical(tasks), "none")
+    assert mixes == []  # frag without a mix: as pack
+    with pytest.raises(ValueError, match="unknown mix"):
+        bench.live(nodes, draws, "frag", [], "guessed")
 
 
 def test_the_variants_made_for_tuning_pin_share_or_widen_the_default_lists_gpu_requests(life, capsys):
