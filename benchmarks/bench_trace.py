@@ -500,6 +500,8 @@ class Life:
     times_ns: list[int] = field(default_factory=list)  # each decision of the span
 
 
+IDLE_SAMPLE_SECONDS = 300.0  # how often the GPUs idle while a waiter fits them are counted
+
 #: --policies names beside the allocator's: the product as configured by default (its
 #: placement policy, the line's backfill) and today's ``pack`` in strict order.
 DEFAULT_POLICY, STRICT_POLICY = "default", "strict"
@@ -530,9 +532,10 @@ def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, 
     never use anyway). In strict order (``strict``), as the product's line per model: a
     request never goes ahead of one that came before it and still waits for any of its
     models, and each waiter is tried unless one before it that shares a model still waits;
-    requests for other models are not held up. After each event, the GPUs
-    that waiters could use now (each waiter tried in order, as if the line were not there)
-    count as idle while a waiter they fit waits.
+    requests for other models are not held up. The GPUs that waiters could use now (each
+    waiter tried in order, as if the line were not there) count as idle while a waiter they
+    fit waits: sampled after an event at most every :data:`IDLE_SAMPLE_SECONDS` (trying every
+    waiter after every event would cost more than the span), and none while nobody waits.
 
     ``mix``: what frag places by: ``shapes``, the list's typical shapes; ``learned``, what
     the hub learns by itself (``Mix.learned`` of the servers placed so far, those running
@@ -552,7 +555,8 @@ def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, 
     line: dict[int, Ask] = {}  # those waiting, in the order they came
     every = frozenset(n.model for n in nodes)
     allocated = 0  # GPU thousandths held now
-    idle_fit = 0  # GPU thousandths free that waiters could use now
+    idle_fit = 0  # GPU thousandths free that waiters could use now (as last sampled)
+    sampled = -IDLE_SAMPLE_SECONDS
     last = 0.0
 
     def start(ask: Ask, now: float, got: Allocation) -> None:
@@ -681,7 +685,10 @@ def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, 
             serve(now)
         else:
             continue  # served before its patience ran out: nothing changed
-        idle_fit = fitting() if line else 0
+        if not line:
+            idle_fit = 0
+        elif now - sampled >= IDLE_SAMPLE_SECONDS:
+            idle_fit, sampled = fitting(), now
     life.gpu_seconds += allocated * (draws.span - last)
     life.idle_fit_seconds += idle_fit * (draws.span - last)
     life.waiting = list(line.values())
