@@ -14,7 +14,7 @@ c.GPUSwarmSpawner.gpu_inventory = os.environ.get("GPUSPAWNER_INVENTORY", "/etc/j
 
 # Who may hold what.
 c.GPUSwarmSpawner.max_gpus_per_user = 2
-c.GPUSwarmSpawner.allocation_policy = "pack"  # or "spread"
+c.GPUSwarmSpawner.allocation_policy = "frag"  # the default; or "pack", "spread"
 c.GPUSwarmSpawner.allow_host_choice = False
 
 # The single-user image: a CUDA-enabled Jupyter image with the hub's jupyterhub version.

@@ -231,13 +231,14 @@ class GPUSettings(LoggingConfigurable):
     ).tag(config=True)
 
     allocation_policy = Unicode(
-        "pack",
+        "frag",
         help=f"""How to pick a host for a request: {", ".join(POLICIES)}.
-        ``pack`` (default) takes the host with the least free room that still
-        fits, keeping whole hosts free for large requests; ``spread`` takes the
-        host with the most free room; ``frag`` takes, among the hosts pack would
-        try first, the one where the free GPU that the requests of
-        ``gpu_placement_mix`` could not use grows least (docs/benchmarks.md).""",
+        ``frag`` (default) takes, among the hosts pack would try first, the one
+        where the free GPU that the hub's requests could not use grows least: the
+        requests it learns from the ledger (or ``gpu_placement_mix``); until the
+        ledger has any, it places as pack (docs/benchmarks.md). ``pack`` takes the
+        host with the least free room that still fits, keeping whole hosts free for
+        large requests; ``spread`` takes the host with the most free room.""",
     ).tag(config=True)
 
     gpu_placement_mix = List(
@@ -503,7 +504,7 @@ def validate_config(config) -> None:
     """
     try:
         spawner_config = spawner_values(config)
-        policy = spawner_config.get("allocation_policy", "pack")
+        policy = spawner_config.get("allocation_policy", GPUSettings.allocation_policy.default_value)
         if not isinstance(policy, str) or policy not in POLICIES:
             raise ValueError(f"Unknown allocation_policy {policy!r}; choose one of: {', '.join(POLICIES)}")
         db_url = spawner_config.get("gpu_db_url")
