@@ -320,3 +320,17 @@ def test_a_share_waiter_where_every_device_is_held_is_planned_on_a_host_all_the_
     alloc.release("whole")
     alloc.allocate("full", Request(model=A100, milli=UNIT - 0, host="gpu-a"))
     assert alloc.nearest_host(Request(model=A100, milli=250)) == "gpu-a"
+
+
+def test_the_plan_follows_the_cluster_a_host_that_frees_up_sooner_becomes_the_plan():
+    """Guards docs/line.md: "when another host frees up sooner than the one kept, the plan moves there"."""
+    alloc = cluster({"gpu-a": 8, "gpu-b": 8})
+    for i in range(6):
+        alloc.allocate(f"a{i}", Request(model=A100, count=1, host="gpu-a"))  # 2 free
+    for i in range(3):
+        alloc.allocate(f"b{i}", Request(model=A100, count=1, host="gpu-b"))  # 5 free
+    big = Request(model=A100, count=8)
+    assert Round(alloc.nearest_host).wait("big", big) == "gpu-b"
+    for i in range(6):
+        alloc.release(f"a{i}")  # gpu-a's servers end first
+    assert Round(alloc.nearest_host).wait("big", big) == "gpu-a"
