@@ -25,6 +25,25 @@ RULES = {
 }
 
 
+def ledger_down_at_first(monkeypatch) -> list[int]:
+    """The ledger cannot be read the first time the line is read (the hub starts before
+    its database); it answers after. The reads so far."""
+    reads: list[int] = []
+    real = Ledger.waiting
+
+    def flaky(self):
+        reads.append(1)
+        if len(reads) == 1:
+            raise LedgerError("the ledger's database is unreachable")
+        return real(self)
+
+    monkeypatch.setattr(Ledger, "waiting", flaky)
+    from gpuspawner.hub import resume
+
+    monkeypatch.setattr(resume, "LOAD_RETRY_SECONDS", 0.01)
+    return reads
+
+
 def world(tmp_path, rules=RULES) -> World:
     return World(tmp_path, gpu_access=rules)
 
@@ -234,14 +253,6 @@ async def test_resuming_reads_the_line_again_while_the_ledger_is_down_goes_on_pa
     ledger = Ledger(w.db_url)
     ledger.enqueue("jupyter-stu", "stu", "", A100, 0, WAIT)
     ledger.enqueue("jupyter-prof", "prof", "", A100, 10, WAIT)
-    reads = []
-    real = Ledger.waiting
-
-    def flaky(self):
-        reads.append(1)
-        if len(reads) == 1:
-            raise LedgerError("the ledger's database is unreachable")
-        return real(self)
 
     class Users(dict):
         def __getitem__(self, name):
@@ -258,8 +269,8 @@ async def test_resuming_reads_the_line_again_while_the_ledger_is_down_goes_on_pa
         failed.set_exception(RuntimeError("pre_spawn_hook failed"))
         return failed
 
-    monkeypatch.setattr(Ledger, "waiting", flaky)
-    monkeypatch.setattr(resume, "LOAD_RETRY_SECONDS", 0.01)
+    real = Ledger.waiting
+    reads = ledger_down_at_first(monkeypatch)
     monkeypatch.setattr(hub_port, "running_hub", lambda: SimpleNamespace(users=Users(stu=stu)))
     monkeypatch.setattr(hub_port, "spawn_in_background", spawn)
     assert await resume.resume_waiting(w.hub.line, w.owner) == 1

@@ -13,10 +13,10 @@ import pytest
 
 from gpuspawner import hub_port
 from gpuspawner.hub import resume
-from gpuspawner.ledger.ledger import Ledger, LedgerError
+from gpuspawner.ledger.ledger import Ledger
 from tests.unit.test_holdings import A100, World, driven
 from tests.unit.test_line import WAIT, until
-from tests.unit.test_line_priority import stopped_leftover
+from tests.unit.test_line_priority import ledger_down_at_first, stopped_leftover
 
 
 class Hub:
@@ -62,23 +62,6 @@ class Hub:
 
         self.users[name] = user = SimpleNamespace(name=name, spawners={"": spawner}, spawn=spawn, stop=stop)
         return user
-
-
-def ledger_down_at_first(monkeypatch) -> list[int]:
-    """The ledger cannot be read the first time the line is read (the hub starts before
-    its database); it answers after. The reads so far."""
-    reads: list[int] = []
-    real = Ledger.waiting
-
-    def flaky(self):
-        reads.append(1)
-        if len(reads) == 1:
-            raise LedgerError("the ledger's database is unreachable")
-        return real(self)
-
-    monkeypatch.setattr(Ledger, "waiting", flaky)
-    monkeypatch.setattr(resume, "LOAD_RETRY_SECONDS", 0.01)
-    return reads
 
 
 async def restarted(tmp_path, monkeypatch) -> tuple[World, Hub]:
