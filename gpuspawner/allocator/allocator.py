@@ -328,7 +328,6 @@ class Allocator:
                 and host != request.host
                 or request.hosts is not None
                 and host not in request.hosts
-                or host in request.avoid
             ):
                 return False
             free = resources.free(host)  # None: not known, so not chosen

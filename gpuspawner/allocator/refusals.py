@@ -73,7 +73,6 @@ class AllocationRefused(Exception):
         super().__init__(message)
         self.message = message
         self.reason = reason
-        self.host: str | None = None  # HELD_FOR_LINE: the kept host that would take the request
 
     @property
     def retry(self) -> bool:
@@ -91,11 +90,9 @@ def unknown_model(model: str, models: Mapping[str, object]) -> AllocationRefused
 
 def held_for_line(offered: str, host: str) -> AllocationRefused:
     """What fits is only on a host kept for requests ahead in line (``Request.avoid``)."""
-    refused = AllocationRefused(
+    return AllocationRefused(
         f"{offered} on {host}, but that host is kept for requests ahead of this one in line", Refusal.HELD_FOR_LINE
     )
-    refused.host = host
-    return refused
 
 
 def short_of_resources(offered: str, host: str, lacks: str) -> AllocationRefused:

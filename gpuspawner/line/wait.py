@@ -39,6 +39,7 @@ from typing import NamedTuple
 from jupyterhub.spawner import SpawnException
 
 from .. import hub_port, metrics
+from ..allocator.records import accepted
 from ..allocator.refusals import AllocationRefused, Refusal
 from ..core.fairshare import FairShare, by_group
 from ..core.line_order import Standing, Waiter, by_model, estimate, held_now, order_reason, position
@@ -60,7 +61,9 @@ USE_SECONDS = 30.0  # with fair share, the waiters' recent use is read again at 
 # Refusals that may pass: the head keeps its place and the line is tried again.
 PASSING = frozenset({"stale_service", "ledger_unavailable", "no_port"})
 
-Reserve = Callable[[frozenset[str]], Awaitable[Holding]]  # (hosts kept for those ahead) -> the holding
+# (the hosts kept for those ahead, worked out when it books: None, every host) -> the holding
+Avoid = Callable[[], "frozenset[str] | None"]
+Reserve = Callable[[Avoid], Awaitable[Holding]]
 
 
 class Live(NamedTuple):
@@ -108,7 +111,6 @@ class WaitLine:
         self.rows: list[Waiter] = []  # as in the ledger
         self.loaded = False
         self._live: dict[str, Live] = {}  # the waiting spawns
-        self.planned: dict[str, str | None] = {}  # waiting service -> the host kept for it at the last serving
         self.passed: dict[str, list[dict]] = {}  # waiting service -> servers granted ahead of it (backfill)
         self._plans: dict[str, tuple[float, Round]] = {}  # model -> (when (monotonic), its line's last plan)
         self._starts = StartsCache(self._start_here, holdings.allocator.version, time.monotonic)
@@ -263,7 +265,10 @@ class WaitLine:
         self._unowned.pop(service, None)
         self.passed.pop(service, None)
         before = len(self.rows)
+        gone = {w.model for w in self.rows if w.service == service}
         self.rows = [w for w in self.rows if w.service != service]
+        for model in gone - {w.model for w in self.rows}:
+            self._plans.pop(model, None)  # an empty line has no plan
         if len(self.rows) != before:
             self._count()
             self.poke()  # the next one may be served now
@@ -341,28 +346,48 @@ class WaitLine:
 
     def _start_here(self, request: Request, host: str) -> Start | None:
         """When ``request`` would start on ``host`` as its holders reach their limits (seconds from now)."""
-        models = request.models or ((request.model,) if request.model else None)
-        return planned_start(request, self.holdings.allocator.host_devices(host, models), self.ends_in)
+        return planned_start(
+            request, self.holdings.allocator.host_devices(host, accepted(request) or None), self.ends_in
+        )
 
     async def _serve(self, line: list[Waiter]) -> None:
-        """Reserve for each in ``line``, in order, on the hosts not kept for those ahead."""
+        """Reserve for each in ``line``, in order, on the hosts not kept for those ahead
+        (worked out again when a reservation books, if a holding changed meanwhile)."""
         at, plan = self._round()
+        ahead: list[tuple[str, Request | None]] = []  # those not served, in order
+        members_only = False  # strict: a reservation keeps the GPUs the head waits for; its members may be behind
         for w in line:
-            if plan.avoid() is None:
+            if plan.blocked:
                 break  # strict, or a row ahead without a live wait keeps the line
             live = self._live_wait(w.service)
             if live is None:
-                if not await self._expired(w):
+                if self.place(w.service) is not None and not await self._expired(w):
                     plan.wait(w.service, None)  # not live yet (a restarted hub resumes it): its place holds
                 continue
             reserve, result, request, lasts = live
-            avoid = plan.avoid(lasts)
-            assert avoid is not None
+            version = self.holdings.version
+
+            def avoid(
+                lasts: float | None = lasts, version: int = version, members_only: bool = members_only
+            ) -> frozenset[str] | None:
+                nonlocal plan, at
+                if members_only:
+                    return None
+                if self.holdings.version != version:  # a holding changed while it got ready to book
+                    at, plan = self._replan(ahead)
+                return plan.avoid(lasts)
+
             try:
                 holding = await reserve(avoid)
             except SpawnException as exc:
                 if waits_for(exc):
+                    if members_only:
+                        continue
+                    if not self.backfill and getattr(exc.__cause__, "reason", None) is Refusal.RESERVED:
+                        members_only = True  # (strict: nobody else behind it is served)
+                        continue
                     plan.wait(w.service, request)  # not yet: the host it would fit first is kept for it
+                    ahead.append((w.service, request))
                     continue
                 if exc.reason in PASSING:
                     log.info("%s keeps its place in line for %s: %s", w.service, w.model, exc.log_message or exc)
@@ -378,22 +403,37 @@ class WaitLine:
             self._drop(w.service)
             result.set_result(holding)
             self.passed_by(plan.planned, holding)
-        for service, host in plan.planned.items():
-            self.planned[service] = host
-        self._plans[line[0].model] = (at, plan)
+        model = line[0].model
+        if any(w.model == model for w in self.rows):  # (not a line that emptied meanwhile)
+            self._plans[model] = (at, plan)
+
+    def _replan(self, ahead: Iterable[tuple[str, Request | None]]) -> tuple[float, Round]:
+        """A new plan of the waiters ``ahead`` (in order), from the bookings as they are now."""
+        at, plan = self._round()
+        for service, request in ahead:
+            if plan.blocked:
+                break
+            plan.wait(service, request)
+        return at, plan
 
     def kept(self, model: str, lasts: float | None = None) -> frozenset[str] | None:
         """The hosts a new request for ``model`` (that must end within ``lasts`` s;
         None: no bound) may not be placed on, as the line's plan is now (every
         waiter's planned host); None: it may not be placed at all (strict, or a row
         without a live wait keeps the line). Nothing is awaited."""
-        _, plan = self._round()
-        for w in self.lines().get(model, []):
-            if plan.avoid() is None:
-                break
-            live = self._live_wait(w.service)
-            plan.wait(w.service, None if live is None else live.request)
-        return plan.avoid(lasts)
+        rows = self.lines().get(model, [])
+        return self._replan((w.service, live.request if (live := self._live_wait(w.service)) else None) for w in rows)[
+            1
+        ].avoid(lasts)
+
+    def planned_host(self, service: str) -> str | None:
+        """The host kept for ``service`` at its line's last serving (None: none, or behind others)."""
+        plan = self._plan_of(service)
+        return None if plan is None else plan[1].planned.get(service)
+
+    def _plan_of(self, service: str) -> tuple[float, Round] | None:
+        row = next((w for w in self.rows if w.service == service), None)
+        return None if row is None else self._plans.get(row.model)
 
     def went_ahead(self, model: str, holding: Holding) -> Holding:
         """A new request for ``model`` was granted while others wait for it (backfill): shown to them."""
@@ -403,9 +443,11 @@ class WaitLine:
     def planned_at(self, service: str) -> datetime | None:
         """When ``service`` is planned to start on the host kept for it, where the
         holders it waits for have time limits (None: not known)."""
-        row = next((w for w in self.rows if w.service == service), None)
-        at, plan = self._plans.get(row.model, (0.0, None)) if row is not None else (0.0, None)
-        start = None if plan is None else plan.start_of(service)  # worked out as the bookings are when first asked
+        known = self._plan_of(service)
+        if known is None:
+            return None
+        at, plan = known
+        start = plan.start_of(service)  # worked out as the bookings are when first asked
         if start is None or start[1] is None:
             return None
         return utc_now() + timedelta(seconds=max(0.0, at + start[0] - time.monotonic()))
@@ -413,10 +455,10 @@ class WaitLine:
     def plan_text(self, service: str) -> str:
         """What a waiter is told of its planned start ("" where it is not known): the
         host kept for it and about when a server there reaches its time limit."""
-        when = self.planned_at(service)
-        if when is None:
+        when, host = self.planned_at(service), self.planned_host(service)
+        if when is None or host is None:
             return ""
-        return f"Planned: about {when:%H:%M} UTC on {self.planned[service]}, when a server there reaches its time limit"
+        return f"Planned: about {when:%H:%M} UTC on {host}, when a server there reaches its time limit"
 
     # -- one spawn's wait ------------------------------------------------------------
 
@@ -471,7 +513,6 @@ class WaitLine:
         finally:
             self._live.pop(service, None)
             self._outlook.pop(service, None)
-            self.planned.pop(service, None)
             if not result.done():
                 result.cancel()  # a reservation under way is given back (see _serve)
             if cancelled:
@@ -569,34 +610,36 @@ async def reserve_or_wait(
         await line.load()
     name = spawner.service_name
     in_line = line.place(name) is not None
-    lasts = spawner.reclaim_limits().max_held  # its held-time limit: what it takes is back by then
+    lasts = _lasts(spawner)
+
+    def ahead() -> frozenset[str] | None:
+        """The hosts kept for those in ``model``'s line, as they are when it books."""
+        return line.kept(model, lasts) if model is not None and line.waiting_for(model) else frozenset()
+
     if model is None or not in_line and (member or not line.waiting_for(model)):
         try:
-            return await reserve(frozenset())
+            return await reserve(ahead)
         except SpawnException as exc:
             if not (wait and model and waits_for(exc)):
                 raise
     elif not wait:
         await line.clear_unowned(model)
         if not line.waiting_for(model):
-            return await reserve(frozenset())
-        kept = None if in_line else line.kept(model, lasts)
-        if kept is None:
+            return await reserve(ahead)
+        if in_line or line.kept(model, lasts) is None:
             raise busy_refusal(model, line.waiting_for(model), spawn_error)
         try:
-            return line.went_ahead(model, await reserve(kept))
+            return line.went_ahead(model, await reserve(ahead))
         except SpawnException as exc:
             if waits_for(exc):
                 raise busy_refusal(model, line.waiting_for(model), spawn_error) from exc
             raise
-    elif not in_line:
-        kept = line.kept(model, lasts)
-        if kept is not None:
-            try:
-                return line.went_ahead(model, await reserve(kept))
-            except SpawnException as exc:
-                if not waits_for(exc):
-                    raise
+    elif not in_line and line.kept(model, lasts) is not None:
+        try:
+            return line.went_ahead(model, await reserve(ahead))
+        except SpawnException as exc:
+            if not waits_for(exc):
+                raise
     assert model is not None
     joining = asyncio.ensure_future(
         line.join(name, spawner.user.name, spawner.name, model, spawner._line_priority(), spawner.user_options)
@@ -617,6 +660,16 @@ async def reserve_or_wait(
             status_code=503,
         ) from exc
     return await _wait(spawner, line, reserve, spawn_error, request, lasts)
+
+
+def _lasts(spawner) -> float | None:
+    """Within how many seconds a server of ``spawner`` is sure to have given its GPUs
+    back once granted: its held-time limit, plus its start (``start_timeout``) and one
+    reclaim interval (the limit is checked that often); None: no limit."""
+    held = spawner.reclaim_limits().max_held
+    if held is None:
+        return None
+    return held + getattr(spawner, "_start_timeout_base", spawner.start_timeout) + spawner.gpu_reclaim_interval
 
 
 async def _wait(

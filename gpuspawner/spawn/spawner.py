@@ -13,6 +13,7 @@ The GPU settings are in :mod:`gpuspawner.hub.settings`, the form in
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import replace
 
 import docker.errors
@@ -250,7 +251,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                 raise spawn_error(STALE, reason="stale_service", status_code=503)
         first = True
 
-        async def reserve(avoid: frozenset[str]) -> Holding:
+        async def reserve(avoid: Callable[[], frozenset[str] | None]) -> Holding:
             nonlocal first, budget
             if any(self._reserves()):  # what the nodes' other services reserve, read fresh
                 await holdings.cluster.read_reservations(holdings.swarm, self.log)
@@ -264,8 +265,14 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                 await self.gpu_hub.reservations.refresh()  # read at most every half minute
             # No await from here to the booking: a concurrent spawn of this user counts it, and
             # nobody can join a line that an any-of request's models are checked against.
-            # A member of an open reservation of the model takes its kept GPUs wherever they are.
-            kept = frozenset() if member else avoid
+            # The hosts kept for those ahead in line, as they are now (None: every host). A member
+            # of a reservation open now for the model takes its kept GPUs wherever they are.
+            keeper = self.gpu_hub.reservations
+            if request is not None and request.model is not None and keeper.open_for(groups_of(self), request.model):
+                kept: frozenset[str] = frozenset()
+            else:
+                ahead = avoid()
+                kept = frozenset(holdings.allocator.hosts()) if ahead is None else ahead
             asked = (
                 request
                 if request is None

@@ -286,7 +286,7 @@ async def queue_json(line: WaitLine) -> dict:
                 "position": i,
                 "request": w.request,
                 "order": order_reason(w, standing),
-                "planned_host": line.planned.get(w.service),  # kept for it (backfill); None: behind others
+                "planned_host": line.planned_host(w.service),  # kept for it (backfill); None: behind others
                 "planned_start": _iso(at) if (at := line.planned_at(w.service)) else None,  # where limits tell
                 "passed_by": line.passed.get(w.service, []),  # granted ahead of it, on hosts it does not need
                 **({} if standing is None else {"recent_gpu_hours": round(standing.used.get(w.user, 0.0), 3)}),

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from jupyterhub.spawner import SpawnException
 
+from gpuspawner.spawn.errors import spawn_error
 from gpuspawner.web.api import queue_json
 from tests.unit.test_holdings import A100, World
 from tests.unit.test_line import WAIT, admin_page, messages, stopped, until
@@ -41,7 +42,7 @@ async def big_at_the_head(world: World):
 async def test_a_small_request_behind_a_large_one_is_served_at_once_on_another_host(tmp_path):
     world = World(tmp_path, inventory=TWO_HOSTS, allow_host_choice=True, max_gpus_per_user=2)
     alice, bob, bob_start = await big_at_the_head(world)
-    await until(lambda: world.hub.line.planned.get(bob.service_name) == "gpu-a")
+    await until(lambda: world.hub.line.planned_host(bob.service_name) == "gpu-a")
     carol = world.spawner("carol", {**WAIT, "gpu_count": 1})
     await asyncio.wait_for(world.started(carol), 10)  # not in line: gpu-b's A100 fits her
     assert world.owner.get(carol.service_name).held.uuids == ("GPU-b0",)
@@ -55,7 +56,9 @@ async def test_a_small_request_behind_a_large_one_is_served_at_once_on_another_h
     erin = world.spawner("erin", {**WAIT, "gpu_count": 1})
     erin_start = asyncio.ensure_future(erin.start())
     await until(lambda: world.hub.line.place(erin.service_name) == (A100, 2))
-    await until(lambda: erin.service_name in world.hub.line.planned)  # planned at a serving after she joined
+    await until(
+        lambda: world.hub.line.planned_host(erin.service_name) is not None
+    )  # planned at a serving after she joined
     lines = await queue_json(world.hub.line)
     assert [(w["user"], w["planned_host"]) for w in lines[A100]] == [("bob", "gpu-a"), ("erin", "gpu-b")]
     # Carol was granted ahead of bob: marked in the queue API and on /hub/gpus.
@@ -87,14 +90,15 @@ async def test_strict_order_serves_nobody_ahead_of_the_head(tmp_path):
     world.ledger_matches()
 
 
-async def test_a_reservations_refusal_lets_no_small_request_jump_a_large_one(tmp_path):
+@pytest.mark.parametrize("backfill", [True, False], ids=["backfill", "strict"])
+async def test_a_reservations_refusal_lets_no_small_request_jump_a_large_one(tmp_path, backfill):
     """Issue 38, "A reservation's refusal lets a small request jump a large one". An open
     window keeps 1 of 3 A100s (one host) and dan holds one: bob's 2 are refused as
     reserved, so he waits first. Carol (no group) asks for 1 after him: she waits behind
     him (without gpu_wait she is refused with the line's message), though the GPU left
     over the kept one is free; alice (CS101) is still granted the kept one. When dan
     stops, bob is served first; carol still waits."""
-    world = World(tmp_path, inventory=THREE, max_gpus_per_user=2)
+    world = World(tmp_path, inventory=THREE, max_gpus_per_user=2, gpu_line_backfill=backfill)
     new_hub(world, Wall())
     reserve(world, NOW - timedelta(minutes=30), count=1)
     dan = spawner(world, "dan")
@@ -113,7 +117,7 @@ async def test_a_reservations_refusal_lets_no_small_request_jump_a_large_one(tmp
     line.poke()  # a serving after she joined: bob is refused as reserved again
     await until(lambda: any("number 2" in m for m in messages(carol)))
     assert world.owner.get(carol.service_name) is None and not carol_start.done()
-    assert line.planned[bob.service_name] == "gpu-b"  # the host kept for him
+    assert line.planned_host(bob.service_name) == ("gpu-b" if backfill else None)  # the host kept for him
     await world.started(spawner(world, "alice"))  # a member: the kept GPU is hers
     assert world.owner.get("jupyter-alice").held.uuids
     assert world.owner.get(carol.service_name) is None and line.place(carol.service_name) == (A100, 2)
@@ -144,3 +148,21 @@ async def test_a_waiter_is_told_when_it_starts_where_the_holders_have_a_time_lim
     bob_start.cancel()
     with pytest.raises(asyncio.CancelledError):
         await bob_start
+
+
+async def test_a_waiter_that_leaves_and_joins_again_is_told_nothing_of_an_old_plan(tmp_path):
+    """Its line emptied when it left: the plan made for it then is gone, and it is planned anew."""
+    world = World(tmp_path, inventory=TWO_HOSTS, allow_host_choice=True, max_gpus_per_user=2, gpu_max_hours=2)
+    alice, bob, bob_start = await big_at_the_head(world)
+    line = world.hub.line
+    await until(lambda: line.planned_at(bob.service_name) is not None)
+    await line.remove("bob", "", spawn_error("taken out", reason="line_removed", status_code=503))
+    with pytest.raises(SpawnException):
+        await bob_start
+    assert line.rows == [] and line._plans == {}
+    assert line.planned_at(bob.service_name) is None and line.plan_text(bob.service_name) == ""
+    again = asyncio.ensure_future(bob.start())
+    await until(lambda: any("Planned: about" in m for m in messages(bob)))
+    assert line.planned_host(bob.service_name) == "gpu-a"
+    await line.remove("bob", "", spawn_error("taken out", reason="line_removed", status_code=503))
+    await asyncio.gather(again, return_exceptions=True)
