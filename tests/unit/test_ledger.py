@@ -610,10 +610,10 @@ class LedgerContract:
                 assert (old.id, old.milli, old.tasks, old.peak_memory_mib) == (5, (500,), ("t1",), 1234)
                 assert (old.cpu_milli, old.memory_mib, old.accepts) == (None, None, None)
                 gpu(ledger, "svc-bob", "bob", devices=("GPU-1",), cpu_milli=4000, memory_mib=8192, accepts=["A100"])
-                assert [(r.cpu_milli, r.memory_mib, r.accepts) for r in ledger.open_allocations()] == [
-                    (None, None, None),
-                    (4000, 8192, ("A100",)),
-                ]
+                assert {r.service: (r.cpu_milli, r.memory_mib, r.accepts) for r in ledger.open_allocations()} == {
+                    "svc-alice": (None, None, None),
+                    "svc-bob": (4000, 8192, ("A100",)),
+                }
             finally:
                 ledger.dispose()
 
