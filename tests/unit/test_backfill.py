@@ -32,6 +32,12 @@ def cluster(sizes: dict[str, int], model: str = A100) -> Allocator:
     return Allocator([GPU(h, i, f"GPU-{h}-{i}", model, 81920) for h, n in sizes.items() for i in range(n)])
 
 
+def hold(alloc: Allocator, host: str, n: int) -> None:
+    """``n`` servers of one A100 each on ``host``, named HOST-0 .. HOST-(n-1)."""
+    for i in range(n):
+        alloc.allocate(f"{host}-{i}", Request(model=A100, count=1, host=host))
+
+
 def test_a_request_is_never_placed_on_a_host_kept_for_those_ahead():
     alloc = cluster({"gpu-a": 4, "gpu-b": 4})
     got = alloc.allocate("s1", Request(model=A100, count=2, avoid=frozenset({"gpu-a"})))
@@ -65,10 +71,8 @@ def test_a_share_is_never_placed_on_a_kept_host():
 
 def test_the_planned_host_is_the_one_that_lacks_least_and_could_ever_take_it():
     alloc = cluster({"gpu-a": 8, "gpu-b": 8, "gpu-c": 4})
-    for i in range(6):
-        alloc.allocate(f"a{i}", Request(model=A100, count=1, host="gpu-a"))  # 2 free
-    for i in range(3):
-        alloc.allocate(f"b{i}", Request(model=A100, count=1, host="gpu-b"))  # 5 free
+    hold(alloc, "gpu-a", 6)  # 2 free
+    hold(alloc, "gpu-b", 3)  # 5 free
     # gpu-c has all 4 free, but never 8: it could not take the request at all.
     assert alloc.nearest_host(Request(model=A100, count=8)) == "gpu-b"
     assert alloc.nearest_host(Request(model=A100, count=8), frozenset({"gpu-b"})) == "gpu-a"
@@ -110,8 +114,7 @@ def test_the_planned_host_of_whole_gpus_is_what_brute_force_finds(case):
         if cpus[h] is not None:
             alloc.set_host_resources(h, cpus[h], 1 << 20)
             alloc.set_host_reserved(h, {f"other-{h}": (min(used[h], cpus[h]), 0)})
-        for i in range(held[h]):
-            alloc.allocate(f"{h}-{i}", Request(model=A100, count=1, host=h))
+        hold(alloc, h, held[h])
 
     def key(h: str):
         free = sizes[h] - held[h]
@@ -169,10 +172,8 @@ def serve(alloc: Allocator, line: list[tuple[str, Request]], backfill: bool) -> 
 
 def test_a_small_request_behind_a_large_one_is_served_on_another_host_never_on_the_large_ones():
     alloc = cluster({"gpu-a": 8, "gpu-b": 8})
-    for i in range(2):
-        alloc.allocate(f"a{i}", Request(model=A100, count=1, host="gpu-a"))  # 6 free
-    for i in range(7):
-        alloc.allocate(f"b{i}", Request(model=A100, count=1, host="gpu-b"))  # 1 free
+    hold(alloc, "gpu-a", 2)  # 6 free
+    hold(alloc, "gpu-b", 7)  # 1 free
     line = [("big", Request(model=A100, count=8)), ("small", Request(model=A100, count=1))]
     assert serve(alloc, line, backfill=False)[0] == []
     served, plan = serve(alloc, line, backfill=True)
@@ -311,19 +312,17 @@ def test_a_share_waiter_where_every_device_is_held_is_planned_on_a_host_all_the_
     alloc.allocate("whole", Request(model=A100, count=1))
     assert alloc.nearest_host(Request(model=A100, milli=250)) == "gpu-a"
     alloc.release("whole")
-    alloc.allocate("full", Request(model=A100, milli=UNIT - 0, host="gpu-a"))
+    alloc.allocate("full", Request(model=A100, milli=UNIT, host="gpu-a"))
     assert alloc.nearest_host(Request(model=A100, milli=250)) == "gpu-a"
 
 
 def test_the_plan_follows_the_cluster_a_host_that_frees_up_sooner_becomes_the_plan():
     """Guards docs/line.md: "when another host frees up sooner than the one kept, the plan moves there"."""
     alloc = cluster({"gpu-a": 8, "gpu-b": 8})
-    for i in range(6):
-        alloc.allocate(f"a{i}", Request(model=A100, count=1, host="gpu-a"))  # 2 free
-    for i in range(3):
-        alloc.allocate(f"b{i}", Request(model=A100, count=1, host="gpu-b"))  # 5 free
+    hold(alloc, "gpu-a", 6)  # 2 free
+    hold(alloc, "gpu-b", 3)  # 5 free
     big = Request(model=A100, count=8)
     assert Round(alloc.nearest_host).wait("big", big) == "gpu-b"
     for i in range(6):
-        alloc.release(f"a{i}")  # gpu-a's servers end first
+        alloc.release(f"gpu-a-{i}")  # gpu-a's servers end first
     assert Round(alloc.nearest_host).wait("big", big) == "gpu-a"
