@@ -363,6 +363,7 @@ class WaitLine:
             if live is None:
                 if self.place(w.service) is not None and not await self._expired(w):
                     plan.wait(w.service, None)  # not live yet (a restarted hub resumes it): its place holds
+                    ahead.append((w.service, None))
                 continue
             reserve, result, request, lasts = live
             version = self.holdings.version
