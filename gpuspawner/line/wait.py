@@ -422,10 +422,12 @@ class WaitLine:
         None: no bound) may not be placed on, as the line's plan is now (every
         waiter's planned host); None: it may not be placed at all (strict, or a row
         without a live wait keeps the line). Nothing is awaited."""
-        rows = self.lines().get(model, [])
-        return self._replan((w.service, live.request if (live := self._live_wait(w.service)) else None) for w in rows)[
-            1
-        ].avoid(lasts)
+        ahead = [
+            (w.service, live.request if (live := self._live_wait(w.service)) else None)
+            for w in self.lines().get(model, [])
+        ]
+        _, plan = self._replan(ahead)
+        return plan.avoid(lasts)
 
     def planned_host(self, service: str) -> str | None:
         """The host kept for ``service`` at its line's last serving (None: none, or behind others)."""
