@@ -300,7 +300,7 @@ def plan_line(hub: Hub, rounds: int) -> dict:
     line = [Request(model=rng.choice(models), count=rng.choice(LINE_SIZES)) for _ in range(LINE)]
 
     def start_here(request: Request, host: str):
-        return planned_start(request, alloc.host_devices(host, (request.model,)), ends.get)
+        return planned_start(request, alloc.host_devices(host, (request.model,)), ends.get, alloc.host_room(host))
 
     cache = StartsCache(start_here, alloc.version, time.monotonic)  # as the hub's line keeps them
 

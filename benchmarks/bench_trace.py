@@ -66,9 +66,10 @@ from pathlib import Path
 
 from gpuspawner.allocator.allocator import Allocation, AllocationRefused, Allocator, Refusal, Request
 from gpuspawner.allocator.fragment import Mix, Placed, Shape
+from gpuspawner.allocator.records import accepted
 from gpuspawner.core.inventory import GPU
 from gpuspawner.core.sharing import UNIT
-from gpuspawner.plan.backfill import Round
+from gpuspawner.plan.backfill import Round, planned_start
 
 ARRIVED = (80, 90, 95, 100, 110, 130)  # % of the cluster's GPUs asked for so far
 # Published unallocated GPU % at 100 % arrived (mean of 10 seeds), by policy, per list.
@@ -222,6 +223,7 @@ def _unusable(task: Task, model: str, free: list[int], total: int, cpu: int, mem
 
 
 MIXES = ("learned", "shapes", "none")  # --mix: what the frag policy places by
+ENDS = ("unknown", "known")  # --ends: whether the plan knows when each server ends
 
 
 class Learning:
@@ -497,6 +499,8 @@ class Life:
     gpu_seconds: float = 0.0  # allocated GPU thousandths × s, over the span
     idle_fit_seconds: float = 0.0  # free GPU thousandths × s that a waiter could have used then
     kept_from: dict[int, frozenset[str]] = field(default_factory=dict)  # served -> the hosts kept from it then
+    head_plans: dict[int, float | None] = field(default_factory=dict)  # ask -> its planned start once first in line
+    late: list[tuple[Ask, float, float]] = field(default_factory=list)  # (ask, planned start, start): started later
     times_ns: list[int] = field(default_factory=list)  # each decision of the span
 
 
@@ -519,7 +523,14 @@ def placement_of(policy: str) -> tuple[str, bool]:
     return policy, True
 
 
-def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, float]], mix: str = "shapes") -> Life:
+def live(
+    nodes: list[Node],
+    draws: Draws,
+    policy: str,
+    shapes: list[tuple[Task, float]],
+    mix: str = "shapes",
+    ends: str = "unknown",
+) -> Life:
     """The span under one policy. Those running at the start are placed first, one at a time
     (one that fits nowhere is left out, as in the published experiment); then events in time
     order: a request is placed, or waits in line, or, a CPU-only task or one that can never be
@@ -540,8 +551,17 @@ def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, 
     ``mix``: what frag places by: ``shapes``, the list's typical shapes; ``learned``, what
     the hub learns by itself (``Mix.learned`` of the servers placed so far, those running
     at the start included, as a hub in that steady state has them in its ledger: learned
-    once they are placed, then every ``LEARN_SECONDS`` of the span); ``none``, no mix."""
+    once they are placed, then every ``LEARN_SECONDS`` of the span); ``none``, no mix.
+
+    ``ends``: ``known``, the plan knows when each server ends (as a held-time limit that
+    every server reaches exactly): it plans each waiter's start, a request that ends
+    before a waiter's planned start may use the host kept for it (the EASY rule), and
+    each waiter's planned start when it first heads the line is kept to compare with
+    when it starts (``Life.late``); ``unknown``, as a hub whose servers have no limit."""
     from gpuspawner.hub.app import LEARN_SECONDS
+
+    if ends not in ENDS:
+        raise ValueError(f"unknown ends {ends!r}; choose one of: {', '.join(ENDS)}")
 
     if mix not in MIXES:
         raise ValueError(f"unknown mix {mix!r}; choose one of: {', '.join(MIXES)}")
@@ -559,10 +579,34 @@ def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, 
     sampled = -IDLE_SAMPLE_SECONDS
     last = 0.0
 
+    end_at: dict[str, float] = {}  # holder -> when it ends
+    clock = 0.0  # the event's time, for the plan's starts
+
     def start(ask: Ask, now: float, got: Allocation) -> None:
         nonlocal allocated
         allocated += got.total_milli
+        end_at[str(ask.id)] = now + ask.duration
         heapq.heappush(events, (now + ask.duration, next(order), "end", ask))
+
+    def start_here(request: Request, host: str):
+        devices = alloc.host_devices(host, accepted(request) or None)
+        return planned_start(request, devices, lambda h: end_at[h] - clock, alloc.host_room(host))
+
+    def new_round() -> Round:
+        return Round(alloc.nearest_host, starts=start_here if ends == "known" else None)
+
+    def lasts(ask: Ask) -> float | None:
+        return ask.duration if ends == "known" else None
+
+    def note_head(now: float) -> None:
+        """The first in line: its planned start, the first time it is first."""
+        head = next(iter(line.values()), None)
+        if head is None or head.id in life.head_plans or not backfill:
+            return
+        p = new_round()
+        p.wait(head.id, head.task.request())
+        s = p.start_of(head.id)
+        life.head_plans[head.id] = None if s is None else now + s[0]
 
     def place(ask: Ask, now: float, avoid: frozenset[str]) -> AllocationRefused | None:
         t0 = time.perf_counter_ns()
@@ -575,6 +619,9 @@ def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, 
             life.times_ns.append(time.perf_counter_ns() - t0)
         life.served.append((ask, now, got))
         life.kept_from[ask.id] = avoid
+        planned = life.head_plans.get(ask.id)
+        if planned is not None and now > planned + 1e-6:
+            life.late.append((ask, planned, now))
         record(got)
         start(ask, now, got)
         return None
@@ -590,23 +637,23 @@ def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, 
     def models_of(task: Task) -> frozenset[str]:
         return frozenset(task.spec) or every
 
-    def kept() -> frozenset[str] | None:
-        """Where a new request may not go: every waiter's planned host (strict: None,
+    def kept(new: Ask) -> frozenset[str] | None:
+        """Where ``new`` may not go: every waiter's planned host (strict: None,
         nowhere, when someone waits for one of its models)."""
-        p = Round(alloc.nearest_host)
+        p = new_round()
         for ask in line.values():
             p.wait(ask.id, ask.task.request())
-        return p.avoid()
+        return p.avoid(lasts(new))
 
     def arrive(ask: Ask, now: float) -> None:
-        if ask.task.num_gpu == 0:  # a CPU-only task never waits
-            if place(ask, now, frozenset()) is not None:
+        if ask.task.num_gpu == 0:  # a CPU-only task never waits, nor goes where a waiter is planned
+            if place(ask, now, (kept(ask) or frozenset()) if line and backfill else frozenset()) is not None:
                 life.gave_up.append((ask, now))
             return
         if not line:
             avoid: frozenset[str] | None = frozenset()
         elif backfill:
-            avoid = kept()
+            avoid = kept(ask)
         else:
             models = models_of(ask.task)
             avoid = None if any(models & models_of(a.task) for a in line.values()) else frozenset()
@@ -619,11 +666,11 @@ def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, 
             life.gave_up.append((ask, now))
 
     def serve(now: float) -> None:
-        p = Round(alloc.nearest_host)
+        p = new_round()
         blocked: set[str] = set()  # strict: the models someone earlier still waits for
         for ask in list(line.values()):
             if backfill:
-                refused = place(ask, now, p.avoid() or frozenset())
+                refused = place(ask, now, p.avoid(lasts(ask)) or frozenset())
             else:
                 models = models_of(ask.task)
                 refused = (
@@ -673,11 +720,12 @@ def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, 
             learned_at = now
         life.gpu_seconds += allocated * (now - last)
         life.idle_fit_seconds += idle_fit * (now - last)
-        last = now
+        last = clock = now
         if kind == "arrive":
             arrive(ask, now)
         elif kind == "end":
             allocated -= alloc.release(str(ask.id)).total_milli  # type: ignore[union-attr]
+            del end_at[str(ask.id)]
             serve(now)
         elif ask.id in line:  # its patience ran out
             del line[ask.id]
@@ -685,6 +733,7 @@ def live(nodes: list[Node], draws: Draws, policy: str, shapes: list[tuple[Task, 
             serve(now)
         else:
             continue  # served before its patience ran out: nothing changed
+        note_head(now)
         if not line:
             idle_fit = 0
         elif now - sampled >= IDLE_SAMPLE_SECONDS:
@@ -734,6 +783,9 @@ def figures(runs: list[tuple[Draws, Life]], capacity: int) -> dict:
         "gave_up_gpu_h_pct": round(100 * lost / asked, 2),
         "still_waiting": round(sum(len(life.waiting) for _, life in runs) / seeds, 1),
         "refused": round(sum(len(life.refused) for _, life in runs) / seeds, 1),
+        "planned_heads": sum(sum(p is not None for p in life.head_plans.values()) for _, life in runs),
+        "late": sum(len(life.late) for _, life in runs),
+        "late_min_max": round(max((s - p for _, life in runs for _, p, s in life.late), default=0.0) / 60, 1),
         **decision_times(times),
     }
 
@@ -747,6 +799,7 @@ def run_departures(
     patience_min: float,
     upto: float,
     mix: str = "shapes",
+    ends: str = "unknown",
 ) -> dict:
     nodes, tasks, durations = read_nodes(folder), read_tasks(folder, name), read_durations(folder, name)
     shapes = typical(tasks)
@@ -759,6 +812,7 @@ def run_departures(
         "mode": "departures",
         "list": name,
         "mix": mix,
+        "ends": ends,
         "nodes": len(nodes),
         "gpus": capacity // UNIT,
         "tasks": len(tasks),
@@ -775,7 +829,8 @@ def run_departures(
         "offered_pct": round(100 * statistics.mean(offered), 1),
         "python": platform.python_version(),
         "policies": {
-            policy: figures([(d, live(nodes, d, policy, shapes, mix)) for d in draws], capacity) for policy in policies
+            policy: figures([(d, live(nodes, d, policy, shapes, mix, ends)) for d in draws], capacity)
+            for policy in policies
         },
     }
 
@@ -783,7 +838,8 @@ def run_departures(
 def departures_table(result: dict) -> str:
     lines = [
         f"OpenB list {result['list']} with departures: {result['nodes']} nodes, {result['gpus']} GPUs; "
-        f"{result['seeds']} seeds, Python {result['python']}; frag's mix: {result['mix']}",
+        f"{result['seeds']} seeds, Python {result['python']}; frag's mix: {result['mix']}; "
+        f"the servers' ends: {result.get('ends', 'unknown')} to the plan",
         f"Durations drawn from {result['durations']} of the list's tasks (mean {result['duration_h_mean']} h, "
         f"median {result['duration_min_median']} min); Poisson arrivals for {result['load']:.0%} of the GPUs; "
         f"patience exponential, mean {result['patience_min']:g} min",
@@ -793,7 +849,8 @@ def departures_table(result: dict) -> str:
         "served: GPU-hours within the span, % of those asked; use: mean allocated GPU %; at start: GPU % held "
         "once those running are placed; waits of the served (min); gave up: per seed, % of requests, "
         "% of asked GPU-hours; refused: requests refused at least once, per seed (who else waited was behind them); "
-        "idle fit: GPU-hours free while a waiter they fit waited, % of the span's GPU-hours",
+        "idle fit: GPU-hours free while a waiter they fit waited, % of the span's GPU-hours; "
+        "late: waiters that started later than planned when first in line (of those planned), all seeds",
         f"{'policy':20}{'served %':>9}{'use %':>7}{'at start':>9}{'wait p50':>9}{'p95':>7}"
         f"{'gave up':>9}{'% req':>7}{'% GPU-h':>8}{'refused':>8}{'idle fit':>9}{'p50 µs':>8}{'p99 µs':>8}",
     ]
@@ -802,7 +859,8 @@ def departures_table(result: dict) -> str:
             f"{'gpuspawner ' + policy:20}{r['served_gpu_h_pct']:9.2f}{r['gpu_use_pct']:7.2f}"
             f"{r['held_at_start_pct']:9.2f}{r['wait_min_p50']:9.2f}{r['wait_min_p95']:7.1f}"
             f"{r['gave_up']:9.1f}{r['gave_up_pct']:7.2f}{r['gave_up_gpu_h_pct']:8.2f}{r['refused']:8.1f}"
-            f"{r['idle_fit_pct']:9.3f}{r['decision_us_p50']:8.1f}{r['decision_us_p99']:8.1f}"
+            f"{r['idle_fit_pct']:9.3f}{str(r['late']) + '/' + str(r['planned_heads']):>10}"
+            f"{r['decision_us_p50']:8.1f}{r['decision_us_p99']:8.1f}"
         )
     return "\n".join(lines)
 
@@ -831,6 +889,13 @@ def main(argv: list[str] | None = None) -> int:
         help="with --mix learned: requests between two learnings (default: those of an hour, see learn_every)",
     )
     p.add_argument("--departures", action="store_true", help="servers end, requests wait in line (see the doc)")
+    p.add_argument(
+        "--ends",
+        choices=ENDS,
+        default="unknown",
+        help="with --departures: known, the plan knows when each server ends (its time limit,\n"
+        "reached exactly) and plans starts; unknown (the default): no server has a limit",
+    )
     p.add_argument("--load", type=float, default=0.9, help="with --departures: GPUs asked on average (default 0.9)")
     p.add_argument("--patience", type=float, default=30, help="with --departures: mean patience, min (default 30)")
     p.add_argument(
@@ -861,7 +926,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     policies = (args.policies or f"{STRICT_POLICY},{DEFAULT_POLICY},frag").split(",")
     mix = args.mix or "learned"
-    result = run_departures(args.trace, args.list, policies, args.seeds, args.load, args.patience, args.span, mix)
+    result = run_departures(
+        args.trace, args.list, policies, args.seeds, args.load, args.patience, args.span, mix, args.ends
+    )
     result["seconds"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(result) if args.json else f"{departures_table(result)}\ntook {result['seconds']} s")
     return 0

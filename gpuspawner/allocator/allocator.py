@@ -54,7 +54,7 @@ from .refusals import (
     unknown_model,
     whole_refusal,
 )
-from .resources import HostResources, checked_amount
+from .resources import HostResources, Room, checked_amount
 from .shares import Picks, choose_share
 from .summary import ModelSummary, fitting, summarize
 from .whole import Fits, choose
@@ -315,16 +315,19 @@ class Allocator:
     def _allocate_cpu_only(self, holder: str, request: Request, policy: str | None) -> Allocation:
         """A server without GPUs, where it takes least from GPU requests: of the
         available hosts whose CPU and memory are known and fit (``request.host``
-        only, when pinned; of ``request.hosts``, when given), those without GPUs first, then those with the fewest
+        only, when pinned; of ``request.hosts``, when given; none in ``request.avoid``), those without GPUs first, then those with the fewest
         untouched GPUs of one model (a host with several models counts by each);
         ties by name. Hosts come from the index's buckets, so a busy cluster is not
         scanned host by host."""
         index, resources = self._index, self.resources
         cpu, mem = request.cpu_milli, request.memory_mib
+        kept = request.avoid  # hosts planned for GPU waiters: its CPU would delay their start
 
-        def fits(host: str) -> bool:
+        def fits(host: str, avoid: bool = True) -> bool:
             if (
-                request.host is not None
+                avoid
+                and host in kept
+                or request.host is not None
                 and host != request.host
                 or request.hosts is not None
                 and host not in request.hosts
@@ -349,6 +352,10 @@ class Allocator:
             host = frag_cpu_only(index, self.mix, resources, in_order(), (cpu, mem))
         else:
             host = next(in_order(), None)
+        if host is None and kept:
+            held = next((h for h in resources.known() if h in kept and index.is_available(h) and fits(h, False)), None)
+            if held is not None:
+                raise held_for_line("CPU and memory free", held)
         if host is None:
             known = bool(resources.known())
             raise AllocationRefused(
@@ -467,7 +474,7 @@ class Allocator:
         ``_held`` (shares are booked device by device by ``_book_share``)."""
         self._holders[alloc.holder] = alloc
         self._versions[alloc.host] = self._versions.get(alloc.host, 0) + 1
-        self.resources.book(alloc.host, alloc.cpu_milli, alloc.memory_mib)
+        self.resources.book(alloc.host, alloc.holder, alloc.cpu_milli, alloc.memory_mib)
         if not alloc.devices:
             return
         self._owned[alloc.owner] = self._owned.get(alloc.owner, 0) + alloc.total_milli
@@ -486,7 +493,7 @@ class Allocator:
             if alloc is None:
                 return None
             self._versions[alloc.host] = self._versions.get(alloc.host, 0) + 1
-            self.resources.book(alloc.host, alloc.cpu_milli, alloc.memory_mib, sign=-1)
+            self.resources.book(alloc.host, alloc.holder, alloc.cpu_milli, alloc.memory_mib, sign=-1)
             self.resources.forget(holder)
             left = self._owned.get(alloc.owner, 0) - alloc.total_milli
             if left > 0:
@@ -661,6 +668,12 @@ class Allocator:
                 for g in self._index.by_host.get(host, ())
                 if models is None or g.model in models
             }
+
+    def host_room(self, host: str) -> Room:
+        """``host``'s CPU and memory free now (None: not known, not limited) and what
+        each of the allocator's holders there reserves: what frees up as they end."""
+        with self._lock:
+            return self.resources.free(host), self.resources.held_by(host)
 
     def device(self, uuid: str) -> GPU | None:
         """The inventory's record of a device (its model and memory), or None."""

@@ -16,7 +16,10 @@ from collections.abc import Mapping
 from ..core.sharing import fmt
 from .records import Allocation
 
-__all__ = ["HostResources", "checked_amount"]
+__all__ = ["HostResources", "Room", "checked_amount"]
+
+#: A host's CPU and memory free now (None: not known) and what each holder there reserves.
+Room = tuple["tuple[int, int] | None", dict[str, tuple[int, int]]]
 
 
 def checked_amount(value: object, what: str) -> int:
@@ -32,6 +35,7 @@ class HostResources:
         self._has: dict[str, tuple[int, int]] = {}  # host -> (cpu milli, memory MiB)
         self._running: dict[str, dict[str, tuple[int, int]]] = {}  # host -> service -> what it reserves there
         self._ours: dict[str, tuple[int, int]] = {}  # host -> reserved by the allocator's holdings
+        self._holding: dict[str, dict[str, tuple[int, int]]] = {}  # host -> holder -> what it reserves there
         self._sorted: list[str] | None = None  # known(), kept until a host comes or goes
         # free(), kept per host until something on it changes: placement asks it of
         # hundreds of hosts per decision
@@ -82,13 +86,23 @@ class HostResources:
             self._sorted = sorted(self._has)
         return self._sorted
 
-    def book(self, host: str, cpu_milli: int, memory_mib: int, sign: int = 1) -> None:
-        """A holding on ``host`` comes (sign 1) or goes (-1), after the allocator's
+    def book(self, host: str, holder: str, cpu_milli: int, memory_mib: int, sign: int = 1) -> None:
+        """``holder``'s holding on ``host`` comes (sign 1) or goes (-1), after the allocator's
         holdings changed: what services running there count changes with them."""
         self._free.pop(host, None)
         if cpu_milli or memory_mib:
             cpu, mem = self._ours.get(host, (0, 0))
             self._ours[host] = (cpu + sign * cpu_milli, mem + sign * memory_mib)
+            holding = self._holding.setdefault(host, {})
+            if sign > 0:
+                holding[holder] = (cpu_milli, memory_mib)
+            else:
+                holding.pop(holder, None)
+
+    def held_by(self, host: str) -> dict[str, tuple[int, int]]:
+        """What each of the allocator's holders on ``host`` reserves there (cpu milli,
+        memory MiB), those that reserve something: what frees up as they end."""
+        return dict(self._holding.get(host, {}))
 
     def free(self, host: str) -> tuple[int, int] | None:
         """(cpu milli, memory MiB) free on ``host``; None when not known."""

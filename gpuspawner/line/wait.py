@@ -49,7 +49,7 @@ from ..ledger.checks import utc_now
 from ..ledger.ledger import LedgerError
 from ..plan.backfill import Round, Start, StartsCache, planned_start
 
-__all__ = ["WaitLine", "extend_start_timeout", "refused_out_of_line", "reserve_or_wait"]
+__all__ = ["WaitLine", "extend_start_timeout", "lasts_of", "refused_out_of_line", "reserve_or_wait"]
 
 log = logging.getLogger(__name__)
 
@@ -346,9 +346,9 @@ class WaitLine:
 
     def _start_here(self, request: Request, host: str) -> Start | None:
         """When ``request`` would start on ``host`` as its holders reach their limits (seconds from now)."""
-        return planned_start(
-            request, self.holdings.allocator.host_devices(host, accepted(request) or None), self.ends_in
-        )
+        allocator = self.holdings.allocator
+        devices = allocator.host_devices(host, accepted(request) or None)
+        return planned_start(request, devices, self.ends_in, allocator.host_room(host))
 
     async def _serve(self, line: list[Waiter]) -> None:
         """Reserve for each in ``line``, in order, on the hosts not kept for those ahead
@@ -428,6 +428,16 @@ class WaitLine:
         ]
         _, plan = self._replan(ahead)
         return plan.avoid(lasts)
+
+    def kept_by_any(self, lasts: float | None = None) -> frozenset[str]:
+        """The hosts a server without GPUs (that must end within ``lasts`` s) may not be
+        placed on: those the plans of every line keep, as they are now (its CPU and
+        memory would delay a planned start there). A line in strict order plans no
+        host, and keeps none from it. Nothing is awaited."""
+        kept: set[str] = set()
+        for model in self.lines():
+            kept |= self.kept(model, lasts) or frozenset()
+        return frozenset(kept)
 
     def planned_host(self, service: str) -> str | None:
         """The host kept for ``service`` at its line's last serving (None: none, or behind others)."""
@@ -613,7 +623,7 @@ async def reserve_or_wait(
         await line.load()
     name = spawner.service_name
     in_line = line.place(name) is not None
-    lasts = _lasts(spawner)
+    lasts = lasts_of(spawner)
 
     def ahead() -> frozenset[str] | None:
         """The hosts kept for those in ``model``'s line, as they are when it books."""
@@ -665,7 +675,7 @@ async def reserve_or_wait(
     return await _wait(spawner, line, reserve, spawn_error, request, lasts)
 
 
-def _lasts(spawner) -> float | None:
+def lasts_of(spawner) -> float | None:
     """Within how many seconds a server of ``spawner`` is sure to have given its GPUs
     back once granted: its held-time limit, plus its start (``start_timeout``) and one
     reclaim interval (the limit is checked that often); None: no limit."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
 
+from ..allocator.resources import Room
 from ..core.requests import ALL, Request
 from ..core.sharing import UNIT
 
@@ -90,14 +91,49 @@ class Round:
 
 
 def planned_start(
-    request: Request, devices: Mapping[str, Mapping[str, int]], ends_in: Callable[[str], float | None]
+    request: Request,
+    devices: Mapping[str, Mapping[str, int]],
+    ends_in: Callable[[str], float | None],
+    room: Room | None = None,
 ) -> tuple[float, str | None] | None:
     """When ``request`` would fit on a host as its holders end: (seconds from now,
     the holder whose end it waits for; None when it fits now), or None when that is
     not known (a holder it waits for has no end bound). ``devices``: the host's
     devices of the models it takes, each with its holders' thousandths (empty:
     untouched); ``ends_in``: seconds until a holder must end (its held-time limit),
-    None when nothing bounds it. CPU and memory are not counted."""
+    None when nothing bounds it; ``room``: the host's CPU and memory free now and
+    what each holder there reserves (None: not counted). It starts once both its
+    GPUs and its CPU and memory are free."""
+    gpus = _gpu_start(request, devices, ends_in)
+    if gpus is None or room is None:
+        return gpus
+    cpu = _room_start(request.cpu_milli, request.memory_mib, room, ends_in)
+    if cpu is None:
+        return None
+    return max(gpus, cpu, key=lambda s: s[0])
+
+
+def _room_start(cpu: int, mem: int, room: Room, ends_in: Callable[[str], float | None]) -> Start | None:
+    """When ``cpu`` and ``mem`` are free on a host with ``room``, as its holders end."""
+    free, held = room
+    if free is None:
+        return 0.0, None  # not limited
+    have_cpu, have_mem = free
+    if cpu <= have_cpu and mem <= have_mem:
+        return 0.0, None
+    for t, h in sorted(((ends_in(h), h) for h in held), key=lambda e: (e[0] is None, e[0] or 0.0)):
+        if t is None:
+            return None  # what it waits for has no end bound
+        have_cpu, have_mem = have_cpu + held[h][0], have_mem + held[h][1]
+        if cpu <= have_cpu and mem <= have_mem:
+            return t, h
+    return None  # others' servers hold the rest: not known to free up
+
+
+def _gpu_start(
+    request: Request, devices: Mapping[str, Mapping[str, int]], ends_in: Callable[[str], float | None]
+) -> Start | None:
+    """When the GPUs of ``request`` are free on a host (see :func:`planned_start`)."""
     milli = request.milli
     if milli is not None and milli < UNIT:
         return _share_start(milli, devices, ends_in)
@@ -122,7 +158,7 @@ def planned_start(
 def _share_start(
     milli: int, devices: Mapping[str, Mapping[str, int]], ends_in: Callable[[str], float | None]
 ) -> tuple[float, str | None] | None:
-    """As :func:`planned_start`, for a share of one device: the first device with room for it."""
+    """As :func:`_gpu_start`, for a share of one device: the first device with room for it."""
     best: tuple[float, str | None] | None = None
     for held in devices.values():
         room = UNIT - sum(held.values())

@@ -39,7 +39,7 @@ from ..holdings.ports import NoPortFree
 from ..hub.app import GPUHub, HubConfigError
 from ..hub.settings import GPUSettings, validate_config
 from ..ledger.ledger import LedgerError
-from ..line.wait import extend_start_timeout, refused_out_of_line, reserve_or_wait
+from ..line.wait import extend_start_timeout, lasts_of, refused_out_of_line, reserve_or_wait
 from ..reclaim.settings import ReclaimSettings
 from .errors import CONFLICT, NOT_RESERVED, STALE, spawn_error
 from .form import render_form
@@ -394,7 +394,9 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                 settings["extra_placement_spec"], settings["extra_task_spec"], settings["extra_create_kwargs"]
             )
             hosts = eligible(allowed, holdings.cluster.nodes.values())
-            request = self._with_reservations(Request(count=0, owner=self.user.name, hosts=hosts))
+            # Not on a host kept for a GPU waiter: its CPU and memory would delay that start.
+            kept = self.gpu_hub.line.kept_by_any(lasts_of(self))
+            request = self._with_reservations(Request(count=0, owner=self.user.name, hosts=hosts, avoid=kept))
         keeper = self.gpu_hub.reservations
         groups = groups_of(self)
         gpus = request is not None and (request.milli is not None or request.count != 0)

@@ -166,3 +166,14 @@ async def test_a_waiter_that_leaves_and_joins_again_is_told_nothing_of_an_old_pl
     assert line.planned_host(bob.service_name) == "gpu-a"
     await line.remove("bob", "", spawn_error("taken out", reason="line_removed", status_code=503))
     await asyncio.gather(again, return_exceptions=True)
+
+
+async def test_a_server_without_gpus_is_kept_off_the_hosts_planned_for_waiters(tmp_path):
+    """Guards docs/line.md, "Backfill": "a server without GPUs is not placed on a host kept for a waiter"."""
+    world = World(tmp_path, inventory=TWO_HOSTS, allow_host_choice=True, max_gpus_per_user=2)
+    alice, bob, bob_start = await big_at_the_head(world)
+    await until(lambda: world.hub.line.planned_host(bob.service_name) == "gpu-a")
+    assert world.hub.line.kept_by_any() == {"gpu-a"}
+    await stopped(world, alice)
+    await asyncio.wait_for(bob_start, 10)
+    assert world.hub.line.kept_by_any() == frozenset()  # nobody waits: nothing kept
