@@ -58,6 +58,7 @@ import platform
 import random
 import sys
 import time
+from datetime import datetime, timedelta, timezone
 
 import jinja2
 from prometheus_client import CollectorRegistry, generate_latest
@@ -67,6 +68,7 @@ from gpuspawner.allocator.allocator import AllocationRefused, Request
 from gpuspawner.cluster.cluster import GPUCluster, InventorySettings
 from gpuspawner.cluster.host_views import batches
 from gpuspawner.core.reports import parse_report
+from gpuspawner.core.reservations import Holder, Reservation, count_toward, keep_free, needs
 from gpuspawner.plan.backfill import Round, StartsCache, planned_start
 from gpuspawner.web.api import gpu_page
 
@@ -283,21 +285,42 @@ def stats(ns: list[int], lags: list[float] | None = None, gcs: list[list] | None
 
 LINE = 200  # waiters planned in one serving of the line
 LINE_SIZES = [8, 8, 4, 2, 1]  # GPUs a waiter asks for (the line holds the large requests)
+RESERVATIONS = 10  # open windows, of every model, for groups that the holders' users may be in
+GROUPS = 40  # groups a user may be in (each is in two)
 
 
 def plan_line(hub: Hub, rounds: int) -> dict:
-    """One serving's plan of a line of :data:`LINE` waiters, as the hub's line makes it
-    (``Round`` over the allocator's ``nearest_host`` and ``planned_start``), with the
-    cluster filled until none of them fits now; every holder has a held-time limit but
-    one in ten (``ends_in``). Timed: the whole plan of all 200 and the hosts kept from a
-    request with a time limit (every planned start worked out), ``rounds`` times, with
-    a holder's server ending between two."""
+    """One planning round for a line of :data:`LINE` waiters with :data:`RESERVATIONS`
+    open reservations, as the hub makes it: the line's plan (``Round`` over the
+    allocator's ``planner`` and ``planned_start``) and what the reservations keep
+    (each holding counted toward one reservation at most, ``count_toward``; each
+    window's need; what a request of a non-member must leave free), worked out afresh
+    as after a change of holdings. The cluster is filled until none of the line fits
+    now; every holder has a held-time limit but one in ten (``ends_in``). Timed: the
+    whole round, with every planned start worked out for a request with a time limit,
+    ``rounds`` times, with a holder's server ending between two."""
     alloc, rng = hub.cluster.allocator, hub.rng
     while hub.start(Request(count=1)) is not None:  # full: the line's requests wait
         pass
     ends = {h: None if rng.random() < 0.1 else rng.uniform(60, 8 * 3600) for h in hub.requests}
     models = [m.model for m in alloc.summary()]
     line = [Request(model=rng.choice(models), count=rng.choice(LINE_SIZES)) for _ in range(LINE)]
+    now = datetime(2026, 12, 7, 12, tzinfo=timezone.utc)
+    windows = [
+        Reservation(
+            f"g{i}",
+            models[i % len(models)],
+            rng.randint(1, 16),
+            now - timedelta(hours=1),
+            now + timedelta(hours=2),
+            id=i + 1,
+        )
+        for i in range(RESERVATIONS)
+    ]
+    groups = {u: frozenset(f"g{rng.randrange(GROUPS)}" for _ in range(2)) for u in hub.users}
+    reserved_for = {r.group for r in windows}
+    # Each holding's model, thousandths and user, as the hub's holdings keep them (their labels).
+    held = {k: (a.model, a.total_milli, a.owner) for k, a in alloc.holdings().items() if a.devices}
 
     def start_here(request: Request, host: str):
         return planned_start(request, alloc.host_devices(host, (request.model,)), ends.get, alloc.host_room(host))
@@ -308,7 +331,16 @@ def plan_line(hub: Hub, rounds: int) -> dict:
     for _ in range(rounds):
         with gc_watch() as collected:
             t = pc()
-            plan = Round(alloc.nearest_host, True, cache.starts(time.monotonic()))
+            holders = [  # the members' holdings, as the reservation keeper finds them
+                Holder(k, model, milli, groups[user])
+                for k, (model, milli, user) in held.items()
+                if not reserved_for.isdisjoint(groups[user])
+            ]
+            hold: dict[int, float] = {}
+            for key, rid in count_toward(windows, holders, now).items():
+                hold[rid] = hold.get(rid, 0.0) + held[key][1] / 1000
+            keep_free(needs(windows, now, hold), (), now)
+            plan = Round(alloc.planner(), True, cache.starts(time.monotonic()))
             for i, request in enumerate(line):
                 plan.wait(i, request)
             plan.avoid(4 * 3600.0)  # a request with a time limit: every planned start is worked out
@@ -317,8 +349,10 @@ def plan_line(hub: Hub, rounds: int) -> dict:
         holder = rng.choice(list(hub.requests))  # a server ends, another takes its place
         hub.stop(holder)
         ends.pop(holder, None)
+        held.pop(holder, None)
         for new in [h for h in [hub.start(Request(count=1))] if h is not None]:
             ends[new.holder] = rng.uniform(60, 8 * 3600)
+            held[new.holder] = (new.model, new.total_milli, new.owner)
     return stats(times, gcs=gcs)
 
 
@@ -419,7 +453,7 @@ async def run(nodes: int, reports: int, decisions: int, views: int, seed: int) -
         hub.start(shape)
     out["ops"]["release"] = stats(times, gcs=gcs)
 
-    out["ops"]["plan a line of 200"] = plan_line(hub, decisions)
+    out["ops"]["plan: 200 waiting, 10 reserved"] = plan_line(hub, decisions)
 
     collectors, registries = {}, {}
     for per_host in (False, True):  # the default (a series per model), and gpu_metrics_per_host

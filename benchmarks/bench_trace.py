@@ -593,7 +593,7 @@ def live(
         return planned_start(request, devices, lambda h: end_at[h] - clock, alloc.host_room(host))
 
     def new_round() -> Round:
-        return Round(alloc.nearest_host, starts=start_here if ends == "known" else None)
+        return Round(alloc.planner(), starts=start_here if ends == "known" else None)
 
     def lasts(ask: Ask) -> float | None:
         return ask.duration if ends == "known" else None

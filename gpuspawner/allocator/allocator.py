@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Set
 from dataclasses import replace
 from typing import Any
 
@@ -42,7 +42,7 @@ from ..core.sharing import OFF, UNIT, SharingPolicy, fmt
 from .adopt import AdoptProblem, AdoptReason, adopted_pieces, conflict
 from .fragment import Mix, frag_cpu_only, frag_share, frag_whole
 from .index import DeviceIndex
-from .nearest import nearest_host
+from .nearest import Walks, nearest_host
 from .records import ALL, ONE_DEVICE, POLICIES, Allocation, Policy, Request, accepted
 from .refusals import (
     AllocationRefused,
@@ -85,6 +85,7 @@ class Allocator:
         self._shares: dict[str, dict[str, int]] = {}  # uuid -> {holder: milli}, for shared devices
         self._owned: dict[str, int] = {}  # owner -> milli-shares held (whole = 1000), for O(1) limit checks
         self._versions: dict[str, int] = {}  # host -> changes to the holdings on it
+        self._changes = 0  # changes of anything a placement reads (a plan's walks are kept while it stays)
         self._index = DeviceIndex(self._held, self._shares)
         # (milli, model or None) -> the models that take such a share; emptied when the policy or inventory changes
         self._accepting: dict[tuple[int, str | None], list[str]] = {}
@@ -101,6 +102,7 @@ class Allocator:
         Raises ValueError naming a bad entry."""
         policy = SharingPolicy.parse(sharing)
         with self._lock:
+            self._changes += 1
             self.sharing = policy
             self._accepting.clear()
             self._index.set_keep_totals(policy.uneven)
@@ -110,6 +112,7 @@ class Allocator:
     def set_inventory(self, gpus: Iterable[GPU]) -> None:
         """Replace the inventory. Holdings are kept, also of devices that left it."""
         with self._lock:
+            self._changes += 1
             self._accepting.clear()
             self._gpuless = None
             self._index.set_inventory(gpus)
@@ -127,6 +130,7 @@ class Allocator:
             if gpu.host != host:
                 raise ValueError(f"{gpu.uuid} is on {gpu.host}, not on {host}")
         with self._lock:
+            self._changes += 1
             self._accepting.clear()
             self._gpuless = None
             return self._index.set_host_devices(host, new)
@@ -135,6 +139,7 @@ class Allocator:
         """Only these hosts may be chosen (None: all). Only the hosts whose
         availability changed are touched."""
         with self._lock:
+            self._changes += 1
             self._index.set_available_hosts(None if hosts is None else set(hosts))
 
     def set_host_resources(self, host: str, cpu_milli: int | None, memory_mib: int | None) -> None:
@@ -142,6 +147,7 @@ class Allocator:
         host is then chosen by its GPUs alone). A host without GPUs may be given too:
         servers without GPUs (``Request(count=0)``) go there first. Raises ValueError."""
         with self._lock:
+            self._changes += 1
             self.resources.set_host(host, cpu_milli, memory_mib)
             self._gpuless = None
 
@@ -150,6 +156,7 @@ class Allocator:
         thousandths, memory MiB), as the swarm says; those the allocator holds are
         counted by their holdings instead."""
         with self._lock:
+            self._changes += 1
             self.resources.set_running(host, by_service)
 
     def set_mix(self, mix: Mix | None) -> None:
@@ -162,6 +169,7 @@ class Allocator:
         """No share is placed on ``host`` while ``why`` (what enforces shares is missing
         there) is set; whole GPUs are placed there as before. None: shares again."""
         with self._lock:
+            self._changes += 1
             if why is None:
                 self._unenforced.pop(host, None)
             else:
@@ -237,7 +245,7 @@ class Allocator:
             self._record(alloc)
             return alloc
 
-    def nearest_host(self, request: Request, exclude: frozenset[str] = frozenset()) -> str | None:
+    def nearest_host(self, request: Request, exclude: Set[str] = frozenset()) -> str | None:
         """The host where ``request`` would fit first as devices free up, of those not
         in ``exclude`` (see :mod:`~gpuspawner.allocator.nearest`); None: none could take it."""
         with self._lock:
@@ -246,6 +254,27 @@ class Allocator:
             except AllocationRefused:
                 return None
             return nearest_host(self._index, self.resources, request, wanted or self._index.models, exclude)
+
+    def planner(self) -> Callable[[Request, Set[str]], str | None]:
+        """:meth:`nearest_host` for one plan of a line, asked waiter after waiter with the
+        hosts excluded only growing: the walks are kept between calls while nothing
+        changes here (:class:`~gpuspawner.allocator.nearest.Walks`), made anew when
+        anything does."""
+        walks: Walks | None = None
+        made_at = -1
+
+        def nearest(request: Request, exclude: Set[str]) -> str | None:
+            nonlocal walks, made_at
+            with self._lock:
+                try:
+                    wanted = self._wanted(request)
+                except AllocationRefused:
+                    return None
+                if walks is None or made_at != self._changes:
+                    walks, made_at = Walks(self._index, self.resources), self._changes
+                return walks.nearest(request, wanted or self._index.models, exclude)
+
+        return nearest
 
     def _wanted(self, request: Request) -> list[str] | None:
         """The models the request accepts (None: any); raises for one not in the inventory."""
@@ -474,6 +503,7 @@ class Allocator:
         ``_held`` (shares are booked device by device by ``_book_share``)."""
         self._holders[alloc.holder] = alloc
         self._versions[alloc.host] = self._versions.get(alloc.host, 0) + 1
+        self._changes += 1
         self.resources.book(alloc.host, alloc.holder, alloc.cpu_milli, alloc.memory_mib)
         if not alloc.devices:
             return
@@ -493,6 +523,7 @@ class Allocator:
             if alloc is None:
                 return None
             self._versions[alloc.host] = self._versions.get(alloc.host, 0) + 1
+            self._changes += 1
             self.resources.book(alloc.host, alloc.holder, alloc.cpu_milli, alloc.memory_mib, sign=-1)
             self.resources.forget(holder)
             left = self._owned.get(alloc.owner, 0) - alloc.total_milli

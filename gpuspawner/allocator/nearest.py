@@ -12,7 +12,7 @@ devices of the model, CPU and memory that the host has in all, available.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Set
 
 from ..core.sharing import UNIT
 from .index import DeviceIndex
@@ -20,14 +20,65 @@ from .model import ModelIndex
 from .records import ALL, Request
 from .resources import HostResources
 
-__all__ = ["nearest_host"]
+__all__ = ["Walks", "nearest_host"]
 
 
 def nearest_host(
-    index: DeviceIndex, resources: HostResources, request: Request, models: Iterable[str], exclude: frozenset[str]
+    index: DeviceIndex, resources: HostResources, request: Request, models: Iterable[str], exclude: Set[str]
 ) -> str | None:
     """The host the request is planned on, of those not in ``exclude`` (kept for
     requests ahead of it), or None when no such host could ever take it."""
+    could = _could(index, resources, request, exclude)
+    walks = (_levels(mi, request, could) for m in sorted(set(models)) if (mi := index.models.get(m)) is not None)
+    return _best(resources, request, walks, exclude)
+
+
+class Walks:
+    """:func:`nearest_host` for the waiters of one plan, asked in line order while the
+    hosts excluded only grow (each waiter's planned host is kept from those behind it)
+    and nothing else changes: the walk of each model and kind of request is made once
+    and resumed, its hosts that became excluded dropped as met, so a line of 200 does
+    not walk again past the hosts kept for those ahead for each waiter. The answers
+    are those of :func:`nearest_host` (property-tested)."""
+
+    def __init__(self, index: DeviceIndex, resources: HostResources):
+        self.index, self.resources = index, resources
+        self._walks: dict[tuple, _Walk] = {}
+
+    def nearest(self, request: Request, models: Iterable[str], exclude: Set[str]) -> str | None:
+        """As :func:`nearest_host`; ``exclude`` holds every host excluded at an earlier call."""
+        kind = (request.count, request.milli, request.cpu_milli, request.memory_mib, request.host)
+        walks = []
+        for model in sorted(set(models)):
+            mi = self.index.models.get(model)
+            if mi is None:
+                continue
+            walk = self._walks.get((model, kind))
+            if walk is None:
+                could = _could(self.index, self.resources, request, frozenset())
+                walk = self._walks[(model, kind)] = _Walk(_levels(mi, request, could))
+            walks.append(walk.among(exclude))
+        return _best(self.resources, request, walks, exclude)
+
+
+class _Walk:
+    """One model's walk for one kind of request: what it yielded so far, less the
+    hosts found excluded, then the rest of it."""
+
+    def __init__(self, levels: Iterator[tuple[float, str]]):
+        self.levels = levels
+        self.seen: list[tuple[float, str]] = []
+
+    def among(self, exclude: Set[str]) -> Iterator[tuple[float, str]]:
+        self.seen = [e for e in self.seen if e[1] not in exclude]  # (excluded hosts stay so)
+        yield from self.seen
+        for entry in self.levels:
+            self.seen.append(entry)
+            yield entry
+
+
+def _could(index: DeviceIndex, resources: HostResources, request: Request, exclude: Set[str]) -> Callable[[str], bool]:
+    """Whether a host could ever take ``request`` (and is not in ``exclude``)."""
     cpu, mem = request.cpu_milli, request.memory_mib
 
     def could(host: str) -> bool:
@@ -36,12 +87,19 @@ def nearest_host(
         has = resources.capacity(host)
         return has is None or cpu <= has[0] and mem <= has[1]
 
+    return could
+
+
+def _best(
+    resources: HostResources, request: Request, walks: Iterable[Iterator[tuple[float, str]]], exclude: Set[str]
+) -> str | None:
+    """The best host of each model's walk (least missing first), then of them all."""
+    cpu, mem = request.cpu_milli, request.memory_mib
     best: tuple | None = None
-    for model in sorted(set(models)):
-        mi = index.models.get(model)
-        if mi is None:
-            continue
-        for key, host in _levels(mi, request, could):
+    for walk in walks:
+        for key, host in walk:
+            if host in exclude:
+                continue
             # Lower is better: less missing; then free CPU now; then the walk's own order.
             ranked = (key, not resources.fits(host, cpu, mem))
             if best is None or ranked < best[0]:

@@ -354,13 +354,22 @@ def count_toward(reservations: Iterable[Reservation], holders: Iterable[Holder],
     rs = [r for r in reservations if r.id is not None]
     opened = {r.id: (w.start if (w := r.next_window(now)) is not None else r.start) for r in rs}
     lacks = {r.id: r.milli for r in rs}
+    of_model: dict[str, list[Reservation]] = {}
+    for r in rs:
+        of_model.setdefault(r.model, []).append(r)
+    groups = {m: frozenset(r.group for r in mine) for m, mine in of_model.items()}
     choices = []
+    out: dict[str, int] = {}
     for h in holders:
-        mine = [r for r in rs if r.model == h.model and r.group in h.groups]
-        if mine:
+        if h.model not in groups or groups[h.model].isdisjoint(h.groups):
+            continue  # a member of none (most holders at a large hub): skipped at once
+        mine = [r for r in of_model[h.model] if r.group in h.groups]
+        if len(mine) == 1:  # one choice: counted first, whatever the order among them
+            out[h.key] = mine[0].id  # type: ignore[assignment]  # rs have ids
+            lacks[mine[0].id] -= h.milli
+        else:
             choices.append((h, mine))
     choices.sort(key=lambda hc: (len(hc[1]), -hc[0].milli, hc[0].key))
-    out: dict[str, int] = {}
     for h, mine in choices:
         r = min(mine, key=lambda r: (-lacks[r.id], opened[r.id], r.id))
         out[h.key] = r.id  # type: ignore[assignment]  # rs have ids

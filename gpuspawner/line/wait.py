@@ -342,7 +342,7 @@ class WaitLine:
         """(when it is made (monotonic), a new plan of a serving of a line): its planned
         starts are in seconds from when it was made, as the bookings are when asked."""
         at = time.monotonic()
-        return at, Round(self.holdings.allocator.nearest_host, self.backfill, self._starts.starts(at))
+        return at, Round(self.holdings.allocator.planner(), self.backfill, self._starts.starts(at))
 
     def _start_here(self, request: Request, host: str) -> Start | None:
         """When ``request`` would start on ``host`` as its holders reach their limits (seconds from now)."""

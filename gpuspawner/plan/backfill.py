@@ -26,7 +26,7 @@ plan the next time the line is served.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Set
 
 from ..allocator.resources import Room
 from ..core.requests import ALL, Request
@@ -34,7 +34,7 @@ from ..core.sharing import UNIT
 
 __all__ = ["Round", "planned_start"]
 
-Nearest = Callable[[Request, frozenset[str]], "str | None"]  # (request, hosts kept) -> its planned host
+Nearest = Callable[[Request, Set[str]], "str | None"]  # (request, hosts kept) -> its planned host
 Start = tuple[float, "str | None"]  # (seconds from now, the holder whose end it waits for; None: none)
 Starts = Callable[[Request, str], "Start | None"]  # (request, its planned host) -> when it starts there
 
@@ -82,7 +82,7 @@ class Round:
             self.blocked = True
             self.planned[who] = None
             return None
-        host = self.nearest(request, frozenset(self.kept))
+        host = self.nearest(request, self.kept.keys())  # (only grows: Allocator.planner walks on)
         self.planned[who] = host
         if host is not None:
             self.kept[host] = who

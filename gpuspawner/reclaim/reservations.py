@@ -197,14 +197,16 @@ class ReservationKeeper:
         known = self._held[1].get(ids)
         if known is not None:
             return known
-        models = {r.model for r in near}
+        models, groups = {r.model for r in near}, {r.group for r in near}
         holders, everyone = [], self.holdings.all()
         for name, h in everyone.items():
             # A member's server being removed still counts: its GPU comes back to the reservation,
             # and counting it as nobody's would have others stop for room it gives back.
             if h.held.model not in models or not h.held.uuids:
                 continue
-            holders.append(Holder(name, h.held.model, sum(h.held.milli), self._groups_of(h.user) or frozenset()))
+            mine = self._groups_of(h.user)
+            if mine and not groups.isdisjoint(mine):  # (a member of none counts toward none)
+                holders.append(Holder(name, h.held.model, sum(h.held.milli), mine))
         held: dict[int, float] = {}
         for name, rid in count_toward(near, holders, self.wall()).items():
             held[rid] = held.get(rid, 0.0) + sum(everyone[name].held.milli) / UNIT

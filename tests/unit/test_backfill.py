@@ -326,3 +326,60 @@ def test_the_plan_follows_the_cluster_a_host_that_frees_up_sooner_becomes_the_pl
     for i in range(6):
         alloc.release(f"gpu-a-{i}")  # gpu-a's servers end first
     assert Round(alloc.nearest_host).wait("big", big) == "gpu-a"
+
+
+@st.composite
+def lines_to_plan(draw):
+    """A cluster of two models, some of it held (whole GPUs and shares), CPU known on
+    some hosts, and a line of requests of a few kinds (so kinds repeat), with a booking
+    or a release at some places in it."""
+    hosts = draw(st.lists(st.sampled_from(["n1", "n02", "gpu-b", "gpu-a", "x", "A", "b7"]), min_size=1, unique=True))
+    model = {h: draw(st.sampled_from([A100, T4])) for h in hosts}
+    sizes = {h: draw(st.integers(1, 8)) for h in hosts}
+    held = {h: draw(st.integers(0, n)) for h, n in sizes.items()}
+    cpus = {h: draw(st.sampled_from([None, 4_000, 16_000])) for h in hosts}
+    kinds = st.builds(
+        Request,
+        model=st.sampled_from([A100, T4, None]),
+        count=st.integers(1, 8),
+        cpu_milli=st.sampled_from([0, 2_000, 8_000]),
+    ) | st.builds(Request, model=st.sampled_from([A100, T4]), milli=st.sampled_from([250, 500]))
+    shapes = draw(st.lists(kinds, min_size=1, max_size=4))
+    line = draw(st.lists(st.sampled_from(shapes), min_size=1, max_size=12))
+    changes = draw(st.lists(st.integers(0, len(line) - 1), max_size=2))
+    return hosts, model, sizes, held, cpus, line, changes
+
+
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lines_to_plan())
+def test_a_plans_walks_kept_between_waiters_give_what_nearest_host_gives_afresh(case):
+    """Allocator.planner (walks resumed waiter after waiter, made anew when the cluster
+    changes) against nearest_host worked out afresh for each waiter of a line."""
+    hosts, model, sizes, held, cpus, line, changes = case
+    alloc = Allocator(
+        [GPU(h, i, f"GPU-{h}-{i}", model[h], 81920) for h in hosts for i in range(sizes[h])],
+        sharing={A100: {"quantum": 0.05}, T4: {"quantum": 0.05}},
+    )
+    for h in hosts:
+        if cpus[h] is not None:
+            alloc.set_host_resources(h, cpus[h], 1 << 20)
+        for i in range(held[h]):
+            try:
+                alloc.allocate(f"{h}-{i}", Request(model=model[h], count=1, host=h, cpu_milli=1_000))
+            except AllocationRefused:  # the host's CPU is all reserved
+                break
+    planner, kept = alloc.planner(), {}
+    for i, request in enumerate(line):
+        if i in changes:  # a server ends, or a share is granted, between two waiters
+            gone = next(iter(alloc.holdings()), None)
+            if gone is not None and i % 2:
+                alloc.release(gone)
+            else:
+                try:
+                    alloc.allocate(f"new-{i}", Request(milli=250))
+                except AllocationRefused:
+                    pass
+        want = alloc.nearest_host(request, frozenset(kept))
+        assert planner(request, kept.keys()) == want
+        if want is not None:
+            kept[want] = i
