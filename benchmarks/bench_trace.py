@@ -232,8 +232,10 @@ class Learning:
     ``LEARN_SECONDS``, :func:`learn_every`), sets the allocator's mix to what the product's
     own pure function (``Mix.learned``) makes of the servers placed so far, as the ledger
     records them: those with GPUs only, each with the model and thousandths it got, the CPU
-    and memory it reserved and the models its request accepted. (The hub reads the last
-    ``LEARN_DAYS``, 14; a replay is shorter, so every server placed counts.)"""
+    and memory it reserved and the models its request accepted; and, as the hub does, sooner
+    while they are few: once as many were placed since as it was learned from
+    (:func:`doubled`). (The hub reads the last ``LEARN_DAYS``, 14; a replay is shorter, so
+    every server placed counts.)"""
 
     def __init__(self, alloc: Allocator, every: int):
         if every < 1:
@@ -242,15 +244,25 @@ class Learning:
         self.placed: list[Placed] = []
         self.asked = 0  # requests so far
         self.learned = 0  # times the mix was learned
+        self.learned_from = 0  # servers placed when it was last learned
+        self.since = 0  # requests since then
 
     def asked_for(self, got: Allocation | None) -> None:
         """One request, placed (``got``) or not; the mix learned again when it is due."""
         if got is not None and got.devices:
             self.placed.append(Placed(got.model, got.milli, got.cpu_milli, got.memory_mib, got.accepts))
         self.asked += 1
-        if self.asked % self.every == 0:
+        self.since += 1
+        if self.since >= self.every or doubled(len(self.placed), self.learned_from):
             self.alloc.set_mix(Mix.learned(self.placed))
             self.learned += 1
+            self.learned_from, self.since = len(self.placed), 0
+
+
+def doubled(placed: int, learned_from: int) -> bool:
+    """Whether the mix is due again before the hour, as the hub's ``_learn_mix`` has it: as
+    many servers placed since it was learned as it was learned from."""
+    return placed - learned_from >= max(1, learned_from)
 
 
 def learn_every(folder: Path, name: str, tasks: list[Task], capacity: int, load: float = 0.9) -> int:
@@ -709,15 +721,16 @@ def live(
         life.running.append((ask, got))
         record(got)
         start(ask, 0.0, got)
+    learned_from = len(placed)
     if mix == "learned":
         alloc.set_mix(Mix.learned(placed))
     for ask in draws.asks:
         heapq.heappush(events, (ask.at, next(order), "arrive", ask))
     while events and events[0][0] <= draws.span:
         now, _, kind, ask = heapq.heappop(events)
-        if mix == "learned" and now - learned_at >= LEARN_SECONDS:
+        if mix == "learned" and (now - learned_at >= LEARN_SECONDS or doubled(len(placed), learned_from)):
             alloc.set_mix(Mix.learned(placed))
-            learned_at = now
+            learned_at, learned_from = now, len(placed)
         life.gpu_seconds += allocated * (now - last)
         life.idle_fit_seconds += idle_fit * (now - last)
         last = clock = now

@@ -137,6 +137,7 @@ class Holdings:
         self._ledger_order = asyncio.Lock()  # see _ledger_write
         self.rebuilt = False
         self.records_unread = False  # the ledger's open records could not be read at the rebuild
+        self.granted = 0  # GPU holdings booked so far (the frag policy learns again sooner while they are few)
         self.on_free = on_free  # called when devices come back (the line is served)
 
     # -- views -------------------------------------------------------------------
@@ -216,6 +217,7 @@ class Holdings:
                 # No service exists: nothing can run on the devices.
                 self._forget(h)
                 raise
+            self.granted += 1
         return h
 
     def _allocate(

@@ -109,6 +109,7 @@ class GPUHub:
         self._reclaimer: Reclaimer | None = None
         self._reservations: ReservationKeeper | None = None
         self._mix_read: float | None = None  # when the frag policy's mix was last learned (clock)
+        self._mix_from = (0, 0)  # (servers it was learned from, holdings granted then)
         self._gauges: metrics.DeviceGauges | None = None
         self._holder_gauges: metrics.HolderMemoryGauges | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -371,13 +372,19 @@ class GPUHub:
 
     async def _learn_mix(self, holdings: Holdings) -> None:
         """For frag without a configured mix: the mix of what servers held over the last
-        LEARN_DAYS (the ledger), read at most every LEARN_SECONDS. When the ledger
-        cannot answer, the mix last learned stays."""
+        LEARN_DAYS (the ledger), read every LEARN_SECONDS, and sooner while the ledger is
+        young: once as many servers were granted since as it was learned from (a mix
+        learned from few servers is a poor guess; a hub with weeks of history never
+        doubles them within the hour). When the ledger cannot answer, the mix last
+        learned stays."""
         s = self.settings
         if s.allocation_policy != "frag" or s.gpu_placement_mix:
             return
-        if self._mix_read is not None and self.clock() - self._mix_read < LEARN_SECONDS:
+        learned_from, granted = self._mix_from
+        doubled = holdings.granted - granted >= max(1, learned_from)
+        if self._mix_read is not None and self.clock() - self._mix_read < LEARN_SECONDS and not doubled:
             return
+        granted = holdings.granted
         since = datetime.fromtimestamp(self.wall(), timezone.utc) - timedelta(days=LEARN_DAYS)
         try:
             records = await holdings.ledger_call(lambda db: db.history(since=since)) or []
@@ -386,7 +393,7 @@ class GPUHub:
             return
         mix = Mix.learned(Placed(r.model, r.milli, r.cpu_milli, r.memory_mib, r.accepts) for r in records)
         holdings.allocator.set_mix(mix)
-        self._mix_read = self.clock()
+        self._mix_read, self._mix_from = self.clock(), (len(records), granted)
         shapes = 0 if mix is None else len(mix.shapes)
         self.log.info("gpuspawner: frag places by %d kinds of request from %d servers", shapes, len(records))
 

@@ -230,15 +230,16 @@ def test_the_shares_arrived_by_100_percent_packed_offline_by_size_leave_what_bes
 
 
 def test_the_learned_mix_is_learned_online_from_what_was_placed_as_the_ledger_records_it(life):
-    """Every ``every`` requests the allocator's mix becomes Mix.learned of the servers placed
-    so far, each with its CPU, memory and accepted models; from no mix; servers without GPUs
-    and requests that fit nowhere are not recorded (the hub's ledger has neither)."""
+    """As the servers placed double, and every ``every`` requests, the allocator's mix becomes
+    Mix.learned of the servers placed so far, each with its CPU, memory and accepted models;
+    from no mix; servers without GPUs and requests that fit nowhere are not recorded (the
+    hub's ledger has neither)."""
     from gpuspawner.allocator.fragment import Placed
 
     nodes = bench.read_nodes(life)
     alloc = bench.build(nodes, "frag")
     assert alloc.mix is None
-    learning = bench.Learning(alloc, every=2)
+    learning, learned = bench.Learning(alloc, every=100), []
     asks = [
         bench.Task(2000, 4096, 1, 1000, ("T4", "G2")),
         bench.Task(1000, 2048, 0, 0, ()),  # no GPU: not in the ledger
@@ -251,8 +252,8 @@ def test_the_learned_mix_is_learned_online_from_what_was_placed_as_the_ledger_re
         except bench.AllocationRefused:
             got = None
         learning.asked_for(got)
-        if i == 0:
-            assert alloc.mix is None  # not due yet
+        learned.append(learning.learned)
+    assert learned == [1, 1, 2, 2]  # at the first server placed, then as they doubled
     held = [alloc.holding("t0"), alloc.holding("t2")]
     assert learning.placed == [Placed(a.model, a.milli, a.cpu_milli, a.memory_mib, a.accepts) for a in held]
     assert [(p.cpu_milli, p.memory_mib, p.accepts) for p in learning.placed] == [
@@ -267,6 +268,18 @@ def test_the_learned_mix_is_learned_online_from_what_was_placed_as_the_ledger_re
     }
     with pytest.raises(ValueError, match="every N requests, N ≥ 1"):
         bench.Learning(alloc, every=0)
+
+
+def test_the_mix_is_learned_again_sooner_while_few_servers_were_placed_as_the_hub_does():
+    """bench_trace.doubled: due once as many were placed since the last learning as it was
+    learned from (the hub's _learn_mix: test_fragment.py); every 2 requests otherwise."""
+    assert [bench.doubled(n, 0) for n in (0, 1)] == [False, True]
+    assert [bench.doubled(n, 4) for n in (4, 7, 8, 9)] == [False, False, True, True]
+    alloc = bench.build([bench.Node("n", 100_000, 1 << 20, 8, "G2")], "frag")
+    learning = bench.Learning(alloc, every=3)
+    for i in range(8):
+        learning.asked_for(alloc.allocate(f"t{i}", bench.Request(count=0 if i > 1 else 1)))
+    assert learning.learned == 1 + 1 + 2  # at 1 placed, at 2, then every 3 requests (nothing more placed)
 
 
 def test_the_mix_is_learned_again_after_an_hours_requests_at_the_departures_rate(life):
@@ -291,9 +304,9 @@ def test_the_mix_option_gives_frag_the_learned_mix_the_shapes_or_none(trace, cap
     learned = figures()  # the default
     tasks = bench.read_tasks(trace, "tiny")
     assert learned["mix"] == "learned" and learned["learn_every"] == bench.learn_every(trace, "tiny", tasks, 3000)
-    assert learned["policies"]["frag"]["learned"] == 0  # its tasks last a second: fewer requests than an hour's
+    assert learned["policies"]["frag"]["learned"] > 0  # fewer requests than an hour's, but the servers doubled
     often = figures("--mix", "learned", "--learn-every", "1")
-    assert often["learn_every"] == 1 and often["policies"]["frag"]["learned"] > 0
+    assert often["learn_every"] == 1 and often["policies"]["frag"]["learned"] > learned["policies"]["frag"]["learned"]
     assert often["policies"]["frag"]["learned_shapes"] >= 1
     none, shapes = figures("--mix", "none"), figures("--mix", "shapes")
     assert (none["mix"], shapes["mix"]) == ("none", "shapes") and "learn_every" not in none

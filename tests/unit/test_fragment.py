@@ -481,3 +481,29 @@ async def test_a_servers_cpu_memory_and_accepted_models_go_to_the_ledger_and_int
     await world.hub._learn_mix(world.owner)
     mix = world.owner.allocator.mix
     assert mix is not None and mix.shapes == (Shape(1, UNIT, 2000, 4096, None, 1.0),)
+
+
+async def test_a_young_hub_learns_its_mix_again_once_as_many_servers_were_granted_as_it_learned_from(tmp_path):
+    """Guards docs/benchmarks.md: the mix is learned again every hour "and sooner while the
+    ledger is young: once as many servers were granted since as it was learned from"."""
+    from gpuspawner.ledger.ledger import Ledger
+    from tests.unit.test_holdings import A100, World
+
+    two = {"gpu-b": [{"uuid": f"GPU-b{i}", "model": A100, "memory_mib": 81920} for i in range(2)]}
+    world = World(tmp_path, inventory=two, allocation_policy="frag")
+    hub, ledger = world.hub, Ledger(world.db_url)
+    for i in range(2):
+        ledger.open(f"old-{i}", f"u{i}", "", "gpu-b", A100, ["GPU-b0"], [250])
+        ledger.close(f"old-{i}")
+    await hub._learn_mix(world.owner)
+    assert {(s.milli, s.weight) for s in world.owner.allocator.mix.shapes} == {(250, 1.0)}
+    ledger.open("old-2", "u2", "", "gpu-b", A100, ["GPU-b0"], [1000])  # in the ledger, granted by no hub
+    ledger.close("old-2")
+    await hub._learn_mix(world.owner)
+    assert {s.milli for s in world.owner.allocator.mix.shapes} == {250}  # within the hour, nothing granted: kept
+    await world.started(world.spawner("alice", {"gpu_model": A100}))
+    await hub._learn_mix(world.owner)
+    assert {s.milli for s in world.owner.allocator.mix.shapes} == {250}  # 1 granted since, learned from 2
+    await world.started(world.spawner("bob", {"gpu_model": A100}))
+    await hub._learn_mix(world.owner)
+    assert {s.milli for s in world.owner.allocator.mix.shapes} == {250, 1000}  # 2 since: learned again
