@@ -68,8 +68,9 @@ from gpuspawner.allocator.allocator import AllocationRefused, Request
 from gpuspawner.cluster.cluster import GPUCluster, InventorySettings
 from gpuspawner.cluster.host_views import batches
 from gpuspawner.core.reports import parse_report
-from gpuspawner.core.reservations import Holder, Reservation, count_toward, keep_free, needs
+from gpuspawner.core.reservations import Reservation
 from gpuspawner.plan.backfill import Round, StartsCache, planned_start
+from gpuspawner.plan.reservations import Holder, count_toward, keep_free, needs
 from gpuspawner.web.api import gpu_page
 
 from .bench_allocator import MODELS, SHARING

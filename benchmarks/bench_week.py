@@ -8,7 +8,7 @@ A discrete-event simulation (no hub, no swarm) whose decisions are the product's
 pure rules: the line's order (:func:`gpuspawner.core.line_order.ordered`, with a
 :class:`~gpuspawner.core.line_order.Standing` of
 :meth:`gpuspawner.core.fairshare.FairShare.recent_use`), what an open reservation
-window keeps free (:func:`gpuspawner.core.reservations.needs`, ``keep_free``) and
+window keeps free (:func:`gpuspawner.plan.reservations.needs`, ``keep_free``) and
 whose servers are stopped at its start (``to_stop``, newest first). The line is
 served as :mod:`gpuspawner.line.wait` serves it: in order; a waiter refused
 because the free GPUs are kept for a reservation is passed over, and the first
@@ -66,7 +66,8 @@ from datetime import datetime, timedelta, timezone
 
 from gpuspawner.core.fairshare import FairShare
 from gpuspawner.core.line_order import Standing, Waiter, ordered
-from gpuspawner.core.reservations import Keep, Reservation, conflicts, keep_free, needs, to_stop
+from gpuspawner.core.reservations import Reservation, conflicts
+from gpuspawner.plan.reservations import Keep, keep_free, needs, to_stop
 
 START = datetime(2026, 11, 30, tzinfo=timezone.utc)  # a Monday
 MODEL = "A100"

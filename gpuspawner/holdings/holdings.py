@@ -46,9 +46,9 @@ from ..allocator.allocator import Allocation, AllocationRefused, Refusal, Reques
 from ..cluster.cluster import GPUCluster
 from ..cluster.swarm import Swarm, SwarmError, spec_reservations
 from ..core.labels import LABEL, Held, LabelError, parse_labels
-from ..core.reservations import Keep
 from ..core.sharing import UNIT
 from ..ledger.ledger import Ledger, LedgerError
+from ..plan.reservations import Keep
 from .ports import NoPortFree, PortPool
 
 __all__ = ["Holding", "Holdings", "HoldingBusy", "Phase", "stop_for"]

@@ -250,7 +250,8 @@ class GPUSettings(LoggingConfigurable):
         any) and ``weight`` (how often it comes; default 1). With ``cpu`` or
         ``memory_mib``, frag also keeps a host's CPU and memory in step with its free
         GPUs, at the rate the mix asks for them. Empty (the default): frag learns the mix
-        from what servers held over the last 14 days (the ledger), read every hour: each
+        from what servers held over the last 14 days (the ledger), read every hour (and
+        sooner while the ledger is young, once the servers granted since have doubled): each
         kind with the CPU and memory its servers reserved (none for servers the ledger
         recorded before it kept them), of any model; until the ledger has any, it places
         as pack.""",

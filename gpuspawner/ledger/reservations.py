@@ -4,7 +4,7 @@ GPUs, or a share total in ``share_milli``; a weekly one until ``repeat_until``).
 
 A mixin of :class:`gpuspawner.ledger.ledger.Ledger`: the same database, locks and
 error handling. What a reservation means (its windows, conflicts, what it keeps
-free) is :mod:`gpuspawner.core.reservations`'s; the ledger only keeps them.
+free) is :mod:`gpuspawner.core.reservations`'s and :mod:`gpuspawner.plan.reservations`'s; the ledger only keeps them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Reservations at the hub: the list from the ledger, what each open window
 keeps free for its members, and the servers of others stopped at its start.
 
-The rules are in :mod:`gpuspawner.core.reservations`. Here they meet the hub's
+The rules are in :mod:`gpuspawner.plan.reservations` (pure). Here they meet the hub's
 holdings and JupyterHub's groups: a holder is a member of a reservation when
 its user is in the reservation's group now. :meth:`ReservationKeeper.check`,
 run with the idle reclaim, tells the servers of others that must make room
@@ -19,30 +19,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from datetime import datetime, timedelta, timezone
 
 from prometheus_client import Gauge
 
-from ..core.reservations import (
-    RESERVATION,
-    WEEK,
-    Holder,
-    Keep,
-    Need,
-    Reservation,
-    ReservationError,
-    Window,
-    conflicts,
-    count_toward,
-    keep_free,
-    needs,
-    to_stop,
-)
+from ..core.reservations import RESERVATION, WEEK, Reservation, ReservationError, conflicts
 from ..core.sharing import UNIT, to_milli
 from ..holdings.holdings import Holding, Holdings, Phase, stop_for
 from ..ledger.checks import utc_now
 from ..ledger.ledger import LedgerError
+from ..plan.reservations import Candidate, Holder, Keep, Need, count_toward, keep_free, make_room, needs
 
 __all__ = ["NOTICE_BEFORE", "ReservationKeeper", "milli_asked"]
 
@@ -188,7 +175,7 @@ class ReservationKeeper:
         """Per reservation id, the GPUs of its model its members hold now (shares as
         fractions; a server being removed too, until its devices are given back), each
         holding counted toward one of ``near`` at most (the one that lacks the most:
-        :func:`~gpuspawner.core.reservations.count_toward`); worked out
+        :func:`~gpuspawner.plan.reservations.count_toward`); worked out
         again only when a holding or the list changed, or the groups may have."""
         when = (self.holdings.version, int(self.clock() // GROUPS_SECONDS))
         ids = tuple(r.id for r in near)
@@ -292,56 +279,35 @@ class ReservationKeeper:
         counted toward one of them at most), so no more are stopped than all of them
         need. A member of any reservation of the model open then is left alone, and
         so is a server whose held-time limit ends it by then."""
-        out: dict[str, tuple[Need, Holding]] = {}
         near = self._near(now, ahead)
         if not near:
-            return out
-        waiting = self._members_waiting(near)
-        by_model: dict[str, list[tuple[Reservation, Window]]] = {}
-        for r in near:
-            w = r.next_window(now)
-            if w is not None:
-                by_model.setdefault(r.model, []).append((r, w))
+            return {}
         everyone = self.holdings.all()
-        for model, windows in by_model.items():
-            devices: dict[str, dict[str, int]] | None = None
-            holders: list[tuple[str, Holding]] = []
-            for t in sorted({max(w.start, now) for _, w in windows}):
-                open_then = [r for r, w in windows if w.start <= t < w.end]
-                lacking = [
-                    n
-                    for n in needs(open_then, now, self._members_hold(open_then), ahead, waiting)
-                    if n.keep and n.window.start <= t < n.window.end
-                ]
-                if not lacking:
-                    continue
-                if devices is None:
-                    devices = self.holdings.allocator.model_devices(model)
-                    held = {name for booked in devices.values() for name in booked}
-                    holders = [
-                        (n, h) for n, h in reversed(everyone.items()) if n in held and h.phase is not Phase.REMOVING
-                    ]
-                    holders.sort(key=lambda nh: self.held_for(nh[1]) or 0.0)  # stable: newest first
-                groups = {r.group for r in open_then}  # members of any of them are not stopped for them
-                candidates = [name for name, h in holders if name not in out and self._in_the_way(h, groups, t, now)]
-                left = {uuid: {k: v for k, v in booked.items() if k not in out} for uuid, booked in devices.items()}
-                first = min(lacking, key=lambda n: n.window.start)
-                kept = sum((n.keep for n in lacking), Keep())
-                for name in to_stop(kept.devices, left, candidates, kept.room):
-                    out[name] = (first, everyone[name])
-        return out
 
-    def _in_the_way(self, h: Holding, groups: set[str], t: datetime, now: datetime) -> bool:
-        """Whether ``h`` may be stopped for windows of ``groups`` open at ``t``: its user is
-        known to be in none of them, and its held-time limit does not end it by then."""
-        theirs = self._groups_of(h.user)
-        if theirs is None:
-            log.debug("The groups of %s are not known: %s is not stopped for a reservation", h.user, h.name)
-            return False
-        if groups & theirs:
-            return False
+        def candidates(model: str, held: Collection[str]) -> list[Candidate]:
+            found = [(n, h) for n, h in reversed(everyone.items()) if n in held and h.phase is not Phase.REMOVING]
+            found.sort(key=lambda nh: self.held_for(nh[1]) or 0.0)  # stable: newest first
+            out = [Candidate(n, self._groups_of(h.user), self._ends_at(h, now)) for n, h in found]
+            for c in out:
+                if c.groups is None:
+                    log.debug("The groups of the user of %s are not known: it is not stopped for a reservation", c.name)
+            return out
+
+        room = make_room(
+            near,
+            now,
+            ahead,
+            self._members_hold,
+            self.holdings.allocator.model_devices,
+            candidates,
+            self._members_waiting(near),
+        )
+        return {name: (need, everyone[name]) for name, need in room.items()}
+
+    def _ends_at(self, h: Holding, now: datetime) -> datetime | None:
+        """When ``h``'s held-time limit ends it (None: nothing does)."""
         left = self.ends_in(h)
-        return left is None or now + timedelta(seconds=left) > t
+        return None if left is None else now + timedelta(seconds=left)
 
     def _stop_at(self, name: str, need: Need, h: Holding, now: datetime) -> datetime:
         """When a server that must make room is stopped: at the window's start; a lent GPU

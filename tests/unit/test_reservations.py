@@ -1,4 +1,4 @@
-"""Reservations, the pure part (gpuspawner.core.reservations): weekly windows
+"""Reservations, the pure part (gpuspawner.core.reservations, gpuspawner.plan.reservations): weekly windows
 kept at local time across daylight-saving changes (and on the days a local time
 does not exist or exists twice), a window's edges to the microsecond, what a
 reservation refuses, overlap conflicts (also against a brute force over every
@@ -18,21 +18,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gpuspawner.core.reservations import (
-    HORIZON_WEEKS,
-    WEEK,
-    Holder,
-    Keep,
-    Need,
-    Reservation,
-    ReservationError,
-    Window,
-    conflicts,
-    count_toward,
-    keep_free,
-    needs,
-    to_stop,
-)
+from gpuspawner.core.reservations import HORIZON_WEEKS, WEEK, Reservation, ReservationError, Window, conflicts
+from gpuspawner.plan.reservations import Holder, Keep, Need, count_toward, keep_free, needs, to_stop
 
 UTC = timezone.utc
 BERLIN = ZoneInfo("Europe/Berlin")

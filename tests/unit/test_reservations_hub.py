@@ -15,9 +15,10 @@ import pytest
 from jupyterhub.spawner import SpawnException
 
 from gpuspawner.core.requests import Request
-from gpuspawner.core.reservations import RESERVATION, Keep, Reservation
+from gpuspawner.core.reservations import RESERVATION, Reservation
 from gpuspawner.hub.app import KEY, GPUHub
 from gpuspawner.ledger.ledger import Ledger, LedgerError
+from gpuspawner.plan.reservations import Keep
 from gpuspawner.reclaim import reservations as reservations_module
 from gpuspawner.reclaim.reservations import NOTICE_BEFORE
 from tests.unit.test_holdings import A100, World, driven
@@ -149,7 +150,10 @@ async def test_a_grant_that_will_have_to_make_room_says_so(hub):
 
 
 async def test_a_member_behind_a_waiting_other_is_served_from_the_reservation(hub):
-    """The line does not hold a member up behind someone the reservation keeps out."""
+    """The line does not hold a member up behind someone the reservation keeps out.
+
+    Guards docs/reservations.md, "One plan with the line": "members behind it are served
+    from what is kept for them"."""
     reserve(hub, NOW - timedelta(minutes=5), count=1)
     await hub.started(spawner(hub, "carol"))  # one left, kept for CS101
     line = hub.hub.line
@@ -502,7 +506,11 @@ async def test_a_windows_start_stops_only_a_member_of_no_open_reservation(tmp_pa
     """docs/reservations.md: "Members of any open reservation of the model are never stopped
     for one". Two A100s: Lab B (1) has been open since 12:00 and its member dave holds its
     GPU; bob (no group) holds the other. When Lab A (1) opens, bob alone is told and stopped,
-    which meets both; dave, the newer, keeps his, also at the checks after."""
+    which meets both; dave, the newer, keeps his, also at the checks after.
+
+    Guards docs/reservations.md, "One plan with the line": "only servers of users who are
+    members of no open reservation of the model, and only as many as the windows open
+    then lack together"."""
     GROUPS.update(dave=["lab-b"])
     hub = world_of(tmp_path, TWO_GPUS)
     ledger = Ledger(hub.db_url)
