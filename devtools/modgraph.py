@@ -62,7 +62,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_version", "core"),  # pure values and rules
     ("metrics", "hub_port"),  # Prometheus collectors; the one contact with JupyterHub's internals
     ("allocator", "agent"),  # placement decisions; the node agent
-    ("plan",),  # one serving of a line: who may be served now, which hosts are kept (backfill)
+    ("plan",),  # the scheduling rules: the line's serving (backfill), what reservations keep and stop
     ("cluster", "ledger"),  # the swarm seam, nodes, reports and views; the database
     ("holdings",),  # who holds what
     ("line", "reclaim"),  # the waiting line; idle reclaim

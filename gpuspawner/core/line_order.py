@@ -147,3 +147,20 @@ def held_now(held_seconds: Sequence[float]) -> str:
         f"No server of this model has ended yet; {len(held_seconds)} hold it now, "
         f"the longest for {fmt_duration(longest)}, the newest for {fmt_duration(newest)}"
     )
+
+
+def kept_text(host: str | None, needs: int, free: int, start: str, kept_out: bool) -> str:
+    """What a waiter is told of what it waits for, from its line's last plan: the host
+    kept for it (``host``) and how much of what it asked for is free there now (``free``
+    of ``needs`` devices; ``needs`` 0: a share, with ``free`` devices with room for it),
+    and when it starts there (``start``: "about 14:20 UTC, when a server there reaches its
+    time limit"; "": nobody can say, as a server there has no time limit); or, without a
+    host, that every host that could take it is kept for requests ahead (``kept_out``)."""
+    if host is None:
+        return "Every host that could take your request is kept for a request ahead of yours" if kept_out else ""
+    if needs:
+        have = f"{free} of the {needs} GPU{'s' if needs != 1 else ''} you asked for {'is' if free == 1 else 'are'} free now"
+    else:
+        have = "a device there has room for your share now" if free else "no device there has room for your share yet"
+    when = f"planned start {start}" if start else "no estimate of when: a server there has no time limit"
+    return f"Kept for you: {host}, where {have}; {when}"

@@ -42,8 +42,9 @@ from .. import hub_port, metrics
 from ..allocator.records import accepted
 from ..allocator.refusals import AllocationRefused, Refusal
 from ..core.fairshare import FairShare, by_group
-from ..core.line_order import Standing, Waiter, by_model, estimate, held_now, order_reason, position
-from ..core.requests import Request
+from ..core.line_order import Standing, Waiter, by_model, estimate, held_now, kept_text, order_reason, position
+from ..core.requests import ALL, Request
+from ..core.sharing import UNIT
 from ..holdings.holdings import Holding, Holdings
 from ..ledger.checks import utc_now
 from ..ledger.ledger import LedgerError
@@ -473,6 +474,28 @@ class WaitLine:
             return ""
         return f"Planned: about {when:%H:%M} UTC on {host}, when a server there reaches its time limit"
 
+    def why(self, service: str) -> str:
+        """What ``service`` waits for, as its line's last plan has it ("" before one, or
+        in strict order): the host kept for it with what is free there now and when it
+        starts, or that every host that could take it is kept for those ahead."""
+        known = self._plan_of(service)
+        if known is None or service not in known[1].planned:
+            return ""
+        plan, host = known[1], known[1].planned[service]
+        request = plan.request_of(service)
+        if host is None or request is None:
+            return kept_text(None, 0, 0, "", service in plan.kept_out)
+        devices = self.holdings.allocator.host_devices(host, accepted(request) or None)
+        milli = request.milli
+        if milli is not None and milli < UNIT:
+            needs, free = 0, sum(1 for held in devices.values() if UNIT - sum(held.values()) >= milli)
+        else:
+            needs = len(devices) if request.count == ALL else -(-milli // UNIT) if milli else int(request.count)
+            free = min(needs, sum(1 for held in devices.values() if not held))
+        when = self.planned_at(service)
+        start = f"about {when:%H:%M} UTC, when a server there reaches its time limit" if when else ""
+        return kept_text(host, needs, free, start, False)
+
     # -- one spawn's wait ------------------------------------------------------------
 
     async def wait(
@@ -492,7 +515,7 @@ class WaitLine:
         result: asyncio.Future = loop.create_future()
         self._live[service] = Live(reserve, result, request, lasts)
         deadline, poked = loop.time() + timeout, 0.0
-        last: tuple | None = None  # (place, plan) last reported
+        last: tuple | None = None  # (place, plan, why) last reported
         cancelled = False
         try:
             while not result.done():
@@ -500,14 +523,16 @@ class WaitLine:
                 if place is None:
                     break
                 plan = self.plan_text(service)
-                if (place, plan) != last:
+                why = "" if plan else self.why(service)  # (a planned start says it all)
+                if (place, plan, why) != last:
                     if place != (last or (None,))[0]:
                         self._outlook[service] = await self._guess(*place)
-                    last = (place, plan)
+                    last = (place, plan, why)
                     order = f"Fair share orders this line: {self.reason(service)}" if self.fair else ""
                     report(
                         f"You are number {place[1]} in line for {place[0]}"
-                        + _sentence(plan or self.outlook(service))
+                        + _sentence(plan or why)
+                        + _sentence("" if plan else self.outlook(service))
                         + _sentence(order)
                     )
                 if loop.time() - poked >= RETRY_SECONDS:

@@ -53,6 +53,7 @@ class Round:
         self._asked: dict[Hashable, Request] = {}  # waiter with a planned host -> its request
         self._start: dict[Hashable, Start | None] = {}  # waiter -> its planned start, once worked out
         self.blocked = False  # strict, and someone was not served: nobody more is
+        self.kept_out: set[Hashable] = set()  # waiters whose every possible host is kept for those ahead
 
     def avoid(self, lasts: float | None = None) -> frozenset[str] | None:
         """The hosts the next waiter (or a new request) may not be placed on; None:
@@ -87,7 +88,13 @@ class Round:
         if host is not None:
             self.kept[host] = who
             self._asked[who] = request
+        else:
+            self.kept_out.add(who)
         return host
+
+    def request_of(self, who: Hashable) -> Request | None:
+        """What ``who`` asked for, where it has a planned host."""
+        return self._asked.get(who)
 
 
 def planned_start(

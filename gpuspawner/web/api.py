@@ -289,6 +289,7 @@ async def queue_json(line: WaitLine) -> dict:
                 "planned_host": line.planned_host(w.service),  # kept for it (backfill); None: behind others
                 "planned_start": _iso(at) if (at := line.planned_at(w.service)) else None,  # where limits tell
                 "passed_by": line.passed.get(w.service, []),  # granted ahead of it, on hosts it does not need
+                "why": line.plan_text(w.service) or line.why(w.service),  # what it waits for, in a sentence
                 **({} if standing is None else {"recent_gpu_hours": round(standing.used.get(w.user, 0.0), 3)}),
             }
             for i, w in enumerate(waiters, 1)

@@ -59,7 +59,8 @@ def server_rows(hub, user: str) -> list[dict]:
         place = hub.line.place(w.service)
         if w.user == user and place is not None:
             waiting = f"Number {place[1]} in line for {place[0]}"
-            rows.append({"server": w.server, "waiting": waiting, "outlook": hub.line.outlook(w.service)})
+            why = hub.line.plan_text(w.service) or hub.line.why(w.service)  # the plan: where, and when if known
+            rows.append({"server": w.server, "waiting": waiting, "why": why, "outlook": hub.line.outlook(w.service)})
     return rows
 
 
@@ -104,7 +105,8 @@ def servers_var(hub):
 def waiting_var(hub):
     """For ``c.JupyterHub.template_vars`` (JupyterHub calls it with the user): a
     function of a spawner, where that spawn waits in line as ``{"model", "place",
-    "outlook"}`` (the estimate, or what is known), or None (the spawn-pending page,
+    "outlook", "why"}`` (the estimate, or what is known; the host kept for it and when it
+    starts there), or None (the spawn-pending page,
     spawn_pending.html)."""
 
     def waiting(spawner) -> dict | None:
@@ -118,6 +120,7 @@ def waiting_var(hub):
             "model": place[0],
             "place": place[1],
             "outlook": hub.line.outlook(spawner.service_name),
+            "why": hub.line.plan_text(spawner.service_name) or hub.line.why(spawner.service_name),
             "order": hub.line.reason(spawner.service_name) if hub.line.fair else "",
         }
 

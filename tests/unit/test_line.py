@@ -29,6 +29,8 @@ from tests.unit.test_holdings import A100, KEY, World, clean, driven, ledger_dow
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 WAIT = {"gpu_model": A100, "gpu_wait": True}
+# What a waiter is told it waits for, once its line was served (test_line_backfill.py tells it exactly).
+WHY = r"(\. (Kept for you: [^.]*|Every host that could take your request is kept for a request ahead of yours))?"
 
 
 def waiter(id_, model=A100, priority=0, minutes=0, service=None):
@@ -157,7 +159,9 @@ async def test_once_a_server_of_the_model_has_ended_a_waiter_is_given_an_estimat
     await world.started(dave)
     await driven(dave.stop(), world.fake.exit_all)  # one run of the A100 ended
     alice, bob, carol, bob_start, carol_start = await two_in_line(world)
-    assert re.fullmatch(rf"You are number 2 in line for {A100}\. Estimate: about \d+ s \(.*\)", messages(carol)[-1])
+    assert re.fullmatch(
+        rf"You are number 2 in line for {A100}{WHY}\. Estimate: about \d+ s \(.*\)", messages(carol)[-1]
+    )
     assert server_rows(world.hub, "carol")[0]["outlook"].startswith("Estimate: about")
     for start in (bob_start, carol_start):
         start.cancel()
@@ -169,8 +173,8 @@ async def test_a_waiter_gets_the_gpu_its_holder_gives_back_and_the_next_moves_up
     world = World(tmp_path)
     alice, bob, carol, bob_start, carol_start = await two_in_line(world)
     known = r"No server of this model has ended yet; 1 holds it now, for \d+ s"  # alice's, seconds ago
-    assert re.fullmatch(rf"You are number 1 in line for {A100}\. {known}", messages(bob)[-1])
-    assert re.fullmatch(rf"You are number 2 in line for {A100}\. {known}", messages(carol)[-1])
+    assert re.fullmatch(rf"You are number 1 in line for {A100}{WHY}\. {known}", messages(bob)[-1])
+    assert re.fullmatch(rf"You are number 2 in line for {A100}{WHY}\. {known}", messages(carol)[-1])
     [home] = server_rows(world.hub, "carol")  # the home page
     assert home["waiting"] == f"Number 2 in line for {A100}" and re.fullmatch(known, home["outlook"])
     # What is known is as of when the page is read: alice has held it for longer by then.

@@ -181,3 +181,46 @@ async def test_a_server_without_gpus_is_kept_off_the_hosts_planned_for_waiters(t
     await stopped(world, alice)
     await asyncio.wait_for(bob_start, 10)
     assert world.hub.line.kept_by_any() == frozenset()  # nobody waits: nothing kept
+
+
+async def test_a_waiter_is_told_what_it_waits_for_and_one_behind_it_that_every_host_is_kept(tmp_path):
+    """Guards docs/line.md, "Backfill": the waiting page, the home page and the queue API
+    say what each waiter waits for: the host kept for it, how much of what it asked for is
+    free there now, and when it starts there or that nobody can say; or that every host that
+    could take it is kept for a request ahead of it."""
+    from gpuspawner.web.home_gpus import server_rows, waiting_var
+
+    world = World(tmp_path, inventory=TWO_HOSTS, allow_host_choice=True, max_gpus_per_user=2)
+    alice, bob, bob_start = await big_at_the_head(world)  # no time limits: no planned start
+    carol = world.spawner("carol", {**WAIT, "gpu_count": 2})
+    carol_start = asyncio.ensure_future(world.started(carol))
+    line = world.hub.line
+    await until(lambda: line.place(carol.service_name) == (A100, 2))
+    line.poke()
+    kept = "Kept for you: gpu-a, where 1 of the 2 GPUs you asked for is free now; no estimate of when: a server there has no time limit"
+    behind = "Every host that could take your request is kept for a request ahead of yours"
+    await until(lambda: any(kept in m for m in messages(bob)) and any(behind in m for m in messages(carol)))
+    assert messages(bob)[-1].startswith(f"You are number 1 in line for {A100}. {kept}")
+    assert line.why(bob.service_name) == kept and line.why(carol.service_name) == behind
+    queue = await queue_json(line)
+    assert [row["why"] for row in queue[A100]] == [kept, behind]
+    [home] = server_rows(world.hub, "carol")
+    assert home["why"] == behind
+    assert waiting_var(world.hub)(None)(bob)["why"] == kept  # the waiting page
+    for start in (bob_start, carol_start):
+        start.cancel()
+    await asyncio.gather(bob_start, carol_start, return_exceptions=True)
+
+
+def test_what_a_waiter_is_told_of_a_share_and_of_one_gpu():
+    from gpuspawner.core.line_order import kept_text
+
+    assert kept_text("gpu-a", 1, 0, "", False) == (
+        "Kept for you: gpu-a, where 0 of the 1 GPU you asked for are free now; "
+        "no estimate of when: a server there has no time limit"
+    )
+    assert kept_text("gpu-a", 0, 0, "about 14:20 UTC, when a server there reaches its time limit", False) == (
+        "Kept for you: gpu-a, where no device there has room for your share yet; "
+        "planned start about 14:20 UTC, when a server there reaches its time limit"
+    )
+    assert kept_text(None, 0, 0, "", False) == ""  # strict order: the place in line says it
