@@ -67,10 +67,12 @@ from gpuspawner import metrics
 from gpuspawner.allocator.allocator import AllocationRefused, Request
 from gpuspawner.cluster.cluster import GPUCluster, InventorySettings
 from gpuspawner.cluster.host_views import batches
+from gpuspawner.core.labels import Held
 from gpuspawner.core.reports import parse_report
 from gpuspawner.core.reservations import Reservation
+from gpuspawner.holdings.holdings import Holding, Phase
 from gpuspawner.plan.backfill import Round, StartsCache, planned_start
-from gpuspawner.plan.reservations import Holder, count_toward, keep_free, needs
+from gpuspawner.reclaim.reservations import ReservationKeeper
 from gpuspawner.web.api import gpu_page
 
 from .bench_allocator import MODELS, SHARING
@@ -290,16 +292,41 @@ RESERVATIONS = 10  # open windows, of every model, for groups that the holders' 
 GROUPS = 40  # groups a user may be in (each is in two)
 
 
+class KeptHoldings:
+    """What the reservation keeper reads of the hub's holdings: each server's holding
+    (its user, model and devices, as the hub's labels write them), a version that
+    changes with them, and the allocator."""
+
+    def __init__(self, hub: Hub):
+        self.allocator, self.version = hub.cluster.allocator, 0
+        self._all = {k: self._holding(a) for k, a in self.allocator.holdings().items() if a.devices}
+
+    @staticmethod
+    def _holding(a) -> Holding:
+        held = Held(a.owner, "", a.host, a.uuids, a.model, None, a.milli)
+        return Holding(a.holder, held, Phase.RUNNING)
+
+    def all(self) -> dict[str, Holding]:
+        return dict(self._all)
+
+    def changed(self, gone: str, new) -> None:
+        self._all.pop(gone, None)
+        if new is not None:
+            self._all[new.holder] = self._holding(new)
+        self.version += 1
+
+
 def plan_line(hub: Hub, rounds: int) -> dict:
     """One planning round for a line of :data:`LINE` waiters with :data:`RESERVATIONS`
-    open reservations, as the hub makes it: the line's plan (``Round`` over the
-    allocator's ``planner`` and ``planned_start``) and what the reservations keep
-    (each holding counted toward one reservation at most, ``count_toward``; each
-    window's need; what a request of a non-member must leave free), worked out afresh
-    as after a change of holdings. The cluster is filled until none of the line fits
-    now; every holder has a held-time limit but one in ten (``ends_in``). Timed: the
-    whole round, with every planned start worked out for a request with a time limit,
-    ``rounds`` times, with a holder's server ending between two."""
+    open reservations, as the hub makes it after a change of holdings: the line's plan
+    (``Round`` over the allocator's ``planner`` and ``planned_start``) and what the
+    reservations keep from a request of a non-member (the product's
+    ``ReservationKeeper.keep_free``: each holding counted toward one reservation at
+    most, each window's need). The cluster is filled until none of the line fits now;
+    every holder has a held-time limit but one in ten (``ends_in``); each user is in two
+    of :data:`GROUPS` groups. Timed: the whole round, with every planned start worked out
+    for a request with a time limit, ``rounds`` times, with a holder's server ending
+    between two."""
     alloc, rng = hub.cluster.allocator, hub.rng
     while hub.start(Request(count=1)) is not None:  # full: the line's requests wait
         pass
@@ -307,7 +334,10 @@ def plan_line(hub: Hub, rounds: int) -> dict:
     models = [m.model for m in alloc.summary()]
     line = [Request(model=rng.choice(models), count=rng.choice(LINE_SIZES)) for _ in range(LINE)]
     now = datetime(2026, 12, 7, 12, tzinfo=timezone.utc)
-    windows = [
+    groups = {u: frozenset(f"g{rng.randrange(GROUPS)}" for _ in range(2)) for u in hub.users}
+    holdings = KeptHoldings(hub)
+    keeper = ReservationKeeper(holdings, groups_of=groups.get, wall=lambda: now)  # type: ignore[arg-type]
+    keeper.reservations = [
         Reservation(
             f"g{i}",
             models[i % len(models)],
@@ -318,10 +348,7 @@ def plan_line(hub: Hub, rounds: int) -> dict:
         )
         for i in range(RESERVATIONS)
     ]
-    groups = {u: frozenset(f"g{rng.randrange(GROUPS)}" for _ in range(2)) for u in hub.users}
-    reserved_for = {r.group for r in windows}
-    # Each holding's model, thousandths and user, as the hub's holdings keep them (their labels).
-    held = {k: (a.model, a.total_milli, a.owner) for k, a in alloc.holdings().items() if a.devices}
+    keeper.known = True
 
     def start_here(request: Request, host: str):
         return planned_start(request, alloc.host_devices(host, (request.model,)), ends.get, alloc.host_room(host))
@@ -332,15 +359,7 @@ def plan_line(hub: Hub, rounds: int) -> dict:
     for _ in range(rounds):
         with gc_watch() as collected:
             t = pc()
-            holders = [  # the members' holdings, as the reservation keeper finds them
-                Holder(k, model, milli, groups[user])
-                for k, (model, milli, user) in held.items()
-                if not reserved_for.isdisjoint(groups[user])
-            ]
-            hold: dict[int, float] = {}
-            for key, rid in count_toward(windows, holders, now).items():
-                hold[rid] = hold.get(rid, 0.0) + held[key][1] / 1000
-            keep_free(needs(windows, now, hold), (), now)
+            keeper.keep_free(())  # what a request of a non-member must leave free
             plan = Round(alloc.planner(), True, cache.starts(time.monotonic()))
             for i, request in enumerate(line):
                 plan.wait(i, request)
@@ -350,10 +369,10 @@ def plan_line(hub: Hub, rounds: int) -> dict:
         holder = rng.choice(list(hub.requests))  # a server ends, another takes its place
         hub.stop(holder)
         ends.pop(holder, None)
-        held.pop(holder, None)
-        for new in [h for h in [hub.start(Request(count=1))] if h is not None]:
+        new = hub.start(Request(count=1))
+        if new is not None:
             ends[new.holder] = rng.uniform(60, 8 * 3600)
-            held[new.holder] = (new.model, new.total_milli, new.owner)
+        holdings.changed(holder, new)
     return stats(times, gcs=gcs)
 
 
@@ -454,7 +473,7 @@ async def run(nodes: int, reports: int, decisions: int, views: int, seed: int) -
         hub.start(shape)
     out["ops"]["release"] = stats(times, gcs=gcs)
 
-    out["ops"]["plan: 200 waiting, 10 reserved"] = plan_line(hub, decisions)
+    out["ops"]["plan: 200 wait, 10 reserved"] = plan_line(hub, decisions)
 
     collectors, registries = {}, {}
     for per_host in (False, True):  # the default (a series per model), and gpu_metrics_per_host

@@ -24,7 +24,18 @@ from typing import NamedTuple
 from ..core.reservations import Reservation, Window
 from ..core.sharing import UNIT, fmt
 
-__all__ = ["Candidate", "Holder", "Keep", "Need", "count_toward", "keep_free", "make_room", "needs", "to_stop"]
+__all__ = [
+    "Candidate",
+    "Holder",
+    "Keep",
+    "Need",
+    "count_toward",
+    "keep_free",
+    "make_room",
+    "members_hold",
+    "needs",
+    "to_stop",
+]
 
 
 @dataclass(frozen=True)
@@ -103,7 +114,8 @@ def count_toward(reservations: Iterable[Reservation], holders: Iterable[Holder],
     for h in holders:
         if h.model not in groups or groups[h.model].isdisjoint(h.groups):
             continue  # a member of none (most holders at a large hub): skipped at once
-        mine = [r for r in of_model[h.model] if r.group in h.groups]
+        of = of_model[h.model]
+        mine = of if len(of) == 1 else [r for r in of if r.group in h.groups]
         if len(mine) == 1:  # one choice: counted first, whatever the order among them
             out[h.key] = mine[0].id  # type: ignore[assignment]  # rs have ids
             lacks[mine[0].id] -= h.milli
@@ -115,6 +127,17 @@ def count_toward(reservations: Iterable[Reservation], holders: Iterable[Holder],
         out[h.key] = r.id  # type: ignore[assignment]  # rs have ids
         lacks[r.id] -= h.milli
     return out
+
+
+def members_hold(reservations: Iterable[Reservation], holders: Iterable[Holder], now: datetime) -> dict[int, float]:
+    """Per reservation id, the GPUs its members hold (shares as fractions), each holding
+    counted toward one of ``reservations`` at most (:func:`count_toward`)."""
+    holders = list(holders)
+    milli = {h.key: h.milli for h in holders}
+    held: dict[int, float] = {}
+    for key, rid in count_toward(reservations, holders, now).items():
+        held[rid] = held.get(rid, 0.0) + milli[key] / UNIT
+    return held
 
 
 def needs(

@@ -29,7 +29,7 @@ from ..core.sharing import UNIT, to_milli
 from ..holdings.holdings import Holding, Holdings, Phase, stop_for
 from ..ledger.checks import utc_now
 from ..ledger.ledger import LedgerError
-from ..plan.reservations import Candidate, Holder, Keep, Need, count_toward, keep_free, make_room, needs
+from ..plan.reservations import Candidate, Holder, Keep, Need, keep_free, make_room, members_hold, needs
 
 __all__ = ["NOTICE_BEFORE", "ReservationKeeper", "milli_asked"]
 
@@ -95,6 +95,7 @@ class ReservationKeeper:
         self._groups: dict[str, tuple[float, frozenset[str] | None]] = {}  # user -> (when asked, groups)
         # (the holdings' version and the groups' age, {reservation ids looked at: their members' GPUs})
         self._held: tuple[tuple, dict[tuple, dict[int, float]]] | None = None
+        self._holders: dict[str, tuple[Holding, Holder]] = {}  # holding name -> it, as last counted
         self._told: dict[str, tuple[Holding, datetime]] = {}  # holding name -> when it was first told to make room
         self._shown: set[tuple[str, str]] = set()  # the gauge's label pairs
         self._change = asyncio.Lock()  # a new reservation is checked against the list it is added to
@@ -185,20 +186,33 @@ class ReservationKeeper:
         if known is not None:
             return known
         models, groups = {r.model for r in near}, {r.group for r in near}
-        holders, everyone = [], self.holdings.all()
+        holders, everyone, cached = [], self.holdings.all(), self._holders
+        asked, fresh = self._groups, self.clock() - GROUPS_SECONDS  # (the groups asked since are kept)
         for name, h in everyone.items():
             # A member's server being removed still counts: its GPU comes back to the reservation,
             # and counting it as nobody's would have others stop for room it gives back.
-            if h.held.model not in models or not h.held.uuids:
+            record = h.held
+            if record.model not in models or not record.uuids:
                 continue
-            mine = self._groups_of(h.user)
-            if mine and not groups.isdisjoint(mine):  # (a member of none counts toward none)
-                holders.append(Holder(name, h.held.model, sum(h.held.milli), mine))
-        held: dict[int, float] = {}
-        for name, rid in count_toward(near, holders, self.wall()).items():
-            held[rid] = held.get(rid, 0.0) + sum(everyone[name].held.milli) / UNIT
-        self._held[1][ids] = held
+            known = asked.get(record.user)
+            mine = known[1] if known is not None and known[0] > fresh else self._groups_of(record.user)
+            if not mine or groups.isdisjoint(mine):
+                continue  # (a member of none counts toward none)
+            known = cached.get(name)
+            holders.append(
+                known[1] if known and known[0] is h and known[1].groups is mine else self._holder(name, h, mine)
+            )
+        if len(self._holders) > 2 * len(everyone) + 64:  # (those of ended holdings, now and then)
+            self._holders = {n: k for n, k in self._holders.items() if n in everyone}
+        held = self._held[1][ids] = members_hold(near, holders, self.wall())
         return held
+
+    def _holder(self, name: str, h: Holding, groups: frozenset[str]) -> Holder:
+        """``h`` as the reservations see it, kept while the holding and its user's groups
+        stay the same: a large hub counts thousands after every change of holdings, and
+        made anew each time they would keep its garbage collector busy."""
+        made = self._holders[name] = (h, Holder(name, h.held.model, sum(h.held.milli), groups))
+        return made[1]
 
     def _members_waiting(self, near: list[Reservation]) -> dict[int, int]:
         """Per reservation that lends, what its members wait for in line: each ask rounded

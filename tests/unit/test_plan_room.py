@@ -89,3 +89,48 @@ def test_a_windows_start_stops_the_newest_non_members_as_the_windows_open_then_l
     assert sorted(got) == sorted(want)
     for name, need in got.items():  # each with the window that first needs it, open by then
         assert need.reservation in reservations and need.window.start <= max(NOW, need.window.start)
+
+
+def test_what_members_hold_follows_a_change_of_groups_and_of_holdings():
+    """The reservation keeper keeps each holding as the reservations see it between
+    changes (a large hub counts thousands after each): a user who leaves the group
+    stops counting once her groups are asked again, and a holding that ends stops
+    counting at once."""
+    from gpuspawner.allocator.allocator import Allocator
+    from gpuspawner.core.inventory import GPU
+    from gpuspawner.core.labels import Held
+    from gpuspawner.holdings.holdings import Holding, Phase
+    from gpuspawner.reclaim.reservations import GROUPS_SECONDS, ReservationKeeper
+
+    class Holdings:  # what the keeper reads of the hub's holdings
+        allocator = Allocator([GPU("gpu-a", i, f"GPU-a{i}", A100, 81920) for i in range(2)])
+        version = 0
+        held = {
+            n: Holding(n, Held(u, "", "gpu-a", (f"GPU-a{i}",), A100, None), Phase.RUNNING)
+            for i, (n, u) in enumerate([("jupyter-ann", "ann"), ("jupyter-bo", "bo")])
+        }
+
+        def all(self):
+            return dict(self.held)
+
+    groups = {"ann": {"lab-a"}, "bo": {"lab-a"}}
+    clock = [0.0]
+    holdings = Holdings()
+    keeper = ReservationKeeper(holdings, groups_of=groups.get, wall=lambda: NOW, clock=lambda: clock[0])
+    keeper.reservations = [
+        Reservation(lab, A100, 2, NOW - timedelta(hours=1), NOW + timedelta(hours=1), id=i)
+        for i, lab in enumerate(["lab-a", "lab-b"], 1)
+    ]
+    keeper.known = True
+    assert keeper._members_hold(keeper.reservations) == {1: 2.0}
+    groups["bo"] = {"lab-b"}
+    holdings.version += 1  # something changed, but bo's groups are not asked again yet
+    assert keeper._members_hold(keeper.reservations) == {1: 2.0}
+    clock[0] = GROUPS_SECONDS + 1
+    assert keeper._members_hold(keeper.reservations) == {1: 1.0, 2: 1.0}
+    groups["bo"] = {"other"}
+    clock[0] = 2 * GROUPS_SECONDS + 2
+    assert keeper._members_hold(keeper.reservations) == {1: 1.0}
+    del holdings.held["jupyter-ann"]
+    holdings.version += 1
+    assert keeper._members_hold(keeper.reservations) == {}
