@@ -67,7 +67,7 @@ from datetime import datetime, timedelta, timezone
 from gpuspawner.core.fairshare import FairShare
 from gpuspawner.core.line_order import Standing, Waiter, ordered
 from gpuspawner.core.reservations import Reservation, conflicts
-from gpuspawner.plan.reservations import Keep, keep_free, needs, to_stop
+from gpuspawner.plan.reservations import Candidate, Keep, keep_free, make_room, needs
 
 START = datetime(2026, 11, 30, tzinfo=timezone.utc)  # a Monday
 MODEL = "A100"
@@ -301,10 +301,18 @@ def simulate(setup: Setup, asks: list[Ask], fair: FairShare | None, lend: bool =
         for booked in devices.values():
             booked.pop(s.service, None)
 
+    def in_the_way(now: datetime) -> list[str]:
+        """The keeper's must_make_room (the product's ``make_room``): whom the open window
+        stops, others' servers newest first (a lending one: for the members waiting)."""
+        others = [Candidate(service, (), None) for service in newest_others()]
+        room = make_room(
+            rs, now, timedelta(0), lambda _: members_hold(), lambda _: devices, lambda *_: others, members_waiting()
+        )
+        return list(room)
+
     def must_give_back(now: datetime) -> list[str]:
-        """The keeper's must_make_room for a lending window: whom to stop for the waiting members."""
-        wanted = sum(n.unmet for n in open_needs(now) if n.reservation.lend)
-        return to_stop(wanted, devices, newest_others()) if wanted else []
+        """For a lending window: whom to stop for the waiting members."""
+        return in_the_way(now) if lend else []
 
     def check(now: datetime) -> bool:
         """The keeper's check for a lending window: tell those in the way, stop those told
@@ -370,9 +378,8 @@ def simulate(setup: Setup, asks: list[Ask], fair: FairShare | None, lend: bool =
             run.gave_up.append(what)
         elif isinstance(what, Served) and running.get(what.service) is what:  # ends
             release(what, now)
-        elif kind == "open":  # a lending window stops nothing at its start
-            wanted = sum(n.unmet for n in open_needs(now) if not n.reservation.lend)
-            for service in to_stop(wanted, devices, newest_others()):
+        elif kind == "open" and not lend:  # a lending window stops nothing at its start
+            for service in in_the_way(now):
                 release(running[service], now, START_STOP)
                 run.stopped += 1
         while True:
