@@ -186,21 +186,29 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         aliases = self.gpu_model_aliases
         return {name: [aliases.get(m, m) for m in members] for name, members in self.gpu_model_classes.items()}
 
-    def _not_waited_for(self, models: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        """Of several models asked for, those nobody waits in line for (a waiter goes
-        first); a refusal naming the lines when everyone does."""
-        if models is None:
-            return None
-        line = self.gpu_hub.line
-        free = tuple(m for m in models if not line.waiting_for(m))
-        if not free:
+    def _around_lines(self, request: Request, kept: frozenset[str]) -> Request:
+        """A request for any of several models, placed around their lines (backfill): on
+        hosts that the lines of those models keep for none of their waiters (a host kept
+        for one model's waiter is kept from the others too: its CPU and memory are that
+        waiter's). A model whose line keeps every host (strict order) is left to its
+        waiters; a refusal naming the lines when that leaves none."""
+        if request.models is None:
+            return replace(request, avoid=kept)
+        line, lasts = self.gpu_hub.line, lasts_of(self)
+        models, avoid = [], set(kept)
+        for model in request.models:
+            hosts = line.kept(model, lasts) if line.waiting_for(model) else frozenset()
+            if hosts is not None:
+                models.append(model)
+                avoid |= hosts
+        if not models:
             raise spawn_error(
-                f"Requests are waiting in line for each of {', '.join(models)}; ask for one model "
+                f"Requests are waiting in line for each of {', '.join(request.models)}; ask for one model "
                 "with gpu_wait to wait in its line, or try again later.",
                 reason="gpu_unavailable",
                 status_code=503,
             )
-        return free
+        return replace(request, models=tuple(models), avoid=frozenset(avoid))
 
     def _with_reservations(self, request: Request) -> Request:
         """The request with what the service reserves besides GPUs (``cpu_guarantee``,
@@ -273,13 +281,12 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             else:
                 ahead = avoid()
                 kept = frozenset(holdings.allocator.hosts()) if ahead is None else ahead
-            asked = (
-                request
-                if request is None
-                else replace(request, models=self._not_waited_for(request.models), avoid=kept)
-            )
+            asked = request if request is None else self._around_lines(request, kept)
             self.gpu_budget_hours = self._budget_hours(budget, asked, access)
-            return await self._reserve(holdings, asked, access.max_gpus, wait, settings)
+            holding = await self._reserve(holdings, asked, access.max_gpus, wait, settings)
+            if asked is not None and asked.models is not None and line.waiting_for(holding.held.model):
+                line.went_ahead(holding.held.model, holding)  # served around that model's line: shown to its waiters
+            return holding
 
         member = False  # of a reservation whose open window keeps this model: others in its line are kept out
         if request is not None and request.model is not None:

@@ -70,6 +70,43 @@ async def test_a_class_gets_whichever_of_its_models_is_free(tmp_path):
     assert exc.value.status_code == 503 and exc.value.message.startswith(f"None of {A100}, {GTX} is free")
 
 
+async def test_a_class_is_served_around_a_line_on_a_host_its_waiters_do_not_need(tmp_path):
+    """Guards README.md, "Any of several models": "A model someone waits in line for is
+    offered only on hosts its line keeps for none of its waiters", and docs/line.md,
+    "Backfill": "A request for any of several models is served around each of their
+    lines the same way". Carol waits for two
+    A100s, which only gpu-a has (alice holds one there); the A100 on gpu-b is no use to
+    her, so dave's request for any GPU gets it at once, shown to carol as served ahead of
+    her; when alice stops, carol gets gpu-a."""
+    import asyncio
+
+    from gpuspawner.web.api import queue_json
+    from tests.unit.test_line import until
+
+    three = {
+        "gpu-a": [{"uuid": f"GPU-a{i}", "model": A100, "memory_mib": 81920} for i in range(2)],
+        "gpu-b": [
+            {"uuid": "GPU-b0", "model": A100, "memory_mib": 81920},
+            {"uuid": "GPU-b1", "model": GTX, "memory_mib": 8192},
+        ],
+    }
+    w = World(tmp_path, inventory=three, gpu_model_classes=CLASSES, allow_host_choice=True, max_gpus_per_user=2)
+    alice = w.spawner("alice", {"gpu_model": A100, "gpu_host": "gpu-a"})
+    await w.started(alice)
+    await w.started(w.spawner("bob", {"gpu_model": GTX}))
+    carol = w.spawner("carol", {"gpu_model": A100, "gpu_count": 2, "gpu_wait": True})
+    waiting = asyncio.ensure_future(w.started(carol))
+    await until(lambda: w.hub.line.planned_host(carol.service_name) == "gpu-a")
+    dave = w.spawner("dave", {"gpu_model": "any GPU"})
+    await w.started(dave)
+    assert w.owner.get(dave.service_name).held.host == "gpu-b"
+    [row] = (await queue_json(w.hub.line))[A100]
+    assert [p["user"] for p in row["passed_by"]] == ["dave"]
+    await driven(alice.stop(), w.fake.exit_all)
+    await waiting
+    assert w.owner.get(carol.service_name).held.uuids == ("GPU-a0", "GPU-a1")
+
+
 async def test_a_class_does_not_take_a_gpu_someone_waits_in_line_for(tmp_path):
     import asyncio
 
