@@ -39,9 +39,11 @@ from typing import Any
 
 from ..core.inventory import GPU
 from ..core.sharing import OFF, UNIT, SharingPolicy, fmt
+from ..core.topology import Topology
 from .adopt import AdoptProblem, AdoptReason, adopted_pieces, conflict
 from .fragment import Mix, frag_cpu_only, frag_share, frag_whole
 from .index import DeviceIndex
+from .linked import best_set
 from .nearest import Walks, nearest_host
 from .records import ALL, ONE_DEVICE, POLICIES, Allocation, Policy, Request, accepted
 from .refusals import (
@@ -90,6 +92,7 @@ class Allocator:
         # (milli, model or None) -> the models that take such a share; emptied when the policy or inventory changes
         self._accepting: dict[tuple[int, str | None], list[str]] = {}
         self._unenforced: dict[str, str] = {}  # host -> why no share is placed there
+        self._topologies: dict[str, Topology] = {}  # host -> how its GPUs are linked, where known
         self.resources = HostResources(self._holders)  # each host's CPU and memory, where known
         self._gpuless: list[str] | None = None  # known hosts without GPUs, by name (servers without GPUs)
         self.mix: Mix | None = None  # the requests the hub sees, for the frag policy
@@ -158,6 +161,26 @@ class Allocator:
         with self._lock:
             self._changes += 1
             self.resources.set_running(host, by_service)
+
+    def set_host_topology(self, host: str, topology: Topology | None) -> None:
+        """How ``host``'s GPUs are linked (None: not known): a request for several GPUs
+        there gets the best linked of its free ones (:mod:`~gpuspawner.allocator.linked`)."""
+        with self._lock:
+            if topology is None:
+                self._topologies.pop(host, None)
+            else:
+                self._topologies[host] = topology
+
+    def topology(self, host: str) -> Topology | None:
+        return self._topologies.get(host)
+
+    def _linked(self, host: str, free: list[GPU], n: int) -> list[GPU]:
+        """The ``n`` of ``free`` (in index order) a request gets on ``host``: by their links where known."""
+        topology = self._topologies.get(host)
+        if topology is None or n < 2 or n >= len(free):
+            return free[:n]
+        uuids = [g.uuid for g in free]
+        return [free[i] for i in best_set(len(free), n, lambda a, b: topology.score(uuids[a], uuids[b]))]
 
     def set_mix(self, mix: Mix | None) -> None:
         """The requests the hub sees (the frag policy places each where the free GPU
@@ -239,7 +262,7 @@ class Allocator:
             model, host = found
             mi = index.models[model]
             free = mi.free[host]
-            devices = tuple(free if count == ALL else free[: int(count)])
+            devices = tuple(free if count == ALL else self._linked(host, free, int(count)))
             index.take_free(mi, host, devices)
             alloc = self._made(holder, request, host, devices)
             self._record(alloc)

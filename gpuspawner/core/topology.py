@@ -1,0 +1,101 @@
+"""How the GPUs of one node talk to each other (pure values, no NVML).
+
+For each pair of a node's GPUs: the PCIe path between them, as NVML's
+``nvmlDeviceGetTopologyCommonAncestor`` classes it (the same board, one PCIe
+switch, several switches, a host bridge, the same CPU, across CPUs), and how many
+NVLinks join them. For each GPU: the NUMA node it sits on. What the node could not
+find out stays unknown (None), never "no link": an unknown path scores as the
+farthest, and is shown as unknown.
+
+A pair's score is the one NVIDIA's device plugin allocator uses: 100 for each
+NVLink, plus 60 on the same board, 50 behind one PCIe switch, 40 behind several,
+30 through a host bridge, 20 on the same CPU and 10 across CPUs. A set's score is
+the sum over its pairs.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["NVLINK_SCORE", "Link", "Path", "Topology"]
+
+NVLINK_SCORE = 100  # per NVLink between two GPUs
+
+
+class Path(enum.IntEnum):
+    """The PCIe path between two GPUs, nearest first (NVML's topology levels)."""
+
+    BOARD = 0  # NVML_TOPOLOGY_INTERNAL: two GPUs of one board
+    SWITCH = 10  # NVML_TOPOLOGY_SINGLE: one PCIe switch
+    SWITCHES = 20  # NVML_TOPOLOGY_MULTIPLE: several PCIe switches, no host bridge
+    BRIDGE = 30  # NVML_TOPOLOGY_HOSTBRIDGE: one host bridge
+    CPU = 40  # NVML_TOPOLOGY_NODE: host bridges of one CPU (NUMA node)
+    CROSS_CPU = 50  # NVML_TOPOLOGY_SYSTEM: across CPUs (QPI/UPI, SMP interconnect)
+
+    @property
+    def score(self) -> int:
+        return 60 - self.value
+
+    @property
+    def words(self) -> str:
+        return _WORDS[self]
+
+
+_WORDS = {
+    Path.BOARD: "same board",
+    Path.SWITCH: "one PCIe switch",
+    Path.SWITCHES: "several PCIe switches",
+    Path.BRIDGE: "a host bridge",
+    Path.CPU: "the same CPU",
+    Path.CROSS_CPU: "across CPUs",
+}
+
+
+@dataclass(frozen=True)
+class Link:
+    """How two GPUs talk: their PCIe ``path`` and the ``nvlinks`` joining them (None: not known)."""
+
+    path: Path | None = None
+    nvlinks: int | None = None
+
+    @property
+    def score(self) -> int:
+        return NVLINK_SCORE * (self.nvlinks or 0) + (self.path.score if self.path is not None else 0)
+
+    @property
+    def words(self) -> str:
+        """E.g. "2 NVLinks", "one PCIe switch", "unknown"."""
+        if self.nvlinks:
+            return f"{self.nvlinks} NVLink{'s' if self.nvlinks > 1 else ''}"
+        return self.path.words if self.path is not None else "unknown"
+
+
+UNKNOWN = Link()
+
+
+@dataclass(frozen=True)
+class Topology:
+    """One node's links between its GPUs (by UUID, each pair once, either order) and
+    the NUMA node of each GPU where known."""
+
+    links: Mapping[frozenset[str], Link] = field(default_factory=dict)
+    numa: Mapping[str, int] = field(default_factory=dict)
+
+    def link(self, a: str, b: str) -> Link:
+        return self.links.get(frozenset((a, b)), UNKNOWN)
+
+    def score(self, a: str, b: str) -> int:
+        return self.link(a, b).score
+
+    def set_score(self, uuids: Iterable[str]) -> int:
+        """The sum of the scores of every pair of ``uuids``."""
+        us = list(uuids)
+        return sum(self.score(a, b) for i, a in enumerate(us) for b in us[i + 1 :])
+
+    def worst(self, uuids: Iterable[str]) -> Link | None:
+        """The link of the set's farthest pair (None: fewer than two GPUs)."""
+        us = list(uuids)
+        pairs = [self.link(a, b) for i, a in enumerate(us) for b in us[i + 1 :]]
+        return min(pairs, key=lambda link: link.score) if pairs else None
