@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "fakenvml.c", HERE / "devices.c")
+SOURCES = (HERE / "fakenvml.c", HERE / "devices.c", HERE / "topology.c")
 HEADERS = (HERE / "fakenvml.h",)
 LIBNAME = "libnvidia-ml.so.1"
 
@@ -87,6 +87,10 @@ _KEYS = (
     "lost",
     "mig",
     "max_mig",
+    "bus",
+    "numa",
+    "nvlinks",
+    "paths",
 )
 # Keys of one MIG device (a "parent=P" line on the C side).
 _MIG_KEYS = (
@@ -104,6 +108,9 @@ _MIG_KEYS = (
 
 
 def _value(key: str, value) -> str:
+    if isinstance(value, (list, tuple)):  # nvlinks (a peer's position per link) and paths (a level per position)
+        blank = "-" if key == "nvlinks" else "na"
+        return ",".join(blank if v is None else "s" if v == "switch" else str(int(v)) for v in value)
     if value is None:
         return "na"  # NVML_ERROR_NOT_SUPPORTED for ecc_uncorrected / mig
     if isinstance(value, bool):
@@ -120,7 +127,9 @@ def write_devices(
 ) -> Path:
     """Write a devices file for $FAKE_NVML_DEVICES.
 
-    Each dict uses the keys in _KEYS plus "processes": [{"pid": int, "used_mib": int}]
+    Each dict uses the keys in _KEYS (its links: "bus", "numa", "nvlinks" as the
+    position of each NVLink's peer or None, "paths" as NVML's topology level to each
+    position or None, "switch" for an NVLink to an NVSwitch; see devices.c) plus "processes": [{"pid": int, "used_mib": int}]
     and "mig_devices": [{key: value for keys in _MIG_KEYS}] (the MIG devices carved
     out of it; give it mig=True too). A key that is absent is left out (for
     ecc_uncorrected / mig: "not supported"); None writes "na", which means the same.

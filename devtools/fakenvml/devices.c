@@ -21,6 +21,18 @@
  *     memory_total_mib=9728 memory_used_mib=0 gi_slices=1 ci_slices=1
  *     memory_size_mb=9856 gi_id=13 ci_id=0
  *
+ * How a GPU is linked (topology.c), on its own line:
+ *
+ *   bus=00000000:07:00.0 numa=0 nvlinks=3,3,1,2,-,- paths=na,10,30,30,50,50,50,50
+ *
+ * bus is its PCI bus id; numa its NUMA node; nvlinks, per NVLink index, the
+ * position (file order) of the GPU at its other end ('s': an NVSwitch), '-' for
+ * an inactive link;
+ * paths, per position, NVML's topology level to that GPU (0 same board, 10 one
+ * switch, 20 several, 30 host bridge, 40 same CPU, 50 across CPUs; na: not
+ * supported). Any of them absent: that call answers NVML_ERROR_NOT_SUPPORTED
+ * (no nvlinks: the GPU has no NVLink).
+ *
  * slot is its index for nvmlDeviceGetMigDeviceHandleByIndex; slots without a
  * line answer NVML_ERROR_NOT_FOUND, like the gaps real drivers leave when MIG
  * devices are destroyed. gi_slices / ci_slices / memory_size_mb are what
@@ -42,6 +54,28 @@ static void copy_value(char *dst, size_t size, const char *src)
     for (i = 0; i + 1 < size && src[i]; i++)
         dst[i] = src[i] == '_' ? ' ' : src[i];
     dst[i] = '\0';
+}
+
+/* "a,b,-,c" -> out[] (-1 for '-' or "na"); returns how many were given */
+static int parse_positions(int *out, int most, const char *v)
+{
+    int n = 0;
+    while (*v && n < most) {
+        char *end;
+        if (*v == '-' || !strncmp(v, "na", 2)) {
+            out[n++] = -1;
+            end = (char *)v + (*v == '-' ? 1 : 2);
+        } else if (*v == 's') {  /* an NVSwitch at the other end */
+            out[n++] = NVSWITCH;
+            end = (char *)v + 1;
+        } else {
+            out[n++] = (int)strtol(v, &end, 10);
+        }
+        if (*end != ',')
+            break;
+        v = end + 1;
+    }
+    return n;
 }
 
 /* "pid:mib,pid:mib" -> procs */
@@ -87,6 +121,10 @@ static void set_key(struct fake_device *d, enum record *kind, int *parent, const
     else if (!strcmp(k, "lost")) d->lost = atoi(v) != 0;
     else if (!strcmp(k, "mig")) { d->mig_supported = !na; d->mig = na ? 0 : atoi(v) != 0; }
     else if (!strcmp(k, "procs")) parse_procs(d, v);
+    else if (!strcmp(k, "bus")) copy_value(d->bus, sizeof d->bus, v);
+    else if (!strcmp(k, "numa")) d->numa = na ? -1 : atoi(v);
+    else if (!strcmp(k, "nvlinks")) d->nnvlinks = parse_positions(d->nvlink_peer, MAX_NVLINKS, v);
+    else if (!strcmp(k, "paths")) d->npaths = parse_positions(d->path, MAX_DEVICES, v);
     /* unknown keys are ignored so the file format can grow */
 }
 
@@ -122,6 +160,7 @@ void load_devices(void)
             *hash = '\0';
         memset(&d, 0, sizeof d);
         d.max_mig = DEFAULT_MAX_MIG;
+        d.numa = d.nnvlinks = d.npaths = -1;
         for (tok = strtok_r(line, " \t\r\n", &save); tok; tok = strtok_r(NULL, " \t\r\n", &save)) {
             char *eq = strchr(tok, '=');
             if (!eq)

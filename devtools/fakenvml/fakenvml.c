@@ -72,7 +72,7 @@ static nvmlReturn_t check_init(void)
 
 /* Common guard for per-device calls: initialized, valid handle (GPU or MIG
  * device), not lost (a MIG device is lost with its GPU). */
-static nvmlReturn_t check_device(nvmlDevice_t d)
+nvmlReturn_t check_device(nvmlDevice_t d)
 {
     nvmlReturn_t r = check_init();
     if (r)

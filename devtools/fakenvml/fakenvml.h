@@ -29,6 +29,8 @@
 #define MAX_MIG_DEVICES 256
 #define DEFAULT_MAX_MIG 7
 #define MAX_PROCS 32
+#define MAX_NVLINKS 36       /* NVML_NVLINK_MAX_LINKS */
+#define NVSWITCH (-2)        /* an NVLink's peer that is an NVSwitch, not a GPU */
 #define MIB 1048576ULL
 #define NA_UINT 0xFFFFFFFFu /* NVML_VALUE_NOT_AVAILABLE for unsigned int */
 
@@ -50,6 +52,16 @@ typedef struct fake_device {
     int nprocs;
     struct fake_proc procs[MAX_PROCS];
     unsigned int max_mig;         /* nvmlDeviceGetMaxMigDeviceCount while MIG is on */
+    /* Topology (topology.c): the PCI bus id (empty: not supported); the NUMA node (-1:
+     * not supported); per NVLink index, the position of its peer (-1: inactive), with
+     * nnvlinks -1 when the GPU has no NVLink; per peer position, NVML's topology level
+     * (-1: not supported), npaths -1 when not given at all. */
+    char bus[32];
+    int numa;
+    int nnvlinks;
+    int nvlink_peer[MAX_NVLINKS];
+    int npaths;
+    int path[MAX_DEVICES];
     /* MIG devices only: */
     struct fake_device *parent;   /* the GPU it is carved from; NULL for a whole GPU */
     unsigned int slot, gi_slices, ci_slices, gi_id, ci_id;
@@ -62,6 +74,9 @@ INTERNAL extern struct fake_device migs[MAX_MIG_DEVICES];
 INTERNAL extern int nmigs;
 INTERNAL extern char driver_version[80];
 INTERNAL extern int cuda_version;  /* encoded as 1000*major + 10*minor */
+
+/* The guard of per-device calls (fakenvml.c): initialised, a valid handle, not lost. */
+INTERNAL nvmlReturn_t check_device(nvmlDevice_t d);
 
 /* Read $FAKE_NVML_DEVICES (devices.c). A missing variable or file means "no GPUs". */
 INTERNAL void load_devices(void);

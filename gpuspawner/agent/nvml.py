@@ -12,6 +12,7 @@ import re
 
 from ..core.reports import device_problems
 from .errors import PROG, AgentError
+from .topology import read_topology
 
 DEFAULT_MAX_TEMPERATURE_C = 90
 MIB = 1024 * 1024
@@ -242,6 +243,7 @@ class Nvml:
         self.lib = _import_pynvml()
         self.is_open = False
         self.known: dict[int, tuple] = {}  # see _probe_device
+        self.links: tuple[tuple[str, ...], dict] | None = None  # (the GPUs it is of, the topology)
 
     def open(self) -> None:
         if self.is_open:
@@ -262,6 +264,7 @@ class Nvml:
             return
         self.is_open = False
         self.known.clear()  # handles die with the session
+        self.links = None
         try:
             self.lib.nvmlShutdown()
         except self.lib.NVMLError:
@@ -296,7 +299,21 @@ class Nvml:
             "device_count": count,
             "healthy": all(dev["healthy"] for dev in devices),
             "devices": devices,
+            "topology": self._topology(devices),
         }
+
+    def _topology(self, devices: list[dict]) -> dict:
+        """How the whole GPUs read well are linked: read once per NVML session (links do
+        not change while the driver is loaded), again when the GPUs read are not the same."""
+        gpus = [
+            (self.known[i][2], self.known[i][0])
+            for i, dev in enumerate(devices)
+            if i in self.known and not dev["lost"] and dev.get("mig_mode") is not True
+        ]
+        key = tuple(uuid for uuid, _ in gpus)
+        if self.links is None or self.links[0] != key:
+            self.links = (key, read_topology(self.lib, gpus))
+        return self.links[1]
 
 
 def probe(max_temperature_c: float = DEFAULT_MAX_TEMPERATURE_C) -> dict:

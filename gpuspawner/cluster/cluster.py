@@ -115,6 +115,7 @@ class GPUCluster:
             self._claim(host, before, mine)
         self._note_conflicts(host, refused)
         self.reports[host] = (report, now)
+        self.allocator.set_host_topology(host, report.topology)  # (None: its agent did not say)
         changed = self._set_host(host)
         back = host in self.stale and self._check_stale(now)
         if changed or back:

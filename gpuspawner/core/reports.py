@@ -24,6 +24,7 @@ from .enforcement import Seen
 from .inventory import GPU, HOSTNAME_RE, MODEL_RE, UUID_RE
 from .json_shape import JSONShapeError, check_shape
 from .numbers import finite
+from .topology import Topology, TopologyError, parse_topology
 
 __all__ = [
     "MAX_INTERVAL_S",
@@ -127,6 +128,7 @@ class NodeReport:
     devices: tuple[ReportedDevice, ...]
     docker_default_runtime: str | None = None  # from the node's daemon.json; None: not known
     enforcement: Seen | None = None  # what enforces shares there, as the agent saw it; None: it did not look
+    topology: Topology | None = None  # how its GPUs are linked; None: its agent did not say
 
 
 def device_problems(
@@ -169,6 +171,11 @@ def parse_report(body: bytes | str) -> NodeReport:
     indices = [d.index for d in parsed]
     if len(set(indices)) != len(indices):
         raise ReportError("report: a device index is listed twice")
+    whole = [d.uuid for d in parsed if d.uuid and not d.mig_mode]
+    try:
+        topology = None if data.get("topology") is None else parse_topology(data["topology"], whole)
+    except TopologyError as exc:
+        raise ReportError(f"report: {exc}") from None
     return NodeReport(
         hostname=hostname,
         interval=r.number("interval", low=1, high=MAX_INTERVAL_S),
@@ -178,6 +185,7 @@ def parse_report(body: bytes | str) -> NodeReport:
         devices=parsed,
         docker_default_runtime=r.text("docker_default_runtime", limit=64, optional=True),
         enforcement=_enforcement(data.get("share_enforcement")),
+        topology=topology,
     )
 
 

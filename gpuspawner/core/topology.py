@@ -19,7 +19,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["NVLINK_SCORE", "Link", "Path", "Topology"]
+__all__ = ["NVLINK_SCORE", "Link", "Path", "Topology", "TopologyError", "parse_topology"]
 
 NVLINK_SCORE = 100  # per NVLink between two GPUs
 
@@ -99,3 +99,51 @@ class Topology:
         us = list(uuids)
         pairs = [self.link(a, b) for i, a in enumerate(us) for b in us[i + 1 :]]
         return min(pairs, key=lambda link: link.score) if pairs else None
+
+
+MAX_NVLINKS = 36  # NVML_NVLINK_MAX_LINKS: NVLinks one GPU has at most
+MAX_NUMA_NODE = 1023
+
+
+class TopologyError(ValueError):
+    """A node's topology is malformed; the message names the field."""
+
+
+def parse_topology(data: object, gpus: Iterable[str], where: str = "topology") -> Topology:
+    """A report's ``{"links": [{"a", "b", "path", "nvlinks"}], "numa": {uuid: node}}``
+    for the whole GPUs ``gpus`` of its node (``path``: NVML's topology level, 0 to
+    50; ``nvlinks``: how many join the pair; either null where the node could not
+    find out). Each pair once; raises :class:`TopologyError`."""
+    known = set(gpus)
+    if not isinstance(data, dict) or set(data) - {"links", "numa"}:
+        raise TopologyError(f"{where}: expected an object with links and numa")
+    raw_links, raw_numa = data.get("links", []), data.get("numa", {})
+    most = len(known) * (len(known) - 1) // 2
+    if not isinstance(raw_links, list) or len(raw_links) > most:
+        raise TopologyError(f"{where}.links: expected a list of at most {most} pairs of this node's GPUs")
+    links: dict[frozenset[str], Link] = {}
+    for i, entry in enumerate(raw_links):
+        at = f"{where}.links[{i}]"
+        if not isinstance(entry, dict) or set(entry) - {"a", "b", "path", "nvlinks"}:
+            raise TopologyError(f"{at}: expected an object with a, b, path and nvlinks")
+        a, b, path, nvlinks = (entry.get(k) for k in ("a", "b", "path", "nvlinks"))
+        if a not in known or b not in known or a == b:
+            raise TopologyError(f"{at}: a and b are two GPUs of this node")
+        pair = frozenset((a, b))
+        if pair in links:
+            raise TopologyError(f"{at}: {a} and {b} are listed twice")
+        if path is not None and (isinstance(path, bool) or path not in {p.value for p in Path}):
+            raise TopologyError(f"{at}.path: one of {sorted(p.value for p in Path)} (NVML's topology levels) or null")
+        if nvlinks is not None and (
+            isinstance(nvlinks, bool) or not isinstance(nvlinks, int) or not 0 <= nvlinks <= MAX_NVLINKS
+        ):
+            raise TopologyError(f"{at}.nvlinks: a whole number from 0 to {MAX_NVLINKS}, or null")
+        links[pair] = Link(None if path is None else Path(path), nvlinks)
+    if not isinstance(raw_numa, dict):
+        raise TopologyError(f"{where}.numa: expected an object of GPU UUID to NUMA node")
+    numa: dict[str, int] = {}
+    for uuid, node in raw_numa.items():
+        if uuid not in known or isinstance(node, bool) or not isinstance(node, int) or not 0 <= node <= MAX_NUMA_NODE:
+            raise TopologyError(f"{where}.numa: a GPU of this node and a NUMA node from 0 to {MAX_NUMA_NODE}")
+        numa[uuid] = node
+    return Topology(links, numa)

@@ -1,0 +1,88 @@
+"""How the node's GPUs are linked, read through NVML for the report's ``topology``.
+
+Per pair of GPUs: the PCIe path (``nvmlDeviceGetTopologyCommonAncestor``) and how
+many NVLinks join them, counted from each side over the GPU's links
+(``nvmlDeviceGetNvLinkState``, ``nvmlDeviceGetNvLinkRemotePciInfo``, the peer
+found by its PCI bus id); a link to an NVSwitch joins its GPU to every other GPU
+with switch links, as many as the fewer of the two have. Per GPU: its NUMA node
+(``nvmlDeviceGetNumaNodeId``, on drivers that have it). A call the driver lacks or
+that fails leaves that value unknown (null), never "no link"; a GPU without NVLink
+(NVML says "not supported") has none. MIG devices have no links: only whole GPUs
+are looked at. Imports nothing of the hub's side.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+__all__ = ["read_topology"]
+
+MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def read_topology(nvml, gpus: list[tuple[str, object]]) -> dict:
+    """``{"links": [{"a", "b", "path", "nvlinks"}], "numa": {uuid: node}}`` for the
+    whole GPUs ``gpus`` ((UUID, NVML handle), in index order)."""
+    buses: dict[str, str] = {}
+    for uuid, handle in gpus:
+        try:
+            buses[_text(nvml.nvmlDeviceGetPciInfo_v3(handle).busId).upper()] = uuid
+        except nvml.NVMLError:
+            pass  # its peers cannot name it: their links to it stay unknown
+    every = len(buses) == len(gpus)  # else a peer not found may be one of ours: not an NVSwitch
+    seen = {uuid: _nvlinks(nvml, handle, buses, every) for uuid, handle in gpus}
+    links = []
+    for i, (a, ha) in enumerate(gpus):
+        for b, hb in gpus[i + 1 :]:
+            links.append({"a": a, "b": b, "path": _path(nvml, ha, hb), "nvlinks": _between(seen, a, b)})
+    numa = {}
+    for uuid, handle in gpus:
+        try:
+            numa[uuid] = int(nvml.nvmlDeviceGetNumaNodeId(handle))
+        except nvml.NVMLError:
+            pass  # older drivers lack the call: not known
+    return {"links": links, "numa": numa}
+
+
+def _path(nvml, a, b) -> int | None:
+    try:
+        return int(nvml.nvmlDeviceGetTopologyCommonAncestor(a, b))
+    except nvml.NVMLError:
+        return None
+
+
+def _nvlinks(nvml, handle, buses: dict[str, str], every: bool) -> tuple[Counter, int] | None:
+    """(NVLinks to each peer GPU, NVLinks to NVSwitches) of one GPU; None: not known.
+    ``every``: each GPU's bus id is known, so a peer not among them is an NVSwitch."""
+    peers: Counter = Counter()
+    switch = 0
+    for link in range(MAX_LINKS):
+        try:
+            if not nvml.nvmlDeviceGetNvLinkState(handle, link):
+                continue  # inactive
+            remote = _text(nvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId).upper()
+        except (nvml.NVMLError_NotSupported, nvml.NVMLError_InvalidArgument):
+            break  # no NVLink at all, or past its last link
+        except nvml.NVMLError:
+            return None
+        if remote in buses:
+            peers[buses[remote]] += 1
+        elif every and remote:
+            switch += 1  # not a GPU of this node: an NVSwitch
+        else:
+            return None
+    return peers, switch
+
+
+def _between(seen: dict[str, tuple[Counter, int] | None], a: str, b: str) -> int | None:
+    """The NVLinks joining ``a`` and ``b``, the same counted from both sides; None: not known."""
+    sa, sb = seen[a], seen[b]
+    if sa is None or sb is None:
+        return None
+    via = min(sa[1], sb[1])
+    ab, ba = sa[0][b] + via, sb[0][a] + via
+    return ab if ab == ba else None
