@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from ..core.topology import Topology
+
 __all__ = [
     "HoldersOf",
     "HostCache",
@@ -41,10 +43,18 @@ HoldersOf = Callable[[str], list[dict]]
 Maker = Callable[[str, dict[str, dict], "str | None"], Any]
 
 
-def device_entry(state, holders: list[dict], stale: str | None) -> dict:
-    """One device in the allocation map (``state``: a cluster DeviceState)."""
+def device_entry(state, holders: list[dict], stale: str | None, topology: Topology | None = None) -> dict:
+    """One device in the allocation map (``state``: a cluster DeviceState); where its
+    node says how its GPUs are linked, its ``links`` to each other GPU there (e.g.
+    "2 NVLinks", "across CPUs", "unknown") and its ``numa_node`` (None: not known)."""
     gpu = state.gpu
-    return {
+    linked = {}
+    if topology is not None:
+        linked = {
+            "links": {u: topology.link(gpu.uuid, u).words for u in topology.peers(gpu.uuid)},
+            "numa_node": topology.numa.get(gpu.uuid),
+        }
+    return linked | {
         "model": gpu.model,
         "index": gpu.index,
         "memory_mib": gpu.memory_mib,
@@ -58,10 +68,12 @@ def device_entry(state, holders: list[dict], stale: str | None) -> dict:
     }
 
 
-def host_entries(states: Iterable, holders: Mapping[str, list[dict]], stale: str | None) -> dict[str, dict]:
+def host_entries(
+    states: Iterable, holders: Mapping[str, list[dict]], stale: str | None, topology: Topology | None = None
+) -> dict[str, dict]:
     """A host's devices by UUID, in device order, as the allocation map lists them."""
     return {
-        state.gpu.uuid: device_entry(state, holders.get(state.gpu.uuid, []), stale)
+        state.gpu.uuid: device_entry(state, holders.get(state.gpu.uuid, []), stale, topology)
         for state in sorted(states, key=lambda s: s.gpu)
     }
 
@@ -108,13 +120,15 @@ def host_counts(entries: dict[str, dict], available: bool) -> list[tuple[str, tu
 
 
 def make_hosts(
-    make: Maker, jobs: Sequence[tuple[str, Iterable, Mapping[str, list[dict]], str | None]], yield_gil: bool = False
+    make: Maker,
+    jobs: Sequence[tuple[str, Iterable, Mapping[str, list[dict]], str | None, Topology | None]],
+    yield_gil: bool = False,
 ) -> list:
-    """``make`` for each (host, device states, holders, stale). ``yield_gil``: let
-    other threads (the event loop) run between hosts, when made in a thread."""
+    """``make`` for each (host, device states, holders, stale, topology). ``yield_gil``:
+    let other threads (the event loop) run between hosts, when made in a thread."""
     out = []
-    for host, states, holders, stale in jobs:
-        out.append(make(host, host_entries(states, holders, stale), stale))
+    for host, states, holders, stale, topology in jobs:
+        out.append(make(host, host_entries(states, holders, stale, topology), stale))
         if yield_gil:
             time.sleep(GIL_PAUSE)
     return out

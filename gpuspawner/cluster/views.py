@@ -167,6 +167,7 @@ class ClusterViews:
                         tuple(self.cluster.states[host].values()),
                         self._holders(host, holders_key, holders_of),
                         stale,
+                        self.allocator.topology(host),  # (it comes with each report: its readings key covers it)
                     )
                 )
         if len(jobs) > inline:

@@ -86,6 +86,10 @@ class Topology:
     def link(self, a: str, b: str) -> Link:
         return self.links.get(frozenset((a, b)), UNKNOWN)
 
+    def peers(self, uuid: str) -> list[str]:
+        """The GPUs ``uuid`` has a link entry with, by UUID."""
+        return sorted(u for pair in self.links if uuid in pair for u in pair if u != uuid)
+
     def score(self, a: str, b: str) -> int:
         return self.link(a, b).score
 

@@ -103,3 +103,21 @@ def test_a_malformed_topology_is_refused_with_the_field_named(tmp_path, fake_lib
     change(report["topology"], [d["uuid"] for d in report["devices"]])
     with pytest.raises(ReportError, match=words):
         parse_report(body(report))
+
+
+async def test_the_allocation_map_shows_each_gpus_links_and_numa_node(tmp_path, fake_lib_dir):
+    """Guards docs/topology.md, "Where you see it": the allocation map "lists, for each
+    GPU, its links to the others of its node and its NUMA node"."""
+    from gpuspawner.cluster.cluster import GPUCluster, InventorySettings
+
+    devices = topologies.dgx1()
+    report = probe(tmp_path, fake_lib_dir, devices)
+    cluster = GPUCluster(InventorySettings(sources=("agent",)))
+    cluster.receive(parse_report(body(report)), now=0.0)
+    host = json.loads(await cluster.views.alloc_map_json())["gpu-a"]
+    first = host[devices[0]["uuid"]]
+    assert first["numa_node"] == 0 and len(first["links"]) == 7
+    assert first["links"][devices[3]["uuid"]] == "2 NVLinks" and first["links"][devices[5]["uuid"]] == "across CPUs"
+    plain = GPUCluster(InventorySettings(sources=("agent",)))
+    plain.receive(parse_report(body({k: v for k, v in report.items() if k != "topology"})), now=0.0)
+    assert "links" not in json.loads(await plain.views.alloc_map_json())["gpu-a"][devices[0]["uuid"]]
