@@ -174,6 +174,23 @@ class Allocator:
     def topology(self, host: str) -> Topology | None:
         return self._topologies.get(host)
 
+    def _link_rank(self, count: int) -> Callable[[str, list[GPU]], tuple[int, int]] | None:
+        """For a request of ``count`` GPUs, how well linked the group a host would give
+        is: (its farthest pair's score, all its pairs'), higher better, (0, 0) where the
+        host's links are not known; None where links play no part."""
+        if count < 2 or not self._topologies:
+            return None
+
+        def rank(host: str, free: list[GPU]) -> tuple[int, int]:
+            topology = self._topologies.get(host)
+            if topology is None or len(free) < count:
+                return 0, 0
+            group = [g.uuid for g in self._linked(host, free, count)]
+            worst = topology.worst(group)
+            return (0 if worst is None else worst.score), topology.set_score(group)
+
+        return rank
+
     def _linked(self, host: str, free: list[GPU], n: int) -> list[GPU]:
         """The ``n`` of ``free`` (in index order) a request gets on ``host``: by their links where known."""
         topology = self._topologies.get(host)
@@ -238,9 +255,11 @@ class Allocator:
                 found = None
             elif pol.name == "frag" and self.mix is not None and count != ALL and request.host is None:
                 asked = (request.cpu_milli, request.memory_mib)
-                found = frag_whole(index, self.mix, self.resources, models, int(count), asked, fits)
+                linked = self._link_rank(int(count))
+                found = frag_whole(index, self.mix, self.resources, models, int(count), asked, fits, linked)
             else:
-                found = choose(index, pol, models, count, request.host, room, fits)
+                linked = None if count == ALL else self._link_rank(int(count))
+                found = choose(index, pol, models, count, request.host, room, fits, linked)
             if found is None:
                 if not over_room and request.avoid:
                     kept = choose(index, pol, models, count, request.host, room, self._fits(request, avoid=False))

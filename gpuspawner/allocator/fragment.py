@@ -35,7 +35,7 @@ from ..core.sharing import UNIT, shown
 from .index import DeviceIndex
 from .model import ModelIndex
 from .resources import HostResources
-from .whole import Fits
+from .whole import Fits, Linked
 
 __all__ = [
     "CANDIDATES",
@@ -286,16 +286,20 @@ def frag_whole(
     count: int,
     asked: tuple[int, int],
     fits: Fits,
+    linked: Linked = None,
 ) -> tuple[str, str] | None:
-    """(model, host) for ``count`` whole devices where the fragment grows least."""
+    """(model, host) for ``count`` whole devices where the fragment grows least (ties:
+    with ``linked``, the best linked group; then as pack)."""
     scores = _Scores(index, mix, resources, asked)
-    best = None  # (growth, free count, host, model)
+    best = None  # (growth, free count, how badly linked, host, model)
     for model in models:
-        for n, h in _whole_hosts(index.models[model], count, fits):
-            entry = (scores.growth(h, model, UNIT, UNIT, count), n, h, model)
+        mi = index.models[model]
+        for n, h in _whole_hosts(mi, count, fits):
+            links = (0, 0) if linked is None else linked(h, mi.free[h])
+            entry = (scores.growth(h, model, UNIT, UNIT, count), n, (-links[0], -links[1]), h, model)
             if best is None or entry < best:
                 best = entry
-    return None if best is None else (best[3], best[2])
+    return None if best is None else (best[4], best[3])
 
 
 def frag_share(

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import cast
 
+from ..core.inventory import GPU
 from .index import DeviceIndex
 from .model import ModelIndex
 from .records import ALL, Policy
@@ -14,6 +15,9 @@ from .records import ALL, Policy
 __all__ = ["Fits", "best_host", "choose", "first_host"]
 
 Fits = Callable[[str], bool] | None  # whether a host has the CPU and memory asked for (None: any does)
+# How well linked the group a host would give is, higher better (None: links play no part).
+Linked = Callable[[str, list[GPU]], tuple[int, int]] | None
+LINKED_CANDIDATES = 8  # hosts the policy ranks alike whose links are looked at, at most
 
 
 def choose(
@@ -24,12 +28,14 @@ def choose(
     host: str | None,
     room: int | None,
     fits: Fits = None,
+    linked: Linked = None,
 ) -> tuple[str, str] | None:
     """The best (model, host) for the request, or None. Ties: hostname, then
-    model. ``room``: how many more devices the owner may hold (None: no limit)."""
+    model. ``room``: how many more devices the owner may hold (None: no limit);
+    ``linked``: among a model's hosts the policy ranks alike, the best linked goes first."""
     best: tuple[int, str, str] | None = None  # (rank, host, model)
     for model in models:
-        found = best_host(index, policy, index.models[model], count, host, room, fits)
+        found = best_host(index, policy, index.models[model], count, host, room, fits, linked)
         if found is not None:
             key = (policy.rank(found[0]), found[1], model)
             if best is None or key < best:
@@ -45,6 +51,7 @@ def best_host(
     host: str | None,
     room: int | None,
     fits: Fits = None,
+    linked: Linked = None,
 ) -> tuple[int, str] | None:
     """(free count, host): the one of this model's hosts that takes the request best, or None."""
     if host is not None:
@@ -66,21 +73,32 @@ def best_host(
             return None
         _, h, n = min(whole)
         return n, h
-    return first_host(policy, mi, cast(int, count), fits)
+    return first_host(policy, mi, cast(int, count), fits, linked)
 
 
-def first_host(policy: Policy, mi: ModelIndex, count: int, fits: Fits = None) -> tuple[int, str] | None:
+def first_host(
+    policy: Policy, mi: ModelIndex, count: int, fits: Fits = None, linked: Linked = None
+) -> tuple[int, str] | None:
     """(free count, host): of the available hosts with at least ``count``
     untouched devices (and the CPU and memory asked for), the one the policy
-    ranks first (ties: hostname), or None."""
+    ranks first (ties: with ``linked``, the best linked group of the first
+    :data:`LINKED_CANDIDATES`; then hostname), or None."""
     buckets = mi.buckets
     for n in policy.sizes(count, len(buckets) - 1):
-        bucket = buckets[n]
-        if fits is None:
-            if bucket:
-                return n, bucket[0]
-            continue
-        for h in bucket:
-            if fits(h):
-                return n, h
+        alike = [h for h in _fitting(buckets[n], fits, 1 if linked is None else LINKED_CANDIDATES)]
+        if alike:
+            if linked is None or len(alike) == 1:
+                return n, alike[0]
+            return n, max(alike, key=lambda h: linked(h, mi.free[h]))  # (max: the first of equals)
     return None
+
+
+def _fitting(hosts: list[str], fits: Fits, most: int) -> list[str]:
+    """The first ``most`` of ``hosts`` with the CPU and memory asked for."""
+    out = []
+    for h in hosts:
+        if fits is None or fits(h):
+            out.append(h)
+            if len(out) == most:
+                break
+    return out

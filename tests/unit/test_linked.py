@@ -221,3 +221,36 @@ def test_the_allocator_gives_a_request_for_several_gpus_the_best_linked_set_of_i
         alloc.release(f"s{i}")
     alloc.set_host_topology("dgx", None)  # not known any more: index order
     assert alloc.allocate("t", Request(model=v100, count=2)).uuids == ("GPU-0", "GPU-1")
+
+
+@pytest.mark.parametrize("policy", ["pack", "frag"])
+def test_of_two_hosts_the_policy_ranks_alike_the_one_with_the_better_linked_group_gets_it(policy):
+    """Guards docs/topology.md: "of hosts the placement policy ranks alike, the one whose
+    group is better linked". Two DGX-1s with three V100s free each: on dgx-a 0, 1 and 5
+    (the best pair one NVLink), on dgx-b 0, 3 and 6 (0 and 3 two NVLinks); by name dgx-a
+    would come first."""
+    from gpuspawner.allocator.allocator import Allocator, Request
+    from gpuspawner.allocator.fragment import Mix, Placed
+    from gpuspawner.core.inventory import GPU
+
+    v100 = "Tesla V100-SXM2-32GB"
+    alloc = Allocator([GPU(h, i, f"GPU-{i}-{h}", v100, 32768) for h in ("dgx-a", "dgx-b") for i in range(8)], policy)
+    if policy == "frag":
+        alloc.set_mix(Mix.learned([Placed(v100, (1000, 1000), 0, 0, ())]))
+    for host, free in (("dgx-a", {0, 1, 5}), ("dgx-b", {0, 3, 6})):
+        for i in range(8):  # one GPU each, in index order
+            alloc.allocate(f"{host}-{i}", Request(model=v100, count=1, host=host))
+        for i in free:
+            alloc.release(f"{host}-{i}")
+    topology = {h: node_of(h) for h in ("dgx-a", "dgx-b")}
+    assert alloc.allocate("plain", Request(model=v100, count=2)).host == "dgx-a"  # links not known: by name
+    alloc.release("plain")
+    for h, t in topology.items():
+        alloc.set_host_topology(h, t)
+    got = alloc.allocate("s", Request(model=v100, count=2))
+    assert (got.host, got.uuids) == ("dgx-b", ("GPU-0-dgx-b", "GPU-3-dgx-b"))
+
+
+def node_of(host: str) -> Topology:
+    """DGX1_VOLTA with the GPUs named GPU-i-HOST."""
+    return Topology({frozenset(f"{u}-{host}" for u in pair): link for pair, link in DGX1_VOLTA.links.items()})
