@@ -65,7 +65,9 @@ def cluster(nodes: int) -> tuple[list[GPU], dict[str, Topology]]:
 
 def best_worst(topology: Topology, free: Sequence[str], n: int) -> int:
     """The best farthest-pair score of any ``n`` of ``free`` (what the host had to give)."""
-    return max(min(topology.score(a, b) for a, b in itertools.combinations(s, 2)) for s in itertools.combinations(free, n))
+    return max(
+        min(topology.score(a, b) for a, b in itertools.combinations(s, 2)) for s in itertools.combinations(free, n)
+    )
 
 
 def run(nodes: int, seed: int, aware: bool, load: float, mix: dict[int, float], requests: int) -> dict:
@@ -82,7 +84,7 @@ def run(nodes: int, seed: int, aware: bool, load: float, mix: dict[int, float], 
     events: list[tuple[float, int, str, str | int]] = []
     seq = itertools.count()
     t = 0.0
-    for i in range(requests):
+    for _ in range(requests):
         t += rng.expovariate(rate)
         heapq.heappush(events, (t, next(seq), "ask", rng.choices(sizes, weights)[0]))
     best = total = dropped = nvlinked = across = 0
