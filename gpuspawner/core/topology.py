@@ -19,7 +19,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["NVLINK_SCORE", "Link", "Path", "Topology", "TopologyError", "parse_topology"]
+__all__ = ["NUMA_ENV", "NVLINK_SCORE", "Link", "Path", "Topology", "TopologyError", "numa_env", "parse_topology"]
 
 NVLINK_SCORE = 100  # per NVLink between two GPUs
 
@@ -151,3 +151,17 @@ def parse_topology(data: object, gpus: Iterable[str], where: str = "topology") -
             raise TopologyError(f"{where}.numa: a GPU of this node and a NUMA node from 0 to {MAX_NUMA_NODE}")
         numa[uuid] = node
     return Topology(links, numa)
+
+
+NUMA_ENV = "GPUSPAWNER_GPU_NUMA_NODES"  # per device, in NVIDIA_VISIBLE_DEVICES order: "0,0"
+
+
+def numa_env(topology: Topology | None, uuids: Iterable[str]) -> dict[str, str]:
+    """What a server's env says of where its GPUs sit: each one's NUMA node, in the
+    order of NVIDIA_VISIBLE_DEVICES (so a job can bind its CPU threads near them), when
+    its node reported every one of them; nothing otherwise."""
+    us = list(uuids)
+    nodes = [None if topology is None else topology.numa.get(u) for u in us]
+    if not us or None in nodes:
+        return {}
+    return {NUMA_ENV: ",".join(str(n) for n in nodes)}

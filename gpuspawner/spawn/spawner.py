@@ -34,6 +34,7 @@ from ..core.line_order import fmt_duration
 from ..core.options import OptionsError, options_from_form, parse_user_options
 from ..core.requests import ALL
 from ..core.sharing import UNIT, fmt_list
+from ..core.topology import numa_env
 from ..holdings.holdings import Holding, HoldingBusy, Holdings
 from ..holdings.ports import NoPortFree
 from ..hub.app import GPUHub, HubConfigError
@@ -460,7 +461,9 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         return settings
 
     async def _service_spec(self, holding: Holding, settings: dict) -> dict:
-        env, mounts = self.share_enforcement_for(holding.held, self.holdings().allocator)
+        allocator = self.holdings().allocator
+        env, mounts = self.share_enforcement_for(holding.held, allocator)
+        env = {**env, **numa_env(allocator.topology(holding.held.host), holding.held.uuids)}
         publish = None if (self.use_internal_ip or self.host_network) else self.port
         return build_service(
             name=self.service_name,

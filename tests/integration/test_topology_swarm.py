@@ -3,7 +3,8 @@ reports: gpu-a is a DGX-1 (V100s in the hybrid cube-mesh) and gpu-b a workstatio
 NVLink-bridged pairs, each reported by gpuspawner-agent over the fake NVML.
 
 Guards docs/topology.md: "A request for several GPUs of a host ... the split whose groups
-are best linked in all is taken, and of it the best linked group", on real services."""
+are best linked in all is taken, and of it the best linked group", on real services, and
+"GPUSPAWNER_GPU_NUMA_NODES"."""
 
 from __future__ import annotations
 
@@ -56,3 +57,5 @@ def test_pairs_of_v100s_get_two_nvlinks_and_a_pair_of_a6000s_its_bridge(hub, swa
     spawn_ready(hub, "dee", {"gpu_model": topologies.RTX, "gpu_count": 2})
     [service] = services_of(swarm, "dee")
     assert service_gpus(service) == uuids(PAIRS, 0, 1)  # the bridged pair, on one socket
+    env = service.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]["Env"]
+    assert "GPUSPAWNER_GPU_NUMA_NODES=0,0" in env  # where they sit, for binding CPU threads near them

@@ -121,3 +121,12 @@ async def test_the_allocation_map_shows_each_gpus_links_and_numa_node(tmp_path, 
     plain = GPUCluster(InventorySettings(sources=("agent",)))
     plain.receive(parse_report(body({k: v for k, v in report.items() if k != "topology"})), now=0.0)
     assert "links" not in json.loads(await plain.views.alloc_map_json())["gpu-a"][devices[0]["uuid"]]
+
+
+def test_a_servers_numa_nodes_are_told_only_when_its_node_reported_every_one():
+    from gpuspawner.core.topology import Topology, numa_env
+
+    topology = Topology(numa={"GPU-a": 0, "GPU-b": 1})
+    assert numa_env(topology, ["GPU-b", "GPU-a"]) == {"GPUSPAWNER_GPU_NUMA_NODES": "1,0"}
+    assert numa_env(topology, ["GPU-a", "GPU-c"]) == {}  # one not known: nothing said
+    assert numa_env(None, ["GPU-a"]) == {} and numa_env(topology, []) == {}
