@@ -68,6 +68,30 @@ class Node:
 
 
 @contextlib.contextmanager
+def hub_with_agents(swarm, work, nodes: dict[str, list[dict]], port_from: int, extra_config: str = "", interval=1.0):
+    """A hub whose GPUs are what gpuspawner-agent on each of ``nodes`` reports (each
+    node's fake NVML devices, its own agent token, examples/agent-stack.yml), once every
+    agent has reported: (hub, the folder of the nodes' devices files, HOST.txt)."""
+    lib_dir = fakenvml.build(work / "lib").parent
+    gpus = work / "gpus"
+    gpus.mkdir()
+    for host, devices in nodes.items():
+        fakenvml.write_devices(gpus / f"{host}.txt", devices)
+    env = {"GPUSPAWNER_INVENTORY_SOURCE": "agent"}  # no shared agent token: each node has its own
+    with hub_on(swarm, work / "hub", port_from=port_from, extra_config=extra_config, env=env) as hub:
+        tokens = {h: hub.api("POST", f"/gpuspawner/agent-tokens/{h}").json()["token"] for h in nodes}
+        agent_stack.write_tokens(work / "tokens", tokens)
+        hub_api = f"http://{swarm.manager_addr}:{hub.port + 81}/"  # the hub's own port, on the bridge
+        stack = agent_stack.local_stack(
+            hub_api, lib_dir, str(gpus / "{{.Node.Hostname}}.txt"), swarm.image, work / "tokens", interval=interval
+        )
+        with agent_stack.deployed(swarm, stack, dict.fromkeys(nodes, "true"), work):
+            reported = lambda: set(hub.api("GET", "/gpuspawner/alloc-map").json()) == set(nodes)  # noqa: E731
+            wait_until(reported, "the agents did not report", timeout=90)
+            yield hub, gpus
+
+
+@contextlib.contextmanager
 def hub_with_agent_on_gpu_b(
     swarm, work, port_from: int, extra_config: str = "", env: dict | None = None, agent_args: tuple[str, ...] = ()
 ):

@@ -14,7 +14,7 @@ import pytest
 
 from devtools import agent_stack, fakenvml
 from devtools.fakenvml.nodes import A100, GTX, MIXED_NODE, T4
-from tests.integration.support import hub_on, login, wait_until
+from tests.integration.support import hub_on, hub_with_agents, login, wait_until
 
 INTERVAL = 1.0
 GPU_B = [
@@ -37,23 +37,10 @@ MIG = A100 + " · MIG "
 @pytest.fixture(scope="module")
 def cluster(swarm, tmp_path_factory):
     work = tmp_path_factory.mktemp("agents")
-    lib_dir = fakenvml.build(work / "lib").parent
-    gpus = work / "gpus"
-    gpus.mkdir()
-    fakenvml.write_devices(gpus / "gpu-a.txt", MIXED_NODE)
-    fakenvml.write_devices(gpus / "gpu-b.txt", GPU_B)
-    env = {"GPUSPAWNER_INVENTORY_SOURCE": "agent"}  # no shared agent token: each node has its own
     config = "c.GPUSwarmSpawner.agent_stale_intervals = 3\n"
-    with hub_on(swarm, work / "hub", port_from=20000, extra_config=config, env=env) as hub:
-        tokens = {h: hub.api("POST", f"/gpuspawner/agent-tokens/{h}").json()["token"] for h in ("gpu-a", "gpu-b")}
-        agent_stack.write_tokens(work / "tokens", tokens)
-        hub_api = f"http://{swarm.manager_addr}:{hub.port + 81}/"  # the hub's own port, on the bridge
-        stack = agent_stack.local_stack(
-            hub_api, lib_dir, str(gpus / "{{.Node.Hostname}}.txt"), swarm.image, work / "tokens", interval=INTERVAL
-        )
-        with agent_stack.deployed(swarm, stack, {"gpu-a": "true", "gpu-b": "true"}, work):
-            wait_until(lambda: set(alloc_map(hub)) == {"gpu-a", "gpu-b"}, "the agents did not report", timeout=90)
-            yield hub, gpus
+    nodes = {"gpu-a": MIXED_NODE, "gpu-b": GPU_B}
+    with hub_with_agents(swarm, work, nodes, port_from=20000, extra_config=config, interval=INTERVAL) as (hub, gpus):
+        yield hub, gpus
 
 
 def alloc_map(hub) -> dict:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from devtools import agent_stack, fakenvml
 from devtools.fakenvml import topologies
-from tests.integration.support import hub_on, service_gpus, services_of, spawn_ready, wait_until
+from tests.integration.support import hub_with_agents, service_gpus, services_of, spawn_ready
+from tests.integration.test_agents_on_nodes import alloc_map
 
 DGX1, PAIRS = topologies.dgx1(), topologies.pcie_pairs()
 
@@ -20,27 +20,12 @@ DGX1, PAIRS = topologies.dgx1(), topologies.pcie_pairs()
 @pytest.fixture(scope="module")
 def hub(swarm, tmp_path_factory):
     work = tmp_path_factory.mktemp("topology")
-    lib_dir = fakenvml.build(work / "lib").parent
-    gpus = work / "gpus"
-    gpus.mkdir()
-    fakenvml.write_devices(gpus / "gpu-a.txt", DGX1)
-    fakenvml.write_devices(gpus / "gpu-b.txt", PAIRS)
-    env = {"GPUSPAWNER_INVENTORY_SOURCE": "agent"}
     config = "c.GPUSwarmSpawner.max_gpus_per_user = 8\n"
-    with hub_on(swarm, work / "hub", port_from=20200, extra_config=config, env=env) as hub:
-        tokens = {h: hub.api("POST", f"/gpuspawner/agent-tokens/{h}").json()["token"] for h in ("gpu-a", "gpu-b")}
-        agent_stack.write_tokens(work / "tokens", tokens)
-        hub_api = f"http://{swarm.manager_addr}:{hub.port + 81}/"
-        stack = agent_stack.local_stack(
-            hub_api, lib_dir, str(gpus / "{{.Node.Hostname}}.txt"), swarm.image, work / "tokens", interval=1.0
-        )
-        with agent_stack.deployed(swarm, stack, {"gpu-a": "true", "gpu-b": "true"}, work):
-            wait_until(lambda: set(alloc_map(hub)) == {"gpu-a", "gpu-b"}, "the agents did not report", timeout=90)
-            yield hub
-
-
-def alloc_map(hub) -> dict:
-    return hub.api("GET", "/gpuspawner/alloc-map").json()
+    with hub_with_agents(swarm, work, {"gpu-a": DGX1, "gpu-b": PAIRS}, port_from=20200, extra_config=config) as (
+        hub,
+        _,
+    ):
+        yield hub
 
 
 def uuids(devices: list[dict], *positions: int) -> list[str]:
