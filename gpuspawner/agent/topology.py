@@ -13,6 +13,7 @@ are looked at. Imports nothing of the hub's side.
 
 from __future__ import annotations
 
+import ctypes
 from collections import Counter
 
 __all__ = ["read_topology"]
@@ -42,10 +43,21 @@ def read_topology(nvml, gpus: list[tuple[str, object]]) -> dict:
     numa = {}
     for uuid, handle in gpus:
         try:
-            numa[uuid] = int(nvml.nvmlDeviceGetNumaNodeId(handle))
+            numa[uuid] = _numa_node(nvml, handle)
         except nvml.NVMLError:
             pass  # older drivers lack the call: not known
     return {"links": links, "numa": numa}
+
+
+def _numa_node(nvml, handle) -> int:
+    """The GPU's NUMA node. Bindings older than the call (nvidia-ml-py before 12.535)
+    lack its wrapper: the driver's own function then, as the bindings look one up."""
+    call = getattr(nvml, "nvmlDeviceGetNumaNodeId", None)
+    if call is not None:
+        return int(call(handle))
+    node = ctypes.c_uint()
+    nvml._nvmlCheckReturn(nvml._nvmlGetFunctionPointer("nvmlDeviceGetNumaNodeId")(handle, ctypes.byref(node)))
+    return node.value
 
 
 def _path(nvml, a, b) -> int | None:
