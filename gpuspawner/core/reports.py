@@ -43,7 +43,9 @@ __all__ = [
 ]
 
 MAX_INTERVAL_S = 3600  # the longest interval between reports an agent may say it keeps
-MAX_REPORT_BYTES = 256 * 1024  # a node with 64 MIG-split GPUs reports ~100 KiB
+# A node with 64 MIG-split GPUs reports ~100 KiB; one with 64 whole GPUs and the links of
+# every pair of them (2,016 pairs) ~300 KiB.
+MAX_REPORT_BYTES = 1024 * 1024
 MAX_DEVICES = 64
 MAX_MIG_DEVICES = 8  # NVIDIA's MIG allows 7 GPU instances per GPU
 MAX_PROBLEMS = 16

@@ -17,6 +17,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpuspawner.core.reports import MAX_REPORT_BYTES
 from tests.integration.support import admin_cli, hub_on, login, spawn_ready
 from tests.unit.test_reports import A100, MIG, device, report
 
@@ -70,7 +71,7 @@ def test_the_agent_token_can_do_nothing_else(hub):
         (report(device(0, "GPU-x"), hostname="not-a-node"), None, 400, "not-a-node is not a node of this swarm"),
         (None, b"{not json", 400, "not valid JSON"),
         (report(device(0, "GPU-x,GPU-y"), hostname="gpu-a"), None, 400, "devices[0].uuid"),
-        (None, b" " * (256 * 1024 + 1), 400, "limit"),
+        (None, b" " * (MAX_REPORT_BYTES + 1), 400, "limit"),
     ],
 )
 def test_bad_reports_get_a_clear_400(hub, body, raw, status, message):

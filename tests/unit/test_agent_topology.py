@@ -130,3 +130,23 @@ def test_a_servers_numa_nodes_are_told_only_when_its_node_reported_every_one():
     assert numa_env(topology, ["GPU-b", "GPU-a"]) == {"GPUSPAWNER_GPU_NUMA_NODES": "1,0"}
     assert numa_env(topology, ["GPU-a", "GPU-c"]) == {}  # one not known: nothing said
     assert numa_env(None, ["GPU-a"]) == {} and numa_env(topology, []) == {}
+
+
+def test_the_largest_node_with_every_pairs_links_fits_in_a_report():
+    """64 whole GPUs (the most a report lists) with the links of all 2,016 pairs and their
+    NUMA nodes, as the agent encodes it, is taken: the report's size limit leaves room."""
+    from gpuspawner.agent.report import encode_report
+    from gpuspawner.core.reports import MAX_DEVICES, MAX_REPORT_BYTES
+
+    uuids = [f"GPU-{i:08x}-0000-4000-8000-000000000000" for i in range(MAX_DEVICES)]
+    devices = [
+        {"index": i, "uuid": u, "name": topologies.V100, "memory_total_mib": 32768, "memory_used_mib": 0,
+         "utilization_gpu": 0, "temperature_c": 40.0, "ecc_uncorrected": 0, "lost": False, "processes": [],
+         "mig_mode": False, "mig_devices": [], "healthy": True, "problems": []}
+        for i, u in enumerate(uuids)
+    ]  # fmt: skip
+    links = [{"a": a, "b": b, "path": 50, "nvlinks": 12} for i, a in enumerate(uuids) for b in uuids[i + 1 :]]
+    topology = {"links": links, "numa": {u: i // 32 for i, u in enumerate(uuids)}}
+    body = encode_report({"devices": devices, "topology": topology}, "gpu-a", 15.0)
+    assert len(body) < MAX_REPORT_BYTES
+    assert len(parse_report(body).topology.links) == 2016
