@@ -198,10 +198,8 @@ class ReservationKeeper:
             mine = known[1] if known is not None and known[0] > fresh else self._groups_of(record.user)
             if not mine or groups.isdisjoint(mine):
                 continue  # (a member of none counts toward none)
-            known = cached.get(name)
-            holders.append(
-                known[1] if known and known[0] is h and known[1].groups is mine else self._holder(name, h, mine)
-            )
+            kept = cached.get(name)
+            holders.append(kept[1] if kept and kept[0] is h and kept[1].groups is mine else self._holder(name, h, mine))
         if len(self._holders) > 2 * len(everyone) + 64:  # (those of ended holdings, now and then)
             self._holders = {n: k for n, k in self._holders.items() if n in everyone}
         held = self._held[1][ids] = members_hold(near, holders, self.wall())
