@@ -43,12 +43,12 @@ from ..allocator.records import accepted
 from ..allocator.refusals import AllocationRefused, Refusal
 from ..core.fairshare import FairShare, by_group
 from ..core.line_order import Standing, Waiter, by_model, estimate, held_now, kept_text, order_reason, position
-from ..core.requests import ALL, Request
+from ..core.requests import Request
 from ..core.sharing import UNIT
 from ..holdings.holdings import Holding, Holdings
 from ..ledger.checks import utc_now
 from ..ledger.ledger import LedgerError
-from ..plan.backfill import Round, Start, StartsCache, planned_start
+from ..plan.backfill import Round, Start, StartsCache, devices_needed, planned_start
 
 __all__ = ["WaitLine", "extend_start_timeout", "lasts_of", "refused_out_of_line", "reserve_or_wait"]
 
@@ -490,7 +490,7 @@ class WaitLine:
         if milli is not None and milli < UNIT:
             needs, free = 0, sum(1 for held in devices.values() if UNIT - sum(held.values()) >= milli)
         else:
-            needs = len(devices) if request.count == ALL else -(-milli // UNIT) if milli else int(request.count)
+            needs = devices_needed(request, devices)
             free = min(needs, sum(1 for held in devices.values() if not held))
         when = self.planned_at(service)
         start = f"about {when:%H:%M} UTC, when a server there reaches its time limit" if when else ""

@@ -32,7 +32,7 @@ from ..allocator.resources import Room
 from ..core.requests import ALL, Request
 from ..core.sharing import UNIT
 
-__all__ = ["Round", "planned_start"]
+__all__ = ["Round", "devices_needed", "planned_start"]
 
 Nearest = Callable[[Request, Set[str]], "str | None"]  # (request, hosts kept) -> its planned host
 Start = tuple[float, "str | None"]  # (seconds from now, the holder whose end it waits for; None: none)
@@ -156,10 +156,17 @@ def _gpu_start(
                 last = (t, h)
         else:
             frees.append(last)
-    n = len(devices) if request.count == ALL else -(-milli // UNIT) if milli is not None else int(request.count)
+    n = devices_needed(request, devices)
     if n < 1 or len(frees) < n:
         return None
     return sorted(frees, key=lambda f: f[0])[n - 1]
+
+
+def devices_needed(request: Request, devices: Mapping[str, object]) -> int:
+    """How many of a host's ``devices`` a request for whole GPUs takes: all of them for
+    ``ALL``, a share of more than one GPU rounded up, else its count."""
+    milli = request.milli
+    return len(devices) if request.count == ALL else -(-milli // UNIT) if milli is not None else int(request.count)
 
 
 def _share_start(
