@@ -245,6 +245,7 @@ class Holdings:
             if not kept or kept.met(
                 self.allocator.untouched(alloc.model),
                 self.allocator.room(alloc.model) if kept.room else kept.devices * UNIT,  # room: only when asked
+                sum(alloc.milli),
             ):
                 return alloc
             self.allocator.release(name)

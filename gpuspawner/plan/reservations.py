@@ -42,20 +42,29 @@ __all__ = [
 class Keep:
     """What a request of someone else must leave free of a model: ``devices``
     untouched (reservations of whole GPUs) and, beyond theirs, ``room``
-    thousandths nobody holds, on any device (share totals)."""
+    thousandths nobody holds, on any device (share totals); and ``most``, the
+    most thousandths of it the request may take (a quota's borrowing limit; None:
+    no limit)."""
 
     devices: int = 0
     room: int = 0
+    most: int | None = None
 
     def __add__(self, other: Keep) -> Keep:
-        return Keep(self.devices + other.devices, self.room + other.room)
+        most = other.most if self.most is None else self.most if other.most is None else min(self.most, other.most)
+        return Keep(self.devices + other.devices, self.room + other.room, most)
 
     def __bool__(self) -> bool:
-        return bool(self.devices or self.room)
+        return bool(self.devices or self.room or self.most is not None)
 
-    def met(self, untouched: int, room: int) -> bool:
-        """Whether ``untouched`` devices and ``room`` free thousandths (theirs included) leave it."""
-        return untouched >= self.devices and room >= self.devices * UNIT + self.room
+    def met(self, untouched: int, room: int, taken: int = 0) -> bool:
+        """Whether ``untouched`` devices and ``room`` free thousandths (theirs included) leave
+        it, for a request that takes ``taken`` thousandths."""
+        return (
+            untouched >= self.devices
+            and room >= self.devices * UNIT + self.room
+            and (self.most is None or taken <= self.most)
+        )
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,293 @@
+"""Quotas: GPUs guaranteed to a group, lent while idle and taken back with notice
+(pure: the standard library and the pure core), beside the reservations' rules
+(:mod:`gpuspawner.plan.reservations`) and the line's (:mod:`gpuspawner.plan.backfill`).
+
+A quota guarantees a JupyterHub group a number of GPUs of one model (or a share
+total) at any time. Its members' holdings, oldest first, count within it until it
+is full; what its members hold beyond it, and what users of no quota of the model
+hold, is *borrowed* (:func:`marks`). While a group leaves its quota idle, anyone
+may use it, up to the quota's lending limit; a group may go beyond its own quota
+only up to its borrowing limit (:func:`keep`). When a member of a group below its
+quota waits for a request within it and nothing free fits, borrowed holdings are
+taken back, the fewest GPU-hours lost first, only as many as needed, on the host
+where that costs least (:func:`reclaim`, :func:`plan_reclaims`). A holding within
+its group's quota is never taken back for another's.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import NamedTuple
+
+from ..core.sharing import UNIT, fmt
+from .reservations import Holder, Keep
+
+__all__ = [
+    "NOTICE",
+    "Ask",
+    "Borrowed",
+    "Mark",
+    "Quota",
+    "Waiter",
+    "draws_on",
+    "keep",
+    "marks",
+    "plan_reclaims",
+    "reclaim",
+    "used",
+]
+
+NOTICE = timedelta(minutes=10)  # a borrowed holding is taken back this long after its user is told
+BRUTE_MAX = 12  # borrowed holdings on one host above which the cheapest set is found greedily
+
+
+@dataclass(frozen=True)
+class Quota:
+    """``group``'s guarantee of ``model``: ``milli`` thousandths (whole GPUs: a
+    multiple of 1000), at most ``borrow`` thousandths beyond it (None: no limit) and
+    at most ``lend`` of it lent to others (None: all of it)."""
+
+    group: str
+    model: str
+    milli: int
+    borrow: int | None = None
+    lend: int | None = None
+    notice: timedelta = NOTICE
+
+    @property
+    def whole(self) -> bool:
+        """A quota of whole GPUs (it keeps untouched devices); else a share total (room)."""
+        return self.milli % UNIT == 0
+
+    @property
+    def amount(self) -> str:
+        """E.g. "4 NVIDIA A100 80GB PCIe" or "2.5 of NVIDIA A100 80GB PCIe"."""
+        return f"{fmt(self.milli)} {self.model}" if self.whole else f"{fmt(self.milli)} of {self.model}"
+
+
+class Mark(NamedTuple):
+    """How a holding (or a request) stands: the quota ``group`` it draws on (None: its
+    user is in no group with a quota of its model) and whether it is ``within`` that
+    quota (False: borrowed)."""
+
+    group: str | None
+    within: bool
+
+
+def _by_model(quotas: Iterable[Quota]) -> dict[str, dict[str, Quota]]:
+    out: dict[str, dict[str, Quota]] = {}
+    for q in quotas:
+        out.setdefault(q.model, {})[q.group] = q
+    return out
+
+
+def draws_on(quotas: Mapping[str, Quota], used: Mapping[str, int], groups: Collection[str], milli: int) -> Mark:
+    """Which of ``quotas`` (group -> quota, of one model) a holding or request of
+    ``milli`` thousandths by a user in ``groups`` draws on, with the groups' use so far
+    (``used``: group -> thousandths). Within a quota when it fits what the group has
+    left; among several, the one with the most left (so the group with least left keeps
+    it for its other members), then the first by name. Beyond them all: borrowed, drawn
+    on the one with the most left."""
+    mine = sorted(g for g in groups if g in quotas)
+    if not mine:
+        return Mark(None, False)
+    left = {g: quotas[g].milli - used.get(g, 0) for g in mine}
+    fits = [g for g in mine if left[g] >= milli]
+    pick = max(fits or mine, key=lambda g: (left[g], [-ord(ch) for ch in g]))
+    return Mark(pick, bool(fits))
+
+
+def marks(quotas: Iterable[Quota], holders: Iterable[Holder]) -> dict[str, Mark]:
+    """Each holding of a model that has quotas (``holders``, oldest first), marked: its
+    group's holdings count within its quota, oldest first, until one does not fit; that
+    one and every later one of the group are borrowed (a group below its quota borrows
+    nothing). Holdings of models without quotas are left out."""
+    of_model = _by_model(quotas)
+    use: dict[tuple[str, str], int] = {}
+    out: dict[str, Mark] = {}
+    for h in holders:
+        mine = of_model.get(h.model)
+        if mine is None:
+            continue
+        so_far = {g: use.get((g, h.model), 0) for g in mine}
+        mark = draws_on(mine, so_far, h.groups, h.milli)
+        if mark.group is not None:  # (one that does not fit leaves its group over: later ones are borrowed too)
+            use[(mark.group, h.model)] = so_far[mark.group] + h.milli
+        out[h.key] = mark
+    return out
+
+
+def used(quotas: Iterable[Quota], holders: Iterable[Holder], found: Mapping[str, Mark]) -> dict[tuple[str, str], int]:
+    """(group, model) -> the thousandths its members hold drawing on its quota (within
+    and beyond), from ``marks``' answer ``found``."""
+    out = {(q.group, q.model): 0 for q in quotas}
+    for h in holders:
+        m = found.get(h.key)
+        if m is not None and m.group is not None:
+            out[(m.group, h.model)] += h.milli
+    return out
+
+
+def keep(
+    quotas: Iterable[Quota],
+    use: Mapping[tuple[str, str], int],
+    waiting: Mapping[tuple[str, str], int],
+    groups: Collection[str],
+    asks: Mapping[str, int] | None = None,
+) -> dict[str, Keep]:
+    """Per model, what a request of a user in ``groups`` must leave free for the quotas
+    of others (``use``: (group, model) -> thousandths held drawing on it; ``waiting``:
+    (group, model) -> thousandths its members wait for within it): of each other
+    group's idle quota, the part it does not lend, or what its members wait for,
+    whichever is more. With ``asks`` (model -> thousandths the request takes), a
+    request beyond every quota of the user's is also held to the borrowing limit of
+    the quota it draws on (:attr:`Keep.most`)."""
+    out: dict[str, Keep] = {}
+    for model, mine in _by_model(quotas).items():
+        k = Keep()
+        so_far = {g: use.get((g, model), 0) for g in mine}
+        for g, q in mine.items():
+            if g in groups:
+                continue
+            idle = max(0, q.milli - so_far[g])
+            lent = q.milli if q.lend is None else min(q.lend, q.milli)
+            kept = max(idle - lent, min(idle, waiting.get((g, model), 0)))
+            if kept:
+                k = k + (Keep(-(-kept // UNIT)) if q.whole else Keep(0, kept))
+        ask = (asks or {}).get(model)
+        if ask is not None:
+            mark = draws_on(mine, so_far, groups, ask)
+            q = mine.get(mark.group) if mark.group is not None else None
+            if q is not None and not mark.within and q.borrow is not None:
+                k = k + Keep(most=max(0, q.milli + q.borrow - so_far[q.group]))
+        if k:
+            out[model] = k
+    return out
+
+
+class Ask(NamedTuple):
+    """What a waiter asks of a model: ``count`` whole GPUs on one host, or a share of
+    ``milli`` thousandths of one device (count 0)."""
+
+    count: int = 0
+    milli: int = 0
+
+
+class Borrowed(NamedTuple):
+    """A borrowed holding that may be taken back: its ``key``, and the GPU-hours its
+    stop would lose (``cost``: GPUs held times hours held; a holding already told is
+    given 0, so that a plan does not change its mind)."""
+
+    key: str
+    cost: float
+
+
+def _fits(ask: Ask, devices: Mapping[str, Mapping[str, int]], gone: Collection[str]) -> list[str] | None:
+    """The devices of one host ``ask`` would take once ``gone`` are stopped (None: it does not fit)."""
+    if ask.count:
+        free = [u for u, held in devices.items() if all(k in gone for k in held)]
+        return free[: ask.count] if len(free) >= ask.count else None
+    best = None
+    for u, held in devices.items():
+        room = UNIT - sum(m for k, m in held.items() if k not in gone)
+        if room >= ask.milli and (best is None or room < best[0]):
+            best = (room, u)  # the fullest that has room, as pack places a share
+    return None if best is None else [best[1]]
+
+
+def reclaim(
+    ask: Ask,
+    hosts: Mapping[str, Mapping[str, Mapping[str, int]]],
+    borrowed: Iterable[Borrowed],
+) -> tuple[str, list[str], list[str]] | None:
+    """Where ``ask`` is served by taking back the fewest GPU-hours of ``borrowed``:
+    (host, the keys to stop, the devices it would take), among ``hosts`` (host ->
+    device -> {holder: thousandths}; empty: free). Only a set none of whose members can
+    be left out; the cheapest in GPU-hours, then the fewest, then by host and keys.
+    None: no host can serve it even with every borrowed holding there stopped. Exact
+    up to BRUTE_MAX borrowed holdings on a host, cheapest-first beyond."""
+    cost = {b.key: b.cost for b in borrowed}
+    best: tuple[tuple, str, list[str], list[str]] | None = None
+    for host in sorted(hosts):
+        devices = hosts[host]
+        mine = sorted({k for held in devices.values() for k in held if k in cost}, key=lambda k: (cost[k], k))
+        found = _cheapest(ask, devices, mine, cost)
+        if found is None:
+            continue
+        gone, taken = found
+        rank = (round(sum(cost[k] for k in gone), 9), len(gone), host, sorted(gone))
+        if best is None or rank < best[0]:
+            best = (rank, host, sorted(gone), taken)
+    return None if best is None else (best[1], best[2], best[3])
+
+
+def _cheapest(
+    ask: Ask, devices: Mapping[str, Mapping[str, int]], mine: Sequence[str], cost: Mapping[str, float]
+) -> tuple[list[str], list[str]] | None:
+    taken = _fits(ask, devices, ())
+    if taken is not None:
+        return [], taken
+    if _fits(ask, devices, mine) is None:
+        return None
+    if len(mine) <= BRUTE_MAX:
+        best = None
+        for n in range(1, len(mine) + 1):
+            for gone in itertools.combinations(mine, n):
+                rank = (sum(cost[k] for k in gone), n, sorted(gone))
+                if (best is None or rank < best[0]) and (taken := _fits(ask, devices, gone)) is not None:
+                    best = (rank, list(gone), taken)
+        assert best is not None
+        return best[1], best[2]
+    gone = []
+    for k in mine:  # cheapest first until it fits, then let off the dearest not needed after all
+        gone.append(k)
+        if _fits(ask, devices, gone) is not None:
+            break
+    for k in sorted(gone, key=lambda k: (-cost[k], k)):
+        if _fits(ask, devices, [g for g in gone if g != k]) is not None:
+            gone.remove(k)
+    taken = _fits(ask, devices, gone)
+    assert taken is not None
+    return gone, taken
+
+
+class Waiter(NamedTuple):
+    """A request that waits within its group's quota: ``key`` (its server), the ``group``
+    whose quota it draws on, and what it asks."""
+
+    key: str
+    group: str
+    ask: Ask
+
+
+def plan_reclaims(
+    waiters: Sequence[Waiter],
+    hosts: Mapping[str, Mapping[str, Mapping[str, int]]],
+    borrowed: Iterable[Borrowed],
+) -> dict[str, Waiter]:
+    """For ``waiters`` (within their quotas, in the line's order), the borrowed holdings
+    to take back (key -> the waiter it is taken back for). Each waiter in turn: served
+    where it fits as things would then be, else by :func:`reclaim`; the devices it would
+    take are counted as taken for those after it. A waiter nothing can serve takes
+    nothing back."""
+    hosts = {h: {u: dict(held) for u, held in devices.items()} for h, devices in hosts.items()}
+    left = {b.key: b for b in borrowed}
+    out: dict[str, Waiter] = {}
+    for w in waiters:
+        found = reclaim(w.ask, hosts, left.values())
+        if found is None:
+            continue
+        host, gone, taken = found
+        for k in gone:
+            out[k] = w
+            del left[k]
+        devices = hosts[host]
+        for held in devices.values():
+            for k in gone:
+                held.pop(k, None)
+        for u in taken:  # the waiter's, as if served
+            devices[u][f"\0{w.key}"] = UNIT if w.ask.count else w.ask.milli
+    return out
