@@ -33,8 +33,9 @@ from ..core.fairshare import FairShare
 from ..core.inventory import MODEL_RE, InventoryError
 from ..core.inventory_files import load_inventory
 from ..core.labels import Held
+from ..core.quotas import QuotaError, parse_quotas, unmet
 from ..core.reports import MAX_TEMPERATURE_C
-from ..core.sharing import SharingPolicy, shown
+from ..core.sharing import UNIT, SharingPolicy, shown
 from ..ledger.ledger import Ledger, LedgerError
 from ..reclaim.settings import DAY, YEAR, BoundedInteger, FiniteFloat
 from ..reclaim.settings import check_config as check_reclaim
@@ -528,6 +529,7 @@ def validate_config(config) -> None:
         if conflicts:
             raise ValueError(conflicts[0])
         _check_access(spawner_config, inventory)
+        _check_quotas(spawner_config, inventory, sources)
     except (InventoryError, LedgerError, ValueError) as exc:
         raise SystemExit(f"gpuspawner configuration error: {' '.join(str(exc).split())}") from None
 
@@ -565,3 +567,30 @@ def _check_access(spawner_config: Mapping, inventory) -> None:
         known = {aliases.get(d.model, d.model) for d in load_inventory(inventory)}
         for unknown in rules.unknown_models(known):
             logging.getLogger("JupyterHub").warning("gpuspawner: gpu_access names a model no GPU has: %s", unknown)
+
+
+def _check_quotas(spawner_config: Mapping, inventory, sources) -> None:
+    """``gpu_quotas`` at hub start, beyond its own shape (its trait checks that): a share
+    total only of a shared model; with a static inventory alone, only its models. Quotas
+    that add up to more than the GPUs there are now are warned about (and named by
+    ``doctor`` and on /hub/gpus, since the nodes change while the hub runs)."""
+    aliases = spawner_config.get("gpu_model_aliases", {})
+    quotas = parse_quotas(spawner_config.get("gpu_quotas") or {}, aliases)
+    if not quotas:
+        return
+    sharing = SharingPolicy.parse(spawner_config.get("gpu_sharing") or None)
+    for q in quotas:
+        if not q.whole and sharing.for_model(q.model) is None:
+            raise QuotaError(
+                f"gpu_quotas[{q.group!r}][{q.model!r}] is a share total ({q.amount}), but gpu_sharing does not share that model"
+            )
+    if inventory and list(sources) == ["static"]:
+        capacity: dict[str, int] = {}
+        for d in load_inventory(inventory):
+            model = aliases.get(d.model, d.model)
+            capacity[model] = capacity.get(model, 0) + UNIT
+        for q in quotas:
+            if q.model not in capacity:
+                raise QuotaError(f"gpu_quotas[{q.group!r}] names {q.model!r}, a model the inventory does not have")
+        for line in unmet(quotas, capacity):
+            logging.getLogger("JupyterHub").warning("gpuspawner: %s", line)

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
 from typing import NamedTuple
 
-from ..core.sharing import UNIT, fmt
+from ..core.quotas import NOTICE, Quota
+from ..core.sharing import UNIT
 from .reservations import Holder, Keep
 
 __all__ = [
@@ -40,32 +39,7 @@ __all__ = [
     "used",
 ]
 
-NOTICE = timedelta(minutes=10)  # a borrowed holding is taken back this long after its user is told
 BRUTE_MAX = 12  # borrowed holdings on one host above which the cheapest set is found greedily
-
-
-@dataclass(frozen=True)
-class Quota:
-    """``group``'s guarantee of ``model``: ``milli`` thousandths (whole GPUs: a
-    multiple of 1000), at most ``borrow`` thousandths beyond it (None: no limit) and
-    at most ``lend`` of it lent to others (None: all of it)."""
-
-    group: str
-    model: str
-    milli: int
-    borrow: int | None = None
-    lend: int | None = None
-    notice: timedelta = NOTICE
-
-    @property
-    def whole(self) -> bool:
-        """A quota of whole GPUs (it keeps untouched devices); else a share total (room)."""
-        return self.milli % UNIT == 0
-
-    @property
-    def amount(self) -> str:
-        """E.g. "4 NVIDIA A100 80GB PCIe" or "2.5 of NVIDIA A100 80GB PCIe"."""
-        return f"{fmt(self.milli)} {self.model}" if self.whole else f"{fmt(self.milli)} of {self.model}"
 
 
 class Mark(NamedTuple):

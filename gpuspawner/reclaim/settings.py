@@ -15,6 +15,7 @@ from traitlets.config import LoggingConfigurable
 from ..core.access import Access
 from ..core.idle import BUDGET, MAX_HOURS, Limits
 from ..core.numbers import finite
+from ..core.quotas import QuotaError, parse_quotas
 from ..core.sharing import shown
 
 __all__ = ["ReclaimSettings", "check_config"]
@@ -158,6 +159,26 @@ class ReclaimSettings(LoggingConfigurable):
         what="a number of seconds",
         help="Seconds between the hub's checks of idle and held-time limits.",
     ).tag(config=True)
+
+    gpu_quotas = Dict(
+        {},
+        help="""GPUs guaranteed to JupyterHub groups, borrowed by others while idle and
+        taken back with notice (docs/quotas.md): ``{group: {model: gpus}}``, or
+        ``{group: {model: {"gpus": N, "borrow": B, "lend": L, "notice_minutes": M}}}``
+        where ``borrow`` is how far beyond its quota the group may go (no limit when
+        absent), ``lend`` how much of its quota others may borrow (all when absent) and
+        ``notice_minutes`` how long a borrower is told before the GPUs are taken back
+        (10). A fraction of a GPU makes a share total of a shared model. Empty (the
+        default): no quotas.""",
+    ).tag(config=True)
+
+    @validate("gpu_quotas")
+    def _check_quotas(self, proposal):
+        try:
+            parse_quotas(proposal["value"])
+        except QuotaError as exc:
+            raise TraitError(f"c.GPUSwarmSpawner.{exc}") from None
+        return proposal["value"]
 
     @validate("gpu_idle_threshold")
     def _check_threshold(self, proposal):

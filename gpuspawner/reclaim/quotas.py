@@ -1,0 +1,331 @@
+"""Quotas at the hub (``c.GPUSwarmSpawner.gpu_quotas``, docs/quotas.md): which holdings
+are borrowed, what a request must leave free for others' quotas, and the borrowed
+servers taken back, with notice, for members who wait within their group's quota.
+
+The rules are in :mod:`gpuspawner.plan.quotas` (pure). Here they meet the hub's
+holdings, its waiting line and JupyterHub's groups. :meth:`QuotaKeeper.check`, run
+with the idle reclaim, tells the users of the borrowed servers a waiter needs at once,
+and stops them through the hub once their quota's notice has passed, with the end
+reason ``preempted``. A user whose groups JupyterHub cannot say is counted in none:
+their holdings are borrowed and their requests draw on no quota (a failure that keeps
+others' guarantees).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from datetime import datetime, timedelta, timezone
+
+from ..core.sharing import UNIT, fmt
+from ..holdings.holdings import Holding, Holdings, Phase, stop_for
+from ..ledger.checks import utc_now
+from ..plan.quotas import Ask, Borrowed, Mark, Quota, Waiter, draws_on, keep, marks, plan_reclaims, used
+from ..plan.reservations import Holder, Keep
+from .reservations import milli_asked
+
+__all__ = ["PREEMPTED", "QuotaKeeper"]
+
+log = logging.getLogger(__name__)
+
+PREEMPTED = "preempted"  # the end reason of a borrowed server taken back for a quota
+STOPS_AT_ONCE = 8
+GROUPS_SECONDS = 10.0  # the marks are worked out again at least this often (groups change)
+
+GroupsOf = Callable[[str], "frozenset[str] | None"]  # a user's groups now (cached); None: not known
+LineRow = tuple[str, str, str, dict]  # (service, user, model, user_options) of a waiter, in line order
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _clock_time(t: datetime) -> str:
+    return f"{t.astimezone(timezone.utc):%H:%M} UTC"
+
+
+def ask_of(request: dict) -> Ask:
+    """What a waiting request asks (a share, or whole GPUs; a bad value: one GPU)."""
+    milli = milli_asked(request)
+    return Ask(milli=milli) if "gpu_share" in request and milli < UNIT else Ask(count=max(1, milli // UNIT))
+
+
+class QuotaKeeper:
+    def __init__(
+        self,
+        holdings: Holdings,
+        quotas: Sequence[Quota] = (),
+        *,
+        groups_of: GroupsOf,
+        stop: Callable[[Holding, str], Awaitable[bool]] | None = None,
+        held_for: Callable[[Holding], float | None] = lambda h: None,
+        waiting: Callable[[], Iterable[LineRow]] = lambda: (),
+        wall: Callable[[], datetime] = utc_now,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.holdings = holdings
+        self.quotas = list(quotas)
+        self.groups_of = groups_of
+        self.stop = stop
+        self.held_for = held_for
+        self.waiting = waiting
+        self.wall, self.clock = wall, clock
+        self._of_model: dict[str, dict[str, Quota]] = {}
+        for q in self.quotas:
+            self._of_model.setdefault(q.model, {})[q.group] = q
+        self._marked: tuple[tuple, list[Holder], dict[str, Mark]] | None = None
+        self._told: dict[str, tuple[Holding, datetime, Waiter]] = {}  # name -> (it, when told, for whom)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.quotas)
+
+    def models(self) -> set[str]:
+        return set(self._of_model)
+
+    # -- who holds what within a quota -------------------------------------------------
+
+    def _groups(self, user: str) -> frozenset[str]:
+        return self.groups_of(user) or frozenset()
+
+    def _holders(self) -> list[Holder]:
+        """The holdings of models with quotas, oldest first (the longest held; then by name)."""
+        found = []
+        for name, h in self.holdings.all().items():
+            record = h.held
+            if record.model in self._of_model and record.uuids:
+                held = Holder(name, record.model, sum(record.milli), self._groups(record.user))
+                found.append((-(self.held_for(h) or 0.0), name, held))
+        return [held for *_, held in sorted(found)]
+
+    def marks(self) -> tuple[list[Holder], dict[str, Mark]]:
+        """The holders (oldest first) and each one's mark, worked out again when a holding
+        changed or GROUPS_SECONDS passed (a user's groups may have changed)."""
+        when = (self.holdings.version, int(self.clock() // GROUPS_SECONDS))
+        if self._marked is None or self._marked[0] != when:
+            holders = self._holders() if self.quotas else []
+            self._marked = (when, holders, marks(self.quotas, holders))
+        return self._marked[1], self._marked[2]
+
+    def mark_of(self, name: str) -> Mark | None:
+        """How ``name``'s holding stands (None: its model has no quota)."""
+        return self.marks()[1].get(name)
+
+    def use(self) -> dict[tuple[str, str], int]:
+        holders, found = self.marks()
+        return used(self.quotas, holders, found)
+
+    def _waiters(self) -> tuple[list[tuple[str, Waiter]], dict[tuple[str, str], int]]:
+        """The waiters within their groups' quotas, in line order, with the model each
+        waits for, and what each quota's members wait for within it (each counted after
+        those ahead of it)."""
+        if not self.quotas:
+            return [], {}
+        use = self.use()
+        waiting: dict[tuple[str, str], int] = {}
+        out = []
+        for service, user, model, request in self.waiting():
+            mine = self._of_model.get(model)
+            if mine is None:
+                continue
+            ask = ask_of(request)
+            milli = ask.count * UNIT or ask.milli
+            so_far = {g: use.get((g, model), 0) + waiting.get((g, model), 0) for g in mine}
+            mark = draws_on(mine, so_far, self._groups(user), milli)
+            if mark.within and mark.group is not None:
+                waiting[(mark.group, model)] = waiting.get((mark.group, model), 0) + milli
+                out.append((model, Waiter(service, mark.group, ask)))
+        return out, waiting
+
+    # -- what a request may take ---------------------------------------------------------
+
+    def keep_free(self, groups: Collection[str], asks: dict[str, int] | None = None) -> dict[str, Keep]:
+        """Per model, what a request of a user in ``groups`` must leave free for others'
+        quotas, and (with ``asks``: model -> thousandths asked) its borrowing limit."""
+        if not self.quotas:
+            return {}
+        return keep(self.quotas, self.use(), self._waiters()[1], groups, asks)
+
+    def within(self, groups: Collection[str], model: str | None, milli: int) -> bool:
+        """Whether a request of ``milli`` thousandths of ``model`` by a user in ``groups``
+        is within their group's quota now (such a request is not held back by the line)."""
+        mine = self._of_model.get(model or "")
+        if not mine or milli <= 0:
+            return False
+        use = self.use()
+        return draws_on(mine, {g: use.get((g, model), 0) for g in mine}, groups, milli).within  # type: ignore[arg-type]
+
+    def refusal(self, model: str, groups: Collection[str], milli: int) -> str | None:
+        """Why a request is not granted, where quotas are the reason (None: they are not)."""
+        mine = self._of_model.get(model)
+        if not mine:
+            return None
+        use = self.use()
+        so_far = {g: use.get((g, model), 0) for g in mine}
+        mark = draws_on(mine, so_far, groups, milli)
+        q = mine.get(mark.group) if mark.group is not None else None
+        if q is not None and mark.within:
+            return (
+                f"Your group {q.group} is guaranteed {q.amount} GPUs and holds {fmt(so_far[q.group])}: "
+                f"wait in line, and borrowed GPUs are taken back for you within {_minutes(q.notice)}."
+            )
+        if q is not None and q.borrow is not None and so_far[q.group] + milli > q.milli + q.borrow:
+            return (
+                f"Your group {q.group} holds {fmt(so_far[q.group])} {model} GPUs of its quota of "
+                f"{fmt(q.milli)} and may borrow at most {fmt(q.borrow)} beyond it; please try again "
+                "when its members hold fewer."
+            )
+        idle = [f"{fmt(max(0, o.milli - so_far[g]))} for {g}" for g, o in sorted(mine.items()) if g not in groups]
+        return f"The free {model} GPUs are kept for groups' quotas ({', '.join(idle)}); please try again later."
+
+    # -- taking back ---------------------------------------------------------------------
+
+    def must_take_back(self) -> dict[str, tuple[Holding, Waiter]]:
+        """The borrowed holdings that the waiters within their quotas need, as things are
+        now: name -> (the holding, the waiter it is taken back for). One already told is
+        kept in the plan (it costs nothing more to take), so a plan does not change its mind."""
+        waiters, _ = self._waiters()
+        if not waiters:
+            return {}
+        holders, found = self.marks()
+        everyone = self.holdings.all()
+        out: dict[str, tuple[Holding, Waiter]] = {}
+        allocator = self.holdings.allocator
+        for model in sorted({m for m, _ in waiters}):
+            mine = [w for m, w in waiters if m == model]
+            hosts: dict[str, dict[str, dict[str, int]]] = {}
+            for uuid, held in allocator.model_devices(model).items():
+                gpu = allocator.device(uuid)
+                if gpu is not None:
+                    hosts.setdefault(gpu.host, {})[uuid] = held
+            borrowed = []
+            for h in holders:
+                held = everyone.get(h.key)
+                if h.model != model or found[h.key].within or held is None or held.phase is Phase.REMOVING:
+                    continue
+                told = self._told.get(h.key)
+                hours = (self.held_for(held) or 0.0) / 3600
+                borrowed.append(Borrowed(h.key, 0.0 if told and told[0] is held else h.milli / UNIT * hours))
+            for name, w in plan_reclaims(mine, hosts, borrowed).items():
+                out[name] = (everyone[name], w)
+        return out
+
+    async def check(self) -> list[tuple[str, str]]:
+        """Tell the users of the borrowed servers that waiters need, and stop those whose
+        notice has passed (several at once); the (service, reason) of each stop begun."""
+        now = self.wall()
+        due = self.must_take_back()
+        for name in set(self._told) - set(due):
+            h = self._told.pop(name)[0]
+            log.info("%s of %s is no longer taken back for a quota", name, h.user)
+        for name, (h, w) in due.items():
+            if name not in self._told or self._told[name][0] is not h:
+                self._told[name] = (h, now, w)
+                log.info(
+                    "%s of %s is taken back for %s's quota at %s", name, h.user, w.group, _iso(self._stop_at(name))
+                )
+        if self.stop is None:
+            return []
+        now_due = [(name, h) for name, (h, _) in due.items() if self._stop_at(name) <= now]
+        room = asyncio.Semaphore(STOPS_AT_ONCE)
+        began = await asyncio.gather(*(self._stop_one(room, name, h) for name, h in now_due))
+        return [(name, PREEMPTED) for (name, _), ok in zip(now_due, began) if ok]
+
+    def _stop_at(self, name: str) -> datetime:
+        h, told, w = self._told[name]
+        model = h.held.model
+        return told + self._of_model[model][w.group].notice
+
+    async def _stop_one(self, room: asyncio.Semaphore, name: str, h: Holding) -> bool:
+        async with room:
+            if self.holdings.get(name) is not h or h.phase is not Phase.RUNNING or self.stop is None:
+                return False  # ended meanwhile, or a spawn under way: stopped at a later check, once running
+            log.info("Stopping %s of %s: its GPUs are taken back for a quota", name, h.user)
+            try:
+                return await stop_for(h, PREEMPTED, self.stop)
+            except Exception as exc:  # begun, not done: the reconcile ends it
+                log.error("Could not stop %s for a quota: %s", name, exc)
+                return False
+
+    # -- what users and admins see ---------------------------------------------------------
+
+    def notices_for(self, user: str) -> list[dict]:
+        now = self.wall()
+        out = []
+        for name, (h, _, w) in sorted(self._told.items()):
+            if h.user != user or self.holdings.get(name) is not h:
+                continue
+            at = max(now, self._stop_at(name))
+            server = f"“{h.held.server}”" if h.held.server else "default"
+            out.append(
+                {
+                    "server": h.held.server,
+                    "reason": PREEMPTED,
+                    "stop_at": _iso(at),
+                    "seconds_left": round((at - now).total_seconds()),
+                    "message": (
+                        f"Your {server} server will be stopped at {_clock_time(at)}: its {h.held.model} is "
+                        f"borrowed, and a member of {w.group} asks for the GPUs of its quota. Save your work."
+                    ),
+                }
+            )
+        return out
+
+    def notice_at_grant(self, h: Holding) -> str | None:
+        """What a server granted just now is told when its GPUs are borrowed."""
+        mark = self.mark_of(h.name)
+        if mark is None or mark.within:
+            return None
+        notice = min((q.notice for q in self._of_model[h.held.model].values()), default=timedelta(0))
+        return f"Its {h.held.model} is borrowed: it may be taken back with {_notice(notice)}"
+
+    def status(self) -> list[dict]:
+        """Per quota: what it guarantees, what its members hold within it and beyond, what
+        they wait for within it, what it leaves idle, and the servers taken back for it."""
+        holders, found = self.marks()
+        _, waiting = self._waiters()
+        within: dict[tuple[str, str], int] = {}
+        beyond: dict[tuple[str, str], int] = {}
+        for h in holders:
+            m = found[h.key]
+            if m.group is not None:
+                side = within if m.within else beyond
+                side[(m.group, h.model)] = side.get((m.group, h.model), 0) + h.milli
+        out = []
+        for q in self.quotas:
+            key = (q.group, q.model)
+            taking = [
+                {"server": name, "user": h.user, "stop_at": _iso(self._stop_at(name))}
+                for name, (h, _, w) in sorted(self._told.items())
+                if w.group == q.group and h.held.model == q.model
+            ]
+            out.append(
+                {
+                    "group": q.group,
+                    "model": q.model,
+                    "quota": fmt(q.milli),
+                    "borrow_limit": None if q.borrow is None else fmt(q.borrow),
+                    "lend_limit": None if q.lend is None else fmt(q.lend),
+                    "notice_seconds": round(q.notice.total_seconds()),
+                    "within": fmt(within.get(key, 0)),
+                    "borrowed": fmt(beyond.get(key, 0)),
+                    "idle": fmt(max(0, q.milli - within.get(key, 0))),
+                    "waiting": fmt(waiting.get(key, 0)),
+                    "taking_back": taking,
+                }
+            )
+        return out
+
+
+def _minutes(t: timedelta) -> str:
+    """E.g. "10 minutes", "1 minute", "0.5 minutes"."""
+    minutes = t.total_seconds() / 60
+    return f"{minutes:g} minute" + ("" if minutes == 1 else "s")
+
+
+def _notice(t: timedelta) -> str:
+    """E.g. "10 minutes' notice", "1 minute's notice"."""
+    words = _minutes(t)
+    return words + ("' notice" if words.endswith("s") else "'s notice")
