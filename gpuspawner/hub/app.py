@@ -31,11 +31,13 @@ from ..cluster.swarm import Swarm, SwarmError
 from ..core.enforcement import missing
 from ..core.inventory import InventoryError
 from ..core.inventory_files import load_inventory
+from ..core.quotas import QuotaError, parse_quotas
 from ..core.reports import NodeReport
 from ..holdings.holdings import Holding, Holdings
 from ..holdings.views import holders_of
 from ..ledger.ledger import Ledger, LedgerError, default_db_url
 from ..line.wait import WaitLine
+from ..reclaim.quotas import QuotaKeeper
 from ..reclaim.reclaimer import Reclaimer
 from ..reclaim.reservations import ReservationKeeper, milli_asked
 from ..reclaim.settings import ReclaimSettings
@@ -108,6 +110,7 @@ class GPUHub:
         self._line: WaitLine | None = None
         self._reclaimer: Reclaimer | None = None
         self._reservations: ReservationKeeper | None = None
+        self._quotas: QuotaKeeper | None = None
         self._mix_read: float | None = None  # when the frag policy's mix was last learned (clock)
         self._mix_from = (0, 0)  # (servers it was learned from, holdings granted then)
         self._gauges: metrics.DeviceGauges | None = None
@@ -185,13 +188,20 @@ class GPUHub:
         assert self._reservations is not None
         return self._reservations
 
+    @property
+    def quotas(self) -> QuotaKeeper:
+        self.holdings  # noqa: B018 - made with the holdings
+        assert self._quotas is not None
+        return self._quotas
+
     def _make_parts(self) -> None:
         s = self.settings
         swarm = Swarm(hub_port.docker_connection(self._spawner_class, self._config))
         try:
             cluster = GPUCluster(s.inventory_settings(), holders_of=self._holders_of)
             ledger = Ledger(s.ledger_url())
-        except (InventoryError, LedgerError) as exc:
+            quotas = parse_quotas(s.gpu_quotas, s.gpu_model_aliases)
+        except (InventoryError, LedgerError, QuotaError) as exc:
             raise HubConfigError(str(exc)) from exc
         cluster.allocator.set_sharing(s.gpu_sharing)
         try:
@@ -238,7 +248,24 @@ class GPUHub:
             wall=lambda: datetime.fromtimestamp(self.wall(), timezone.utc),
             clock=self.clock,
         )
+        self._quotas = QuotaKeeper(
+            holdings,
+            quotas,
+            groups_of=self._reservations.groups,  # (asked of JupyterHub at most every few seconds, for both)
+            stop=self._stop_server,
+            held_for=self._reclaimer.held_for,
+            waiting=self._waiting_in_order,
+            wall=lambda: datetime.fromtimestamp(self.wall(), timezone.utc),
+            clock=self.clock,
+        )
+        self._reservations.protected = lambda name: bool((m := self._quotas.mark_of(name)) and m.within)
         self._holdings = holdings
+
+    def _waiting_in_order(self) -> list[tuple[str, str, str, dict]]:
+        """(service, user, model, user_options) of each waiter, each model's line in its order."""
+        if self._line is None:
+            return []
+        return [(w.service, w.user, w.model, w.request) for line in self._line.lines().values() for w in line]
 
     async def up_to_date(self) -> Holdings:
         """The holdings with fresh node status; at first use, rebuilt from what
@@ -287,7 +314,11 @@ class GPUHub:
         if user is None or getattr(user, "kind", "user") != "user":
             return []
         try:
-            notices = self.reclaimer.notices_for(user.name) + self.reservations.notices_for(user.name)
+            notices = (
+                self.reclaimer.notices_for(user.name)
+                + self.reservations.notices_for(user.name)
+                + self.quotas.notices_for(user.name)
+            )
             return sorted(notices, key=lambda n: (n["stop_at"] is None, n["stop_at"] or ""))
         except HubConfigError:  # a page must render even when the GPU side cannot
             return []
@@ -368,6 +399,10 @@ class GPUHub:
                 await self.reservations.check()
             except Exception as exc:
                 self.log.error("Making room for GPU reservations failed: %s", getattr(exc, "message", exc))
+            try:
+                await self.quotas.check()
+            except Exception as exc:
+                self.log.error("Taking borrowed GPUs back for quotas failed: %s", getattr(exc, "message", exc))
             await asyncio.sleep(self._every("gpu_reclaim_interval"))
 
     async def _learn_mix(self, holdings: Holdings) -> None:

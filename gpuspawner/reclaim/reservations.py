@@ -99,6 +99,8 @@ class ReservationKeeper:
         self._told: dict[str, tuple[Holding, datetime]] = {}  # holding name -> when it was first told to make room
         self._shown: set[tuple[str, str]] = set()  # the gauge's label pairs
         self._change = asyncio.Lock()  # a new reservation is checked against the list it is added to
+        # A holding no window's start may stop: one within its group's quota (docs/quotas.md).
+        self.protected: Callable[[str], bool] = lambda name: False
 
     # -- the list ------------------------------------------------------------------
 
@@ -158,6 +160,10 @@ class ReservationKeeper:
                 found = None
             known = self._groups[user] = (now, None if found is None else frozenset(found))
         return known[1]
+
+    def groups(self, user: str) -> frozenset[str] | None:
+        """``user``'s JupyterHub groups, asked at most every GROUPS_SECONDS; None: not known."""
+        return self._groups_of(user)
 
     def member_of(self, groups: Iterable[str]) -> set[int]:
         mine = set(groups)
@@ -297,7 +303,11 @@ class ReservationKeeper:
         everyone = self.holdings.all()
 
         def candidates(model: str, held: Collection[str]) -> list[Candidate]:
-            found = [(n, h) for n, h in reversed(everyone.items()) if n in held and h.phase is not Phase.REMOVING]
+            found = [
+                (n, h)
+                for n, h in reversed(everyone.items())
+                if n in held and h.phase is not Phase.REMOVING and not self.protected(n)
+            ]
             found.sort(key=lambda nh: self.held_for(nh[1]) or 0.0)  # stable: newest first
             out = [Candidate(n, self._groups_of(h.user), self._ends_at(h, now)) for n, h in found]
             for c in out:

@@ -44,6 +44,7 @@ from ..line.wait import extend_start_timeout, lasts_of, refused_out_of_line, res
 from ..reclaim.settings import ReclaimSettings
 from .errors import CONFLICT, NOT_RESERVED, STALE, spawn_error
 from .form import render_form
+from .kept import asked, goes_first, keep_for, why_kept
 from .progress import Progress
 from .rules import access_of, budget_for_form, budget_of, groups_of
 
@@ -275,25 +276,24 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             # No await from here to the booking: a concurrent spawn of this user counts it, and
             # nobody can join a line that an any-of request's models are checked against.
             # The hosts kept for those ahead in line, as they are now (None: every host). A member
-            # of a reservation open now for the model takes its kept GPUs wherever they are.
-            keeper = self.gpu_hub.reservations
-            if request is not None and request.model is not None and keeper.open_for(groups_of(self), request.model):
+            # of a reservation open now for the model, or a request within its group's quota,
+            # takes its kept GPUs wherever they are.
+            if goes_first(self.gpu_hub, groups_of(self), request):
                 kept: frozenset[str] = frozenset()
             else:
                 ahead = avoid()
                 kept = frozenset(holdings.allocator.hosts()) if ahead is None else ahead
-            asked = request if request is None else self._around_lines(request, kept)
-            self.gpu_budget_hours = self._budget_hours(budget, asked, access)
-            holding = await self._reserve(holdings, asked, access.max_gpus, wait, settings)
-            if asked is not None and asked.models is not None and line.waiting_for(holding.held.model):
+            around = request if request is None else self._around_lines(request, kept)
+            self.gpu_budget_hours = self._budget_hours(budget, around, access)
+            holding = await self._reserve(holdings, around, access.max_gpus, wait, settings)
+            if around is not None and around.models is not None and line.waiting_for(holding.held.model):
                 line.went_ahead(holding.held.model, holding)  # served around that model's line: shown to its waiters
             return holding
 
-        member = False  # of a reservation whose open window keeps this model: others in its line are kept out
+        member = False  # of a reservation whose open window keeps this model, or within a quota: goes first
         if request is not None and request.model is not None:
-            keeper = self.gpu_hub.reservations
-            await keeper.refresh()
-            member = keeper.open_for(groups_of(self), request.model)
+            await self.gpu_hub.reservations.refresh()
+            member = goes_first(self.gpu_hub, groups_of(self), request)
         holding = await reserve_or_wait(
             self, line, request and request.model, wait, reserve, spawn_error, member, request
         )
@@ -417,14 +417,18 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                 max_per_owner=limit,
                 policy=self.allocation_policy,
                 port_range=self.host_network_ports if self.host_network else None,
-                keep_free=keeper.keep_free(groups) if gpus else None,
-                kept_why=lambda model: keeper.refusal(model, groups),
+                keep_free=keep_for(self.gpu_hub, groups, request) if gpus else None,
+                kept_why=why_kept(self.gpu_hub, groups, request),
             )
         except AllocationRefused as exc:
             if not (waiting and exc.retry):  # a waiting request is refused again at each look
                 metrics.REFUSED.labels("capacity" if exc.retry else "request").inc()
             reason = "gpu_unavailable" if exc.retry else "gpu_request"
-            raise spawn_error(exc.message, reason=reason, status_code=exc.status) from exc
+            message = exc.message
+            if exc.retry and not waiting and request is not None and request.model is not None:
+                if self.gpu_hub.quotas.within(groups, request.model, asked(request)):  # waiting would get it back
+                    message += " " + (self.gpu_hub.quotas.refusal(request.model, groups, asked(request)) or "")
+            raise spawn_error(message.strip(), reason=reason, status_code=exc.status) from exc
         except (HoldingBusy, NoPortFree, LedgerError) as exc:
             message, reason = next(v for k, v in NOT_RESERVED.items() if isinstance(exc, k))
             self.log.error("Not reserved for %s: %s", self.service_name, exc)
@@ -434,9 +438,9 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             metrics.GRANTED.labels(c.model).inc()
             what = f"{fmt_list(c.milli, ' + ')} of" if c.shared else f"{len(c.uuids)} ×"
             self._report(f"Reserved {what} {c.model} on {c.host}", 20)
-            later = keeper.notice_at_grant(holding)
-            if later:
-                self._report(later, 20)
+            for later in (keeper.notice_at_grant(holding), self.gpu_hub.quotas.notice_at_grant(holding)):
+                if later:
+                    self._report(later, 20)
         return holding
 
     async def _remove(self, holdings: Holdings) -> bool:
