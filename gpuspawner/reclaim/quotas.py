@@ -85,6 +85,10 @@ class QuotaKeeper:
     def models(self) -> set[str]:
         return set(self._of_model)
 
+    def guaranteed(self, model: str) -> int:
+        """The GPUs of ``model`` quotas guarantee, rounded up to whole ones."""
+        return -(-sum(q.milli for q in self._of_model.get(model, {}).values()) // UNIT)
+
     # -- who holds what within a quota -------------------------------------------------
 
     def _groups(self, user: str) -> frozenset[str]:

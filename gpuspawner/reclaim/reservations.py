@@ -122,18 +122,26 @@ class ReservationKeeper:
         self._read_applied = read
         self.reservations, self.known, self._read_at = list(rows or []), True, self.clock()
 
-    async def add(self, r: Reservation, capacity: int) -> Reservation:
+    async def add(self, r: Reservation, capacity: int, guaranteed: int = 0) -> Reservation:
         """Store ``r`` unless it conflicts (ReservationError, naming what it conflicts
-        with). Raises LedgerError."""
+        with) on the ``capacity`` GPUs of its model less the ``guaranteed`` by quotas
+        (a window may not take what a quota promises at any time). Raises LedgerError."""
         async with self._change:
             await self.refresh(force=True)
             if not self.known:
                 raise LedgerError("the reservations could not be read from the ledger")
-            clash = conflicts(r, self.reservations, capacity, self.wall())
+            left = capacity - guaranteed
+            if guaranteed and r.milli > left * UNIT:
+                raise ReservationError(
+                    f"the cluster has {capacity} {r.model}, of which quotas guarantee {guaranteed} at any time: "
+                    f"{max(0, left)} may be reserved, fewer than the {r.amount} asked for"
+                )
+            clash = conflicts(r, self.reservations, left, self.wall())
             if clash:
                 names = "; ".join(c.describe() for c in clash)
+                beyond = f" beyond the {guaranteed} that quotas guarantee" if guaranteed else ""
                 raise ReservationError(
-                    f"{r.amount} for {r.label} would need more than the {capacity} there are "
+                    f"{r.amount} for {r.label} would need more than the {left} there are{beyond} "
                     f"while these are reserved too: {names}"
                 )
             made = await self.holdings.ledger_call(lambda db: db.add_reservation(r))

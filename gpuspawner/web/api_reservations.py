@@ -138,7 +138,7 @@ class ReservationsHandler(_GPUMixin, APIHandler):
                 raise ReservationError(
                     f"no JupyterHub group {r.group!r}: create it first (the admin page, or c.JupyterHub.load_groups)"
                 )
-            made = await hub.reservations.add(r, models[r.model].total)
+            made = await hub.reservations.add(r, models[r.model].total, hub.quotas.guaranteed(r.model))
         except ReservationError as exc:
             raise web.HTTPError(400, str(exc)) from None
         except LedgerError as exc:

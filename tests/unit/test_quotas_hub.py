@@ -1,0 +1,156 @@
+"""Quotas at the hub: the real spawner, holdings, line, keepers and SQLite ledger over
+the Docker fake (tests/unit/test_holdings.World), with the wall clock set by the test
+and JupyterHub's groups as a small fake.
+
+Guards docs/quotas.md: "while it does not use them, anyone may", "the users of the
+servers taken back are told at once", "stopped after the notice with the end reason
+preempted", "the member is then served", "a request within its group's quota is not
+held back by the line", "a borrower is told at its start that its GPUs are borrowed",
+"beyond its borrowing limit a request is refused", "the part of its quota a group does
+not lend stays free", "a reservation's window never stops a holding within its quota",
+and "a reservation may keep only what quotas leave"."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+from jupyterhub.spawner import SpawnException
+
+from gpuspawner.core.reservations import Reservation, ReservationError
+from gpuspawner.ledger.ledger import Ledger
+from gpuspawner.reclaim.quotas import PREEMPTED
+from tests.unit.test_holdings import A100, World, driven
+from tests.unit.test_reclaim import TWO_GPUS
+from tests.unit.test_reservations_hub import NOW, Wall, exit_removed, new_hub, spawner
+
+QUOTAS = {"physics": {A100: 1}, "cs101": {A100: {"gpus": 1, "notice_minutes": 10}}}
+
+
+def world(tmp_path, quotas=QUOTAS) -> World:
+    w = World(tmp_path, inventory=TWO_GPUS, gpu_quotas=quotas, max_gpus_per_user=2)
+    new_hub(w, Wall())
+    return w
+
+
+def stops_through(w: World) -> list:
+    stopped = []
+
+    async def stop(h, reason):
+        stopped.append((h.name, reason))
+        return await driven(w.owner.remove(h.name, reason=reason), lambda: exit_removed(w))
+
+    w.hub.quotas.stop = stop
+    return stopped
+
+
+async def in_line(w: World, user: str) -> asyncio.Future:
+    task = asyncio.ensure_future(w.started(spawner(w, user, {"gpu_model": A100, "gpu_count": 1, "gpu_wait": True})))
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if w.hub.line.place(f"jupyter-{user}") is not None or task.done():
+            break
+    return task
+
+
+async def test_a_borrower_is_told_at_once_stopped_after_the_notice_and_the_member_served(tmp_path):
+    w = world(tmp_path)
+    stopped = stops_through(w)
+    bob = spawner(w, "bob")  # in no group: everything bob holds is borrowed
+    await w.started(bob)
+    assert any("borrowed: it may be taken back with 10 minutes' notice" in e["message"] for e in bob._progress.events)
+    await w.started(spawner(w, "carol"))  # physics, within its quota
+    keeper = w.hub.quotas
+    assert keeper.mark_of("jupyter-bob").within is False and keeper.mark_of("jupyter-carol").within is True
+    alice = await in_line(w, "alice")  # cs101, below its quota: nothing free
+    assert not alice.done()
+    assert await keeper.check() == []  # told now, stopped later
+    (notice,) = w.hub.notices_for(type("U", (), {"name": "bob", "kind": "user"})())
+    assert notice["reason"] == PREEMPTED and notice["seconds_left"] == 600
+    assert "a member of cs101 asks for the GPUs of its quota" in notice["message"]
+    assert keeper.notices_for("carol") == []  # within its quota: never taken back
+    (row,) = [q for q in keeper.status() if q["group"] == "cs101"]
+    assert (row["waiting"], [t["server"] for t in row["taking_back"]]) == ("1", ["jupyter-bob"])
+    w.wall.now = NOW + timedelta(minutes=9)
+    assert await keeper.check() == [] and stopped == []
+    w.wall.now = NOW + timedelta(minutes=10)
+    assert await keeper.check() == [("jupyter-bob", PREEMPTED)]
+    assert stopped == [("jupyter-bob", PREEMPTED)]
+    w.hub.line.poke()
+    await asyncio.wait_for(alice, 20)
+    assert w.owner.get("jupyter-alice").held.uuids
+    assert keeper.mark_of("jupyter-alice").within
+    assert keeper.notices_for("bob") == []
+
+
+async def test_a_notice_is_withdrawn_when_the_member_stops_waiting(tmp_path):
+    w = world(tmp_path)
+    stopped = stops_through(w)
+    await w.started(spawner(w, "bob"))
+    await w.started(spawner(w, "carol"))
+    alice = await in_line(w, "alice")
+    await w.hub.quotas.check()
+    assert w.hub.quotas.notices_for("bob")
+    alice.cancel()
+    await asyncio.gather(alice, return_exceptions=True)
+    await w.hub.line.leave("jupyter-alice")
+    w.wall.now = NOW + timedelta(minutes=11)
+    assert await w.hub.quotas.check() == [] and stopped == []
+    assert w.hub.quotas.notices_for("bob") == []
+
+
+async def test_a_member_within_quota_who_does_not_wait_is_told_that_waiting_gets_the_gpus_back(tmp_path):
+    w = world(tmp_path)
+    await w.started(spawner(w, "bob"))
+    await w.started(spawner(w, "dan"))
+    with pytest.raises(SpawnException) as refused:
+        await w.started(spawner(w, "alice"))
+    message = refused.value.jupyterhub_message
+    assert "Your group cs101 is guaranteed 1 NVIDIA A100 80GB PCIe GPUs and holds 0" in message
+    assert "borrowed GPUs are taken back for you within 10 minutes" in message
+    assert w.owner.get("jupyter-alice") is None
+
+
+async def test_a_request_beyond_the_borrowing_limit_is_refused_and_nothing_stays_booked(tmp_path):
+    w = world(tmp_path, {"physics": {A100: {"gpus": 1, "borrow": 0}}, "cs101": {A100: 1}})
+    await w.started(spawner(w, "carol"))
+    with pytest.raises(SpawnException) as refused:
+        second = w.spawner("carol", {"gpu_model": A100, "gpu_count": 1}, server="second")
+        second.user.groups = [SimpleNamespace(name="physics")]
+        await w.started(second)
+    assert "may borrow at most 0 beyond it" in refused.value.jupyterhub_message
+    assert w.owner.get("jupyter-carol-second") is None
+    await w.started(spawner(w, "alice"))  # cs101's own GPU is still there for it
+
+
+async def test_the_part_of_a_quota_not_lent_stays_free_for_its_members(tmp_path):
+    w = world(tmp_path, {"physics": {A100: {"gpus": 1, "lend": 0}}})
+    await w.started(spawner(w, "bob"))  # the one GPU no quota promises
+    with pytest.raises(SpawnException) as refused:
+        await w.started(spawner(w, "dan"))
+    assert "kept for groups' quotas (1 for physics)" in refused.value.jupyterhub_message
+    await w.started(spawner(w, "carol"))
+
+
+async def test_a_reservations_window_never_stops_a_holding_within_its_quota(tmp_path):
+    w = world(tmp_path, {"physics": {A100: 1}})
+    await w.started(spawner(w, "bob"))  # borrowed (older)
+    await w.started(spawner(w, "carol"))  # physics, within (newer: a window would stop it first)
+    Ledger(w.db_url).add_reservation(
+        Reservation("cs101", A100, 1, NOW - timedelta(minutes=1), NOW + timedelta(hours=1))
+    )
+    keeper = w.hub.reservations
+    await keeper.refresh(force=True)
+    assert list(keeper.must_make_room(NOW)) == ["jupyter-bob"]
+
+
+async def test_a_reservation_may_keep_only_what_quotas_leave(tmp_path):
+    w = world(tmp_path, {"physics": {A100: 1}})
+    keeper = w.hub.reservations
+    r = Reservation("cs101", A100, 2, NOW + timedelta(hours=1), NOW + timedelta(hours=2))
+    with pytest.raises(ReservationError, match="of which quotas guarantee 1 at any time: 1 may be reserved"):
+        await keeper.add(r, 2, w.hub.quotas.guaranteed(A100))
+    made = await keeper.add(Reservation("cs101", A100, 1, r.start, r.end), 2, w.hub.quotas.guaranteed(A100))
+    assert made.id is not None
