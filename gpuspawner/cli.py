@@ -133,6 +133,18 @@ def format_line(result: dict) -> str:
     return _table(rows)
 
 
+def format_quotas(result: dict) -> str:
+    """Per group and model: the quota and how it stands; then what cannot be met now."""
+    if not result["quotas"]:
+        return "No quotas (gpu_quotas is empty)."
+    rows = [("GROUP", "MODEL", "QUOTA", "WITHIN", "BORROWS", "IDLE", "WAITING", "TAKEN BACK FOR IT")]
+    for q in result["quotas"]:
+        taking = ", ".join(f"{t['server']} at {t['stop_at']}" for t in q["taking_back"]) or "-"
+        rows.append((q["group"], q["model"], q["quota"], q["within"], q["borrowed"], q["idle"], q["waiting"], taking))
+    problems = [f"WARNING: {p['problem']}\n  fix: {p['fix']}" for p in result["problems"]]
+    return "\n".join([_table(rows), *problems])
+
+
 def format_reservations(result: dict, removed: bool = False) -> str:
     """Each reservation with its open or next window and what its members hold; or the one made or removed."""
     if "reservations" not in result:
@@ -250,6 +262,7 @@ def _parser() -> argparse.ArgumentParser:
         ("rescan", "reconcile with the swarm's services, then show the map"),
         ("doctor", "check the cluster for known misconfigurations"),
         ("idle", "who holds GPUs and is idle now"),
+        ("quotas", "each group's quota: held within it, borrowed, idle, and what is taken back for it"),
     ):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -345,6 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "agent-token": format_agent_tokens,
         "idle": format_idle,
         "line": format_line,
+        "quotas": format_quotas,
         "reserve": lambda r: format_reservations(r, removed=args.remove is not None),
     }
     print(json.dumps(result, indent=2) if args.json else formats.get(args.command, format_alloc_map)(result))

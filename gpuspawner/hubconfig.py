@@ -31,7 +31,7 @@ def configure(c) -> None:
     from .hub import dns, logs
     from .hub.app import KEY, GPUHub
     from .hub.settings import validate_config
-    from .web import api, api_reclaim, api_reservations, api_servers, home_budget, home_gpus
+    from .web import api, api_quotas, api_reclaim, api_reservations, api_servers, home_budget, home_gpus
 
     validate_config(c)
     log = logging.getLogger("JupyterHub")
@@ -42,7 +42,7 @@ def configure(c) -> None:
     # these must run inside the hub, where the holdings live (README, "How
     # configure(c) registers the endpoints"; tests/unit/test_hubconfig.py).
     c.JupyterHub.extra_handlers.extend(
-        api.handlers + api_reclaim.handlers + api_reservations.handlers + api_servers.handlers
+        api.handlers + api_quotas.handlers + api_reclaim.handlers + api_reservations.handlers + api_servers.handlers
     )
     c.JupyterHub.custom_scopes.update(
         {api.REPORT_SCOPE: {"description": "Report a GPU node's devices to gpuspawner (node agents only)."}}

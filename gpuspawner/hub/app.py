@@ -309,6 +309,12 @@ class GPUHub:
 
     # -- what users see --------------------------------------------------------------
 
+    def why_waiting(self, service: str) -> str:
+        """What a waiter waits for, in a sentence: a request within its group's quota, the
+        borrowed GPUs taken back for it; else the line's plan (where, and when if known),
+        or why it stands behind others."""
+        return self.quotas.for_waiter(service) or self.line.plan_text(service) or self.line.why(service)
+
     def notices_for(self, user) -> list[dict]:
         """For ``c.JupyterHub.template_vars``: the logged-in user's notices."""
         if user is None or getattr(user, "kind", "user") != "user":

@@ -19,6 +19,9 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from datetime import datetime, timedelta, timezone
 
+from prometheus_client import Counter, Gauge
+
+from ..core.quotas import unmet
 from ..core.sharing import UNIT, fmt
 from ..holdings.holdings import Holding, Holdings, Phase, stop_for
 from ..ledger.checks import utc_now
@@ -33,6 +36,18 @@ log = logging.getLogger(__name__)
 PREEMPTED = "preempted"  # the end reason of a borrowed server taken back for a quota
 STOPS_AT_ONCE = 8
 GROUPS_SECONDS = 10.0  # the marks are worked out again at least this often (groups change)
+
+QUOTA_GPUS = Gauge(
+    "gpuspawner_quota_gpus",
+    "GPUs of each group's quota: held within it, held by its members beyond it (borrowed), left idle, "
+    "and asked for within it by members who wait",
+    ["group", "model", "state"],
+)
+TAKEN_BACK = Counter(
+    "gpuspawner_quota_takebacks",
+    "Borrowed servers stopped to give a group the GPUs of its quota",
+    ["group", "model"],
+)
 
 GroupsOf = Callable[[str], "frozenset[str] | None"]  # a user's groups now (cached); None: not known
 LineRow = tuple[str, str, str, dict]  # (service, user, model, user_options) of a waiter, in line order
@@ -230,12 +245,22 @@ class QuotaKeeper:
                 log.info(
                     "%s of %s is taken back for %s's quota at %s", name, h.user, w.group, _iso(self._stop_at(name))
                 )
+        self._show()
         if self.stop is None:
             return []
         now_due = [(name, h) for name, (h, _) in due.items() if self._stop_at(name) <= now]
         room = asyncio.Semaphore(STOPS_AT_ONCE)
         began = await asyncio.gather(*(self._stop_one(room, name, h) for name, h in now_due))
+        for (name, h), ok in zip(now_due, began):
+            if ok:
+                TAKEN_BACK.labels(due[name][1].group, h.held.model).inc()
         return [(name, PREEMPTED) for (name, _), ok in zip(now_due, began) if ok]
+
+    def _show(self) -> None:
+        """The gauge, from :meth:`status`."""
+        for q in self.status():
+            for state in ("within", "borrowed", "idle", "waiting"):
+                QUOTA_GPUS.labels(q["group"], q["model"], state).set(float(q[state]))
 
     def _stop_at(self, name: str) -> datetime:
         h, told, w = self._told[name]
@@ -277,13 +302,64 @@ class QuotaKeeper:
             )
         return out
 
+    def describe(self, name: str) -> str | None:
+        """How ``name``'s holding stands, for its user (None: its model has no quota)."""
+        mark = self.mark_of(name)
+        h = self.holdings.get(name)
+        if mark is None or h is None:
+            return None
+        if mark.within:
+            return f"Within {mark.group}'s quota: never taken back for another group's"
+        beyond = f" beyond {mark.group}'s quota" if mark.group else ""
+        return f"Borrowed{beyond}: it may be taken back with {_notice(self._notice_of(h.held.model))}"
+
+    def stop_in(self, name: str) -> tuple[float, str] | None:
+        """(seconds until it is taken back, for whose quota) once its user was told; None: not told."""
+        told = self._told.get(name)
+        if told is None or self.holdings.get(name) is not told[0]:
+            return None
+        return max(0.0, (self._stop_at(name) - self.wall()).total_seconds()), told[2].group
+
+    def for_waiter(self, service: str) -> str | None:
+        """What a waiter within its group's quota waits for (None: it is not one)."""
+        waiters, _ = self._waiters()
+        mine = next((w for _, w in waiters if w.key == service), None)
+        if mine is None:
+            return None
+        at = [self._stop_at(name) for name, (_, _, w) in self._told.items() if w.key == service]
+        if at:
+            return f"Within {mine.group}'s quota: borrowed GPUs are taken back for you at {_clock_time(max(at))}"
+        return f"Within {mine.group}'s quota: served as soon as GPUs of the quota are free"
+
+    def _notice_of(self, model: str) -> timedelta:
+        """The shortest notice of the model's quotas: the least a borrower of it is told ahead."""
+        return min((q.notice for q in self._of_model.get(model, {}).values()), default=timedelta(0))
+
     def notice_at_grant(self, h: Holding) -> str | None:
         """What a server granted just now is told when its GPUs are borrowed."""
         mark = self.mark_of(h.name)
         if mark is None or mark.within:
             return None
-        notice = min((q.notice for q in self._of_model[h.held.model].values()), default=timedelta(0))
-        return f"Its {h.held.model} is borrowed: it may be taken back with {_notice(notice)}"
+        return f"Its {h.held.model} is borrowed: it may be taken back with {_notice(self._notice_of(h.held.model))}"
+
+    def problems(self, group_exists: Callable[[str], bool | None]) -> list[tuple[str, str]]:
+        """(problem, fix) of the quotas as the cluster and JupyterHub are now: quotas of a model
+        that add up to more GPUs than its nodes have (or no node has it), and groups
+        JupyterHub does not have (``group_exists``: None where it cannot say)."""
+        capacity = {m.model: m.total * UNIT for m in self.holdings.allocator.summary()}
+        out = [
+            (line, "lower gpu_quotas or add GPUs of the model: until then a guarantee may not be met")
+            for line in unmet(self.quotas, capacity)
+        ]
+        for group in sorted({q.group for q in self.quotas}):
+            if group_exists(group) is False:
+                out.append(
+                    (
+                        f"gpu_quotas names the group {group!r}, which JupyterHub does not have",
+                        "create it (the admin page, or c.JupyterHub.load_groups): until then nobody draws on its quota",
+                    )
+                )
+        return out
 
     def status(self) -> list[dict]:
         """Per quota: what it guarantees, what its members hold within it and beyond, what

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 from jupyterhub.apihandlers.base import APIHandler
@@ -40,8 +41,9 @@ from jupyterhub.scopes import has_scope
 from markupsafe import Markup
 from tornado import web
 
+from .. import hub_port
 from ..cluster.cluster import GPUCluster
-from ..cluster.doctor import diagnose, enforcement_gaps
+from ..cluster.doctor import Finding, diagnose, enforcement_gaps
 from ..cluster.host_views import batches
 from ..cluster.swarm import SwarmError
 from ..core import agent_tokens
@@ -240,6 +242,8 @@ class DoctorHandler(_GPUMixin, APIHandler):
             shared_token=self.gpu_hub().settings.agent_shared_token,
             enforcement=self.gpu_hub().settings.gpu_share_enforcement,
         )
+        quotas = self.gpu_hub().quotas.problems(lambda group: hub_port.group_members(self, group) is not None)
+        findings += [Finding("warning", "", problem, fix) for problem, fix in quotas]
         self.set_header("Content-Type", "application/json")
         self.write({"findings": [f.as_dict() for f in findings]})
 
@@ -250,7 +254,8 @@ class QueueHandler(_GPUMixin, APIHandler):
 
     async def get(self):
         self.require(ADMIN_SCOPE)
-        self.write(await queue_json(self.gpu_hub().line))
+        hub = self.gpu_hub()
+        self.write(await queue_json(hub.line, hub.why_waiting))
 
     async def delete(self, user: str | None = None, server: str | None = None):
         self.require(ADMIN_SCOPE)
@@ -270,10 +275,12 @@ class QueueHandler(_GPUMixin, APIHandler):
         self.write({"user": row.user, "server": row.server, "model": row.model, "removed": True})
 
 
-async def queue_json(line: WaitLine) -> dict:
+async def queue_json(line: WaitLine, why: Callable[[str], str] | None = None) -> dict:
     """Each model's line in order, with why each waiter stands there ("order"), the
-    host kept for it at the line's last serving ("planned_host") and, with fair
-    share, the recent use it was ordered by."""
+    host kept for it at the line's last serving ("planned_host"), what it waits for
+    ("why": ``why(service)``, the GPUHub's, or the line's own) and, with fair share,
+    the recent use it was ordered by."""
+    why = why or (lambda service: line.plan_text(service) or line.why(service))
     await line.load()
     await line.read_use()
     standing = line.standing()
@@ -289,7 +296,7 @@ async def queue_json(line: WaitLine) -> dict:
                 "planned_host": line.planned_host(w.service),  # kept for it (backfill); None: behind others
                 "planned_start": _iso(at) if (at := line.planned_at(w.service)) else None,  # where limits tell
                 "passed_by": line.passed.get(w.service, []),  # granted ahead of it, on hosts it does not need
-                "why": line.plan_text(w.service) or line.why(w.service),  # what it waits for, in a sentence
+                "why": why(w.service),  # what it waits for, in a sentence
                 **({} if standing is None else {"recent_gpu_hours": round(standing.used.get(w.user, 0.0), 3)}),
             }
             for i, w in enumerate(waiters, 1)
@@ -397,9 +404,10 @@ class GPUPageHandler(_GPUMixin, BaseHandler):
         self.require(ADMIN_SCOPE)
         holdings = await self.fresh_holdings()
         cluster = holdings.cluster
+        hub = self.gpu_hub()
         lines = {
             model: [{**w, "since": w["since"].replace("T", " ")} for w in ws]
-            for model, ws in (await queue_json(self.gpu_hub().line)).items()
+            for model, ws in (await queue_json(hub.line, hub.why_waiting)).items()
         }
         keeper = self.gpu_hub().reservations
         await keeper.refresh()
@@ -409,6 +417,8 @@ class GPUPageHandler(_GPUMixin, BaseHandler):
             lines=lines,
             reservations=keeper.status(),
             reservations_known=keeper.known,
+            quotas=hub.quotas.status(),
+            quota_problems=hub.quotas.problems(lambda group: hub_port.group_members(self, group) is not None),
         )
         card = self.get_template("gpus_host.html", sync=True)
         head, cards, tail = await gpu_page(cluster, render, card, self.gpu_hub().settings.gpu_share_enforcement)

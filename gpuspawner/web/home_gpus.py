@@ -52,20 +52,22 @@ def server_rows(hub, user: str) -> list[dict]:
                 "model": h.held.model,
                 "host": h.held.host,
                 "devices": devices,
-                **_times(reclaimer, h),
+                "quota": hub.quotas.describe(name),
+                **_times(reclaimer, h, hub.quotas.stop_in(name)),
             }
         )
     for w in hub.line.rows:
         place = hub.line.place(w.service)
         if w.user == user and place is not None:
             waiting = f"Number {place[1]} in line for {place[0]}"
-            why = hub.line.plan_text(w.service) or hub.line.why(w.service)  # the plan: where, and when if known
+            why = hub.why_waiting(w.service)
             rows.append({"server": w.server, "waiting": waiting, "why": why, "outlook": hub.line.outlook(w.service)})
     return rows
 
 
-def _times(reclaimer, h) -> dict:
-    """How long the GPUs have been held, and what would stop the server when, soonest first."""
+def _times(reclaimer, h, taken_back: tuple[float, str] | None = None) -> dict:
+    """How long the GPUs have been held, and what would stop the server when, soonest
+    first (``taken_back``: seconds until a quota takes its GPUs back, and whose)."""
     held = reclaimer.timers.held_for(h.name)
     idle = reclaimer.timers.idle_for(h.name)
     limits = reclaimer.limits_for(h)
@@ -80,6 +82,9 @@ def _times(reclaimer, h) -> dict:
         else:
             left = max(0.0, limits.idle_timeout - idle)
             stops.append((left, f"idle limit in {fmt_duration(left)} unless its GPU is used"))
+    if taken_back is not None:
+        left, group = taken_back
+        stops.append((left, f"take-back for {group}'s quota in {fmt_duration(left)}"))
     memory_at = reclaimer.memory.stop_at(h.name, reclaimer.memory_policy(h))
     if memory_at is not None:
         left = max(0.0, memory_at - reclaimer.clock())
@@ -120,7 +125,7 @@ def waiting_var(hub):
             "model": place[0],
             "place": place[1],
             "outlook": hub.line.outlook(spawner.service_name),
-            "why": hub.line.plan_text(spawner.service_name) or hub.line.why(spawner.service_name),
+            "why": hub.why_waiting(spawner.service_name),
             "order": hub.line.reason(spawner.service_name) if hub.line.fair else "",
         }
 

@@ -21,7 +21,9 @@ from jupyterhub.spawner import SpawnException
 
 from gpuspawner.core.reservations import Reservation, ReservationError
 from gpuspawner.ledger.ledger import Ledger
-from gpuspawner.reclaim.quotas import PREEMPTED
+from gpuspawner.reclaim.quotas import PREEMPTED, QUOTA_GPUS
+from gpuspawner.web.api import queue_json
+from gpuspawner.web.home_gpus import server_rows
 from tests.unit.test_holdings import A100, World, driven
 from tests.unit.test_reclaim import TWO_GPUS
 from tests.unit.test_reservations_hub import NOW, Wall, exit_removed, new_hub, spawner
@@ -73,6 +75,14 @@ async def test_a_borrower_is_told_at_once_stopped_after_the_notice_and_the_membe
     assert keeper.notices_for("carol") == []  # within its quota: never taken back
     (row,) = [q for q in keeper.status() if q["group"] == "cs101"]
     assert (row["waiting"], [t["server"] for t in row["taking_back"]]) == ("1", ["jupyter-bob"])
+    assert QUOTA_GPUS.labels("cs101", A100, "waiting")._value.get() == 1
+    (home,) = server_rows(w.hub, "bob")
+    assert home["quota"] == "Borrowed: it may be taken back with 10 minutes' notice"
+    assert home["stops"][0] == "take-back for cs101's quota in 10 min"
+    assert server_rows(w.hub, "carol")[0]["quota"].startswith("Within physics's quota")
+    why = "Within cs101's quota: borrowed GPUs are taken back for you at 13:10 UTC"
+    assert w.hub.why_waiting("jupyter-alice") == why
+    assert (await queue_json(w.hub.line, w.hub.why_waiting))[A100][0]["why"] == why
     w.wall.now = NOW + timedelta(minutes=9)
     assert await keeper.check() == [] and stopped == []
     w.wall.now = NOW + timedelta(minutes=10)
