@@ -42,6 +42,8 @@ __all__ = [
     "GUARDED_ENV",
     "MEMORY_ENV",
     "SHARES_ENV",
+    "STOP_NOTICE_ENV",
+    "STOP_NOTICE_FILE",
     "admin_conflicts",
     "build_service",
     "enforcement_mode",
@@ -55,6 +57,11 @@ MEMORY_ENV = "GPUSPAWNER_GPU_MEMORY_MIB"  # the memory each share comes with, sa
 ISOLATION_ENV = "GPUSPAWNER_GPU_ISOLATION"  # what enforces the shares: none, mps or hami
 ENFORCEMENT_MODES = ("none", "mps", "hami")
 HAMI_LOCK_DIR = "/tmp/vgpulock"  # HAMi-core's lock files, shared by the node's containers
+# A file the server's JupyterLab extension writes when the hub announces a stop of the
+# server (the stop time, its reason, the message), and removes when it is withdrawn: a
+# training loop can watch it and checkpoint, as with a spot instance's notice.
+STOP_NOTICE_ENV = "GPUSPAWNER_STOP_NOTICE"
+STOP_NOTICE_FILE = "/tmp/gpuspawner-stop-notice"
 
 
 def visible_devices(uuids: tuple[str, ...] | list[str]) -> str:
@@ -266,6 +273,7 @@ def guarded_env(holding: Held, driver_capabilities: str, enforcement_env: Mappin
     env = {"NVIDIA_VISIBLE_DEVICES": visible_devices(holding.uuids)}
     if holding.uuids:
         env["NVIDIA_DRIVER_CAPABILITIES"] = driver_capabilities
+        env[STOP_NOTICE_ENV] = STOP_NOTICE_FILE
     return {**env, **enforcement_env}
 
 

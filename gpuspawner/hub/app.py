@@ -320,14 +320,14 @@ class GPUHub:
         if user is None or getattr(user, "kind", "user") != "user":
             return []
         try:
-            notices = (
-                self.reclaimer.notices_for(user.name)
-                + self.reservations.notices_for(user.name)
-                + self.quotas.notices_for(user.name)
-            )
-            return sorted(notices, key=lambda n: (n["stop_at"] is None, n["stop_at"] or ""))
+            return self.notices_of(user.name)
         except HubConfigError:  # a page must render even when the GPU side cannot
             return []
+
+    def notices_of(self, user: str) -> list[dict]:
+        """The user's notices (idle, held-time and memory limits, reservations, quotas), soonest first."""
+        notices = self.reclaimer.notices_for(user) + self.reservations.notices_for(user) + self.quotas.notices_for(user)
+        return sorted(notices, key=lambda n: (n["stop_at"] is None, n["stop_at"] or ""))
 
     # -- metrics and background loops -----------------------------------------------
 

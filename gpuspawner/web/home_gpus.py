@@ -26,6 +26,7 @@ log = logging.getLogger("JupyterHub")
 def server_rows(hub, user: str) -> list[dict]:
     """The user's servers that hold GPUs or wait in line for them (``hub``: the GPUHub)."""
     holdings, reclaimer = hub.holdings, hub.reclaimer
+    notices = hub.notices_of(user) if any(h.user == user for h in holdings.all().values()) else []
     rows = []
     for name, h in sorted(holdings.all().items()):
         if h.user != user or not h.held.uuids:
@@ -53,6 +54,11 @@ def server_rows(hub, user: str) -> list[dict]:
                 "host": h.held.host,
                 "devices": devices,
                 "quota": hub.quotas.describe(name),
+                "notices": [  # announced stops, soonest first: the server's stop-notice file (docs/quotas.md)
+                    {k: n[k] for k in ("reason", "stop_at", "seconds_left", "message")}
+                    for n in notices
+                    if n["server"] == h.held.server and n["stop_at"] is not None
+                ],
                 **_times(reclaimer, h, hub.quotas.stop_in(name)),
             }
         )

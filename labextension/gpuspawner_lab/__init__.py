@@ -3,7 +3,8 @@
 Two halves, one package: a prebuilt JupyterLab extension (``labextension/src``,
 built with JupyterLab's own tooling into ``gpuspawner_lab/labextension``) and a
 Jupyter server extension (:mod:`gpuspawner_lab.handlers`) that serves it the
-server's GPUs, asked of the hub with the server's own token.
+server's GPUs, asked of the hub with the server's own token, and writes the
+stop-notice file (:mod:`gpuspawner_lab.notice`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ def _jupyter_server_extension_points() -> list[dict]:
 
 def _load_jupyter_server_extension(server_app) -> None:
     from .handlers import setup_handlers  # noqa: PLC0415 - only where a Jupyter server runs
+    from .notice import watch  # noqa: PLC0415
 
     setup_handlers(server_app.web_app)
     server_app.log.info("gpuspawner-lab: the status bar shows this server's GPUs")
+    path = watch()
+    if path is not None:
+        server_app.log.info("gpuspawner-lab: a stop the hub announces is written to %s", path)

@@ -20,7 +20,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
-__all__ = ["StatusHandler", "hub_status_url", "setup_handlers"]
+__all__ = ["StatusHandler", "hub_status_url", "setup_handlers", "status"]
 
 ASK_TIMEOUT = 10.0  # seconds for the hub's answer
 
@@ -35,39 +35,46 @@ def hub_status_url(env=os.environ) -> str | None:
     return api.rstrip("/") + path
 
 
-class StatusHandler(APIHandler):
-    _kept: tuple[float, dict] | None = None  # (until when, the answer): one per server process
+_kept: tuple[float, dict] | None = None  # (until when, the answer): one per server process
 
+
+async def status() -> dict:
+    """This server's GPUs as the hub tells them, kept for ``refresh_seconds`` (the
+    status bar's tabs and the stop-notice file share one answer)."""
+    global _kept
+    if _kept is not None and time.monotonic() < _kept[0]:
+        return _kept[1]
+    answer = await _ask_hub()
+    if answer.get("available"):
+        _kept = (time.monotonic() + float(answer.get("refresh_seconds") or 0), answer)
+    return answer
+
+
+async def _ask_hub() -> dict:
+    url = hub_status_url()
+    if url is None:
+        return {"available": False, "message": "This server was not started by JupyterHub."}
+    try:
+        response = await AsyncHTTPClient().fetch(
+            url,
+            headers={"Authorization": f"token {os.environ['JUPYTERHUB_API_TOKEN']}"},
+            request_timeout=ASK_TIMEOUT,
+        )
+        body = json.loads(response.body)
+    except HTTPClientError as exc:
+        if exc.code == 404:  # a hub without gpuspawner's endpoint
+            return {"available": False, "message": "The hub does not tell GPUs (no gpuspawner there)."}
+        return {"available": False, "message": f"The hub could not be asked for the GPUs: {exc}"}
+    except (OSError, ValueError) as exc:
+        return {"available": False, "message": f"The hub could not be asked for the GPUs: {exc}"}
+    return {**body, "available": True}
+
+
+class StatusHandler(APIHandler):
     @web.authenticated
     async def get(self):
         self.set_header("Content-Type", "application/json")
-        kept = StatusHandler._kept
-        if kept is not None and time.monotonic() < kept[0]:
-            self.finish(json.dumps(kept[1]))
-            return
-        answer = await self._ask_hub()
-        if answer.get("available"):
-            StatusHandler._kept = (time.monotonic() + float(answer.get("refresh_seconds") or 0), answer)
-        self.finish(json.dumps(answer))
-
-    async def _ask_hub(self) -> dict:
-        url = hub_status_url()
-        if url is None:
-            return {"available": False, "message": "This server was not started by JupyterHub."}
-        try:
-            response = await AsyncHTTPClient().fetch(
-                url,
-                headers={"Authorization": f"token {os.environ['JUPYTERHUB_API_TOKEN']}"},
-                request_timeout=ASK_TIMEOUT,
-            )
-            body = json.loads(response.body)
-        except HTTPClientError as exc:
-            if exc.code == 404:  # a hub without gpuspawner's endpoint
-                return {"available": False, "message": "The hub does not tell GPUs (no gpuspawner there)."}
-            return {"available": False, "message": f"The hub could not be asked for the GPUs: {exc}"}
-        except (OSError, ValueError) as exc:
-            return {"available": False, "message": f"The hub could not be asked for the GPUs: {exc}"}
-        return {**body, "available": True}
+        self.finish(json.dumps(await status()))
 
 
 def setup_handlers(web_app) -> None:

@@ -2,7 +2,8 @@
  * A status-bar item with the GPUs gpuspawner gave this server: the model, memory in
  * use against what the share entitles to, utilization, and any countdown. It reads
  * the server extension's `gpuspawner-lab/status` (gpuspawner_lab/handlers.py), which
- * asks the hub with the server's own token. It asks no more often than the node's
+ * asks the hub with the server's own token. When the hub announces a stop of the server
+ * (a borrowed GPU taken back, a limit), open documents are saved before it. It asks no more often than the node's
  * reports arrive, and shows nothing under a server that gpuspawner did not start.
  */
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
@@ -22,6 +23,13 @@ interface IDevice {
   utilization: number | null;
 }
 
+interface INotice {
+  reason: string;
+  stop_at: string;
+  seconds_left: number;
+  message: string;
+}
+
 interface IStatus {
   available: boolean;
   message?: string;
@@ -30,7 +38,18 @@ interface IStatus {
   devices?: IDevice[];
   held_for?: string | null;
   stops?: string[];
+  notices?: INotice[];
+  quota?: string | null;
   refresh_seconds?: number;
+}
+
+/**
+ * Whether open documents are saved now: a stop the hub announced comes before the
+ * next look but one (or within 10 s of it), so an unsaved edit is not lost with the
+ * server. Asked again at each look until the stop.
+ */
+export function saveDue(status: IStatus, nextSeconds: number): boolean {
+  return (status.notices ?? []).some(n => n.seconds_left <= 2 * nextSeconds + 10);
 }
 
 function gib(mib: number): string {
@@ -70,6 +89,10 @@ export function describe(status: IStatus): { text: string; title: string } {
   if (status.held_for) {
     lines.push(`Held for ${status.held_for}`);
   }
+  if (status.quota) {
+    lines.push(status.quota);
+  }
+  lines.push(...(status.notices ?? []).map(n => n.message));
   lines.push(...stops.map(s => `Stops: ${s}`));
   return { text: 'GPU: ' + parts.join(' · '), title: lines.join('\n') };
 }
@@ -125,6 +148,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
         const status = await fetchStatus(connection);
         item.show_(status);
         next = Math.max(wanted, status.refresh_seconds ?? wanted);
+        const soonest = Math.min(...(status.notices ?? []).map(n => n.seconds_left));
+        if (soonest < 2 * next + 10) {
+          next = Math.max(2, Math.min(next, soonest / 2)); // look again before the stop
+        }
+        if (saveDue(status, next) && app.commands.hasCommand('docmanager:save-all')) {
+          await app.commands.execute('docmanager:save-all'); // unsaved edits survive the stop
+        }
       } catch (error) {
         item.show_({ available: false, message: String(error) });
       }

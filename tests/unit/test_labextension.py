@@ -53,19 +53,23 @@ def free_port() -> int:
 
 class StandInHub(web.RequestHandler):
     asked: list[tuple[str, str]] = []
+    answer: dict = GPUS
 
     def get(self, user):
         StandInHub.asked.append((self.request.path, self.request.headers.get("Authorization", "")))
         if self.request.headers.get("Authorization") != f"token {user}-server-token":
             raise web.HTTPError(403)
-        self.write(GPUS)
+        self.write(StandInHub.answer)
 
 
-async def jupyter_server(tmp_path: Path, hub_port: int, user: str, token: str) -> tuple[subprocess.Popen, str]:
+async def jupyter_server(
+    tmp_path: Path, hub_port: int, user: str, token: str, **extra_env: str
+) -> tuple[subprocess.Popen, str]:
     """A Jupyter server with the extension enabled, as the single-user image has it."""
     port = free_port()
     env = {
         **os.environ,
+        **extra_env,
         "PYTHONPATH": str(REPO / "labextension"),
         "JUPYTERHUB_API_URL": f"http://127.0.0.1:{hub_port}/hub/api",
         "JUPYTERHUB_USER": user,
@@ -97,7 +101,7 @@ async def hub():
     port = free_port()
     server = HTTPServer(web.Application([(r"/hub/api/gpuspawner/servers/([^/]+)", StandInHub)]))
     server.listen(port, "127.0.0.1")
-    StandInHub.asked = []
+    StandInHub.asked, StandInHub.answer = [], GPUS
     yield port
     server.stop()
 
@@ -145,3 +149,37 @@ def test_the_setting_asks_every_15_s_by_default():
     schema = json.loads((REPO / "labextension" / "schema" / "status.json").read_text())
     assert schema["properties"]["refreshSeconds"]["default"] == 15
     assert schema["title"] == "GPU status (gpuspawner)"  # as docs/jupyterlab.md names it in Settings
+
+
+async def test_an_announced_stop_writes_the_notice_file_and_a_withdrawn_one_removes_it(tmp_path, hub):
+    """Guards docs/quotas.md, "A notice a notebook survives": "the file that
+    GPUSPAWNER_STOP_NOTICE names appears with the stop time in it", "whether or not a
+    browser is open", and "it goes away when the stop is withdrawn"."""
+    notice = {
+        "reason": "preempted",
+        "stop_at": "2026-12-07T13:10:00Z",
+        "seconds_left": 600,
+        "message": "Your default server will be stopped at 13:10 UTC.",
+    }
+    StandInHub.answer = {**GPUS, "refresh_seconds": 1, "notices": [notice]}
+    path = tmp_path / "stop-notice"
+    proc, _ = await jupyter_server(
+        tmp_path, hub, "anna", "anna-server-token", GPUSPAWNER_STOP_NOTICE=str(path)
+    )  # no browser asks: the server itself does
+    try:
+        for _ in range(100):
+            if path.exists():
+                break
+            await asyncio.sleep(0.1)
+        assert (
+            path.read_text() == "2026-12-07T13:10:00Z\npreempted\nYour default server will be stopped at 13:10 UTC.\n"
+        )
+        StandInHub.answer = {**GPUS, "refresh_seconds": 1, "notices": []}
+        for _ in range(150):
+            if not path.exists():
+                break
+            await asyncio.sleep(0.1)
+        assert not path.exists()
+    finally:
+        proc.terminate()
+        proc.wait(10)
