@@ -335,6 +335,31 @@ class QuotaKeeper:
         """The shortest notice of the model's quotas: the least a borrower of it is told ahead."""
         return min((q.notice for q in self._of_model.get(model, {}).values()), default=timedelta(0))
 
+    def form_notes(self, groups: Collection[str], free: dict[str, int]) -> list[str]:
+        """The form's lines on quotas for a user in ``groups`` (``free``: model -> GPUs the
+        form offers them): what their group's quota has left, never taken back, and
+        what beyond it they would borrow."""
+        use = self.use()
+        out = []
+        for model, mine in sorted(self._of_model.items()):
+            left = {g: q.milli - use.get((g, model), 0) for g, q in mine.items() if g in groups}
+            group = max(left, key=lambda g: (left[g], g), default=None)
+            within = max(0, left[group]) if group is not None else 0
+            if group is not None:
+                q = mine[group]
+                out.append(
+                    f"{group}'s quota: {fmt(within)} of its {fmt(q.milli)} {model} GPUs left for its members, "
+                    "never taken back for another group's."
+                )
+            beyond = free.get(model, 0) - within // UNIT
+            if beyond > 0:
+                many = "GPU" if beyond == 1 else "GPUs"
+                out.append(
+                    f"{beyond} {model} {many} free to borrow: "
+                    f"{'it' if beyond == 1 else 'they'} may be taken back with {_notice(self._notice_of(model))}."
+                )
+        return out
+
     def notice_at_grant(self, h: Holding) -> str | None:
         """What a server granted just now is told when its GPUs are borrowed."""
         mark = self.mark_of(h.name)

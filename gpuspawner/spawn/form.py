@@ -15,6 +15,7 @@ from ..core.access import Access
 from ..core.budget import Budget
 from ..core.budget import summary as budget_summary
 from ..core.sharing import UNIT, fmt, to_milli
+from ..plan.reservations import Keep
 from .rules import groups_of
 
 __all__ = ["SHARE_NOTES", "render_form"]
@@ -98,12 +99,17 @@ def class_rows(classes, summary, flags: dict[str, tuple[bool, bool]]) -> list[di
     return rows
 
 
-def with_reservations(summary: list[ModelSummary], keeper, groups: list[str]) -> tuple[list[ModelSummary], list[str]]:
-    """The counts as this user may have them while reservations' windows are open (GPUs
-    kept for others' are not offered), and a line for each open window that concerns them."""
+def with_reservations(
+    summary: list[ModelSummary], keeper, groups: list[str], quotas=None
+) -> tuple[list[ModelSummary], list[str]]:
+    """The counts as this user may have them while reservations' windows are open and
+    groups' quotas keep GPUs (GPUs kept for others are not offered, nor any beyond the
+    user's borrowing limit), and a line for each open window and quota that concerns them."""
     now = keeper.wall()
     mine = keeper.member_of(groups)
-    kept = keeper.keep_free(groups)
+    kept = dict(keeper.keep_free(groups))
+    for model, k in (quotas.keep_free(groups, {m.model: UNIT for m in summary}) if quotas else {}).items():
+        kept[model] = kept.get(model, Keep()) + k
     notes = [] if keeper.known else [keeper.refusal("", groups)]  # none is handed out: say why
     for n in keeper.needs(now):
         r = n.reservation
@@ -126,9 +132,13 @@ def with_reservations(summary: list[ModelSummary], keeper, groups: list[str]) ->
             if k.room:  # others may take only the room beyond all that is kept
                 room = allocator.room(m.model) - k.devices * UNIT - k.room
                 free, largest = min(free, room // UNIT), min(largest, room)
+            if k.most is not None:  # a borrowing limit
+                free, largest = min(free, k.most // UNIT), min(largest, k.most)
             free = max(0, free)
             m = replace(m, free=free, largest_block=min(m.largest_block, free), largest_milli=max(0, largest))
         out.append(m)
+    if quotas is not None:
+        notes += quotas.form_notes(groups, {m.model: m.free for m in out})
     return out, notes
 
 
@@ -145,11 +155,18 @@ def _templates(paths: tuple[str, ...]) -> jinja2.Environment:
 
 
 def render_form(
-    spawner, holdings, error: str = "", access: Access | None = None, budget: Budget | None = None, reservations=None
+    spawner,
+    holdings,
+    error: str = "",
+    access: Access | None = None,
+    budget: Budget | None = None,
+    reservations=None,
+    quotas=None,
 ) -> str:
     """The form for ``spawner``'s user, from the hub's ``holdings``: the
-    models their ``access`` offers them, with its limit and ``budget``, and
-    the open windows of ``reservations`` (a ReservationKeeper; None: none)."""
+    models their ``access`` offers them, with its limit and ``budget``, the
+    open windows of ``reservations`` (a ReservationKeeper; None: none) and the
+    groups' ``quotas`` (a QuotaKeeper; None: none)."""
     cluster, allocator = holdings.cluster, holdings.allocator
     held = allocator.milli_held_by(spawner.user.name)
     access = access or Access(max_gpus=spawner.max_gpus_per_user)
@@ -157,7 +174,7 @@ def render_form(
     summary = [m for m in allocator.summary(asked.cpu_milli, asked.memory_mib) if access.allows(m.model)]
     reserved: list[str] = []
     if reservations is not None:
-        summary, reserved = with_reservations(summary, reservations, groups_of(spawner))
+        summary, reserved = with_reservations(summary, reservations, groups_of(spawner), quotas)
     limit = 0 if access.cpu_only or (budget is not None and budget.over) else access.max_gpus
     room = max(0, limit * UNIT - held)
     hosts = [h for h in allocator.hosts() if h in cluster.nodes and cluster.nodes[h].schedulable]

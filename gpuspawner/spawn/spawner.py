@@ -130,11 +130,11 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             error, holdings = exc.message, self.holdings()
         access = self._access()
         budget = await budget_for_form(self, holdings, access)
-        keeper = None
+        keeper = quotas = None
         if not error:
-            keeper = self.gpu_hub.reservations
+            keeper, quotas = self.gpu_hub.reservations, self.gpu_hub.quotas
             await keeper.refresh()
-        return render_form(self, holdings, error, access, budget, keeper)
+        return render_form(self, holdings, error, access, budget, keeper, quotas)
 
     def _access(self) -> Access:
         """What this user may have under ``gpu_access``, from their JupyterHub

@@ -13,6 +13,7 @@ and "a reservation may keep only what quotas leave"."""
 from __future__ import annotations
 
 import asyncio
+import html
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -164,3 +165,14 @@ async def test_a_reservation_may_keep_only_what_quotas_leave(tmp_path):
         await keeper.add(r, 2, w.hub.quotas.guaranteed(A100))
     made = await keeper.add(Reservation("cs101", A100, 1, r.start, r.end), 2, w.hub.quotas.guaranteed(A100))
     assert made.id is not None
+
+
+async def test_the_form_says_what_a_quota_leaves_its_members_and_what_others_may_borrow(tmp_path):
+    """Guards docs/quotas.md: the form says "what their group's quota has left" and "2
+    A100s free to borrow: they may be taken back with 10 minutes' notice"."""
+    w = world(tmp_path)
+    bob_form = html.unescape(await spawner(w, "bob")._render_options_form())
+    assert f"2 {A100} GPUs free to borrow: they may be taken back with 10 minutes' notice." in bob_form
+    alice_form = html.unescape(await spawner(w, "alice")._render_options_form())
+    assert f"cs101's quota: 1 of its 1 {A100} GPUs left for its members, never taken back" in alice_form
+    assert f"1 {A100} GPU free to borrow: it may be taken back with 10 minutes' notice." in alice_form
