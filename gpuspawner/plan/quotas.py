@@ -9,8 +9,9 @@ hold, is *borrowed* (:func:`marks`). While a group leaves its quota idle, anyone
 may use it, up to the quota's lending limit; a group may go beyond its own quota
 only up to its borrowing limit (:func:`keep`). When a member of a group below its
 quota waits for a request within it and nothing free fits, borrowed holdings are
-taken back, the fewest GPU-hours lost first, only as many as needed, on the host
-where that costs least (:func:`reclaim`, :func:`plan_reclaims`). A holding within
+taken back, only as many as needed: those that serve it soonest (a notice already
+running is nearer its end than a new one), then the fewest GPU-hours lost, on the host
+where that is best (:func:`reclaim`, :func:`plan_reclaims`). A holding within
 its group's quota is never taken back for another's.
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..core.quotas import NOTICE, Quota
 from ..core.sharing import UNIT
@@ -32,6 +33,7 @@ __all__ = [
     "Quota",
     "Waiter",
     "draws_on",
+    "in_turn",
     "keep",
     "marks",
     "plan_reclaims",
@@ -114,11 +116,14 @@ def keep(
 ) -> dict[str, Keep]:
     """Per model, what a request of a user in ``groups`` must leave free for the quotas
     of others (``use``: (group, model) -> thousandths held drawing on it; ``waiting``:
-    (group, model) -> thousandths its members wait for within it): of each other
-    group's idle quota, the part it does not lend, or what its members wait for,
-    whichever is more. With ``asks`` (model -> thousandths the request takes), a
-    request beyond every quota of the user's is also held to the borrowing limit of
-    the quota it draws on (:attr:`Keep.most`)."""
+    (group, model) -> thousandths their members wait for within it, ahead of this
+    request: for a waiter within its own quota, those before it in line; for any other,
+    all): of each other group's idle quota, the part it does not lend or what its
+    members wait for, whichever is more. (Two waiters within their quotas that kept a
+    free GPU from each other would both wait: the one ahead takes it, and borrowed GPUs
+    are taken back for the other.) With ``asks`` (model -> thousandths the request
+    takes), a request beyond every quota of the user's is also held to the borrowing
+    limit of the quota it draws on (:attr:`Keep.most`)."""
     out: dict[str, Keep] = {}
     for model, mine in _by_model(quotas).items():
         k = Keep()
@@ -151,12 +156,24 @@ class Ask(NamedTuple):
 
 
 class Borrowed(NamedTuple):
-    """A borrowed holding that may be taken back: its ``key``, and the GPU-hours its
-    stop would lose (``cost``: GPUs held times hours held; a holding already told is
-    given 0, so that a plan does not change its mind)."""
+    """A borrowed holding that may be taken back: its ``key``, the GPU-hours its stop
+    would lose (``cost``: GPUs held times hours held) and the seconds until it may be
+    stopped (``ready``: its notice, or what is left of it once its user was told)."""
 
     key: str
     cost: float
+    ready: float = 0.0
+
+
+def _rank(gone: Iterable[str], weight: Mapping[str, tuple[float, float]]) -> tuple[float, float, int]:
+    """How a set of holdings to stop ranks (lower first): the waiter served soonest (the
+    latest of their notices), then the fewest GPU-hours lost, then the fewest stopped."""
+    gone = list(gone)
+    return (
+        round(max((weight[k][0] for k in gone), default=0.0), 6),
+        round(sum(weight[k][1] for k in gone), 9),
+        len(gone),
+    )
 
 
 def _fits(ask: Ask, devices: Mapping[str, Mapping[str, int]], gone: Collection[str]) -> list[str] | None:
@@ -177,29 +194,33 @@ def reclaim(
     hosts: Mapping[str, Mapping[str, Mapping[str, int]]],
     borrowed: Iterable[Borrowed],
 ) -> tuple[str, list[str], list[str]] | None:
-    """Where ``ask`` is served by taking back the fewest GPU-hours of ``borrowed``:
-    (host, the keys to stop, the devices it would take), among ``hosts`` (host ->
-    device -> {holder: thousandths}; empty: free). Only a set none of whose members can
-    be left out; the cheapest in GPU-hours, then the fewest, then by host and keys.
-    None: no host can serve it even with every borrowed holding there stopped. Exact
-    up to BRUTE_MAX borrowed holdings on a host, cheapest-first beyond."""
-    cost = {b.key: b.cost for b in borrowed}
+    """Where ``ask`` is served soonest by taking back ``borrowed`` holdings, and of those
+    the fewest GPU-hours: (host, the keys to stop, the devices it would take), among
+    ``hosts`` (host -> device -> {holder: thousandths}; empty: free). Only a set none of
+    whose members can be left out; ranked by :func:`_rank`, then by host and keys (so a
+    plan keeps the holdings already told: theirs are the nearest stops). None: no host
+    can serve it even with every borrowed holding there stopped. Exact up to BRUTE_MAX
+    borrowed holdings on a host, soonest and cheapest first beyond."""
+    weight = {b.key: (b.ready, b.cost) for b in borrowed}
     best: tuple[tuple, str, list[str], list[str]] | None = None
     for host in sorted(hosts):
         devices = hosts[host]
-        mine = sorted({k for held in devices.values() for k in held if k in cost}, key=lambda k: (cost[k], k))
-        found = _cheapest(ask, devices, mine, cost)
+        mine = sorted({k for held in devices.values() for k in held if k in weight}, key=lambda k: (weight[k], k))
+        found = _cheapest(ask, devices, mine, weight)
         if found is None:
             continue
         gone, taken = found
-        rank = (round(sum(cost[k] for k in gone), 9), len(gone), host, sorted(gone))
+        rank = (*_rank(gone, weight), host, sorted(gone))
         if best is None or rank < best[0]:
             best = (rank, host, sorted(gone), taken)
     return None if best is None else (best[1], best[2], best[3])
 
 
 def _cheapest(
-    ask: Ask, devices: Mapping[str, Mapping[str, int]], mine: Sequence[str], cost: Mapping[str, float]
+    ask: Ask,
+    devices: Mapping[str, Mapping[str, int]],
+    mine: Sequence[str],
+    weight: Mapping[str, tuple[float, float]],
 ) -> tuple[list[str], list[str]] | None:
     taken = _fits(ask, devices, ())
     if taken is not None:
@@ -210,17 +231,17 @@ def _cheapest(
         best = None
         for n in range(1, len(mine) + 1):
             for gone in itertools.combinations(mine, n):
-                rank = (sum(cost[k] for k in gone), n, sorted(gone))
+                rank = (*_rank(gone, weight), sorted(gone))
                 if (best is None or rank < best[0]) and (taken := _fits(ask, devices, gone)) is not None:
                     best = (rank, list(gone), taken)
         assert best is not None
         return best[1], best[2]
     gone = []
-    for k in mine:  # cheapest first until it fits, then let off the dearest not needed after all
+    for k in mine:  # soonest and cheapest first until it fits, then let off the dearest not needed after all
         gone.append(k)
         if _fits(ask, devices, gone) is not None:
             break
-    for k in sorted(gone, key=lambda k: (-cost[k], k)):
+    for k in sorted(gone, key=lambda k: (-weight[k][0], -weight[k][1], k)):
         if _fits(ask, devices, [g for g in gone if g != k]) is not None:
             gone.remove(k)
     taken = _fits(ask, devices, gone)
@@ -235,6 +256,15 @@ class Waiter(NamedTuple):
     key: str
     group: str
     ask: Ask
+
+
+def in_turn(waiters: Sequence[Waiter], promised: Mapping[str, Any]) -> list[Waiter]:
+    """The order in which ``waiters`` (within their quotas, in the line's order) are
+    served and planned for: those for whom borrowed servers were taken back first
+    (``promised``: their keys, each with when the first notice for it was given), the
+    earliest promise first, so that a waiter is served when its notice ends though
+    another ahead in line came within its quota since; then the rest, in line order."""
+    return sorted(waiters, key=lambda w: (w.key not in promised, promised.get(w.key) or 0))
 
 
 def plan_reclaims(

@@ -25,7 +25,7 @@ from ..core.quotas import unmet
 from ..core.sharing import UNIT, fmt
 from ..holdings.holdings import Holding, Holdings, Phase, stop_for
 from ..ledger.checks import utc_now
-from ..plan.quotas import Ask, Borrowed, Mark, Quota, Waiter, draws_on, keep, marks, plan_reclaims, used
+from ..plan.quotas import Ask, Borrowed, Mark, Quota, Waiter, draws_on, in_turn, keep, marks, plan_reclaims, used
 from ..plan.reservations import Holder, Keep
 from .reservations import milli_asked
 
@@ -92,6 +92,7 @@ class QuotaKeeper:
             self._of_model.setdefault(q.model, {})[q.group] = q
         self._marked: tuple[tuple, list[Holder], dict[str, Mark]] | None = None
         self._told: dict[str, tuple[Holding, datetime, Waiter]] = {}  # name -> (it, when told, for whom)
+        self._promised: dict[str, datetime] = {}  # waiter -> when the first notice for it was given
 
     @property
     def active(self) -> bool:
@@ -137,9 +138,10 @@ class QuotaKeeper:
         return used(self.quotas, holders, found)
 
     def _waiters(self) -> tuple[list[tuple[str, Waiter]], dict[tuple[str, str], int]]:
-        """The waiters within their groups' quotas, in line order, with the model each
-        waits for, and what each quota's members wait for within it (each counted after
-        those ahead of it)."""
+        """The waiters within their groups' quotas, in turn (:func:`~gpuspawner.plan.quotas.in_turn`:
+        those with a notice running for them first, then the line's order), with the model
+        each waits for, and what each quota's members wait for within it (whether a waiter
+        is within is counted in the line's order)."""
         if not self.quotas:
             return [], {}
         use = self.use()
@@ -156,16 +158,28 @@ class QuotaKeeper:
             if mark.within and mark.group is not None:
                 waiting[(mark.group, model)] = waiting.get((mark.group, model), 0) + milli
                 out.append((model, Waiter(service, mark.group, ask)))
-        return out, waiting
+        model_of = {w.key: model for model, w in out}
+        return [(model_of[w.key], w) for w in in_turn([w for _, w in out], self._promised)], waiting
 
     # -- what a request may take ---------------------------------------------------------
 
-    def keep_free(self, groups: Collection[str], asks: dict[str, int] | None = None) -> dict[str, Keep]:
-        """Per model, what a request of a user in ``groups`` must leave free for others'
-        quotas, and (with ``asks``: model -> thousandths asked) its borrowing limit."""
+    def keep_free(
+        self, groups: Collection[str], asks: dict[str, int] | None = None, service: str | None = None
+    ) -> dict[str, Keep]:
+        """Per model, what a request of a user in ``groups`` (of the server ``service``, if
+        it waits in line) must leave free for others' quotas, and (with ``asks``: model ->
+        thousandths asked) its borrowing limit. A waiter within its quota is kept only from
+        what those ahead of it within theirs wait for; any other request, from all of it."""
         if not self.quotas:
             return {}
-        return keep(self.quotas, self.use(), self._waiters()[1], groups, asks)
+        waiters, waiting = self._waiters()
+        ahead = next((i for i, (_, w) in enumerate(waiters) if w.key == service), None)
+        if ahead is not None:
+            waiting = {}
+            for model, w in waiters[:ahead]:
+                key = (w.group, model)
+                waiting[key] = waiting.get(key, 0) + (w.ask.count * UNIT or w.ask.milli)
+        return keep(self.quotas, self.use(), waiting, groups, asks)
 
     def within(self, groups: Collection[str], model: str | None, milli: int) -> bool:
         """Whether a request of ``milli`` thousandths of ``model`` by a user in ``groups``
@@ -204,7 +218,7 @@ class QuotaKeeper:
     def must_take_back(self) -> dict[str, tuple[Holding, Waiter]]:
         """The borrowed holdings that the waiters within their quotas need, as things are
         now: name -> (the holding, the waiter it is taken back for). One already told is
-        kept in the plan (it costs nothing more to take), so a plan does not change its mind."""
+        nearer its stop than any other, so a plan keeps it unless a sooner way shows up."""
         waiters, _ = self._waiters()
         if not waiters:
             return {}
@@ -226,7 +240,12 @@ class QuotaKeeper:
                     continue
                 told = self._told.get(h.key)
                 hours = (self.held_for(held) or 0.0) / 3600
-                borrowed.append(Borrowed(h.key, 0.0 if told and told[0] is held else h.milli / UNIT * hours))
+                ready = (
+                    (self._stop_at(h.key) - self.wall()).total_seconds()
+                    if told and told[0] is held
+                    else self._notice_of(model).total_seconds()
+                )
+                borrowed.append(Borrowed(h.key, h.milli / UNIT * hours, max(0.0, ready)))
             for name, w in plan_reclaims(mine, hosts, borrowed).items():
                 out[name] = (everyone[name], w)
         return out
@@ -236,12 +255,18 @@ class QuotaKeeper:
         notice has passed (several at once); the (service, reason) of each stop begun."""
         now = self.wall()
         due = self.must_take_back()
+        waiting = {w.key for _, w in self._waiters()[0]}
+        for key in set(self._promised) - waiting:  # served, or out of line
+            del self._promised[key]
         for name in set(self._told) - set(due):
             h = self._told.pop(name)[0]
             log.info("%s of %s is no longer taken back for a quota", name, h.user)
         for name, (h, w) in due.items():
-            if name not in self._told or self._told[name][0] is not h:
-                self._told[name] = (h, now, w)
+            self._promised.setdefault(w.key, now)
+            told = self._told.get(name)
+            since = told[1] if told is not None and told[0] is h else now
+            self._told[name] = (h, since, w)  # (for whom may change; when told does not)
+            if since == now:
                 log.info(
                     "%s of %s is taken back for %s's quota at %s", name, h.user, w.group, _iso(self._stop_at(name))
                 )

@@ -31,12 +31,13 @@ def goes_first(hub, groups: Collection[str], request: Request | None) -> bool:
     return hub.reservations.open_for(groups, request.model) or hub.quotas.within(groups, request.model, asked(request))
 
 
-def keep_for(hub, groups: Collection[str], request: Request | None) -> dict[str, Keep]:
-    """Per model, what ``request`` must leave free (and, beyond its quota, its borrowing limit)."""
+def keep_for(hub, groups: Collection[str], request: Request | None, service: str | None = None) -> dict[str, Keep]:
+    """Per model, what ``request`` (of the server ``service``) must leave free (and,
+    beyond its quota, its borrowing limit)."""
     kept = dict(hub.reservations.keep_free(groups))
     milli = asked(request)
     models = (request.models or ((request.model,) if request.model else ())) if request else ()
-    for model, k in hub.quotas.keep_free(groups, {m: milli for m in models} if milli else None).items():
+    for model, k in hub.quotas.keep_free(groups, {m: milli for m in models} if milli else None, service).items():
         kept[model] = kept.get(model, Keep()) + k
     return kept
 

@@ -417,7 +417,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                 max_per_owner=limit,
                 policy=self.allocation_policy,
                 port_range=self.host_network_ports if self.host_network else None,
-                keep_free=keep_for(self.gpu_hub, groups, request) if gpus else None,
+                keep_free=keep_for(self.gpu_hub, groups, request, self.service_name) if gpus else None,
                 kept_why=why_kept(self.gpu_hub, groups, request),
             )
         except AllocationRefused as exc:

@@ -137,6 +137,8 @@ def test_an_idle_quota_keeps_what_its_members_wait_for_and_what_it_does_not_lend
     assert keep(quotas, use, waiting, {"students"}) == {A100: Keep(4, 400)}
     # A member of lab-b is kept from lab-a's and lab-c's, not from its own group's.
     assert keep(quotas, use, waiting, {"lab-b"}) == {A100: Keep(2, 400)}
+    # A lab-b member ahead of lab-c's in line is kept only from what those ahead of it wait for.
+    assert keep(quotas, use, {}, {"lab-b"}) == {A100: Keep(2)}
 
 
 def test_a_request_beyond_its_quota_goes_no_further_than_its_borrowing_limit():
