@@ -27,6 +27,7 @@ from gpuspawner.plan.quotas import (
     Quota,
     Waiter,
     draws_on,
+    in_turn,
     keep,
     marks,
     plan_reclaims,
@@ -293,3 +294,15 @@ def test_waiters_in_line_order_each_take_back_for_themselves_and_not_twice():
     assert {k: w.key for k, w in plan.items()} == {"b3": "a", "b1": "b", "b2": "b"}
     told = [Borrowed("b1", 0.0), Borrowed("b2", 1.0), Borrowed("b3", 0.5)]  # b1 told: kept as chosen
     assert set(plan_reclaims([Waiter("a", "lab-a", Ask(count=1))], hosts, told)) == {"b1"}
+
+
+def test_waiters_whose_notices_were_given_first_are_served_first():
+    line = [
+        Waiter("w1", "lab-a", Ask(count=2)),
+        Waiter("w2", "lab-b", Ask(count=1)),
+        Waiter("w3", "lab-c", Ask(count=1)),
+    ]
+    # w3's notice was given before w2's; w1 came within its quota only later: it follows them.
+    promised = {"w3": 10.0, "w2": 20.0}
+    assert [w.key for w in in_turn(line, promised)] == ["w3", "w2", "w1"]
+    assert [w.key for w in in_turn(line, {})] == ["w1", "w2", "w3"]  # none promised: the line's order
