@@ -26,7 +26,18 @@ from .inventory import MODEL_RE
 from .numbers import finite
 from .sharing import UNIT, fmt, shown
 
-__all__ = ["KEYS", "NOTICE", "Quota", "QuotaError", "parse_quotas", "unmet"]
+__all__ = [
+    "EVERYONE_ELSE",
+    "KEYS",
+    "NOTICE",
+    "PriorityClass",
+    "Quota",
+    "QuotaError",
+    "class_of",
+    "parse_classes",
+    "parse_quotas",
+    "unmet",
+]
 
 NOTICE = timedelta(minutes=10)  # a borrowed holding is taken back this long after its user is told
 KEYS = ("gpus", "borrow", "lend", "notice_minutes")
@@ -138,3 +149,74 @@ def unmet(quotas: Iterable[Quota], capacity: Mapping[str, int]) -> list[str]:
         elif want > have:
             out.append(f"quotas of {model} add up to {fmt(want)} ({groups}), more than the {fmt(have)} there are")
     return out
+
+
+EVERYONE_ELSE = "*"  # in a class's groups: users in none of the other classes' groups
+CLASS_KEYS = ("groups", "rank", "preemptible")
+
+
+@dataclass(frozen=True)
+class PriorityClass:
+    """An admin's class of users (``c.GPUSwarmSpawner.gpu_priority_classes``): its
+    ``groups`` (``"*"``: everyone in no other class), its ``rank`` (borrowed servers of
+    lower ranks are taken back first) and whether its servers may be taken back at all
+    (``preemptible``; a class that may not be is never stopped for a quota, and borrows
+    only GPUs no quota keeps idle)."""
+
+    name: str
+    groups: frozenset[str]
+    rank: int = 0
+    preemptible: bool = True
+
+
+def parse_classes(setting: Any) -> list[PriorityClass]:
+    """The classes of ``setting`` (name -> {groups, rank, preemptible}), highest rank
+    first. Raises QuotaError naming the first bad entry."""
+    if not setting:
+        return []
+    if not isinstance(setting, Mapping):
+        raise QuotaError(f"gpu_priority_classes must be a mapping of class name to its settings, got {shown(setting)}")
+    out = []
+    for name, spec in setting.items():
+        where = f"gpu_priority_classes[{name!r}]"
+        if not isinstance(name, str) or not name.strip() or len(name) > 100:
+            raise QuotaError(f"gpu_priority_classes: a class needs a name of 1 to 100 characters, got {shown(name)}")
+        if not isinstance(spec, Mapping):
+            raise QuotaError(f"{where} must be a mapping with groups, rank and preemptible, got {shown(spec)}")
+        unknown = sorted(str(k) for k in spec if k not in CLASS_KEYS)
+        if unknown:
+            raise QuotaError(f"{where}: unknown keys {', '.join(unknown)} (known: {', '.join(CLASS_KEYS)})")
+        groups = spec.get("groups")
+        if (
+            not isinstance(groups, (list, tuple))
+            or not groups
+            or not all(isinstance(g, str) and g.strip() and len(g) <= 255 for g in groups)
+        ):
+            raise QuotaError(
+                f"{where}['groups'] must be a list of JupyterHub group names (or '*'), got {shown(groups)}"
+            )
+        rank = spec.get("rank", 0)
+        if isinstance(rank, bool) or not isinstance(rank, int) or not -1000 <= rank <= 1000:
+            raise QuotaError(f"{where}['rank'] must be a whole number from -1000 up to 1000, got {shown(rank)}")
+        preemptible = spec.get("preemptible", True)
+        if not isinstance(preemptible, bool):
+            raise QuotaError(f"{where}['preemptible'] must be true or false, got {shown(preemptible)}")
+        out.append(PriorityClass(name, frozenset(groups), rank, preemptible))
+    claimed: dict[str, str] = {}
+    for c in out:
+        for g in c.groups:
+            if g in claimed:
+                raise QuotaError(f"gpu_priority_classes: the group {g!r} is in both {claimed[g]!r} and {c.name!r}")
+            claimed[g] = c.name
+    return sorted(out, key=lambda c: (-c.rank, c.name))
+
+
+def class_of(classes: Iterable[PriorityClass], groups: Iterable[str]) -> PriorityClass | None:
+    """The class of a user in ``groups``: the highest-ranked whose groups include one of
+    theirs, else the one of ``"*"`` (None: no class applies, as without classes)."""
+    mine = set(groups)
+    classes = list(classes)
+    for c in classes:  # highest rank first
+        if not c.groups.isdisjoint(mine):
+            return c
+    return next((c for c in classes if EVERYONE_ELSE in c.groups), None)

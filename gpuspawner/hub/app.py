@@ -31,7 +31,7 @@ from ..cluster.swarm import Swarm, SwarmError
 from ..core.enforcement import missing
 from ..core.inventory import InventoryError
 from ..core.inventory_files import load_inventory
-from ..core.quotas import QuotaError, parse_quotas
+from ..core.quotas import QuotaError, parse_classes, parse_quotas
 from ..core.reports import NodeReport
 from ..holdings.holdings import Holding, Holdings
 from ..holdings.views import holders_of
@@ -201,6 +201,7 @@ class GPUHub:
             cluster = GPUCluster(s.inventory_settings(), holders_of=self._holders_of)
             ledger = Ledger(s.ledger_url())
             quotas = parse_quotas(s.gpu_quotas, s.gpu_model_aliases)
+            classes = parse_classes(s.gpu_priority_classes)
         except (InventoryError, LedgerError, QuotaError) as exc:
             raise HubConfigError(str(exc)) from exc
         cluster.allocator.set_sharing(s.gpu_sharing)
@@ -251,6 +252,7 @@ class GPUHub:
         self._quotas = QuotaKeeper(
             holdings,
             quotas,
+            classes,
             groups_of=self._reservations.groups,  # (asked of JupyterHub at most every few seconds, for both)
             stop=self._stop_server,
             held_for=self._reclaimer.held_for,

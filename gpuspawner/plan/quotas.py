@@ -113,6 +113,7 @@ def keep(
     waiting: Mapping[tuple[str, str], int],
     groups: Collection[str],
     asks: Mapping[str, int] | None = None,
+    borrows_idle: bool = True,
 ) -> dict[str, Keep]:
     """Per model, what a request of a user in ``groups`` must leave free for the quotas
     of others (``use``: (group, model) -> thousandths held drawing on it; ``waiting``:
@@ -123,25 +124,28 @@ def keep(
     free GPU from each other would both wait: the one ahead takes it, and borrowed GPUs
     are taken back for the other.) With ``asks`` (model -> thousandths the request
     takes), a request beyond every quota of the user's is also held to the borrowing
-    limit of the quota it draws on (:attr:`Keep.most`)."""
+    limit of the quota it draws on (:attr:`Keep.most`). A request beyond its quota (or
+    of unknown size) that may not be taken back (``borrows_idle`` False: its user's class
+    is not preemptible) must leave all of others' idle quota free: what it borrowed would
+    be kept from them for good."""
     out: dict[str, Keep] = {}
     for model, mine in _by_model(quotas).items():
         k = Keep()
         so_far = {g: use.get((g, model), 0) for g in mine}
+        ask = (asks or {}).get(model)
+        mark = draws_on(mine, so_far, groups, ask) if ask is not None else Mark(None, False)
+        lends = borrows_idle or mark.within
         for g, q in mine.items():
             if g in groups:
                 continue
             idle = max(0, q.milli - so_far[g])
-            lent = q.milli if q.lend is None else min(q.lend, q.milli)
+            lent = 0 if not lends else q.milli if q.lend is None else min(q.lend, q.milli)
             kept = max(idle - lent, min(idle, waiting.get((g, model), 0)))
             if kept:
                 k = k + (Keep(-(-kept // UNIT)) if q.whole else Keep(0, kept))
-        ask = (asks or {}).get(model)
-        if ask is not None:
-            mark = draws_on(mine, so_far, groups, ask)
-            q = mine.get(mark.group) if mark.group is not None else None
-            if q is not None and not mark.within and q.borrow is not None:
-                k = k + Keep(most=max(0, q.milli + q.borrow - so_far[q.group]))
+        q = mine.get(mark.group) if mark.group is not None else None
+        if q is not None and not mark.within and q.borrow is not None:
+            k = k + Keep(most=max(0, q.milli + q.borrow - so_far[q.group]))
         if k:
             out[model] = k
     return out
@@ -157,20 +161,27 @@ class Ask(NamedTuple):
 
 class Borrowed(NamedTuple):
     """A borrowed holding that may be taken back: its ``key``, the GPU-hours its stop
-    would lose (``cost``: GPUs held times hours held) and the seconds until it may be
-    stopped (``ready``: its notice, or what is left of it once its user was told)."""
+    would lose (``cost``: GPUs held times hours held), the seconds until it may be
+    stopped (``ready``: its notice, or what is left of it once its user was told) and its
+    user's priority class's ``rank`` (lower ranks are taken back first)."""
 
     key: str
     cost: float
     ready: float = 0.0
+    rank: int = 0
 
 
-def _rank(gone: Iterable[str], weight: Mapping[str, tuple[float, float]]) -> tuple[float, float, int]:
+Weight = tuple[float, float, int]  # (ready, cost, rank) of one holding
+
+
+def _rank(gone: Iterable[str], weight: Mapping[str, Weight]) -> tuple[float, int, float, int]:
     """How a set of holdings to stop ranks (lower first): the waiter served soonest (the
-    latest of their notices), then the fewest GPU-hours lost, then the fewest stopped."""
+    latest of their notices), then the lowest priority class taken, then the fewest
+    GPU-hours lost, then the fewest stopped."""
     gone = list(gone)
     return (
         round(max((weight[k][0] for k in gone), default=0.0), 6),
+        max((weight[k][2] for k in gone), default=-(10**9)),
         round(sum(weight[k][1] for k in gone), 9),
         len(gone),
     )
@@ -201,11 +212,14 @@ def reclaim(
     plan keeps the holdings already told: theirs are the nearest stops). None: no host
     can serve it even with every borrowed holding there stopped. Exact up to BRUTE_MAX
     borrowed holdings on a host, soonest and cheapest first beyond."""
-    weight = {b.key: (b.ready, b.cost) for b in borrowed}
+    weight = {b.key: (b.ready, b.cost, b.rank) for b in borrowed}
     best: tuple[tuple, str, list[str], list[str]] | None = None
     for host in sorted(hosts):
         devices = hosts[host]
-        mine = sorted({k for held in devices.values() for k in held if k in weight}, key=lambda k: (weight[k], k))
+        mine = sorted(
+            {k for held in devices.values() for k in held if k in weight},
+            key=lambda k: (weight[k][0], weight[k][2], weight[k][1], k),
+        )
         found = _cheapest(ask, devices, mine, weight)
         if found is None:
             continue
@@ -220,7 +234,7 @@ def _cheapest(
     ask: Ask,
     devices: Mapping[str, Mapping[str, int]],
     mine: Sequence[str],
-    weight: Mapping[str, tuple[float, float]],
+    weight: Mapping[str, Weight],
 ) -> tuple[list[str], list[str]] | None:
     taken = _fits(ask, devices, ())
     if taken is not None:
@@ -241,7 +255,7 @@ def _cheapest(
         gone.append(k)
         if _fits(ask, devices, gone) is not None:
             break
-    for k in sorted(gone, key=lambda k: (-weight[k][0], -weight[k][1], k)):
+    for k in sorted(gone, key=lambda k: (-weight[k][0], -weight[k][2], -weight[k][1], k)):
         if _fits(ask, devices, [g for g in gone if g != k]) is not None:
             gone.remove(k)
     taken = _fits(ask, devices, gone)

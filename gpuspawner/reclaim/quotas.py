@@ -21,7 +21,7 @@ from datetime import datetime, timedelta, timezone
 
 from prometheus_client import Counter, Gauge
 
-from ..core.quotas import unmet
+from ..core.quotas import PriorityClass, class_of, unmet
 from ..core.sharing import UNIT, fmt
 from ..holdings.holdings import Holding, Holdings, Phase, stop_for
 from ..ledger.checks import utc_now
@@ -72,6 +72,7 @@ class QuotaKeeper:
         self,
         holdings: Holdings,
         quotas: Sequence[Quota] = (),
+        classes: Sequence[PriorityClass] = (),
         *,
         groups_of: GroupsOf,
         stop: Callable[[Holding, str], Awaitable[bool]] | None = None,
@@ -82,6 +83,7 @@ class QuotaKeeper:
     ):
         self.holdings = holdings
         self.quotas = list(quotas)
+        self.classes = list(classes)
         self.groups_of = groups_of
         self.stop = stop
         self.held_for = held_for
@@ -109,6 +111,14 @@ class QuotaKeeper:
 
     def _groups(self, user: str) -> frozenset[str]:
         return self.groups_of(user) or frozenset()
+
+    def class_of(self, groups: Collection[str]) -> PriorityClass | None:
+        """The priority class of a user in ``groups`` (None: no class applies)."""
+        return class_of(self.classes, groups)
+
+    def _preemptible(self, groups: Collection[str]) -> bool:
+        found = self.class_of(groups)
+        return found is None or found.preemptible
 
     def _holders(self) -> list[Holder]:
         """The holdings of models with quotas, oldest first (the longest held; then by name)."""
@@ -179,7 +189,7 @@ class QuotaKeeper:
             for model, w in waiters[:ahead]:
                 key = (w.group, model)
                 waiting[key] = waiting.get(key, 0) + (w.ask.count * UNIT or w.ask.milli)
-        return keep(self.quotas, self.use(), waiting, groups, asks)
+        return keep(self.quotas, self.use(), waiting, groups, asks, self._preemptible(groups))
 
     def within(self, groups: Collection[str], model: str | None, milli: int) -> bool:
         """Whether a request of ``milli`` thousandths of ``model`` by a user in ``groups``
@@ -238,6 +248,9 @@ class QuotaKeeper:
                 held = everyone.get(h.key)
                 if h.model != model or found[h.key].within or held is None or held.phase is Phase.REMOVING:
                     continue
+                cls = self.class_of(h.groups)
+                if cls is not None and not cls.preemptible:
+                    continue  # never taken back (it borrowed only what no quota kept idle)
                 told = self._told.get(h.key)
                 hours = (self.held_for(held) or 0.0) / 3600
                 ready = (
@@ -245,7 +258,7 @@ class QuotaKeeper:
                     if told and told[0] is held
                     else self._notice_of(model).total_seconds()
                 )
-                borrowed.append(Borrowed(h.key, h.milli / UNIT * hours, max(0.0, ready)))
+                borrowed.append(Borrowed(h.key, h.milli / UNIT * hours, max(0.0, ready), cls.rank if cls else 0))
             for name, w in plan_reclaims(mine, hosts, borrowed).items():
                 out[name] = (everyone[name], w)
         return out
@@ -336,6 +349,9 @@ class QuotaKeeper:
         if mark.within:
             return f"Within {mark.group}'s quota: never taken back for another group's"
         beyond = f" beyond {mark.group}'s quota" if mark.group else ""
+        cls = self.class_of(self._groups(h.user))
+        if cls is not None and not cls.preemptible:
+            return f"Borrowed{beyond}, from GPUs no quota keeps idle: never taken back (class {cls.name})"
         return f"Borrowed{beyond}: it may be taken back with {_notice(self._notice_of(h.held.model))}"
 
     def stop_in(self, name: str) -> tuple[float, str] | None:
@@ -377,7 +393,13 @@ class QuotaKeeper:
                     "never taken back for another group's."
                 )
             beyond = free.get(model, 0) - within // UNIT
-            if beyond > 0:
+            cls = self.class_of(groups)
+            if beyond > 0 and cls is not None and not cls.preemptible:
+                many = "GPU" if beyond == 1 else "GPUs"
+                out.append(
+                    f"{beyond} {model} {many} free beyond what quotas keep idle: never taken back (class {cls.name})."
+                )
+            elif beyond > 0:
                 many = "GPU" if beyond == 1 else "GPUs"
                 out.append(
                     f"{beyond} {model} {many} free to borrow: "
@@ -388,7 +410,7 @@ class QuotaKeeper:
     def notice_at_grant(self, h: Holding) -> str | None:
         """What a server granted just now is told when its GPUs are borrowed."""
         mark = self.mark_of(h.name)
-        if mark is None or mark.within:
+        if mark is None or mark.within or not self._preemptible(self._groups(h.user)):
             return None
         return f"Its {h.held.model} is borrowed: it may be taken back with {_notice(self._notice_of(h.held.model))}"
 

@@ -15,7 +15,7 @@ from traitlets.config import LoggingConfigurable
 from ..core.access import Access
 from ..core.idle import BUDGET, MAX_HOURS, Limits
 from ..core.numbers import finite
-from ..core.quotas import QuotaError, parse_quotas
+from ..core.quotas import QuotaError, parse_classes, parse_quotas
 from ..core.sharing import shown
 
 __all__ = ["ReclaimSettings", "check_config"]
@@ -171,6 +171,24 @@ class ReclaimSettings(LoggingConfigurable):
         (10). A fraction of a GPU makes a share total of a shared model. Empty (the
         default): no quotas.""",
     ).tag(config=True)
+
+    gpu_priority_classes = Dict(
+        {},
+        help="""Priority classes for quotas' take-backs (docs/quotas.md), opt in:
+        ``{name: {"groups": [...], "rank": N, "preemptible": bool}}``. Borrowed servers of
+        lower ranks are taken back first; a class with ``preemptible: False`` is never
+        stopped to give a group its quota, and its members borrow only GPUs no quota keeps
+        idle. ``"*"`` in ``groups``: everyone in no other class. Empty (the default): one
+        class, every borrowed server may be taken back.""",
+    ).tag(config=True)
+
+    @validate("gpu_priority_classes")
+    def _check_classes(self, proposal):
+        try:
+            parse_classes(proposal["value"])
+        except QuotaError as exc:
+            raise TraitError(f"c.GPUSwarmSpawner.{exc}") from None
+        return proposal["value"]
 
     @validate("gpu_quotas")
     def _check_quotas(self, proposal):

@@ -5,7 +5,7 @@ borrowed holdings are taken back for a waiter, against brute force over every su
 Guards docs/quotas.md: "its members' holdings count within it, oldest first, until it is
 full; what they hold beyond it is borrowed", "A user in several groups with a quota of
 the model draws on the one with the most left", "A holding within its group's quota is
-never taken back", "only as many as needed, the fewest GPU-hours lost first", "a member
+never taken back", "only as many as needed, the fewest GPU-hours lost first" (once the soonest served, and lower priority classes first), "a member
 below quota whose request fits one host is served after one notice at most", "the part
 of an idle quota it does not lend is never lent", "no further than its borrowing limit"
 and "no preemption cycle"."""
@@ -156,8 +156,20 @@ def test_a_request_beyond_its_quota_goes_no_further_than_its_borrowing_limit():
 # -- taking back ------------------------------------------------------------------------
 
 
+def weigh(gone, borrowed) -> tuple:
+    """As the docs rank a set to stop: served soonest (the latest notice), the lowest
+    class taken, the fewest GPU-hours, the fewest servers."""
+    of = {b.key: b for b in borrowed}
+    return (
+        max((of[k].ready for k in gone), default=0.0),
+        max((of[k].rank for k in gone), default=-(10**9)),
+        round(sum(of[k].cost for k in gone), 9),
+        len(gone),
+    )
+
+
 def brute(ask: Ask, hosts, borrowed):
-    """Every subset of the borrowed holdings on every host: the cheapest that serves the ask."""
+    """Every subset of the borrowed holdings on every host: the best-ranked that serves the ask."""
     cost = {b.key: b.cost for b in borrowed}
     best = None
     for devices in hosts.values():
@@ -172,9 +184,9 @@ def brute(ask: Ask, hosts, borrowed):
                         for held in devices.values()
                     )
                 if ok:
-                    rank = (round(sum(cost[k] for k in gone), 9), n)
-                    if best is None or rank < best:
-                        best = rank
+                    found = weigh(gone, borrowed)
+                    if best is None or found < best:
+                        best = found
     return best
 
 
@@ -197,7 +209,16 @@ def clusters(draw):
                 devices[f"g{h}{d}"] = {f"k{next(holders)}": m for m in parts}
         hosts[f"host{h}"] = devices
     keys = sorted({k for devices in hosts.values() for held in devices.values() for k in held})
-    borrowed = [Borrowed(k, draw(st.sampled_from([0.0, 0.5, 1.0, 2.0, 7.5]))) for k in keys if draw(st.booleans())]
+    borrowed = [
+        Borrowed(
+            k,
+            draw(st.sampled_from([0.0, 0.5, 1.0, 2.0, 7.5])),  # GPU-hours
+            draw(st.sampled_from([600.0, 600.0, 240.0, 30.0])),  # seconds until it may be stopped
+            draw(st.sampled_from([0, 0, 0, 1, 2])),  # its class's rank
+        )
+        for k in keys
+        if draw(st.booleans())
+    ]
     ask = Ask(count=draw(st.integers(1, 3))) if draw(st.booleans()) else Ask(milli=draw(st.integers(100, 1000)))
     return ask, hosts, borrowed
 
@@ -214,7 +235,7 @@ def test_a_reclaim_takes_back_the_fewest_gpu_hours_only_borrowed_and_only_as_man
     host, gone, taken = found
     cost = {b.key: b.cost for b in borrowed}
     assert set(gone) <= set(cost)  # never a holding within its quota
-    assert (round(sum(cost[k] for k in gone), 9), len(gone)) == best
+    assert weigh(gone, borrowed) == best
     devices = hosts[host]
     for u in taken:  # what it would take is free once they are stopped
         held = {k: m for k, m in devices[u].items() if k not in gone}
@@ -284,7 +305,7 @@ def test_waiters_in_line_order_each_take_back_for_themselves_and_not_twice():
         "gpu-1": {"g10": {"b1": UNIT}, "g11": {"b2": UNIT}},
         "gpu-2": {"g20": {"b3": UNIT}, "g21": {"w1": UNIT}},
     }
-    borrowed = [Borrowed("b1", 5.0), Borrowed("b2", 1.0), Borrowed("b3", 0.5)]
+    borrowed = [Borrowed("b1", 5.0, 600.0), Borrowed("b2", 1.0, 600.0), Borrowed("b3", 0.5, 600.0)]
     plan = plan_reclaims(
         [Waiter("a", "lab-a", Ask(count=1)), Waiter("b", "lab-a", Ask(count=2)), Waiter("c", "lab-a", Ask(count=1))],
         hosts,
@@ -292,8 +313,12 @@ def test_waiters_in_line_order_each_take_back_for_themselves_and_not_twice():
     )
     # a: the cheapest (b3 on gpu-2); b: 2 on one host, only gpu-1 can (b1 + b2); c: nothing left.
     assert {k: w.key for k, w in plan.items()} == {"b3": "a", "b1": "b", "b2": "b"}
-    told = [Borrowed("b1", 0.0), Borrowed("b2", 1.0), Borrowed("b3", 0.5)]  # b1 told: kept as chosen
+    # b1 was told 2 minutes ago: its stop is the nearest, so the plan keeps it though it costs more.
+    told = [Borrowed("b1", 5.0, 480.0), Borrowed("b2", 1.0, 600.0), Borrowed("b3", 0.5, 600.0)]
     assert set(plan_reclaims([Waiter("a", "lab-a", Ask(count=1))], hosts, told)) == {"b1"}
+    # Among equally near stops, a lower class goes first though it costs more.
+    classes = [Borrowed("b1", 5.0, 600.0, 0), Borrowed("b2", 1.0, 600.0, 2), Borrowed("b3", 0.5, 600.0, 2)]
+    assert set(plan_reclaims([Waiter("a", "lab-a", Ask(count=1))], hosts, classes)) == {"b1"}
 
 
 def test_waiters_whose_notices_were_given_first_are_served_first():
@@ -306,3 +331,13 @@ def test_waiters_whose_notices_were_given_first_are_served_first():
     promised = {"w3": 10.0, "w2": 20.0}
     assert [w.key for w in in_turn(line, promised)] == ["w3", "w2", "w1"]
     assert [w.key for w in in_turn(line, {})] == ["w1", "w2", "w3"]  # none promised: the line's order
+
+
+def test_a_class_that_may_not_be_taken_back_borrows_none_of_an_idle_quota_beyond_its_own():
+    quotas = [Quota("lab-a", A100, 2 * UNIT), Quota("exam", A100, 1 * UNIT)]
+    use = {("lab-a", A100): 0, ("exam", A100): UNIT}
+    # An exam member beyond its quota must leave lab-a's idle 2 free: what it borrowed could not be taken back.
+    assert keep(quotas, use, {}, {"exam"}, {A100: UNIT}, borrows_idle=False) == {A100: Keep(2)}
+    assert keep(quotas, use, {}, {"exam"}, {A100: UNIT}) == {}  # a preemptible one may borrow it
+    within = {("lab-a", A100): 0, ("exam", A100): 0}
+    assert keep(quotas, within, {}, {"exam"}, {A100: UNIT}, borrows_idle=False) == {}  # within its own: served

@@ -3,7 +3,7 @@ naming it, and nothing is half-applied (the hub does not start); quotas that add
 more than the GPUs there are only warn, and a running hub names them, with groups
 JupyterHub does not have.
 
-Guards docs/quotas.md, "Checked at start" (every case it lists), and "Where to see
+Guards docs/quotas.md, "Checked at start" (every case it lists, and the priority classes'), and "Where to see
 them": "Quotas that add up to more GPUs of a model than its nodes have now, quotas of a
 model no node has, and groups JupyterHub does not have are named there"."""
 
@@ -53,6 +53,16 @@ def config(quotas, **settings) -> Config:
         ({"lab-a": {A100: 1, "big": 1}}, {"gpu_model_aliases": {A100: "big"}}, "names big twice"),
         ({"lab-a": {A100: 0.5}}, {}, "is a share total (0.5 of NVIDIA A100 80GB PCIe), but gpu_sharing does not"),
         ({"lab-a": {GTX: 1}}, {}, f"names {GTX!r}, a model the inventory does not have"),
+        ({}, {"gpu_priority_classes": ["exam"]}, "gpu_priority_classes must be a dict"),
+        ({}, {"gpu_priority_classes": {"exam": {"groups": []}}}, "['groups'] must be a list of JupyterHub group names"),
+        ({}, {"gpu_priority_classes": {"exam": {"groups": ["e"], "rank": 1.5}}}, "['rank'] must be a whole number"),
+        ({}, {"gpu_priority_classes": {"exam": {"groups": ["e"], "preemptible": "no"}}}, "must be true or false"),
+        ({}, {"gpu_priority_classes": {"exam": {"groups": ["e"], "level": 1}}}, "unknown keys level"),
+        (
+            {},
+            {"gpu_priority_classes": {"a": {"groups": ["lab"]}, "b": {"groups": ["lab"]}}},
+            "the group 'lab' is in both 'a' and 'b'",
+        ),
     ],
 )
 def test_a_malformed_quota_stops_the_hub_with_one_line_naming_it(quotas, settings, says):

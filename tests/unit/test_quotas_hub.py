@@ -176,3 +176,39 @@ async def test_the_form_says_what_a_quota_leaves_its_members_and_what_others_may
     alice_form = html.unescape(await spawner(w, "alice")._render_options_form())
     assert f"cs101's quota: 1 of its 1 {A100} GPUs left for its members, never taken back" in alice_form
     assert f"1 {A100} GPU free to borrow: it may be taken back with 10 minutes' notice." in alice_form
+
+
+async def test_a_class_that_may_not_be_preempted_borrows_only_what_no_quota_keeps_idle(tmp_path):
+    """Guards docs/quotas.md, "Priority classes": "its members borrow only GPUs no quota
+    keeps idle" (refused, and offered nothing to borrow on the form), while a preemptible
+    class borrows and is taken back. (Lower ranks first: tests/unit/test_plan_quotas.py.)"""
+    w = World(
+        tmp_path,
+        inventory=TWO_GPUS,
+        max_gpus_per_user=2,
+        gpu_quotas={"cs101": {A100: 2}},
+        gpu_priority_classes={
+            "exam": {"groups": ["physics"], "rank": 3, "preemptible": False},
+            "best-effort": {"groups": ["*"], "rank": 0},
+        },
+    )
+    new_hub(w, Wall())
+    stopped = stops_through(w)
+    with pytest.raises(SpawnException) as refused:
+        await w.started(spawner(w, "carol"))  # physics: exam class, no quota; both A100s are cs101's idle quota
+    assert "kept for groups' quotas (2 for cs101)" in refused.value.jupyterhub_message
+    carol_form = html.unescape(await spawner(w, "carol")._render_options_form())
+    assert "free to borrow" not in carol_form
+    await w.started(spawner(w, "bob"))  # best-effort: borrows
+    bob_too = w.spawner("bob", {"gpu_model": A100, "gpu_count": 1}, server="second")
+    await w.started(bob_too)
+    keeper = w.hub.quotas
+    assert keeper.describe("jupyter-bob").startswith("Borrowed: it may be taken back")
+    alice = await in_line(w, "alice")  # cs101, within its quota
+    await keeper.check()
+    assert len(keeper.notices_for("bob")) == 1
+    w.wall.now = NOW + timedelta(minutes=10)
+    assert len(await keeper.check()) == 1 and len(stopped) == 1
+    w.hub.line.poke()
+    await asyncio.wait_for(alice, 20)
+    assert w.owner.get("jupyter-alice").held.uuids
