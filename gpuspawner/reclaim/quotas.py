@@ -7,8 +7,8 @@ holdings, its waiting line and JupyterHub's groups. :meth:`QuotaKeeper.check`, r
 with the idle reclaim, tells the users of the borrowed servers a waiter needs at once,
 and stops them through the hub once their quota's notice has passed, with the end
 reason ``preempted``. A user whose groups JupyterHub cannot say is counted in none:
-their holdings are borrowed and their requests draw on no quota (a failure that keeps
-others' guarantees).
+their requests draw on no quota and their holdings count as borrowed, but are not taken
+back while their groups are unknown ("could not find out" is not "in no group").
 """
 
 from __future__ import annotations
@@ -95,6 +95,7 @@ class QuotaKeeper:
         self._marked: tuple[tuple, list[Holder], dict[str, Mark]] | None = None
         self._told: dict[str, tuple[Holding, datetime, Waiter]] = {}  # name -> (it, when told, for whom)
         self._promised: dict[str, datetime] = {}  # waiter -> when the first notice for it was given
+        self._unknown: set[str] = set()  # holdings whose users' groups could not be read: never taken back
 
     @property
     def active(self) -> bool:
@@ -121,12 +122,17 @@ class QuotaKeeper:
         return found is None or found.preemptible
 
     def _holders(self) -> list[Holder]:
-        """The holdings of models with quotas, oldest first (the longest held; then by name)."""
+        """The holdings of models with quotas, oldest first (the longest held; then by name).
+        Those whose users' groups JupyterHub could not say are noted in ``_unknown``."""
         found = []
+        self._unknown = set()
         for name, h in self.holdings.all().items():
             record = h.held
             if record.model in self._of_model and record.uuids:
-                held = Holder(name, record.model, sum(record.milli), self._groups(record.user))
+                groups = self.groups_of(record.user)
+                if groups is None:
+                    self._unknown.add(name)
+                held = Holder(name, record.model, sum(record.milli), groups or frozenset())
                 found.append((-(self.held_for(h) or 0.0), name, held))
         return [held for *_, held in sorted(found)]
 
@@ -249,8 +255,8 @@ class QuotaKeeper:
                 if h.model != model or found[h.key].within or held is None or held.phase is Phase.REMOVING:
                     continue
                 cls = self.class_of(h.groups)
-                if cls is not None and not cls.preemptible:
-                    continue  # never taken back (it borrowed only what no quota kept idle)
+                if cls is not None and not cls.preemptible or h.key in self._unknown:
+                    continue  # never taken back (it borrowed only what no quota kept idle; or who knows)
                 told = self._told.get(h.key)
                 hours = (self.held_for(held) or 0.0) / 3600
                 ready = (

@@ -212,3 +212,19 @@ async def test_a_class_that_may_not_be_preempted_borrows_only_what_no_quota_keep
     w.hub.line.poke()
     await asyncio.wait_for(alice, 20)
     assert w.owner.get("jupyter-alice").held.uuids
+
+
+async def test_a_server_whose_users_groups_cannot_be_read_is_not_taken_back(tmp_path):
+    """Guards docs/quotas.md: "a server whose user's groups JupyterHub cannot say is not
+    taken back while they are unknown"."""
+    w = world(tmp_path)
+    stops_through(w)
+    await w.started(spawner(w, "bob"))
+    zed = w.spawner("zed", {"gpu_model": A100, "gpu_count": 1})  # unknown to the groups' fake: None
+    await w.started(zed)  # the newer: the cheaper to stop, were it known to be in no group
+    alice = await in_line(w, "alice")
+    await w.hub.quotas.check()
+    assert [n["reason"] for n in w.hub.quotas.notices_for("bob")] == [PREEMPTED]
+    assert w.hub.quotas.notices_for("zed") == []
+    alice.cancel()
+    await asyncio.gather(alice, return_exceptions=True)
