@@ -269,7 +269,12 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("usage", help="GPU-hours per user or per model")
     p.add_argument("--since", default="", help="ISO 8601 time, e.g. 2026-11-01 (default: the first allocation)")
     p.add_argument("--until", default="", help="ISO 8601 time (default: now)")
-    p.add_argument("--by", choices=("user", "model", "reason"), default="user", help="reason: why allocations ended")
+    p.add_argument(
+        "--by",
+        choices=("user", "model", "reason", "quota"),
+        default="user",
+        help="reason: why allocations ended; quota: within a group's quota or borrowed",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p = sub.add_parser("line", help="who waits in line for which model; --remove takes a request out")
     p.add_argument("--remove", metavar="USER[/SERVER]", help="the request to take out of the line")

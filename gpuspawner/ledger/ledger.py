@@ -256,6 +256,22 @@ class Ledger(LedgerQueue, LedgerReservations):
             f"other writers changed them {_ATTEMPTS} times in a row"
         )
 
+    def note_quota(self, service: str, group: str | None, borrowed: bool) -> bool:
+        """Record how ``service``'s open allocation stands against the quotas: the group
+        whose quota it draws on (None: none) and whether it borrows. False when the
+        service has nothing open."""
+        checked_name(service, "service", required=True)
+        if group is not None:
+            checked_name(group, "group", required=True)
+        a = allocations
+        with self._write_lock, self._db(f"noting the quota of {service}"), self.engine.begin() as conn:
+            written = conn.execute(
+                a.update()
+                .where(a.c.service == service, a.c.ended_at.is_(None))
+                .values(quota_group=group, borrowed=bool(borrowed))
+            ).rowcount
+        return bool(written)
+
     def close(self, service: str, ended_at: datetime | None = None, reason: str = "") -> Record | None:
         """End ``service``'s open allocation at ``ended_at`` (default: now) and return it as
         closed; None when the service has nothing open (closing twice is harmless)."""
@@ -333,7 +349,8 @@ class Ledger(LedgerQueue, LedgerReservations):
             return select_records(conn, *where)
 
     def usage(self, since: datetime | None = None, until: datetime | None = None, by: str = "user") -> list[Usage]:
-        """GPU-hours per user (``by="user"``), per model (``by="model"``) or per end reason (``by="reason"``) within
+        """GPU-hours per user (``by="user"``), per model (``by="model"``), per end reason (``by="reason"``)
+        or per standing against the quotas (``by="quota"``) within
         [since, until] (since None: from the first allocation; until None: now).
 
         Each allocation counts (its overlap of [started_at, ended_at or now] with the

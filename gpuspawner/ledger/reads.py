@@ -84,7 +84,20 @@ def history_conditions(since: datetime | None, until: datetime | None, user: str
 
 # by reason: why each allocation ended ("idle", "max_hours", "budget", "server stopped", …; "" while open),
 # so GPU-hours of servers stopped for idleness are counted apart (docs/idle.md).
-USAGE_KEYS = {"user": allocations.c.username, "model": allocations.c.model, "reason": allocations.c.end_reason}
+# by quota: how each allocation stood against the quotas when granted ("lab-a within", "lab-a
+# borrowed", "borrowed" for users in no group with a quota of its model, "no quota"; docs/quotas.md).
+QUOTA_KEY = sa.case(
+    (allocations.c.borrowed.is_(None), sa.literal("no quota")),
+    (allocations.c.quota_group.is_(None), sa.literal("borrowed")),
+    (allocations.c.borrowed.is_(True), allocations.c.quota_group + sa.literal(" borrowed")),
+    else_=allocations.c.quota_group + sa.literal(" within"),
+)
+USAGE_KEYS = {
+    "user": allocations.c.username,
+    "model": allocations.c.model,
+    "reason": allocations.c.end_reason,
+    "quota": QUOTA_KEY,
+}
 
 
 def usage_query(by: str, since: datetime | None, until: datetime):

@@ -50,6 +50,9 @@ allocations = sa.Table(
     sa.Column("reserved_cpu_milli", sa.Integer, nullable=True),  # CPU, thousandths of a core
     sa.Column("reserved_memory_mib", sa.Integer, nullable=True),  # memory, MiB
     sa.Column("accepted_models", sa.Text, nullable=True),  # the models its request accepted: a JSON list, [] any
+    # How it stood against the quotas when granted (0009; both NULL: no quota of its model, or rows from before):
+    sa.Column("quota_group", sa.Text, nullable=True),  # the group whose quota it drew on; NULL: none
+    sa.Column("borrowed", sa.Boolean, nullable=True),  # beyond that quota (or in none)
     # At most one open allocation per service (created as such on SQLite and PostgreSQL).
     sa.Index(
         "gpuspawner_allocations_open_service",
@@ -132,6 +135,8 @@ COLUMNS = {
     "peak_memory_mib": "peak_memory_mib",
     "cpu_milli": "reserved_cpu_milli",
     "memory_mib": "reserved_memory_mib",
+    "quota_group": "quota_group",
+    "borrowed": "borrowed",
 }
 
 
@@ -158,6 +163,10 @@ class Record:
     cpu_milli: int | None = None
     memory_mib: int | None = None
     accepts: tuple[str, ...] | None = None
+    # How it stood against the quotas when granted (migration 0009): the group whose quota it
+    # drew on, and whether it was beyond it; both None: no quota of its model, or not recorded.
+    quota_group: str | None = None
+    borrowed: bool | None = None
 
     @property
     def gpus(self) -> float:

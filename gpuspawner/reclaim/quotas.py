@@ -25,6 +25,7 @@ from ..core.quotas import PriorityClass, class_of, unmet
 from ..core.sharing import UNIT, fmt
 from ..holdings.holdings import Holding, Holdings, Phase, stop_for
 from ..ledger.checks import utc_now
+from ..ledger.ledger import LedgerError
 from ..plan.quotas import Ask, Borrowed, Mark, Quota, Waiter, draws_on, in_turn, keep, marks, plan_reclaims, used
 from ..plan.reservations import Holder, Keep
 from .reservations import milli_asked
@@ -412,6 +413,17 @@ class QuotaKeeper:
                     f"{'it' if beyond == 1 else 'they'} may be taken back with {_notice(self._notice_of(model))}."
                 )
         return out
+
+    async def record(self, h: Holding) -> None:
+        """Write in the ledger how ``h``, granted just now, stands against the quotas (a
+        ledger that cannot be written is logged: the server starts all the same)."""
+        mark = self.mark_of(h.name)
+        if mark is None:
+            return
+        try:
+            await self.holdings.ledger_call(lambda db: db.note_quota(h.name, mark.group, not mark.within))
+        except LedgerError as exc:
+            log.warning("The quota of %s could not be written in the ledger: %s", h.name, exc)
 
     def notice_at_grant(self, h: Holding) -> str | None:
         """What a server granted just now is told when its GPUs are borrowed."""

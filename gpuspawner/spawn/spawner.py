@@ -441,6 +441,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             for later in (keeper.notice_at_grant(holding), self.gpu_hub.quotas.notice_at_grant(holding)):
                 if later:
                     self._report(later, 20)
+            await self.gpu_hub.quotas.record(holding)  # (within or borrowed, for the ledger's usage)
         return holding
 
     async def _remove(self, holdings: Holdings) -> bool:

@@ -11,7 +11,7 @@
 * ``GET /hub/api/gpuspawner/alloc-map``: who holds which device, and how
   healthy each is. ``POST /hub/api/gpuspawner/rescan`` reconciles the
   holdings with the services the swarm runs, then returns the map.
-  ``GET /hub/api/gpuspawner/usage?since=&until=&by=user|model|reason``: GPU-hours
+  ``GET /hub/api/gpuspawner/usage?since=&until=&by=user|model|reason|quota``: GPU-hours
   from the ledger. ``GET /hub/api/gpuspawner/doctor``: known
   misconfigurations and their fixes. ``GET /hub/api/gpuspawner/queue``: who waits
   in line for which model (docs/line.md). These need ``admin:servers`` (the admin role has it).
@@ -306,14 +306,14 @@ async def queue_json(line: WaitLine, why: Callable[[str], str] | None = None) ->
 
 
 class UsageHandler(_GPUMixin, APIHandler):
-    """GPU-hours per user, model or end reason: ``?since=ISO&until=ISO&by=user|model|reason``."""
+    """GPU-hours per user, model, end reason or quota standing: ``?since=ISO&until=ISO&by=user|model|reason|quota``."""
 
     async def get(self):
         self.require(ADMIN_SCOPE)
         since, until = (_time_arg(self.get_argument(k, "")) for k in ("since", "until"))
         by = self.get_argument("by", "user")
-        if by not in ("user", "model", "reason"):
-            raise web.HTTPError(400, f"by={by!r}: use user, model or reason")
+        if by not in ("user", "model", "reason", "quota"):
+            raise web.HTTPError(400, f"by={by!r}: use user, model, reason or quota")
         holdings = await self.fresh_holdings()
         fair = self.gpu_hub().line.fair if by == "user" else None
         recent: dict[str, float] = {}

@@ -571,6 +571,59 @@ class LedgerContract:
         finally:
             engine.dispose()
 
+    def test_an_allocations_standing_against_the_quotas_is_recorded_and_counted_by_quota(self, ledger):
+        """Guards docs/quotas.md: "the ledger records, for each server, whether it was within
+        a group's quota or borrowed" and "gpuspawner usage --by quota"."""
+        gpu(ledger, "svc-a", "alice", start=0)
+        gpu(ledger, "svc-b", "bob", devices=("GPU-2",), start=0)
+        gpu(ledger, "svc-c", "carol", devices=("GPU-3",), start=0)
+        gpu(ledger, "svc-d", "dan", devices=("GPU-4",), start=0)
+        assert ledger.note_quota("svc-a", "lab-a", False)
+        assert ledger.note_quota("svc-b", "lab-a", True)
+        assert ledger.note_quota("svc-c", None, True)  # in no group with a quota of the model
+        assert not ledger.note_quota("svc-nothing", "lab-a", True)  # nothing open: nothing written
+        found = {r.service: (r.quota_group, r.borrowed) for r in ledger.open_allocations()}
+        assert found == {
+            "svc-a": ("lab-a", False),
+            "svc-b": ("lab-a", True),
+            "svc-c": (None, True),
+            "svc-d": (None, None),  # no quota of its model
+        }
+        for service in found:
+            ledger.close(service, at(2))
+        assert ledger.usage(at(0), at(2), by="quota") == [
+            Usage("borrowed", pytest.approx(2.0)),
+            Usage("lab-a borrowed", pytest.approx(2.0)),
+            Usage("lab-a within", pytest.approx(2.0)),
+            Usage("no quota", pytest.approx(2.0)),
+        ]
+
+    def test_0009_adds_the_quota_columns_and_rows_before_it_read_as_not_recorded(self, url):
+        engine = sa.create_engine(url)
+        table = "gpuspawner_allocations"
+        try:
+            ledger_migrations.upgrade(engine, revision="0008")
+            with engine.begin() as conn:
+                conn.execute(
+                    sa.text(
+                        f"INSERT INTO {table} (id, service, username, server, host, model, started_at, end_reason,"
+                        " tasks) VALUES (3, 'svc-old', 'alice', '', 'gpu-a', 'A100', :start, '', '')"
+                    ),
+                    dict(start=naive(at(0))),
+                )
+            ledger = Ledger(url)  # upgrades to the head on first use
+            try:
+                (old,) = ledger.open_allocations()
+                assert (old.quota_group, old.borrowed) == (None, None)
+            finally:
+                ledger.dispose()
+            ledger_migrations.downgrade(engine, "0008")
+            assert not {"quota_group", "borrowed"} & set(columns(engine, table))
+            with engine.connect() as conn:
+                assert conn.execute(sa.text(f"SELECT service FROM {table}")).scalars().all() == ["svc-old"]
+        finally:
+            engine.dispose()
+
     def test_an_allocation_reads_back_with_its_reserved_cpu_memory_and_accepted_models(self, ledger):
         gpu(ledger, "svc-a", cpu_milli=2500, memory_mib=16384, accepts=["T4", "A100", "T4"])
         gpu(ledger, "svc-b", devices=("GPU-2",), cpu_milli=0, memory_mib=0, accepts=[])  # any model

@@ -94,6 +94,10 @@ async def test_a_borrower_is_told_at_once_stopped_after_the_notice_and_the_membe
     assert w.owner.get("jupyter-alice").held.uuids
     assert keeper.mark_of("jupyter-alice").within
     assert keeper.notices_for("bob") == []
+    records = {r.service: (r.quota_group, r.borrowed, r.end_reason) for r in Ledger(w.db_url).history()}
+    assert records["jupyter-bob"] == (None, True, PREEMPTED)  # borrowed, and taken back
+    assert records["jupyter-carol"] == ("physics", False, "")
+    assert records["jupyter-alice"] == ("cs101", False, "")
 
 
 async def test_a_notice_is_withdrawn_when_the_member_stops_waiting(tmp_path):
