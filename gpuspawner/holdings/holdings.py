@@ -80,6 +80,7 @@ class Holding:
     gone_since: float | None = None  # when its service was first seen gone without a known task
     end_reason: str = ""  # set by the stop that began its end (idle reclaim): the ledger's reason
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one removal at a time
+    since: float = field(default_factory=time.monotonic)  # when this hub made it: an order that never changes
 
     @property
     def user(self) -> str:
@@ -233,13 +234,16 @@ class Holdings:
         ``keep_free`` says: then, for a share, as ``pack`` places it; then the request's
         other models, if it takes several."""
         reserved: str | None = None  # the first model found kept for others
+        limited: str | None = None  # the first model its group's borrowing limit refused
         while True:
             try:
                 with metrics.ALLOCATION_SECONDS.time():  # the decision alone, not the ledger's write
                     alloc = self.allocator.allocate(name, request, max_per_owner=max_per_owner, policy=policy)
             except AllocationRefused:
-                if reserved is None:
+                if reserved is None and limited is None:
                     raise
+                if reserved is None:
+                    raise AllocationRefused(kept_why(limited), Refusal.LIMIT_REACHED) from None  # type: ignore[arg-type]
                 raise AllocationRefused(kept_why(reserved), Refusal.RESERVED) from None
             kept = keep_free.get(alloc.model) if alloc.devices else None
             if not kept or kept.met(
@@ -249,6 +253,14 @@ class Holdings:
             ):
                 return alloc
             self.allocator.release(name)
+            if kept.most is not None and sum(alloc.milli) > kept.most:
+                # A group's borrowing limit: a limit like a user's own, not GPUs kept for others.
+                limited = limited or alloc.model
+                others = tuple(m for m in request.models or () if m != alloc.model)
+                if not others:
+                    raise AllocationRefused(kept_why(limited), Refusal.LIMIT_REACHED)
+                request = replace(request, models=others)
+                continue
             if request.milli is not None and policy != "pack":
                 # frag may put a share on an untouched device kept for others; pack puts it
                 # on the fullest device that has room, untouched ones last.

@@ -257,10 +257,14 @@ class GPUHub:
             stop=self._stop_server,
             held_for=self._reclaimer.held_for,
             waiting=self._waiting_in_order,
+            waiting_key=lambda: (id(self._line.rows), len(self._line.rows)) if self._line else None,
+            reserved=self._reservations.keep_free,
+            reservation_members=self._reservations.members_holding,
             wall=lambda: datetime.fromtimestamp(self.wall(), timezone.utc),
             clock=self.clock,
         )
         self._reservations.protected = lambda name: bool((m := self._quotas.mark_of(name)) and m.within)
+        self._line.goes_first = self._quotas.waits_within
         self._holdings = holdings
 
     def _waiting_in_order(self) -> list[tuple[str, str, str, dict]]:

@@ -105,6 +105,9 @@ class WaitLine:
         self.backfill = backfill  # False: nobody is served ahead of a waiter that is not
         self.ends_in = ends_in  # holding name -> seconds until its held-time limit ends it (None: no bound)
         self.groups_of, self.members_of = groups_of, members_of  # JupyterHub's, for fair share by group
+        # A waiter the line does not hold back (within its group's quota, docs/quotas.md): tried
+        # even behind a head that blocks a strict line.
+        self.goes_first: Callable[[str], bool] = lambda service: False
         self._whose: dict[str, str] = {}  # by group: user -> the group its figure is of
         self._used: dict[str, float] = {}  # user -> recent use, as last read (fair share)
         self._used_read = -float("inf")  # when (monotonic)
@@ -358,8 +361,8 @@ class WaitLine:
         ahead: list[tuple[str, Request | None]] = []  # those not served, in order
         members_only = False  # strict: a reservation keeps the GPUs the head waits for; its members may be behind
         for w in line:
-            if plan.blocked:
-                break  # strict, or a row ahead without a live wait keeps the line
+            if plan.blocked and not self.goes_first(w.service):
+                continue  # strict, or a row ahead without a live wait keeps the line
             live = self._live_wait(w.service)
             if live is None:
                 if self.place(w.service) is not None and not await self._expired(w):

@@ -41,7 +41,7 @@ __all__ = [
     "used",
 ]
 
-BRUTE_MAX = 12  # borrowed holdings on one host above which the cheapest set is found greedily
+BRUTE_MAX = 8  # borrowed holdings on one host above which the best set is found greedily
 
 
 class Mark(NamedTuple):
@@ -72,7 +72,7 @@ def draws_on(quotas: Mapping[str, Quota], used: Mapping[str, int], groups: Colle
         return Mark(None, False)
     left = {g: quotas[g].milli - used.get(g, 0) for g in mine}
     fits = [g for g in mine if left[g] >= milli]
-    pick = max(fits or mine, key=lambda g: (left[g], [-ord(ch) for ch in g]))
+    pick = min(fits or mine, key=lambda g: (-left[g], g))
     return Mark(pick, bool(fits))
 
 
@@ -124,7 +124,8 @@ def keep(
     free GPU from each other would both wait: the one ahead takes it, and borrowed GPUs
     are taken back for the other.) With ``asks`` (model -> thousandths the request
     takes), a request beyond every quota of the user's is also held to the borrowing
-    limit of the quota it draws on (:attr:`Keep.most`). A request beyond its quota (or
+    limit of the quota it draws on (:attr:`Keep.most`); one whose size is not known (0:
+    all of a host's GPUs), to the most its quotas' limits allow. A request beyond its quota (or
     of unknown size) that may not be taken back (``borrows_idle`` False: its user's class
     is not preemptible) must leave all of others' idle quota free: what it borrowed would
     be kept from them for good."""
@@ -133,7 +134,7 @@ def keep(
         k = Keep()
         so_far = {g: use.get((g, model), 0) for g in mine}
         ask = (asks or {}).get(model)
-        mark = draws_on(mine, so_far, groups, ask) if ask is not None else Mark(None, False)
+        mark = draws_on(mine, so_far, groups, ask) if ask else Mark(None, False)  # (0: size not known)
         lends = borrows_idle or mark.within
         for g, q in mine.items():
             if g in groups:
@@ -146,6 +147,10 @@ def keep(
         q = mine.get(mark.group) if mark.group is not None else None
         if q is not None and not mark.within and q.borrow is not None:
             k = k + Keep(most=max(0, q.milli + q.borrow - so_far[q.group]))
+        elif ask == 0:  # all of a host: at most what the most generous of the user's quotas allows
+            limits = [mine[g] for g in groups if g in mine]
+            if limits and all(q.borrow is not None for q in limits):
+                k = k + Keep(most=max(max(0, q.milli + (q.borrow or 0) - so_far[q.group]) for q in limits))
         if k:
             out[model] = k
     return out
@@ -187,16 +192,27 @@ def _rank(gone: Iterable[str], weight: Mapping[str, Weight]) -> tuple[float, int
     )
 
 
-def _fits(ask: Ask, devices: Mapping[str, Mapping[str, int]], gone: Collection[str]) -> list[str] | None:
-    """The devices of one host ``ask`` would take once ``gone`` are stopped (None: it does not fit)."""
+def _fits(
+    ask: Ask, devices: Mapping[str, Mapping[str, int]], gone: Collection[str], spare: int | None = None
+) -> list[str] | None:
+    """The devices of one host ``ask`` would take once ``gone`` are stopped (None: it does
+    not fit), using at most ``spare`` of the devices nobody holds now (None: any): what
+    it must leave untouched for others (reservations' windows, quotas not lent) it may
+    not take, only what the stops free."""
+    untouched = [u for u, held in devices.items() if not held]
+    freed = [u for u, held in devices.items() if held and all(k in gone for k in held)]
+    allowed = len(untouched) if spare is None else max(0, min(spare, len(untouched)))
     if ask.count:
-        free = [u for u, held in devices.items() if all(k in gone for k in held)]
-        return free[: ask.count] if len(free) >= ask.count else None
+        usable = freed + untouched[:allowed]  # what the stops free first
+        return usable[: ask.count] if len(usable) >= ask.count else None
     best = None
     for u, held in devices.items():
+        if not held and allowed == 0:
+            continue
         room = UNIT - sum(m for k, m in held.items() if k not in gone)
-        if room >= ask.milli and (best is None or room < best[0]):
-            best = (room, u)  # the fullest that has room, as pack places a share
+        # The fullest that has room, as pack places a share; an untouched device last.
+        if room >= ask.milli and (best is None or (not held, room) < best[0]):
+            best = ((not held, room), u)
     return None if best is None else [best[1]]
 
 
@@ -204,14 +220,17 @@ def reclaim(
     ask: Ask,
     hosts: Mapping[str, Mapping[str, Mapping[str, int]]],
     borrowed: Iterable[Borrowed],
+    spare: int | None = None,
 ) -> tuple[str, list[str], list[str]] | None:
     """Where ``ask`` is served soonest by taking back ``borrowed`` holdings, and of those
     the fewest GPU-hours: (host, the keys to stop, the devices it would take), among
-    ``hosts`` (host -> device -> {holder: thousandths}; empty: free). Only a set none of
-    whose members can be left out; ranked by :func:`_rank`, then by host and keys (so a
-    plan keeps the holdings already told: theirs are the nearest stops). None: no host
-    can serve it even with every borrowed holding there stopped. Exact up to BRUTE_MAX
-    borrowed holdings on a host, soonest and cheapest first beyond."""
+    ``hosts`` (host -> device -> {holder: thousandths}; empty: free), using at most
+    ``spare`` of the devices nobody holds (None: any). Only a set none of whose members
+    can be left out; ranked by :func:`_rank`, then by host and keys (so a plan keeps the
+    holdings already told: theirs are the nearest stops). None: no host can serve it
+    even with every borrowed holding there stopped. Exact up to BRUTE_MAX borrowed
+    holdings on a host, soonest and cheapest first beyond; a host that could do no
+    better than the best found is not searched."""
     weight = {b.key: (b.ready, b.cost, b.rank) for b in borrowed}
     best: tuple[tuple, str, list[str], list[str]] | None = None
     for host in sorted(hosts):
@@ -220,14 +239,29 @@ def reclaim(
             {k for held in devices.values() for k in held if k in weight},
             key=lambda k: (weight[k][0], weight[k][2], weight[k][1], k),
         )
-        found = _cheapest(ask, devices, mine, weight)
+        if best is not None and mine and best[0][:4] <= _least(mine, weight):
+            if _fits(ask, devices, (), spare) is None:
+                continue  # (stopping anything here ranks no better than what was found)
+        found = _cheapest(ask, devices, mine, weight, spare)
         if found is None:
             continue
         gone, taken = found
         rank = (*_rank(gone, weight), host, sorted(gone))
         if best is None or rank < best[0]:
             best = (rank, host, sorted(gone), taken)
+        if not gone:
+            break  # nothing to stop: no host can do better
     return None if best is None else (best[1], best[2], best[3])
+
+
+def _least(mine: Sequence[str], weight: Mapping[str, Weight]) -> tuple[float, int, float, int]:
+    """The best rank any non-empty set of ``mine`` could have."""
+    return (
+        round(min(weight[k][0] for k in mine), 6),
+        min(weight[k][2] for k in mine),
+        round(min(weight[k][1] for k in mine), 9),
+        1,
+    )
 
 
 def _cheapest(
@@ -235,41 +269,46 @@ def _cheapest(
     devices: Mapping[str, Mapping[str, int]],
     mine: Sequence[str],
     weight: Mapping[str, Weight],
+    spare: int | None = None,
 ) -> tuple[list[str], list[str]] | None:
-    taken = _fits(ask, devices, ())
+    taken = _fits(ask, devices, (), spare)
     if taken is not None:
         return [], taken
-    if _fits(ask, devices, mine) is None:
+    if _fits(ask, devices, mine, spare) is None:
         return None
     if len(mine) <= BRUTE_MAX:
         best = None
         for n in range(1, len(mine) + 1):
             for gone in itertools.combinations(mine, n):
                 rank = (*_rank(gone, weight), sorted(gone))
-                if (best is None or rank < best[0]) and (taken := _fits(ask, devices, gone)) is not None:
+                if (best is None or rank < best[0]) and (taken := _fits(ask, devices, gone, spare)) is not None:
                     best = (rank, list(gone), taken)
         assert best is not None
         return best[1], best[2]
     gone = []
     for k in mine:  # soonest and cheapest first until it fits, then let off the dearest not needed after all
         gone.append(k)
-        if _fits(ask, devices, gone) is not None:
+        if _fits(ask, devices, gone, spare) is not None:
             break
     for k in sorted(gone, key=lambda k: (-weight[k][0], -weight[k][2], -weight[k][1], k)):
-        if _fits(ask, devices, [g for g in gone if g != k]) is not None:
+        if _fits(ask, devices, [g for g in gone if g != k], spare) is not None:
             gone.remove(k)
-    taken = _fits(ask, devices, gone)
+    taken = _fits(ask, devices, gone, spare)
     assert taken is not None
     return gone, taken
 
 
 class Waiter(NamedTuple):
     """A request that waits within its group's quota: ``key`` (its server), the ``group``
-    whose quota it draws on, and what it asks."""
+    whose quota it draws on, what it asks, the ``hosts`` it may go to (None: any), and how
+    many devices nobody holds it must leave so (``kept``: for reservations' open windows
+    and quotas not lent)."""
 
     key: str
     group: str
     ask: Ask
+    hosts: frozenset[str] | None = None
+    kept: int = 0
 
 
 def in_turn(waiters: Sequence[Waiter], promised: Mapping[str, Any]) -> list[Waiter]:
@@ -290,12 +329,15 @@ def plan_reclaims(
     to take back (key -> the waiter it is taken back for). Each waiter in turn: served
     where it fits as things would then be, else by :func:`reclaim`; the devices it would
     take are counted as taken for those after it. A waiter nothing can serve takes
-    nothing back."""
+    nothing back. Each uses only its own hosts and, of the devices nobody holds, those
+    beyond what it must leave (:attr:`Waiter.kept`)."""
     hosts = {h: {u: dict(held) for u, held in devices.items()} for h, devices in hosts.items()}
     left = {b.key: b for b in borrowed}
     out: dict[str, Waiter] = {}
     for w in waiters:
-        found = reclaim(w.ask, hosts, left.values())
+        untouched = sum(1 for devices in hosts.values() for held in devices.values() if not held)
+        allowed = hosts if w.hosts is None else {h: d for h, d in hosts.items() if h in w.hosts}
+        found = reclaim(w.ask, allowed, left.values(), untouched - w.kept)
         if found is None:
             continue
         host, gone, taken = found

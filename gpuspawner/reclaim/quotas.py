@@ -17,7 +17,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from typing import NamedTuple
 
 from prometheus_client import Counter, Gauge
 
@@ -63,9 +65,40 @@ def _clock_time(t: datetime) -> str:
 
 
 def ask_of(request: dict) -> Ask:
-    """What a waiting request asks (a share, or whole GPUs; a bad value: one GPU)."""
+    """What a waiting request asks of a host, for a take-back plan: a share of one device,
+    or whole devices (a share of more than one GPU, split over devices: as many as it
+    spans, rounded up; a bad value: one GPU)."""
     milli = milli_asked(request)
-    return Ask(milli=milli) if "gpu_share" in request and milli < UNIT else Ask(count=max(1, milli // UNIT))
+    return Ask(milli=milli) if "gpu_share" in request and milli < UNIT else Ask(count=max(1, -(-milli // UNIT)))
+
+
+def hosts_of(request: dict) -> frozenset[str] | None:
+    """The host a waiting request pins (``gpu_host``), as a set; None: any host."""
+    host = request.get("gpu_host")
+    return frozenset({host}) if isinstance(host, str) and host else None
+
+
+@dataclass
+class Told:
+    """A borrowed holding being taken back: ``holding``, when its user was first told
+    (``since``), for whom (``waiter``, which a later plan may change) and when it is
+    stopped (``stop_at``, fixed when told: a later plan never moves it sooner)."""
+
+    holding: Holding
+    since: datetime
+    waiter: Waiter
+    stop_at: datetime
+
+
+class Waiting(NamedTuple):
+    """A waiter within its quota, as a plan sees it: the ``model`` it waits for, the
+    plan's :class:`~gpuspawner.plan.quotas.Waiter`, its user's ``groups`` and the
+    thousandths it asks (``milli``)."""
+
+    model: str
+    waiter: Waiter
+    groups: frozenset[str]
+    milli: int
 
 
 class QuotaKeeper:
@@ -79,6 +112,9 @@ class QuotaKeeper:
         stop: Callable[[Holding, str], Awaitable[bool]] | None = None,
         held_for: Callable[[Holding], float | None] = lambda h: None,
         waiting: Callable[[], Iterable[LineRow]] = lambda: (),
+        waiting_key: Callable[[], object] = lambda: None,
+        reserved: Callable[[Collection[str]], dict[str, Keep]] = lambda groups: {},
+        reservation_members: Callable[[], Collection[str]] = lambda: (),
         wall: Callable[[], datetime] = utc_now,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -89,12 +125,16 @@ class QuotaKeeper:
         self.stop = stop
         self.held_for = held_for
         self.waiting = waiting
+        self.waiting_key = waiting_key  # changes when the line does: its waiters are worked out again
+        self.reserved = reserved  # what open reservation windows keep from a user in these groups
+        self.reservation_members = reservation_members  # holdings counted toward open windows: never taken back
         self.wall, self.clock = wall, clock
         self._of_model: dict[str, dict[str, Quota]] = {}
         for q in self.quotas:
             self._of_model.setdefault(q.model, {})[q.group] = q
-        self._marked: tuple[tuple, list[Holder], dict[str, Mark]] | None = None
-        self._told: dict[str, tuple[Holding, datetime, Waiter]] = {}  # name -> (it, when told, for whom)
+        self._marked: tuple[tuple, list[Holder], dict[str, Mark], dict[tuple[str, str], int]] | None = None
+        self._waited: tuple[tuple, list[Waiting], dict[tuple[str, str], int]] | None = None
+        self._told: dict[str, Told] = {}  # holding name -> its take-back
         self._promised: dict[str, datetime] = {}  # waiter -> when the first notice for it was given
         self._unknown: set[str] = set()  # holdings whose users' groups could not be read: never taken back
 
@@ -123,8 +163,9 @@ class QuotaKeeper:
         return found is None or found.preemptible
 
     def _holders(self) -> list[Holder]:
-        """The holdings of models with quotas, oldest first (the longest held; then by name).
-        Those whose users' groups JupyterHub could not say are noted in ``_unknown``."""
+        """The holdings of models with quotas, oldest first: the longest held (the ledger's
+        start after a restart), then the first this hub made, then by name. Those whose
+        users' groups JupyterHub could not say are noted in ``_unknown``."""
         found = []
         self._unknown = set()
         for name, h in self.holdings.all().items():
@@ -134,49 +175,80 @@ class QuotaKeeper:
                 if groups is None:
                     self._unknown.add(name)
                 held = Holder(name, record.model, sum(record.milli), groups or frozenset())
-                found.append((-(self.held_for(h) or 0.0), name, held))
-        return [held for *_, held in sorted(found)]
+                found.append((-round(self.held_for(h) or 0.0), h.since, name, held))
+        return [held for *_, held in sorted(found, key=lambda f: f[:3])]
 
-    def marks(self) -> tuple[list[Holder], dict[str, Mark]]:
-        """The holders (oldest first) and each one's mark, worked out again when a holding
-        changed or GROUPS_SECONDS passed (a user's groups may have changed)."""
+    def _marks(self) -> tuple[list[Holder], dict[str, Mark], dict[tuple[str, str], int]]:
+        """The holders (oldest first), each one's mark and each quota's use, worked out
+        again when a holding changed or GROUPS_SECONDS passed (groups may have changed)."""
         when = (self.holdings.version, int(self.clock() // GROUPS_SECONDS))
         if self._marked is None or self._marked[0] != when:
             holders = self._holders() if self.quotas else []
-            self._marked = (when, holders, marks(self.quotas, holders))
-        return self._marked[1], self._marked[2]
+            found = marks(self.quotas, holders)
+            self._marked = (when, holders, found, used(self.quotas, holders, found))
+        return self._marked[1], self._marked[2], self._marked[3]
+
+    def marks(self) -> tuple[list[Holder], dict[str, Mark]]:
+        """The holders (oldest first) and each one's mark."""
+        holders, found, _ = self._marks()
+        return holders, found
 
     def mark_of(self, name: str) -> Mark | None:
         """How ``name``'s holding stands (None: its model has no quota)."""
-        return self.marks()[1].get(name)
+        return self._marks()[1].get(name)
 
     def use(self) -> dict[tuple[str, str], int]:
-        holders, found = self.marks()
-        return used(self.quotas, holders, found)
+        """(group, model) -> the thousandths its members hold drawing on its quota."""
+        return self._marks()[2]
 
-    def _waiters(self) -> tuple[list[tuple[str, Waiter]], dict[tuple[str, str], int]]:
+    def _waiters(self) -> tuple[list[Waiting], dict[tuple[str, str], int]]:
         """The waiters within their groups' quotas, in turn (:func:`~gpuspawner.plan.quotas.in_turn`:
-        those with a notice running for them first, then the line's order), with the model
-        each waits for, and what each quota's members wait for within it (whether a waiter
-        is within is counted in the line's order)."""
+        those with a notice running for them first, then the line's order), and what each
+        quota's members wait for within it (whether a waiter is within is counted in the
+        line's order). Worked out again when the holdings, the line or the promises
+        change, and at least every second (a fair-share line's order moves with time)."""
         if not self.quotas:
             return [], {}
+        when = (self._marks_key(), self.waiting_key(), int(self.clock()))
+        if self._waited is not None and self._waited[0] == when:
+            return self._waited[1], self._waited[2]
         use = self.use()
         waiting: dict[tuple[str, str], int] = {}
-        out = []
+        found: dict[str, Waiting] = {}
         for service, user, model, request in self.waiting():
             mine = self._of_model.get(model)
             if mine is None:
                 continue
-            ask = ask_of(request)
-            milli = ask.count * UNIT or ask.milli
+            milli, groups = milli_asked(request), self._groups(user)
             so_far = {g: use.get((g, model), 0) + waiting.get((g, model), 0) for g in mine}
-            mark = draws_on(mine, so_far, self._groups(user), milli)
+            mark = draws_on(mine, so_far, groups, milli)
             if mark.within and mark.group is not None:
                 waiting[(mark.group, model)] = waiting.get((mark.group, model), 0) + milli
-                out.append((model, Waiter(service, mark.group, ask)))
-        model_of = {w.key: model for model, w in out}
-        return [(model_of[w.key], w) for w in in_turn([w for _, w in out], self._promised)], waiting
+                w = Waiter(service, mark.group, ask_of(request), hosts_of(request))
+                found[service] = Waiting(model, w, groups, milli)
+        order = in_turn([x.waiter for x in found.values()], self._promised)
+        self._waited = (when, [found[w.key] for w in order], waiting)
+        return self._waited[1], self._waited[2]
+
+    def _marks_key(self) -> tuple:
+        self._marks()
+        assert self._marked is not None
+        return self._marked[0]
+
+    def waits_within(self, service: str) -> bool:
+        """Whether ``service`` waits in line for a request within its group's quota."""
+        return any(x.waiter.key == service for x in self._waiters()[0])
+
+    def _ahead(self, waiters: list[Waiting], service: str | None) -> dict[tuple[str, str], int] | None:
+        """What the waiters within their quotas ahead of ``service`` wait for (None: it is not one of them)."""
+        at = next((i for i, x in enumerate(waiters) if x.waiter.key == service), None)
+        if at is None:
+            return None
+        ahead: dict[tuple[str, str], int] = {}
+        for x in waiters[:at]:
+            key = (x.waiter.group, x.model)
+            ahead[key] = ahead.get(key, 0) + x.milli
+        return ahead
 
     # -- what a request may take ---------------------------------------------------------
 
@@ -190,13 +262,10 @@ class QuotaKeeper:
         if not self.quotas:
             return {}
         waiters, waiting = self._waiters()
-        ahead = next((i for i, (_, w) in enumerate(waiters) if w.key == service), None)
-        if ahead is not None:
-            waiting = {}
-            for model, w in waiters[:ahead]:
-                key = (w.group, model)
-                waiting[key] = waiting.get(key, 0) + (w.ask.count * UNIT or w.ask.milli)
-        return keep(self.quotas, self.use(), waiting, groups, asks, self._preemptible(groups))
+        ahead = self._ahead(waiters, service)
+        return keep(
+            self.quotas, self.use(), waiting if ahead is None else ahead, groups, asks, self._preemptible(groups)
+        )
 
     def within(self, groups: Collection[str], model: str | None, milli: int) -> bool:
         """Whether a request of ``milli`` thousandths of ``model`` by a user in ``groups``
@@ -235,37 +304,52 @@ class QuotaKeeper:
     def must_take_back(self) -> dict[str, tuple[Holding, Waiter]]:
         """The borrowed holdings that the waiters within their quotas need, as things are
         now: name -> (the holding, the waiter it is taken back for). One already told is
-        nearer its stop than any other, so a plan keeps it unless a sooner way shows up."""
+        nearer its stop than any other, so a plan keeps it unless a sooner way shows up.
+
+        Never taken back: a holding within its quota, one of a class that may not be, one
+        counted toward an open reservation window, one whose user's groups are not known.
+        No take-back at all for a model while a holder's groups are not known (who is
+        within its quota is then not known either). A holding being removed counts as gone.
+        Each waiter leaves what is kept from it (others' quotas not lent, open windows)."""
         waiters, _ = self._waiters()
         if not waiters:
             return {}
         holders, found = self.marks()
         everyone = self.holdings.all()
+        unknown_models = {h.model for h in holders if h.key in self._unknown}
+        members = set(self.reservation_members())
+        use = self.use()
         out: dict[str, tuple[Holding, Waiter]] = {}
         allocator = self.holdings.allocator
-        for model in sorted({m for m, _ in waiters}):
-            mine = [w for m, w in waiters if m == model]
+        for model in sorted({x.model for x in waiters} - unknown_models):
+            removing = {n for n, h in everyone.items() if h.phase is Phase.REMOVING and h.held.model == model}
             hosts: dict[str, dict[str, dict[str, int]]] = {}
             for uuid, held in allocator.model_devices(model).items():
                 gpu = allocator.device(uuid)
                 if gpu is not None:
-                    hosts.setdefault(gpu.host, {})[uuid] = held
+                    hosts.setdefault(gpu.host, {})[uuid] = {k: m for k, m in held.items() if k not in removing}
             borrowed = []
             for h in holders:
                 held = everyone.get(h.key)
-                if h.model != model or found[h.key].within or held is None or held.phase is Phase.REMOVING:
+                if h.model != model or found[h.key].within or held is None or h.key in removing:
                     continue
                 cls = self.class_of(h.groups)
-                if cls is not None and not cls.preemptible or h.key in self._unknown:
-                    continue  # never taken back (it borrowed only what no quota kept idle; or who knows)
+                if cls is not None and not cls.preemptible or h.key in self._unknown or h.key in members:
+                    continue  # never taken back
                 told = self._told.get(h.key)
-                hours = (self.held_for(held) or 0.0) / 3600
                 ready = (
-                    (self._stop_at(h.key) - self.wall()).total_seconds()
-                    if told and told[0] is held
+                    (told.stop_at - self.wall()).total_seconds()
+                    if told is not None and told.holding is held
                     else self._notice_of(model).total_seconds()
                 )
-                borrowed.append(Borrowed(h.key, h.milli / UNIT * hours, max(0.0, ready), cls.rank if cls else 0))
+                cost = h.milli / UNIT * (self.held_for(held) or 0.0) / 3600
+                borrowed.append(Borrowed(h.key, cost, max(0.0, ready), cls.rank if cls else 0))
+            mine = []
+            for x in (x for x in waiters if x.model == model):
+                ahead = self._ahead(waiters, x.waiter.key) or {}
+                k = keep(self.quotas, use, ahead, x.groups, {model: x.milli}, self._preemptible(x.groups)).get(model)
+                kept = (k.devices if k else 0) + self.reserved(x.groups).get(model, Keep()).devices
+                mine.append(x.waiter._replace(kept=kept))
             for name, w in plan_reclaims(mine, hosts, borrowed).items():
                 out[name] = (everyone[name], w)
         return out
@@ -275,25 +359,28 @@ class QuotaKeeper:
         notice has passed (several at once); the (service, reason) of each stop begun."""
         now = self.wall()
         due = self.must_take_back()
-        waiting = {w.key for _, w in self._waiters()[0]}
+        waiting = {x.waiter.key for x in self._waiters()[0]}
         for key in set(self._promised) - waiting:  # served, or out of line
             del self._promised[key]
         for name in set(self._told) - set(due):
-            h = self._told.pop(name)[0]
+            h = self._told.pop(name).holding
             log.info("%s of %s is no longer taken back for a quota", name, h.user)
         for name, (h, w) in due.items():
             self._promised.setdefault(w.key, now)
             told = self._told.get(name)
-            since = told[1] if told is not None and told[0] is h else now
-            self._told[name] = (h, since, w)  # (for whom may change; when told does not)
-            if since == now:
-                log.info(
-                    "%s of %s is taken back for %s's quota at %s", name, h.user, w.group, _iso(self._stop_at(name))
-                )
+            if told is not None and told.holding is h:
+                # For whom may change; when it is stopped never comes sooner than its user was told.
+                notice = self._of_model[h.held.model][w.group].notice
+                told.waiter, told.stop_at = w, max(told.stop_at, told.since + notice)
+                continue
+            notice = self._of_model[h.held.model][w.group].notice
+            self._told[name] = Told(h, now, w, now + notice)
+            log.info("%s of %s is taken back for %s's quota at %s", name, h.user, w.group, _iso(now + notice))
+        self._waited = None  # (the promises may have changed the waiters' turn)
         self._show()
         if self.stop is None:
             return []
-        now_due = [(name, h) for name, (h, _) in due.items() if self._stop_at(name) <= now]
+        now_due = [(name, h) for name, (h, _) in due.items() if self._told[name].stop_at <= now]
         room = asyncio.Semaphore(STOPS_AT_ONCE)
         began = await asyncio.gather(*(self._stop_one(room, name, h) for name, h in now_due))
         for (name, h), ok in zip(now_due, began):
@@ -308,14 +395,17 @@ class QuotaKeeper:
                 QUOTA_GPUS.labels(q["group"], q["model"], state).set(float(q[state]))
 
     def _stop_at(self, name: str) -> datetime:
-        h, told, w = self._told[name]
-        model = h.held.model
-        return told + self._of_model[model][w.group].notice
+        return self._told[name].stop_at
 
     async def _stop_one(self, room: asyncio.Semaphore, name: str, h: Holding) -> bool:
         async with room:
             if self.holdings.get(name) is not h or h.phase is not Phase.RUNNING or self.stop is None:
                 return False  # ended meanwhile, or a spawn under way: stopped at a later check, once running
+            # Other stops ran while this one waited its turn: still borrowed, still needed?
+            told, mark = self._told.get(name), self.mark_of(name)
+            waiting = {x.waiter.key for x in self._waiters()[0]}
+            if told is None or mark is None or mark.within or told.waiter.key not in waiting:
+                return False
             log.info("Stopping %s of %s: its GPUs are taken back for a quota", name, h.user)
             try:
                 return await stop_for(h, PREEMPTED, self.stop)
@@ -328,7 +418,8 @@ class QuotaKeeper:
     def notices_for(self, user: str) -> list[dict]:
         now = self.wall()
         out = []
-        for name, (h, _, w) in sorted(self._told.items()):
+        for name, told in sorted(self._told.items()):
+            h, w = told.holding, told.waiter
             if h.user != user or self.holdings.get(name) is not h:
                 continue
             at = max(now, self._stop_at(name))
@@ -357,6 +448,8 @@ class QuotaKeeper:
             return f"Within {mark.group}'s quota: never taken back for another group's"
         beyond = f" beyond {mark.group}'s quota" if mark.group else ""
         cls = self.class_of(self._groups(h.user))
+        if name in self._unknown:
+            return f"Borrowed{beyond}: not taken back while your groups cannot be read"
         if cls is not None and not cls.preemptible:
             return f"Borrowed{beyond}, from GPUs no quota keeps idle: never taken back (class {cls.name})"
         return f"Borrowed{beyond}: it may be taken back with {_notice(self._notice_of(h.held.model))}"
@@ -364,17 +457,21 @@ class QuotaKeeper:
     def stop_in(self, name: str) -> tuple[float, str] | None:
         """(seconds until it is taken back, for whose quota) once its user was told; None: not told."""
         told = self._told.get(name)
-        if told is None or self.holdings.get(name) is not told[0]:
+        if told is None or self.holdings.get(name) is not told.holding:
             return None
-        return max(0.0, (self._stop_at(name) - self.wall()).total_seconds()), told[2].group
+        return max(0.0, (told.stop_at - self.wall()).total_seconds()), told.waiter.group
 
     def for_waiter(self, service: str) -> str | None:
         """What a waiter within its group's quota waits for (None: it is not one)."""
         waiters, _ = self._waiters()
-        mine = next((w for _, w in waiters if w.key == service), None)
+        mine = next((x.waiter for x in waiters if x.waiter.key == service), None)
         if mine is None:
             return None
-        at = [self._stop_at(name) for name, (_, _, w) in self._told.items() if w.key == service]
+        at = [
+            t.stop_at
+            for name, t in self._told.items()
+            if t.waiter.key == service and self.holdings.get(name) is t.holding
+        ]
         if at:
             return f"Within {mine.group}'s quota: borrowed GPUs are taken back for you at {_clock_time(max(at))}"
         return f"Within {mine.group}'s quota: served as soon as GPUs of the quota are free"
@@ -391,7 +488,7 @@ class QuotaKeeper:
         out = []
         for model, mine in sorted(self._of_model.items()):
             left = {g: q.milli - use.get((g, model), 0) for g, q in mine.items() if g in groups}
-            group = max(left, key=lambda g: (left[g], g), default=None)
+            group = min(left, key=lambda g: (-left[g], g), default=None)  # as a request draws on it
             within = max(0, left[group]) if group is not None else 0
             if group is not None:
                 q = mine[group]
@@ -442,7 +539,12 @@ class QuotaKeeper:
             for line in unmet(self.quotas, capacity)
         ]
         for group in sorted({q.group for q in self.quotas}):
-            if group_exists(group) is False:
+            try:
+                exists = group_exists(group)
+            except Exception as exc:  # JupyterHub's database: not known, and not named
+                log.warning("Whether the JupyterHub group %s exists could not be read: %s", group, exc)
+                exists = None
+            if exists is False:
                 out.append(
                     (
                         f"gpu_quotas names the group {group!r}, which JupyterHub does not have",
@@ -467,9 +569,11 @@ class QuotaKeeper:
         for q in self.quotas:
             key = (q.group, q.model)
             taking = [
-                {"server": name, "user": h.user, "stop_at": _iso(self._stop_at(name))}
-                for name, (h, _, w) in sorted(self._told.items())
-                if w.group == q.group and h.held.model == q.model
+                {"server": name, "user": t.holding.user, "stop_at": _iso(t.stop_at)}
+                for name, t in sorted(self._told.items())
+                if t.waiter.group == q.group
+                and t.holding.held.model == q.model
+                and self.holdings.get(name) is t.holding
             ]
             out.append(
                 {
@@ -481,7 +585,7 @@ class QuotaKeeper:
                     "notice_seconds": round(q.notice.total_seconds()),
                     "within": fmt(within.get(key, 0)),
                     "borrowed": fmt(beyond.get(key, 0)),
-                    "idle": fmt(max(0, q.milli - within.get(key, 0))),
+                    "idle": fmt(max(0, q.milli - within.get(key, 0) - beyond.get(key, 0))),
                     "waiting": fmt(waiting.get(key, 0)),
                     "taking_back": taking,
                 }

@@ -29,7 +29,7 @@ from ..core.sharing import UNIT, to_milli
 from ..holdings.holdings import Holding, Holdings, Phase, stop_for
 from ..ledger.checks import utc_now
 from ..ledger.ledger import LedgerError
-from ..plan.reservations import Candidate, Holder, Keep, Need, keep_free, make_room, members_hold, needs
+from ..plan.reservations import Candidate, Holder, Keep, Need, count_toward, keep_free, make_room, members_hold, needs
 
 __all__ = ["NOTICE_BEFORE", "ReservationKeeper", "milli_asked"]
 
@@ -199,6 +199,20 @@ class ReservationKeeper:
         known = self._held[1].get(ids)
         if known is not None:
             return known
+        holders = self._member_holders(near)
+        held = self._held[1][ids] = members_hold(near, holders, self.wall())
+        return held
+
+    def members_holding(self) -> set[str]:
+        """The holdings counted toward a reservation whose window is open now (each
+        toward one at most): a quota's take-back never stops them."""
+        now = self.wall()
+        near = self._near(now, timedelta(0))
+        return set(count_toward(near, self._member_holders(near), now)) if near else set()
+
+    def _member_holders(self, near: list[Reservation]) -> list[Holder]:
+        """The holdings of ``near``'s models whose users are members of one of them, as the
+        reservations see them."""
         models, groups = {r.model for r in near}, {r.group for r in near}
         holders, everyone, cached = [], self.holdings.all(), self._holders
         asked, fresh = self._groups, self.clock() - GROUPS_SECONDS  # (the groups asked since are kept)
@@ -216,8 +230,7 @@ class ReservationKeeper:
             holders.append(kept[1] if kept and kept[0] is h and kept[1].groups is mine else self._holder(name, h, mine))
         if len(self._holders) > 2 * len(everyone) + 64:  # (those of ended holdings, now and then)
             self._holders = {n: k for n, k in self._holders.items() if n in everyone}
-        held = self._held[1][ids] = members_hold(near, holders, self.wall())
-        return held
+        return holders
 
     def _holder(self, name: str, h: Holding, groups: frozenset[str]) -> Holder:
         """``h`` as the reservations see it, kept while the holding and its user's groups

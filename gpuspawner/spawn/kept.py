@@ -35,9 +35,11 @@ def keep_for(hub, groups: Collection[str], request: Request | None, service: str
     """Per model, what ``request`` (of the server ``service``) must leave free (and,
     beyond its quota, its borrowing limit)."""
     kept = dict(hub.reservations.keep_free(groups))
-    milli = asked(request)
-    models = (request.models or ((request.model,) if request.model else ())) if request else ()
-    for model, k in hub.quotas.keep_free(groups, {m: milli for m in models} if milli else None, service).items():
+    milli = asked(request)  # (0: all of a host's GPUs, its size not known before it is placed)
+    models: tuple[str, ...] = ()
+    if request is not None and (request.milli is not None or request.count != 0):
+        models = request.models or ((request.model,) if request.model else tuple(hub.quotas.models()))
+    for model, k in hub.quotas.keep_free(groups, {m: milli for m in models} or None, service).items():
         kept[model] = kept.get(model, Keep()) + k
     return kept
 

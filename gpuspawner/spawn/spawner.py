@@ -427,7 +427,8 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             message = exc.message
             if exc.retry and not waiting and request is not None and request.model is not None:
                 if self.gpu_hub.quotas.within(groups, request.model, asked(request)):  # waiting would get it back
-                    message += " " + (self.gpu_hub.quotas.refusal(request.model, groups, asked(request)) or "")
+                    hint = self.gpu_hub.quotas.refusal(request.model, groups, asked(request)) or ""
+                    message += "" if hint in message else " " + hint
             raise spawn_error(message.strip(), reason=reason, status_code=exc.status) from exc
         except (HoldingBusy, NoPortFree, LedgerError) as exc:
             message, reason = next(v for k, v in NOT_RESERVED.items() if isinstance(exc, k))

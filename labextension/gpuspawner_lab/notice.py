@@ -66,7 +66,7 @@ async def _tick(path: Path) -> None:
         try:
             if write_notice(path, notice_text(answer)):
                 log.info("gpuspawner-lab: %s %s", path, "written" if path.exists() else "removed")
-        except OSError as exc:
+        except (OSError, ValueError, TypeError, KeyError) as exc:  # (a file not ours, an odd answer): next time
             log.warning("gpuspawner-lab: the stop notice %s could not be written: %s", path, exc)
         next_in = max(LEAST_SECONDS, float(answer.get("refresh_seconds") or LEAST_SECONDS))
     IOLoop.current().call_later(next_in, lambda: IOLoop.current().spawn_callback(_tick, path))

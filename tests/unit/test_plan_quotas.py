@@ -2,13 +2,14 @@
 which are borrowed, what a request must leave free for others' quotas, and which
 borrowed holdings are taken back for a waiter, against brute force over every subset.
 
-Guards docs/quotas.md: "its members' holdings count within it, oldest first, until it is
-full; what they hold beyond it is borrowed", "A user in several groups with a quota of
-the model draws on the one with the most left", "A holding within its group's quota is
-never taken back", "only as many as needed, the fewest GPU-hours lost first" (once the soonest served, and lower priority classes first), "a member
-below quota whose request fits one host is served after one notice at most", "the part
-of an idle quota it does not lend is never lent", "no further than its borrowing limit"
-and "no preemption cycle"."""
+Guards docs/quotas.md: "its members' holdings count within it, oldest first, until one
+does not fit; that one and every later one are borrowed", "A user in several groups with
+a quota of the model draws on the one with the most left", "A holding within its group's
+quota is never taken back", "Only as many as needed are taken back" (the member served
+soonest, then the lower classes, then the fewest GPU-hours), "a member below quota whose
+request fits one host is served after one notice at most", "the part of an idle quota
+it does not lend is never lent", "no further than its borrowing limit" and "No
+preemption cycle"."""
 
 from __future__ import annotations
 
@@ -74,6 +75,8 @@ def test_a_user_in_several_groups_draws_on_the_one_with_the_most_left():
     assert draws_on(quotas, {"lab-a": 4 * UNIT, "lab-b": UNIT}, {"lab-a", "lab-b"}, 2 * UNIT) == Mark("lab-b", False)
     tie = {"lab-b": Quota("lab-b", A100, UNIT), "lab-a": Quota("lab-a", A100, UNIT)}
     assert draws_on(tie, {}, {"lab-a", "lab-b"}, UNIT) == Mark("lab-a", True)  # a tie: the first by name
+    prefix = {"lab-a": Quota("lab-a", A100, UNIT), "lab": Quota("lab", A100, UNIT)}
+    assert draws_on(prefix, {}, {"lab-a", "lab"}, UNIT) == Mark("lab", True)  # "lab" sorts first
     assert draws_on(quotas, {}, {"students"}, UNIT) == Mark(None, False)
 
 
@@ -168,20 +171,25 @@ def weigh(gone, borrowed) -> tuple:
     )
 
 
-def brute(ask: Ask, hosts, borrowed):
-    """Every subset of the borrowed holdings on every host: the best-ranked that serves the ask."""
+def brute(ask: Ask, hosts, borrowed, spare=None):
+    """Every subset of the borrowed holdings on every host: the best-ranked that serves the
+    ask, using at most ``spare`` of the devices nobody holds (None: any)."""
     cost = {b.key: b.cost for b in borrowed}
     best = None
     for devices in hosts.values():
         mine = sorted({k for held in devices.values() for k in held if k in cost})
+        untouched = sum(1 for held in devices.values() if not held)
+        usable = untouched if spare is None else min(untouched, max(0, spare))
         for n in range(len(mine) + 1):
             for gone in itertools.combinations(mine, n):
+                freed = sum(1 for held in devices.values() if held and set(held) <= set(gone))
                 if ask.count:
-                    ok = sum(1 for held in devices.values() if set(held) <= set(gone)) >= ask.count
+                    ok = freed + usable >= ask.count
                 else:
                     ok = any(
                         UNIT - sum(m for k, m in held.items() if k not in gone) >= ask.milli
                         for held in devices.values()
+                        if held or usable > 0
                     )
                 if ok:
                     found = weigh(gone, borrowed)
@@ -220,15 +228,16 @@ def clusters(draw):
         if draw(st.booleans())
     ]
     ask = Ask(count=draw(st.integers(1, 3))) if draw(st.booleans()) else Ask(milli=draw(st.integers(100, 1000)))
-    return ask, hosts, borrowed
+    spare = draw(st.sampled_from([None, None, 0, 1, 2]))  # devices nobody holds it may take
+    return ask, hosts, borrowed, spare
 
 
 @settings(max_examples=500, deadline=None, database=None, derandomize=True)
 @given(clusters())
 def test_a_reclaim_takes_back_the_fewest_gpu_hours_only_borrowed_and_only_as_many_as_needed(case):
-    ask, hosts, borrowed = case
-    found = reclaim(ask, hosts, borrowed)
-    best = brute(ask, hosts, borrowed)
+    ask, hosts, borrowed, spare = case
+    found = reclaim(ask, hosts, borrowed, spare)
+    best = brute(ask, hosts, borrowed, spare)
     assert (found is None) == (best is None)
     if found is None:
         return
@@ -240,24 +249,26 @@ def test_a_reclaim_takes_back_the_fewest_gpu_hours_only_borrowed_and_only_as_man
     for u in taken:  # what it would take is free once they are stopped
         held = {k: m for k, m in devices[u].items() if k not in gone}
         assert (not held) if ask.count else (UNIT - sum(held.values()) >= ask.milli)
+    assert spare is None or sum(1 for u in taken if not devices[u]) <= max(0, spare)  # what is kept, left
     assert len(taken) == (ask.count or 1)
     for k in gone:  # none can be let off: without it, the rest do not serve the ask there
-        assert reclaim(ask, {host: devices}, [b for b in borrowed if b.key in gone and b.key != k]) is None
+        assert reclaim(ask, {host: devices}, [b for b in borrowed if b.key in gone and b.key != k], spare) is None
 
 
 @settings(max_examples=300, deadline=None, database=None, derandomize=True)
 @given(clusters())
 def test_beyond_brute_force_a_reclaim_still_serves_the_ask_and_stops_none_it_could_let_off(case):
-    ask, hosts, borrowed = case
+    ask, hosts, borrowed, spare = case
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(quotas, "BRUTE_MAX", 0)  # a host with more borrowed holdings than that: cheapest first
-        found = reclaim(ask, hosts, borrowed)
-        assert (found is None) == (brute(ask, hosts, borrowed) is None)
+        found = reclaim(ask, hosts, borrowed, spare)
+        assert (found is None) == (brute(ask, hosts, borrowed, spare) is None)
         if found is None:
             return
         host, gone, _ = found
         for k in gone:
-            assert reclaim(ask, {host: hosts[host]}, [b for b in borrowed if b.key in gone and b.key != k]) is None
+            rest = [b for b in borrowed if b.key in gone and b.key != k]
+            assert reclaim(ask, {host: hosts[host]}, rest, spare) is None
 
 
 @st.composite
@@ -341,3 +352,24 @@ def test_a_class_that_may_not_be_taken_back_borrows_none_of_an_idle_quota_beyond
     assert keep(quotas, use, {}, {"exam"}, {A100: UNIT}) == {}  # a preemptible one may borrow it
     within = {("lab-a", A100): 0, ("exam", A100): 0}
     assert keep(quotas, within, {}, {"exam"}, {A100: UNIT}, borrows_idle=False) == {}  # within its own: served
+
+
+def test_a_waiter_that_must_leave_free_devices_untouched_takes_back_what_it_needs_beside_them():
+    """Free devices kept for others (a quota that does not lend, a reservation's window)
+    are not the waiter's: it takes borrowed ones back instead, and only on its own hosts."""
+    hosts = {"gpu-1": {"g10": {}, "g11": {}, "g12": {"c1": UNIT}, "g13": {"c2": UNIT}}, "gpu-2": {"g20": {"c3": UNIT}}}
+    borrowed = [Borrowed("c1", 1.0, 600.0), Borrowed("c2", 2.0, 600.0), Borrowed("c3", 0.5, 600.0)]
+    free = plan_reclaims([Waiter("a", "lab-a", Ask(count=1))], hosts, borrowed)
+    assert free == {}  # two free, none kept: served at once
+    kept = plan_reclaims([Waiter("a", "lab-a", Ask(count=1), kept=2)], hosts, borrowed)
+    assert set(kept) == {"c3"}  # both free ones are kept for others: the cheapest borrowed goes
+    pinned = plan_reclaims([Waiter("a", "lab-a", Ask(count=1), hosts=frozenset({"gpu-1"}), kept=2)], hosts, borrowed)
+    assert set(pinned) == {"c1"}  # only gpu-1 will do
+
+
+def test_a_request_of_unknown_size_is_held_to_the_most_its_quotas_limits_allow():
+    quotas = [Quota("lab-a", A100, 2 * UNIT, borrow=1 * UNIT), Quota("lab-b", A100, 1 * UNIT, borrow=2 * UNIT)]
+    use = {("lab-a", A100): 2 * UNIT, ("lab-b", A100): 0}
+    assert keep(quotas, use, {}, {"lab-a"}, {A100: 0})[A100].most == UNIT  # all of a host: 1 more at most
+    assert keep(quotas, use, {}, {"lab-a", "lab-b"}, {A100: 0})[A100].most == 3 * UNIT  # lab-b allows 1 + 2
+    assert keep(quotas, use, {}, {"students"}, {A100: 0}) == {}  # no quota: no limit

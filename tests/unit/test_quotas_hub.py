@@ -22,12 +22,14 @@ from jupyterhub.spawner import SpawnException
 
 from gpuspawner.core.reservations import Reservation, ReservationError
 from gpuspawner.ledger.ledger import Ledger
-from gpuspawner.reclaim.quotas import PREEMPTED, QUOTA_GPUS
+from gpuspawner.plan.quotas import Ask
+from gpuspawner.reclaim.quotas import PREEMPTED, QUOTA_GPUS, ask_of, hosts_of
+from gpuspawner.reclaim.reservations import GROUPS_SECONDS
 from gpuspawner.web.api import queue_json
 from gpuspawner.web.home_gpus import server_rows
 from tests.unit.test_holdings import A100, World, driven
 from tests.unit.test_reclaim import TWO_GPUS
-from tests.unit.test_reservations_hub import NOW, Wall, exit_removed, new_hub, spawner
+from tests.unit.test_reservations_hub import GROUPS, NOW, Wall, exit_removed, new_hub, spawner
 
 QUOTAS = {"physics": {A100: 1}, "cs101": {A100: {"gpus": 1, "notice_minutes": 10}}}
 
@@ -35,6 +37,7 @@ QUOTAS = {"physics": {A100: 1}, "cs101": {A100: {"gpus": 1, "notice_minutes": 10
 def world(tmp_path, quotas=QUOTAS) -> World:
     w = World(tmp_path, inventory=TWO_GPUS, gpu_quotas=quotas, max_gpus_per_user=2)
     new_hub(w, Wall())
+    w.hub.quotas.clock = w.hub.reservations.clock  # (the test's wall clock: caches age with it)
     return w
 
 
@@ -218,17 +221,89 @@ async def test_a_class_that_may_not_be_preempted_borrows_only_what_no_quota_keep
     assert w.owner.get("jupyter-alice").held.uuids
 
 
-async def test_a_server_whose_users_groups_cannot_be_read_is_not_taken_back(tmp_path):
-    """Guards docs/quotas.md: "a server whose user's groups JupyterHub cannot say is not
-    taken back while they are unknown"."""
+async def test_while_a_holders_groups_cannot_be_read_nothing_of_its_model_is_taken_back(tmp_path):
+    """Guards docs/quotas.md: "While the groups of a holder of a model cannot be read, no
+    server of that model is taken back"."""
     w = world(tmp_path)
     stops_through(w)
     await w.started(spawner(w, "bob"))
     zed = w.spawner("zed", {"gpu_model": A100, "gpu_count": 1})  # unknown to the groups' fake: None
-    await w.started(zed)  # the newer: the cheaper to stop, were it known to be in no group
+    await w.started(zed)
     alice = await in_line(w, "alice")
     await w.hub.quotas.check()
-    assert [n["reason"] for n in w.hub.quotas.notices_for("bob")] == [PREEMPTED]
-    assert w.hub.quotas.notices_for("zed") == []
+    assert w.hub.quotas.notices_for("bob") == [] and w.hub.quotas.notices_for("zed") == []
+    w.hub.reservations.groups_of = lambda user: {"zed": []}.get(user, GROUPS.get(user))  # now known: in none
+    w.wall.now = NOW + timedelta(seconds=GROUPS_SECONDS)  # (asked again once the groups' cache is old)
+    await w.hub.quotas.check()
+    told = {u: [n["reason"] for n in w.hub.quotas.notices_for(u)] for u in ("bob", "zed")}
+    assert sorted(told.values()) == [[], [PREEMPTED]]  # one of them, now that who is in what is known
     alice.cancel()
     await asyncio.gather(alice, return_exceptions=True)
+
+
+async def test_a_waiter_kept_from_the_free_gpu_gets_a_borrowed_one_back_instead(tmp_path):
+    """The free A100 is physics's idle quota, which it does not lend: alice (cs101, within
+    her quota) may not take it, so bob's borrowed one is taken back for her (not nothing,
+    leaving her to wait until bob ends)."""
+    w = world(tmp_path, {"cs101": {A100: 1}, "physics": {A100: {"gpus": 1, "lend": 0}}})
+    await w.started(spawner(w, "bob"))
+    alice = await in_line(w, "alice")
+    assert not alice.done()  # the free one is physics's
+    await w.hub.quotas.check()
+    assert [n["reason"] for n in w.hub.quotas.notices_for("bob")] == [PREEMPTED]
+    alice.cancel()
+    await asyncio.gather(alice, return_exceptions=True)
+
+
+async def test_a_member_of_an_open_reservation_is_not_taken_back_for_a_quota(tmp_path):
+    """Guards docs/quotas.md, "How quotas and reservations combine": "a take-back never
+    stops a holding counted toward an open reservation window"."""
+    w = world(tmp_path, {"cs101": {A100: 1}})
+    Ledger(w.db_url).add_reservation(
+        Reservation("physics", A100, 1, NOW - timedelta(minutes=5), NOW + timedelta(hours=1), name="Lab")
+    )
+    await w.hub.reservations.refresh(force=True)
+    await w.started(spawner(w, "carol"))  # physics: the window's member, borrowed as quotas go
+    await w.started(spawner(w, "bob"))
+    w.hub.quotas.held_for = lambda h: 3600.0 if h.user == "bob" else 60.0  # carol's would be the cheaper stop
+    alice = await in_line(w, "alice")
+    await w.hub.quotas.check()
+    assert w.hub.quotas.notices_for("carol") == []
+    assert [n["reason"] for n in w.hub.quotas.notices_for("bob")] == [PREEMPTED]
+    alice.cancel()
+    await asyncio.gather(alice, return_exceptions=True)
+
+
+def test_a_waiters_share_over_one_gpu_spans_its_devices_and_a_pinned_host_is_its_only_one():
+    assert ask_of({"gpu_share": 1.5}) == Ask(count=2)
+    assert ask_of({"gpu_share": 0.5}) == Ask(milli=500)
+    assert ask_of({"gpu_count": 3}) == Ask(count=3)
+    assert hosts_of({"gpu_host": "gpu-b"}) == frozenset({"gpu-b"}) and hosts_of({}) is None
+
+
+async def test_in_a_strict_line_a_waiter_within_its_quota_is_not_held_behind_a_blocked_head(tmp_path):
+    """Guards docs/quotas.md: "A request within its group's quota is not held back by the
+    line", with gpu_line_backfill off too."""
+    w = World(tmp_path, inventory=TWO_GPUS, gpu_quotas=QUOTAS, max_gpus_per_user=4, gpu_line_backfill=False)
+    new_hub(w, Wall())
+    w.hub.quotas.clock = w.hub.reservations.clock
+    stopped = stops_through(w)
+    await w.started(spawner(w, "bob"))
+    await w.started(spawner(w, "dan"))
+    head = asyncio.ensure_future(
+        w.started(w.spawner("dan", {"gpu_model": A100, "gpu_count": 2, "gpu_wait": True}, server="big"))
+    )
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if w.hub.line.waiting_for(A100):
+            break
+    alice = await in_line(w, "alice")  # behind dan's 2-GPU request, which blocks a strict line
+    await w.hub.quotas.check()
+    w.wall.now = NOW + timedelta(minutes=10)
+    assert len(await w.hub.quotas.check()) == 1 and len(stopped) == 1
+    w.hub.line.poke()
+    await asyncio.wait_for(alice, 20)
+    assert w.owner.get("jupyter-alice").held.uuids
+    assert not head.done()  # dan's still waits
+    head.cancel()
+    await asyncio.gather(head, return_exceptions=True)
