@@ -9,7 +9,8 @@ notice allows::
     Your default server will be stopped at 13:10 UTC: ...
 
 The server asks the hub (the status bar's answer, :func:`gpuspawner_lab.handlers.status`)
-every ``refresh_seconds``, whether or not a browser is open. A hub that cannot be asked
+every 30 s while no stop is announced, every ``refresh_seconds`` (5 s at least) while one
+is, whether or not a browser is open. A hub that cannot be asked
 changes nothing: a notice once written stays until the hub says otherwise.
 """
 
@@ -27,6 +28,7 @@ __all__ = ["NOTICE_ENV", "notice_text", "watch", "write_notice"]
 
 NOTICE_ENV = "GPUSPAWNER_STOP_NOTICE"
 LEAST_SECONDS = 5.0  # never asked more often, whatever the hub says
+QUIET_SECONDS = 30.0  # while no stop is announced: a hub with thousands of servers is asked less
 
 log = logging.getLogger("gpuspawner_lab")
 
@@ -61,14 +63,16 @@ async def _tick(path: Path) -> None:
     except Exception as exc:  # noqa: BLE001 - the server runs on; tried again at the next tick
         log.warning("gpuspawner-lab: the stop notice could not be read: %s", exc)
         answer = {"available": False}
-    next_in = LEAST_SECONDS
+    next_in = QUIET_SECONDS
     if answer.get("available"):
         try:
-            if write_notice(path, notice_text(answer)):
+            text = notice_text(answer)
+            refresh = float(answer.get("refresh_seconds") or LEAST_SECONDS)
+            next_in = max(LEAST_SECONDS, refresh) if text else max(QUIET_SECONDS, refresh)
+            if write_notice(path, text):
                 log.info("gpuspawner-lab: %s %s", path, "written" if path.exists() else "removed")
         except (OSError, ValueError, TypeError, KeyError) as exc:  # (a file not ours, an odd answer): next time
             log.warning("gpuspawner-lab: the stop notice %s could not be written: %s", path, exc)
-        next_in = max(LEAST_SECONDS, float(answer.get("refresh_seconds") or LEAST_SECONDS))
     IOLoop.current().call_later(next_in, lambda: IOLoop.current().spawn_callback(_tick, path))
 
 

@@ -3,7 +3,7 @@
 server extension writes the stop-notice file), gpu-b's two A100s as gpuspawner-agent
 reports them over the fake NVML (every second, so the servers ask the hub every 5 s).
 
-The group lab-a is guaranteed one A100, with a quarter of a minute's notice. Two users
+The group lab-a is guaranteed one A100, with 45 seconds' notice. Two users
 in no group hold both A100s: both are borrowed. A member of lab-a asks for one and waits
 in line; the borrower whose stop loses the fewer GPU-hours (the newer) is told at once,
 the other is not. The timeline from the member's request to its server being ready is
@@ -37,7 +37,7 @@ from tests.integration.support import (
 )
 
 A100 = gpu_b()[0]["name"]
-NOTICE = 15.0  # seconds: notice_minutes 0.25
+NOTICE = 45.0  # seconds: the server looks for a notice every 30 s while none is announced
 QUOTAS = {"lab-a": {A100: {"gpus": 1, "notice_minutes": NOTICE / 60}}}
 BORROWERS = ("bo", "bea")  # in no group: all they hold is borrowed
 SPAWN_TIMEOUT = 150  # the local config's start_timeout for real Jupyter servers
