@@ -182,18 +182,11 @@ class ReclaimSettings(LoggingConfigurable):
         class, every borrowed server may be taken back.""",
     ).tag(config=True)
 
-    @validate("gpu_priority_classes")
-    def _check_classes(self, proposal):
-        try:
-            parse_classes(proposal["value"])
-        except QuotaError as exc:
-            raise TraitError(f"c.GPUSwarmSpawner.{exc}") from None
-        return proposal["value"]
-
-    @validate("gpu_quotas")
+    @validate("gpu_quotas", "gpu_priority_classes")
     def _check_quotas(self, proposal):
+        parse = parse_quotas if proposal["trait"].name == "gpu_quotas" else parse_classes
         try:
-            parse_quotas(proposal["value"])
+            parse(proposal["value"])
         except QuotaError as exc:
             raise TraitError(f"c.GPUSwarmSpawner.{exc}") from None
         return proposal["value"]

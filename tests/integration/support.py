@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
@@ -228,3 +229,74 @@ class Sampler(threading.Thread):
             for at, seen in self.samples
             if len(us := [u for uuids in seen.values() for u in uuids]) != len(set(us))
         ]
+
+
+# -- quotas (tests/integration/test_quotas_*.py) -----------------------------------------
+
+
+@contextlib.contextmanager
+def hub_with_quota(swarm, work, image: str, quotas: dict, port_from: int):
+    """A hub with ``gpu_quotas``, the group lab-a (ada), its reclaim loop every half second
+    and its own SQLite ledger (``hub.db_url``), gpu-b's GPUs reported by its agent, and the
+    servers in ``image`` (one with the stop-notice extension)."""
+    db_url = f"sqlite:///{work / 'ledger.sqlite'}"
+    config = (
+        f"c.GPUSwarmSpawner.gpu_quotas = {quotas!r}\n"
+        "c.GPUSwarmSpawner.gpu_reclaim_interval = 0.5\n"
+        f"c.GPUSwarmSpawner.gpu_db_url = {db_url!r}\n"
+        "c.JupyterHub.load_groups = {'lab-a': {'users': ['ada']}}\n"
+    )
+    env = {"GPUSPAWNER_IMAGE": image}
+    with hub_with_agent_on_gpu_b(swarm, work, port_from=port_from, extra_config=config, env=env) as (h, _node):
+        h.db_url = db_url
+        yield h
+
+
+def notices_of(hub: Hub, user: str) -> list[dict]:
+    """``user``'s notices (GET /hub/api/gpuspawner/notices, logged in as them)."""
+    r = login(hub, user).get(hub.url + "/hub/api/gpuspawner/notices", timeout=10)
+    r.raise_for_status()
+    return r.json()["notices"]
+
+
+def log_of(hub: Hub) -> str:
+    """The end of the hub's log, without its GET 200 lines."""
+    lines = hub.log_path.read_text(errors="replace").splitlines()
+    return "\n".join(x for x in lines if " 200 GET " not in x)[-6000:]
+
+
+def ask_and_see_who_is_told(hub: Hub, user: str, options: dict, borrowers) -> tuple:
+    """``user`` asks (in a thread: the hub answers once its slow-spawn timeout has passed)
+    and waits until one of ``borrowers`` is told: (the answer to come, when asked, when
+    told (monotonic), each borrower's notices)."""
+    hub.ensure_user(user)
+    asking = ThreadPoolExecutor(max_workers=1)
+    t_ask = time.monotonic()
+    asked = asking.submit(hub.spawn, user, options)
+    asking.shutdown(wait=False)
+    told: dict[str, list[dict]] = {}
+
+    def someone_told() -> bool:
+        told.update({u: notices_of(hub, u) for u in borrowers})
+        return any(told.values())
+
+    wait_until(someone_told, f"no borrower was told:\n{log_of(hub)}", timeout=10)
+    return asked, t_ask, time.monotonic(), told
+
+
+def wait_stopped_after(swarm, hub: Hub, user: str, stop_at, slack: float, timeout: float) -> float:
+    """Wait until ``user``'s server is gone from the swarm, and then from the hub, never
+    before the notice's ``stop_at`` (less ``slack`` seconds); when it went (monotonic)."""
+    from datetime import datetime, timedelta, timezone  # noqa: PLC0415 - only these tests need it
+
+    def stopped() -> bool:
+        if services_of(swarm, user):
+            return False
+        now = datetime.now(timezone.utc)
+        assert now >= stop_at - timedelta(seconds=slack), f"{user}'s server went at {now}, the notice said {stop_at}"
+        return True
+
+    wait_until(stopped, f"{user}'s server was not stopped:\n{log_of(hub)}", timeout=timeout)
+    went = time.monotonic()
+    wait_until(lambda: hub.server_model(user) is None, f"the hub still lists {user}'s server", timeout=10)
+    return went

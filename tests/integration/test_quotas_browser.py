@@ -19,14 +19,20 @@ status-bar extension runs Save All).
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 
 import pytest
 import requests
 
 from gpuspawner.ledger.ledger import Ledger
-from tests.integration.support import gpu_b, hub_with_agent_on_gpu_b, login, services_of, wait_until
+from tests.integration.support import (
+    ask_and_see_who_is_told,
+    gpu_b,
+    hub_with_quota,
+    services_of,
+    wait_stopped_after,
+    wait_until,
+)
 from tests.integration.test_browser import SPAWN_TIMEOUT, browsers, by, log_in, wait  # noqa: F401 - fixtures
 
 A100 = gpu_b()[0]["name"]
@@ -43,17 +49,7 @@ DOCMANAGER = "@jupyterlab/docmanager-extension:plugin"
 
 @pytest.fixture(scope="module")
 def hub(swarm, jupyter_image, tmp_path_factory):
-    work = tmp_path_factory.mktemp("quotas-browser")
-    db_url = f"sqlite:///{work / 'ledger.sqlite'}"
-    config = (
-        f"c.GPUSwarmSpawner.gpu_quotas = {QUOTAS!r}\n"
-        "c.GPUSwarmSpawner.gpu_reclaim_interval = 0.5\n"
-        f"c.GPUSwarmSpawner.gpu_db_url = {db_url!r}\n"
-        "c.JupyterHub.load_groups = {'lab-a': {'users': ['ada']}}\n"
-    )
-    env = {"GPUSPAWNER_IMAGE": jupyter_image}
-    with hub_with_agent_on_gpu_b(swarm, work, port_from=22600, extra_config=config, env=env) as (h, _node):
-        h.db_url = db_url
+    with hub_with_quota(swarm, tmp_path_factory.mktemp("quotas-browser"), jupyter_image, QUOTAS, 22600) as h:
         yield h
 
 
@@ -72,12 +68,6 @@ def on_server(hub, user: str) -> str | None:
         return r.json()["content"] if r.status_code == 200 else None
     except (requests.RequestException, ValueError, KeyError):
         return None
-
-
-def notices(hub, user: str) -> list[dict]:
-    r = login(hub, user).get(hub.url + "/hub/api/gpuspawner/notices", timeout=10)
-    r.raise_for_status()
-    return r.json()["notices"]
 
 
 def start(hub, user: str, options: dict) -> None:
@@ -118,11 +108,6 @@ def lab_state(driver) -> str:
         return f"(the page could not be asked: {exc})"
 
 
-def log_of(hub) -> str:
-    lines = hub.log_path.read_text(errors="replace").splitlines()
-    return "\n".join(x for x in lines if " 200 GET " not in x)[-6000:]
-
-
 def test_jupyterlab_saves_an_unsaved_edit_before_a_quota_take_back_stops_the_server(hub, swarm, browsers):  # noqa: F811
     from selenium.webdriver.common.keys import Keys  # noqa: PLC0415 - selenium is checked for first
 
@@ -157,18 +142,8 @@ def test_jupyterlab_saves_an_unsaved_edit_before_a_quota_take_back_stops_the_ser
     assert on_server(hub, user) == BEFORE  # not saved: the server has the old text
 
     # ada (lab-a, below its quota) asks while nothing is free: she waits in line, and bea is told.
-    hub.ensure_user("ada")
-    asking = ThreadPoolExecutor(max_workers=1)
-    t_ask = time.monotonic()
-    asked = asking.submit(hub.spawn, "ada", {"gpu_model": A100, "gpu_wait": True})
-    told: dict[str, list[dict]] = {}
-
-    def someone_told() -> bool:
-        told.update({u: notices(hub, u) for u in BORROWERS})
-        return any(told.values())
-
-    wait_until(someone_told, f"no borrower was told:\n{log_of(hub)}", timeout=10)
-    t_notice = time.monotonic()
+    ada = {"gpu_model": A100, "gpu_wait": True}
+    asked, t_ask, t_notice, told = ask_and_see_who_is_told(hub, "ada", ada, BORROWERS)
     assert [u for u in BORROWERS if told[u]] == [user], told
     [notice] = told[user]
     assert notice["reason"] == "preempted" and notice["seconds_left"] >= NOTICE - SLACK, notice
@@ -199,18 +174,8 @@ def test_jupyterlab_saves_an_unsaved_edit_before_a_quota_take_back_stops_the_ser
     assert services_of(swarm, user), "the server is gone"
 
     # Then stopped after the notice, and the member served.
-    def stopped() -> bool:
-        if services_of(swarm, user):
-            return False
-        now = datetime.now(timezone.utc)
-        assert now >= stop_at - timedelta(seconds=SLACK), f"stopped at {now}, the notice said {stop_at}"
-        return True
-
-    wait_until(stopped, f"{user}'s server was not stopped:\n{log_of(hub)}", timeout=NOTICE + 30)
-    t_stop = time.monotonic()
-    wait_until(lambda: hub.server_model(user) is None, f"the hub still lists {user}'s server", timeout=10)
+    t_stop = wait_stopped_after(swarm, hub, user, stop_at, SLACK, timeout=NOTICE + 30)
     r = asked.result(timeout=30)
-    asking.shutdown()
     assert r.status_code in (201, 202), r.text
     hub.wait_ready("ada", timeout=SPAWN_TIMEOUT)
     t_served = time.monotonic()

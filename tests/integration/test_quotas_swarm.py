@@ -20,7 +20,6 @@ then served" (on the GPU taken back, while the other borrower keeps running).
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -28,11 +27,14 @@ import pytest
 from gpuspawner.ledger.ledger import Ledger
 from tests.integration.support import (
     admin_cli,
+    ask_and_see_who_is_told,
     gpu_b,
-    hub_with_agent_on_gpu_b,
+    hub_with_quota,
     login,
+    notices_of,
     server_of,
     services_of,
+    wait_stopped_after,
     wait_until,
 )
 
@@ -47,24 +49,8 @@ SLACK = 2.0  # seconds: the reclaim loop's interval and the time to ask
 
 @pytest.fixture(scope="module")
 def hub(swarm, jupyter_image, tmp_path_factory):
-    work = tmp_path_factory.mktemp("quotas")
-    db_url = f"sqlite:///{work / 'ledger.sqlite'}"
-    config = (
-        f"c.GPUSwarmSpawner.gpu_quotas = {QUOTAS!r}\n"
-        "c.GPUSwarmSpawner.gpu_reclaim_interval = 0.5\n"
-        f"c.GPUSwarmSpawner.gpu_db_url = {db_url!r}\n"
-        "c.JupyterHub.load_groups = {'lab-a': {'users': ['ada']}}\n"
-    )
-    env = {"GPUSPAWNER_IMAGE": jupyter_image}
-    with hub_with_agent_on_gpu_b(swarm, work, port_from=22400, extra_config=config, env=env) as (h, _node):
-        h.db_url = db_url
+    with hub_with_quota(swarm, tmp_path_factory.mktemp("quotas"), jupyter_image, QUOTAS, 22400) as h:
         yield h
-
-
-def notices(hub, user: str) -> list[dict]:
-    r = login(hub, user).get(hub.url + "/hub/api/gpuspawner/notices", timeout=10)
-    r.raise_for_status()
-    return r.json()["notices"]
 
 
 def home(hub, user: str) -> str:
@@ -94,33 +80,18 @@ def start(hub, user: str, options: dict) -> None:
     hub.wait_ready(user, timeout=SPAWN_TIMEOUT)
 
 
-def log_of(hub) -> str:
-    lines = hub.log_path.read_text(errors="replace").splitlines()
-    return "\n".join(x for x in lines if " 200 GET " not in x)[-6000:]
-
-
 def test_a_borrowed_gpu_is_taken_back_with_notice_for_a_member_within_its_quota(hub, swarm):
     for user in BORROWERS:
         start(hub, user, {"gpu_model": A100})
-    assert all(notices(hub, u) == [] for u in BORROWERS)
+    assert all(notices_of(hub, u) == [] for u in BORROWERS)
     devices = {u: server_of(swarm, u)[0] for u in BORROWERS}
     containers = {u: container_of(swarm, u) for u in BORROWERS}
     assert all(stop_notice_in(c) is None for c in containers.values())
 
     # ada (lab-a, below its quota) asks while nothing is free: she waits in line. (The
     # hub answers 202 only after its slow_spawn_timeout, 10 s: the notice comes before.)
-    hub.ensure_user("ada")
-    asking = ThreadPoolExecutor(max_workers=1)
-    t_ask = time.monotonic()
-    asked = asking.submit(hub.spawn, "ada", {"gpu_model": A100, "gpu_wait": True})
-    told: dict[str, list[dict]] = {}
-
-    def someone_told() -> bool:
-        told.update({u: notices(hub, u) for u in BORROWERS})
-        return any(told.values())
-
-    wait_until(someone_told, f"no borrower was told:\n{log_of(hub)}", timeout=10)
-    t_notice = time.monotonic()
+    ada = {"gpu_model": A100, "gpu_wait": True}
+    asked, t_ask, t_notice, told = ask_and_see_who_is_told(hub, "ada", ada, BORROWERS)
     [chosen] = [u for u in BORROWERS if told[u]]
     [other] = [u for u in BORROWERS if u != chosen]
     assert chosen == "bea", told  # the newer: its stop loses fewer GPU-hours
@@ -130,7 +101,7 @@ def test_a_borrowed_gpu_is_taken_back_with_notice_for_a_member_within_its_quota(
     assert f"its {A100} is borrowed, and a member of lab-a asks for the GPUs of its quota" in notice["message"]
     stop_at = datetime.fromisoformat(notice["stop_at"].replace("Z", "+00:00"))
     assert abs(stop_at - datetime.now(timezone.utc)) <= timedelta(seconds=NOTICE + SLACK), notice
-    assert notices(hub, other) == []
+    assert notices_of(hub, other) == []
     page = home(hub, chosen)
     assert 'data-reason="preempted"' in page and "a member of lab-a asks for the GPUs of its quota" in page
     assert 'data-reason="preempted"' not in home(hub, other)
@@ -149,21 +120,11 @@ def test_a_borrowed_gpu_is_taken_back_with_notice_for_a_member_within_its_quota(
     assert "a member of lab-a asks for the GPUs of its quota" in text[2], text
     assert stop_notice_in(containers[other]) is None
     r = asked.result(timeout=30)
-    asking.shutdown()
     assert r.status_code == 202, r.text  # pending: in line
 
     # Stopped after the notice, not before: its service goes from the swarm.
-    def stopped() -> bool:
-        if services_of(swarm, chosen):
-            return False
-        now = datetime.now(timezone.utc)
-        assert now >= stop_at - timedelta(seconds=SLACK), f"{chosen}'s server went at {now}, the notice said {stop_at}"
-        return True
-
-    wait_until(stopped, f"{chosen}'s server was not stopped:\n{log_of(hub)}", timeout=NOTICE + 30)
-    t_stop = time.monotonic()
+    t_stop = wait_stopped_after(swarm, hub, chosen, stop_at, SLACK, timeout=NOTICE + 30)
     assert t_stop - t_notice >= NOTICE - SLACK
-    wait_until(lambda: hub.server_model(chosen) is None, f"the hub still lists {chosen}'s server", timeout=10)
 
     # The member is then served, on the GPU taken back.
     hub.wait_ready("ada", timeout=SPAWN_TIMEOUT)
@@ -176,7 +137,7 @@ def test_a_borrowed_gpu_is_taken_back_with_notice_for_a_member_within_its_quota(
     assert t_served - t_stop <= 15, f"ada ready {t_served - t_stop:.1f} s after the stop"
     assert server_of(swarm, "ada")[0] == devices[chosen]
     assert (hub.server_model(other) or {}).get("ready") and len(services_of(swarm, other)) == 1
-    assert notices(hub, other) == [] and notices(hub, "ada") == []
+    assert notices_of(hub, other) == [] and notices_of(hub, "ada") == []
     [quota] = hub.api("GET", "/gpuspawner/quotas").json()["quotas"]
     assert (quota["group"], quota["within"], quota["waiting"], quota["taking_back"]) == ("lab-a", "1", "0", [])
 
