@@ -24,6 +24,7 @@ from typing import NamedTuple
 from prometheus_client import Counter, Gauge
 
 from ..core.quotas import PriorityClass, class_of, unmet
+from ..core.reservations import Reservation, ReservationError, conflicts
 from ..core.sharing import UNIT, fmt
 from ..holdings.holdings import Holding, Holdings, Phase, stop_for
 from ..ledger.checks import utc_now
@@ -529,15 +530,34 @@ class QuotaKeeper:
             return None
         return f"Its {h.held.model} is borrowed: it may be taken back with {_notice(self._notice_of(h.held.model))}"
 
-    def problems(self, group_exists: Callable[[str], bool | None]) -> list[tuple[str, str]]:
+    def problems(
+        self, group_exists: Callable[[str], bool | None], reservations: Iterable[Reservation] = ()
+    ) -> list[tuple[str, str]]:
         """(problem, fix) of the quotas as the cluster and JupyterHub are now: quotas of a model
-        that add up to more GPUs than its nodes have (or no node has it), and groups
-        JupyterHub does not have (``group_exists``: None where it cannot say)."""
-        capacity = {m.model: m.total * UNIT for m in self.holdings.allocator.summary()}
+        that add up to more GPUs than its nodes have (or no node has it), groups JupyterHub
+        does not have (``group_exists``: None where it cannot say), and ``reservations``
+        (made before the quotas were set, or the nodes were fewer) that need more than the
+        quotas leave."""
+        totals = {m.model: m.total for m in self.holdings.allocator.summary()}
         out = [
             (line, "lower gpu_quotas or add GPUs of the model: until then a guarantee may not be met")
-            for line in unmet(self.quotas, capacity)
+            for line in unmet(self.quotas, {m: n * UNIT for m, n in totals.items()})
         ]
+        now, reservations = self.wall(), [r for r in reservations if r.model in self._of_model]
+        for r in reservations:
+            left = totals.get(r.model, 0) - self.guaranteed(r.model)
+            try:
+                clash = r.milli > left * UNIT or bool(conflicts(r, reservations, left, now))
+            except ReservationError:
+                clash = True
+            if clash and not r.over(now):
+                out.append(
+                    (
+                        f"the reservation {r.describe()} needs more than the {max(0, left)} {r.model} "
+                        "that quotas leave",
+                        "lower gpu_quotas or the reservation: while both stand, its members may wait",
+                    )
+                )
         for group in sorted({q.group for q in self.quotas}):
             try:
                 exists = group_exists(group)

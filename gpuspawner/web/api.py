@@ -242,7 +242,11 @@ class DoctorHandler(_GPUMixin, APIHandler):
             shared_token=self.gpu_hub().settings.agent_shared_token,
             enforcement=self.gpu_hub().settings.gpu_share_enforcement,
         )
-        quotas = self.gpu_hub().quotas.problems(lambda group: hub_port.group_members(self, group) is not None)
+        hub = self.gpu_hub()
+        await hub.reservations.refresh()
+        quotas = hub.quotas.problems(
+            lambda group: hub_port.group_members(self, group) is not None, hub.reservations.reservations
+        )
         findings += [Finding("warning", "", problem, fix) for problem, fix in quotas]
         self.set_header("Content-Type", "application/json")
         self.write({"findings": [f.as_dict() for f in findings]})
@@ -418,7 +422,9 @@ class GPUPageHandler(_GPUMixin, BaseHandler):
             reservations=keeper.status(),
             reservations_known=keeper.known,
             quotas=hub.quotas.status(),
-            quota_problems=hub.quotas.problems(lambda group: hub_port.group_members(self, group) is not None),
+            quota_problems=hub.quotas.problems(
+                lambda group: hub_port.group_members(self, group) is not None, keeper.reservations
+            ),
         )
         card = self.get_template("gpus_host.html", sync=True)
         head, cards, tail = await gpu_page(cluster, render, card, self.gpu_hub().settings.gpu_share_enforcement)

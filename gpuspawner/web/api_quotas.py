@@ -21,8 +21,12 @@ __all__ = ["handlers"]
 class QuotasHandler(_GPUMixin, APIHandler):
     async def get(self):
         self.require(ADMIN_SCOPE)
-        keeper = self.gpu_hub().quotas
-        problems = keeper.problems(lambda group: hub_port.group_members(self, group) is not None)
+        hub = self.gpu_hub()
+        keeper = hub.quotas
+        await hub.reservations.refresh()
+        problems = keeper.problems(
+            lambda group: hub_port.group_members(self, group) is not None, hub.reservations.reservations
+        )
         self.set_header("Content-Type", "application/json")
         self.write(
             {

@@ -6,17 +6,21 @@ may ask, and a reservation refused where quotas leave too little.
 
 Guards docs/quotas.md, "Where to see them": "/hub/gpus has a table per group and model",
 "and so do GET /hub/api/gpuspawner/quotas and gpuspawner quotas", "groups JupyterHub
-does not have are named there and by gpuspawner doctor"; and "How quotas and
+does not have are named there and by gpuspawner doctor" (and reservations that need more
+than quotas leave); and "How quotas and
 reservations combine": "one that would need more of a model than its GPUs less those
 quotas guarantee is refused"."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 
 from tornado.httpclient import AsyncHTTPClient
 
 from gpuspawner.cli import format_quotas
+from gpuspawner.core.reservations import Reservation
+from gpuspawner.ledger.ledger import Ledger
 from tests.unit.test_agent_token_api import READER
 from tests.unit.test_api_reservations import A100, CS101, login, start  # noqa: F401 - the hub fixture
 
@@ -85,3 +89,21 @@ async def test_without_quotas_the_answer_is_empty_and_the_page_has_no_table(star
     admin = await login(hub, "boss")
     page = (await AsyncHTTPClient().fetch(hub.url + "/hub/gpus", headers=admin)).body.decode()
     assert "gpu-quotas" not in page
+
+
+async def test_a_reservation_made_before_the_quotas_that_needs_more_than_they_leave_is_named(start):  # noqa: F811 - the fixture of test_api_reservations
+    """Guards docs/quotas.md, "Where to see them": reservations that need more than quotas
+    leave (made before the quotas were set) "are named there and by gpuspawner doctor"."""
+    hub = await start(gpu_quotas={"physics": {A100: 1}})
+    ledger = Ledger(hub.gpu_hub.settings.ledger_url())
+    start_at = datetime(2026, 12, 8, 13, tzinfo=timezone.utc)
+    ledger.add_reservation(Reservation("cs101", A100, 2, start_at, start_at + timedelta(hours=2), name="Lab"))
+    await hub.gpu_hub.reservations.refresh(force=True)  # (as it reads the list every half minute)
+    code, answer = await get(hub, "/hub/api/gpuspawner/quotas", "admin-token-0123456789abcdef")
+    assert code == 200
+    [problem] = [p["problem"] for p in answer["problems"]]
+    assert problem.startswith("the reservation Lab: 2 NVIDIA A100 80GB PCIe") and problem.endswith(
+        "needs more than the 1 NVIDIA A100 80GB PCIe that quotas leave"
+    )
+    code, doctor = await get(hub, "/hub/api/gpuspawner/doctor", "admin-token-0123456789abcdef")
+    assert any(f["problem"] == problem for f in doctor["findings"])
