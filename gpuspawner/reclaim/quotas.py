@@ -31,7 +31,7 @@ from ..ledger.checks import utc_now
 from ..ledger.ledger import LedgerError
 from ..plan.quotas import Ask, Borrowed, Mark, Quota, Waiter, draws_on, in_turn, keep, marks, plan_reclaims, used
 from ..plan.reservations import Holder, Keep
-from .reservations import milli_asked
+from .reservations import UNKNOWN, milli_asked
 
 __all__ = ["PREEMPTED", "QuotaKeeper"]
 
@@ -350,6 +350,8 @@ class QuotaKeeper:
                 ahead = self._ahead(waiters, x.waiter.key) or {}
                 k = keep(self.quotas, use, ahead, x.groups, {model: x.milli}, self._preemptible(x.groups)).get(model)
                 kept = (k.devices if k else 0) + self.reserved(x.groups).get(model, Keep()).devices
+                if kept >= UNKNOWN:
+                    continue  # the reservations are not known: nothing is granted, so nothing is stopped for it
                 mine.append(x.waiter._replace(kept=kept))
             for name, w in plan_reclaims(mine, hosts, borrowed).items():
                 out[name] = (everyone[name], w)

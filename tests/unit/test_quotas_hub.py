@@ -307,3 +307,18 @@ async def test_in_a_strict_line_a_waiter_within_its_quota_is_not_held_behind_a_b
     assert not head.done()  # dan's still waits
     head.cancel()
     await asyncio.gather(head, return_exceptions=True)
+
+
+async def test_while_the_reservations_cannot_be_read_nothing_is_taken_back(tmp_path):
+    """No GPU is granted while the reservations were never read (docs/reservations.md): a
+    take-back then would stop a borrower for a member who could not be served anyway."""
+    w = world(tmp_path)
+    await w.started(spawner(w, "bob"))
+    await w.started(spawner(w, "dan"))
+    alice = await in_line(w, "alice")
+    w.hub.reservations.known = False  # (as before the ledger first answers)
+    assert w.hub.quotas.must_take_back() == {}
+    w.hub.reservations.known = True
+    assert len(w.hub.quotas.must_take_back()) == 1
+    alice.cancel()
+    await asyncio.gather(alice, return_exceptions=True)
