@@ -7,8 +7,9 @@ holdings, its waiting line and JupyterHub's groups. :meth:`QuotaKeeper.check`, r
 with the idle reclaim, tells the users of the borrowed servers a waiter needs at once,
 and stops them through the hub once their quota's notice has passed, with the end
 reason ``preempted``. A user whose groups JupyterHub cannot say is counted in none:
-their requests draw on no quota and their holdings count as borrowed, but are not taken
-back while their groups are unknown ("could not find out" is not "in no group").
+their requests draw on no quota and their holdings count as borrowed; while any holder of
+a model is so, nothing of that model is taken back ("could not find out" is not "in no
+group").
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ..ledger.checks import utc_now
 from ..ledger.ledger import LedgerError
 from ..plan.quotas import Ask, Borrowed, Mark, Quota, Waiter, draws_on, in_turn, keep, marks, plan_reclaims, used
 from ..plan.reservations import Holder, Keep
-from .reservations import UNKNOWN, milli_asked
+from .reservations import UNKNOWN, _iso, milli_asked
 
 __all__ = ["PREEMPTED", "QuotaKeeper"]
 
@@ -55,10 +56,6 @@ TAKEN_BACK = Counter(
 
 GroupsOf = Callable[[str], "frozenset[str] | None"]  # a user's groups now (cached); None: not known
 LineRow = tuple[str, str, str, dict]  # (service, user, model, user_options) of a waiter, in line order
-
-
-def _iso(t: datetime) -> str:
-    return t.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _clock_time(t: datetime) -> str:
@@ -138,10 +135,6 @@ class QuotaKeeper:
         self._told: dict[str, Told] = {}  # holding name -> its take-back
         self._promised: dict[str, datetime] = {}  # waiter -> when the first notice for it was given
         self._unknown: set[str] = set()  # holdings whose users' groups could not be read: never taken back
-
-    @property
-    def active(self) -> bool:
-        return bool(self.quotas)
 
     def models(self) -> set[str]:
         return set(self._of_model)
@@ -319,7 +312,6 @@ class QuotaKeeper:
         everyone = self.holdings.all()
         unknown_models = {h.model for h in holders if h.key in self._unknown}
         members = set(self.reservation_members())
-        use = self.use()
         out: dict[str, tuple[Holding, Waiter]] = {}
         allocator = self.holdings.allocator
         for model in sorted({x.model for x in waiters} - unknown_models):
@@ -347,9 +339,8 @@ class QuotaKeeper:
                 borrowed.append(Borrowed(h.key, cost, max(0.0, ready), cls.rank if cls else 0))
             mine = []
             for x in (x for x in waiters if x.model == model):
-                ahead = self._ahead(waiters, x.waiter.key) or {}
-                k = keep(self.quotas, use, ahead, x.groups, {model: x.milli}, self._preemptible(x.groups)).get(model)
-                kept = (k.devices if k else 0) + self.reserved(x.groups).get(model, Keep()).devices
+                k = self.keep_free(x.groups, {model: x.milli}, x.waiter.key).get(model, Keep())
+                kept = k.devices + self.reserved(x.groups).get(model, Keep()).devices
                 if kept >= UNKNOWN:
                     continue  # the reservations are not known: nothing is granted, so nothing is stopped for it
                 mine.append(x.waiter._replace(kept=kept))
@@ -370,13 +361,11 @@ class QuotaKeeper:
             log.info("%s of %s is no longer taken back for a quota", name, h.user)
         for name, (h, w) in due.items():
             self._promised.setdefault(w.key, now)
-            told = self._told.get(name)
+            told, notice = self._told.get(name), self._of_model[h.held.model][w.group].notice
             if told is not None and told.holding is h:
                 # For whom may change; when it is stopped never comes sooner than its user was told.
-                notice = self._of_model[h.held.model][w.group].notice
                 told.waiter, told.stop_at = w, max(told.stop_at, told.since + notice)
                 continue
-            notice = self._of_model[h.held.model][w.group].notice
             self._told[name] = Told(h, now, w, now + notice)
             log.info("%s of %s is taken back for %s's quota at %s", name, h.user, w.group, _iso(now + notice))
         self._waited = None  # (the promises may have changed the waiters' turn)
@@ -396,9 +385,6 @@ class QuotaKeeper:
         for q in self.status():
             for state in ("within", "borrowed", "idle", "waiting"):
                 QUOTA_GPUS.labels(q["group"], q["model"], state).set(float(q[state]))
-
-    def _stop_at(self, name: str) -> datetime:
-        return self._told[name].stop_at
 
     async def _stop_one(self, room: asyncio.Semaphore, name: str, h: Holding) -> bool:
         async with room:
@@ -425,7 +411,7 @@ class QuotaKeeper:
             h, w = told.holding, told.waiter
             if h.user != user or self.holdings.get(name) is not h:
                 continue
-            at = max(now, self._stop_at(name))
+            at = max(now, told.stop_at)
             server = f"“{h.held.server}”" if h.held.server else "default"
             out.append(
                 {
@@ -501,13 +487,12 @@ class QuotaKeeper:
                 )
             beyond = free.get(model, 0) - within // UNIT
             cls = self.class_of(groups)
+            many = "GPU" if beyond == 1 else "GPUs"
             if beyond > 0 and cls is not None and not cls.preemptible:
-                many = "GPU" if beyond == 1 else "GPUs"
                 out.append(
                     f"{beyond} {model} {many} free beyond what quotas keep idle: never taken back (class {cls.name})."
                 )
             elif beyond > 0:
-                many = "GPU" if beyond == 1 else "GPUs"
                 out.append(
                     f"{beyond} {model} {many} free to borrow: "
                     f"{'it' if beyond == 1 else 'they'} may be taken back with {_notice(self._notice_of(model))}."
