@@ -93,3 +93,9 @@ def test_a_running_hub_names_quotas_it_cannot_meet_and_groups_it_does_not_have(t
     assert "gpu_quotas names the group 'ghosts', which JupyterHub does not have" in texts
     assert all(fix for _, fix in problems)
     assert w.hub.quotas.problems(lambda group: None) == problems[:2]  # not known: not named
+
+    def unreadable(group):
+        raise RuntimeError("JupyterHub's database is away")
+
+    # Whether a group exists could not be read: not named as missing ("could not find out").
+    assert [p for p, _ in w.hub.quotas.problems(unreadable)] == texts[:2]

@@ -21,7 +21,7 @@ import pytest
 from jupyterhub.spawner import SpawnException
 
 from gpuspawner.core.reservations import Reservation, ReservationError
-from gpuspawner.ledger.ledger import Ledger
+from gpuspawner.ledger.ledger import Ledger, LedgerError
 from gpuspawner.plan.quotas import Ask
 from gpuspawner.reclaim.quotas import PREEMPTED, QUOTA_GPUS, ask_of, hosts_of
 from gpuspawner.reclaim.reservations import GROUPS_SECONDS
@@ -322,3 +322,20 @@ async def test_while_the_reservations_cannot_be_read_nothing_is_taken_back(tmp_p
     assert len(w.hub.quotas.must_take_back()) == 1
     alice.cancel()
     await asyncio.gather(alice, return_exceptions=True)
+
+
+async def test_a_ledger_that_cannot_record_the_quota_mark_does_not_stop_the_spawn(tmp_path, monkeypatch):
+    """The mark at grant is a ledger write (note_quota): when it fails it is logged and the
+    server starts all the same, its GPUs held."""
+    w = world(tmp_path)
+    real = w.owner.ledger_call
+
+    async def marks_down(call):
+        if "note_quota" in call.__code__.co_names:
+            raise LedgerError("the ledger is down")
+        return await real(call)
+
+    monkeypatch.setattr(w.owner, "ledger_call", marks_down)
+    await w.started(spawner(w, "bob"))
+    assert w.owner.get("jupyter-bob").held.uuids
+    assert {r.service: r.borrowed for r in Ledger(w.db_url).open_allocations()} == {"jupyter-bob": None}
