@@ -56,6 +56,10 @@ def visible(swarm, user: str) -> str:
 
 
 def test_a_students_form_lists_only_the_allowed_model_and_another_gets_403(hub, swarm):
+    """Guards docs/access.md, "Tests": "a student's form lists only the allowed model and a REST
+    request for another gets 403, and the home page shows what is left of the budget"; "What users
+    see": "The spawn form lists only the models the user may have" and "is refused with 403 before
+    anything is reserved"."""
     page = login(hub, "stu").get(hub.url + "/hub/spawn/stu", timeout=30).content.decode()
     assert f'value="{GTX}"' in page and A100 not in page
     assert "Your limit: 1 per user" in page and "of 20 GPU-hours left" in page
@@ -78,6 +82,7 @@ def test_a_students_form_lists_only_the_allowed_model_and_another_gets_403(hub, 
 
 
 def test_staff_get_every_model_beyond_the_hubs_limit(hub, swarm):
+    """Guards docs/access.md, "Tests": "staff get more than max_gpus_per_user"."""
     page = login(hub, "prof").get(hub.url + "/hub/spawn/prof", timeout=30).content.decode()
     assert f'value="{GTX}"' in page and f'value="{A100}"' in page and "Your limit: 4 per user" in page
     home = login(hub, "prof").get(hub.url + "/hub/home", timeout=30).content.decode()
@@ -88,6 +93,8 @@ def test_staff_get_every_model_beyond_the_hubs_limit(hub, swarm):
 
 
 def test_a_budget_used_up_in_the_ledger_refuses_with_when_it_frees_up(hub, swarm, db_url):
+    """Guards docs/access.md, "Tests": "a budget used up in the ledger refuses with the time it frees
+    up"."""
     ledger = Ledger(db_url)
     now = datetime.now(timezone.utc)
     start = now - timedelta(days=5)
@@ -113,6 +120,8 @@ def test_a_budget_used_up_in_the_ledger_refuses_with_when_it_frees_up(hub, swarm
 
 
 def test_membership_changed_through_the_rest_api_applies_at_the_next_spawn(hub, swarm):
+    """Guards docs/access.md, "Tests": "membership changed through the REST API applies at the next
+    spawn"."""
     hub.ensure_user("newbie")
     r = hub.spawn("newbie", {"gpu_model": GTX})
     assert r.status_code == 403, r.text

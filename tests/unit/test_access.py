@@ -1,5 +1,8 @@
 """gpu_access: the rules per group, checked; a user's most generous merge; what
-a request the rules forbid is told."""
+a request the rules forbid is told.
+
+Guards docs/access.md, "Tests": "The rules, their merge and the sentences are checked table by table
+and as a property over random rules"."""
 
 from __future__ import annotations
 
@@ -214,7 +217,10 @@ def _at_least_as_generous(more: Access, less: Access, hub: dict) -> bool:
     ).map(lambda d: {**d, "idle_threshold": 5.0}),
 )
 def test_adding_a_listed_group_never_takes_anything_away(config, groups, extra, default, hub):
-    """Also the limits a group leaves to the hub's own setting (whatever it is)."""
+    """Also the limits a group leaves to the hub's own setting (whatever it is).
+
+    Guards docs/access.md, "A user in several groups": "Joining another listed group never takes
+    anything away, whatever the rules and the hub's own settings"."""
     r = AccessRules.parse(config, default_max_gpus=default)
     before, after = r.effective(groups), r.effective([*groups, extra])
     in_listed = any(g in config and g != "*" for g in groups)

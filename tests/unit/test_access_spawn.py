@@ -2,7 +2,9 @@
 ledger over the fake Docker API: the form offers only what the user's groups
 allow, a request for more gets 403 with what they may have and reserves
 nothing, groups are read at each spawn, and a used-up weekly budget refuses
-GPU requests with the time it is back."""
+GPU requests with the time it is back.
+
+Guards docs/access.md, "Tests": "the spawner, the form and the ledger over a fake Docker API"."""
 
 from __future__ import annotations
 
@@ -265,7 +267,10 @@ async def test_a_request_may_add_only_what_the_budget_has_left_and_is_stopped_th
     2 GPUs for her group's 8 hours would add 16, so the server gets 4 hours (the 8
     left, over 2 GPUs); those 8 are then spoken for, and her next GPU request gets
     403 saying so. The reclaim warns her, then stops the server at 4 hours with the
-    end reason ``budget``: her week ends at the budget, not above it."""
+    end reason ``budget``: her week ends at the budget, not above it.
+
+    Guards docs/access.md, "What a request may add": "through the spawner, the ledger and the
+    reclaim's stop"."""
     import time
 
     from tests.unit.test_reclaim import Clock, stop_through_spawners

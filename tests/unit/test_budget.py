@@ -1,4 +1,6 @@
-"""Weekly GPU-hour budgets: use within the last 7 days, and when enough is back."""
+"""Weekly GPU-hour budgets: use within the last 7 days, and when enough is back.
+
+Guards docs/access.md, "Tests": "the weekly window and when it frees up, also as a property"."""
 
 from __future__ import annotations
 
@@ -145,7 +147,10 @@ def test_the_worst_overshoot_before_and_after_counting_what_a_request_may_add(gp
     """The case docs/access.md states: 19.99 of 20 GPU-hours used, up to 4 GPUs
     for up to 8 hours each. Granting while the use is below the budget let the
     week reach 51.99 GPU-hours (260 %); counting what running servers and the
-    request may use keeps it at the budget."""
+    request may use keeps it at the budget.
+
+    Guards docs/access.md, "What a request may add": "could start four GPUs for 8 hours, and reach
+    51.99 GPU-hours in the week" and "With it, the week's use stays at the budget"."""
     before = greedy_user(False, 19.99, 20, max_gpus=4, max_hours=8, gpus=gpus)
     after = greedy_user(True, 19.99, 20, max_gpus=4, max_hours=8, gpus=gpus)
     assert before == pytest.approx(19.99 + 4 * 8, abs=0.01)
@@ -154,7 +159,11 @@ def test_the_worst_overshoot_before_and_after_counting_what_a_request_may_add(gp
 
 def test_with_the_default_stop_lag_the_week_goes_past_the_budget_by_at_most_40_gpu_seconds_per_gpu():
     """docs/access.md: beyond the budget only by the reclaim's stop lag times the GPUs;
-    with the defaults, a check every 10 s and up to 30 s for the container to exit."""
+    with the defaults, a check every 10 s and up to 30 s for the container to exit.
+
+    Guards docs/access.md, "What a request may add": "that is at most 40 GPU-seconds per GPU" and
+    "Both figures are measured for a user who asks for everything allowed every 15 minutes for two
+    weeks"."""
     from gpuspawner.hub.settings import GPUSettings
     from gpuspawner.reclaim.settings import ReclaimSettings
 
@@ -184,5 +193,7 @@ def test_too_little_left_for_the_gpus_asked_is_refused_saying_so():
     st.integers(1, 8),
 )
 def test_with_stops_at_the_limits_no_week_uses_more_than_the_budget(used, budget, max_gpus, max_hours, gpus):
+    """Guards docs/access.md, "What a request may add": "the bound holds for any budget, use, limit and
+    request size"."""
     worst = greedy_user(True, used, budget, max_gpus, max_hours or 1e6, min(gpus, max_gpus), step=timedelta(hours=1))
     assert worst <= max(budget, used) + 1e-6
