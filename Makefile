@@ -6,7 +6,7 @@ PYTHON := $(VENV)/bin/python
 WHEEL_VENV := .venv-wheel
 STATE := $(CURDIR)/demo-state
 
-.PHONY: deps test unit explore fuzz demo demo-down screenshots bench clean lint wheel-check configref labextension
+.PHONY: deps test unit explore fuzz demo demo-down screenshots bench clean lint wheel-check configref labextension docs
 
 # System packages (Debian) first (the venv needs python3-venv), then the Python
 # environment. Safe to run again.
@@ -18,7 +18,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	@echo "Installing gpuspawner and its test tools into $(VENV) (first time: a minute or two)"
 	$(PY) -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
-	$(PYTHON) -m pip install -q -e '.[test,lint,lab]'
+	$(PYTHON) -m pip install -q -e '.[test,lint,lab,docs]'
 	touch $@
 
 # Every test: unit tests and integration tests on a real three-node swarm, then the long
@@ -41,6 +41,14 @@ explore: $(VENV)/.installed
 # ruff check, ruff format --check and mypy: the hooks of .pre-commit-config.yaml, on every tracked file.
 lint: $(VENV)/.installed
 	$(VENV)/bin/pre-commit run --all-files --show-diff-on-failure
+
+# The documentation site in docs/_build/html (Sphinx, MyST, pydata-sphinx-theme; offline:
+# no inventories fetched), warnings as errors, then every internal link of the built HTML
+# checked (devtools/doclinks.py). Open docs/_build/html/index.html.
+docs: $(VENV)/.installed
+	rm -rf docs/_build
+	$(PYTHON) -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
+	$(PYTHON) -m devtools.doclinks docs/_build/html
 
 # docs/configuration.md, the configuration reference, generated from the traits of
 # c.GPUSwarmSpawner (tests/unit/test_configref.py fails when it is out of date).

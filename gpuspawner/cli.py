@@ -248,7 +248,7 @@ def format_agent_tokens(result: dict) -> str:
     return result["token"]  # alone on stdout, to go straight into the node's token file
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description="Admin commands for gpuspawner on a running hub.")
     parser.add_argument(
         "--hub-url",
@@ -345,7 +345,7 @@ def _request(parser: argparse.ArgumentParser, args) -> tuple[str, str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     body = None
     if args.command == "reserve":

@@ -73,7 +73,7 @@ def diagnose(
                 "warning",
                 "",
                 "no GPU is known: no static inventory and no agent report",
-                "set gpu_inventory, or run gpuspawner-agent on the GPU nodes (see the README)",
+                "set gpu_inventory, or run gpuspawner-agent on the GPU nodes (see docs/agent.md)",
             )
         )
     return out

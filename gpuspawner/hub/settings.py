@@ -74,7 +74,7 @@ class GPUSettings(LoggingConfigurable):
         default_value=["static"],
         help="""Where the GPUs come from, one or more of:
         ``static`` (the ``gpu_inventory`` file or dict), ``agent`` (reports
-        that ``gpuspawner-agent`` posts from each node; see the README), and
+        that ``gpuspawner-agent`` posts from each node; see docs/nodes.md), and
         ``local`` (NVML in the hub's own process, for a hub on a single GPU
         host). With ``static`` and ``agent`` together, a host listed in the
         static inventory keeps the devices listed there, and its agent's

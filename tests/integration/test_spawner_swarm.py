@@ -255,9 +255,10 @@ def test_metrics_follow_spawns_and_refusals(hub, swarm):
 
 
 def test_the_readme_rest_example_runs_as_written_with_a_token_made_as_readme_says(hub, swarm):
-    """README's curl command, with the hub's address for the demo's and a token that alice
-    made herself, logged in: the page README names is there, and the API it calls makes one."""
-    text = (REPO / "README.md").read_text()
+    """Guards docs/tutorial.md, "Through the REST API": "Log in as `alice`, make a token at"
+    and its curl command, with the hub's address for the demo's: the page it names is
+    there, and the API it calls makes a server."""
+    text = (REPO / "docs" / "tutorial.md").read_text()
     block = re.search(r"```sh\n(curl -X POST .*?/hub/api/users/alice/server)\n```", text, re.S)[1]
     session = login(hub, "alice")
     assert session.get(hub.url + "/hub/token", timeout=30).status_code == 200

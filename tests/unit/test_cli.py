@@ -116,7 +116,7 @@ def test_idle_lists_who_is_idle_now_longest_first_and_the_stray_processes():
 
 
 def test_line_lists_each_models_waiters_in_order_and_remove_names_the_request(capsys):
-    from gpuspawner.cli import _parser, _request, format_line
+    from gpuspawner.cli import build_parser, _request, format_line
 
     since = "2026-12-03T09:00:00Z"
     table = format_line(
@@ -136,7 +136,7 @@ def test_line_lists_each_models_waiters_in_order_and_remove_names_the_request(ca
     assert format_line({"user": "bob", "server": "big", "model": "A100", "removed": True}) == (
         "Took bob (big) out of the line for A100."
     )
-    parser = _parser()
+    parser = build_parser()
     assert _request(parser, parser.parse_args(["line"])) == ("GET", "gpuspawner/queue")
     assert _request(parser, parser.parse_args(["line", "--remove", "bob"])) == ("DELETE", "gpuspawner/queue/bob")
     assert _request(parser, parser.parse_args(["line", "--remove", "bob/big one"])) == (

@@ -285,17 +285,17 @@ def test_the_reserve_commands_the_docs_show_parse_as_they_are():
     import shlex
     from pathlib import Path
 
-    from gpuspawner.cli import _parser, _reserve_request
+    from gpuspawner.cli import build_parser, _reserve_request
 
     root = Path(__file__).resolve().parents[2]
     shown = [
         line
-        for doc in (root / "README.md", root / "docs" / "reservations.md")
+        for doc in (root / "docs" / "reservations.md", root / "docs" / "admin.md")
         for line in doc.read_text().splitlines()
         if line.startswith("gpuspawner reserve")  # the lines of their code blocks
     ]
     assert len(shown) >= 4
-    parser = _parser()
+    parser = build_parser()
     for line in shown:
         args = parser.parse_args(shlex.split(line)[1:])
         method, _, body = _reserve_request(parser, args)

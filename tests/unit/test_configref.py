@@ -149,7 +149,7 @@ def readme_defaults() -> list[tuple[str, str]]:
 def test_readme_shows_the_defaults_the_code_has():
     defaults = {s.name: s.default for s in configref.settings()}
     rows = readme_defaults()
-    assert {"gpu_inventory", "gpu_inventory_source", "gpu_idle_timeout", "allocation_policy"} <= {n for n, _ in rows}
+    assert {"gpu_inventory_source", "gpu_quotas", "gpu_idle_timeout", "allocation_policy"} <= {n for n, _ in rows}
     for name, cell in rows:
         assert name in defaults, f"README's table names {name}, which is not a gpuspawner setting"
         if defaults[name].startswith("computed"):

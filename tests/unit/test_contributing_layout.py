@@ -1,4 +1,4 @@
-"""README's "How it is built" tree names every module of the package, and only
+"""CONTRIBUTING.md's source tree names every module of the package, and only
 modules that exist: a split or a new module shows up there, or this fails."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def listed_modules() -> set[str]:
     """The modules the tree names, as paths in the package (core/sharing.py, cli.py)."""
-    text = (REPO / "README.md").read_text()
-    tree = text.split("## How it is built", 1)[1].split("```", 2)[1]
+    text = (REPO / "CONTRIBUTING.md").read_text()
+    tree = text.split("## The source tree", 1)[1].split("```", 2)[1]
     package = tree.split("gpuspawner/", 1)[1].split("\nexamples/", 1)[0]
     listed, folder = set(), ""
     for line in package.splitlines():
@@ -27,7 +27,7 @@ def listed_modules() -> set[str]:
     return listed
 
 
-def test_the_readme_tree_lists_every_module_of_the_package():
+def test_the_contributing_tree_lists_every_module_of_the_package():
     package = REPO / "gpuspawner"
     modules = {
         p.relative_to(package).as_posix()
@@ -36,12 +36,12 @@ def test_the_readme_tree_lists_every_module_of_the_package():
     }
     listed = listed_modules()
     assert "core/sharing.py" in listed and "cli.py" in listed
-    assert modules - listed == set(), "modules missing from README's tree"
-    assert listed - modules == set(), "README's tree names modules that do not exist"
+    assert modules - listed == set(), "modules missing from CONTRIBUTING.md's tree"
+    assert listed - modules == set(), "CONTRIBUTING.md's tree names modules that do not exist"
 
 
 def test_make_unit_leaves_out_the_explorations_that_make_explore_and_make_test_run():
-    """README: `make unit` runs the unit tests less those marked explore; `make explore`
+    """Guards CONTRIBUTING.md: `make unit` runs the unit tests less those marked explore; `make explore`
     runs those alone; `make test` runs everything: all tests less the explorations, then
     `make explore`."""
     makefile = (REPO / "Makefile").read_text()

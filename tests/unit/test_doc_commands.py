@@ -33,7 +33,7 @@ EXAMPLES = [(p.relative_to(REPO).as_posix(), words) for p in DOCS for words in c
 
 
 def test_the_docs_have_curl_examples():
-    assert {where for where, _ in EXAMPLES} >= {"README.md", "docs/line.md"}
+    assert {where for where, _ in EXAMPLES} >= {"docs/tutorial.md", "docs/line.md"}
 
 
 @pytest.mark.parametrize(("where", "words"), EXAMPLES, ids=[f"{w}:{i}" for i, (w, _) in enumerate(EXAMPLES)])
@@ -53,7 +53,7 @@ def test_a_curl_example_names_one_url_and_a_body_of_known_options(where, words):
 
 
 def test_the_image_build_downloads_from_the_mirror_readme_names(monkeypatch):
-    assert "http://deb.debian.org/debian" in (REPO / "README.md").read_text()
+    assert "http://deb.debian.org/debian" in (REPO / "docs" / "tutorial.md").read_text()
     monkeypatch.delenv("GPUSPAWNER_DEBIAN_MIRROR", raising=False)
     debian_image = importlib.reload(importlib.import_module("devtools.debian_image"))
     assert debian_image.DEBIAN_MIRROR == "http://deb.debian.org/debian"

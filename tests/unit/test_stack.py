@@ -206,4 +206,5 @@ def test_readme_gives_the_stacks_address_on_the_local_swarm():
 
     hub_node = lifecycle.DEFAULT_WORKERS.index(stack.HUB_NODE)
     cluster = SimpleNamespace(nodes={stack.HUB_NODE: SimpleNamespace(addr=netns.worker_addr(hub_node))})
-    assert f"its hub is at the proxy's node,\n{stack.hub_url(cluster)}," in (stack.REPO / "README.md").read_text()
+    text = " ".join((stack.REPO / "docs" / "tutorial.md").read_text().split())
+    assert f"Its hub is at the proxy's node, {stack.hub_url(cluster)}," in text
