@@ -1,6 +1,9 @@
-"""JupyterHub with gpuspawner on a Docker Swarm with GPU nodes.
+"""JupyterHub with gpuspawner on a Docker Swarm with GPU nodes: the hub run by hand.
 
-Run the hub on a swarm manager. Adapt the image, the network and the inventory.
+The recommended deployment is the stack in examples/stack/ (the hub, its proxy and
+PostgreSQL as swarm services; docs/deploy.md), with the GPUs reported by each node's
+agent. This file is the alternative for a hub run directly on a swarm manager, with a
+static inventory file: adapt the image, the network and the inventory.
 """
 
 import os
