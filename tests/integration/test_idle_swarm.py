@@ -81,6 +81,9 @@ def running(hub, user: str) -> bool:
 
 
 def test_processes_are_attributed_to_their_containers_and_an_idle_server_is_warned_then_stopped(cluster, swarm):
+    """Guards docs/idle.md, "Measured": "One reclaim on the test swarm", "the test prints these lines",
+    "the warning ran out: the hub takes the server off the proxy and stops it" and "the container
+    has ended: the server is gone from JupyterHub, its GPU free, the ledger says idle"."""
     hub, node, db = cluster
     spawn_ready(hub, "alice", {"gpu_model": A100})
     t0 = time.monotonic()  # alice's GPU is at 0 % from the start

@@ -2,7 +2,10 @@
 image (which installs the extension's wheel, devtools/jupyter_image.py), its status
 bar in headless Chromium, and the hub's endpoint asked with the server's own token
 (read from inside its container). gpu-b's GPUs come from gpuspawner-agent over the fake
-NVML, whose process list a test changes."""
+NVML, whose process list a test changes.
+
+Guards docs/jupyterlab.md, "The GPUs in JupyterLab's status bar": "These promises are checked in a
+real browser on the test swarm"."""
 
 from __future__ import annotations
 
@@ -48,6 +51,9 @@ def env_in(container, name: str) -> str:
 
 
 def test_the_status_bar_shows_the_servers_gpu_and_follows_its_memory_use(lab, browsers, shots):  # noqa: F811
+    """Guards docs/jupyterlab.md, "The GPUs in JupyterLab's status bar": "the item's UUIDs against the
+    container's NVIDIA_VISIBLE_DEVICES, the item following the fake NVML's memory and utilization,
+    the idle limit"."""
     hub, node, uuid, pid, container = lab
     visible = env_in(container, "NVIDIA_VISIBLE_DEVICES")
     assert visible == uuid
@@ -115,6 +121,8 @@ def test_a_share_holders_home_page_shows_its_memory_use_against_its_share_and_it
 
 
 def test_a_cpu_only_server_reads_no_gpu(lab, browsers):  # noqa: F811
+    """Guards docs/jupyterlab.md, "The GPUs in JupyterLab's status bar": "on a CPU-only server" and "A
+    server without a GPU reads"."""
     hub = lab[0]
     r = hub.spawn("nils", {})
     assert r.status_code in (201, 202), r.text
@@ -127,6 +135,9 @@ def test_a_cpu_only_server_reads_no_gpu(lab, browsers):  # noqa: F811
 
 
 def test_the_endpoint_answers_a_servers_own_token_for_its_own_server_only(lab):
+    """Guards docs/jupyterlab.md, "How it asks the hub": "a server's own token (JupyterHub's server
+    role) reads that server only", "A token that may not see the server gets 404, not 403" and "A
+    request without valid credentials gets 403"."""
     hub, _, uuid, _, container = lab
     token = env_in(container, "JUPYTERHUB_API_TOKEN")  # the server's own (JupyterHub's "server" role)
 

@@ -4,6 +4,9 @@ same database, and the server stopping and coming back under a running Ledger.
 
 Outside CI the tests are skipped when this machine cannot run a server (no
 ``postgresql`` package, no psycopg); under ``CI=true`` that is a failure.
+
+Guards docs/ledger.md, "Tests and benchmark": "the same tests again on a real PostgreSQL server" and
+"run every SQLite test against it, stop and restart it under a running ledger".
 """
 
 from __future__ import annotations

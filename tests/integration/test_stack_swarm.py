@@ -5,6 +5,10 @@ overlay network, reached by their service names.
 
 What the tests check comes from the swarm and through the hub's published port, as a
 user and an admin meet them. Each step prints how long it took (``-s`` shows them).
+
+Guards docs/deploy.md, "Deploying on a swarm: the hub as a swarm service": "The same stack runs in
+CI on the local three-node swarm, where a test deploys it" and "Measured there (two shared cores,
+the vfs storage driver, images cached; that test prints these figures)".
 """
 
 from __future__ import annotations
@@ -101,6 +105,8 @@ def open_allocations(swarm) -> list[tuple[str, str, str]]:
 
 
 def test_the_stack_runs_as_deployed(stack, swarm):
+    """Guards docs/deploy.md, "Deploying on a swarm: the hub as a swarm service": "every token and
+    password from a swarm secret"."""
     hub, state = stack
     client = swarm.client()
     services = {
@@ -135,6 +141,9 @@ def test_the_stack_runs_as_deployed(stack, swarm):
 
 
 def test_gpu_and_cpu_servers_on_the_overlay_network_and_a_hub_restart(stack, swarm):
+    """Guards docs/deploy.md, "Deploying on a swarm: the hub as a swarm service": "logs in through the
+    published port, starts a GPU server and a CPU-only server on the overlay network, restarts the
+    hub's service"."""
     hub, state = stack
     password = stack_harness.secret_values(state)["login-password"]
     network = stack_harness.network(swarm)
@@ -211,7 +220,10 @@ def test_gpu_and_cpu_servers_on_the_overlay_network_and_a_hub_restart(stack, swa
 def test_a_rotated_agent_token_is_picked_up_without_a_restart(stack, swarm):
     """An admin rotates gpu-a's token: its agent's reports are refused and its GPUs go
     stale; once the node's file holds the new token, they are offered again by
-    themselves, within two of the agent's intervals, and no agent was restarted."""
+    themselves, within two of the agent's intervals, and no agent was restarted.
+
+    Guards docs/deploy.md, "Deploying on a swarm: the hub as a swarm service": "from a rotated agent
+    token written to the node's file to its GPUs offered again, 1 s, with no restart"."""
     hub, state = stack
     agent = swarm.client().services.get(f"{stack_harness.STACK_NAME}_agent")
     tasks = sorted(t["ID"] for t in agent.tasks(filters={"desired-state": "running"}))

@@ -37,6 +37,9 @@ def server_token(app: JupyterHub, user: str, server: str = "") -> str:
 
 
 async def test_a_servers_own_token_reads_its_own_server_only_and_others_get_404(hub):
+    """Guards docs/jupyterlab.md, "How it asks the hub": "a server's own token (JupyterHub's server
+    role) reads that server only", "A token that may not see the server gets 404, not 403" and "A
+    request without valid credentials gets 403"."""
     app, url = hub
 
     async def ask(path: str, token: str | None) -> tuple[int, dict]:

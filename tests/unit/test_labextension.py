@@ -1,7 +1,10 @@
 """The JupyterLab extension's server half (labextension/gpuspawner_lab) in a real Jupyter
 server, asking a small stand-in hub on loopback (a tornado app in this test: only the
 one endpoint, answering as gpuspawner's does). The endpoint itself, the browser's status
-bar and the server's real token are tested on the swarm (tests/integration/test_jupyterlab_status.py)."""
+bar and the server's real token are tested on the swarm (tests/integration/test_jupyterlab_status.py).
+
+Guards docs/jupyterlab.md, "The GPUs in JupyterLab's status bar": "and in a real Jupyter server (the
+answer kept, a hub that refuses or is not there, the setting's default)"."""
 
 from __future__ import annotations
 
@@ -107,6 +110,8 @@ async def hub():
 
 
 async def test_the_status_is_the_hubs_answer_for_this_server_asked_with_its_token_and_kept_a_while(tmp_path, hub):
+    """Guards docs/jupyterlab.md, "The GPUs in JupyterLab's status bar": "the server keeps each answer
+    that long, however many tabs are open"."""
     proc, url = await jupyter_server(tmp_path, hub, "anna", "anna-server-token")
     try:
         first = await status(url)
@@ -121,6 +126,8 @@ async def test_the_status_is_the_hubs_answer_for_this_server_asked_with_its_toke
 
 
 async def test_a_hub_that_refuses_or_is_not_there_is_said_and_nothing_fails(tmp_path, hub):
+    """Guards docs/jupyterlab.md, "The GPUs in JupyterLab's status bar": "when the hub cannot be asked,
+    the item stays hidden"."""
     proc, url = await jupyter_server(tmp_path, hub, "zed", "a-wrong-token")
     try:
         refused = await status(url)
@@ -146,6 +153,8 @@ async def test_a_hub_that_refuses_or_is_not_there_is_said_and_nothing_fails(tmp_
 
 
 def test_the_setting_asks_every_15_s_by_default():
+    """Guards docs/jupyterlab.md, "The GPUs in JupyterLab's status bar": "Settings → GPU status
+    (gpuspawner); 15 by default"."""
     schema = json.loads((REPO / "labextension" / "schema" / "status.json").read_text())
     assert schema["properties"]["refreshSeconds"]["default"] == 15
     assert schema["title"] == "GPU status (gpuspawner)"  # as docs/jupyterlab.md names it in Settings

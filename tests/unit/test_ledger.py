@@ -2,6 +2,9 @@
 
 ``LedgerContract`` holds the behaviour every backend must show; it runs here on SQLite
 and in tests/integration/test_ledger_postgres.py on a real PostgreSQL server.
+
+Guards docs/ledger.md, "Tests and benchmark": "The ledger's tests run on a SQLite file, and the same
+tests again on a real PostgreSQL server".
 """
 
 from __future__ import annotations
