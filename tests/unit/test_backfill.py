@@ -3,7 +3,7 @@ host of a waiter (``Allocator.nearest_host``, checked against brute force) and o
 serving of a line (``gpuspawner.plan.backfill.Round``), all pure.
 
 Guards docs/line.md, "Backfill": "the host where it would fit first is kept for it"
-and "requests behind it ... are served at once on the other hosts"."""
+and "A request behind it, or a new one, that fits on another host is served at once"."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ new one, is served at once on another host, never on the kept one; with
 
 Guards docs/line.md, "Backfill": "the host where it would fit first is kept for
 it", "a request behind it, or a new one, that fits on another host is served at
-once" and "gpu_line_backfill = False: strict order"."""
+once" and "gpu_line_backfill = False is strict order"."""
 
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ async def test_a_reservations_refusal_lets_no_small_request_jump_a_large_one(tmp
 
 
 async def test_a_waiter_is_told_when_it_starts_where_the_holders_have_a_time_limit(tmp_path):
-    """Guards docs/line.md: "where the servers it waits for have a time limit, about when"."""
+    """Guards docs/line.md: "Where the servers it waits for have a time limit ... about when"."""
     world = World(tmp_path, inventory=TWO_HOSTS, allow_host_choice=True, max_gpus_per_user=2, gpu_max_hours=2)
     alice, bob, bob_start = await big_at_the_head(world)
     await until(lambda: any("Planned: about" in m for m in messages(bob)))

@@ -6,7 +6,7 @@ Guards docs/quotas.md: "while it does not use them, anyone may", "the users of t
 servers taken back are told at once", "stopped after the notice with the end reason
 preempted", "the member is then served", "a request within its group's quota is not
 held back by the line", "a borrower is told at its start that its GPUs are borrowed",
-"beyond its borrowing limit a request is refused", "the part of its quota a group does
+"goes no further than its borrowing limit: beyond it, a request is refused", "the part of its quota a group does
 not lend stays free", "a reservation's window never stops a holding within its quota",
 and "a reservation may keep only what quotas leave"."""
 
@@ -175,8 +175,8 @@ async def test_a_reservation_may_keep_only_what_quotas_leave(tmp_path):
 
 
 async def test_the_form_says_what_a_quota_leaves_its_members_and_what_others_may_borrow(tmp_path):
-    """Guards docs/quotas.md: the form says "what their group's quota has left" and "2
-    A100s free to borrow: they may be taken back with 10 minutes' notice"."""
+    """Guards docs/quotas.md, "Where to see them": the form "says what the user's group's quota has
+    left" and "GPUs free to borrow: they may be taken back with 10 minutes' notice"."""
     w = world(tmp_path)
     bob_form = html.unescape(await spawner(w, "bob")._render_options_form())
     assert f"2 {A100} GPUs free to borrow: they may be taken back with 10 minutes' notice." in bob_form
