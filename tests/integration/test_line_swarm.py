@@ -74,6 +74,9 @@ def told(hub, user: str, text: str, timeout: float = 60) -> str:
 
 
 def test_the_line_end_to_end_through_a_hub_restart(hub, swarm):
+    """Guards docs/line.md, "JupyterHub's limits": "a third user's spawn is still taken up" and "not
+    throttled with JupyterHub's 429"; "A hub restart": "The waiting users are still waiting, in the
+    same order"."""
     spawn_ready(hub, "anna", {"gpu_model": A100})
     spawn_ready(hub, "ben", {"gpu_model": A100})
     for user in ("cara", "dan"):
@@ -129,7 +132,12 @@ def test_the_line_end_to_end_through_a_hub_restart(hub, swarm):
 def test_the_waiting_page_shows_the_place_in_line(hub, browsers, shots):
     """In a real browser: the waiting page of a user in line (screenshot:
     docs/screenshots/spawn-waiting.png with ``make screenshots``); his Leave line moves
-    the next waiter up on her own page, which takes her to her server when a GPU frees."""
+    the next waiter up on her own page, which takes her to her server when a GPU frees.
+
+    Guards docs/line.md, "Waiting in line for a GPU": "A browser test on the test swarm takes this
+    screenshot"; "Leaving the line": "leaves the line at once", "JupyterHub's Stop button reads",
+    "When the line serves the request, the page becomes JupyterHub's again" and "the page takes the
+    user to the server when it is ready"."""
     spawn_ready(hub, "gil", {"gpu_model": A100, "gpu_count": 2})
     assert hub.spawn("hal", WAIT).status_code == 202
     driver = browsers(width=1000, height=700).driver
@@ -162,6 +170,8 @@ def test_the_waiting_page_shows_the_place_in_line(hub, browsers, shots):
 
 
 def test_a_staff_waiter_goes_ahead_of_an_earlier_student(hub, swarm):
+    """Guards docs/line.md, "The order": "a staff member who joins after a student is number 1 and the
+    student number 2; the next A100 that frees up starts the staff member's server"."""
     spawn_ready(hub, "ivy", {"gpu_model": A100})
     spawn_ready(hub, "jon", {"gpu_model": A100})
     assert hub.spawn("stu", WAIT).status_code == 202
@@ -207,6 +217,8 @@ def test_with_fair_share_a_waiter_without_recent_use_goes_ahead_of_an_earlier_on
 
 
 def test_an_admin_lists_the_line_and_takes_a_request_out_of_it(hub, swarm):
+    """Guards docs/line.md, "For admins": "gpuspawner line prints each model's line in order", "takes a
+    request out of the line and the ledger" and "A request that is not in line answers 404"."""
     spawn_ready(hub, "gil", {"gpu_model": A100, "gpu_count": 2})
     assert hub.spawn("ivy", WAIT).status_code == 202
     assert told(hub, "ivy", f"You are number 1 in line for {A100}")

@@ -1,7 +1,11 @@
 """Fair share in the line (docs/line.md): the decay arithmetic and the order
 (gpuspawner.core.fairshare, core.line_order; pure), recent use from a SQLite
 ledger, and waiting spawns of the real spawner over the fake swarm served in
-that order."""
+that order.
+
+Guards docs/line.md, "Fair share": "Recent use is GPU-hours with each moment weighted by 2^(−age /
+half-life)", "It is read from the ledger's allocations of the last ten half-lives" and "when a user
+joins the line and at most every 30 s while anyone waits"."""
 
 from __future__ import annotations
 
@@ -48,6 +52,8 @@ def test_recent_use_is_the_integral_of_the_halving_weight_over_each_holding():
 
 
 def test_an_hour_a_half_life_ago_counts_half_and_a_share_its_fraction():
+    """Guards docs/line.md, "Fair share": "a week ago (half-life 7 days) 0.5" and "a share counts as
+    its fraction"."""
     now = decayed_gpu_hours([hour(T0)], T0, WEEK)
     assert now == pytest.approx(1.0, rel=3e-3)  # an hour just ended: about 1 GPU-hour
     assert decayed_gpu_hours([hour(T0 - WEEK)], T0, WEEK) == pytest.approx(now / 2, rel=1e-9)
@@ -56,6 +62,7 @@ def test_an_hour_a_half_life_ago_counts_half_and_a_share_its_fraction():
 
 
 def test_a_holding_still_open_counts_until_now_and_nothing_after_it():
+    """Guards docs/line.md, "Fair share": "a server still running counts up to now"."""
     open_one = (T0 - timedelta(hours=1), None, 1.0)
     assert decayed_gpu_hours([open_one], T0, WEEK) == decayed_gpu_hours([hour(T0)], T0, WEEK)
     assert decayed_gpu_hours([(T0 - timedelta(hours=1), T0 + timedelta(days=1), 1.0)], T0, WEEK) == (
@@ -129,7 +136,10 @@ def test_after_the_longest_wait_a_waiter_goes_by_arrival_ahead_of_lighter_later_
 
 def test_a_heavy_user_who_keeps_asking_is_served_within_the_longest_wait_while_light_users_keep_coming():
     """One GPU, one server ending every hour; a light user (no recent use) joins every
-    30 min, a heavy one once. Light users pass the heavy one for max_wait, never longer."""
+    30 min, a heavy one once. Light users pass the heavy one for max_wait, never longer.
+
+    Guards docs/line.md, "Fair share": "a heavy user is passed by later arrivals for at most that
+    long"."""
     fair = FairShare(half_life=WEEK, max_wait=timedelta(hours=6))
     line = [waiter(0, "heavy")]
     used = {"heavy": 300.0}
@@ -193,6 +203,8 @@ def test_the_usage_report_shows_recent_use_beside_gpu_hours():
 
 
 async def test_with_fair_share_the_waiter_with_less_recent_use_is_served_first_though_it_came_second(tmp_path):
+    """Guards docs/line.md, "Fair share": "bob first with 10 GPU-hours two days ago and carol second
+    with none, carol is number 1 and gets the GPU when it frees up"."""
     world = World(tmp_path, gpu_fairshare_half_life_days=7)
     ledger = Ledger(world.db_url)
     earlier = datetime.now(timezone.utc) - timedelta(days=2)
@@ -223,6 +235,8 @@ async def test_with_fair_share_the_waiter_with_less_recent_use_is_served_first_t
 
 
 async def test_when_the_ledger_cannot_say_recent_use_the_line_keeps_what_it_last_read(tmp_path, monkeypatch):
+    """Guards docs/line.md, "Fair share": "When the ledger cannot be read, the line keeps the figures
+    it last read" and "reads again at the next serving"."""
     world = World(tmp_path, gpu_fairshare_half_life_days=7)
     line = world.hub.line
     ledger = Ledger(world.db_url)
@@ -296,7 +310,10 @@ def test_fair_share_by_group_is_a_setting():
 
 async def test_by_group_the_waiter_whose_group_used_less_goes_first_though_it_came_second(tmp_path):
     """bob has used nothing himself, but his group physics has (max, 10 GPU-hours two
-    days ago); carol's group cs has not: carol goes ahead of bob."""
+    days ago); carol's group cs has not: carol goes ahead of bob.
+
+    Guards docs/line.md, "Fair share": "a waiter's figure is that of the most-used of its JupyterHub
+    groups" and "The order's reason names the group"."""
     world = World(tmp_path, gpu_fairshare_half_life_days=7, gpu_fairshare_by="group")
     line = world.hub.line
     line.groups_of = {"bob": ["physics"], "carol": ["cs"]}.get

@@ -402,7 +402,10 @@ async def test_a_ledger_error_as_a_gpu_frees_keeps_every_waiter_in_line_and_the_
     tmp_path, monkeypatch
 ):
     """The head's reservation cannot be recorded for a moment: that may pass, so
-    nobody is thrown out of the line (and told to retry while their row stays)."""
+    nobody is thrown out of the line (and told to retry while their row stays).
+
+    Guards docs/line.md, "When a dependency fails": "A failure that may pass keeps everyone's place"
+    and "the first waiter's reservation cannot be recorded (the ledger's database is down)"."""
     monkeypatch.setattr(line_wait, "RETRY_SECONDS", 0.1)
     world = World(tmp_path)
     alice, bob, carol, bob_start, carol_start = await two_in_line(world)
@@ -426,7 +429,11 @@ async def test_a_ledger_error_as_a_gpu_frees_keeps_every_waiter_in_line_and_the_
 
 @pytest.mark.parametrize("reason", sorted(line_wait.PASSING))
 async def test_a_refusal_that_may_pass_keeps_the_place_and_the_line_is_tried_again(tmp_path, monkeypatch, reason):
-    """The ledger down, no free host port, the old service still going: the waiter stays first."""
+    """The ledger down, no free host port, the old service still going: the waiter stays first.
+
+    Guards docs/line.md, "When a dependency fails": "no port of host_network_ports is free, or the
+    waiter's previous server is still being removed, nobody is told to go away" and "the line is
+    tried again when devices come back, and every 10 seconds"."""
     monkeypatch.setattr(line_wait, "RETRY_SECONDS", 0.05)
     line = World(tmp_path).hub.line
     await line.join("jupyter-bob", "bob", "", A100, 0, WAIT)

@@ -85,6 +85,8 @@ async def cancelled(spawner, start: asyncio.Future) -> None:
 
 
 async def test_a_staff_waiter_goes_ahead_of_an_earlier_student_and_is_served_first(tmp_path):
+    """Guards docs/line.md, "The order": "a staff member who joins after a student is number 1 and the
+    student number 2; the next A100 that frees up starts the staff member's server"."""
     w = world(tmp_path)
     alice = w.spawner("alice", {"gpu_model": A100})  # in no group: the hub's defaults
     await w.started(alice)
@@ -213,7 +215,10 @@ async def test_a_row_whose_resumed_spawn_never_waits_leaves_at_its_deadline_and_
 ):
     """Prof's resumed spawn failed in a hook before it could wait: his row has no
     live wait. It holds its place until its deadline, then leaves, and stu
-    (behind him, waiting) is served; nobody edits the database."""
+    (behind him, waiting) is served; nobody edits the database.
+
+    Guards docs/line.md, "A hub restart": "A row whose spawn is still not waiting 2 minutes after
+    the spawns were resumed leaves the line" and "the one behind it is served next"."""
     monkeypatch.setattr(line_wait, "RETRY_SECONDS", 0.1)
     w = await restarted_hub(tmp_path)
     stu = in_groups(w.spawner("stu", WAIT), "students")
@@ -228,6 +233,7 @@ async def test_a_row_whose_resumed_spawn_never_waits_leaves_at_its_deadline_and_
 
 
 async def test_a_request_that_does_not_wait_is_not_refused_for_rows_past_their_deadline(tmp_path, monkeypatch):
+    """Guards docs/line.md, "A hub restart": "a request without gpu_wait is no longer refused for it"."""
     w = await restarted_hub(tmp_path)  # neither stu's nor prof's spawn comes back
     short_deadlines(w, monkeypatch, 0.3)
     await stopped_leftover(w, "alice")

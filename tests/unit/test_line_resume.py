@@ -91,7 +91,10 @@ async def test_resuming_the_line_leaves_alone_a_spawn_of_the_same_server_begun_w
     alone: his pending server is not stopped (JupyterHub would delete its API token and
     OAuth client) nor spawned a second time. Bob keeps the first place and is served when
     alice's GPU comes back; stu waits behind him. ``begun``: how far bob's spawn has got
-    when the resume walks the line (a live wait, or still in JupyterHub's hooks)."""
+    when the resume walks the line (a live wait, or still in JupyterHub's hooks).
+
+    Guards docs/line.md, "A hub restart": "Only the rows nobody owns are resumed" and "the resume
+    never stops it (JupyterHub would delete its API token) nor spawns the server a second time"."""
     reads = ledger_down_at_first(monkeypatch)
     w, hub = await restarted(tmp_path, monkeypatch)
     hooked = asyncio.Event()
@@ -173,7 +176,10 @@ async def test_a_server_jupyterhub_still_checks_as_the_line_is_resumed_is_resume
     """JupyterHub checks the earlier hub's record of bob's server in the background
     (``init_spawners_timeout``): it is still pending ``check`` when the resume walks the
     line. The resume does not stop it under JupyterHub's check; JupyterHub finds it gone
-    and stops it (pending ``stop``), and then the resume issues bob's spawn, once."""
+    and stops it (pending ``stop``), and then the resume issues bob's spawn, once.
+
+    Guards docs/line.md, "A hub restart": "A server JupyterHub is still checking or stopping" and
+    "is resumed once that is over"."""
     monkeypatch.setattr(resume, "SETTLE_POLL_SECONDS", 0.01)
     w = World(tmp_path)
     Ledger(w.db_url).enqueue("jupyter-bob", "bob", "", A100, 0, WAIT)
@@ -196,7 +202,9 @@ async def test_a_row_an_admin_takes_out_of_line_while_the_resume_stops_its_dead_
 ):
     """The resume stops the earlier hub's record of bob's server (it has an entry and no
     service); while that stop runs, an admin takes bob's request out of the line. The
-    resume does not then spawn it again."""
+    resume does not then spawn it again.
+
+    Guards docs/line.md, "A hub restart": "A row that left the line before its turn is not resumed"."""
     w = World(tmp_path)
     Ledger(w.db_url).enqueue("jupyter-bob", "bob", "", A100, 0, WAIT)
 
@@ -213,7 +221,10 @@ async def test_a_server_jupyterhub_checks_past_the_settle_time_is_left_alone_and
 ):
     """Bob's server is still pending ``check`` when the resume gives up waiting for it
     (:data:`resume.SETTLE_SECONDS`): it is neither stopped nor spawned, the hub's log
-    says so, and stu's row behind it is resumed all the same."""
+    says so, and stu's row behind it is resumed all the same.
+
+    Guards docs/line.md, "A hub restart": "after 60 seconds, left with its place until its
+    deadline"."""
     monkeypatch.setattr(resume, "SETTLE_SECONDS", 0.2)
     monkeypatch.setattr(resume, "SETTLE_POLL_SECONDS", 0.01)
     w = World(tmp_path)

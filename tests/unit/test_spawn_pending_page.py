@@ -101,6 +101,8 @@ const seen = [];
 
 
 async def test_when_the_line_serves_the_request_the_waiting_page_turns_into_jupyterhubs(tmp_path):
+    """Guards docs/line.md, "Leaving the line": "When the line serves the request, the page becomes
+    JupyterHub's again: the progress bar follows the start"."""
     if shutil.which("node") is None:
         skip_or_fail("Node runs the waiting page's script here (apt-get install nodejs)")
     world = World(tmp_path)
