@@ -10,6 +10,11 @@ deployed as examples/agent-stack.yml (``--gpus static`` reads the file directly)
 real JupyterLab servers (devtools.jupyter_image), or with ``--server standin`` the
 busybox stand-in that starts in a second. A second run reuses the swarm, the image and
 the hub's database.
+
+Beyond examples/local/jupyterhub_config.py (which the integration tests share), the demo's
+hub shares one model in fractions, gives a group a rule, and keeps a GPU for another group
+by a reservation made through the hub's API at each start (HUB_SETTINGS, GROUPS,
+RESERVATION); the banner says what to try with them.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import contextlib
 import signal
 import sys
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import requests
@@ -30,6 +36,27 @@ from . import swarm as swarm_harness
 from .hub import LOCAL_CONFIG, Hub, HubError
 
 INVENTORY = LOCAL_CONFIG.parent / "gpus.yaml"
+
+# What a newcomer tries from the form (docs/sharing.md, docs/access.md, docs/reservations.md),
+# on the models of INVENTORY: the small one shared, the large one reserved.
+SHARED = "NVIDIA GeForce GTX 1070"
+RESERVED = "NVIDIA A100 80GB PCIe"
+HUB_SETTINGS = {
+    # split: 0.2, then 1.2 as 0.6 + 0.6, leaves one device at 0.8 and one at 0.6 (docs/sharing.md's example).
+    "gpu_sharing": {SHARED: {"quantum": 0.1, "split": True}},
+    "gpu_access": {"students": {"models": [SHARED], "max_gpus": 1}},
+}
+GROUPS = {"students": ["carol"], "lab": ["dave"]}
+RESERVATION = {"group": "lab", "model": RESERVED, "count": 1, "name": "Lab"}
+# Long enough to see the forms before it opens, short enough to see it open.
+OPENS_IN, LASTS = timedelta(minutes=5), timedelta(hours=2)
+
+
+def hub_config() -> str:
+    """The demo's lines after examples/local/jupyterhub_config.py."""
+    lines = [f"c.GPUSwarmSpawner.{key} = {value!r}" for key, value in HUB_SETTINGS.items()]
+    groups = {group: {"users": users} for group, users in GROUPS.items()}
+    return "\n".join([*lines, f"c.JupyterHub.load_groups = {groups!r}"]) + "\n"
 
 
 def _step(n: int, text: str) -> None:
@@ -157,6 +184,46 @@ def _agents(stack: contextlib.ExitStack, hub: Hub, cluster: swarm_harness.Cluste
     print(f"   reported: {', '.join(sorted(known())) or 'nothing yet'}", flush=True)
 
 
+def _reservation(hub: Hub, now: datetime) -> dict | None:
+    """RESERVATION from OPENS_IN after ``now`` for LASTS, made through the hub's API; the one
+    an earlier run made (the hub's ledger keeps it) is removed first. None where the hub
+    refuses it (said why; the demo goes on without it)."""
+    try:
+        listed = hub.api("GET", "/gpuspawner/reservations")
+        for old in listed.json()["reservations"] if listed.status_code == 200 else []:
+            if (old["name"], old["group"]) == (RESERVATION["name"], RESERVATION["group"]):
+                hub.api("DELETE", f"/gpuspawner/reservations/{old['id']}")
+        start = (now + OPENS_IN + timedelta(minutes=1)).replace(second=0, microsecond=0)  # on the minute
+        body = {**RESERVATION, "start": start.isoformat(), "end": (start + LASTS).isoformat()}
+        made = hub.api("POST", "/gpuspawner/reservations", json=body)
+    except requests.RequestException as exc:
+        print(f"   no reservation: the hub did not answer ({exc})", flush=True)
+        return None
+    if made.status_code != 201:
+        print(f"   no reservation: the hub answered {made.status_code} {made.text}", flush=True)
+        return None
+    return made.json()
+
+
+def _to_try(hub_url: str, reservation: dict | None) -> str:
+    """The banner's lines on what to try."""
+    students = ", ".join(GROUPS["students"])
+    lines = [
+        f"Log in as alice, ask for a 0.2 share of the {SHARED}; then as bob, for 1.2.",
+        f"  As admin, {hub_url}/hub/gpus then shows one at 0.80 (alice 0.2, bob 0.6), one at 0.60.",
+        f"{students} is in the group students, which may have the {SHARED} only, 1 at most.",
+    ]
+    if reservation:
+        start, end = (datetime.fromisoformat(reservation[k].replace("Z", "+00:00")) for k in ("start", "end"))
+        members = ", ".join(GROUPS[reservation["group"]])
+        lines += [
+            f"The reservation {reservation['name']} opens at {start:%H:%M} UTC (until {end:%H:%M}): it keeps"
+            f" {reservation['count']:g} {reservation['model']}",
+            f"  for the group {reservation['group']} ({members}); others' forms then say so and count it off.",
+        ]
+    return "\n To try:" + "".join(f"\n   {line}" for line in lines) + "\n"
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     state_dir = args.state_dir.resolve()
@@ -177,7 +244,7 @@ def main(argv=None) -> int:
     env = {"GPUSPAWNER_DOCKER_URL": cluster.manager_url, "GPUSPAWNER_IMAGE": image}
     if args.gpus == "agent":
         env.update(GPUSPAWNER_INVENTORY_SOURCE="agent")
-    hub = Hub(state_dir, port=args.port, env=env)
+    hub = Hub(state_dir, port=args.port, extra_config=hub_config(), env=env)
     (state_dir / DOWN_MARK).unlink(missing_ok=True)
     try:
         hub.start()
@@ -199,7 +266,9 @@ def main(argv=None) -> int:
                 return 1
         else:
             _step(4, f"GPUs from {INVENTORY.name} (no agents)")
-        status = _serve(hub, cluster, servers, args.gpus)
+        # Once the hub knows the reserved model (from the agents' reports).
+        reservation = _reservation(hub, datetime.now(timezone.utc))
+        status = _serve(hub, cluster, servers, args.gpus, _to_try(hub.url, reservation))
         if _down_requested(hub):
             stack.pop_all()
         return status
@@ -217,7 +286,7 @@ def _stopped_by_down(hub: Hub) -> bool:
     return True
 
 
-def _serve(hub: Hub, cluster, servers: str, gpus: str) -> int:
+def _serve(hub: Hub, cluster, servers: str, gpus: str, to_try: str = "") -> int:
     source = (
         "reported by gpuspawner-agent on each worker over a fake NVML, simulating" if gpus == "agent" else "read from"
     )
@@ -232,7 +301,7 @@ def _serve(hub: Hub, cluster, servers: str, gpus: str) -> int:
  Servers: {servers}.
  In a server's terminal, `echo $NVIDIA_VISIBLE_DEVICES` shows the GPUs it was given.
  Admins: {hub.url}/hub/gpus shows who holds which GPU.
-
+{to_try}
  Hub log:         {hub.log_path}
  What runs where: DOCKER_HOST={cluster.manager_url} docker service ls
 

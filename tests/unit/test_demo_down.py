@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
@@ -129,8 +130,14 @@ class StandIns:
                 world.called(path.rsplit("/", 1)[-1])
                 if not world.hub_runs:
                     raise requests.ConnectionError("connection refused")
-                body = {"token": "t0k3n"} if method == "POST" else {"gpu-a": {}, "gpu-b": {}}  # both reported
-                return SimpleNamespace(status_code=200, json=lambda: body, text=json.dumps(body))
+                status = 200
+                if path == "/gpuspawner/reservations":  # none yet; a new one is stored as sent
+                    status, body = (
+                        (201, {**kwargs["json"], "id": 1}) if method == "POST" else (200, {"reservations": []})
+                    )
+                else:
+                    body = {"token": "t0k3n"} if method == "POST" else {"gpu-a": {}, "gpu-b": {}}  # both reported
+                return SimpleNamespace(status_code=status, json=lambda: body, text=json.dumps(body))
 
         self.Hub = Hub
         self.cluster = SimpleNamespace(
@@ -178,3 +185,38 @@ def test_make_demo_then_make_demo_down_both_end_with_status_0(tmp_path, monkeypa
     assert world.down_status == 0 and not world.swarm_up and not world.hub_runs
     out, err = capsys.readouterr()
     assert "stopped by `make demo-down`" in out and "Traceback" not in err and err == ""
+    if down_at == "poll":  # the hub served: the banner says what to try, the reservation with its time
+        assert "Log in as alice, ask for a 0.2 share of the" in out
+        assert re.search(r"The reservation Lab opens at \d\d:\d\d UTC \(until \d\d:\d\d\): it keeps 1 ", out), out
+
+
+def test_the_demos_reservation_is_made_afresh_at_each_start(capsys):
+    """A second `make demo` reuses the hub's ledger: the reservation the first one made is
+    removed, and a new one opens OPENS_IN (to the next minute) after the start, for LASTS."""
+    calls = []
+
+    def api(method, path, **kwargs):
+        calls.append((method, path, kwargs.get("json")))
+        listed = {
+            "reservations": [{"id": 7, "name": "Lab", "group": "lab"}, {"id": 8, "name": "CS101", "group": "lab"}]
+        }
+        status, body = (201, {**kwargs["json"], "id": 9}) if method == "POST" else (200, listed)
+        return SimpleNamespace(status_code=status, json=lambda: body, text=json.dumps(body))
+
+    now = datetime(2026, 12, 8, 14, 0, 30, tzinfo=timezone.utc)
+    made = demo._reservation(SimpleNamespace(api=api), now)
+    assert [c[:2] for c in calls] == [
+        ("GET", "/gpuspawner/reservations"),
+        ("DELETE", "/gpuspawner/reservations/7"),  # the admin's own CS101 stays
+        ("POST", "/gpuspawner/reservations"),
+    ]
+    assert made["start"] == "2026-12-08T14:06:00+00:00" and made["end"] == "2026-12-08T16:06:00+00:00"
+    assert (made["group"], made["model"], made["count"]) == ("lab", demo.RESERVED, 1)
+
+    def refuses(method, path, **kwargs):
+        return SimpleNamespace(
+            status_code=400 if method == "POST" else 200, json=lambda: {"reservations": []}, text="no"
+        )
+
+    assert demo._reservation(SimpleNamespace(api=refuses), now) is None
+    assert "no reservation: the hub answered 400 no" in capsys.readouterr().out

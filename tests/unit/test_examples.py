@@ -4,9 +4,12 @@ import pytest
 from traitlets.config import Config
 from traitlets.config.loader import PyFileConfigLoader
 
-from devtools.hub import REPO
+from devtools import demo
+from devtools.hub import REPO, Hub
 from gpuspawner import validate_config
-from gpuspawner.allocator.allocator import POLICIES
+from gpuspawner.allocator.allocator import POLICIES, Allocator, Request
+from gpuspawner.core.access import AccessRules
+from gpuspawner.core.inventory_files import load_inventory
 
 
 def load_config(path, monkeypatch, **env):
@@ -34,6 +37,42 @@ def test_local_demo_config_loads(monkeypatch):
     c = load_config(REPO / "examples/local/jupyterhub_config.py", monkeypatch)
     assert c.GPUSwarmSpawner.network_name == "host"
     assert c.GPUSwarmSpawner.gpu_inventory.endswith("gpus.yaml")
+
+
+def test_the_demos_hub_config_passes_the_hubs_checks_on_the_demos_gpus(monkeypatch, tmp_path):
+    """`make demo`'s hub: examples/local plus the demo's own lines, which come after its
+    configure(c), so they are checked here as a hub start checks its settings."""
+    path = Hub(tmp_path, extra_config=demo.hub_config()).write_config()
+    c = load_config(path, monkeypatch)
+    validate_config(c)  # raises SystemExit naming what is wrong
+    assert c.GPUSwarmSpawner.gpu_sharing == demo.HUB_SETTINGS["gpu_sharing"]
+    assert c.GPUSwarmSpawner.gpu_access == demo.HUB_SETTINGS["gpu_access"]
+    models = {g.model for g in load_inventory(str(demo.INVENTORY))}
+    assert {demo.SHARED, demo.RESERVED} <= models
+    rules = AccessRules.parse(c.GPUSwarmSpawner.gpu_access, default_max_gpus=c.GPUSwarmSpawner.max_gpus_per_user)
+    assert rules.unknown_models(models) == [] and set(rules.groups) <= set(c.JupyterHub.load_groups)
+    # The banner: the student may have the shared model only, 1 at most; alice and bob, 1.2 of it.
+    (student,) = c.JupyterHub.load_groups["students"]["users"]
+    access = rules.effective(g for g, members in c.JupyterHub.load_groups.items() if student in members["users"])
+    assert access.allows(demo.SHARED) and not access.allows(demo.RESERVED) and access.max_gpus == 1
+    assert f"{student} is in the group students, which may have the {demo.SHARED} only, 1 at most." in demo._to_try(
+        "http://hub", None
+    )
+    assert rules.effective([]).max_gpus >= 1.2
+    assert demo.RESERVATION["group"] in c.JupyterHub.load_groups  # a reservation's group must exist
+
+
+def test_the_demos_share_example_books_what_its_banner_says():
+    """The banner: alice 0.2 of the shared model, then bob 1.2: one device at 0.80, one at 0.60."""
+    alloc = Allocator(load_inventory(str(demo.INVENTORY)), sharing=demo.HUB_SETTINGS["gpu_sharing"])
+    alloc.allocate("alice", Request(demo.SHARED, owner="alice", milli=200))
+    alloc.allocate("bob", Request(demo.SHARED, owner="bob", milli=1200))
+    gpus = [g.uuid for g in load_inventory(str(demo.INVENTORY)) if g.model == demo.SHARED]
+    booked = sorted((sum(alloc.booked_on(uuid).values()) for uuid in gpus), reverse=True)
+    assert booked == [800, 600, 0]
+    assert "0.2 share of the" in demo._to_try("http://hub", None) and "at 0.80 (alice 0.2, bob 0.6), one at 0.60" in (
+        demo._to_try("http://hub", None)
+    )
 
 
 @pytest.mark.parametrize(
