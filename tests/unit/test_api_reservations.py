@@ -138,6 +138,9 @@ async def test_a_weekly_reservation_in_local_time_is_stored_and_answered_in_utc(
 
 
 async def test_an_overlap_beyond_the_models_count_is_refused_naming_the_other(hub):
+    """Guards docs/reservations.md, "Making one": "Overlaps that cannot both be met are refused when
+    the reservation is made, naming the reservations it conflicts with" and "Nothing is stored
+    then"."""
     assert (await hub("POST", body=CS101))[0] == 201
     physics = {
         "group": "physics",
@@ -217,7 +220,7 @@ HOSTILE = [
 
 @pytest.mark.parametrize("body, message", HOSTILE, ids=["deep", "deep-field", "tz-folder", "tz-300", "tz-long", "nl"])
 async def test_a_hostile_body_is_a_400_with_a_sentence_and_nothing_is_stored(hub, body, message):
-    """docs/reservations.md: "A bad body gets 400 with the reason, and nothing is stored" (hostile bodies:
+    """Guards docs/reservations.md: "A bad body gets 400 with the reason, and nothing is stored" (hostile bodies:
     a deep body, a time zone that is a folder of the tz database or too long a name, a name
     ending in a newline)."""
     code, answer = await hub("POST", body=body)
@@ -227,7 +230,7 @@ async def test_a_hostile_body_is_a_400_with_a_sentence_and_nothing_is_stored(hub
 
 
 async def test_the_clis_timezone_that_names_a_tz_folder_is_refused_with_a_sentence(hub, monkeypatch, capsys):
-    """docs/reservations.md: "A bad body gets 400 with the reason", through `gpuspawner reserve
+    """Guards docs/reservations.md: "A bad body gets 400 with the reason", through `gpuspawner reserve
     --timezone` too."""
     import asyncio
 
@@ -347,6 +350,8 @@ async def test_the_hubs_groups_are_read_as_jupyterhub_has_them(start):
 
 
 async def test_a_share_total_is_stored_for_a_model_users_may_share_and_refused_for_another(start):
+    """Guards docs/reservations.md, "Share totals (--shares)": "The model must be one users may share
+    (gpu_sharing)" and "a fractional count without --shares is refused too"."""
     hub = await start(gpu_sharing={A100: {"quantum": 0.25}})
     code, made = await hub("POST", body=CS101 | {"count": 1.5, "shares": True})
     assert code == 201 and (made["count"], made["shares"]) == (1.5, True)
@@ -371,6 +376,8 @@ async def test_a_share_total_is_stored_for_a_model_users_may_share_and_refused_f
 
 
 async def test_a_weekly_reservation_until_a_day_is_stored_and_listed_with_it(hub):
+    """Guards docs/reservations.md, "Making one": "ends a weekly reservation: no window starts at or
+    after it" and "A one-off reservation has none"."""
     code, made = await hub("POST", body=CS101 | {"until": "2027-02-09T00:00"})  # Berlin time
     assert code == 201 and made["until"] == "2027-02-08T23:00:00Z"
     assert (await hub.listed())[0]["until"] == "2027-02-08T23:00:00Z"

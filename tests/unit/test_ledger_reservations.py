@@ -304,6 +304,8 @@ def test_a_name_left_out_is_stored_as_empty(tmp_path):
 
 
 def test_0007_adds_share_totals_keeping_the_reservations_of_whole_gpus(tmp_path):
+    """Guards docs/reservations.md, "Share totals (--shares)": "keeps a share total as its count
+    rounded up to whole GPUs: at least as much is kept"."""
     url = f"sqlite:///{tmp_path}/gpuspawner.sqlite"
     engine = sa.create_engine(url)
     try:

@@ -90,6 +90,8 @@ def expected_windows(r: Reservation, count: int) -> list[Window]:
 
 
 def test_a_berlin_window_stays_at_14_local_across_the_autumn_change():
+    """Guards docs/reservations.md, "Making one": "Weekly windows keep their local time" and "CS101 at
+    14:00 Europe/Berlin is at 13:00 UTC in winter and 12:00 UTC in summer"."""
     r = tuesday_14_to_16(BERLIN, (2026, 10, 20))
     assert (r.start, r.end) == (utc(2026, 10, 20, 12), utc(2026, 10, 20, 14))  # CEST, UTC+2
     assert list(r.windows(utc(2026, 10, 19), utc(2026, 11, 4))) == [
@@ -101,6 +103,8 @@ def test_a_berlin_window_stays_at_14_local_across_the_autumn_change():
 
 
 def test_a_berlin_window_stays_at_14_local_across_the_spring_change():
+    """Guards docs/reservations.md, "Making one": "CS101 at 14:00 Europe/Berlin is at 13:00 UTC in
+    winter and 12:00 UTC in summer"."""
     r = tuesday_14_to_16(BERLIN, (2026, 10, 20))
     assert list(r.windows(utc(2027, 3, 20), utc(2027, 4, 7))) == [
         Window(utc(2027, 3, 23, 13), utc(2027, 3, 23, 15)),  # CET
@@ -181,6 +185,8 @@ def test_berlin_and_new_york_change_on_different_days_and_their_windows_show_it(
     ],
 )
 def test_a_start_in_the_skipped_hour_becomes_an_hour_later_that_day(zone, first, windows):
+    """Guards docs/reservations.md, "Making one": "In a later week whose day skips the window's local
+    time, it is read with the offset before the change" and "so it falls an hour later that day"."""
     r = make(local(zone, *first, 2, 30), local(zone, *first, 4, 30), weekly=True, tz=zone.key)
     since = windows[0].start - HOUR
     assert list(r.windows(since, windows[-1].end)) == windows
@@ -400,7 +406,7 @@ def test_a_bad_reservation_is_refused_with_what_is_wrong(change, message):
     ],
 )
 def test_a_time_zone_zoneinfo_cannot_open_or_a_name_ending_in_a_newline_is_refused(change, message):
-    """docs/reservations.md: "a time zone that is no IANA zone (a folder of the tz database such as
+    """Guards docs/reservations.md: "a time zone that is no IANA zone (a folder of the tz database such as
     `Europe`, a name too long) and a name with a line break" get 400 with the reason."""
     with pytest.raises(ReservationError) as raised:
         Reservation(**{**GOOD, **change})
@@ -636,6 +642,9 @@ def test_weekly_conflicts_are_those_of_a_minute_by_minute_count(
     existing, zone, new_start, new_length, count, capacity, now_minutes
 ):
     # Around the spring changes: the new windows move in UTC while the one-offs stay.
+    """Guards docs/reservations.md, "Making one": "at no moment may the reservations of a model ask for
+    more GPUs than the cluster has of it" and "weekly windows are checked a year ahead, through
+    every daylight-saving change"."""
     start = BRUTE_BASE + new_start * MINUTE
     new = make(start, start + new_length * MINUTE, count, weekly=True, tz=zone.key)
     now = BRUTE_BASE + now_minutes * MINUTE
@@ -670,6 +679,8 @@ S1 = replace(make(utc(2027, 1, 12, 14), utc(2027, 1, 12, 16), id=7, group="lab")
 
 
 def test_a_share_total_keeps_room_its_members_do_not_hold():
+    """Guards docs/reservations.md, "Share totals (--shares)": "A share total is not lent: --lend with
+    --shares is refused"."""
     assert (S1.milli, S1.amount, S1.count) == (2500, f"2.5 {A100} in shares", 2.5)
     assert replace(S1, count=2.0).count == 2 and isinstance(replace(S1, count=2.0).count, int)
     assert S1.describe() == f"lab: 2.5 {A100} in shares 2027-01-12 14:00–2027-01-12 16:00 UTC"
@@ -736,8 +747,8 @@ def test_keep_free_counts_only_open_windows_of_reservations_one_is_not_a_member_
 
 
 def test_a_holding_counts_toward_one_reservation_only_the_one_that_lacks_most():
-    """docs/reservations.md: "A GPU counts for one reservation only": the one of its user's
-    open reservations of its model that lacks the most, on a tie the one whose window opened
+    """Guards docs/reservations.md: "A GPU counts for one reservation only". It counts for the one of
+    its user's open reservations of its model that lacks the most, on a tie the one whose window opened
     first, then the lower id; a holding that can count toward one only is counted first."""
     lab_a = make(utc(2027, 1, 12, 14), utc(2027, 1, 12, 16), 1, id=11, group="lab-a")
     lab_b = make(utc(2027, 1, 12, 14, 10), utc(2027, 1, 12, 16), 1, id=12, group="lab-b")
@@ -902,6 +913,8 @@ def test_to_stop_takes_the_newest_first_even_where_fewer_older_ones_would_do(nee
 
 
 def test_a_weekly_reservation_until_a_day_has_no_window_starting_from_it():
+    """Guards docs/reservations.md, "Making one": "ends a weekly reservation: no window starts at or
+    after it (one under way then is kept to its end)"."""
     course = make(utc(2027, 1, 12, 14), utc(2027, 1, 12, 16), weekly=True, tz="Europe/Berlin")
     ends = replace(course, until=utc(2027, 1, 26, 14))  # the third Tuesday's start: its window is not held
     assert [w.start for w in ends.windows(utc(2027, 1, 1), utc(2027, 3, 1))] == [

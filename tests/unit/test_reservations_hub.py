@@ -72,6 +72,9 @@ def reserve(world: World, start: datetime, hours: float = 2, count: int = 1, **k
 
 
 async def test_an_open_window_keeps_its_gpu_from_others_and_gives_it_to_a_member(hub):
+    """Guards docs/reservations.md, "While a window is open": "Its GPUs are kept for the group's
+    members", "otherwise the request is refused with a retry" and "Members get them as anyone gets a
+    free GPU"."""
     reserve(hub, NOW - timedelta(minutes=30))
     await hub.started(spawner(hub, "bob"))  # two free, one kept: bob may have the other
     with pytest.raises(SpawnException) as refused:
@@ -84,6 +87,8 @@ async def test_an_open_window_keeps_its_gpu_from_others_and_gives_it_to_a_member
 
 
 async def test_the_form_counts_what_the_user_may_have_and_says_why(hub):
+    """Guards docs/reservations.md, "While a window is open": "The form counts for each user what they
+    may have: others see the reserved GPUs taken off the free count"."""
     reserve(hub, NOW - timedelta(minutes=30), count=2)
     bob, alice = spawner(hub, "bob"), spawner(hub, "alice")
     bob_form, alice_form = await bob._render_options_form(), await alice._render_options_form()
@@ -94,6 +99,8 @@ async def test_the_form_counts_what_the_user_may_have_and_says_why(hub):
 
 
 async def test_after_the_window_others_are_served_again(hub):
+    """Guards docs/reservations.md, "While a window is open": "After the window, others are served
+    again"."""
     reserve(hub, NOW - timedelta(hours=1), hours=1.5, count=2)
     with pytest.raises(SpawnException):
         await hub.started(spawner(hub, "bob"))
@@ -103,6 +110,10 @@ async def test_after_the_window_others_are_served_again(hub):
 
 
 async def test_others_are_told_ahead_and_stopped_at_the_start_newest_first(hub):
+    """Guards docs/reservations.md, "Making room at a window's start": "From 15 minutes before a window
+    opens, the servers of others that will have to make room are told so on the home page", "the
+    ledger records the end reason reservation" and "newest servers first (by the time they have held
+    their GPUs)"."""
     stops = []
 
     async def stop(h, reason):
@@ -131,6 +142,8 @@ async def test_others_are_told_ahead_and_stopped_at_the_start_newest_first(hub):
 
 
 async def test_a_server_whose_held_time_ends_before_the_window_is_left_alone(hub):
+    """Guards docs/reservations.md, "Making room at a window's start": "A server whose held-time limit
+    ends it before the window opens is left alone"."""
     await hub.started(spawner(hub, "bob"))
     await hub.started(spawner(hub, "carol"))
     start = NOW + timedelta(minutes=10)
@@ -142,6 +155,8 @@ async def test_a_server_whose_held_time_ends_before_the_window_is_left_alone(hub
 
 
 async def test_a_grant_that_will_have_to_make_room_says_so(hub):
+    """Guards docs/reservations.md, "Making room at a window's start": "A server granted a GPU that, as
+    things stand, will have to make room is told so on its spawn page"."""
     reserve(hub, NOW + timedelta(hours=3), count=2)
     bob = spawner(hub, "bob")
     await hub.started(bob)
@@ -153,7 +168,10 @@ async def test_a_member_behind_a_waiting_other_is_served_from_the_reservation(hu
     """The line does not hold a member up behind someone the reservation keeps out.
 
     Guards docs/reservations.md, "One plan with the line": "members behind it are served
-    from what is kept for them"."""
+    from what is kept for them".
+
+    Guards docs/reservations.md, "While a window is open": "someone the reservation keeps out does
+    not hold up the line: members behind them are served first"."""
     reserve(hub, NOW - timedelta(minutes=5), count=1)
     await hub.started(spawner(hub, "carol"))  # one left, kept for CS101
     line = hub.hub.line
@@ -174,7 +192,10 @@ async def test_a_member_behind_a_waiting_other_is_served_from_the_reservation(hu
 
 async def test_a_restarted_hub_keeps_the_reservation_and_makes_room_at_its_start(hub):
     """The window opens while the hub is down: the new hub reads the reservation from
-    the ledger, keeps the GPU, and stops the server of another it adopted."""
+    the ledger, keeps the GPU, and stops the server of another it adopted.
+
+    Guards docs/reservations.md, "Making one": "a restarted hub keeps them, and makes room at a
+    window's start as the hub before it would have"."""
     await hub.started(spawner(hub, "bob"))
     await hub.started(spawner(hub, "carol"))
     reserve(hub, NOW - timedelta(minutes=1), count=1)  # made, then the hub went down
@@ -194,6 +215,7 @@ async def test_a_restarted_hub_keeps_the_reservation_and_makes_room_at_its_start
 
 
 async def test_the_gauge_counts_reserved_gpus_held_by_members_and_unused(hub):
+    """Guards docs/reservations.md, "For admins": "counts the GPUs of open windows its members hold"."""
     reserve(hub, NOW - timedelta(minutes=5), count=2)
     await hub.started(spawner(hub, "alice"))
     await hub.hub.reservations.check()
@@ -204,7 +226,11 @@ async def test_the_gauge_counts_reserved_gpus_held_by_members_and_unused(hub):
 async def test_reservations_never_read_refuse_gpus_with_a_retry_and_a_list_once_read_is_kept(hub, monkeypatch):
     """While the list was never read, no GPU is handed out: a request is refused with a
     retry, one that waits keeps its place and is served once the list can be read; a list
-    once read is kept while the ledger is down."""
+    once read is kept while the ledger is down.
+
+    Guards docs/reservations.md, "For admins": "While the ledger has never answered, GPU requests
+    are refused with a retry" and "once read, the hub keeps the last list it read while the ledger
+    is down"."""
     keeper = hub.hub.reservations
     real = keeper.holdings.ledger_call
 
@@ -242,7 +268,12 @@ async def test_reservations_never_read_refuse_gpus_with_a_retry_and_a_list_once_
 
 async def test_a_lending_window_lends_its_unused_gpus_and_takes_one_back_when_a_member_waits(hub):
     """Lent while no member asks (the borrower is told so); a member waiting in line has
-    the newest borrower told, stopped a minute later with the reason reservation, and is served."""
+    the newest borrower told, stopped a minute later with the reason reservation, and is served.
+
+    Guards docs/reservations.md, "Lending (--lend)": "lends its unused GPUs to others while its
+    window is open and no member waits for one", "the newest borrower is told at once and stopped a
+    minute later with the end reason reservation" and "Nothing is stopped at a lending window's
+    start"."""
     stops = []
 
     async def stop(h, reason):
@@ -290,7 +321,10 @@ def world_of(tmp_path, inventory) -> World:
 
 async def test_each_window_takes_its_own_room_at_its_own_start(tmp_path):
     """A (1 GPU, open until 13:05) and B (2 GPUs from 13:10) never need more than 2 at once:
-    the newest server makes room for A now, the next for B at 13:10; the oldest stays."""
+    the newest server makes room for A now, the next for B at 13:10; the oldest stays.
+
+    Guards docs/reservations.md, "Making room at a window's start": "Each window takes its room at
+    its own start, with what the windows open at that moment need together"."""
     hub = world_of(tmp_path, THREE)
     for user in ("x", "y", "z"):
         GROUPS[user] = []
@@ -307,6 +341,8 @@ async def test_each_window_takes_its_own_room_at_its_own_start(tmp_path):
 
 
 async def test_a_member_who_does_not_wait_is_served_though_others_wait_for_the_kept_gpus(hub):
+    """Guards docs/reservations.md, "While a window is open": "a member who asks without waiting is not
+    turned away because others wait"."""
     reserve(hub, NOW - timedelta(minutes=5), count=2)
     bob = asyncio.ensure_future(hub.started(spawner(hub, "bob", {"gpu_model": A100, "gpu_wait": True})))
     for _ in range(100):
@@ -321,6 +357,8 @@ async def test_a_member_who_does_not_wait_is_served_though_others_wait_for_the_k
 
 
 async def test_any_of_several_models_takes_one_the_reservations_do_not_keep(tmp_path):
+    """Guards docs/reservations.md, "While a window is open": "A request for any of several models gets
+    one that no reservation keeps"."""
     inventory = {
         "gpu-b": [{"uuid": "GPU-b0", "model": A100, "memory_mib": 81920}],
         "gpu-a": [{"uuid": "GPU-a0", "model": T4, "memory_mib": 15360}],
@@ -334,6 +372,8 @@ async def test_any_of_several_models_takes_one_the_reservations_do_not_keep(tmp_
 
 
 async def test_a_lending_window_keeps_as_many_gpus_as_its_waiting_members_ask_for(hub):
+    """Guards docs/reservations.md, "Lending (--lend)": "As many GPUs are taken back as the waiting
+    members ask for"."""
     keeper = hub.hub.reservations
     reserve(hub, NOW - timedelta(minutes=5), count=2, lend=True)
     await keeper.refresh(force=True)
@@ -351,6 +391,8 @@ async def test_a_lending_window_keeps_as_many_gpus_as_its_waiting_members_ask_fo
 
 
 async def test_no_window_near_asks_jupyterhub_nothing(hub):
+    """Guards docs/reservations.md, "For admins": "while no window is open or about to open, a spawn or
+    a page asks JupyterHub for nobody's groups"."""
     asked = []
     keeper = hub.hub.reservations
     keeper.groups_of = lambda user: asked.append(user) or GROUPS.get(user)
@@ -383,6 +425,8 @@ async def test_a_read_that_answers_after_a_later_one_is_not_kept(hub, monkeypatc
 
 
 async def test_the_servers_that_make_room_at_a_start_are_stopped_eight_at_a_time(tmp_path):
+    """Guards docs/reservations.md, "For admins": "the servers that make room at a window's start are
+    stopped eight at a time"."""
     ten = {"gpu-b": [{"uuid": f"GPU-b{i}", "model": A100, "memory_mib": 81920} for i in range(10)]}
     hub = world_of(tmp_path, ten)
     users = [f"u{i}" for i in range(10)]
@@ -408,6 +452,8 @@ async def test_the_servers_that_make_room_at_a_start_are_stopped_eight_at_a_time
 
 
 async def test_groups_jupyterhub_cannot_say_count_as_unknown_and_stop_nobody(hub):
+    """Guards docs/reservations.md, "Making room at a window's start": "and so is one whose user's
+    groups JupyterHub cannot say"."""
     await hub.started(spawner(hub, "bob"))
     await hub.started(spawner(hub, "carol"))
     reserve(hub, NOW - timedelta(minutes=1), count=1)
@@ -426,7 +472,12 @@ async def test_a_share_total_keeps_room_for_its_members_and_stops_only_whom_it_n
     """1.5 A100 in shares for CS101 on two A100s: others get shares or a GPU only while
     1.5 GPUs' worth stays free for the members, who take shares of it; at a window's
     start the newest are stopped until that much is free, and one whose stop is not
-    needed after all is let off."""
+    needed after all is let off.
+
+    Guards docs/reservations.md, "Share totals (--shares)": "anyone else gets a share or a GPU of
+    the model only while as much room stays free as the members do not hold" and "others' servers
+    are stopped, newest first, until that much room is free, and any whose stop is not needed after
+    all is let off"."""
     GROUPS["erin"] = []
     hub = World(tmp_path, inventory=TWO_GPUS, gpu_sharing={A100: {"quantum": 0.25}})
     new_hub(hub, Wall())
@@ -475,7 +526,7 @@ async def test_a_share_total_keeps_room_for_its_members_and_stops_only_whom_it_n
 
 
 async def test_a_gpu_counts_for_one_reservation_only(tmp_path):
-    """docs/reservations.md: "A GPU counts for one reservation only". Two open reservations of
+    """Guards docs/reservations.md: "A GPU counts for one reservation only". Two open reservations of
     1 A100 each on two A100s; eve, a member of both, takes one: it counts for Lab A (opened
     first), so Lab B still keeps the other from gus (a member of neither) and gives it to fay
     (a member of Lab B); status() (what /hub/gpus and `gpuspawner reserve --list` show) has
@@ -503,7 +554,7 @@ async def test_a_gpu_counts_for_one_reservation_only(tmp_path):
 
 
 async def test_a_windows_start_stops_only_a_member_of_no_open_reservation(tmp_path):
-    """docs/reservations.md: "Members of any open reservation of the model are never stopped
+    """Guards docs/reservations.md: "Members of any open reservation of the model are never stopped
     for one". Two A100s: Lab B (1) has been open since 12:00 and its member dave holds its
     GPU; bob (no group) holds the other. When Lab A (1) opens, bob alone is told and stopped,
     which meets both; dave, the newer, keeps his, also at the checks after.
@@ -540,7 +591,7 @@ async def test_a_windows_start_stops_only_a_member_of_no_open_reservation(tmp_pa
 
 
 async def test_a_members_stop_mid_window_stops_nobody_and_keeps_her_gpu_for_the_members(hub):
-    """docs/reservations.md: "A member's stop during an open window stops nobody". The window
+    """Guards docs/reservations.md: "A member's stop during an open window stops nobody". The window
     keeps 1 of 2 A100s; bob (no group) holds one, alice (CS101) the other. While her server
     is being removed its GPU still counts as hers, so no check asks bob to make room (no
     notice, no stop due at once); once it is given back it is kept for the members."""
@@ -628,6 +679,9 @@ async def test_the_form_offers_others_only_shares_that_leave_the_kept_devices_un
 
 
 async def test_a_restarted_hub_gives_a_borrower_a_fresh_minute_never_less(hub):
+    """Guards docs/reservations.md, "Lending (--lend)": "A hub restarted during that minute tells the
+    borrower again and gives it a minute from then" and "a lent GPU is given back up to a minute
+    later, never earlier than the borrower was told"."""
     stops = []
 
     async def stop(h, reason):
