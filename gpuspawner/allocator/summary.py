@@ -26,6 +26,7 @@ class ModelSummary:
     quantum: int | None = None  # shares are multiples of this
     shares: tuple[int, ...] | None = None  # the only shares offered; None: any multiple of quantum
     split: bool = False  # may a share span several devices of one host
+    split_small: bool = False  # may a share of at most one GPU span devices too
     largest_milli: int = 0  # most room on one device of an available host (1000: one is untouched)
     # Untouched devices left out of ``free`` because their host lacks the CPU or memory asked for.
     no_room: int = 0
@@ -67,5 +68,6 @@ def summarize(model: str, mi: ModelIndex, policy: SharingPolicy) -> ModelSummary
         quantum=sharing.quantum,
         shares=sharing.allowed,
         split=sharing.split,
+        split_small=sharing.split_small,
         largest_milli=mi.largest_room(),
     )

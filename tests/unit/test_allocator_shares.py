@@ -220,7 +220,7 @@ def test_the_seed_example():
 
 
 # --------------------------------------------------------------------------
-# Refusals: never as asked (400) apart from not now (503)
+# Refusals: never as asked (400) apart from not now (409)
 # --------------------------------------------------------------------------
 
 
@@ -365,7 +365,7 @@ def test_the_seed_example():
 def test_refusals(state, sharing, request_, kw, retry, message):
     e = refusal(booked(state, sharing), request_, **kw)
     assert message in e.message
-    assert e.retry is retry and e.status == (503 if retry else 400)
+    assert e.retry is retry and e.status == (409 if retry else 400)
 
 
 def test_unavailable_pinned_host_may_come_back():
@@ -560,8 +560,10 @@ def test_summary_tells_the_form_what_may_be_shared():
     alloc.allocate("x", Request(A100, milli=1700))
     by = {s.model: s for s in alloc.summary()}
     a100, t4 = by[A100], by[T4]
-    assert (a100.shareable, a100.quantum, a100.shares, a100.split) == (True, 50, None, True)
+    assert (a100.shareable, a100.quantum, a100.shares, a100.split, a100.split_small) == (True, 50, None, True, False)
     assert (a100.free, a100.largest_block, a100.largest_milli, a100.largest_share) == (0, 0, 150, 0.15)
+    # Whether a share of at most one GPU may span devices (the form cannot tell then whether it fits).
+    assert Allocator(inventory({"a": [0]}), sharing=SPLIT_SMALL).summary()[0].split_small
     assert (t4.shareable, t4.quantum, t4.shares, t4.split, t4.largest_milli) == (True, 250, (250, 500), False, 1000)
     plain = Allocator(inventory({"a": [0]})).summary()[0]
     assert (plain.shareable, plain.quantum, plain.shares, plain.split, plain.largest_milli) == (

@@ -3,6 +3,7 @@ read back through a small HTML tree (stdlib parser) rather than by substrings.""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from html.parser import HTMLParser
 
 import pytest
@@ -18,16 +19,18 @@ VOID = {"input", "br", "img", "meta", "link", "hr"}
 
 class Node:
     def __init__(self, tag: str, attrs: dict, parent: Node | None):
-        self.tag, self.attrs, self.parent, self.children, self.own_text = tag, attrs, parent, [], []
+        self.tag, self.attrs, self.parent, self.children = tag, attrs, parent, []
+        self.parts: list[str | Node] = []  # its text and its children, in document order
 
     @property
     def text(self) -> str:
-        """The visible text, whitespace collapsed (scripts left out)."""
-        parts = list(self.own_text)
-        for child in self.children:
-            if child.tag != "script":
-                parts.append(child.text)
-        return " ".join(" ".join(parts).split())
+        """The visible text, whitespace collapsed (scripts and hidden elements inside left out)."""
+        parts = [p if isinstance(p, str) else p.text for p in self.parts if isinstance(p, str) or p.shown]
+        return " ".join("".join(parts).split())
+
+    @property
+    def shown(self) -> bool:
+        return self.tag != "script" and "hidden" not in self.attrs
 
     def iter(self):
         for child in self.children:
@@ -57,6 +60,7 @@ class _TreeBuilder(HTMLParser):
     def handle_starttag(self, tag, attrs):
         node = Node(tag, {k: ("" if v is None else v) for k, v in attrs}, self.current)
         self.current.children.append(node)
+        self.current.parts.append(node)
         if tag not in VOID:
             self.current = node
 
@@ -68,7 +72,7 @@ class _TreeBuilder(HTMLParser):
         self.current = node.parent
 
     def handle_data(self, data):
-        self.current.own_text.append(data)
+        self.current.parts.append(data)
 
 
 def render_html(paths=(), **kw) -> str:
@@ -203,7 +207,8 @@ def test_the_last_choice_is_preselected_with_its_count():
     form = render(selected=A100.model, last_count=2)
     assert "checked" in radio(form, A100.model).attrs and "checked" not in radio(form, "").attrs
     assert [o.attrs["value"] for o in form.by_id("gpu-count").find_all("option") if "selected" in o.attrs] == ["2"]
-    assert form.find_all(id="gpu-wait-hint") == [] and form.find_all(id="gpu-wait-now") == []
+    # The line is not suggested for a model that is free (the script shows both when one is not).
+    assert "hidden" in form.by_id("gpu-wait-hint").attrs and "hidden" in form.by_id("gpu-wait-now").attrs
 
 
 def test_a_last_choice_with_none_free_is_kept_and_the_line_is_suggested():
@@ -297,3 +302,59 @@ def test_shares_are_offered_for_shareable_models_with_what_they_mean():
     assert [o.attrs["value"] for o in select.find_all("option")] == ["", "0.25", "0.5"]
     assert "without isolation" in help_of(form, select)
     assert render(share_choices=[]).find_all(id="gpu-share") == []  # no sharing: no share control
+
+
+GTX_SHARED = ModelSummary(
+    "NVIDIA GeForce GTX 1070",
+    8192,
+    total=3,
+    free=0,
+    largest_block=0,
+    unavailable=0,
+    shareable=True,
+    quantum=100,
+    split=True,
+    largest_milli=300,
+)
+
+
+def test_the_form_says_what_is_offered_whole_gpus_or_shares_of_a_model():
+    """Guards docs/sharing.md: "With a model shared, the form says so above the models ("A
+    server gets whole GPUs of one model, all on one host, or a share of a GPU of NVIDIA
+    GeForce GTX 1070.")"."""
+    whole = render().by_id("gpu-offered").text
+    assert (
+        whole
+        == "Free counts are as of when this page was loaded. Each server gets whole GPUs of one model, all on one host."
+    )
+    form = render(models=[A100, GTX_SHARED], share_choices=["0.1", "0.2"])
+    assert form.by_id("gpu-offered").text == (
+        "Free counts are as of when this page was loaded. A server gets whole GPUs of one model, all on one host,"
+        f" or a share of a GPU of {GTX_SHARED.model}."
+    )
+    assert "Each server gets whole GPUs of one model" not in form.text
+    two = render(models=[replace(A100, shareable=True, quantum=250), GTX_SHARED], share_choices=["0.25"])
+    assert two.by_id("gpu-offered").text.endswith(f"or a share of a GPU of {A100.model} or {GTX_SHARED.model}.")
+
+
+def test_the_page_carries_what_the_script_needs_to_suggest_the_line_at_once():
+    """Guards docs/line.md: "The form suggests the line as soon as a model with none free is
+    chosen, or a share larger than any one device of the model has free: it says what the
+    refusal would, with the Wait in line for it button, before Start is pressed"."""
+    form = render(models=[A100, GTX_SHARED], share_choices=["0.1", "0.5"])
+    a100, gtx = radio(form, A100.model), radio(form, GTX_SHARED.model)
+    assert (a100.attrs["data-free"], gtx.attrs["data-free"]) == ("3", "0")
+    # A share of at most one GPU must fit on one device: the most one has free, in thousandths.
+    assert (gtx.attrs["data-device-room"], gtx.attrs["data-device-room-text"]) == ("300", "0.3")
+    assert "data-device-room" not in a100.attrs and "data-split-small" not in gtx.attrs  # A100: not shared
+    spans = radio(render(models=[replace(GTX_SHARED, split_small=True)], share_choices=["0.1"]), GTX_SHARED.model)
+    assert "data-split-small" in spans.attrs  # may span devices: the page cannot tell whether it fits
+    # Whole GPUs may wait only where the user may hold one more.
+    assert "data-whole" in form.find_all("div", class_="gpuspawner-form")[0].attrs
+    assert "data-whole" not in render(room=0.5).find_all("div", class_="gpuspawner-form")[0].attrs
+    # The sentences the script fills in, and the hint and button it shows: hidden until then.
+    why = form.by_id("gpu-wait-why")
+    assert why.attrs["data-whole"] == "None of the {model} you chose is free right now"
+    assert why.attrs["data-share"] == "No {model} has {share} of a GPU free right now (at most {room} on one device)"
+    assert "hidden" in form.by_id("gpu-wait-hint").attrs and "hidden" in form.by_id("gpu-wait-now").attrs
+    assert "gpu-wait-hint" not in form.by_id("gpu-wait").attrs["aria-describedby"]
