@@ -16,6 +16,7 @@ from pathlib import Path
 from tornado.web import RequestHandler
 from traitlets.config import Config
 
+from gpuspawner.core.options import KEYS
 from gpuspawner.hubconfig import configure
 from gpuspawner.web import api
 
@@ -108,3 +109,9 @@ def test_each_endpoints_section_names_the_scope_its_handler_checks():
         assert route is not None, f"docs/rest.md names {method} {path}, which gpuspawner does not register"
         for scope in scopes_checked(route[1], method):
             assert f"`{scope}`" in text, f"docs/rest.md, {method} {path}: the scope {scope} is not named"
+
+
+def test_the_user_options_table_names_exactly_the_keys_the_spawner_takes():
+    """Guards docs/rest.md, "User options": its table of keys is core/options.py's KEYS."""
+    table = PAGE.read_text().partition("## User options")[2].partition("\n## ")[0]
+    assert set(re.findall(r"^\| `(\w+)` \|", table, re.M)) == set(KEYS)
