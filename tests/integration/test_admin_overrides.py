@@ -4,7 +4,10 @@ server still runs on its host with exactly its GPUs, and every CPU-only server
 sees none (read from the containers themselves); the NVIDIA_* env that cannot
 add a device reaches the containers. A setting that can only conflict (a node
 pin, device env, swarm generic resources, a mount of GPU device nodes) stops the
-hub at start with one line."""
+hub at start with one line.
+
+Guards docs/security.md, "An admin (of JupyterHub, or its configuration)": "undo gpuspawner's
+guarantees through environment, extra_container_spec, extra_task_spec"."""
 
 from __future__ import annotations
 
@@ -39,6 +42,8 @@ def hub(swarm, tmp_path_factory):
 
 
 def test_admin_task_spec_and_env_keep_gpu_servers_on_their_host_and_cpu_servers_blind(hub, swarm):
+    """Guards docs/security.md, "A user's server": "gpuspawner sets the variable last, over the admin's
+    environment, extra_container_spec and extra_task_spec"."""
     spawn_ready(hub, "alice", {"gpu_model": A100})
     spawn_ready(hub, "bob", {})
     (gpu,), (cpu,) = services_of(swarm, "alice"), services_of(swarm, "bob")
@@ -68,6 +73,8 @@ def test_admin_task_spec_and_env_keep_gpu_servers_on_their_host_and_cpu_servers_
     ],
 )
 def test_a_setting_that_can_only_conflict_stops_the_hub_with_one_line(swarm, tmp_path, line):
+    """Guards docs/security.md, "An admin (of JupyterHub, or its configuration)": "a setting that could
+    only conflict stops the hub at start with one line" and "refused at start"."""
     config = f"{line}\nfrom gpuspawner import validate_config\nvalidate_config(c)\n"
     with pytest.raises(HubError):
         with hub_on(swarm, tmp_path / "hub", port_from=21600, extra_config=config):

@@ -49,6 +49,7 @@ def gpu_a(*devices):
 
 
 def test_only_the_agent_token_may_report(hub):
+    """Guards docs/security.md, "A node's agent token": "report devices for its own node"."""
     body = gpu_a(device(0, "GPU-gtx-a0", GTX, 8192))
     assert post(hub, body, token=None).status_code == 403
     assert post(hub, body, token="wrong").status_code == 403
@@ -59,6 +60,7 @@ def test_only_the_agent_token_may_report(hub):
 
 
 def test_the_agent_token_can_do_nothing_else(hub):
+    """Guards docs/security.md, "A node's agent token": "use any other endpoint (403)"."""
     h = {"Authorization": f"token {AGENT_TOKEN}"}
     assert requests.get(hub.url + "/hub/api/gpuspawner/alloc-map", headers=h, timeout=30).status_code == 403
     assert requests.get(hub.url + "/hub/api/users", headers=h, timeout=30).status_code == 403
@@ -165,6 +167,8 @@ json_values = st.recursive(
     )
 )
 def test_fuzzed_reports_only_ever_get_a_clean_answer(hub, body):
+    """Guards docs/security.md, "A node's agent token": "send malformed, oversized or deeply nested
+    bodies"."""
     r = post(hub, None, raw=body)
     assert r.status_code in (200, 400), r.text
     assert set(r.json()) >= ({"status", "message"} if r.status_code == 400 else {"hostname"})
@@ -172,7 +176,11 @@ def test_fuzzed_reports_only_ever_get_a_clean_answer(hub, body):
 
 def test_a_report_naming_another_nodes_gpu_has_it_left_out_and_the_gpu_stays_on_its_node(hub, swarm):
     """One node's agent cannot move another node's GPU to itself by naming its UUID;
-    the rest of its report is taken."""
+    the rest of its report is taken.
+
+    Guards docs/security.md, "A node's agent token": "take another node's GPU by naming its UUID"
+    and "the device is left out of its report (the rest is taken), the GPU stays put, and doctor
+    lists the conflict"."""
     assert post(hub, report(device(0, "GPU-b-only-0"), hostname="gpu-b")).status_code == 200
     own = gpu_a(*[device(i, f"GPU-gtx-a{i}", GTX, 8192) for i in range(3)])
     assert post(hub, own).status_code == 200
@@ -200,7 +208,11 @@ def agent_token_cli(hub, *args: str) -> subprocess.CompletedProcess:
 
 def test_a_nodes_own_token_cannot_report_for_another_node(hub, swarm):
     """gpu-a's token says gpu-b has no GPU: 403, gpu-b keeps its GPU, and the next
-    spawn of that model lands on gpu-b."""
+    spawn of that model lands on gpu-b.
+
+    Guards docs/security.md, "A node's agent token": "report for another node's hostname: 403 with
+    one sentence, and nothing of that node changes (its GPUs stay offered, the next spawn lands
+    there)"."""
     issued = {host: agent_token_cli(hub, host) for host in ("gpu-a", "gpu-b")}
     assert all(r.returncode == 0 for r in issued.values()), {h: r.stderr for h, r in issued.items()}
     a, b = (issued[h].stdout.strip() for h in ("gpu-a", "gpu-b"))
@@ -223,6 +235,8 @@ def test_a_nodes_own_token_cannot_report_for_another_node(hub, swarm):
 
 
 def test_rotating_or_revoking_a_nodes_token_stops_the_old_one_at_once(hub):
+    """Guards docs/security.md, "A node's agent token": "go on working once rotated or revoked: the old
+    token gets 403 at once"."""
     old = agent_token_cli(hub, "gpu-a").stdout.strip()
     rotated = agent_token_cli(hub, "gpu-a")
     assert rotated.returncode == 0 and "Rotated: the old token stops working now" in rotated.stderr

@@ -57,7 +57,11 @@ def test_a_labelled_service_of_a_server_the_hub_does_not_know_is_adopted_then_re
 
 def test_a_labelled_service_under_another_name_is_left_alone_and_shown_by_doctor(hub, swarm):
     """Labels are claims: a service that says it is ghost's server but is not
-    named as the hub names it is neither charged to ghost nor removed."""
+    named as the hub names it is neither charged to ghost nor removed.
+
+    Guards docs/security.md, "Anyone with access to the swarm manager's API": "have it charged to
+    that user or adopted, unless its name is the one the hub gives that user's server; it is listed
+    by doctor and left alone"."""
     labels = {
         "gpuspawner.user": "ghost",
         "gpuspawner.server": "",

@@ -31,6 +31,8 @@ ADMIN_VIEWS = [
 
 @pytest.mark.parametrize("method, path", ADMIN_VIEWS)
 def test_admin_views_are_for_admins_only(hub, method, path):
+    """Guards docs/security.md, "A user": "see the allocation map, usage, doctor or /hub/gpus" and
+    "admin:servers scope on every admin endpoint"."""
     user = login(hub, "oscar")
     headers = {"X-XSRFToken": user.cookies.get("_xsrf") or ""}
     assert user.request(method, hub.url + path, headers=headers, timeout=30).status_code == 403
@@ -84,6 +86,8 @@ def check_clean(hub, swarm, user, r):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=options)
 def test_fuzzed_rest_options_never_break_anything(hub, swarm, body):
+    """Guards docs/security.md, "A user": "put text of their own into env, constraints or labels; get a
+    500 or a traceback"."""
     check_clean(hub, swarm, "fuzz-rest", hub.spawn("fuzz-rest", body))
 
 
@@ -96,6 +100,8 @@ def test_fuzzed_rest_options_never_break_anything(hub, swarm, body):
     )
 )
 def test_fuzzed_form_fields_never_break_anything(hub, swarm, form):
+    """Guards docs/security.md, "A user": "put text of their own into env, constraints or labels; get a
+    500 or a traceback"."""
     s = login(hub, "fuzz-form")
     r = s.post(hub.url + "/hub/spawn/fuzz-form", data={**form, "_xsrf": s.cookies.get("_xsrf")}, timeout=60)
     assert r.status_code < 500, r.text[:500]

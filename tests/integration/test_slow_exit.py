@@ -31,6 +31,8 @@ def hub(swarm, tmp_path_factory):
 
 
 def test_a_gpu_goes_to_the_next_user_only_after_the_last_holders_container_exited(hub, swarm):
+    """Guards docs/security.md, "A user's server": "have its GPUs handed to someone else while it still
+    runs" and "holdings release a device only once the holder's tasks have ended"."""
     spawn_ready(hub, "alma", {"gpu_model": A100})
     spawn_ready(hub, "carl", {"gpu_model": A100})  # both A100s are held now
     sampler = Sampler(swarm, "gpu-b")

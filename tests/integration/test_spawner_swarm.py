@@ -67,6 +67,8 @@ def test_model_request_lands_on_its_node_with_its_uuids(hub, swarm):
 
 
 def test_cpu_only_server_sees_no_gpu(hub, swarm):
+    """Guards docs/security.md, "A user's server": "a CPU-only server gets void, even from a CUDA image
+    that says all"."""
     spawn_ready(hub, "bob", {})
     (service,) = services_of(swarm, "bob")
     node = running_node(swarm, service)

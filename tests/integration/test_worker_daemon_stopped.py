@@ -28,6 +28,9 @@ def quick_heartbeats(swarm):
 def test_a_worker_whose_daemon_stops_is_not_offered_its_servers_end_and_it_comes_back(
     swarm, tmp_path, quick_heartbeats
 ):
+    """Guards docs/security.md, "Root on a GPU node": "make the hub give its servers' GPUs away while
+    their containers may still run: they stay removing until the node is back and the tasks have
+    ended"."""
     config = (
         "c.Spawner.poll_interval = 2\n"
         "c.GPUSwarmSpawner.reconcile_interval = 2\n"

@@ -114,6 +114,8 @@ def b0():
 
 
 async def test_a_node_token_reports_for_its_own_node_only(hub, tmp_path):
+    """Guards docs/security.md, "A node's agent token": "report for a host that is not a node (400),
+    use any other endpoint (403)" and "report for another node's hostname: 403 with one sentence"."""
     api = await hub(hub_config(tmp_path))
     a, b = await api.issue("gpu-a"), await api.issue("gpu-b")
     assert await api.report(b, "gpu-b", b0()) == (
@@ -130,6 +132,8 @@ async def test_a_node_token_reports_for_its_own_node_only(hub, tmp_path):
 
 
 async def test_a_rotated_or_revoked_token_stops_working_at_once(hub, tmp_path):
+    """Guards docs/security.md, "A node's agent token": "go on working once rotated or revoked: the old
+    token gets 403 at once"."""
     api = await hub(hub_config(tmp_path))
     old = await api.issue("gpu-a")
     code, answer = await api("POST", "agent-tokens/gpu-a", ADMIN)
@@ -145,6 +149,7 @@ async def test_a_rotated_or_revoked_token_stops_working_at_once(hub, tmp_path):
 
 
 async def test_the_list_names_hosts_and_never_tokens(hub, tmp_path):
+    """Guards docs/security.md, "A node's agent token": "the list shows hosts and times"."""
     api = await hub(hub_config(tmp_path))
     tokens = [await api.issue(h) for h in ("gpu-b", "gpu-a", "gpu-c")]
     code, answer = await api("GET", "agent-tokens", ADMIN)
@@ -159,6 +164,8 @@ async def test_the_list_names_hosts_and_never_tokens(hub, tmp_path):
 
 @pytest.mark.parametrize("token", [None, READER, SHARED, "node"])
 async def test_only_admins_may_issue_revoke_or_list_tokens(hub, tmp_path, token):
+    """Guards docs/security.md, "An admin (of JupyterHub, or its configuration)": "others (users, agent
+    tokens, the shared token) get 403 and change nothing"."""
     api = await hub(hub_config(tmp_path, agent_shared_token=True))
     a = await api.issue("gpu-a")
     token = a if token == "node" else token
@@ -194,6 +201,8 @@ async def test_unknown_tokens_get_todays_answer(hub, tmp_path):
 
 
 async def test_the_shared_token_is_refused_by_default_with_a_sentence(hub, tmp_path):
+    """Guards docs/security.md, "A node's agent token": "report at all by default: 403 with a sentence
+    saying how to move"."""
     api = await hub(hub_config(tmp_path))
     assert await api.report(SHARED, "gpu-a") == (403, {"status": 403, "message": agent_tokens.SHARED_TOKEN_REFUSED})
     _, doctor = await api("GET", "doctor", ADMIN)
@@ -201,6 +210,8 @@ async def test_the_shared_token_is_refused_by_default_with_a_sentence(hub, tmp_p
 
 
 async def test_the_shared_token_works_while_allowed_and_doctor_warns(hub, tmp_path):
+    """Guards docs/security.md, "A node's agent token": "report for any node, only while
+    agent_shared_token is on; doctor warns meanwhile"."""
     api = await hub(hub_config(tmp_path, agent_shared_token=True))
     assert (await api.report(SHARED, "gpu-b", b0()))[0] == 200
     _, doctor = await api("GET", "doctor", ADMIN)

@@ -19,6 +19,8 @@ def test_a_new_token_carries_32_random_bytes_after_its_prefix():
 
 
 def test_the_hub_keeps_the_tokens_sha256_and_matches_only_that_token():
+    """Guards docs/security.md, "A node's agent token": "be read back from the hub: it keeps only the
+    SHA-256"."""
     token, other = t.new_token(), t.new_token()
     stored = t.digest(token)
     assert stored == hashlib.sha256(token.encode()).hexdigest() and token not in stored

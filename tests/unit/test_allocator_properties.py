@@ -7,6 +7,9 @@ for speed. After every step they must agree.
 
 A refusal's retry flag is checked both ways: retry=False exactly when brute
 force says the request can never be satisfied as asked.
+
+Guards docs/security.md, "A user": "get a GPU another server holds, exceed the limit, or get more
+than one device per whole GPU asked for".
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ host: for one device or a pinned host the least room, for a split the host
 with the partly booked device of least room that takes the smallest piece, or,
 when no partly booked device fits, the host the policy ranks first;
 retry=False exactly when no state could ever grant it.
+
+Guards docs/security.md, "A user": "get a GPU another server holds, exceed the limit, or get more
+than one device per whole GPU asked for".
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ POSTING = list(dict.fromkeys(h for _, h in handlers if "post" in vars(h) or "del
 
 
 def test_every_post_endpoint_is_an_api_handler_with_jupyterhubs_checks():
+    """Guards docs/security.md, "A user": "which gpuspawner's handlers inherit"; "An admin (of
+    JupyterHub, or its configuration)": "XSRF as for the other POST endpoints"."""
     assert {h.__name__ for h in POSTING} == {"ReportHandler", "RescanHandler", "AgentTokenHandler", "QueueHandler"}
     for h in POSTING:
         assert issubclass(h, APIHandler)
@@ -59,6 +61,7 @@ class _Connection:
     "headers", [{}, {"Sec-Fetch-Mode": "cors", "Sec-Fetch-Site": "cross-site"}, {"X-XSRFToken": "forged"}]
 )
 def test_a_cookie_authenticated_post_without_the_token_is_403(cls, headers, monkeypatch):
+    """Guards docs/security.md, "A user": "such a POST without JupyterHub's XSRF token is 403"."""
     handler = _handler(cls, headers, token=False)
     monkeypatch.setattr(type(handler), "xsrf_token", property(lambda self: b"the-real-token"))
     with pytest.raises(web.HTTPError) as err:

@@ -123,6 +123,7 @@ def test_mig_uuids_and_the_parent_gpu_uuid_belong_to_their_host():
 
 
 def test_the_conflict_shows_in_doctor_until_the_host_reports_without_it():
+    """Guards docs/security.md, "A node's agent token": "and doctor lists the conflict"."""
     c = agent_cluster()
     send(c, report(device(0, "GPU-b0")))
     send(c, report(device(0, "GPU-a0"), hostname="gpu-a"))
@@ -166,7 +167,10 @@ def test_the_conflict_clears_when_the_owner_no_longer_has_the_uuid_and_the_next_
 def test_a_leaked_token_cannot_take_a_late_nodes_gpus_or_get_its_reports_refused():
     """gpu-b's agent is late (restarting); a report under gpu-a's token names one of
     gpu-b's UUIDs. It is left out: nothing moves, and gpu-b's next report is taken
-    whole, every one of its GPUs offered again."""
+    whole, every one of its GPUs offered again.
+
+    Guards docs/security.md, "A node's agent token": "take another node's GPU by naming its UUID,
+    even while that node's agent is late"."""
     c = agent_cluster(stale_intervals=3)
     send(c, report(device(0, "GPU-b0"), device(1, "GPU-b1"), interval=10), now=0)
     assert send(c, report(device(0, "GPU-b1"), hostname="gpu-a", interval=10), now=100) == ["GPU-b1"]

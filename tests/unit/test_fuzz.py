@@ -204,6 +204,8 @@ def test_fuzz_report_raw_bytes(body):
     st.sampled_from(["[", '{"a":', '[{"b":[', '"[', '\\"[']),
 )
 def test_fuzz_report_bracket_soup(soup, depth, opener):
+    """Guards docs/security.md, "A node's agent token": "send malformed, oversized or deeply nested
+    bodies"."""
     closer = "".join({"[": "]", "{": "}"}.get(c, "") for c in reversed(opener))
     _check_report(opener * depth + soup + closer * depth)
 
@@ -263,6 +265,8 @@ report = _object(
 @FUZZ
 @given(report)
 def test_fuzz_report_json_shaped(data):
+    """Guards docs/security.md, "A node's agent token": "send malformed, oversized or deeply nested
+    bodies"."""
     _check_report(json.dumps(data))
 
 
@@ -288,6 +292,7 @@ iso_times = st.builds(
     iso_times | st.none(),
 )
 def test_fuzz_usage_times(since_text, until_text):
+    """Guards docs/security.md, "A user": "cause a 500 with out-of-range times"."""
     try:
         since = _time_arg(since_text)
         until = _time_arg(until_text or "")

@@ -266,7 +266,10 @@ def test_a_second_reconcile_never_closes_the_ledger_row_of_a_server_started_agai
 @pytest.mark.explore
 def test_defect2_a_failed_stop_keeps_the_gpu_until_the_container_is_gone(tmp_path):
     """A stop whose removal failed left the GPU reserved only until the next
-    reconciliation, which released it without waiting for the task."""
+    reconciliation, which released it without waiting for the task.
+
+    Guards docs/security.md, "A user's server": "have its GPUs handed to someone else while it still
+    runs"."""
 
     def scenario(run: Run) -> Scenario:
         world = World(tmp_path, run.executor)
@@ -294,7 +297,10 @@ def test_defect2_a_failed_stop_keeps_the_gpu_until_the_container_is_gone(tmp_pat
 @pytest.mark.explore
 def test_defect2_a_cancelled_spawn_gives_its_gpu_back_only_after_its_task_ended(tmp_path):
     """JupyterHub's DELETE on a pending spawn cancels it, then stops it: the
-    holding was released while the task was still starting."""
+    holding was released while the task was still starting.
+
+    Guards docs/security.md, "A user's server": "have its GPUs handed to someone else while it still
+    runs"."""
 
     def scenario(run: Run) -> Scenario:
         world = World(tmp_path, run.executor)
@@ -363,6 +369,8 @@ async def test_defect3_a_leftover_cpu_only_service_of_the_same_name_is_removed_f
 
 
 async def test_defect4_hostile_labels_never_stop_the_rebuild(tmp_path):
+    """Guards docs/security.md, "Anyone with access to the swarm manager's API": "stop or stall the
+    hub's rebuild: each such service is skipped and logged once"."""
     world = World(tmp_path)
     for i, bad in enumerate(
         [
@@ -395,6 +403,8 @@ async def test_reconciliation_counts_double_bookings_by_their_reason(tmp_path):
 
 
 async def test_defect5_a_service_by_another_name_is_not_charged_to_the_user(tmp_path):
+    """Guards docs/security.md, "Anyone with access to the swarm manager's API": "have it charged to
+    that user or adopted"."""
     world = World(
         tmp_path,
         max_gpus_per_user=1,
@@ -424,7 +434,9 @@ async def test_defect6_a_restarted_hub_checks_the_url_where_the_server_listens(t
 @pytest.mark.explore
 def test_start_stop_and_reconcile_of_two_users_on_one_gpu_every_interleaving(tmp_path):
     """Depth-first over every schedule of a start racing a reconciliation
-    and another user's start, for the one GPU."""
+    and another user's start, for the one GPU.
+
+    Guards docs/security.md, "A user": "get a GPU another server holds"."""
 
     def scenario(run: Run) -> Scenario:
         world = World(tmp_path, run.executor)
@@ -517,7 +529,10 @@ def test_the_admin_page_says_a_gpu_is_kept_while_its_container_still_runs(tmp_pa
 async def test_defect2_a_stop_that_timed_out_keeps_the_gpu_through_reconciliation(tmp_path):
     """The stop removed the service but its container still ran after
     server_stop_timeout; the next reconciliation used to release the GPU
-    (the service was gone) and the next user's server ran on it too."""
+    (the service was gone) and the next user's server ran on it too.
+
+    Guards docs/security.md, "A user's server": "have its GPUs handed to someone else while it still
+    runs"."""
     world = World(tmp_path, server_stop_timeout=1)
     alice = world.spawner("alice", {"gpu_model": A100})
     await world.started(alice)
@@ -550,7 +565,11 @@ async def test_defect2_a_stop_that_timed_out_keeps_the_gpu_through_reconciliatio
 async def test_a_setting_that_could_only_conflict_fails_the_spawn_before_any_gpu_is_reserved(
     tmp_path, caplog, settings, named
 ):
-    """A hub started without validate_config: the spawn says so, and reserves nothing."""
+    """A hub started without validate_config: the spawn says so, and reserves nothing.
+
+    Guards docs/security.md, "An admin (of JupyterHub, or its configuration)": "a 500 at spawn
+    before anything is reserved on a hub started without validate_config, and left out of the
+    service"."""
     world = World(tmp_path, **settings)
     alice = world.spawner("nvidia0", {"gpu_model": A100})
     with pytest.raises(SpawnException) as refused:

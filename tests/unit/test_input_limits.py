@@ -43,6 +43,8 @@ def test_a_full_report_fits_the_depth_limit():
     ],
 )
 def test_deep_or_crowded_reports_are_refused_before_decoding(body):
+    """Guards docs/security.md, "A node's agent token": "size, depth and count limits checked before
+    decoding"."""
     with pytest.raises(ReportError, match="nested more than|objects and lists") as err:
         parse_report(body)
     assert "\n" not in str(err.value)
@@ -82,6 +84,8 @@ def test_undecodable_huge_or_unprintable_values_are_refused(body):
 
 @pytest.mark.parametrize("text", ["0001-01-01T00:00:00+05:00", "9999-12-31T23:00:00-05:00"])
 def test_usage_times_outside_utc_years_are_400(text):
+    """Guards docs/security.md, "A user": "cause a 500 with out-of-range times" and "api._time_arg (400
+    with a sentence)"."""
     with pytest.raises(web.HTTPError) as err:
         _time_arg(text)
     assert err.value.status_code == 400 and "out of range" in err.value.log_message
@@ -165,6 +169,8 @@ from gpuspawner.ledger.url import safe_url  # noqa: E402
     ],
 )
 def test_safe_url_hides_passwords_wherever_they_sit(url, shown_as):
+    """Guards docs/security.md, "An admin (of JupyterHub, or its configuration)": "it is masked in
+    userinfo and in query parameters"."""
     assert safe_url(url) == shown_as
 
 
@@ -177,6 +183,8 @@ def test_safe_url_hides_passwords_wherever_they_sit(url, shown_as):
     ],
 )
 def test_ledger_and_config_errors_never_show_the_password(url):
+    """Guards docs/security.md, "An admin (of JupyterHub, or its configuration)": "see that password in
+    a log line or an error message"."""
     with pytest.raises(LedgerError) as err:
         Ledger(url)
     assert "secret" not in str(err.value) and "***" in str(err.value)

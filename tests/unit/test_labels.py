@@ -216,6 +216,8 @@ def refusal(labels) -> str:
 
 @pytest.mark.parametrize("label, value", HOSTILE, ids=lambda v: repr(v)[:30] if isinstance(v, str) else None)
 def test_hostile_labels_are_refused_naming_the_label_in_one_short_line(label, value):
+    """Guards docs/security.md, "Anyone with access to the swarm manager's API": "write hostile
+    labels"."""
     message = refusal(hostile(label, value))
     assert label in message
     assert "\n" not in message and "\r" not in message and len(message) < 300
@@ -232,7 +234,10 @@ def test_an_empty_devices_label_is_not_a_share_of_nothing():
 
 def test_parsing_hostile_labels_never_hangs():
     """A hang guard, not a speed test: megabytes of hostile labels, each read
-    in bounded work (the old reader spent seconds on a share of 1e10000000)."""
+    in bounded work (the old reader spent seconds on a share of 1e10000000).
+
+    Guards docs/security.md, "Anyone with access to the swarm manager's API": "stop or stall the
+    hub's rebuild"."""
     heavy = [hostile(label, value) for label, value in HOSTILE]
     heavy += [{key: value * (MB // len(value) + 1) for key in LABELS} for value in ("9", "1e9", "GPU-1,", "\x00")]
     heavy.append({**LABELS, "gpuspawner.port": "٨" * MB})

@@ -73,6 +73,7 @@ def test_invalid_options_name_the_valid_choices(options, message):
     )
 )
 def test_anything_is_either_a_valid_request_or_a_clear_refusal(options):
+    """Guards docs/security.md, "A user": "every key and value validated; unknown keys refused"."""
     try:
         request = parse(options)
     except OptionsError as exc:

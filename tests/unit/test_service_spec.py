@@ -341,6 +341,8 @@ HOSTILE = {
 @pytest.mark.parametrize("holding", HOLDINGS)
 @pytest.mark.parametrize("hostile", HOSTILE)
 def test_no_admin_setting_changes_the_guarantees(hostile, holding):
+    """Guards docs/security.md, "An admin (of JupyterHub, or its configuration)": "the host constraint,
+    the NVIDIA_*/GPUSPAWNER_* env, the labels and the restart policy are applied last"."""
     labels, enforcement = HOLDINGS[holding]
     kwargs = copy.deepcopy(HOSTILE[hostile])
     assert_guarantees(spec(holding=labels, enforcement=enforcement, **kwargs), labels, enforcement)
@@ -444,6 +446,8 @@ CREATE = st.fixed_dictionaries(
     resources=RESOURCES.map(lambda r: {k: v for k, v in r.items() if k.islower()}),
 )
 def test_guarantees_hold_for_any_admin_settings(holding, **admin):
+    """Guards docs/security.md, "An admin (of JupyterHub, or its configuration)": "the host constraint,
+    the NVIDIA_*/GPUSPAWNER_* env, the labels and the restart policy are applied last"."""
     labels, enforcement = HOLDINGS[holding]
     assert_guarantees(spec(holding=labels, enforcement=enforcement, **admin), labels, enforcement)
 
@@ -514,6 +518,9 @@ def test_guarantees_hold_for_any_admin_settings(holding, **admin):
     ],
 )
 def test_settings_that_could_only_conflict_are_named(settings, named):
+    """Guards docs/security.md, "An admin (of JupyterHub, or its configuration)": "a setting that could
+    only conflict stops the hub at start with one line", "set any other NVIDIA_* variable", "mount a
+    GPU's device nodes" and "ask for swarm generic resources, of any kind"."""
     problems = admin_conflicts(settings)
     assert problems and named in problems[0] and all("\n" not in p for p in problems)
 
@@ -554,6 +561,8 @@ HARMLESS_ENV = {
 
 @pytest.mark.parametrize("holding", HOLDINGS)
 def test_harmless_nvidia_env_reaches_the_container_and_ours_still_wins(holding):
+    """Guards docs/security.md, "An admin (of JupyterHub, or its configuration)": "they can only narrow
+    what a container gets" and "nor change a GPU server's NVIDIA_DRIVER_CAPABILITIES"."""
     labels, enforcement = HOLDINGS[holding]
     s = spec(holding=labels, enforcement=enforcement, extra_container={"env": HARMLESS_ENV})
     env = dict(item.split("=", 1) for item in s["task_template"]["ContainerSpec"]["Env"])
