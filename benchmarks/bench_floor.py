@@ -28,8 +28,7 @@ import sys
 from collections.abc import Iterable
 
 from benchmarks import bench_shares
-from benchmarks.bench_shares import MODEL, SHARING, churn
-from benchmarks.impl import THIS, Impl
+from benchmarks.bench_shares import MODEL, SHARING, THIS, Impl, churn
 from gpuspawner.allocator.allocator import Request
 from gpuspawner.core.inventory import GPU
 from gpuspawner.core.sharing import UNIT, split_evenly

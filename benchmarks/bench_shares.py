@@ -3,7 +3,6 @@
     python -m benchmarks.bench_shares              # every part below, pack and spread
     python -m benchmarks.bench_shares --json       # the same figures as JSON
     python -m benchmarks.bench_shares --ops 20000 --seeds 50   # a quicker run
-    python -m benchmarks.bench_shares --impl main              # the allocator of another commit
 
 Sharing is open on one model, the A100 (quantum 0.01, split allowed). Two mixes
 of share requests: ``uniform`` draws 0.1, 0.2 ... 1.5 (a third above one GPU);
@@ -22,7 +21,6 @@ of share requests: ``uniform`` draws 0.1, 0.2 ... 1.5 (a third above one GPU);
 * ``packing``: one node of 8 A100 fed random requests of the mix until the
   first refusal, over many seeds: the share placed, of 8.0.
 
-``--impl main`` measures the allocator of another commit (the same workloads);
 ``--clock cpu`` times each decision by the thread's CPU time, which leaves out
 what other processes of a busy machine take. ``--uneven`` also allows uneven splits where no even split fits;
 ``--split-small`` lets a share of at most one GPU be split too (by default it
@@ -43,13 +41,38 @@ import time
 from dataclasses import asdict, dataclass
 
 from benchmarks.bench_allocator import Stats, pc
-from benchmarks.impl import THIS, Impl, load
+from gpuspawner.allocator import allocator
+from gpuspawner.core import inventory as core_inventory
 
 MODEL = "NVIDIA A100 80GB PCIe"
 SHARING = {MODEL: {"quantum": 0.01, "split": True}}
 UNIFORM = [100 * k for k in range(1, 16)]  # thousandths: 0.1 .. 1.5 GPUs
 SMALL, LARGE = UNIFORM[:5], UNIFORM[5:]
 
+
+
+
+@dataclass(frozen=True)
+class Impl:
+    """What the churn runs on: the allocator, or a stand-in with its interface
+    (benchmarks/bench_floor.py's floor)."""
+
+    name: str
+    Allocator: type
+    Request: type
+    Refused: type
+    GPU: type
+
+    def share(self, milli: int) -> object:
+        """A request for a share of ``milli`` thousandths."""
+        return self.Request(milli=milli)
+
+    def shares(self, milli: list[int]) -> list[int]:
+        """Per-device shares for ``adopt``."""
+        return milli
+
+
+THIS = Impl("allocator", allocator.Allocator, allocator.Request, allocator.AllocationRefused, core_inventory.GPU)
 
 CLOCKS = {"wall": pc, "cpu": time.thread_time_ns}
 clock = pc  # what times a decision: wall time, or this thread's CPU time (``--clock cpu``) on a busy machine
@@ -125,7 +148,7 @@ def churn(
             refused += 1
             return
         granted += 1
-        if len(a.devices) > 1 and a.total_milli < len(a.devices) * 1000:  # a split (any tree's Allocation)
+        if len(a.devices) > 1 and a.total_milli < len(a.devices) * 1000:  # a split
             split_times.append(dt)
 
     def release() -> None:
@@ -298,7 +321,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--uneven", action="store_true", help="allow uneven splits where no even split fits")
     p.add_argument("--split-small", action="store_true", help="let shares of at most 1 GPU be split too")
     add_clock(p)
-    p.add_argument("--impl", metavar="COMMIT", help="measure the allocator of this commit instead (e.g. main)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     set_clock(args.clock)
@@ -306,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         SHARING[MODEL]["uneven"] = True
     if args.split_small:
         SHARING[MODEL]["split_small"] = True
-    out = run(args, load(args.impl) if args.impl else THIS)
+    out = run(args)
     print(json.dumps(out, indent=2) if args.json else table(out, args))
     return 0
 

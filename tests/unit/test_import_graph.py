@@ -112,8 +112,8 @@ def test_the_plan_is_pure_like_the_allocator():
 
 
 def test_the_package_imports_itself_by_relative_imports_only():
-    """So that benchmarks/impl.py can load another commit's allocator under another name
-    without it reaching into this tree's modules."""
+    """So that a copy of the package imported under another name (beside this one, as a
+    vendored or side-by-side copy would be) never reaches into this tree's modules."""
     import ast
 
     absolute = []
