@@ -46,4 +46,4 @@ def test_a_documented_benchmark_command_parses(monkeypatch, doc, module, argv):
 
 def test_the_commands_are_found():
     modules = {module for _, module, _ in documented()}
-    assert {"bench_shares", "bench_shares_ab", "bench_floor", "bench_allocator", "bench_spawn"} <= modules
+    assert {"bench_shares", "bench_floor", "bench_allocator", "bench_spawn", "bench_trace"} <= modules

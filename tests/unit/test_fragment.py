@@ -484,8 +484,9 @@ async def test_a_servers_cpu_memory_and_accepted_models_go_to_the_ledger_and_int
 
 
 async def test_a_young_hub_learns_its_mix_again_once_as_many_servers_were_granted_as_it_learned_from(tmp_path):
-    """Guards docs/benchmarks.md: the mix is learned again every hour "and sooner while the
-    ledger is young: once as many servers were granted since as it was learned from"."""
+    """Guards docs/benchmarks.md, "`frag`: the fragmentation-aware policy": the mix is learned
+    again every hour "and sooner while the ledger is young: once as many servers were
+    granted since as it was learned from"."""
     from gpuspawner.ledger.ledger import Ledger
     from tests.unit.test_holdings import A100, World
 
