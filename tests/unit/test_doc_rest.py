@@ -16,6 +16,7 @@ from pathlib import Path
 from tornado.web import RequestHandler
 from traitlets.config import Config
 
+from gpuspawner.allocator.refusals import AllocationRefused, Refusal
 from gpuspawner.core.options import KEYS
 from gpuspawner.hubconfig import configure
 from gpuspawner.web import api
@@ -115,3 +116,12 @@ def test_the_user_options_table_names_exactly_the_keys_the_spawner_takes():
     """Guards docs/rest.md, "User options": its table of keys is core/options.py's KEYS."""
     table = PAGE.read_text().partition("## User options")[2].partition("\n## ")[0]
     assert set(re.findall(r"^\| `(\w+)` \|", table, re.M)) == set(KEYS)
+
+
+def test_the_user_options_answers_give_the_status_of_a_refusal_for_now_and_of_one_for_ever():
+    """Guards docs/rest.md, "User options": "Refused for now: none is free" and "ask for
+    what the cluster can never give" answer the statuses the allocator's refusals carry."""
+    table = PAGE.read_text().partition("## User options")[2].partition("\n## ")[0]
+    for refusal, words in ((Refusal.TOTAL_FREE_BELOW, "Refused for now"), (Refusal.UNKNOWN_MODEL, "can never give")):
+        status = AllocationRefused("", refusal).status
+        assert re.search(rf"^\| {status} \| [^\n]*{words}", table, re.M), f"docs/rest.md: {words!r} is not {status}"
