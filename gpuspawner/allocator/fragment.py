@@ -136,8 +136,9 @@ class Mix:
         take one model, the fragment counts the free GPU of each model as lost to the kinds
         of the others, so frag fills the models that pinned requests need with requests that
         take any; on the OpenB lists with a quarter or half of the GPU requests pinned to one
-        model that left more GPU unallocated than pack (docs/benchmarks.md). A pinned request
-        still goes only to its models: the allocator sees to that, not the mix."""
+        model that left more GPU unallocated than pack (CHANGELOG.md, "Performance history").
+        A pinned request still goes only to its models: the allocator sees to that, not the
+        mix."""
         counts: Counter[Shape] = Counter()
         for p in placed:
             if not p.milli:
