@@ -60,7 +60,10 @@ def test_only_the_agent_token_may_report(hub):
 
 
 def test_the_agent_token_can_do_nothing_else(hub):
-    """Guards docs/security.md, "A node's agent token": "use any other endpoint (403)"."""
+    """Guards docs/security.md, "A node's agent token": "use any other endpoint (403)".
+
+    Guards docs/reliability.md, "Measured on the test swarm": "the agent token cannot read, list
+    users or spawn"."""
     h = {"Authorization": f"token {AGENT_TOKEN}"}
     assert requests.get(hub.url + "/hub/api/gpuspawner/alloc-map", headers=h, timeout=30).status_code == 403
     assert requests.get(hub.url + "/hub/api/users", headers=h, timeout=30).status_code == 403
@@ -168,7 +171,10 @@ json_values = st.recursive(
 )
 def test_fuzzed_reports_only_ever_get_a_clean_answer(hub, body):
     """Guards docs/security.md, "A node's agent token": "send malformed, oversized or deeply nested
-    bodies"."""
+    bodies".
+
+    Guards docs/reliability.md, "Measured on the test swarm": "never a traceback, never a service or
+    a held GPU after a refusal"."""
     r = post(hub, None, raw=body)
     assert r.status_code in (200, 400), r.text
     assert set(r.json()) >= ({"status", "message"} if r.status_code == 400 else {"hostname"})
@@ -180,7 +186,10 @@ def test_a_report_naming_another_nodes_gpu_has_it_left_out_and_the_gpu_stays_on_
 
     Guards docs/security.md, "A node's agent token": "take another node's GPU by naming its UUID"
     and "the device is left out of its report (the rest is taken), the GPU stays put, and doctor
-    lists the conflict"."""
+    lists the conflict".
+
+    Guards docs/reliability.md, "The fault model": "A report naming another node's GPU has that
+    device left out, and only that device"."""
     assert post(hub, report(device(0, "GPU-b-only-0"), hostname="gpu-b")).status_code == 200
     own = gpu_a(*[device(i, f"GPU-gtx-a{i}", GTX, 8192) for i in range(3)])
     assert post(hub, own).status_code == 200

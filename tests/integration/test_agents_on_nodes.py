@@ -79,6 +79,8 @@ def test_the_form_lists_what_the_nodes_report(cluster):
 
 
 def test_a_gpu_marked_unhealthy_on_its_node_leaves_the_form_within_one_interval(cluster):
+    """Guards docs/reliability.md, "Measured on the test swarm": "The GPU left the spawn form 0.6 s
+    after the change"."""
     hub, gpus = cluster
     sick = [dict(GPU_B[0], ecc_uncorrected=5), GPU_B[1]]
     t0 = time.monotonic()
@@ -94,6 +96,9 @@ def test_a_gpu_marked_unhealthy_on_its_node_leaves_the_form_within_one_interval(
 
 
 def test_a_node_whose_agent_stops_is_not_offered_after_the_staleness_limit(cluster, swarm):
+    """Guards docs/reliability.md, "The fault model": "A late node is not offered until it reports
+    again" and "Its next report is taken"; "Measured on the test swarm": "the stopped agent's node
+    stopped being offered after 3 intervals, and came back with its next report"."""
     hub, _ = cluster
     agent_stack.set_gpu_label(swarm, "gpu-b", "false")  # swarm stops gpu-b's agent
     try:

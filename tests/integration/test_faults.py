@@ -76,6 +76,8 @@ def outcome(hub, user: str, answer) -> str:
 
 
 def test_spawn_storm_gets_exactly_the_free_devices_each_once(hub, swarm):
+    """Guards docs/reliability.md, "Measured on the test swarm": "the 16 services hold 16 distinct
+    devices", "sampled every 50 ms" and "pytest's -s prints the storm's figures"."""
     users = [f"storm{i:03d}" for i in range(USERS)]
     assert hub.api("POST", "/users", json={"usernames": users}).status_code == 201
     lag_before = histogram(hub, "gpuspawner_event_loop_lag_seconds")
@@ -103,6 +105,10 @@ def test_spawn_storm_gets_exactly_the_free_devices_each_once(hub, swarm):
 
 
 def test_hub_killed_mid_spawn_leaks_nothing_and_double_books_nothing(hub, swarm):
+    """Guards docs/reliability.md, "The fault model": "The restarted hub takes over what the swarm
+    runs, from the services' labels and the ledger; nothing is double-booked"; "Measured on the test
+    swarm": "Within one reconcile interval the swarm runs only servers the hub knows" and "The GPU
+    holders equal the running services"."""
     r = hub.spawn("kilo", {"gpu_model": MODEL, "gpu_count": 1})
     assert r.status_code in (201, 202)
     # Kill the hub the moment the service exists, before the spawn can finish.
@@ -144,7 +150,11 @@ def test_the_proxy_killed_costs_no_gpu_and_jupyterhub_brings_it_back(hub, swarm)
     """The hub's proxy dies (SIGKILL) while a GPU server runs, and a spawn arrives at
     the hub's own port meanwhile. JupyterHub starts the proxy again and restores its
     routes; the running server keeps its GPU; the new spawn either starts or fails
-    holding no GPU (JupyterHub stops a server it could not route)."""
+    holding no GPU (JupyterHub stops a server it could not route).
+
+    Guards docs/reliability.md, "The fault model": "servers keep their GPUs, and a spawn that
+    reaches the hub meanwhile starts, or fails holding no GPU" and "puts back every running server's
+    route"."""
     hub.ensure_user("unrouted")
     hub.spawn("proxied", {"gpu_model": MODEL})
     hub.wait_ready("proxied", timeout=60)

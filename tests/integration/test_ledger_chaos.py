@@ -156,6 +156,9 @@ def faults(hub, pg, users: Users, t0: float, log: list[str]) -> None:
 def test_the_database_and_the_hub_failing_while_users_act_double_book_nothing_and_leave_nothing_stuck(
     hub, swarm, pg, db_url
 ):
+    """Guards docs/reliability.md, "The fault model": "On the real swarm, a chaos test stops and starts
+    the ledger's PostgreSQL three times" and "It passes when no sample shows one GPU in two
+    containers"."""
     for user in USERS:
         hub.ensure_user(user)
     samplers = [Sampler(swarm, node, every=0.3) for node in ("gpu-a", "gpu-b")]

@@ -50,6 +50,10 @@ def test_a_spawn_and_its_stop_are_recorded_and_usage_counts_them(hub, db_url):
 
 
 def test_with_the_database_down_spawns_fail_cleanly_and_work_again_when_it_is_back(hub, swarm, pg):
+    """Guards docs/reliability.md, "The fault model": "no service is made and no GPU stays reserved.
+    CPU-only servers start" and "The same hub records and spawns normally"; "Measured on the test
+    swarm": "no service is created, no GPU is left held; after the server starts again the same hub
+    records and spawns normally"."""
     pg.stop()
     try:
         r = hub.spawn("vera", {"gpu_model": A100})

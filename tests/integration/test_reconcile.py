@@ -27,7 +27,10 @@ def holders(hub, uuid: str) -> list[str]:
 
 def test_a_labelled_service_of_a_server_the_hub_does_not_know_is_adopted_then_removed(hub, swarm):
     """E.g. a spawn that a killed hub never finished: its GPU is held at once (so
-    it is never handed out twice), and the service is removed at the next round."""
+    it is never handed out twice), and the service is removed at the next round.
+
+    Guards docs/reliability.md, "Measured on the test swarm": "The first is adopted at once (its GPU
+    never offered twice), then removed as a server the hub does not know"."""
     labels = {
         "gpuspawner.user": "ghost",
         "gpuspawner.server": "",
@@ -91,6 +94,8 @@ def test_a_labelled_service_under_another_name_is_left_alone_and_shown_by_doctor
 
 
 def test_a_server_whose_service_vanished_behind_the_hubs_back_gives_its_gpu_back(hub, swarm):
+    """Guards docs/reliability.md, "Measured on the test swarm": "the second's GPU is released within
+    one reconcile interval"."""
     spawn_ready(hub, "tess", {"gpu_model": "NVIDIA A100 80GB PCIe"})
     (uuid,) = [u for u in (A100_0, A100_1) if holders(hub, u) == ["tess"]]
     (service,) = swarm.client().services.list(filters={"label": "gpuspawner.user=tess"})

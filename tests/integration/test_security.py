@@ -32,7 +32,10 @@ ADMIN_VIEWS = [
 @pytest.mark.parametrize("method, path", ADMIN_VIEWS)
 def test_admin_views_are_for_admins_only(hub, method, path):
     """Guards docs/security.md, "A user": "see the allocation map, usage, doctor or /hub/gpus" and
-    "admin:servers scope on every admin endpoint"."""
+    "admin:servers scope on every admin endpoint".
+
+    Guards docs/reliability.md, "Measured on the test swarm": "403 on the allocation map, rescan,
+    usage, doctor and /hub/gpus"."""
     user = login(hub, "oscar")
     headers = {"X-XSRFToken": user.cookies.get("_xsrf") or ""}
     assert user.request(method, hub.url + path, headers=headers, timeout=30).status_code == 403
@@ -87,7 +90,10 @@ def check_clean(hub, swarm, user, r):
 @given(body=options)
 def test_fuzzed_rest_options_never_break_anything(hub, swarm, body):
     """Guards docs/security.md, "A user": "put text of their own into env, constraints or labels; get a
-    500 or a traceback"."""
+    500 or a traceback".
+
+    Guards docs/reliability.md, "Measured on the test swarm": "never a traceback, never a service or
+    a held GPU after a refusal"."""
     check_clean(hub, swarm, "fuzz-rest", hub.spawn("fuzz-rest", body))
 
 
@@ -101,7 +107,10 @@ def test_fuzzed_rest_options_never_break_anything(hub, swarm, body):
 )
 def test_fuzzed_form_fields_never_break_anything(hub, swarm, form):
     """Guards docs/security.md, "A user": "put text of their own into env, constraints or labels; get a
-    500 or a traceback"."""
+    500 or a traceback".
+
+    Guards docs/reliability.md, "Measured on the test swarm": "never a traceback, never a service or
+    a held GPU after a refusal"."""
     s = login(hub, "fuzz-form")
     r = s.post(hub.url + "/hub/spawn/fuzz-form", data={**form, "_xsrf": s.cookies.get("_xsrf")}, timeout=60)
     assert r.status_code < 500, r.text[:500]

@@ -32,7 +32,11 @@ def hub(swarm, tmp_path_factory):
 
 def test_a_gpu_goes_to_the_next_user_only_after_the_last_holders_container_exited(hub, swarm):
     """Guards docs/security.md, "A user's server": "have its GPUs handed to someone else while it still
-    runs" and "holdings release a device only once the holder's tasks have ended"."""
+    runs" and "holdings release a device only once the holder's tasks have ended".
+
+    Guards docs/reliability.md, "The fault model": "its GPUs are released at the next
+    reconciliation"; "Measured on the test swarm": "never show one GPU in two containers" and "until
+    the stopped server's container has exited, then gets its GPU"."""
     spawn_ready(hub, "alma", {"gpu_model": A100})
     spawn_ready(hub, "carl", {"gpu_model": A100})  # both A100s are held now
     sampler = Sampler(swarm, "gpu-b")

@@ -143,7 +143,11 @@ def test_the_stack_runs_as_deployed(stack, swarm):
 def test_gpu_and_cpu_servers_on_the_overlay_network_and_a_hub_restart(stack, swarm):
     """Guards docs/deploy.md, "Deploying on a swarm: the hub as a swarm service": "logs in through the
     published port, starts a GPU server and a CPU-only server on the overlay network, restarts the
-    hub's service"."""
+    hub's service".
+
+    Guards docs/reliability.md, "The fault model": "The proxy, a service of its own, keeps its
+    routes: open notebook pages keep working" and "Servers reach the hub again through the proxy as
+    soon as it serves"."""
     hub, state = stack
     password = stack_harness.secret_values(state)["login-password"]
     network = stack_harness.network(swarm)

@@ -30,7 +30,14 @@ def test_a_worker_whose_daemon_stops_is_not_offered_its_servers_end_and_it_comes
 ):
     """Guards docs/security.md, "Root on a GPU node": "make the hub give its servers' GPUs away while
     their containers may still run: they stay removing until the node is back and the tasks have
-    ended"."""
+    ended".
+
+    Guards docs/reliability.md, "The fault model": "A server whose node is down keeps its GPUs
+    reserved (phase removing) while its container may still run" and "The task's end is seen and its
+    GPUs are released at the next reconciliation"; "Measured on the test swarm": "its GPU stays
+    reserved (phase removing in the allocation map) through every reconciliation while the node is
+    down" and "After SIGCONT the node is back, the task ends, the next reconciliation releases the
+    GPU"."""
     config = (
         "c.Spawner.poll_interval = 2\n"
         "c.GPUSwarmSpawner.reconcile_interval = 2\n"

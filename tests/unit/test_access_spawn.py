@@ -104,6 +104,8 @@ async def test_the_groups_limit_counts_across_the_users_servers(tmp_path):
 
 
 async def test_an_unreachable_ledger_refuses_budgeted_gpu_requests_with_503(tmp_path, monkeypatch):
+    """Guards docs/reliability.md, "The fault model": "Users with a weekly budget get 503 for GPU
+    requests"."""
     w = world(tmp_path)
     monkeypatch.setattr(Ledger, "user_spans", ledger_down)
     exc = await refused(w, in_groups(w.spawner("carol", {"gpu_model": GTX}), "students"))

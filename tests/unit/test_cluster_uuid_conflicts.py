@@ -149,6 +149,8 @@ def test_the_conflict_shows_in_doctor_until_the_host_reports_without_it():
 
 
 def test_the_conflict_clears_when_the_owner_no_longer_has_the_uuid_and_the_next_report_takes_it():
+    """Guards docs/reliability.md, "The fault model": "A GPU moves only when the node that has it no
+    longer names it"."""
     c = agent_cluster()
     send(c, report(device(0, "GPU-b0"), device(1, "GPU-b1")))
     assert send(c, report(device(0, "GPU-b1"), hostname="gpu-a")) == ["GPU-b1"]
@@ -170,7 +172,10 @@ def test_a_leaked_token_cannot_take_a_late_nodes_gpus_or_get_its_reports_refused
     whole, every one of its GPUs offered again.
 
     Guards docs/security.md, "A node's agent token": "take another node's GPU by naming its UUID,
-    even while that node's agent is late"."""
+    even while that node's agent is late".
+
+    Guards docs/reliability.md, "The fault model": "a late agent does not let another node take its
+    GPUs"."""
     c = agent_cluster(stale_intervals=3)
     send(c, report(device(0, "GPU-b0"), device(1, "GPU-b1"), interval=10), now=0)
     assert send(c, report(device(0, "GPU-b1"), hostname="gpu-a", interval=10), now=100) == ["GPU-b1"]
@@ -194,6 +199,7 @@ class _Nodes:
 
 
 def test_a_gpu_that_moved_from_a_node_that_left_the_swarm_is_taken_by_its_new_node(caplog):
+    """Guards docs/reliability.md, "The fault model": "or has left the swarm"."""
     caplog.set_level(logging.INFO)
     c = agent_cluster(stale_intervals=3)
     asyncio.run(c.refresh(_Nodes("gpu-a", "gpu-b"), logging.getLogger("test")))

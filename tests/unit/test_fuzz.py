@@ -7,6 +7,9 @@ usage endpoint's times (_time_arg, and the ledger's range check), service
 labels read at rebuild (parse_labels) and the config traits validate_config
 checks. A few hundred examples each by default (a few seconds in all);
 ``GPUSPAWNER_FUZZ=long`` (``make fuzz``) runs many more.
+
+Guards docs/reliability.md, "Fuzzing": "The fuzz tests feed each input surface with hypothesis and
+check one contract" and "The unit tests run 150 examples per surface".
 """
 
 from __future__ import annotations

@@ -671,7 +671,11 @@ async def test_a_restart_while_the_ledger_is_down_hands_out_no_gpu_until_its_ope
     """Alice's service was removed while the hub was down, her container still in its
     grace period; the restarted hub's first reconcile finds the ledger down. Only the
     ledger knows her GPU: bob is refused (503, try again), not given it; once the ledger
-    answers, her record is booked as removing, and the GPU comes back when her container exits."""
+    answers, her record is booked as removing, and the GPU comes back when her container exits.
+
+    Guards docs/reliability.md, "The fault model": "No GPU is handed out: a server removed while the
+    hub was down may still run on its GPU, and only the ledger knows" and "The open records are read
+    first; their GPUs come back once their containers have exited"."""
     w = World(tmp_path)
     await w.started(w.spawner("alice", {"gpu_model": A100}))
     w.fake.remove_service("jupyter-alice")  # her container keeps running
@@ -730,7 +734,13 @@ def test_ledger_faults_at_any_step_never_give_a_gpu_away_while_a_container_may_r
     a stop, reconciles; up to two ledger calls fail anywhere, and (``outage``) the
     database may also go down at any point and come back, every call failing meanwhile.
     Checked after every step: no device booked above 1, and no running container names a
-    device not booked to it."""
+    device not booked to it.
+
+    Guards docs/reliability.md, "The fault model": "every step keeps the GPU invariant (no device
+    booked above 1; no running container names a device not booked to it), every live holding keeps
+    its open ledger row", "300 schedules over the spawns", "about 580 faults injected in the first"
+    and "The database may also be down for a while: at any point it goes down, every ledger call
+    fails until it comes back (if it does), with up to two more blinks"."""
     runs: list[Run] = []
 
     def scenario(run: Run) -> Scenario:
@@ -792,7 +802,10 @@ async def test_an_adopted_holding_the_ledger_could_not_record_is_recorded_at_the
 async def test_a_removal_whose_answer_is_lost_keeps_the_gpu_until_its_container_has_exited(tmp_path):
     """Alice's leftover server (adopted at hub start, its tasks not yet seen) is stopped;
     Docker removes the service but the answer is lost. Her container still runs past the
-    stop timeout: her GPU stays hers until it has exited, then comes back."""
+    stop timeout: her GPU stays hers until it has exited, then comes back.
+
+    Guards docs/reliability.md, "The fault model": "A removal whose answer was lost keeps the GPU
+    until the container has exited, however long that takes"."""
     now = [0.0]
     w = World(tmp_path, clocks={"clock": lambda: now[0]})
     w.leftover("alice")
@@ -852,7 +865,12 @@ def test_docker_faults_at_any_step_never_give_a_gpu_away_and_leave_none_held_for
     or after the daemon acted. Checked after every step: no device booked above 1, no running container on a
     device not booked to it. Then, once Docker answers again, the containers have exited
     and the stop timeout has passed (a removal nobody could confirm waits that long), a
-    reconcile leaves a GPU held only by a server that is still there."""
+    reconcile leaves a GPU held only by a server that is still there.
+
+    Guards docs/reliability.md, "The fault model": "a user only ever gets a refusal or a failed
+    spawn with its message", "a reconcile leaves a GPU held only by a service that still exists,
+    with its open ledger row, and no failed spawn's service behind" and "300 schedules for each of
+    create_service, remove_service and the reads"."""
     injected = Counter()  # faults made, before and after the daemon acted
 
     def scenario(run: Run) -> Scenario:

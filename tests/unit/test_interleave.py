@@ -475,6 +475,9 @@ def test_during_an_outage_every_call_fails_and_its_events_say_when_it_begins_and
 
 
 def test_a_scale_asks_for_more_schedules_the_first_ones_unchanged(monkeypatch):
+    """Guards docs/reliability.md, "The fault model": "samples twenty times as many, the first ones the
+    same"."""
+
     def first_schedules(n):
         seen = []
 

@@ -405,7 +405,10 @@ async def test_a_ledger_error_as_a_gpu_frees_keeps_every_waiter_in_line_and_the_
     nobody is thrown out of the line (and told to retry while their row stays).
 
     Guards docs/line.md, "When a dependency fails": "A failure that may pass keeps everyone's place"
-    and "the first waiter's reservation cannot be recorded (the ledger's database is down)"."""
+    and "the first waiter's reservation cannot be recorded (the ledger's database is down)".
+
+    Guards docs/reliability.md, "The fault model": "The first waiter keeps its place, and so does
+    everyone behind it; the line is tried again every 10 s" and "The first waiter is served"."""
     monkeypatch.setattr(line_wait, "RETRY_SECONDS", 0.1)
     world = World(tmp_path)
     alice, bob, carol, bob_start, carol_start = await two_in_line(world)
@@ -433,7 +436,10 @@ async def test_a_refusal_that_may_pass_keeps_the_place_and_the_line_is_tried_aga
 
     Guards docs/line.md, "When a dependency fails": "no port of host_network_ports is free, or the
     waiter's previous server is still being removed, nobody is told to go away" and "the line is
-    tried again when devices come back, and every 10 seconds"."""
+    tried again when devices come back, and every 10 seconds".
+
+    Guards docs/reliability.md, "The fault model": "Also when no host_network_ports port is free, or
+    the waiter's previous service is still being removed"."""
     monkeypatch.setattr(line_wait, "RETRY_SECONDS", 0.05)
     line = World(tmp_path).hub.line
     await line.join("jupyter-bob", "bob", "", A100, 0, WAIT)
@@ -487,7 +493,10 @@ def test_ledger_faults_while_waiting_never_throw_a_waiter_out_nor_leave_a_row_fo
     """Up to two ledger calls fail at any step of a wait, its wake-up, a cancel or a
     stop: a waiter is refused only before it had a place; once it had one it is
     served, cancelled or timed out, never told to retry; a row the ledger could not
-    drop is remembered to be dropped (else the next hub would resume that spawn)."""
+    drop is remembered to be dropped (else the next hub would resume that spawn).
+
+    Guards docs/reliability.md, "The fault model": "a waiter is refused only before it had a place,
+    and a line row the ledger could not drop is dropped once it answers" and "300 over the line"."""
     from tests.unit.test_holdings import ledger_faults
 
     seen: list[str] = []
@@ -507,7 +516,11 @@ def test_a_ledger_down_for_a_while_with_two_in_line_throws_nobody_out_and_serves
     fails meanwhile), and up to two more calls blink, while bob and carol wait for
     alice's GPU: the GPU invariant holds at every step; nobody is told to retry once
     they had a place, nobody is served twice, carol only once bob has left, and no row
-    is left for the next hub."""
+    is left for the next hub.
+
+    Guards docs/reliability.md, "The fault model": "over two users waiting in line for one GPU while
+    its holder stops" and "nobody is served twice, the second in line is served only once the first
+    has left, and nobody who had a place is told to retry"."""
     from tests.unit.test_holdings import ledger_faults
 
     runs: list[Run] = []
@@ -539,7 +552,11 @@ def test_docker_faults_while_waiting_keep_the_gpu_invariant_and_leave_nothing_be
     """Up to two creations or removals of services fail (before or after the daemon
     acted) at any step of a wait, its wake-up, a cancel or alice's stop: the GPU
     invariant holds at every step, and bob ends served (holding the GPU, in the ledger),
-    or out of line holding nothing."""
+    or out of line holding nothing.
+
+    Guards docs/reliability.md, "The fault model": "the waiter ends served or out of line holding
+    nothing", "800 schedules" and "the test requires each kind of fault, a creation or a removal
+    failing before or after the daemon acted, at least twice"."""
     from tests.unit.test_holdings import docker_faults
 
     seen: list[str] = []

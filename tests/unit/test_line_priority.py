@@ -218,7 +218,10 @@ async def test_a_row_whose_resumed_spawn_never_waits_leaves_at_its_deadline_and_
     (behind him, waiting) is served; nobody edits the database.
 
     Guards docs/line.md, "A hub restart": "A row whose spawn is still not waiting 2 minutes after
-    the spawns were resumed leaves the line" and "the one behind it is served next"."""
+    the spawns were resumed leaves the line" and "the one behind it is served next".
+
+    Guards docs/reliability.md, "The fault model": "A row still without a live wait 2 minutes after
+    the resume leaves the line"."""
     monkeypatch.setattr(line_wait, "RETRY_SECONDS", 0.1)
     w = await restarted_hub(tmp_path)
     stu = in_groups(w.spawner("stu", WAIT), "students")
@@ -233,7 +236,10 @@ async def test_a_row_whose_resumed_spawn_never_waits_leaves_at_its_deadline_and_
 
 
 async def test_a_request_that_does_not_wait_is_not_refused_for_rows_past_their_deadline(tmp_path, monkeypatch):
-    """Guards docs/line.md, "A hub restart": "a request without gpu_wait is no longer refused for it"."""
+    """Guards docs/line.md, "A hub restart": "a request without gpu_wait is no longer refused for it".
+
+    Guards docs/reliability.md, "The fault model": "so nobody waits behind a spawn that will not
+    come"."""
     w = await restarted_hub(tmp_path)  # neither stu's nor prof's spawn comes back
     short_deadlines(w, monkeypatch, 0.3)
     await stopped_leftover(w, "alice")
@@ -251,7 +257,11 @@ async def test_resuming_reads_the_line_again_while_the_ledger_is_down_goes_on_pa
     """At hub start: the first read of the line fails (the ledger is coming up), so it is
     read again; prof's row cannot be resumed (the hub's user store fails), which does not
     stop stu's; stu's resumed spawn fails in a hook before it waits, so his row leaves at
-    once. The hub's objects here are small stand-ins: only what resume_waiting touches."""
+    once. The hub's objects here are small stand-ins: only what resume_waiting touches.
+
+    Guards docs/reliability.md, "The fault model": "The line is read again every 5 s; no waiter's
+    place is lost", "The waiting spawns are resumed, in order" and "The row leaves the line at once;
+    the others are resumed all the same"."""
     from gpuspawner import hub_port
     from gpuspawner.hub import resume
 

@@ -94,7 +94,10 @@ async def test_resuming_the_line_leaves_alone_a_spawn_of_the_same_server_begun_w
     when the resume walks the line (a live wait, or still in JupyterHub's hooks).
 
     Guards docs/line.md, "A hub restart": "Only the rows nobody owns are resumed" and "the resume
-    never stops it (JupyterHub would delete its API token) nor spawns the server a second time"."""
+    never stops it (JupyterHub would delete its API token) nor spawns the server a second time".
+
+    Guards docs/reliability.md, "The fault model": "a server its user spawned again meanwhile is
+    left to that spawn, neither stopped nor spawned twice"."""
     reads = ledger_down_at_first(monkeypatch)
     w, hub = await restarted(tmp_path, monkeypatch)
     hooked = asyncio.Event()

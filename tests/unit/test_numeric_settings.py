@@ -16,6 +16,9 @@ one line that says what is wrong, never an OverflowError or TypeError traceback 
 
 tests/unit/test_fuzz.py throws anything at the same surfaces and checks only that each
 answer is a result or a one-line refusal; these say which it must be.
+
+Guards docs/reliability.md, "Fuzzing": "Each hostile number has the one answer it must get" and
+"found by introspection, so a new one is covered".
 """
 
 from __future__ import annotations
@@ -150,6 +153,8 @@ def _pairs(values: st.SearchStrategy) -> st.SearchStrategy:
 @PROPERTY
 @given(data=st.data())
 def test_a_numeric_setting_is_taken_in_its_range_and_otherwise_refused_in_one_line_naming_it(data):
+    """Guards docs/reliability.md, "Fuzzing": "a value in it is taken, and anything else" and "is the
+    one-line configuration error naming the setting, the value and the range"."""
     name = data.draw(st.sampled_from(sorted(NUMERIC)), label="setting")
     trait = NUMERIC[name]
     good = _value_in_range(trait)
@@ -318,6 +323,8 @@ hostile_json = st.one_of(
 @PROPERTY
 @given(path=st.sampled_from(REPORT_PATHS), token=hostile_json)
 def test_a_hostile_number_in_any_numeric_report_field_is_a_bad_report_naming_it(path, token):
+    """Guards docs/reliability.md, "Fuzzing": "Such a number in any numeric field of an agent's report
+    is a 400 naming the field"."""
     body = copy.deepcopy(REPORT)
     holder = body
     for key in path[:-1]:
@@ -363,6 +370,8 @@ def _parsed(options):
 @PROPERTY
 @given(key=st.sampled_from(NUMERIC_OPTIONS), value=hostile_option)
 def test_a_hostile_number_in_a_numeric_option_is_refused_naming_it(key, value):
+    """Guards docs/reliability.md, "Fuzzing": "in gpu_count or gpu_share (REST or the form) a 400
+    naming the option"."""
     with pytest.raises(OptionsError) as exc:
         _parsed({"gpu_model": A100, key: value})
     assert key in str(exc.value) and "\n" not in str(exc.value), exc.value
