@@ -43,7 +43,10 @@ def hub(swarm, tmp_path_factory):
 
 def test_admin_task_spec_and_env_keep_gpu_servers_on_their_host_and_cpu_servers_blind(hub, swarm):
     """Guards docs/security.md, "A user's server": "gpuspawner sets the variable last, over the admin's
-    environment, extra_container_spec and extra_task_spec"."""
+    environment, extra_container_spec and extra_task_spec".
+
+    Guards docs/how-it-works.md, "What admin settings cannot change": "NVIDIA_VISIBLE_DEVICES is the
+    server's UUIDs, or void for a CPU-only server"."""
     spawn_ready(hub, "alice", {"gpu_model": A100})
     spawn_ready(hub, "bob", {})
     (gpu,), (cpu,) = services_of(swarm, "alice"), services_of(swarm, "bob")

@@ -37,6 +37,8 @@ def hub(swarm, tmp_path_factory):
 
 
 def test_a_server_the_node_has_no_cpu_left_for_is_refused_naming_cpus(hub, swarm):
+    """Guards docs/how-it-works.md, "CPU and memory count too": "A GPU that is free on a node without
+    the CPU or memory is not offered to that server; the refusal says so"."""
     spawn_ready(hub, "alice", {"gpu_model": A100})
     t0 = time.monotonic()
     r = hub.spawn("bob", {"gpu_model": A100})
@@ -50,6 +52,7 @@ def test_a_server_the_node_has_no_cpu_left_for_is_refused_naming_cpus(hub, swarm
 
 
 def test_a_node_whose_memory_another_service_reserved_is_not_chosen_and_the_refusal_names_memory(hub, swarm):
+    """Guards docs/how-it-works.md, "CPU and memory count too": "and anything else on the node"."""
     memory = gpu_b(swarm)["Description"]["Resources"]["MemoryBytes"]
     big = swarm.client().services.create(  # not the hub's: it leaves gpu-b 0.5 GiB
         "gpuspawner-test/busybox:latest",

@@ -35,7 +35,9 @@ def test_admin_views_are_for_admins_only(hub, method, path):
     "admin:servers scope on every admin endpoint".
 
     Guards docs/reliability.md, "Measured on the test swarm": "403 on the allocation map, rescan,
-    usage, doctor and /hub/gpus"."""
+    usage, doctor and /hub/gpus".
+
+    Guards docs/admin.md, "The admin's tools: allocation map, usage, health": "Others get 403"."""
     user = login(hub, "oscar")
     headers = {"X-XSRFToken": user.cookies.get("_xsrf") or ""}
     assert user.request(method, hub.url + path, headers=headers, timeout=30).status_code == 403

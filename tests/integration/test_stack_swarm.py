@@ -147,7 +147,10 @@ def test_gpu_and_cpu_servers_on_the_overlay_network_and_a_hub_restart(stack, swa
 
     Guards docs/reliability.md, "The fault model": "The proxy, a service of its own, keeps its
     routes: open notebook pages keep working" and "Servers reach the hub again through the proxy as
-    soon as it serves"."""
+    soon as it serves".
+
+    Guards docs/how-it-works.md, "Networking": "the hub and the servers reach each other by their
+    service names"."""
     hub, state = stack
     password = stack_harness.secret_values(state)["login-password"]
     network = stack_harness.network(swarm)

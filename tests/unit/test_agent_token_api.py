@@ -133,7 +133,10 @@ async def test_a_node_token_reports_for_its_own_node_only(hub, tmp_path):
 
 async def test_a_rotated_or_revoked_token_stops_working_at_once(hub, tmp_path):
     """Guards docs/security.md, "A node's agent token": "go on working once rotated or revoked: the old
-    token gets 403 at once"."""
+    token gets 403 at once".
+
+    Guards docs/nodes.md, "Where the hub learns the GPUs": "issuing again rotates it, and the old
+    one stops working at once"."""
     api = await hub(hub_config(tmp_path))
     old = await api.issue("gpu-a")
     code, answer = await api("POST", "agent-tokens/gpu-a", ADMIN)
@@ -202,7 +205,10 @@ async def test_unknown_tokens_get_todays_answer(hub, tmp_path):
 
 async def test_the_shared_token_is_refused_by_default_with_a_sentence(hub, tmp_path):
     """Guards docs/security.md, "A node's agent token": "report at all by default: 403 with a sentence
-    saying how to move"."""
+    saying how to move".
+
+    Guards docs/nodes.md, "Where the hub learns the GPUs": "is refused unless
+    c.GPUSwarmSpawner.agent_shared_token = True"."""
     api = await hub(hub_config(tmp_path))
     assert await api.report(SHARED, "gpu-a") == (403, {"status": 403, "message": agent_tokens.SHARED_TOKEN_REFUSED})
     _, doctor = await api("GET", "doctor", ADMIN)

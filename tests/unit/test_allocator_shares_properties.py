@@ -23,6 +23,9 @@ retry=False exactly when no state could ever grant it.
 
 Guards docs/security.md, "A user": "get a GPU another server holds, exceed the limit, or get more
 than one device per whole GPU asked for".
+
+Guards docs/sharing.md, "The rules": "The shares booked on a device never sum above 1", "a share
+never lands on a device held whole" and "keeping emptier devices free for larger requests".
 """
 
 from __future__ import annotations

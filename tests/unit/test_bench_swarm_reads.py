@@ -45,6 +45,8 @@ async def test_the_reservations_read_back_per_node_are_what_the_specs_reserve_su
 
 
 async def test_the_swarm_is_read_at_most_once_a_second_however_many_spawns_ask():
+    """Guards docs/how-it-works.md, "CPU and memory count too": "What other services reserve is read at
+    most once a second"."""
     built = await bench.build(6, 40, seed=5)
     try:
         fake, cluster = built.fake, built.cluster
@@ -75,6 +77,8 @@ async def test_the_swarm_is_read_at_most_once_a_second_however_many_spawns_ask()
 async def test_a_read_that_takes_long_goes_on_in_the_background_is_made_less_often_and_one_that_fails_keeps_the_figures(
     monkeypatch,
 ):
+    """Guards docs/how-it-works.md, "CPU and memory count too": "a spawn gives a read 0.25 s to finish
+    and then goes on with the figures read before, the read finishing meanwhile"."""
     built = await bench.build(4, 16, seed=7)
     try:
         fake, cluster, swarm = built.fake, built.cluster, built.swarm
@@ -120,6 +124,8 @@ async def test_a_read_that_takes_long_goes_on_in_the_background_is_made_less_oft
 
 
 def test_figures_are_kept_a_second_per_hundred_nodes_and_at_least_a_second():
+    """Guards docs/how-it-works.md, "CPU and memory count too": "a second per 100 nodes: every 10 s at
+    a thousand nodes"."""
     assert [reservations_max_age(n) for n in (0, 3, 100, 250, 1000, 1213)] == [1.0, 1.0, 1.0, 2.5, 10.0, 12.13]
 
 

@@ -44,6 +44,9 @@ def test_reports_feed_the_form_counts_with_models_and_mig_slices():
 
 
 def test_unhealthy_gpus_are_not_offered_their_reason_is_kept_and_recovery_puts_them_back():
+    """Guards docs/nodes.md, "Where the hub learns the GPUs": "has uncorrected ECC errors (volatile
+    count) or is hotter than gpu_max_temperature (90 °C) is not offered; the reason shows in the
+    allocation map"."""
     c = agent_cluster(max_temperature_c=85)
     ok = [device(i, f"GPU-a100-{i}") for i in range(4)]
     send(c, report(*ok))
@@ -80,6 +83,9 @@ def test_a_running_server_on_a_gpu_that_turns_unhealthy_keeps_it_and_it_is_not_o
 
 
 def test_a_node_whose_agent_stops_reporting_is_not_offered_until_it_reports_again():
+    """Guards docs/nodes.md, "Where the hub learns the GPUs": "A node whose agent has not reported for
+    agent_stale_intervals (3) of its intervals is not offered either" and "The next good report puts
+    them back"."""
     c = agent_cluster(stale_intervals=3)
     send(c, report(device(0, "GPU-a100-0"), interval=10), now=100)
     send(c, report(device(0, "GPU-gtx-0", GTX, 8192), hostname="gpu-a", interval=10), now=100)
@@ -96,6 +102,8 @@ def test_a_node_whose_agent_stops_reporting_is_not_offered_until_it_reports_agai
 
 
 def test_static_inventory_overrides_the_agent_for_its_hosts_and_takes_health_from_it():
+    """Guards docs/nodes.md, "Where the hub learns the GPUs": "a host listed in the file keeps the
+    devices listed there, and its agent only says how healthy they are"."""
     static = (GPU("gpu-b", 0, "GPU-a100-0", "A100 listed", 81920),)
     c = GPUCluster(InventorySettings(static=static, sources=("static", "agent")))
     send(c, report(device(0, "GPU-a100-0"), device(1, "GPU-a100-1")))  # gpu-b lists only one device

@@ -31,6 +31,8 @@ def test_a_clean_cluster_has_no_findings():
 
 
 def test_generic_gpu_resources_are_an_error_with_the_fix():
+    """Guards docs/admin.md, "The admin's tools: allocation map, usage, health": "doctor checks for:
+    swarm generic GPU resources on a node"."""
     (f,) = diagnose(
         [node("gpu-a", ("NVIDIA-GPU",)), node("gpu-b", ("ssd",))],
         [GPU("gpu-a", 0, "GPU-a0", "x", 1)],
@@ -43,6 +45,8 @@ def test_generic_gpu_resources_are_an_error_with_the_fix():
 
 
 def test_gpus_without_the_nvidia_default_runtime_are_an_error():
+    """Guards docs/admin.md, "The admin's tools: allocation map, usage, health": "GPUs on a node whose
+    dockerd default runtime is not nvidia"."""
     reports = parsed({**report(device(0, "GPU-b0")), "docker_default_runtime": "runc"})
     (f,) = diagnose([node("gpu-b")], [], reports, {}, ["agent"])
     assert f.severity == "error" and "'runc'" in f.problem and '"default-runtime": "nvidia"' in f.fix
@@ -51,6 +55,9 @@ def test_gpus_without_the_nvidia_default_runtime_are_an_error():
 
 
 def test_inventory_disagreeing_with_the_nodes():
+    """Guards docs/admin.md, "The admin's tools: allocation map, usage, health": "inventory hosts that
+    are not swarm nodes, and listed devices the node's agent does not see (or the other way round,
+    or under another name)"."""
     static = [
         GPU("gpu-b", 0, "GPU-b0", "A100 (old name)", 81920),
         GPU("gpu-b", 1, "GPU-gone", A100, 81920),
@@ -65,6 +72,8 @@ def test_inventory_disagreeing_with_the_nodes():
 
 
 def test_stale_agents_and_an_empty_cluster_are_warnings():
+    """Guards docs/admin.md, "The admin's tools: allocation map, usage, health": "agents that stopped
+    reporting"."""
     found = diagnose([node("gpu-a")], [], {}, {"gpu-a": "no report from its agent for 50 s"}, ["agent"])
     assert [(f.severity, f.host) for f in found] == [("warning", "gpu-a"), ("warning", "")]
 
@@ -90,6 +99,8 @@ def test_a_report_naming_another_nodes_uuid_is_an_error_with_the_fix():
 
 
 def test_the_shared_agent_token_is_a_warning_while_allowed():
+    """Guards docs/admin.md, "The admin's tools: allocation map, usage, health": "agent_shared_token
+    left on (any holder of the shared token can report for every node)"."""
     assert diagnose([node("gpu-a")], [GPU("gpu-a", 0, "GPU-a0", A100, 1)], {}, {}, ["static"]) == []
     (f,) = diagnose([node("gpu-a")], [GPU("gpu-a", 0, "GPU-a0", A100, 1)], {}, {}, ["static"], shared_token=True)
     assert f.severity == "warning" and "agent_shared_token is on" in f.problem

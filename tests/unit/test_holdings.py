@@ -569,7 +569,10 @@ async def test_a_setting_that_could_only_conflict_fails_the_spawn_before_any_gpu
 
     Guards docs/security.md, "An admin (of JupyterHub, or its configuration)": "a 500 at spawn
     before anything is reserved on a hub started without validate_config, and left out of the
-    service"."""
+    service".
+
+    Guards docs/how-it-works.md, "What admin settings cannot change": "every spawn fails with a 500
+    that asks the user to tell an admin, the detail in the hub's log, before any GPU is reserved"."""
     world = World(tmp_path, **settings)
     alice = world.spawner("nvidia0", {"gpu_model": A100})
     with pytest.raises(SpawnException) as refused:

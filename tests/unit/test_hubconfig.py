@@ -65,6 +65,8 @@ def handler_for(app: JupyterHub, method: str, path: str) -> type:
     ],
 )
 def test_the_hub_routes_gpuspawners_urls_to_its_handlers(hub, method, path, handler):
+    """Guards docs/how-it-works.md, "How configure(c) registers the endpoints": "It appends
+    gpuspawner's handlers to c.JupyterHub.extra_handlers"."""
     assert handler_for(hub, method, path) is handler
 
 
@@ -120,6 +122,8 @@ def test_other_urls_under_the_prefix_are_still_jupyterhubs(hub):
 
 
 def test_jupyterhub_warns_that_extra_handlers_is_deprecated_as_the_readme_says(hub, caplog):
+    """Guards docs/how-it-works.md, "How configure(c) registers the endpoints": "so the hub logs at
+    start that JupyterHub.extra_handlers is deprecated"."""
     warnings = [r.getMessage() for r in caplog.get_records("setup") if r.levelno == logging.WARNING]
     assert any(m.startswith("JupyterHub.extra_handlers is deprecated") for m in warnings), warnings
 

@@ -66,6 +66,8 @@ def test_from_a_dict():
 
 
 def test_from_a_yaml_file(tmp_path):
+    """Guards docs/nodes.md, "A static inventory (the alternative)": "list each node's GPUs in an
+    inventory file"."""
     assert load_inventory(str(write(tmp_path, "gpus.yaml", YAML_TEXT))) == EXPECTED
 
 

@@ -33,6 +33,9 @@ async def refused(w: World, user: str) -> SpawnException:
 
 
 async def test_a_second_server_whose_memory_the_node_lacks_is_refused_naming_memory(tmp_path):
+    """Guards docs/how-it-works.md, "CPU and memory count too": "A GPU that is free on a node without
+    the CPU or memory is not offered to that server; the refusal says so" and "at once rather than
+    after the start timeout"."""
     w = world(tmp_path)
     alice = w.spawner("alice", {"gpu_model": A100})
     await w.started(alice)
@@ -52,6 +55,8 @@ async def test_a_second_server_whose_memory_the_node_lacks_is_refused_naming_mem
 
 
 async def test_what_another_service_reserves_on_the_node_counts_and_unknown_is_not_none(tmp_path, monkeypatch):
+    """Guards docs/how-it-works.md, "CPU and memory count too": "what the node has, less what the
+    services running there reserve"."""
     w = world(tmp_path)
     template = {
         "ContainerSpec": {"Image": "busybox"},
@@ -85,6 +90,8 @@ async def test_without_guarantees_or_node_figures_nothing_changes(tmp_path):
 
 
 async def test_a_request_that_may_wait_waits_in_line_for_the_memory_and_is_served_when_it_is_back(tmp_path):
+    """Guards docs/how-it-works.md, "CPU and memory count too": "a request with gpu_wait waits in line
+    for it"."""
     w = world(tmp_path)
     alice = w.spawner("alice", {"gpu_model": A100})
     await w.started(alice)
@@ -103,6 +110,8 @@ def constraints(w: World, service: str) -> list[str]:
 async def test_with_gpu_place_cpu_only_a_server_without_gpus_goes_to_a_node_without_gpus_and_stays_off_gpu_nodes(
     tmp_path,
 ):
+    """Guards docs/how-it-works.md, "CPU and memory count too": "servers without GPUs are placed the
+    same way, pinned to the node where they take least from GPU users"."""
     w = world(tmp_path, gpu_place_cpu_only=True)
     for node in ("manager", "gpu-a"):
         w.fake.set_node_resources(node, cpus=4, memory_gib=32)
@@ -125,6 +134,8 @@ async def test_with_gpu_place_cpu_only_a_server_without_gpus_goes_to_a_node_with
 
 
 async def test_without_gpu_place_cpu_only_the_swarm_places_servers_without_gpus(tmp_path):
+    """Guards docs/how-it-works.md, "CPU and memory count too": "off by default: the swarm places
+    them"."""
     w = world(tmp_path)
     dan = w.spawner("dan", {})
     await w.started(dan)
@@ -156,6 +167,8 @@ def test_constraints_are_judged_on_what_the_node_list_says_and_the_rest_rules_ou
 
 
 async def test_the_form_counts_only_gpus_on_nodes_with_the_memory_the_server_reserves(tmp_path):
+    """Guards docs/how-it-works.md, "CPU and memory count too": "The form's free counts are those on
+    nodes with that CPU and memory free"."""
     from tests.unit.test_form_template import _TreeBuilder
 
     w = world(tmp_path)

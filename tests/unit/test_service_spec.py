@@ -87,6 +87,7 @@ def test_a_holding_whose_labels_would_not_read_back_makes_no_service():
 
 
 def test_swarm_does_not_restart_servers_behind_the_hubs_back():
+    """Guards docs/how-it-works.md, "What admin settings cannot change": "restart_policy is none"."""
     assert spec()["task_template"]["RestartPolicy"] == {"Condition": "none", "Delay": 0, "MaxAttempts": 0, "Window": 0}
 
 
@@ -111,6 +112,8 @@ def test_shares_label():
 
 
 def test_admin_labels_cannot_fake_shares():
+    """Guards docs/how-it-works.md, "What admin settings cannot change": "the service's name, one
+    replica, the gpuspawner.* labels"."""
     s = spec(holding=HOLDING, extra_create={"labels": {"gpuspawner.shares": "0.1", "team": "ml"}})
     assert "gpuspawner.shares" not in s["labels"] and s["labels"]["team"] == "ml"
     assert not parse_labels(s["labels"]).shared  # read back whole, as it is
@@ -342,7 +345,10 @@ HOSTILE = {
 @pytest.mark.parametrize("hostile", HOSTILE)
 def test_no_admin_setting_changes_the_guarantees(hostile, holding):
     """Guards docs/security.md, "An admin (of JupyterHub, or its configuration)": "the host constraint,
-    the NVIDIA_*/GPUSPAWNER_* env, the labels and the restart policy are applied last"."""
+    the NVIDIA_*/GPUSPAWNER_* env, the labels and the restart policy are applied last".
+
+    Guards docs/how-it-works.md, "What admin settings cannot change": "the enforcement's env and
+    mounts win"."""
     labels, enforcement = HOLDINGS[holding]
     kwargs = copy.deepcopy(HOSTILE[hostile])
     assert_guarantees(spec(holding=labels, enforcement=enforcement, **kwargs), labels, enforcement)
@@ -350,6 +356,8 @@ def test_no_admin_setting_changes_the_guarantees(hostile, holding):
 
 
 def test_admin_settings_merge_into_ours():
+    """Guards docs/how-it-works.md, "What admin settings cannot change": "is merged into the others
+    (your env, mounts and constraints are kept) instead of replacing them"."""
     s = spec(
         env={"JUPYTERHUB_API_TOKEN": "t"},
         mounts=["/data:/data"],
@@ -447,7 +455,10 @@ CREATE = st.fixed_dictionaries(
 )
 def test_guarantees_hold_for_any_admin_settings(holding, **admin):
     """Guards docs/security.md, "An admin (of JupyterHub, or its configuration)": "the host constraint,
-    the NVIDIA_*/GPUSPAWNER_* env, the labels and the restart policy are applied last"."""
+    the NVIDIA_*/GPUSPAWNER_* env, the labels and the restart policy are applied last".
+
+    Guards docs/how-it-works.md, "What admin settings cannot change": "Then gpuspawner's own are
+    applied last"."""
     labels, enforcement = HOLDINGS[holding]
     assert_guarantees(spec(holding=labels, enforcement=enforcement, **admin), labels, enforcement)
 
@@ -520,12 +531,17 @@ def test_guarantees_hold_for_any_admin_settings(holding, **admin):
 def test_settings_that_could_only_conflict_are_named(settings, named):
     """Guards docs/security.md, "An admin (of JupyterHub, or its configuration)": "a setting that could
     only conflict stops the hub at start with one line", "set any other NVIDIA_* variable", "mount a
-    GPU's device nodes" and "ask for swarm generic resources, of any kind"."""
+    GPU's device nodes" and "ask for swarm generic resources, of any kind".
+
+    Guards docs/how-it-works.md, "What admin settings cannot change": "A setting that could only
+    conflict with these is refused by validate_config(c) at hub start, with one line naming it"."""
     problems = admin_conflicts(settings)
     assert problems and named in problems[0] and all("\n" not in p for p in problems)
 
 
 def test_settings_that_merge_are_not_conflicts():
+    """Guards docs/how-it-works.md, "What admin settings cannot change": "Everything else is overridden
+    only where it overlaps"."""
     assert (
         admin_conflicts(
             {
@@ -562,7 +578,10 @@ HARMLESS_ENV = {
 @pytest.mark.parametrize("holding", HOLDINGS)
 def test_harmless_nvidia_env_reaches_the_container_and_ours_still_wins(holding):
     """Guards docs/security.md, "An admin (of JupyterHub, or its configuration)": "they can only narrow
-    what a container gets" and "nor change a GPU server's NVIDIA_DRIVER_CAPABILITIES"."""
+    what a container gets" and "nor change a GPU server's NVIDIA_DRIVER_CAPABILITIES".
+
+    Guards docs/how-it-works.md, "What admin settings cannot change": "except the ones that can only
+    narrow what a container gets"."""
     labels, enforcement = HOLDINGS[holding]
     s = spec(holding=labels, enforcement=enforcement, extra_container={"env": HARMLESS_ENV})
     env = dict(item.split("=", 1) for item in s["task_template"]["ContainerSpec"]["Env"])

@@ -83,6 +83,8 @@ def test_split_evenly(total, n, quantum, pieces):
 
 @given(quantum=st.sampled_from([1, 10, 50, 100, 200, 250, 500, 1000]), units=st.integers(1, 80), n=st.integers(1, 8))
 def test_split_evenly_properties(quantum, units, n):
+    """Guards docs/sharing.md, "The rules": "pieces differ by at most one quantum; the total is always
+    exactly what was asked"."""
     total = units * quantum
     pieces = split_evenly(total, n, quantum)
     if pieces is None:
