@@ -10,7 +10,7 @@ scrapes. Decisions are counted as they happen.
 ``gpuspawner_devices_unhealthy{model}``           lost, ECC errors, too hot, or a late node
 ``gpuspawner_allocated_share{model}``             sum of the shares held (a whole GPU is 1)
 ``gpuspawner_allocations_granted_total{model}``   requests that got devices
-``gpuspawner_allocations_refused_total{reason}``  ``capacity`` (503), ``request`` (400: never fits as asked)
+``gpuspawner_allocations_refused_total{reason}``  ``capacity`` (409: not now), ``request`` (400: never as asked)
 ``gpuspawner_allocation_seconds``                 time the allocator took to decide
 ``gpuspawner_event_loop_lag_seconds``             how late the hub's event loop woke a 50 ms timer
 ``gpuspawner_double_bookings_total``              devices reconciliation found booked by two services

@@ -2,7 +2,7 @@
 user can act on (pure).
 
 Each :class:`Refusal` says whether the same request may succeed later (the
-capacity is not there now: HTTP 503) or never can as asked (HTTP 400). The
+capacity is not there now: HTTP 409, :data:`NOT_NOW`) or never can as asked (HTTP 400). The
 checks go from what can never change to what may, so a request that can never
 fit is never told to wait.
 """
@@ -18,7 +18,21 @@ from .model import ModelIndex, total_room
 from .records import ALL, Request
 from .summary import ModelSummary
 
-__all__ = ["AllocationRefused", "Refusal", "held_for_line", "share_refusal", "short_of_resources", "whole_refusal"]
+__all__ = [
+    "NOT_NOW",
+    "AllocationRefused",
+    "Refusal",
+    "held_for_line",
+    "share_refusal",
+    "short_of_resources",
+    "whole_refusal",
+]
+
+# The status of a request refused for now (none free, the line goes first, its wait in
+# line timed out or an admin ended it): 409 Conflict, as it conflicts with the GPUs' state
+# now and the user may wait in line or choose otherwise. Not 503: that says the hub is
+# failing, and JupyterHub's request log writes every 5xx at ERROR (a 4xx at WARNING).
+NOT_NOW = 409
 
 
 class Refusal(enum.Enum):
@@ -81,7 +95,7 @@ class AllocationRefused(Exception):
 
     @property
     def status(self) -> int:
-        return 503 if self.retry else 400
+        return NOT_NOW if self.retry else 400
 
 
 def unknown_model(model: str, models: Mapping[str, object]) -> AllocationRefused:

@@ -40,7 +40,7 @@ from jupyterhub.spawner import SpawnException
 
 from .. import hub_port, metrics
 from ..allocator.records import accepted
-from ..allocator.refusals import AllocationRefused, Refusal
+from ..allocator.refusals import NOT_NOW, AllocationRefused, Refusal
 from ..core.fairshare import FairShare, by_group
 from ..core.line_order import Standing, Waiter, by_model, estimate, held_now, kept_text, order_reason, position
 from ..core.requests import Request
@@ -239,7 +239,8 @@ class WaitLine:
 
     async def remove(self, user: str, server: str, error: Exception) -> Waiter | None:
         """An admin takes a request out of the line (and the ledger): a live wait
-        ends with ``error``; None when the user's server is not in line."""
+        ends with ``error``; None when the user's server is not in line. Logged by
+        the caller (the API's handler, which names the admin)."""
         await self.load()
         row = next((w for w in self.rows if (w.user, w.server) == (user, server)), None)
         if row is None:
@@ -247,7 +248,6 @@ class WaitLine:
         live = self._live_wait(row.service)
         if live is not None:
             live[1].set_exception(error)
-        log.warning("%s was taken out of the line for %s by an admin", row.service, row.model)
         await self.leave(row.service)
         return row
 
@@ -613,7 +613,7 @@ def busy_refusal(model: str, waiting: int, make_error) -> SpawnException:
         f"No {model} is free for you now: {people} waiting in line for it. "
         "Tick “If none is free, wait in line” (gpu_wait) to join the line.",
         reason="gpu_unavailable",
-        status_code=503,
+        status_code=NOT_NOW,
     )
 
 
@@ -728,7 +728,7 @@ async def _wait(
         raise spawn_error(
             f"No GPU became free for you within {hours:g} h of waiting in line (gpu_wait_timeout); please try again later.",
             reason="gpu_wait_timeout",
-            status_code=503,
+            status_code=NOT_NOW,
         ) from None
     finally:
         hub_port.hold_spawn_slot(settings, -1)

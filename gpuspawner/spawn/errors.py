@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from jupyterhub.spawner import SpawnException
 
+from ..allocator.refusals import NOT_NOW
 from ..holdings.holdings import HoldingBusy
 from ..holdings.ports import NoPortFree
 from ..ledger.ledger import LedgerError
 
-__all__ = ["CONFLICT", "NOT_RESERVED", "STALE", "spawn_error"]
+__all__ = ["CONFLICT", "NOT_NOW", "NOT_RESERVED", "STALE", "spawn_error"]
 
 CONFLICT = "Servers cannot start: the hub's configuration conflicts with how GPUs are assigned. Please tell an admin."
 STALE = "Your previous server is still being removed; please try again in a minute."

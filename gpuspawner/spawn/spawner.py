@@ -38,11 +38,12 @@ from ..core.topology import numa_env
 from ..holdings.holdings import Holding, HoldingBusy, Holdings
 from ..holdings.ports import NoPortFree
 from ..hub.app import GPUHub, HubConfigError
+from ..hub.logs import LOGGED_BY_SPAWNER
 from ..hub.settings import GPUSettings, validate_config
 from ..ledger.ledger import LedgerError
 from ..line.wait import extend_start_timeout, lasts_of, refused_out_of_line, reserve_or_wait
 from ..reclaim.settings import ReclaimSettings
-from .errors import CONFLICT, NOT_RESERVED, STALE, spawn_error
+from .errors import CONFLICT, NOT_NOW, NOT_RESERVED, STALE, spawn_error
 from .form import render_form
 from .kept import asked, goes_first, keep_for, why_kept
 from .progress import Progress
@@ -208,7 +209,7 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
                 f"Requests are waiting in line for each of {', '.join(request.models)}; ask for one model "
                 "with gpu_wait to wait in its line, or try again later.",
                 reason="gpu_unavailable",
-                status_code=503,
+                status_code=NOT_NOW,
             )
         return replace(request, models=tuple(models), avoid=frozenset(avoid))
 
@@ -245,6 +246,18 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
         return super().run_pre_spawn_hook()
 
     async def start(self):
+        try:
+            return await self._start()
+        except SpawnException as exc:
+            if exc.reason in LOGGED_BY_SPAWNER:
+                # An answer, not a fault: this one line, below ERROR; the hub leaves
+                # out JupyterHub's own lines about it (hub/logs.py).
+                self.log.info(
+                    "gpuspawner: %s refused (%s, %s): %s", self._log_name, exc.reason, exc.status_code, exc.log_message
+                )
+            raise
+
+    async def _start(self):
         self._progress.clear()
         name = self.service_name
         self.holdings()  # a hub whose GPU settings cannot work: the message above

@@ -53,7 +53,7 @@ from ..holdings.holdings import Holdings
 from ..hub.app import KEY, GPUHub, HubConfigError
 from ..ledger.ledger import LedgerError
 from ..line.wait import WaitLine
-from ..spawn.errors import spawn_error
+from ..spawn.errors import NOT_NOW, spawn_error
 
 __all__ = ["ADMIN_SCOPE", "REPORT_SCOPE", "handlers"]
 
@@ -269,7 +269,7 @@ class QueueHandler(_GPUMixin, APIHandler):
         ended = spawn_error(
             "An admin took your request out of the line for a GPU; start your server again to wait anew.",
             reason="line_removed",
-            status_code=503,
+            status_code=NOT_NOW,
         )
         row = await self.gpu_hub().line.remove(user, server, ended)
         if row is None:

@@ -94,7 +94,7 @@ def test_the_line_end_to_end_through_a_hub_restart(hub, swarm):
     # the two waiting spawns hold no slot of the concurrent_spawn_limit of 2).
     t = time.monotonic()
     r = hub.spawn("eve", {"gpu_model": A100})
-    assert r.status_code == 503, r.text
+    assert r.status_code == 409, r.text
     assert "2 requests are waiting in line" in r.json()["message"]
     assert time.monotonic() - t < 10
     assert hub.server_model("eve") is None

@@ -95,7 +95,7 @@ def test_a_node_set_to_hami_without_the_library_gets_no_share_and_doctor_names_i
     args = ("--hami-library", str(library))
     with hub_with_agent_on_gpu_b(swarm, work, port_from=21700, extra_config=config, agent_args=args) as (hub, _node):
         r = hub.spawn("quin", {"gpu_model": A100, "gpu_share": 0.5})
-        assert r.status_code == 503, r.text
+        assert r.status_code == 409, r.text
         assert f"gpu-b has, but HAMi-core's library is not at {library}." in r.json()["message"]
         assert hub.server_model("quin") is None and services_of(swarm, "quin") == []
         spawn_ready(hub, "rita", {"gpu_model": A100})  # a whole GPU: as before

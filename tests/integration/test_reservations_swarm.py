@@ -78,7 +78,7 @@ def test_a_window_makes_room_for_its_members_and_gives_the_gpu_back_after(hub, s
 
     hub.stop_server("mia")  # the reserved GPU is free again, kept for cs101 while the window is open
     r = hub.spawn("uli", {"gpu_model": A100})
-    assert r.status_code == 503 and "reserved" in r.text and "CS101" in r.text, r.text
+    assert r.status_code == 409 and "reserved" in r.text and "CS101" in r.text, r.text
 
     wait_until(lambda: datetime.now(timezone.utc) >= end, "the window did not end", timeout=WINDOW + 10)
     spawn_ready(hub, "uli", {"gpu_model": A100})  # after the window, others are served again

@@ -42,7 +42,7 @@ def test_a_server_the_node_has_no_cpu_left_for_is_refused_naming_cpus(hub, swarm
     spawn_ready(hub, "alice", {"gpu_model": A100})
     t0 = time.monotonic()
     r = hub.spawn("bob", {"gpu_model": A100})
-    assert r.status_code == 503, r.text
+    assert r.status_code == 409, r.text
     left = round(cpus(swarm) * 1000) - round(0.75 * cpus(swarm) * 1000)  # thousandths of a CPU
     assert f"1 {A100} free on gpu-b, but only {left / 1000:g} CPUs left there" in r.json()["message"]
     assert time.monotonic() - t0 < 20  # at once, not after the task's start timeout
@@ -65,7 +65,7 @@ def test_a_node_whose_memory_another_service_reserved_is_not_chosen_and_the_refu
         wait_until(lambda: any(t["Status"]["State"] == "running" for t in big.tasks()), "bigdb did not start", 60)
         time.sleep(1.5)  # the hub reads the nodes' reservations at most every second
         r = hub.spawn("carol", {"gpu_model": A100})
-        assert r.status_code == 503, r.text
+        assert r.status_code == 409, r.text
         assert f"2 {A100} free on gpu-b, but only 0.5 GiB of memory left there" in r.json()["message"]
     finally:
         big.remove()

@@ -57,7 +57,7 @@ def test_seed_example_two_a100s_shared_by_0_2_and_1_2(hub, swarm):
 
     # 0.2 is left on one device, 0.4 on the other: 0.5 fits on neither, 0.6 split does not either.
     r = hub.spawn("carol", {"gpu_model": A100, "gpu_share": 0.5})
-    assert r.status_code == 503, r.text
+    assert r.status_code == 409, r.text
     assert services_of(swarm, "carol") == []
     spawn_ready(hub, "carol", {"gpu_model": A100, "gpu_share": 0.4})
     hub.stop_all_servers()

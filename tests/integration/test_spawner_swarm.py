@@ -116,9 +116,9 @@ def test_two_users_racing_for_the_last_gpu(hub, swarm):
     for t in threads:
         t.join()
     codes = sorted(r.status_code for r in results.values())
-    assert codes[0] in (201, 202) and codes[1] == 503, {u: r.text for u, r in results.items()}
+    assert codes[0] in (201, 202) and codes[1] == 409, {u: r.text for u, r in results.items()}
     (winner,) = [u for u, r in results.items() if r.status_code in (201, 202)]
-    (loser,) = [u for u, r in results.items() if r.status_code == 503]
+    (loser,) = [u for u, r in results.items() if r.status_code == 409]
     assert f"No {A100} is free right now (0 of 2 free)" in results[loser].json()["message"]
     hub.wait_ready(winner)
     assert services_of(swarm, loser) == []
@@ -142,7 +142,7 @@ def test_several_gpus_come_from_one_host(hub, swarm):
     env = container_env(swarm, "gpu-a", service)
     assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(UUIDS["gpu-a"][:2])
     r = hub.spawn("george", {"gpu_model": GTX, "gpu_count": 2})
-    assert r.status_code == 503
+    assert r.status_code == 409
     assert f"2 × {GTX} requested, at most 1 free on any single host" in r.json()["message"]
     hub.stop_server("frank")
 
@@ -192,7 +192,7 @@ def test_hub_restart_keeps_existing_allocations(hub, swarm):
     assert hub.server_model("kate")["ready"]
     assert [s.id for s in services_of(swarm, "kate")] == [service.id]
     r = hub.spawn("leo", {"gpu_model": A100, "gpu_count": 1})
-    assert r.status_code == 503, r.text
+    assert r.status_code == 409, r.text
     assert "0 of 2 free" in r.json()["message"]
     hub.stop_server("kate")
     spawn_ready(hub, "leo", {"gpu_model": A100, "gpu_count": 1})
@@ -211,7 +211,7 @@ def test_gpus_of_drained_or_paused_nodes_are_not_offered(hub, swarm, availabilit
     set_availability(swarm, "gpu-b", availability)
     try:
         r = hub.spawn("nick", {"gpu_model": A100, "gpu_count": 1})
-        assert r.status_code == 503, r.text
+        assert r.status_code == 409, r.text
         assert f"No {A100} is free right now (0 of 2 free)" in r.json()["message"]
         assert services_of(swarm, "nick") == []
         page = login(hub, "nick").get(hub.url + "/hub/spawn/nick", timeout=30).text
@@ -249,7 +249,7 @@ def test_metrics_follow_spawns_and_refusals(hub, swarm):
     assert metric(hub, "gpuspawner_allocated_share", model=A100) == 2
     assert metric(hub, "gpuspawner_allocations_granted_total", model=A100) == granted + 1
     r = hub.spawn("rita", {"gpu_model": A100})
-    assert r.status_code == 503
+    assert r.status_code == 409
     assert metric(hub, "gpuspawner_allocations_refused_total", reason="capacity") == refused + 1
     assert metric(hub, "gpuspawner_allocation_seconds_count") == decisions + 2
     hub.stop_server("quinn")
@@ -287,9 +287,10 @@ def test_the_readme_rest_example_runs_as_written_with_a_token_made_as_readme_say
     hub.stop_server("alice")
 
 
-def test_a_form_refused_for_none_free_is_one_warning_line_in_the_hubs_log(hub, swarm):
-    """JupyterHub logs a failed form spawn at ERROR with a traceback; "none free" is
-    an answer, so the hub's log has it as one WARNING line with what the user was told."""
+def test_a_form_refused_for_none_free_is_one_info_line_in_the_hubs_log(hub, swarm):
+    """JupyterHub logs a failed form spawn at ERROR, three times, one with a traceback;
+    "none free" is an answer, so the hub's log has it as one INFO line of gpuspawner's with
+    what the user was told, and the request's line (409) at WARNING."""
     set_availability(swarm, "gpu-b", "drain")
     try:
         s = login(hub, "olga")
@@ -305,8 +306,10 @@ def test_a_form_refused_for_none_free_is_one_warning_line_in_the_hubs_log(hub, s
             log = f.read().decode(errors="replace")
     finally:
         set_availability(swarm, "gpu-b", "active")
-    lines = [line for line in log.splitlines() if "Failed to spawn single-user server with form" in line]
-    assert len(lines) == 1 and lines[0].startswith("[W ") and f"No {A100} is free right now" in lines[0], log
-    # (JupyterHub's access log says 503 at ERROR for any refused request: that line is its own.)
-    errors = [x for x in log.splitlines() if x.startswith("[E ") and not re.search(r"\] 503 POST /hub/spawn/olga ", x)]
+    lines = [line for line in log.splitlines() if "gpuspawner: olga refused (gpu_unavailable, 409): " in line]
+    assert len(lines) == 1 and lines[0].startswith("[I ") and f"No {A100} is free right now" in lines[0], log
+    assert "Failed to spawn single-user server with form" not in log, log
+    (request,) = [x for x in log.splitlines() if re.search(r"\] 409 POST /hub/spawn/olga ", x)]
+    assert request.startswith("[W "), log
+    errors = [x for x in log.splitlines() if x.startswith("[E ")]
     assert "Traceback" not in log and errors == [], log

@@ -213,7 +213,7 @@ def test_gpu_and_cpu_servers_on_the_overlay_network_and_a_hub_restart(stack, swa
     assert after == before
     # The one other A100 goes to the next user; two are not free any more.
     r = hub.spawn("carol", {"gpu_model": A100, "gpu_count": 2})
-    assert r.status_code == 503 and "at most 1 free" in r.json()["message"], r.text
+    assert r.status_code == 409 and "at most 1 free" in r.json()["message"], r.text
     assert open_allocations(swarm) == ledger
     assert session.get(hub.url + "/user/alice/api/status", timeout=30).status_code == 200
 

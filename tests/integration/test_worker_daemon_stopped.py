@@ -58,7 +58,7 @@ def test_a_worker_whose_daemon_stops_is_not_offered_its_servers_end_and_it_comes
             # Its server is reported dead and gone from the hub; its GPUs are not offered.
             wait_until(lambda: hub.server_model("mike") is None, "mike's server was not reported dead", timeout=60)
             r = hub.spawn("nina", {"gpu_model": MODEL, "gpu_count": 2})
-            assert r.status_code == 503 and "(0 of 2 free)" in r.json()["message"], r.text
+            assert r.status_code == 409 and "(0 of 2 free)" in r.json()["message"], r.text
 
             # Its container may still run on the stopped node: the GPU stays reserved,
             # shown as being removed, until the swarm can say the task ended.

@@ -315,7 +315,7 @@ def test_never_splits_a_request_across_hosts():
     e = refusal(alloc, Request(GTX, 2))
     assert e.message == f"2 × {GTX} requested, at most 1 free on any single host (2 free in total)"
     assert e.reason is Refusal.NOT_ON_ONE_HOST
-    assert e.retry is True and e.status == 503
+    assert e.retry is True and e.status == 409
 
 
 def test_never_mixes_models_on_one_host():
@@ -337,7 +337,7 @@ def test_all_refused_while_every_host_has_some_in_use():
     e = refusal(alloc, Request(GTX, ALL))
     assert e.message == (f"All GPUs of one host requested ({GTX}), but every host has some in use right now")
     assert e.reason is Refusal.NOT_ON_ONE_HOST
-    assert e.status == 503
+    assert e.status == 409
 
 
 def test_all_pinned_to_a_partly_used_host():
@@ -346,7 +346,7 @@ def test_all_pinned_to_a_partly_used_host():
     e = refusal(alloc, Request(GTX, ALL, host="a"))
     assert e.message == "All GPUs of one host requested on a, 3 free there"
     assert e.reason is Refusal.HOST_BUSY
-    assert e.status == 503
+    assert e.status == 409
     assert alloc.allocate("s", Request(GTX, ALL, host="b")).host == "b"
 
 
@@ -378,7 +378,7 @@ def test_pinned_unavailable_host_may_come_back():
     e = refusal(alloc, Request(GTX, 1, host="a"))
     assert e.message == "a is not available right now (it is down, drained or paused)"
     assert e.reason is Refusal.HOST_UNAVAILABLE
-    assert e.retry is True and e.status == 503
+    assert e.retry is True and e.status == 409
     alloc.set_available_hosts(None)
     assert alloc.allocate("s", Request(GTX, 1, host="a")).host == "a"
 
@@ -389,7 +389,7 @@ def test_pinned_host_without_enough_free():
     e = refusal(alloc, Request(GTX, 2, host="b"))
     assert e.message == f"2 × {GTX} requested on b, 1 free there"
     assert e.reason is Refusal.HOST_BUSY
-    assert e.status == 503
+    assert e.status == 409
 
 
 # --------------------------------------------------------------------------
@@ -406,7 +406,7 @@ def test_unavailable_hosts_are_never_chosen_and_come_back(policy):
     e = refusal(alloc, Request(GTX, 1))
     assert e.message.startswith(f"No {GTX} is free right now (0 of 14 free)")
     assert e.reason is Refusal.NONE_FREE
-    assert e.status == 503
+    assert e.status == 409
     (s,) = alloc.summary()
     assert (s.free, s.unavailable, s.largest_block) == (0, 10, 0)
 
@@ -419,8 +419,8 @@ def test_unavailable_hosts_are_never_chosen_and_come_back(policy):
 def test_no_available_hosts_at_all():
     alloc = Allocator(gpus({"a": 2}))
     alloc.set_available_hosts([])
-    assert refusal(alloc, Request(GTX, 1)).status == 503
-    assert refusal(alloc, Request(None, ALL)).status == 503
+    assert refusal(alloc, Request(GTX, 1)).status == 409
+    assert refusal(alloc, Request(None, ALL)).status == 409
 
 
 def test_release_on_an_unavailable_host_is_free_when_it_returns():
@@ -448,7 +448,7 @@ def test_max_per_owner_counts_across_the_owners_servers():
     e = refusal(alloc, Request(GTX, 2, owner="alice"), max_per_owner=3)
     assert e.message == "2 GPU(s) requested, but the limit is 3 per user and you already hold 2 on other servers"
     assert e.reason is Refusal.LIMIT_REACHED
-    assert e.retry is True and e.status == 503
+    assert e.retry is True and e.status == 409
 
     assert len(alloc.allocate("bob-1", Request(GTX, 2, owner="bob"), max_per_owner=3).devices) == 2
     alloc.allocate("alice-3", Request(GTX, 1, owner="alice"), max_per_owner=3)
@@ -586,7 +586,7 @@ def test_no_device_of_the_model_free_names_the_others():
     e = refusal(alloc, Request(A100, 1))
     # T4 has none free either, so it is not offered.
     assert e.message == f"No {A100} is free right now (0 of 4 free); {GTX}: 3 free"
-    assert e.retry is True and e.status == 503
+    assert e.retry is True and e.status == 409
 
 
 def test_nothing_free_at_all():

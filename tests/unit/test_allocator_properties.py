@@ -201,7 +201,7 @@ class AllocatorMachine(RuleBasedStateMachine):
 
         if got is None:
             assert not cands, f"refused ({refused.message}) although {cands[0]} fits"
-            assert refused.status == (503 if refused.retry else 400)
+            assert refused.status == (409 if refused.retry else 400)
             if not refused.retry:
                 assert ref.never_satisfiable(req, limit), f"retry=False for a satisfiable request: {refused.message}"
             if ref.never_satisfiable(req, limit):

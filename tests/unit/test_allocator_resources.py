@@ -41,7 +41,7 @@ def test_a_host_without_the_memory_asked_for_is_passed_over_and_a_refusal_names_
     a.set_host_reserved("gpu-b", {"db": (0, 250 * 1024), "s1": (0, 16 * 1024)})  # s1: held, counted once
     with pytest.raises(AllocationRefused) as exc:
         a.allocate("s2", Request(model=A100, count=1, memory_mib=16 * 1024))
-    assert exc.value.reason is Refusal.RESOURCES_SHORT and exc.value.status == 503
+    assert exc.value.reason is Refusal.RESOURCES_SHORT and exc.value.status == 409
     assert exc.value.message == (
         f"2 {A100} free on gpu-a, but only 6.0 GiB of memory left there; try again later, or ask for less CPU or memory"
     )

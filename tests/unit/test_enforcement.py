@@ -139,7 +139,7 @@ def test_no_share_goes_to_a_node_that_cannot_enforce_it_while_whole_gpus_still_d
     assert allocator.allocate("next", Request(model=a100, milli=250, owner="bob")).host == "gpu-b"
     with pytest.raises(AllocationRefused) as refused:
         allocator.allocate("pinned", Request(model=a100, milli=250, owner="cy", host="gpu-a"))
-    assert refused.value.status == 503 and refused.value.reason.value == "shares_unenforced"
+    assert refused.value.status == 409 and refused.value.reason.value == "shares_unenforced"
     assert refused.value.message == (
         f"No {a100} has room for 0.25 of a GPU on a node that enforces shares: gpu-a has, but {why}. "
         "Try again later, or ask for a whole GPU."
@@ -181,7 +181,7 @@ async def test_the_hub_refuses_shares_on_a_node_its_agent_found_lacking_only_whe
             continue
         with pytest.raises(SpawnException) as refused:
             await w.started(share)
-        assert refused.value.status_code == 503
+        assert refused.value.status_code == 409
         assert refused.value.message == (
             f"No {A100} has room for 0.25 of a GPU on a node that enforces shares: gpu-b has, "
             "but HAMi-core's library is not at /usr/local/vgpu/libvgpu.so. Try again later, or ask for a whole GPU."
@@ -192,7 +192,7 @@ async def test_the_hub_refuses_shares_on_a_node_its_agent_found_lacking_only_whe
         patient = w.spawner("cy", {"gpu_model": A100, "gpu_share": 0.25, "gpu_wait": True})
         with pytest.raises(SpawnException) as refused:
             await w.started(patient)
-        assert refused.value.status_code == 503 and "HAMi-core's library is not at" in refused.value.message
+        assert refused.value.status_code == 409 and "HAMi-core's library is not at" in refused.value.message
         assert w.hub.line.place(patient.service_name) is None and w.owner.get(patient.service_name) is None
         await w.started(w.spawner("bob", {"gpu_model": A100}))  # a whole GPU: as before
 

@@ -465,7 +465,7 @@ def test_a_stop_whose_container_lingers_keeps_the_gpu_reserved_and_says_so(tmp_p
         bob = world.spawner("bob", {"gpu_model": A100})
         with pytest.raises(SpawnException) as refused:
             await bob.start()
-        assert refused.value.status_code == 503
+        assert refused.value.status_code == 409
         world.fake.exit_all()
         await owner.reconcile()
         assert owner.get("jupyter-alice") is None
@@ -541,7 +541,7 @@ async def test_defect2_a_stop_that_timed_out_keeps_the_gpu_through_reconciliatio
     await world.owner.reconcile()
     with pytest.raises(SpawnException) as refused:
         await world.started(world.spawner("bob", {"gpu_model": A100}))
-    assert refused.value.status_code == 503
+    assert refused.value.status_code == 409
     world.invariant()
     world.fake.exit_all()
     await world.owner.reconcile()
@@ -693,7 +693,7 @@ async def test_a_restart_while_the_ledger_is_down_hands_out_no_gpu_until_its_ope
     # The ledger is back: the next spawn's reconcile reads alice's record first.
     with pytest.raises(SpawnException) as exc:
         await w.started(w.spawner("bob", {"gpu_model": A100}))
-    assert exc.value.status_code == 503 and "jupyter-bob" not in w.fake.service_names()
+    assert exc.value.status_code == 409 and "jupyter-bob" not in w.fake.service_names()  # none free
     assert w.owner.get("jupyter-alice").phase is Phase.REMOVING
     w.fake.exit_all()
     await w.owner.reconcile()

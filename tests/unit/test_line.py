@@ -184,7 +184,7 @@ async def test_a_waiter_gets_the_gpu_its_holder_gives_back_and_the_next_moves_up
     # Someone without gpu_wait is refused at once: the line goes first.
     with pytest.raises(SpawnException) as exc:
         await world.spawner("dave", {"gpu_model": A100}).start()
-    assert exc.value.status_code == 503 and "2 requests are waiting in line" in exc.value.message
+    assert exc.value.status_code == 409 and "2 requests are waiting in line" in exc.value.message
     await stopped(world, alice)
     await bob_start
     assert world.owner.get(bob.service_name).held.uuids == ("GPU-b0",)
@@ -226,7 +226,7 @@ async def test_a_wait_ends_after_gpu_wait_timeout_with_a_clear_message(tmp_path)
     bob = world.spawner("bob", WAIT)
     with pytest.raises(SpawnException) as exc:
         await bob.start()
-    assert exc.value.status_code == 503
+    assert exc.value.status_code == 409
     assert exc.value.message == (
         "No GPU became free for you within 0.000555556 h of waiting in line (gpu_wait_timeout); please try again later."
     )
@@ -461,7 +461,7 @@ async def test_after_none_free_the_form_keeps_the_choice_and_suggests_the_line(t
     bob = world.spawner("bob", {"gpu_model": A100, "gpu_count": 1})
     with pytest.raises(SpawnException) as exc:
         await bob.start()
-    assert exc.value.status_code == 503
+    assert exc.value.status_code == 409
     html = await bob._render_options_form()  # JupyterHub shows the form again, with bob's options kept
     radio = re.search(rf'<input[^>]*value="{re.escape(A100)}"[^>]*>', html)[0]
     assert "checked" in radio and "disabled" not in radio

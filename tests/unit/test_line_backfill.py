@@ -50,7 +50,7 @@ async def test_a_small_request_behind_a_large_one_is_served_at_once_on_another_h
     # Gpu-a's free A100 is kept for bob: dave (no gpu_wait) is told the line goes first.
     with pytest.raises(SpawnException) as exc:
         await world.spawner("dave", {"gpu_model": A100}).start()
-    assert exc.value.status_code == 503 and "1 request is waiting in line" in exc.value.message
+    assert exc.value.status_code == 409 and "1 request is waiting in line" in exc.value.message
     assert world.owner.get("jupyter-dave") is None
     # Erin waits behind bob: gpu-a is kept for him, gpu-b (carol's) is planned for her.
     erin = world.spawner("erin", {**WAIT, "gpu_count": 1})
@@ -113,7 +113,7 @@ async def test_a_reservations_refusal_lets_no_small_request_jump_a_large_one(tmp
     await until(lambda: line.place(bob.service_name) == (A100, 1))
     with pytest.raises(SpawnException) as refused:
         await world.started(spawner(world, "carol"))
-    assert refused.value.status_code == 503 and "1 request is waiting in line" in refused.value.message
+    assert refused.value.status_code == 409 and "1 request is waiting in line" in refused.value.message
     assert world.owner.get("jupyter-carol") is None
     carol = spawner(world, "carol", {**WAIT, "gpu_count": 1})
     carol_start = asyncio.ensure_future(world.started(carol))

@@ -245,7 +245,7 @@ async def test_a_request_that_does_not_wait_is_not_refused_for_rows_past_their_d
     await stopped_leftover(w, "alice")
     with pytest.raises(SpawnException) as exc:
         await w.started(w.spawner("dave", {"gpu_model": A100}))
-    assert exc.value.status_code == 503 and "2 requests are waiting in line" in exc.value.message
+    assert exc.value.status_code == 409 and "2 requests are waiting in line" in exc.value.message
     await asyncio.sleep(0.4)
     await w.started(w.spawner("dave", {"gpu_model": A100}))
     assert w.owner.get("jupyter-dave").held.uuids == ("GPU-b0",) and rows(w) == []

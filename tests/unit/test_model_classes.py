@@ -67,7 +67,7 @@ async def test_a_class_gets_whichever_of_its_models_is_free(tmp_path):
     assert w.owner.get(bob.service_name).held.model == GTX
     with pytest.raises(SpawnException) as exc:
         await w.spawner("carol", {"gpu_model": [A100, GTX]}).start()
-    assert exc.value.status_code == 503 and exc.value.message.startswith(f"None of {A100}, {GTX} is free")
+    assert exc.value.status_code == 409 and exc.value.message.startswith(f"None of {A100}, {GTX} is free")
 
 
 async def test_a_class_is_served_around_a_line_on_a_host_its_waiters_do_not_need(tmp_path):

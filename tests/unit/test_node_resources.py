@@ -41,7 +41,7 @@ async def test_a_second_server_whose_memory_the_node_lacks_is_refused_naming_mem
     await w.started(alice)
     assert w.owner.get(alice.service_name).held.host == "gpu-b"
     exc = await refused(w, "bob")  # one A100 is free, 12 GiB of memory
-    assert exc.status_code == 503
+    assert exc.status_code == 409
     assert exc.message.startswith(f"1 {A100} free on gpu-b, but only 12.0 GiB of memory left there")
     assert isinstance(exc.__cause__, Exception) and exc.__cause__.reason is Refusal.RESOURCES_SHORT
     assert w.fake.service_names() == ["jupyter-alice"]  # nothing half-made
@@ -130,7 +130,7 @@ async def test_with_gpu_place_cpu_only_a_server_without_gpus_goes_to_a_node_with
     assert constraints(w, fay.service_name) == ["node.hostname==gpu-b"]
     with pytest.raises(SpawnException) as exc:
         await w.spawner("gus", {}).start()
-    assert exc.value.status_code == 503 and "CPU and memory" in exc.value.message
+    assert exc.value.status_code == 409 and "CPU and memory" in exc.value.message
 
 
 async def test_without_gpu_place_cpu_only_the_swarm_places_servers_without_gpus(tmp_path):

@@ -79,7 +79,7 @@ async def test_an_open_window_keeps_its_gpu_from_others_and_gives_it_to_a_member
     await hub.started(spawner(hub, "bob"))  # two free, one kept: bob may have the other
     with pytest.raises(SpawnException) as refused:
         await hub.started(spawner(hub, "carol"))
-    assert refused.value.status_code == 503
+    assert refused.value.status_code == 409
     assert "reserved (1 for CS101 until 2026-12-08 14:30 UTC)" in refused.value.jupyterhub_message
     assert hub.owner.get("jupyter-carol") is None  # nothing left booked
     await hub.started(spawner(hub, "alice"))
@@ -242,7 +242,7 @@ async def test_reservations_never_read_refuse_gpus_with_a_retry_and_a_list_once_
     monkeypatch.setattr(keeper.holdings, "ledger_call", reservations_down)
     with pytest.raises(SpawnException) as refused:
         await hub.started(spawner(hub, "bob"))
-    assert (refused.value.status_code, refused.value.reason) == (503, "gpu_unavailable")
+    assert (refused.value.status_code, refused.value.reason) == (409, "gpu_unavailable")
     assert "until the hub can read its GPU reservations" in refused.value.jupyterhub_message
     assert hub.owner.get("jupyter-bob") is None  # nothing left booked
     form = await spawner(hub, "dan")._render_options_form()
@@ -486,7 +486,7 @@ async def test_a_share_total_keeps_room_for_its_members_and_stops_only_whom_it_n
     await hub.started(spawner(hub, "bob", quarter))  # 1.75 left: 1.5 kept
     with pytest.raises(SpawnException) as refused:
         await hub.started(spawner(hub, "dan"))  # a whole GPU would leave 0.75
-    assert refused.value.status_code == 503
+    assert refused.value.status_code == 409
     assert "reserved (1.5 for CS101 until 2026-12-08 14:30 UTC)" in refused.value.jupyterhub_message
     assert hub.owner.get("jupyter-dan") is None
     form = " ".join((await spawner(hub, "carol")._render_options_form()).split())
