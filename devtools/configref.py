@@ -20,6 +20,7 @@ import inspect
 import math
 import re
 import sys
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,10 +57,43 @@ def first_sentence(text: str) -> str:
     return match.group(1) if match else flat
 
 
+def _blocks(text: str) -> Iterator[tuple[str, str]]:
+    """The help's blocks in order, reStructuredText's way: ``("text", paragraph on one
+    line)``, and ``("code", block)`` for the indented literal block after a paragraph
+    that ends in ``::`` (which then reads ``:``, or loses it after a space)."""
+    lines = inspect.cleandoc(text).splitlines()
+    i = 0
+    while i < len(lines):
+        if not lines[i].strip():
+            i += 1
+            continue
+        start = i
+        while i < len(lines) and lines[i].strip():
+            i += 1
+        flat = " ".join(" ".join(lines[start:i]).split())
+        if not flat.endswith("::"):
+            yield "text", flat
+            continue
+        head = flat[:-2].rstrip() if flat == "::" or flat[-3] == " " else flat[:-1]
+        if head:
+            yield "text", head
+        start = i
+        while i < len(lines) and (not lines[i].strip() or lines[i][:1].isspace()):
+            i += 1
+        code = textwrap.dedent("\n".join(lines[start:i])).strip("\n")
+        if code:
+            yield "code", code
+
+
 def paragraphs(text: str) -> str:
-    """Help text dedented, each paragraph on one line, paragraphs separated by a blank line."""
-    blocks = re.split(r"\n\s*\n", inspect.cleandoc(text))
-    return "\n\n".join(" ".join(block.split()) for block in blocks if block.strip())
+    """Help text dedented, each paragraph on one line, paragraphs separated by a blank
+    line; a literal block (``Example::`` and an indented block) as a fenced Python block."""
+    return "\n\n".join(block if kind == "text" else f"```python\n{block}\n```" for kind, block in _blocks(text))
+
+
+def examples(text: str) -> list[str]:
+    """The literal blocks of a help text (``Example::`` and the indented block after it), as code."""
+    return [block for kind, block in _blocks(text) if kind == "code"]
 
 
 def type_name(trait: TraitType) -> str:
