@@ -66,7 +66,20 @@ class GPUSettings(LoggingConfigurable):
         help="""The cluster's GPUs: a dict, or the path of a YAML or JSON file,
         shaped ``{hostname: [{uuid, model, memory_mib, index?}, ...]}``.
         ``model`` is the name NVML reports (e.g. ``NVIDIA A100 80GB PCIe``);
-        it is what users see and choose. Empty: CPU-only servers only.""",
+        it is what users see and choose. Empty: CPU-only servers only.
+
+        Example::
+
+            c.GPUSwarmSpawner.gpu_inventory = {
+                "a100-box": [
+                    {"index": 0, "uuid": "GPU-77aa1e02-6c1d-4a8e-b7e5-0f1e2d3c4b50",
+                     "model": "NVIDIA A100 80GB PCIe", "memory_mib": 81920},
+                    {"index": 1, "uuid": "GPU-77aa1e02-6c1d-4a8e-b7e5-0f1e2d3c4b51",
+                     "model": "NVIDIA A100 80GB PCIe", "memory_mib": 81920},
+                ],
+            }
+            # or the path of a YAML or JSON file of the same shape: "/etc/jupyterhub/gpus.yaml"
+        """,
     ).tag(config=True)
 
     gpu_inventory_source = List(
@@ -78,15 +91,27 @@ class GPUSettings(LoggingConfigurable):
         ``local`` (NVML in the hub's own process, for a hub on a single GPU
         host). With ``static`` and ``agent`` together, a host listed in the
         static inventory keeps the devices listed there, and its agent's
-        reports only say whether they are healthy.""",
+        reports only say whether they are healthy.
+
+        Example::
+
+            c.GPUSwarmSpawner.gpu_inventory_source = ["static", "agent"]
+        """,
     ).tag(config=True)
 
     gpu_model_aliases = Dict(
         value_trait=Unicode(),
-        help="""Friendlier names for GPU models, by the name NVML reports:
-        ``{"NVIDIA A100 80GB PCIe": "A100 (80 GB)"}``. A MIG slice is named
-        after its GPU (``"A100 (80 GB) · MIG 1g.10gb"``) unless its full name
-        has an alias of its own.""",
+        help="""Friendlier names for GPU models, by the name NVML reports; users see
+        and choose the alias. A MIG slice is named after its GPU
+        (``"A100 (80 GB) · MIG 1g.10gb"``) unless its full name has an alias of its own.
+
+        Example::
+
+            c.GPUSwarmSpawner.gpu_model_aliases = {
+                "NVIDIA A100 80GB PCIe": "A100 (80 GB)",
+                "NVIDIA GeForce GTX 1070": "GTX 1070",
+            }
+        """,
     ).tag(config=True)
 
     @validate("gpu_model_aliases")
@@ -180,8 +205,7 @@ class GPUSettings(LoggingConfigurable):
 
     gpu_sharing = Dict(
         help="""Which GPU models users may ask a share of (``gpu_share``), by
-        model name, ``"*"`` for the rest: ``{"NVIDIA A100 80GB PCIe":
-        {"quantum": 0.05, "split": True}, "Tesla T4": {"shares": [0.25, 0.5]}}``.
+        model name, ``"*"`` for the rest, each with how it is shared.
         ``quantum``: shares are multiples of it; ``shares``: the only ones
         offered; ``split``: a share above one GPU may span devices of one
         host; ``uneven``: where no even split fits, the pieces may differ;
@@ -190,7 +214,15 @@ class GPUSettings(LoggingConfigurable):
         using more GPU memory than its share comes with, ``"report"`` (default),
         ``"warn"`` or ``"stop"`` (after ``memory_grace`` seconds, 300; above by more
         than ``memory_tolerance``, 0.05). Empty (default): whole GPUs only. What a share
-        means on the GPU depends on ``gpu_share_enforcement``.""",
+        means on the GPU depends on ``gpu_share_enforcement``.
+
+        Example::
+
+            c.GPUSwarmSpawner.gpu_sharing = {
+                "NVIDIA A100 80GB PCIe": {"quantum": 0.05, "split": True, "memory": "warn"},
+                "NVIDIA Tesla T4": {"shares": [0.25, 0.5]},
+            }
+        """,
     ).tag(config=True)
 
     @validate("gpu_sharing")
@@ -209,7 +241,12 @@ class GPUSettings(LoggingConfigurable):
         GPU), ``mps`` (the node runs the CUDA MPS control daemon: memory and SM
         limits per client), ``hami`` (HAMi-core's libvgpu.so is on the node:
         memory and SM limits enforced in the container). One mode, or
-        ``{hostname: mode, "*": mode}``. See docs/sharing.md.""",
+        ``{hostname: mode, "*": mode}``. See docs/sharing.md.
+
+        Example::
+
+            c.GPUSwarmSpawner.gpu_share_enforcement = {"a100-box": "mps", "*": "hami"}
+        """,
     ).tag(config=True)
 
     gpu_share_enforcement_missing = Enum(
@@ -244,8 +281,7 @@ class GPUSettings(LoggingConfigurable):
 
     gpu_placement_mix = List(
         Dict(),
-        help="""For ``allocation_policy = "frag"``: the requests this hub sees, e.g. ``[{"share": 0.5, "cpu": 4, "memory_mib": 16384, "weight": 6},
-        {"gpus": 1, "cpu": 8, "weight": 3}, {"gpus": 4, "weight": 1}]``. Each entry:
+        help="""For ``allocation_policy = "frag"``: the requests this hub sees. Each entry:
         ``gpus`` (whole GPUs, 0 for none; default 1) or ``share`` (of one GPU),
         ``cpu`` (cores), ``memory_mib``, ``models`` (the models it takes; default
         any) and ``weight`` (how often it comes; default 1). With ``cpu`` or
@@ -255,7 +291,16 @@ class GPUSettings(LoggingConfigurable):
         sooner while the ledger is young, once the servers granted since have doubled): each
         kind with the CPU and memory its servers reserved (none for servers the ledger
         recorded before it kept them), of any model; until the ledger has any, it places
-        as pack.""",
+        as pack.
+
+        Example::
+
+            c.GPUSwarmSpawner.gpu_placement_mix = [
+                {"share": 0.5, "cpu": 4, "memory_mib": 16384, "weight": 6},
+                {"gpus": 1, "cpu": 8, "weight": 3},
+                {"gpus": 4, "weight": 1},
+            ]
+        """,
     ).tag(config=True)
 
     @validate("gpu_placement_mix")
@@ -288,7 +333,17 @@ class GPUSettings(LoggingConfigurable):
         "weekly_gpu_hours": h, "idle_timeout": s, "idle_threshold": pct}}``,
         ``"*"`` for users in none of the listed groups. A user in several
         groups gets the most generous of each setting. Empty (default):
-        every model for everyone, up to ``max_gpus_per_user``. See docs/access.md.""",
+        every model for everyone, up to ``max_gpus_per_user``. See docs/access.md.
+
+        Example::
+
+            c.GPUSwarmSpawner.gpu_access = {
+                "students": {"models": ["NVIDIA GeForce GTX 1070"], "max_gpus": 1,
+                             "max_hours": 4, "weekly_gpu_hours": 20},
+                "staff": {"models": "*", "max_gpus": 4, "priority": 10},
+                "*": {"models": [], "max_gpus": 0},  # users in no listed group: CPU only
+            }
+        """,
     ).tag(config=True)
 
     @validate("gpu_access")
@@ -308,11 +363,17 @@ class GPUSettings(LoggingConfigurable):
     gpu_model_classes = Dict(
         value_trait=List(Unicode()),
         key_trait=Unicode(),
-        help="""Named groups of GPU models a user may ask for as one choice, e.g.
-        ``{"any 80 GB GPU": ["NVIDIA A100 80GB PCIe", "NVIDIA H100 80GB HBM3"]}``: the
+        help="""Named groups of GPU models a user may ask for as one choice: the
         form offers each as a choice with the free counts of its models, and
         ``gpu_model`` takes its name (or, in the REST API, a list of models). The
-        server gets any one of them that is free. Such a request does not wait in line.""",
+        server gets any one of them that is free. Such a request does not wait in line.
+
+        Example::
+
+            c.GPUSwarmSpawner.gpu_model_classes = {
+                "any 80 GB GPU": ["NVIDIA A100 80GB PCIe", "NVIDIA H100 80GB HBM3"],
+            }
+        """,
     ).tag(config=True)
 
     @validate("gpu_model_classes")
@@ -427,7 +488,12 @@ class GPUSettings(LoggingConfigurable):
         help="""With ``network_name = "host"``, each server listens on its node's
         own network at a port picked from this range (inclusive), one per
         server, so that servers on one node don't collide. Two ports from 1 to
-        65535, the first not above the last.""",
+        65535, the first not above the last.
+
+        Example::
+
+            c.GPUSwarmSpawner.host_network_ports = (30000, 30999)
+        """,
     ).tag(config=True)
 
     options_form_template = Unicode(
@@ -437,7 +503,12 @@ class GPUSettings(LoggingConfigurable):
 
     template_paths = List(
         Unicode(),
-        help="Folders with templates that override gpuspawner's own (e.g. options_form.html).",
+        help="""Folders with templates that override gpuspawner's own (e.g. options_form.html).
+
+        Example::
+
+            c.GPUSwarmSpawner.template_paths = ["/etc/jupyterhub/templates"]
+        """,
     ).tag(config=True)
 
     def share_enforcement_for(self, c: Held, allocator) -> tuple[dict, list]:

@@ -118,7 +118,12 @@ class ReclaimSettings(LoggingConfigurable):
         help="""What counts as idle: the GPU's utilization at or below
         ``utilization`` percent and, when ``memory_mib`` is set, none of the
         server's GPU processes using more than ``memory_mib`` MiB of GPU memory.
-        On a shared GPU only the server's own processes count.""",
+        On a shared GPU only the server's own processes count.
+
+        Example::
+
+            c.GPUSwarmSpawner.gpu_idle_threshold = {"utilization": 10, "memory_mib": 1024}
+        """,
     ).tag(config=True)
 
     gpu_idle_warning = FiniteFloat(
@@ -169,7 +174,15 @@ class ReclaimSettings(LoggingConfigurable):
         absent), ``lend`` how much of its quota others may borrow (all when absent) and
         ``notice_minutes`` how long a borrower is told before the GPUs are taken back
         (10). A fraction of a GPU makes a share total of a shared model. Empty (the
-        default): no quotas.""",
+        default): no quotas.
+
+        Example::
+
+            c.GPUSwarmSpawner.gpu_quotas = {
+                "lab-a": {"NVIDIA A100 80GB PCIe": 4},
+                "lab-b": {"NVIDIA A100 80GB PCIe": {"gpus": 2, "borrow": 2, "lend": 1, "notice_minutes": 10}},
+            }
+        """,
     ).tag(config=True)
 
     gpu_priority_classes = Dict(
@@ -179,7 +192,16 @@ class ReclaimSettings(LoggingConfigurable):
         lower ranks are taken back first; a class with ``preemptible: False`` is never
         stopped to give a group its quota, and its members borrow only GPUs no quota keeps
         idle. ``"*"`` in ``groups``: everyone in no other class. Empty (the default): one
-        class, every borrowed server may be taken back.""",
+        class, every borrowed server may be taken back.
+
+        Example::
+
+            c.GPUSwarmSpawner.gpu_priority_classes = {
+                "exam": {"groups": ["exam-takers"], "rank": 30, "preemptible": False},
+                "research": {"groups": ["lab-a", "lab-b"], "rank": 10},
+                "best-effort": {"groups": ["*"], "rank": 0},
+            }
+        """,
     ).tag(config=True)
 
     @validate("gpu_quotas", "gpu_priority_classes")
