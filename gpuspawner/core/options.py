@@ -11,7 +11,9 @@ policy offers it; it counts against the per-user limit as what it is (a
 user with a limit of 2 may hold 1.2 and 0.8).
 
 ``gpu_wait`` (true or false): when none of the chosen model is free, wait in
-its line instead of failing (docs/line.md). It needs ``gpu_model``.
+its line instead of failing (docs/line.md). It needs ``gpu_model``. The form
+sends its checkbox's "on" (or "true", "false"); any other text is refused as
+the REST API refuses it, by the same check.
 
 ``gpu_model`` may also name several models: a list (REST), or one of the
 admin's ``gpu_model_classes`` by its name ("any 80 GB GPU"). The server then
@@ -35,6 +37,8 @@ KEYS = ("gpu_model", "gpu_count", "gpu_host", "gpu_share", "gpu_wait")
 _WHOLE_KEYS = ("gpu_model", "gpu_count", "gpu_host", "gpu_wait")  # what is offered while no model is shared
 _DECIMAL_RE = re.compile(r"[0-9]+(?:\.[0-9]+)?|\.[0-9]+")
 _NUMBER_CHARS = 12  # longer numbers are passed on as text (int() refuses 4,300 digits; float() overflows)
+# The form's texts for the REST API's true and false: the checkbox's value, and JSON's words.
+_FORM_WAIT = {"on": True, "true": True, "false": False}
 
 
 class OptionsError(ValueError):
@@ -68,8 +72,8 @@ def options_from_form(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
         if key == "gpu_count":
             number = len(value) <= _NUMBER_CHARS and value.isascii() and value.isdigit()
             options[key] = int(value) if number else value
-        elif key == "gpu_wait":  # a checkbox: sent only when ticked
-            options[key] = value in ("on", "true")
+        elif key == "gpu_wait":  # a checkbox: sent ("on") only when ticked
+            options[key] = _FORM_WAIT.get(value, value)  # anything else: _wait refuses it as for REST
         elif key == "gpu_share":
             if value:  # empty: whole GPUs
                 number = len(value) <= _NUMBER_CHARS and _DECIMAL_RE.fullmatch(value) is not None

@@ -468,6 +468,28 @@ async def test_after_none_free_the_form_keeps_the_choice_and_suggests_the_line(t
     assert 'id="gpu-wait-hint"' in html and "tick this to wait in line for one" in html
 
 
+@pytest.mark.parametrize("bad", ["maybe", "yes", ""])
+async def test_a_bad_gpu_wait_from_the_form_is_refused_as_the_rest_api_refuses_it_and_nothing_starts(tmp_path, bad):
+    """Guards docs/line.md: "In the spawn form, `gpu_wait` is the checkbox (sent as `on`); any
+    other value is refused as the REST API refuses it, with the same message, and nothing starts
+    or is reserved." (A GPU is free: read as "do not wait", the form's request would start.)"""
+    world = World(tmp_path)
+    form = world.spawner("bob", {})
+    # What JupyterHub does with the form's fields: the spawner's options_from_form makes its user_options.
+    form.user_options = form.options_from_form({"gpu_model": [A100], "gpu_count": ["1"], "gpu_wait": [bad]})
+    rest = world.spawner("carol", {"gpu_model": A100, "gpu_count": 1, "gpu_wait": bad})  # the JSON body's
+    told = []
+    for spawner in (form, rest):
+        with pytest.raises(SpawnException) as refused:
+            await world.started(spawner)
+        assert (refused.value.status_code, refused.value.reason) == (400, "invalid_options")
+        told.append(refused.value.jupyterhub_message)
+        assert world.owner.get(spawner.service_name) is None and world.hub.line.place(spawner.service_name) is None
+    assert told == [f"gpu_wait must be true or false; got {bad!r}"] * 2
+    assert world.fake.service_names() == [] and Ledger(world.db_url).open_allocations() == []
+    await world.started(world.spawner("dave", {"gpu_model": A100}))  # the A100 was free all along
+
+
 async def test_an_admin_takes_a_waiting_request_out_of_the_line_and_its_wait_ends_saying_so(tmp_path):
     world = World(tmp_path)
     _, bob, carol, bob_start, carol_start = await two_in_line(world)

@@ -259,3 +259,23 @@ def test_bad_gpu_wait_is_refused_with_a_clear_message(options, message):
 def test_the_forms_wait_checkbox_becomes_a_boolean():
     assert options_from_form({"gpu_model": [A100], "gpu_count": ["1"], "gpu_wait": ["on"]})["gpu_wait"] is True
     assert "gpu_wait" not in options_from_form({"gpu_model": [A100], "gpu_count": ["1"]})
+
+
+def by_form(wait: str) -> dict:
+    return options_from_form({"gpu_model": [A100], "gpu_count": ["1"], "gpu_wait": [wait]})
+
+
+@pytest.mark.parametrize("bad", ["maybe", "yes", "1", "", "True", "ON", "on on"])
+def test_the_form_and_the_rest_api_refuse_the_same_bad_gpu_wait_with_the_same_message(bad):
+    """The form's text goes through the REST API's one check: not taken as "do not wait"."""
+    with pytest.raises(OptionsError) as rest:
+        parse({"gpu_model": A100, "gpu_count": 1, "gpu_wait": bad})
+    with pytest.raises(OptionsError) as form:
+        parse(by_form(bad))
+    assert str(form.value) == str(rest.value) == f"gpu_wait must be true or false; got {bad!r}"
+
+
+@pytest.mark.parametrize("text, value", [("on", True), ("true", True), ("false", False), (" on ", True)])
+def test_the_form_and_the_rest_api_accept_the_same_good_gpu_wait(text, value):
+    assert parse(by_form(text)) == parse({"gpu_model": A100, "gpu_count": 1, "gpu_wait": value})
+    assert parse(by_form(text)).wait is value
