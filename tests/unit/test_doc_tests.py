@@ -19,6 +19,8 @@ opens one, any other closes it):
   between parts the page says in that order.
 
 A later page name in the paragraph (``docs/x.md``, ``README.md``) starts quoting that page.
+Words in round brackets outside quotes are the test's own aside: what they quote is not
+checked.
 
 The checks, each a function of the repository's root so that the tests at the end can run
 them on a small tree of their own:
@@ -56,7 +58,7 @@ SKIP_README_GUARDS_WHILE_README_IS_CUT_DOWN = True
 
 NAMES_A_TEST_FILE = re.compile(r"\btest_\w+\.py\b|\btests/(?:unit|integration)\b")
 GUARD = re.compile(r"\bGuards\s+(?=docs/|README\.md)")
-GUARD_TOKEN = re.compile(r'"|\bdocs/[\w./-]+?\.md\b|\bREADME\.md\b')  # a double quote, or a page's name
+GUARD_TOKEN = re.compile(r'["()]|\bdocs/[\w./-]+?\.md\b|\bREADME\.md\b')  # a quote's mark, a bracket, a page
 OPENS_A_QUOTE = " \n([{"  # a double quote after one of these, within a quote, opens a quote within it
 ELLIPSIS = re.compile(r"\s*(?:\.\.\.|…)\s*")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
@@ -147,11 +149,14 @@ def quotes_of(test: str, docstring: str) -> list[Quote]:
         start = GUARD.search(paragraph)
         if start is None:
             continue
-        page, opened = None, []  # the open quotes' starts, outermost first
+        page, opened, aside = None, [], 0  # the open quotes' starts, outermost first; brackets open
         for token in GUARD_TOKEN.finditer(paragraph, start.end()):
             at = token.start()
-            if token[0] != '"':
+            if token[0] in "()":
                 if not opened:
+                    aside = max(0, aside + (1 if token[0] == "(" else -1))
+            elif token[0] != '"':
+                if not opened and not aside:
                     page = token[0]
             elif not opened or paragraph[at - 1] in OPENS_A_QUOTE:
                 opened.append(at + 1)
@@ -159,7 +164,7 @@ def quotes_of(test: str, docstring: str) -> list[Quote]:
                 opened.pop()  # a quote within the quote: the page's own
             else:
                 colon = re.match(r"\s*:", paragraph[at + 1 :]) is not None
-                if page is not None:
+                if page is not None and not aside:
                     quotes.append(Quote(test, page, " ".join(paragraph[opened[0] : at].split()), colon))
                 opened.pop()
     return quotes
@@ -281,7 +286,7 @@ first"."""
 
 
 def test_leaving():
-    """Guards docs/line.md, "Leaving": "A waiter leaves the line with DELETE"."""
+    """Guards docs/line.md, "Leaving": "A waiter leaves the line with DELETE" (as "cancel" does)."""
 '''
 
 
