@@ -100,8 +100,8 @@ async def test_a_reservations_refusal_lets_no_small_request_jump_a_large_one(tmp
     stops, bob is served first; carol still waits.
 
     Guards docs/reservations.md, "One plan with the line": "nobody behind it who is not a
-    member of that reservation takes the GPUs it waits for" (and "In strict order ... only
-    those members are")."""
+    member of that reservation takes the GPUs it waits for" and "In strict order ... only
+    those members are"."""
     world = World(tmp_path, inventory=THREE, max_gpus_per_user=2, gpu_line_backfill=backfill)
     new_hub(world, Wall())
     reserve(world, NOW - timedelta(minutes=30), count=1)
