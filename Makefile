@@ -6,7 +6,7 @@ PYTHON := $(VENV)/bin/python
 WHEEL_VENV := .venv-wheel
 STATE := $(CURDIR)/demo-state
 
-.PHONY: deps test unit explore fuzz demo demo-down screenshots bench clean lint wheel-check configref labextension docs
+.PHONY: deps test unit explore fuzz demo demo-down screenshots bench clean lint wheel-check labextension docs
 
 # System packages (Debian) first (the venv needs python3-venv), then the Python
 # environment. Safe to run again.
@@ -49,11 +49,6 @@ docs: $(VENV)/.installed
 	rm -rf docs/_build
 	$(PYTHON) -m sphinx -W --keep-going -n -q -b html docs docs/_build/html
 	$(PYTHON) -m devtools.doclinks docs/_build/html
-
-# docs/configuration.md, the configuration reference, generated from the traits of
-# c.GPUSwarmSpawner (tests/unit/test_configref.py fails when it is out of date).
-configref: $(VENV)/.installed
-	$(PYTHON) -m devtools.configref --write docs/configuration.md
 
 # The release as users install it, on the lowest versions setup.cfg allows: `python -m build`
 # makes the sdist and the wheel (.ci/check_dist.py: the version, templates, migrations and

@@ -26,9 +26,14 @@ myst_enable_extensions = ["colon_fence", "deflist"]
 myst_heading_anchors = 4
 # Markdown links resolve to pages and headings only (not to argparse's own domain).
 myst_ref_domains = ["std", "py"]
+# Quotes stay straight: settings, values and messages are meant to be copied.
+smartquotes = False
 exclude_patterns = ["_build", "screenshots/README.md"]
 # Built offline: no inventories fetched from other sites.
 intersphinx_mapping: dict[str, tuple[str, None]] = {}
+
+# The spawner's signature (JupyterHub's **kwargs: t.Any) names a type no inventory has.
+nitpick_ignore = [("py:class", "t.Any")]
 
 html_theme = "pydata_sphinx_theme"
 html_title = "gpuspawner"
@@ -41,3 +46,33 @@ html_static_path: list[str] = []
 # A copy button on shell and Python blocks, leaving the prompts out.
 copybutton_prompt_text = r"\$ |>>> "
 copybutton_prompt_is_regexp = True
+
+
+# -- the configuration reference: autodoc-traits, on gpuspawner's own settings -------------
+
+from traitlets import TraitType  # noqa: E402
+
+from devtools import configref  # noqa: E402
+
+SETTINGS = {s.name: s for s in configref.settings()}
+TRAIT_PREFIX = "gpuspawner.GPUSwarmSpawner."
+
+
+def only_gpuspawners_own(app, what, name, obj, skip, options):
+    """dockerspawner's and JupyterHub's settings are in their own references (the page links them)."""
+    if isinstance(obj, TraitType) and name not in SETTINGS:
+        return True
+    return None
+
+
+def type_and_default(app, what, name, obj, options, lines):
+    """Each setting's type, range and default above its help (autodoc-traits shows only the trait's class)."""
+    setting = SETTINGS.get(name.removeprefix(TRAIT_PREFIX)) if name.startswith(TRAIT_PREFIX) else None
+    if setting is not None:
+        default = f"*{setting.default}*" if setting.default.startswith("computed") else f"``{setting.default}``"
+        lines[:0] = [f"**Type:** {setting.type}. **Default:** {default}.", ""]
+
+
+def setup(app):
+    app.connect("autodoc-skip-member", only_gpuspawners_own)
+    app.connect("autodoc-process-docstring", type_and_default)

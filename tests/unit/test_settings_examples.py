@@ -54,12 +54,6 @@ def test_each_example_is_a_configuration_the_hub_takes(name, index, example):
     assert getattr(spawner, name) == c.GPUSwarmSpawner[name]
 
 
-def test_the_examples_render_as_code_in_the_reference():
-    text = configref.render()
-    for name, _, example in EXAMPLES:
-        assert f"Example:\n\n```python\n{example}\n```" in text, name
-
-
 @pytest.mark.parametrize(
     "bad",
     [
