@@ -51,11 +51,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# While README.md is cut down, the guards that quote it are not checked (check 2); when it
-# is done, move each guarded sentence's guard to the page the sentence moved to, and set
-# this to False (or remove it).
-SKIP_README_GUARDS_WHILE_README_IS_CUT_DOWN = True
-
 NAMES_A_TEST_FILE = re.compile(r"\btest_\w+\.py\b|\btests/(?:unit|integration)\b")
 GUARD = re.compile(r"\bGuards\s+(?=docs/|README\.md)")
 GUARD_TOKEN = re.compile(r'["()]|\bdocs/[\w./-]+?\.md\b|\bREADME\.md\b')  # a quote's mark, a bracket, a page
@@ -189,8 +184,6 @@ def unresolved_guards(root: Path) -> list[str]:
     """Check 2: each quote whose page is gone, or no longer says it."""
     found = []
     for quote in guards(root):
-        if quote.page == "README.md" and SKIP_README_GUARDS_WHILE_README_IS_CUT_DOWN:
-            continue
         path = root / quote.page
         if not path.is_file():
             found.append(f"{quote.test} guards {quote.page}, which does not exist")

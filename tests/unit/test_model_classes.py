@@ -71,10 +71,9 @@ async def test_a_class_gets_whichever_of_its_models_is_free(tmp_path):
 
 
 async def test_a_class_is_served_around_a_line_on_a_host_its_waiters_do_not_need(tmp_path):
-    """Guards README.md, "Any of several models": "A model someone waits in line for is
-    offered only on hosts its line keeps for none of its waiters", and docs/line.md,
-    "Backfill": "A request for any of several models is served around each of their
-    lines the same way". Carol waits for two
+    """Guards docs/line.md, "Backfill": "A request for any of several models is served
+    around each of their lines the same way"; and docs/rest.md, "User options": "the
+    server gets one of them and does not wait in line". Carol waits for two
     A100s, which only gpu-a has (alice holds one there); the A100 on gpu-b is no use to
     her, so dave's request for any GPU gets it at once, shown to carol as served ahead of
     her; when alice stops, carol gets gpu-a."""
