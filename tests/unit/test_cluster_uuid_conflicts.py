@@ -3,7 +3,10 @@ static inventory or by that host's report) has that device left out, and only
 that device; the conflict shows in doctor until it is settled; a GPU that
 really moved is taken by its new host once its old host no longer names it or
 is no longer a node of the swarm. A late agent is not enough: a leaked node
-token cannot take another node's devices, nor get its reports refused."""
+token cannot take another node's devices, nor get its reports refused.
+
+Guards docs/nodes.md, "Where the hub learns the GPUs": "is left out of the report, and
+only that device" and "a late agent does not let another node take its GPUs"."""
 
 from __future__ import annotations
 
