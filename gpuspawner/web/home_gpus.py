@@ -5,7 +5,7 @@ model, host and devices with each one's share and the memory it entitles to,
 the memory the server's own processes use there and the device's utilization
 (from the node's latest report), how long the GPUs have been held, and when
 an idle or held-time limit would stop the server; a server waiting in line
-shows its place. Read from the hub's memory only (no ledger, no swarm call),
+shows its place, with Leave line (templates/gpuspawner_servers.html). Read from the hub's memory only (no ledger, no swarm call),
 so the page costs no I/O.
 """
 
@@ -67,7 +67,13 @@ def server_rows(hub, user: str) -> list[dict]:
         if w.user == user and place is not None:
             waiting = f"Number {place[1]} in line for {place[0]}"
             why = hub.why_waiting(w.service)
-            rows.append({"server": w.server, "waiting": waiting, "why": why, "outlook": hub.line.outlook(w.service)})
+            outlook = hub.line.outlook(w.service)
+            # Leave line ends the spawn that waits; a row without one (a restarted hub's, until its
+            # spawn is resumed) has none to end.
+            leave = not hub.line.unowned(w.service)
+            rows.append(
+                {"server": w.server, "user": w.user, "waiting": waiting, "why": why, "outlook": outlook, "leave": leave}
+            )
     return rows
 
 
