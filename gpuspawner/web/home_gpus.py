@@ -5,8 +5,8 @@ model, host and devices with each one's share and the memory it entitles to,
 the memory the server's own processes use there and the device's utilization
 (from the node's latest report), how long the GPUs have been held, and when
 an idle or held-time limit would stop the server; a server waiting in line
-shows its place, with Leave line (templates/gpuspawner_servers.html). Read from the hub's memory only (no ledger, no swarm call),
-so the page costs no I/O.
+shows its place, with Leave line (templates/gpuspawner_servers.html). Read
+from the hub's memory only (no ledger, no swarm call), so the page costs no I/O.
 """
 
 from __future__ import annotations
