@@ -265,8 +265,9 @@ def database_sh(swarm, node: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_a_backup_restored_into_a_new_database_gives_the_hub_its_state_back(stack, swarm):
-    """docs/deploy.md's backup and restore: dump, stop the hub, drop the database, load
-    the dump, start the hub; it serves the same holders and open allocations."""
+    """Guards docs/backup.md: "The restarted hub finds its servers, and who holds which GPU"
+    (dump, stop the hub, drop the database, load the dump, start the hub; it serves the same
+    holders and open allocations)."""
     hub, state = stack
     assert hub.spawn("alice", {"gpu_model": A100, "gpu_count": 1}).status_code in (201, 202)
     hub.wait_ready("alice", timeout=200)

@@ -706,6 +706,8 @@ class LedgerContract:
             engine.dispose()
 
     def test_tables_from_a_newer_gpuspawner_are_refused_with_a_clear_message(self, ledger, url):
+        """Guards docs/upgrading.md: "A newer schema than the running gpuspawner knows is
+        refused, with nothing changed"."""
         ledger.open_allocations()
         with ledger.engine.begin() as conn:
             conn.execute(sa.text(f"UPDATE {VERSION_TABLE} SET version_num = '9999'"))

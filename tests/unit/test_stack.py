@@ -66,6 +66,7 @@ def test_every_password_and_token_is_a_swarm_secret():
 
 
 def test_the_services_have_health_checks_placement_and_the_overlay_network():
+    """Guards docs/upgrading.md: "The hub's service is replaced (`stop-first`: never two hubs at once)"."""
     services = STACK["services"]
     assert {n: s["deploy"]["placement"]["constraints"] for n, s in services.items()} == {
         "hub": ["node.role == manager"],
