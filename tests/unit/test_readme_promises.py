@@ -38,3 +38,15 @@ def test_the_system_packages_readme_lists_are_the_ones_the_installer_installs():
         assert package in installer
     for named in ("docker.io", "busybox-static", "iproute2", "gcc", "debootstrap", "PostgreSQL's server", "chromium"):
         assert named in README
+
+
+def test_the_readme_fits_on_two_screens_and_leads_into_the_site():
+    """The README carries the two commands, the install, a minimal config, what a node
+    needs and the settings most sites change; everything else is in docs/."""
+    lines = README.splitlines()
+    assert len(lines) <= 150, f"README.md is {len(lines)} lines"
+    for heading in ("## The two commands", "## Install", "## What a node needs", "## The settings most sites change"):
+        assert heading in lines
+    linked = set(re.findall(r"\]\(docs/([\w-]+)\.md", README))
+    assert {"index", "nodes", "deploy", "configuration"} <= linked
+    assert all((ROOT / "docs" / f"{page}.md").is_file() for page in linked)
