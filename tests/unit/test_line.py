@@ -470,9 +470,10 @@ async def test_after_none_free_the_form_keeps_the_choice_and_suggests_the_line(t
 
 @pytest.mark.parametrize("bad", ["maybe", "yes", ""])
 async def test_a_bad_gpu_wait_from_the_form_is_refused_as_the_rest_api_refuses_it_and_nothing_starts(tmp_path, bad):
-    """Guards docs/line.md: "In the spawn form, `gpu_wait` is the checkbox (sent as `on`); any
-    other value is refused as the REST API refuses it, with the same message, and nothing starts
-    or is reserved." (A GPU is free: read as "do not wait", the form's request would start.)"""
+    """Guards docs/line.md: "In the spawn form, `gpu_wait` is the checkbox (sent as `on`; `true`
+    and `false` are read too); any other value is refused as the REST API refuses it, with the
+    same message, and nothing starts or is reserved." (A GPU is free: read as "do not wait", the
+    form's request would start.)"""
     world = World(tmp_path)
     form = world.spawner("bob", {})
     # What JupyterHub does with the form's fields: the spawner's options_from_form makes its user_options.
