@@ -134,8 +134,8 @@ def test_the_waiting_page_shows_the_place_in_line(hub, browsers, shots):
     docs/screenshots/spawn-waiting.png with ``make screenshots``); his Leave line moves
     the next waiter up on her own page, which takes her to her server when a GPU frees.
 
-    Guards docs/line.md, "Waiting in line for a GPU": "A browser test on the test swarm takes this
-    screenshot"; "Leaving the line": "leaves the line at once", "JupyterHub's Stop button reads",
+    Guards docs/line.md, "Waiting in line for a GPU": "You are number 2 in line for NVIDIA A100
+    80GB PCIe" (the screenshot the page shows); "Leaving the line": "leaves the line at once", "JupyterHub's Stop button reads",
     "When the line serves the request, the page becomes JupyterHub's again" and "the page takes the
     user to the server when it is ready"."""
     spawn_ready(hub, "gil", {"gpu_model": A100, "gpu_count": 2})
