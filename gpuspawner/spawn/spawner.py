@@ -252,9 +252,8 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
             if exc.reason in LOGGED_BY_SPAWNER:
                 # An answer, not a fault: this one line, below ERROR; the hub leaves
                 # out JupyterHub's own lines about it (hub/logs.py).
-                self.log.info(
-                    "gpuspawner: %s refused (%s, %s): %s", self._log_name, exc.reason, exc.status_code, exc.log_message
-                )
+                who = f"{self.user.name}/{self.name}" if self.name else self.user.name
+                self.log.info("gpuspawner: %s refused (%s, %s): %s", who, exc.reason, exc.status_code, exc.log_message)
             raise
 
     async def _start(self):
