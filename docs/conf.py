@@ -37,6 +37,9 @@ nitpick_ignore = [("py:class", "t.Any")]
 
 html_theme = "pydata_sphinx_theme"
 html_title = "gpuspawner"
+# The page's own table of contents names settings without their class.
+toc_object_entries_show_parents = "hide"
+
 html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
