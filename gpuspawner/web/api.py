@@ -49,11 +49,13 @@ from ..cluster.swarm import SwarmError
 from ..core import agent_tokens
 from ..core.line_order import by_model, order_reason
 from ..core.reports import MAX_REPORT_BYTES, ReportError, parse_report
+from ..core.topology import Topology
 from ..holdings.holdings import Holdings
 from ..hub.app import KEY, GPUHub, HubConfigError
 from ..ledger.ledger import LedgerError
 from ..line.wait import WaitLine
 from ..spawn.errors import NOT_NOW, spawn_error
+from .gpu_links import holder_links
 
 __all__ = ["ADMIN_SCOPE", "REPORT_SCOPE", "handlers"]
 
@@ -367,17 +369,25 @@ def _time_arg(text: str) -> datetime | None:
 
 class HostCard:
     """One host's card on the GPU page, UTF-8, from the (synchronous) template
-    gpus_host.html; safe to call from a thread. Equal for the same template, so
-    the cards the cluster keeps are reused until the template changes."""
+    gpus_host.html; safe to call from a thread. Equal for the same template (and
+    ``topology_of``), so the cards the cluster keeps are reused until the template
+    changes. ``topology_of(host)``: how its GPUs are linked (the allocator's, which
+    comes with each report: a card is made again at each one), for the links among
+    the GPUs of each holder of several."""
 
-    def __init__(self, template):
+    def __init__(self, template, topology_of: Callable[[str], Topology | None] | None = None):
         self.template = template
+        self.topology_of = topology_of
 
     def __call__(self, host: str, devices: dict[str, dict], stale: str | None) -> bytes:
-        return self.template.render(host=host, devices=devices, stale=stale).encode()
+        topology = self.topology_of(host) if self.topology_of is not None else None
+        linked = holder_links(devices, topology)
+        return self.template.render(host=host, devices=devices, stale=stale, holder_links=linked).encode()
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, HostCard) and other.template is self.template
+        return (
+            isinstance(other, HostCard) and other.template is self.template and other.topology_of == self.topology_of
+        )
 
     __hash__ = None
 
@@ -394,7 +404,7 @@ async def gpu_page(
     cluster until its host changes, as UTF-8: a page of 8,000 devices is ~6 MB,
     written as it is rather than copied through the page template. ``enforcement``:
     ``gpu_share_enforcement``, for the nodes that lack what it needs."""
-    cards = await cluster.views.host_views("html", HostCard(card_template), inline=2)
+    cards = await cluster.views.host_views("html", HostCard(card_template, cluster.allocator.topology), inline=2)
     reports = cluster.last_reports()
     gaps = enforcement_gaps(enforcement, reports)
     page = await render_page(hosts=Markup(CARDS) if cards else Markup(""), stale=cluster.stale, enforcement=gaps)

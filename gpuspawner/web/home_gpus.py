@@ -3,7 +3,8 @@
 For ``c.JupyterHub.template_vars`` (templates/gpuspawner_servers.html): the
 model, host and devices with each one's share and the memory it entitles to,
 the memory the server's own processes use there and the device's utilization
-(from the node's latest report), how long the GPUs have been held, and when
+(from the node's latest report), how the GPUs of a multi-GPU server are linked
+(:mod:`~gpuspawner.web.gpu_links`), how long the GPUs have been held, and when
 an idle or held-time limit would stop the server; a server waiting in line
 shows its place, with Leave line (templates/gpuspawner_servers.html). Read
 from the hub's memory only (no ledger, no swarm call), so the page costs no I/O.
@@ -17,6 +18,7 @@ from math import inf
 from ..core.idle import BUDGET
 from ..core.line_order import fmt_duration
 from ..core.sharing import UNIT, entitled_mib, fmt
+from .gpu_links import links_of
 
 __all__ = ["server_rows", "servers_var", "waiting_var"]
 
@@ -53,6 +55,8 @@ def server_rows(hub, user: str) -> list[dict]:
                 "model": h.held.model,
                 "host": h.held.host,
                 "devices": devices,
+                # Numbered as the server sees them: in NVIDIA_VISIBLE_DEVICES order, from 0.
+                "links": links_of(holdings.allocator.topology(h.held.host), list(enumerate(h.held.uuids))),
                 "quota": hub.quotas.describe(name),
                 "notices": [  # announced stops, soonest first: the server's stop-notice file (docs/quotas.md)
                     {k: n[k] for k in ("reason", "stop_at", "seconds_left", "message")}

@@ -56,3 +56,30 @@ async def test_a_servers_own_token_reads_its_own_server_only_and_others_get_404(
     assert (await ask("anna", mia))[0] == 404
     assert (await ask("anna", None))[0] == 403  # no credentials
     assert (await ask("anna", "not-a-token"))[0] == 403
+
+
+async def test_a_multi_gpu_servers_answer_says_how_its_gpus_are_linked(hub, tmp_path):
+    """Guards docs/topology.md, "Where you see it": "The servers API" ... "says the same as links" and
+    "links is null for a server with one GPU"; docs/jupyterlab.md, "How it asks the hub": "links, how
+    the GPUs of a server with several are linked"."""
+    from tests.unit.test_gpu_links import BRIDGED, THREE
+    from tests.unit.test_holdings import A100, World
+
+    app, url = hub
+    world = World(tmp_path, inventory=THREE, max_gpus_per_user=4)  # anna's 2 GPUs and mia's 1, on its hub
+    world.hub.holdings.allocator.set_host_topology("gpu-b", BRIDGED)
+    await world.started(world.spawner("anna", {"gpu_model": A100, "gpu_count": 2}))
+    await world.started(world.spawner("mia", {"gpu_model": A100, "gpu_count": 1}))
+    settings = app.tornado_application.settings
+    own, settings[KEY] = settings[KEY], world.hub
+    try:
+        headers = {"Authorization": f"token {server_token(app, 'anna')}"}
+        r = await AsyncHTTPClient().fetch(url + "anna", headers=headers)
+        links = json.loads(r.body)["links"]
+        assert links["summary"] == "Links: 2 NVLinks (GPU 0–1)" and links["worst"] == "2 NVLinks"
+        assert links["pairs"] == [{"gpus": [0, 1], "link": "2 NVLinks"}]
+        headers = {"Authorization": f"token {server_token(app, 'mia')}"}
+        r = await AsyncHTTPClient().fetch(url + "mia", headers=headers)
+        assert json.loads(r.body)["links"] is None  # one GPU
+    finally:
+        settings[KEY] = own
