@@ -1,6 +1,7 @@
 /**
  * A status-bar item with the GPUs gpuspawner gave this server: the model, memory in
- * use against what the share entitles to, utilization, and any countdown. It reads
+ * use against what the share entitles to, utilization, and any countdown (the tooltip
+ * also says how the GPUs of a multi-GPU server are linked). It reads
  * the server extension's `gpuspawner-lab/status` (gpuspawner_lab/handlers.py), which
  * asks the hub with the server's own token. When the hub announces a stop of the server
  * (a borrowed GPU taken back, a limit), open documents are saved before it. It asks no more often than the node's
@@ -30,12 +31,19 @@ interface INotice {
   message: string;
 }
 
+/** How the GPUs of a multi-GPU server are linked (the hub's gpu_links.py). */
+interface ILinks {
+  summary: string;
+  detail: string;
+}
+
 interface IStatus {
   available: boolean;
   message?: string;
   model?: string;
   host?: string;
   devices?: IDevice[];
+  links?: ILinks | null;
   held_for?: string | null;
   stops?: string[];
   notices?: INotice[];
@@ -85,6 +93,12 @@ export function describe(status: IStatus): { text: string; title: string } {
     const memory = d.used_mib === null ? '' : `, ${gib(d.used_mib)} in use of ${gib(d.entitled_mib ?? 0)}`;
     const util = d.utilization === null ? '' : `, ${d.utilization} % busy`;
     lines.push(`${d.uuid}: ${d.share}${memory}${util}`);
+  }
+  if (status.links) {
+    lines.push(status.links.summary);
+    if (status.links.detail) {
+      lines.push(status.links.detail);
+    }
   }
   if (status.held_for) {
     lines.push(`Held for ${status.held_for}`);
