@@ -38,12 +38,13 @@ from dataclasses import replace
 from typing import Any
 
 from ..core.inventory import GPU
+from ..core.link_classes import LinkRequired
 from ..core.sharing import OFF, UNIT, SharingPolicy, fmt
-from ..core.topology import Topology
+from ..core.topology import Link, Topology
 from .adopt import AdoptProblem, AdoptReason, adopted_pieces, conflict
 from .fragment import Mix, frag_cpu_only, frag_share, frag_whole
 from .index import DeviceIndex
-from .linked import best_set
+from .links import Links, LinkState
 from .nearest import Walks, nearest_host
 from .records import ALL, ONE_DEVICE, POLICIES, Allocation, Policy, Request, accepted
 from .refusals import (
@@ -92,7 +93,7 @@ class Allocator:
         # (milli, model or None) -> the models that take such a share; emptied when the policy or inventory changes
         self._accepting: dict[tuple[int, str | None], list[str]] = {}
         self._unenforced: dict[str, str] = {}  # host -> why no share is placed there
-        self._topologies: dict[str, Topology] = {}  # host -> how its GPUs are linked, where known
+        self._links = LinkState()  # how each host's GPUs are linked, where known, and what the admin requires
         self.resources = HostResources(self._holders)  # each host's CPU and memory, where known
         self._gpuless: list[str] | None = None  # known hosts without GPUs, by name (servers without GPUs)
         self.mix: Mix | None = None  # the requests the hub sees, for the frag policy
@@ -164,40 +165,27 @@ class Allocator:
 
     def set_host_topology(self, host: str, topology: Topology | None) -> None:
         """How ``host``'s GPUs are linked (None: not known): a request for several GPUs
-        there gets the best linked of its free ones (:mod:`~gpuspawner.allocator.linked`)."""
+        there gets the best linked of its free ones (:mod:`~gpuspawner.allocator.links`)."""
         with self._lock:
+            topologies = self._links.topologies
+            if topologies.get(host) == topology:
+                return
+            self._changes += 1  # the line's plans read it too
             if topology is None:
-                self._topologies.pop(host, None)
+                topologies.pop(host, None)
             else:
-                self._topologies[host] = topology
+                topologies[host] = topology
 
     def topology(self, host: str) -> Topology | None:
-        return self._topologies.get(host)
+        return self._links.topologies.get(host)
 
-    def _link_rank(self, count: int) -> Callable[[str, list[GPU]], tuple[int, int]] | None:
-        """For a request of ``count`` GPUs, how well linked the group a host would give
-        is: (its farthest pair's score, all its pairs'), higher better, (0, 0) where the
-        host's links are not known; None where links play no part."""
-        if count < 2 or not self._topologies:
-            return None
-
-        def rank(host: str, free: list[GPU]) -> tuple[int, int]:
-            topology = self._topologies.get(host)
-            if topology is None or len(free) < count:
-                return 0, 0
-            group = [g.uuid for g in self._linked(host, free, count)]
-            worst = topology.worst(group)
-            return (0 if worst is None else worst.score), topology.set_score(group)
-
-        return rank
-
-    def _linked(self, host: str, free: list[GPU], n: int) -> list[GPU]:
-        """The ``n`` of ``free`` (in index order) a request gets on ``host``: by their links where known."""
-        topology = self._topologies.get(host)
-        if topology is None or n < 2 or n >= len(free):
-            return free[:n]
-        uuids = [g.uuid for g in free]
-        return [free[i] for i in best_set(len(free), n, lambda a, b: topology.score(uuids[a], uuids[b]))]
+    def set_link_required(self, required: LinkRequired) -> None:
+        """How well linked a request for several GPUs of a model must get them
+        (``gpu_link_required``): only a set that meets it is given, and the line plans
+        only on hosts that have one."""
+        with self._lock:
+            self._changes += 1
+            self._links.required = required
 
     def set_mix(self, mix: Mix | None) -> None:
         """The requests the hub sees (the frag policy places each where the free GPU
@@ -251,22 +239,17 @@ class Allocator:
             over_room = room is not None and count != ALL and int(count) > room
             pol = self.policy if policy is None else POLICIES[policy]
             fits = self._fits(request)
-            if over_room:
-                found = None
-            elif pol.name == "frag" and self.mix is not None and count != ALL and request.host is None:
-                asked = (request.cpu_milli, request.memory_mib)
-                linked = self._link_rank(int(count))
-                found = frag_whole(index, self.mix, self.resources, models, int(count), asked, fits, linked)
-            else:
-                linked = None if count == ALL else self._link_rank(int(count))
-                found = choose(index, pol, models, count, request.host, room, fits, linked)
+            links = self._links.decision()
+            found = None if over_room else self._place_whole(request, pol, models, room, fits, links)
             if found is None:
                 if not over_room and request.avoid:
-                    kept = choose(index, pol, models, count, request.host, room, self._fits(request, avoid=False))
+                    kept = choose(
+                        index, pol, models, count, request.host, room, self._fits(request, avoid=False), links
+                    )
                     if kept is not None:
                         raise held_for_line(f"{len(index.models[kept[0]].free[kept[1]])} {kept[0]} free", kept[1])
                 if not over_room and fits is not None:
-                    elsewhere = choose(index, pol, models, count, request.host, room)
+                    elsewhere = choose(index, pol, models, count, request.host, room, None, links)
                     if elsewhere is not None:
                         raise self._short(
                             request,
@@ -275,17 +258,61 @@ class Allocator:
                         )
                 if request.models is not None:
                     raise self._any_of_refusal(
-                        request, lambda r: whole_refusal(index, self._summaries(), r, max_per_owner, held)
+                        request, lambda r: whole_refusal(index, self._summaries(), r, max_per_owner, held, links)
                     )
-                raise whole_refusal(index, self._summaries(), request, max_per_owner, held)
+                raise whole_refusal(index, self._summaries(), request, max_per_owner, held, links)
             model, host = found
             mi = index.models[model]
-            free = mi.free[host]
-            devices = tuple(free if count == ALL else self._linked(host, free, int(count)))
+            devices = self._group(links, model, host, count)
             index.take_free(mi, host, devices)
             alloc = self._made(holder, request, host, devices)
             self._record(alloc)
             return alloc
+
+    def _place_whole(
+        self, request: Request, pol: Policy, models: list[str], room: int | None, fits: Fits, links: Links
+    ) -> tuple[str, str] | None:
+        """The (model, host) a request for whole GPUs gets, or None (nothing taken)."""
+        count = request.count
+        if pol.name == "frag" and self.mix is not None and count != ALL and request.host is None:
+            asked = (request.cpu_milli, request.memory_mib)
+            return frag_whole(self._index, self.mix, self.resources, models, int(count), asked, fits, links)
+        return choose(self._index, pol, models, count, request.host, room, fits, links)
+
+    def _group(self, links: Links, model: str, host: str, count: int | str) -> tuple[GPU, ...]:
+        """The GPUs a request placed on ``host`` gets there: the set its decision chose
+        (worked out once, while the hosts were ranked)."""
+        free = self._index.models[model].free[host]
+        group = links.group(model, host, free, len(free) if count == ALL else int(count))
+        assert group is not None  # (the host was chosen for having one)
+        return group
+
+    def link_offers(self, model: str) -> dict[int, tuple[str, Link | None]]:
+        """For each count from 2 to the most free GPUs of ``model`` on one available
+        host: the host a request for that many would get now (from nobody in line,
+        asking for no CPU or memory, under the allocator's own policy) and the link of
+        the farthest pair of the set it would get there (None: that host's links are
+        not known). A count no host can give now (a link class required) is left out.
+        Nothing is taken: each count is decided as :meth:`allocate` decides it, by the
+        same code. Cost: a decision per count, each weighing the sets of up to 8 hosts
+        the policy ranks alike; on 1,000 hosts of 4 and 8 GPUs (the topology
+        benchmark's cluster, idle or 60 % held) about 2 ms per model, up to 15 ms where
+        the sets were not chosen before (they are remembered by how their GPUs are linked)."""
+        with self._lock:
+            mi = self._index.models.get(model)
+            if mi is None:
+                return {}
+            offers: dict[int, tuple[str, Link | None]] = {}
+            links = self._links.decision()
+            for n in range(2, mi.largest_block() + 1):
+                found = self._place_whole(Request(model=model, count=n), self.policy, [model], None, None, links)
+                if found is None:
+                    continue
+                host = found[1]
+                topology = self._links.topologies.get(host)
+                group = self._group(links, model, host, n)
+                offers[n] = (host, None if topology is None else topology.worst(g.uuid for g in group))
+            return offers
 
     def nearest_host(self, request: Request, exclude: Set[str] = frozenset()) -> str | None:
         """The host where ``request`` would fit first as devices free up, of those not
@@ -295,7 +322,8 @@ class Allocator:
                 wanted = self._wanted(request)
             except AllocationRefused:
                 return None
-            return nearest_host(self._index, self.resources, request, wanted or self._index.models, exclude)
+            models = wanted or self._index.models
+            return nearest_host(self._index, self.resources, request, models, exclude, self._links.decision())
 
     def planner(self) -> Callable[[Request, Set[str]], str | None]:
         """:meth:`nearest_host` for one plan of a line, asked waiter after waiter with the
@@ -313,7 +341,7 @@ class Allocator:
                 except AllocationRefused:
                     return None
                 if walks is None or made_at != self._changes:
-                    walks, made_at = Walks(self._index, self.resources), self._changes
+                    walks, made_at = Walks(self._index, self.resources, self._links.decision()), self._changes
                 return walks.nearest(request, wanted or self._index.models, exclude)
 
         return nearest

@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from ..core.numbers import finite
 from ..core.sharing import UNIT, shown
 from .index import DeviceIndex
+from .links import Links
 from .model import ModelIndex
 from .resources import HostResources
-from .whole import Fits, Linked
+from .whole import Fits
 
 __all__ = [
     "CANDIDATES",
@@ -287,16 +288,19 @@ def frag_whole(
     count: int,
     asked: tuple[int, int],
     fits: Fits,
-    linked: Linked = None,
+    linked: Links | None = None,
 ) -> tuple[str, str] | None:
     """(model, host) for ``count`` whole devices where the fragment grows least (ties:
-    with ``linked``, the best linked group; then as pack)."""
+    with ``linked``, the best linked group; then as pack); with ``linked``, only on
+    hosts that give a set linked as required."""
     scores = _Scores(index, mix, resources, asked)
     best = None  # (growth, free count, how badly linked, host, model)
+    ranks = linked is not None and linked.ranks(count)
     for model in models:
         mi = index.models[model]
-        for n, h in _whole_hosts(mi, count, fits):
-            links = (0, 0) if linked is None else linked(h, mi.free[h])
+        usable = fits if linked is None else linked.fits(model, mi.free, count, fits)
+        for n, h in _whole_hosts(mi, count, usable):
+            links = linked.rank(model, h, mi.free[h], count) if linked is not None and ranks else (0, 0)
             entry = (scores.growth(h, model, UNIT, UNIT, count), n, (-links[0], -links[1]), h, model)
             if best is None or entry < best:
                 best = entry

@@ -14,20 +14,26 @@ Splits are counted only while few (a host's free GPUs of one model, up to 8 or s
 for pairs); beyond, the best linked group alone is taken (its farthest pair first,
 then all its pairs), and beyond that too, a group grown greedily. Without links known
 the GPUs go in index order, as before.
+
+Where the admin requires every pair of the set to be joined in some way
+(:mod:`~gpuspawner.core.link_classes`), the set is the one above when it meets that,
+else the best linked of those that do (:func:`required_set`); the sets that do are
+found by an exact search, so a host gives one whenever it has one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence, Set
 from itertools import combinations
 from math import comb, factorial
 
-__all__ = ["best_set", "PARTITIONS_MAX", "SETS_MAX"]
+__all__ = ["best_set", "fewest_missing", "has_set", "required_set", "PARTITIONS_MAX", "SETS_MAX"]
 
 PARTITIONS_MAX = 2_000  # splits into groups counted at most (8 GPUs into pairs: 105)
 SETS_MAX = 5_000  # groups scored at most when the splits are too many
 
 Score = Callable[[int, int], int]  # (position, position) -> the pair's score
+Meets = Callable[[int, int], bool]  # (position, position) -> whether the pair is joined as required
 
 
 def best_set(m: int, n: int, score: Score) -> tuple[int, ...]:
@@ -91,3 +97,65 @@ def _greedy(m: int, n: int, score: Score) -> tuple[int, ...]:
         nxt = max((i for i in range(m) if i not in group), key=lambda i: (sum(score(i, g) for g in group), -i))
         group.append(nxt)
     return tuple(sorted(group))
+
+
+def required_set(m: int, n: int, score: Score, meets: Meets) -> tuple[int, ...] | None:
+    """As :func:`best_set`, of the sets whose every pair ``meets``: its choice where it
+    does, else the best linked of those that do (farthest pair, then all pairs, then
+    the lower positions; of the first :data:`SETS_MAX` found); None: no set does."""
+    if n > m:
+        return None
+    chosen = best_set(m, n, score)
+    if all(meets(a, b) for i, a in enumerate(chosen) for b in chosen[i + 1 :]):
+        return chosen
+    best: tuple[tuple, tuple[int, ...]] | None = None
+    for k, group in enumerate(_cliques(list(range(m)), n, meets)):
+        key = (_worst(group, score), _set_score(group, score), [-i for i in group])
+        if best is None or key > best[0]:
+            best = (key, group)
+        if k + 1 == SETS_MAX:
+            break
+    return None if best is None else best[1]
+
+
+def has_set(positions: Sequence[int], n: int, meets: Meets) -> bool:
+    """Whether some ``n`` of ``positions`` have every pair meeting."""
+    return next(_cliques(list(positions), n, meets), None) is not None
+
+
+def fewest_missing(m: int, n: int, meets: Meets, free: Set[int]) -> int | None:
+    """Of the sets of ``n`` of positions 0..m-1 whose every pair meets, the fewest
+    positions not in ``free`` one has (how many must free up before such a set is all
+    free); None: no set meets. An exact search, free positions tried first."""
+    order = sorted(range(m), key=lambda i: (i not in free, i))
+    best: int | None = None
+
+    def walk(cands: list[int], size: int, missing: int) -> None:
+        nonlocal best
+        if size == n:
+            best = missing
+            return
+        for k, c in enumerate(cands):
+            if len(cands) - k < n - size:
+                return
+            more = missing + (c not in free)
+            if best is not None and more >= best:
+                return  # the rest are no better: free ones come first
+            walk([d for d in cands[k + 1 :] if meets(c, d)], size + 1, more)
+            if best == 0:
+                return
+
+    walk(order, 0, 0)
+    return best
+
+
+def _cliques(cands: list[int], n: int, meets: Meets, chosen: tuple[int, ...] = ()) -> Iterator[tuple[int, ...]]:
+    """The sets of ``n`` (with ``chosen``) of ``cands`` whose every pair meets, in the
+    order of ``cands``; each of ``cands`` meets all of ``chosen``."""
+    if len(chosen) == n:
+        yield chosen
+        return
+    for k, c in enumerate(cands):
+        if len(cands) - k < n - len(chosen):
+            return
+        yield from _cliques([d for d in cands[k + 1 :] if meets(c, d)], n, meets, (*chosen, c))

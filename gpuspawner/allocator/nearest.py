@@ -8,14 +8,22 @@ for a share the most room on one device; among equals, one whose CPU and memory
 are free for it now, then pack's order (the fewest free devices that are still
 enough), then the hostname. Only hosts that could ever take it count: enough
 devices of the model, CPU and memory that the host has in all, available.
+
+Where the admin requires a link class for the request's model and count
+(:mod:`~gpuspawner.allocator.links`), the same rule holds as for placement: only
+hosts with a set of their GPUs that meets it could ever take it, and what a host lacks
+is the fewest GPUs that must free up before one such set is all free (every host of
+the model is looked at, in that case, not only the buckets' first).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Set
 
+from ..core.inventory import GPU
 from ..core.sharing import UNIT
 from .index import DeviceIndex
+from .links import Links
 from .model import ModelIndex
 from .records import ALL, Request
 from .resources import HostResources
@@ -24,12 +32,22 @@ __all__ = ["Walks", "nearest_host"]
 
 
 def nearest_host(
-    index: DeviceIndex, resources: HostResources, request: Request, models: Iterable[str], exclude: Set[str]
+    index: DeviceIndex,
+    resources: HostResources,
+    request: Request,
+    models: Iterable[str],
+    exclude: Set[str],
+    links: Links | None = None,
 ) -> str | None:
     """The host the request is planned on, of those not in ``exclude`` (kept for
-    requests ahead of it), or None when no such host could ever take it."""
+    requests ahead of it), or None when no such host could ever take it. ``links``:
+    the link classes required, and the hosts' links."""
     could = _could(index, resources, request, exclude)
-    walks = (_levels(mi, request, could) for m in sorted(set(models)) if (mi := index.models.get(m)) is not None)
+    walks = (
+        _levels(index, m, mi, request, could, links)
+        for m in sorted(set(models))
+        if (mi := index.models.get(m)) is not None
+    )
     return _best(resources, request, walks, exclude)
 
 
@@ -41,8 +59,8 @@ class Walks:
     not walk again past the hosts kept for those ahead for each waiter. The answers
     are those of :func:`nearest_host` (property-tested)."""
 
-    def __init__(self, index: DeviceIndex, resources: HostResources):
-        self.index, self.resources = index, resources
+    def __init__(self, index: DeviceIndex, resources: HostResources, links: Links | None = None):
+        self.index, self.resources, self.links = index, resources, links
         self._walks: dict[tuple, _Walk] = {}
 
     def nearest(self, request: Request, models: Iterable[str], exclude: Set[str]) -> str | None:
@@ -56,7 +74,7 @@ class Walks:
             walk = self._walks.get((model, kind))
             if walk is None:
                 could = _could(self.index, self.resources, request, frozenset())
-                walk = self._walks[(model, kind)] = _Walk(_levels(mi, request, could))
+                walk = self._walks[(model, kind)] = _Walk(_levels(self.index, model, mi, request, could, self.links))
             walks.append(walk.among(exclude))
         return _best(self.resources, request, walks, exclude)
 
@@ -109,7 +127,9 @@ def _best(
     return None if best is None else best[1]
 
 
-def _levels(mi: ModelIndex, request: Request, could: Callable[[str], bool]) -> Iterator[tuple[float, str]]:
+def _levels(
+    index: DeviceIndex, model: str, mi: ModelIndex, request: Request, could: Callable[[str], bool], links: Links | None
+) -> Iterator[tuple[float, str]]:
     """(fraction of the request missing on the host, host) for the hosts that could
     take the request, least missing first (ties in pack's order)."""
     milli = request.milli
@@ -118,10 +138,15 @@ def _levels(mi: ModelIndex, request: Request, could: Callable[[str], bool]) -> I
         return
     if request.count == ALL:
         # Rare: every device of a host; the host whose devices are most nearly all free.
+        if links is not None:
+            could = _linked_could(index, model, mi, could, links)
         ranked = sorted((1 - len(mi.free[h]) / n, h) for h, n in mi.total.items() if n and could(h))
         yield from ranked
         return
     n = -(-milli // UNIT) if milli is not None else int(request.count)
+    if milli is None and links is not None and links.need(model, n) is not None:
+        yield from _linked_levels(index, model, mi, n, could, links)
+        return
     buckets = mi.buckets
     for b in range(min(n, len(buckets) - 1), len(buckets)):  # enough untouched: pack's order
         for h in buckets[b]:
@@ -148,3 +173,35 @@ def _share_levels(mi: ModelIndex, milli: int, could: Callable[[str], bool]) -> I
     for h in buckets[0]:  # every device held (whole, or shared to the full)
         if could(h):
             yield 1.0, h
+
+
+def _linked_levels(
+    index: DeviceIndex, model: str, mi: ModelIndex, n: int, could: Callable[[str], bool], links: Links
+) -> Iterator[tuple[float, str]]:
+    """As :func:`_levels`, for ``n`` GPUs that must be linked as required: what a host
+    lacks is the fewest of its GPUs that must free up before such a set is all free."""
+    ranked = []
+    for h, total in mi.total.items():
+        if total >= n and could(h):
+            free = mi.free[h]
+            missing = links.missing(model, h, _devices(index, model, h), free, n)
+            if missing is not None:  # (pack's order among equals: fewest free when it fits, else most)
+                ranked.append((missing / n, len(free) if not missing else -len(free), h))
+    for key, _, h in sorted(ranked):
+        yield key, h
+
+
+def _linked_could(
+    index: DeviceIndex, model: str, mi: ModelIndex, could: Callable[[str], bool], links: Links
+) -> Callable[[str], bool]:
+    """``could``, for all of a host's GPUs: only where they are linked as required for that many."""
+
+    def linked(h: str) -> bool:
+        devices = _devices(index, model, h)
+        return could(h) and links.missing(model, h, devices, mi.free[h], len(devices)) is not None
+
+    return linked
+
+
+def _devices(index: DeviceIndex, model: str, host: str) -> list[GPU]:
+    return [g for g in index.by_host.get(host, ()) if g.model == model]

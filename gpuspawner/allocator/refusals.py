@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from ..core.sharing import UNIT, SharingPolicy, fmt, fmt_list
 from .index import DeviceIndex
+from .links import Links
 from .model import ModelIndex, total_room
 from .records import ALL, Request
 from .summary import ModelSummary
@@ -57,6 +58,8 @@ class Refusal(enum.Enum):
     RESOURCES_SHORT = "resources_short"  # GPUs free, but not the CPU or memory asked for beside them
     RESERVED = "reserved"  # free, but kept for the members of a reservation's open window
     HELD_FOR_LINE = "held_for_line"  # free, but only on hosts kept for requests ahead in line
+    NOT_LINKED_NOW = "not_linked_now"  # no set linked as the admin requires is free now; one may be later
+    NEVER_LINKED = "never_linked"  # no host's GPUs have a set linked as the admin requires
 
     @property
     def retry(self) -> bool:
@@ -77,6 +80,7 @@ _MAY_SUCCEED_LATER = {
     Refusal.RESOURCES_SHORT,
     Refusal.RESERVED,
     Refusal.HELD_FOR_LINE,
+    Refusal.NOT_LINKED_NOW,
 }
 
 
@@ -143,18 +147,27 @@ def over_limit(asked: str, need: int, limit: int, held: int) -> AllocationRefuse
 
 
 def whole_refusal(
-    index: DeviceIndex, summaries: Mapping[str, ModelSummary], request: Request, limit: int | None, held: int
+    index: DeviceIndex,
+    summaries: Mapping[str, ModelSummary],
+    request: Request,
+    limit: int | None,
+    held: int,
+    links: Links | None = None,
 ) -> AllocationRefused:
     """Why no host takes a request for whole GPUs. ``limit``: the per-owner
-    maximum; ``held``: what the owner holds, in milli-shares."""
+    maximum; ``held``: what the owner holds, in milli-shares; ``links``: the link
+    classes required (a request that no host's links could ever meet is told so
+    before one that may wait)."""
     relevant = [request.model] if request.model else list(summaries)
     asked = "All GPUs of one host" if request.count == ALL else f"{request.count} × {request.model or 'GPU'}"
     refused = _whole_host_refusal(index, request, relevant, asked, limit, held) if request.host is not None else None
-    return (
-        refused
-        or _whole_size_refusal(index, request, relevant, asked, limit, held)
-        or _whole_capacity_refusal(index, summaries, request, relevant, asked)
-    )
+    refused = refused or _whole_size_refusal(index, request, relevant, asked, limit, held)
+    if refused is not None and not refused.retry:
+        return refused
+    linked = None if links is None else _link_refusal(index, links, request, relevant)
+    if linked is not None and (refused is None or not linked.retry):
+        return linked
+    return refused or _whole_capacity_refusal(index, summaries, request, relevant, asked)
 
 
 def _whole_host_refusal(
@@ -312,3 +325,56 @@ def _free_up_to(mis: list[ModelIndex], cap: int) -> int:
                 return free
             free += sum(rooms)
     return free
+
+
+def _link_refusal(index: DeviceIndex, links: Links, request: Request, relevant: list[str]) -> AllocationRefused | None:
+    """Why no host gives the request a set linked as the admin requires: never, when no
+    host's GPUs have one (that could take it: the one asked for, when pinned); for now,
+    naming the host with the most free and how its best set is linked. None when a
+    relevant model takes the request without a class required (another reason holds)."""
+    hosts = lambda mi: [request.host] if request.host is not None else list(mi.total)  # noqa: E731
+    needs = []  # (model, count, class): each relevant model's, for the count it would get
+    for model in relevant:
+        mi = index.models[model]
+        counts = [int(request.count)] if request.count != ALL else [mi.total[h] for h in hosts(mi) if h in mi.total]
+        for n in counts:  # (every GPU of a host: the class for that many)
+            need = links.need(model, n)
+            if need is None:
+                return None
+            needs.append((model, n, need))
+    if not needs:
+        return None
+    model, n, need = needs[0]
+    what = f"{n} × {model} are given only as {need.words}"
+    if all(_never(index, links, m, hosts(index.models[m]), k) for m, k, _ in needs):
+        return AllocationRefused(f"{what}, and no host has {n} so linked", Refusal.NEVER_LINKED)
+    return AllocationRefused(
+        f"{what}, and no host has {n} such free now ({_most_free(index, links, request, model, n)})",
+        Refusal.NOT_LINKED_NOW,
+    )
+
+
+def _most_free(index: DeviceIndex, links: Links, request: Request, model: str, n: int) -> str:
+    """What the host asked for (else the one with the most free) has free, and how the
+    best set of ``n`` there is linked: "gpu-7 has 2 free, across CPUs"."""
+    mi = index.models[model]
+    block = mi.largest_block()
+    if request.host is None and block < n:
+        return f"at most {block} free on one host" if block else f"no {model} is free"
+    host = request.host if request.host is not None else mi.buckets[block][0]
+    free = mi.free.get(host, [])
+    topology = links.topologies.get(host)
+    best = links.best(host, free, n) if topology is not None else None  # as if no class were required
+    worst = None if best is None or topology is None else topology.worst(g.uuid for g in best)
+    if len(free) < n or worst is None:
+        return f"{host} has {len(free)} free" + ("" if len(free) < n else ", links not known")
+    return f"{host} has {len(free)} free, {worst.words}"
+
+
+def _never(index: DeviceIndex, links: Links, model: str, hosts: list[str], n: int) -> bool:
+    """Whether none of ``hosts`` has ``n`` GPUs of ``model`` linked as required, all free or not."""
+    for h in hosts:
+        devices = [g for g in index.by_host.get(h, ()) if g.model == model]
+        if links.missing(model, h, devices, devices, n) is not None:
+            return False
+    return True
