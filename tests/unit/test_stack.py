@@ -84,6 +84,21 @@ def test_the_services_have_health_checks_placement_and_the_overlay_network():
     assert "ports" not in services["hub"] and services["proxy"]["ports"][0]["published"] == 8000
 
 
+def test_the_database_stops_at_once_and_cleanly_and_never_runs_twice_on_its_volume():
+    """Swarm starts a stop-first update's new task once the old one has stopped, or after a
+    minute regardless (swarmkit's restart supervisor): the grace must end well before.
+
+    Guards docs/deploy.md, "How a database restart behaves": "The database's service stops
+    with SIGINT, PostgreSQL's fast shutdown" and "update_config is stop-first, and the grace
+    period, 30 s, is well under the minute swarm waits for an old task to stop before it
+    starts the new one regardless"."""
+    db = STACK["services"]["postgres"]
+    assert db["stop_signal"] == "SIGINT"
+    assert db["stop_grace_period"] == "30s"
+    assert db["deploy"]["update_config"]["order"] == "stop-first"
+    assert db["deploy"]["replicas"] == 1 and db["volumes"] == ["pgdata:/var/lib/postgresql/data"]
+
+
 def test_the_local_stack_swaps_in_only_this_machines_stand_ins(tmp_path):
     (tmp_path / "swarm").mkdir()
     (tmp_path / "swarm" / "daemon.json").write_text("{}")
@@ -100,8 +115,11 @@ def test_the_local_stack_swaps_in_only_this_machines_stand_ins(tmp_path):
     assert json.loads((tmp_path / "docker-etc" / "daemon.json").read_text()) == {}
     # The rest is the file as users get it.
     for name in ("hub", "proxy", "postgres", "agent"):
-        for key in ("secrets", "networks", "healthcheck", "ports"):
+        for key in ("secrets", "networks", "healthcheck", "ports", "stop_signal", "stop_grace_period"):
             assert local["services"][name].get(key) == STACK["services"][name].get(key), (name, key)
+        assert local["services"][name]["deploy"].get("update_config") == STACK["services"][name]["deploy"].get(
+            "update_config"
+        )
     command = STACK["services"]["agent"]["command"]
     interval = command.index("--interval") + 1
     assert agent["command"] == command[:interval] + ["2"] + command[interval + 1 :]  # reports come faster
