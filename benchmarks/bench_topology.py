@@ -22,9 +22,11 @@ import random
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 from devtools.fakenvml import topologies
+from gpuspawner.agent.topology import Seen, nvlinks_between
 from gpuspawner.allocator.allocator import AllocationRefused, Allocator, Request
 from gpuspawner.core.inventory import GPU
 from gpuspawner.core.topology import Link, Path, Topology
@@ -33,22 +35,21 @@ NODES = {"dgx1": topologies.dgx1, "pairs": topologies.pcie_pairs, "nvswitch": to
 
 
 def topology_of(devices: list[dict]) -> Topology:
-    """What the hub would take from this node's agent: its links, as the fake NVML serves them."""
+    """What the hub would take from this node's agent: its links, as the fake NVML serves
+    them (each device's ``nvlinks``: a peer's index, or "switch", per link), counted by
+    the agent's own rule."""
     uuids = [d["uuid"] for d in devices]
-    count: dict[frozenset[str], int] = {}
-    switch = {d["uuid"]: sum(1 for p in d.get("nvlinks", []) if p == "switch") for d in devices}
+    seen: dict[str, Seen] = {}
     for d in devices:
-        for p in d.get("nvlinks", []):
-            if p != "switch":
-                pair = frozenset((d["uuid"], uuids[p]))
-                count[pair] = count.get(pair, 0) + 1
+        ends = d.get("nvlinks", [])
+        seen[d["uuid"]] = (Counter(uuids[p] for p in ends if p != "switch"), ends.count("switch"))
     links = {}
     for i, a in enumerate(devices):
         for j in range(i + 1, len(devices)):
             b = devices[j]
-            pair = frozenset((a["uuid"], b["uuid"]))
-            nvlinks = count.get(pair, 0) // 2 + min(switch[a["uuid"]], switch[b["uuid"]])
-            links[pair] = Link(Path(a["paths"][j]), nvlinks)
+            links[frozenset((a["uuid"], b["uuid"]))] = Link(
+                Path(a["paths"][j]), nvlinks_between(seen, a["uuid"], b["uuid"])
+            )
     return Topology(links, {d["uuid"]: d["numa"] for d in devices})
 
 

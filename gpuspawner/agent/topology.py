@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import ctypes
 from collections import Counter
+from collections.abc import Mapping
 
-__all__ = ["read_topology"]
+__all__ = ["Seen", "nvlinks_between", "read_topology"]
 
 MAX_LINKS = 36  # NVML_NVLINK_MAX_LINKS
+
+# What one GPU's links lead to: (NVLinks to each peer GPU, by UUID; NVLinks to NVSwitches); None: not known.
+Seen = tuple[Counter, int] | None
 
 
 def _text(value) -> str:
@@ -39,7 +43,7 @@ def read_topology(nvml, gpus: list[tuple[str, object]]) -> dict:
     links = []
     for i, (a, ha) in enumerate(gpus):
         for b, hb in gpus[i + 1 :]:
-            links.append({"a": a, "b": b, "path": _path(nvml, ha, hb), "nvlinks": _between(seen, a, b)})
+            links.append({"a": a, "b": b, "path": _path(nvml, ha, hb), "nvlinks": nvlinks_between(seen, a, b)})
     numa = {}
     for uuid, handle in gpus:
         try:
@@ -67,7 +71,7 @@ def _path(nvml, a, b) -> int | None:
         return None
 
 
-def _nvlinks(nvml, handle, buses: dict[str, str], every: bool) -> tuple[Counter, int] | None:
+def _nvlinks(nvml, handle, buses: dict[str, str], every: bool) -> Seen:
     """(NVLinks to each peer GPU, NVLinks to NVSwitches) of one GPU; None: not known.
     ``every``: each GPU's bus id is known, so a peer not among them is an NVSwitch."""
     peers: Counter = Counter()
@@ -90,8 +94,11 @@ def _nvlinks(nvml, handle, buses: dict[str, str], every: bool) -> tuple[Counter,
     return peers, switch
 
 
-def _between(seen: dict[str, tuple[Counter, int] | None], a: str, b: str) -> int | None:
-    """The NVLinks joining ``a`` and ``b``, the same counted from both sides; None: not known."""
+def nvlinks_between(seen: Mapping[str, Seen], a: str, b: str) -> int | None:
+    """The NVLinks joining GPUs ``a`` and ``b``, from what each GPU's links lead to
+    (``seen``, by UUID): those to each other, plus, through NVSwitches, as many as the
+    fewer of the two have to them; the same counted from both sides, else None (not
+    known). Pure: the benchmarks count the fake NVML's links with it too."""
     sa, sb = seen[a], seen[b]
     if sa is None or sb is None:
         return None

@@ -60,6 +60,17 @@ def test_bridged_pairs_and_an_nvswitch_box(tmp_path, fake_lib_dir):
     assert {x["nvlinks"] for x in switch["links"]} == {18}  # every pair through the switches alike
 
 
+@pytest.mark.parametrize("kind", ["dgx1", "pcie_pairs", "nvswitch"])
+def test_the_topology_benchmark_counts_links_as_the_agent_reads_them(tmp_path, fake_lib_dir, kind):
+    """The benchmark builds its nodes' topologies from the fake NVML's devices with the
+    agent's own counting (nvlinks_between): the same as the agent reports over the fake
+    libnvidia-ml.so.1."""
+    from benchmarks.bench_topology import topology_of
+
+    devices = getattr(topologies, kind)()
+    assert parse_report(body(probe(tmp_path, fake_lib_dir, devices))).topology == topology_of(devices)
+
+
 def test_what_a_node_cannot_say_stays_unknown_and_mig_and_lost_gpus_have_no_links(tmp_path, fake_lib_dir):
     """MIXED_NODE's driver answers "not supported" for the PCIe paths and NUMA nodes,
     and has no NVLink: paths unknown, no NVLinks, no NUMA node; its lost GPU and its
