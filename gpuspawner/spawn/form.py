@@ -1,5 +1,7 @@
-"""The spawn form: each GPU model with how many are free now, rendered from
-the hub's holdings with gpuspawner's Jinja template (or the admin's own)."""
+"""The spawn form: each GPU model with how many are free now, and for a count of
+2 or more, where a request for it would go now and how the GPUs it would get are
+linked; rendered from the hub's holdings with gpuspawner's Jinja template (or the
+admin's own)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from ..core.budget import Budget
 from ..core.budget import summary as budget_summary
 from ..core.sharing import UNIT, fmt, to_milli
 from ..plan.reservations import Keep
+from ..web.gpu_links import offer_words
 from .rules import groups_of
 
 __all__ = ["SHARE_NOTES", "render_form"]
@@ -142,6 +145,27 @@ def with_reservations(
     return out, notes
 
 
+def link_offers(allocator, summary: list[ModelSummary], max_count: int) -> dict[str, dict[int, str]]:
+    """Per model, for each count from 2 to what the form offers of it: what a request
+    for that many would get now (the host, and how the set it would get there is linked:
+    ``Allocator.link_offers``, a dry run), as the form says it. Counts the form does not
+    offer (beyond the user's limit, or the most free on one host as the user may have
+    them) are left out."""
+    out = {}
+    for m in summary:
+        most = min(m.largest_block, max_count)
+        if most < 2:
+            continue
+        offers = {
+            n: offer_words(m.model, n, host, link)
+            for n, (host, link) in allocator.link_offers(m.model).items()
+            if n <= most
+        }
+        if offers:
+            out[m.model] = offers
+    return out
+
+
 def _gpus(milli: int) -> int | float:
     """Thousandths as a number of GPUs that prints as people write it (2, 0.5, 1.25)."""
     return milli // UNIT if milli % UNIT == 0 else milli / UNIT
@@ -186,6 +210,10 @@ def render_form(
     choice = last_choice(options, flags, max_count, shares)
     if any(c["name"] == choice["selected"] for c in classes):
         choice["wait_hint"] = False  # a class does not wait in line
+    offers = link_offers(allocator, summary, max_count)
+    # The line for the choice shown (a model and a count of 2 or more, no share), so that
+    # it is there without JavaScript; the script shows the line of each choice made.
+    offer = "" if choice["last_share"] else offers.get(choice["selected"] or "", {}).get(choice["last_count"] or 0, "")
     return (
         _templates(tuple(spawner.template_paths))
         .get_template(spawner.options_form_template)
@@ -200,6 +228,8 @@ def render_form(
             held=_gpus(held),
             hosts=hosts if spawner.allow_host_choice else [],
             flags=flags,
+            offers=offers,
+            offer=offer,
             **choice,
             wait_checked=options.get("gpu_wait") is True,
             error=error,

@@ -1,6 +1,7 @@
 """How the GPUs of one multi-GPU server are linked, in words (pure): its farthest
 pair's class ("2 NVLinks", "across CPUs") and each pair's, for the home page's
-"Your GPUs", the servers API (JupyterLab's status item) and the admin's /hub/gpus.
+"Your GPUs", the servers API (JupyterLab's status item) and the admin's /hub/gpus;
+and, for the spawn form, what a request for a count would get now.
 
 A node whose agent did not say how its GPUs are linked, and a pair it could not
 find out, read "not known", never "no link".
@@ -10,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..core.topology import Link, Topology
+from ..core.topology import Link, Path, Topology
 
-__all__ = ["NOT_KNOWN", "holder_links", "link_words", "links_of"]
+__all__ = ["NOT_KNOWN", "holder_links", "link_words", "links_of", "offer_words"]
 
 NOT_KNOWN = "links not known"
 
@@ -79,3 +80,35 @@ def holder_links(devices: dict[str, dict], topology: Topology | None) -> list[di
         for (user, server), gpus in groups.items()
         if len(gpus) > 1
     ]
+
+
+# A PCIe path as the form's sentence says it.
+_PATHS = {
+    Path.BOARD: "on one board",
+    Path.SWITCH: "behind one PCIe switch",
+    Path.SWITCHES: "behind several PCIe switches",
+    Path.BRIDGE: "through a host bridge",
+    Path.CPU: "on one CPU",
+    Path.CROSS_CPU: "across CPUs",
+}
+
+
+def offer_words(model: str, count: int, host: str, link: Link | None) -> str:
+    """What a request for ``count`` GPUs of ``model`` gets now, for the spawn form:
+    ``host`` and ``link``, the farthest pair of the set it would get there (None: the
+    host's links are not known), e.g. "2 × NVIDIA A100 80GB PCIe: an NVLink pair free
+    on gpu-7 (2 NVLinks)"."""
+    head = f"{count} × {model}: "
+    if link is not None and link.nvlinks:
+        if count == 2:
+            return f"{head}an NVLink pair free on {host} ({link.words})"
+        return f"{head}{count} all joined by NVLink free on {host} (at least {link.words} between each pair)"
+    if link is None or link.path is None:
+        return f"{head}{count} free on {host}, {NOT_KNOWN}"
+    path = _PATHS[link.path]
+    if link.nvlinks is None:  # the path is known, the NVLinks not
+        got = "a pair free on" if count == 2 else f"{count} free on"
+        return f"{head}{got} {host}, {'' if count == 2 else 'at worst '}{path} (NVLinks not known)"
+    if count == 2:
+        return f"{head}a pair free on {host}, {path}, without NVLink"
+    return f"{head}{count} free on {host}, not all joined by NVLink: at worst {path}"

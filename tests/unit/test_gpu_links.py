@@ -16,7 +16,7 @@ from gpuspawner.core.reports import parse_report
 from gpuspawner.core.topology import Link, Path, Topology
 from gpuspawner.spawn.form import _templates
 from gpuspawner.web.api import HostCard, gpu_page
-from gpuspawner.web.gpu_links import holder_links, links_of
+from gpuspawner.web.gpu_links import holder_links, links_of, offer_words
 from gpuspawner.web.home_gpus import server_rows, servers_var
 from tests.unit.test_cluster_views import TEMPLATES, parse
 from tests.unit.test_holdings import A100, World
@@ -138,3 +138,63 @@ async def test_an_admins_card_names_each_holder_of_several_gpus_with_their_links
     _, cards, _ = await gpu_page(c, lambda **ns: page.get_template("p").render_async(**ns), card)
     [holder] = parse(b"".join(cards).decode()).find_all("div", class_="gpu-holder-links")
     assert holder.text == "<b>ob, GPUs #1, #2, #3: Links not known (the node did not report them)"
+
+
+def test_what_a_count_gets_now_is_said_by_the_host_and_the_link_of_its_farthest_pair():
+    a100 = "NVIDIA A100 80GB PCIe"
+    assert offer_words(a100, 2, "gpu-7", Link(Path.CPU, 2)) == f"2 × {a100}: an NVLink pair free on gpu-7 (2 NVLinks)"
+    assert offer_words("V100", 4, "gpu-a", Link(Path.CROSS_CPU, 1)) == (
+        "4 × V100: 4 all joined by NVLink free on gpu-a (at least 1 NVLink between each pair)"
+    )
+    assert offer_words("A6000", 2, "gpu-b", Link(Path.CROSS_CPU, 0)) == (
+        "2 × A6000: a pair free on gpu-b, across CPUs, without NVLink"
+    )
+    assert offer_words("A6000", 4, "gpu-b", Link(Path.CROSS_CPU, 0)) == (
+        "4 × A6000: 4 free on gpu-b, not all joined by NVLink: at worst across CPUs"
+    )
+    assert offer_words("A6000", 2, "gpu-b", Link(Path.SWITCH, None)) == (
+        "2 × A6000: a pair free on gpu-b, behind one PCIe switch (NVLinks not known)"
+    )
+    for link in (None, Link(), Link(None, 0)):  # not reported, or not found out: never "no link"
+        assert offer_words("A6000", 2, "gpu-b", link) == "2 × A6000: 2 free on gpu-b, links not known"
+
+
+async def test_the_form_says_what_each_count_of_a_model_gets_now(tmp_path):
+    """Guards docs/topology.md, "Where you see it": "The spawn form says, for the model and the count of 2
+    or more chosen, what such a request gets now" and "shown with the page for the choice it starts
+    with, and for each choice made"."""
+    four = {"gpu-b": [{"uuid": f"GPU-b{i}", "model": A100, "memory_mib": 81920, "index": i} for i in range(4)]}
+    bridged = Topology(
+        {
+            frozenset((f"GPU-b{a}", f"GPU-b{b}")): Link(Path.CPU, 2)
+            if {a, b} in ({0, 2}, {1, 3})
+            else Link(Path.CROSS_CPU, 0)
+            for a in range(4)
+            for b in range(a + 1, 4)
+        }
+    )
+    world = World(tmp_path, inventory=four, max_gpus_per_user=3)
+    world.hub.holdings.allocator.set_host_topology("gpu-b", bridged)
+    html = await world.spawner("ann", {"gpu_model": A100, "gpu_count": 2})._render_options_form()
+    form = parse(html)
+    [a100] = form.find_all("input", name="gpu_model", value=A100)
+    assert json.loads(a100.attrs["data-offers"]) == {  # counts up to her limit of 3
+        "2": f"2 × {A100}: an NVLink pair free on gpu-b (2 NVLinks)",
+        "3": f"3 × {A100}: 3 free on gpu-b, not all joined by NVLink: at worst across CPUs",
+    }
+    offer = form.by_id("gpu-offer")  # her last choice, 2 of them: its line, without the script
+    assert "hidden" not in offer.attrs and offer.text == f"2 × {A100}: an NVLink pair free on gpu-b (2 NVLinks)"
+    assert "hidden" in parse(await world.spawner("bob")._render_options_form()).by_id("gpu-offer").attrs
+
+    await world.started(world.spawner("cy", {"gpu_model": A100, "gpu_count": 1}))  # GPU-b0: the pair 0–2 is broken
+    [a100] = parse(await world.spawner("ann")._render_options_form()).find_all("input", name="gpu_model", value=A100)
+    assert json.loads(a100.attrs["data-offers"])["2"] == f"2 × {A100}: an NVLink pair free on gpu-b (2 NVLinks)"
+    await world.started(world.spawner("dee", {"gpu_model": A100, "gpu_count": 1}))  # and GPU-b1: b2 and b3 are left
+    [a100] = parse(await world.spawner("ann")._render_options_form()).find_all("input", name="gpu_model", value=A100)
+    assert json.loads(a100.attrs["data-offers"]) == {
+        "2": f"2 × {A100}: a pair free on gpu-b, across CPUs, without NVLink"
+    }
+
+    world.hub.holdings.allocator.set_host_topology("gpu-b", None)
+    [a100] = parse(await world.spawner("ann")._render_options_form()).find_all("input", name="gpu_model", value=A100)
+    assert json.loads(a100.attrs["data-offers"]) == {"2": f"2 × {A100}: 2 free on gpu-b, links not known"}
