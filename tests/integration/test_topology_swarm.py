@@ -4,15 +4,24 @@ NVLink-bridged pairs, each reported by gpuspawner-agent over the fake NVML.
 
 Guards docs/topology.md: "A request for several GPUs of a host ... the split whose groups
 are best linked in all is taken, and of it the best linked group", on real services, and
-"GPUSPAWNER_GPU_NUMA_NODES"."""
+"GPUSPAWNER_GPU_NUMA_NODES"; the form's line for a count and the home page's links are read
+as the user reads them (the form fetched before the spawn and in headless Chromium)."""
 
 from __future__ import annotations
+
+import json
+import re
+from html.parser import HTMLParser
 
 import pytest
 
 from devtools.fakenvml import topologies
-from tests.integration.support import hub_with_agents, service_gpus, services_of, spawn_ready
+from tests.integration import test_browser as browser_tests
+from tests.integration.support import hub_with_agents, login, service_gpus, services_of, spawn_ready
 from tests.integration.test_agents_on_nodes import alloc_map
+from tests.integration.test_browser import by, log_in, model_radio, open_form, wait
+
+browsers = browser_tests.browsers  # the browser tests' fixture
 
 DGX1, PAIRS = topologies.dgx1(), topologies.pcie_pairs()
 
@@ -44,3 +53,60 @@ def test_pairs_of_v100s_get_two_nvlinks_and_a_pair_of_a6000s_its_bridge(hub, swa
     assert service_gpus(service) == uuids(PAIRS, 0, 1)  # the bridged pair, on one socket
     env = service.attrs["Spec"]["TaskTemplate"]["ContainerSpec"]["Env"]
     assert "GPUSPAWNER_GPU_NUMA_NODES=0,0" in env  # where they sit, for binding CPU threads near them
+
+
+def page(hub, user: str, path: str) -> str:
+    """A hub page as ``user`` gets it (logged in)."""
+    return login(hub, user).get(hub.url + path, timeout=30).content.decode()
+
+
+class Inputs(HTMLParser):
+    """Each <input>'s attributes, as the browser reads them (unescaped)."""
+
+    def __init__(self, html: str):
+        super().__init__(convert_charrefs=True)
+        self.found: list[dict] = []
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "input":
+            self.found.append(dict(attrs))
+
+
+def offers_in_form(hub, user: str, model: str) -> dict[str, str]:
+    """What the spawn form says each count of ``model`` gets now (the page's data)."""
+    found = Inputs(page(hub, user, f"/hub/spawn/{user}")).found
+    [radio] = [a for a in found if a.get("name") == "gpu_model" and a.get("value") == model]
+    return json.loads(radio.get("data-offers") or "{}")
+
+
+def test_the_form_says_a_pair_of_v100s_gets_nvlink_and_the_home_page_shows_the_pairs_links(hub, swarm, browsers):
+    """Guards docs/topology.md, "Where you see it": "The spawn form says, for the model and the count
+    of 2 or more chosen, what such a request gets now" and "Your GPUs on the home page, for a server
+    with 2 or more GPUs" (on the DGX-1, while an NVLink pair of it is free)."""
+    from selenium.webdriver.support.ui import Select  # noqa: PLC0415 - the fixture checked for selenium
+
+    B = by()
+    said = offers_in_form(hub, "eve", topologies.V100)["2"]
+    assert said == f"2 × {topologies.V100}: an NVLink pair free on gpu-a (2 NVLinks)"
+
+    driver = browsers(width=1000, height=900).driver  # the script shows the line of each choice
+    log_in(driver, hub, "eve")
+    open_form(driver, hub)
+    offer = driver.find_element(B.ID, "gpu-offer")
+    assert not offer.is_displayed()
+    driver.find_element(
+        B.CSS_SELECTOR, f'label[for="{model_radio(driver, topologies.V100).get_attribute("id")}"]'
+    ).click()
+    count = Select(driver.find_element(B.ID, "gpu-count"))
+    count.select_by_value("2")
+    wait(driver, lambda d: offer.is_displayed() and offer.text == said, f"the form does not say {said!r}")
+    count.select_by_value("1")
+    wait(driver, lambda d: not offer.is_displayed(), "a count of 1 still has the line")
+
+    spawn_ready(hub, "eve", {"gpu_model": topologies.V100, "gpu_count": 2})
+    [service] = services_of(swarm, "eve")
+    a, b = service_gpus(service)
+    assert alloc_map(hub)["gpu-a"][a]["links"][b] == "2 NVLinks"  # what the form said it would get
+    rows = re.findall(r'<div class="small gpu-links">(.*?)</div>', page(hub, "eve", "/hub/home"))
+    assert rows == ["Links: 2 NVLinks (GPU 0–1)"]
