@@ -13,9 +13,12 @@ the vfs storage driver, images cached; that test prints these figures)".
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import threading
 import time
+from datetime import datetime, timezone
 
 import pytest
 import requests
@@ -252,6 +255,136 @@ def test_a_rotated_agent_token_is_picked_up_without_a_restart(stack, swarm):
     TIMES["new token file written to the node's GPUs offered again"] = seconds = time.monotonic() - t0
     assert seconds < 2 * stack_harness.AGENT_INTERVAL, f"{seconds:.1f} s"
     assert sorted(t["ID"] for t in agent.tasks(filters={"desired-state": "running"})) == tasks
+
+
+DB_SERVICE = f"{stack_harness.STACK_NAME}_postgres"
+# What PostgreSQL writes at a start that must recover from a stop that was not clean.
+NOT_CLEAN = ("database system was not properly shut down", "automatic recovery in progress")
+
+
+def docker_time(text: str) -> float:
+    """A container's Docker timestamp (RFC 3339 in UTC, to the nanosecond) as a POSIX time."""
+    whole, _, fraction = text.rstrip("Z").partition(".")
+    return datetime.fromisoformat(whole).replace(tzinfo=timezone.utc).timestamp() + float("0." + (fraction or "0"))
+
+
+def db_containers(swarm) -> list:
+    """Every container of the database's service on its node, running or not, oldest first."""
+    found = swarm.client(stack_harness.DB_NODE).containers.list(
+        all=True, filters={"label": f"com.docker.swarm.service.name={DB_SERVICE}"}
+    )
+    return sorted(found, key=lambda c: c.attrs["Created"])
+
+
+def db_answers(container) -> bool:
+    run = container.exec_run(["pg_isready", "-q", "-U", "jupyterhub", "-d", "jupyterhub"])
+    return run.exit_code == 0
+
+
+def test_a_database_restart_stops_it_cleanly_never_runs_two_and_leaves_no_server_behind(stack, swarm):
+    """`docker service update --force` on the database while users spawn: the old server
+    stops at its stop signal (SIGINT), at once and cleanly, before the new one starts on the
+    volume; the new one starts without recovery; every spawn is answered with a server that
+    runs or a refusal with its message, and a server that runs is one the hub knows, ready.
+
+    Guards docs/deploy.md, "How a database restart behaves": "Two servers never run on the
+    volume at once" and "the next start needs no recovery"."""
+    hub, state = stack
+    users = [f"dbr{i}" for i in range(12)]
+    for user in users:
+        hub.ensure_user(user)
+    [old] = [c for c in db_containers(swarm) if c.status == "running"]
+    answers: dict[str, tuple[int | str, str]] = {}
+    running_at_once: list[int] = []
+    done = threading.Event()
+
+    def spawn_all() -> None:
+        for i, user in enumerate(users):
+            if done.is_set():
+                break
+            options = {"gpu_model": A100, "gpu_count": 1} if i % 3 == 0 else {}
+            try:
+                r = hub.api("POST", f"/users/{user}/server", json=options)
+                answers[user] = (r.status_code, r.text)
+            except requests.RequestException as e:
+                answers[user] = (repr(e), "")
+            time.sleep(0.5)
+
+    def sample() -> None:  # the database's containers that run, every 0.2 s
+        while not done.is_set():
+            running_at_once.append(sum(c.status == "running" for c in db_containers(swarm)))
+            time.sleep(0.2)
+
+    threads = [threading.Thread(target=spawn_all), threading.Thread(target=sample)]
+    for thread in threads:
+        thread.start()
+    t0, wall0 = time.monotonic(), time.time()
+    try:
+        stack_harness.docker(swarm, "service", "update", "--force", "--detach", DB_SERVICE)
+        while True:
+            new = [c for c in db_containers(swarm) if c.id != old.id and c.status == "running"]
+            if new and db_answers(new[0]):
+                break
+            assert time.monotonic() - t0 < 120, f"the database is not back: {stack_harness.service_errors(swarm)}"
+            time.sleep(0.2)
+        back = time.monotonic() - t0
+        time.sleep(3)  # a spawn or two after it is back
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join()
+    old.reload()
+    [new] = new
+    new.reload()
+    stopped, started = docker_time(old.attrs["State"]["FinishedAt"]), docker_time(new.attrs["State"]["StartedAt"])
+    TIMES["database restart: the old server stopped after the command"] = stopped - wall0
+    TIMES["database restart: the command to the new server answering"] = back
+    print(f"\ndatabase restart: spawns answered {sorted(answers.items())}")
+    # SIGINT: a fast shutdown, exit 0, long before the grace (30 s) ends in a SIGKILL.
+    assert old.attrs["State"]["ExitCode"] == 0, old.attrs["State"]
+    assert stopped - wall0 < 15, f"the old server took {stopped - wall0:.1f} s to stop"
+    assert "received fast shutdown request" in old.logs().decode()
+    # One server on the volume at a time: the new one started after the old one had stopped.
+    assert started >= stopped, f"the new server started {stopped - started:.1f} s before the old one stopped"
+    assert max(running_at_once) == 1, running_at_once
+    log = new.logs().decode()
+    assert not [line for line in NOT_CLEAN if line in log], log
+
+    # Each spawn: a server that runs, ready and known to the hub; or a refusal with its
+    # message and nothing left running for it (a 500 only where no server then runs).
+    deadline = time.monotonic() + 300
+    for user in users:
+        if user not in answers:
+            continue
+        status, body = answers[user]
+        if status in (201, 202):
+            while (model := hub.server_model(user)) is not None and not model.get("ready"):
+                assert time.monotonic() < deadline, f"{user}'s spawn never ended: {model}"
+                time.sleep(0.5)
+        else:
+            assert isinstance(status, int) and status >= 400, (user, status, body)
+            assert status == 500 or json_message(body), (user, status, body)
+    running = {}
+    for user in users:
+        model, services = hub.server_model(user), services_of(swarm, user)
+        assert bool(services) == bool(model and model.get("ready")), (user, answers.get(user), model, services)
+        if services:
+            assert answers[user][0] in (201, 202), (user, answers[user])
+            running[user] = [s.id for s in services]
+    # Two reconcile rounds (60 s apart): a service the hub did not know would be stopped by now.
+    time.sleep(2 * 60 + 5)
+    assert {u: [s.id for s in services_of(swarm, u)] for u in users if services_of(swarm, u)} == running
+    hub.stop_all_servers()
+    assert all(services_of(swarm, user) == [] for user in users)
+    assert open_allocations(swarm) == []
+
+
+def json_message(body: str) -> str:
+    """The "message" of a JSON error body, or "" (JupyterHub and gpuspawner answer with one)."""
+    try:
+        return str(json.loads(body).get("message") or "")
+    except (ValueError, AttributeError):
+        return ""
 
 
 def database_sh(swarm, node: str, *args: str) -> subprocess.CompletedProcess:
