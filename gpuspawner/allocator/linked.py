@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Sequence, Set
 from itertools import combinations
 from math import comb, factorial
 
-__all__ = ["best_set", "fewest_missing", "has_set", "required_set", "PARTITIONS_MAX", "SETS_MAX"]
+__all__ = ["best_set", "fewest_missing", "required_set", "PARTITIONS_MAX", "SETS_MAX"]
 
 PARTITIONS_MAX = 2_000  # splits into groups counted at most (8 GPUs into pairs: 105)
 SETS_MAX = 5_000  # groups scored at most when the splits are too many
@@ -116,11 +116,6 @@ def required_set(m: int, n: int, score: Score, meets: Meets) -> tuple[int, ...] 
         if k + 1 == SETS_MAX:
             break
     return None if best is None else best[1]
-
-
-def has_set(positions: Sequence[int], n: int, meets: Meets) -> bool:
-    """Whether some ``n`` of ``positions`` have every pair meeting."""
-    return next(_cliques(list(positions), n, meets), None) is not None
 
 
 def fewest_missing(m: int, n: int, meets: Meets, free: Set[int]) -> int | None:

@@ -16,35 +16,55 @@ links are not known has no such set.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..core.inventory import GPU
 from ..core.link_classes import NONE, LinkClass, LinkRequired
-from ..core.topology import Topology
-from .linked import best_set, fewest_missing, has_set, required_set
+from ..core.topology import Link, Topology
+from .linked import best_set, fewest_missing, required_set
 
 __all__ = ["LinkState", "Links"]
 
 Fits = Callable[[str], bool] | None
 
 
-SETS_KEPT = 4096  # sets remembered across decisions, by how their GPUs are linked (then forgotten all at once)
+KEPT = 16_384  # entries remembered across decisions (a few MB; then forgotten all at once)
 
 
 class LinkState:
-    """The allocator's: each host's topology, where known, the admin's requirements, and
-    the sets chosen so far by how the free GPUs were linked (hosts of one kind in one
-    state are many, and choosing among 8 GPUs is the costly part of a decision)."""
+    """The allocator's: each host's topology, where known, and the admin's requirements;
+    and, across decisions, how the pairs of a host's GPUs are linked and what was
+    worked out from that (hosts of one kind in one state are many, and choosing among 8
+    GPUs is the costly part of a decision)."""
 
     def __init__(self) -> None:
         self.topologies: dict[str, Topology] = {}
         self.required: LinkRequired = NONE
-        self.sets: dict[tuple, tuple[int, ...] | None] = {}
+        # (host, uuids) -> (its shape, each pair's link); a shape numbers the links of
+        # every pair alike (hashed once: the answers' keys are the numbers)
+        self.pairs: dict[tuple, tuple[int, tuple[Link, ...]]] = {}
+        self.shapes: dict[tuple[Link, ...], int] = {}
+        self.answers: dict[tuple, Any] = {}  # (what, n, class, shape, ...) -> the answer
+
+    def set_topology(self, host: str, topology: Topology | None) -> bool:
+        """True when it changed (the pairs remembered are then forgotten)."""
+        if self.topologies.get(host) == topology:
+            return False
+        if topology is None:
+            del self.topologies[host]
+        else:
+            self.topologies[host] = topology
+        self.pairs.clear()
+        return True
 
     def decision(self) -> Links:
-        if len(self.sets) >= SETS_KEPT:
-            self.sets.clear()
-        return Links(self.topologies, self.required, self.sets)
+        if max(len(self.pairs), len(self.shapes), len(self.answers)) >= KEPT:
+            self.pairs.clear()
+            self.shapes.clear()  # (the answers are keyed by them)
+            self.answers.clear()
+        return Links(self.topologies, self.required, self.pairs, self.shapes, self.answers)
 
 
 class Links:
@@ -54,13 +74,16 @@ class Links:
         self,
         topologies: Mapping[str, Topology],
         required: LinkRequired,
-        sets: dict[tuple, tuple[int, ...] | None] | None = None,
+        pairs: dict[tuple, tuple[int, tuple[Link, ...]]] | None = None,
+        shapes: dict[tuple[Link, ...], int] | None = None,
+        answers: dict[tuple, Any] | None = None,
     ):
         self.topologies = topologies
         self.required = required
-        self._sets = {} if sets is None else sets  # (n, class, every pair's Link) -> positions
+        self._pairs = {} if pairs is None else pairs
+        self._shapes = {} if shapes is None else shapes
+        self._answers = {} if answers is None else answers
         self._groups: dict[tuple, tuple[GPU, ...] | None] = {}  # (host, n, class, free uuids) -> the set
-        self._has: dict[tuple, bool] = {}  # (host, n, class, free uuids) -> whether it has a set that meets
 
     def need(self, model: str, n: int) -> LinkClass | None:
         """The class a request for ``n`` GPUs of ``model`` must get (None: any set)."""
@@ -88,29 +111,35 @@ class Links:
         elif topology is None or n < 2 or n == len(free) and need is None:
             found = tuple(free[:n])
         else:
-            positions = self._positions(topology, [g.uuid for g in free], n, need)
+            positions = self._positions(topology, host, [g.uuid for g in free], n, need)
             found = None if positions is None else tuple(free[i] for i in positions)
         self._groups[key] = found
         return found
 
     def _positions(
-        self, topology: Topology, uuids: list[str], n: int, need: LinkClass | None
+        self, topology: Topology, host: str, uuids: list[str], n: int, need: LinkClass | None
     ) -> tuple[int, ...] | None:
         """The positions of the set to take of ``uuids``: a pure function of how each pair
         is linked, so remembered by that."""
-        m = len(uuids)
-        pairs = [topology.link(uuids[a], uuids[b]) for a in range(m) for b in range(a + 1, m)]
-        key = (n, need, tuple(pairs))
-        if key in self._sets:
-            return self._sets[key]
-        at = {(a, b): i for i, (a, b) in enumerate((a, b) for a in range(m) for b in range(a + 1, m))}
-        link = lambda a, b: pairs[at[(a, b) if a < b else (b, a)]]  # noqa: E731
-        score = lambda a, b: link(a, b).score  # noqa: E731
-        if need is None:
-            found: tuple[int, ...] | None = best_set(m, n, score)
-        else:
-            found = required_set(m, n, score, lambda a, b: need.met_by(link(a, b)))
-        self._sets[key] = found
+        shape, pairs = self._links_of(topology, host, uuids)
+        key = ("set", n, need, shape)
+        if key not in self._answers:
+            link = _pair_link(len(uuids), pairs)
+            score = lambda a, b: link(a, b).score  # noqa: E731
+            if need is None:
+                self._answers[key] = best_set(len(uuids), n, score)
+            else:
+                self._answers[key] = required_set(len(uuids), n, score, lambda a, b: need.met_by(link(a, b)))
+        return self._answers[key]
+
+    def _links_of(self, topology: Topology, host: str, uuids: Sequence[str]) -> tuple[int, tuple[Link, ...]]:
+        """Each pair's link, (0, 1), (0, 2) ... (1, 2) ..., and the number of that shape;
+        remembered per host and GPUs."""
+        key = (host, tuple(uuids))
+        found = self._pairs.get(key)
+        if found is None:
+            pairs = tuple(topology.link(a, b) for a, b in itertools.combinations(uuids, 2))
+            found = self._pairs[key] = (self._shapes.setdefault(pairs, len(self._shapes)), pairs)
         return found
 
     def ok(self, model: str, host: str, free: Sequence[GPU], n: int) -> bool:
@@ -123,13 +152,21 @@ class Links:
         key = (host, n, need, tuple(g.uuid for g in free))
         if key in self._groups:
             return self._groups[key] is not None
-        if key not in self._has:
-            topology = self.topologies.get(host)
-            uuids = [g.uuid for g in free]
-            self._has[key] = topology is not None and has_set(
-                range(len(free)), n, lambda a, b: need.met_by(topology.link(uuids[a], uuids[b]))
-            )
-        return self._has[key]
+        return self._missing(host, [g.uuid for g in free], range(len(free)), n, need) == 0
+
+    def _missing(self, host: str, uuids: list[str], free: Iterable[int], n: int, need: LinkClass) -> int | None:
+        """:func:`~gpuspawner.allocator.linked.fewest_missing` of ``host``'s ``uuids``,
+        remembered by how their pairs are linked and which positions are ``free``."""
+        topology = self.topologies.get(host)
+        if topology is None:
+            return None
+        shape, pairs = self._links_of(topology, host, uuids)
+        now = frozenset(free)
+        key = ("missing", n, need, shape, now)
+        if key not in self._answers:
+            link = _pair_link(len(uuids), pairs)
+            self._answers[key] = fewest_missing(len(uuids), n, lambda a, b: need.met_by(link(a, b)), now)
+        return self._answers[key]
 
     def fits(self, model: str, free_of: Mapping[str, Sequence[GPU]], n: int, fits: Fits) -> Fits:
         """``fits``, and where a class is required only the hosts whose free GPUs
@@ -158,14 +195,14 @@ class Links:
         need = self.need(model, n)
         if need is None:
             return max(0, n - len(free))
-        topology = self.topologies.get(host)
-        if topology is None:
-            return None
         uuids = [g.uuid for g in devices]
         now = {g.uuid for g in free}
-        return fewest_missing(
-            len(devices),
-            n,
-            lambda a, b: need.met_by(topology.link(uuids[a], uuids[b])),
-            {i for i, u in enumerate(uuids) if u in now},
-        )
+        return self._missing(host, uuids, (i for i, u in enumerate(uuids) if u in now), n, need)
+
+
+def _pair_link(m: int, pairs: tuple[Link, ...]) -> Callable[[int, int], Link]:
+    """The link of positions a and b of ``m``, from :meth:`Links._links_of`'s order."""
+    at = {}
+    for i, (x, y) in enumerate(itertools.combinations(range(m), 2)):
+        at[(x, y)] = at[(y, x)] = i
+    return lambda a, b: pairs[at[(a, b)]]
