@@ -22,6 +22,7 @@ import copy
 import itertools
 import json
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -97,6 +98,7 @@ class FakeDocker:
 
     def __init__(self, nodes: list[str] = ("manager", "worker"), images: dict[str, list[str]] | None = None):
         self._ids = itertools.count(1)
+        self._made_ns = time.time_ns()  # creation times count on from here
         self._lock = threading.RLock()  # a ThreadPoolExecutor may call in from several threads
         self._nodes = [_Node(self._id("node"), h, f"10.0.0.{i + 1}", manager=i == 0) for i, h in enumerate(nodes)]
         self._services: dict[str, dict] = {}  # ID -> service as inspect_service returns it
@@ -365,7 +367,11 @@ class FakeDocker:
     # -- internals ----------------------------------------------------------------
 
     def _stamp(self) -> str:
-        return f"2024-01-01T00:00:00.{next(self._ids):09d}Z"  # sorts by creation, as the hub expects
+        """A creation time as the daemon writes it (RFC 3339 in UTC, to the nanosecond): this
+        fake's own making, plus a nanosecond per id so far, so that stamps sort by creation,
+        as the hub expects, and a service adopted now was created a moment ago."""
+        seconds, ns = divmod(self._made_ns + next(self._ids), 10**9)
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{ns:09d}Z"
 
     def _service(self, name_or_id: str) -> dict:
         for service in self._services.values():

@@ -29,6 +29,13 @@ Labels are claims, not facts: a labelled service is taken as a hub server
 only when its labels parse strictly and its name is the one the hub gives
 that user's server; anything else is left alone, logged once, and listed in
 :attr:`Holdings.foreign` for ``doctor``.
+
+A labelled service the hub holds nothing for is adopted; its ledger row, when the ledger
+has none open for it, starts at the service's creation (not at the adoption), so that its
+GPU time is counted from when it began. A server the hub's database does not have (one
+started after the backup a restored database was made from: JupyterHub has no record or
+API token for it, so it cannot be taken over) is stopped with the end reason
+:data:`NOT_IN_HUB_DATABASE` and one WARNING naming its user and server.
 """
 
 from __future__ import annotations
@@ -36,12 +43,15 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from typing import TypeVar
 
 from .. import metrics
+from ..allocator.adopt import AdoptReason
 from ..allocator.allocator import Allocation, AllocationRefused, Refusal, Request
 from ..cluster.cluster import GPUCluster
 from ..cluster.swarm import Swarm, SwarmError, spec_reservations
@@ -51,10 +61,34 @@ from ..ledger.ledger import Ledger, LedgerError
 from ..plan.reservations import Keep
 from .ports import NoPortFree, PortPool
 
-__all__ = ["Holding", "Holdings", "HoldingBusy", "Phase", "stop_for"]
+__all__ = ["NOT_IN_HUB_DATABASE", "Holding", "Holdings", "HoldingBusy", "Phase", "stop_for"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# The end reason of a server the hub's database does not have (docs/end-reasons.md).
+NOT_IN_HUB_DATABASE = "not in the hub's database"
+_DOCKER_TIME = re.compile(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)")
+
+
+def created_at(service: Mapping) -> datetime | None:
+    """When the swarm created ``service`` (its ``CreatedAt``: RFC 3339, to the nanosecond),
+    never later than now; None when it does not say."""
+    match = _DOCKER_TIME.fullmatch(str(service.get("CreatedAt") or ""))
+    if match is None:
+        return None
+    whole, fraction, zone = match.groups()
+    try:
+        when = datetime.fromisoformat(whole + ("+00:00" if zone == "Z" else zone))
+    except ValueError:
+        return None
+    when = when.replace(microsecond=int((fraction or "0")[:6].ljust(6, "0")))
+    return min(when.astimezone(timezone.utc), datetime.now(timezone.utc))
+
+
+def server_words(held: Held) -> str:
+    """``held``'s user and server as a log line names them."""
+    return f"{held.user}'s server {held.server!r}" if held.server else f"{held.user}'s default server"
 
 
 class Phase(str, enum.Enum):
@@ -79,6 +113,7 @@ class Holding:
     creating: asyncio.Future | None = None  # the create call, which runs on even if its caller is cancelled
     gone_since: float | None = None  # when its service was first seen gone without a known task
     end_reason: str = ""  # set by the stop that began its end (idle reclaim): the ledger's reason
+    started_at: datetime | None = None  # an adopted holding's service's creation: where a row opened for it starts
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one removal at a time
     since: float = field(default_factory=time.monotonic)  # when this hub made it: an order that never changes
 
@@ -132,6 +167,7 @@ class Holdings:
         self.foreign: dict[str, str] = {}  # labelled services not taken as hub servers -> why
         self._orphans: set[str] = set()
         self._unopened: set[str] = set()  # adopted holdings whose open allocation the ledger could not take yet
+        self._told_unlisted: set[str] = set()  # adopted holdings whose devices not in the inventory were logged
         self._version = 0  # counts transitions; reconciliation skips what changed under it
         self._changed: dict[str, int] = {}
         self._reconciling = asyncio.Lock()
@@ -333,7 +369,9 @@ class Holdings:
                 return False
             if not ended:
                 self._set(h, Phase.REMOVING, "its container is still running")
-                log.warning("Service %s still runs after its removal; its GPUs stay reserved", name)
+                # Not waited for (a reconciliation's removal): its end is seen at a later round.
+                level = logging.INFO if wait == 0 else logging.WARNING
+                log.log(level, "Service %s still runs after its removal; its GPUs stay reserved", name)
                 return False
             await self._release(h, reason)
             return True
@@ -365,6 +403,13 @@ class Holdings:
         # Closed while still held: a reconcile's close_missing meanwhile would close it as gone.
         if h.held.uuids:
             try:
+                if h.name in self._unopened:  # adopted, its devices never offered: what its labels say it held
+                    held = h.held
+                    await self._ledger_write(
+                        lambda db: db.open(
+                            h.name, held.user, held.server, held.host, held.model, held.uuids, held.milli, h.started_at
+                        )
+                    )
                 await self._ledger_write(lambda db: db.close(h.name, None, h.end_reason or reason))
             except LedgerError as exc:  # the next reconciliation closes it
                 log.warning("%s", exc)
@@ -378,6 +423,7 @@ class Holdings:
             self.cluster.pending.pop(h.name, None)
             self.ports.release(h.name)
             self._unopened.discard(h.name)
+            self._told_unlisted.discard(h.name)
             self._touch(h.name)
             self.on_free()
 
@@ -399,6 +445,7 @@ class Holdings:
         services = await self.swarm.services(f"{LABEL}.devices")
         found: dict[str, Held] = {}
         reserved: dict[str, tuple[int, int]] = {}  # what each found service reserves besides GPUs
+        created: dict[str, datetime | None] = {}  # when the swarm created each found service
         present = set()  # every labelled service, also those not taken as hub servers
         for service in services:
             spec = service.get("Spec", {})
@@ -406,6 +453,7 @@ class Holdings:
             claim = self._claim(spec.get("Name", ""), spec.get("Labels") or {})
             if claim is not None:
                 found[spec["Name"]] = claim
+                created[spec["Name"]] = created_at(service)
                 # Booked only where the hub chose the host (a server the swarm placed counts by its task).
                 reserved[spec["Name"]] = spec_reservations(spec) if claim.host else (0, 0)
         records_read = self.rebuilt or await self._adopt_open_records(found)
@@ -414,9 +462,10 @@ class Holdings:
             # Skip what is held, and what changed since the swarm was asked
             # (e.g. a server stopped meanwhile: its service is gone by now).
             if name not in self._holdings and self._changed.get(name, 0) <= version:
-                await self._adopt(name, claim, reserved=reserved[name])
+                await self._adopt(name, claim, reserved=reserved[name], started_at=created[name])
                 adopted += 1
         await self._open_unopened()
+        self._tell_unlisted()
         removed = await self._remove_orphans(found, untracked, version)
         # Holdings whose service is gone, and those being removed (a stop that
         # failed, or whose container still ran): removed again, given back
@@ -483,36 +532,81 @@ class Holdings:
         return None
 
     async def _adopt(
-        self, name: str, claim: Held, phase: Phase = Phase.RUNNING, reserved: tuple[int, int] = (0, 0)
+        self,
+        name: str,
+        claim: Held,
+        phase: Phase = Phase.RUNNING,
+        reserved: tuple[int, int] = (0, 0),
+        started_at: datetime | None = None,
     ) -> Holding:
+        """Hold what a running service holds. ``started_at``: its creation, where a ledger
+        row opened for it starts (the ledger keeps one it has open for the same devices)."""
         alloc, problems = self.cluster.adopt(name, claim, reserved)
         for problem in problems:
+            if problem.reason is AdoptReason.NOT_IN_INVENTORY and not self._reported(claim.host):
+                # Its node's agent has not reported yet (a hub's start): taken once it has.
+                log.debug("Service %s: %s yet", name, problem)
+                continue
             log.warning("Service %s: %s", name, problem)
+            if problem.reason is AdoptReason.NOT_IN_INVENTORY:
+                self._told_unlisted.add(name)
             if problem.reason.double_booking:
                 metrics.DOUBLE_BOOKINGS.inc()
-        h = self._holdings[name] = Holding(name, claim, phase, created=True)
+        h = self._holdings[name] = Holding(name, claim, phase, created=True, started_at=started_at)
         self._touch(name)
         if claim.port is not None:
             self.ports.hold(name, claim.port)
-        if alloc.devices and phase is Phase.RUNNING:
+        if claim.uuids and phase is Phase.RUNNING:
+            if not alloc.devices:
+                # Its devices are not offered yet (no agent has reported them): recorded once
+                # they are booked for it, or when it is released, whichever comes first.
+                self._unopened.add(name)
+                return h
             try:
-                await self._ledger_open(name, claim, alloc)
+                await self._ledger_open(name, claim, alloc, started_at)
             except LedgerError as exc:
                 log.warning("%s (its allocation is recorded at a later reconcile)", exc)
                 self._unopened.add(name)
         return h
 
+    def _reported(self, host: str) -> bool:
+        """Whether the inventory has heard from ``host``: it is listed, or has reported."""
+        return host in self.cluster.static_hosts or host in self.cluster.reports
+
+    def _tell_unlisted(self) -> None:
+        """Once per holding: devices of an adopted holding that are still not in the
+        inventory after its node has reported (at adoption, before any report, they are
+        only logged at DEBUG)."""
+        pending = self.cluster.pending
+        self._told_unlisted &= set(pending)
+        for name, (claim, _) in sorted(pending.items()):
+            if name in self._told_unlisted or name not in self._holdings or not self._reported(claim.host):
+                continue
+            alloc = self.allocator.holding(name)
+            booked = set(alloc.uuids) if alloc is not None else set()
+            missing = [u for u in claim.uuids if u not in booked]
+            log.warning(
+                "Service %s: %s not in the inventory, although %s has reported; booked for it once offered",
+                name,
+                ", ".join(missing) + (" is" if len(missing) == 1 else " are"),
+                claim.host,
+            )
+            self._told_unlisted.add(name)
+
     async def _open_unopened(self) -> None:
         """Record the allocations of adopted holdings that the ledger could not take
-        when they were adopted (unrecorded, the next hub could not know a container
-        may still run on their devices, nor count their GPU-hours)."""
+        when they were adopted, or whose devices were not offered yet (unrecorded, the
+        next hub could not know a container may still run on their devices, nor count
+        their GPU-hours)."""
         for name in sorted(self._unopened):
             h, alloc = self._holdings.get(name), self.allocator.holding(name)
-            if h is None or alloc is None or not alloc.devices:
+            if h is None or not h.held.uuids:
                 self._unopened.discard(name)
                 continue
+            if alloc is None or not alloc.devices:
+                continue  # not offered yet: recorded once they are, or at its release
             try:
-                await self._ledger_open(name, h.held, alloc)
+                await self._ledger_open(name, h.held, alloc, h.started_at)
             except LedgerError as exc:
                 log.warning("%s", exc)
                 return  # the next reconcile tries again
@@ -564,9 +658,18 @@ class Holdings:
             h = self._holdings.get(name)
             if h is None or h.lock.locked():
                 continue
+            # JupyterHub has no record of the server, nor the API token its container was
+            # given: nobody could log in to it, and JupyterHub cannot take it over. Stopped,
+            # with its GPU time in the ledger and the reason it ended.
             log.warning(
-                "Service %s runs a server the hub does not know (%s/%s); removing it", name, h.user, h.held.server
+                "Service %s runs %s, which the hub's database does not have (started after the backup "
+                "the database was restored from, or made behind the hub's back); stopping it, its GPU "
+                "time recorded with the end reason %r",
+                name,
+                server_words(h.held),
+                NOT_IN_HUB_DATABASE,
             )
+            h.end_reason = h.end_reason or NOT_IN_HUB_DATABASE
             await self._settle(h)
             removed += 1
         self._orphans = orphans
@@ -574,10 +677,10 @@ class Holdings:
 
     # -- the ledger ----------------------------------------------------------------
 
-    async def _ledger_open(self, name: str, held: Held, alloc: Allocation) -> None:
-        """Record the holding as open: its server (``held``), the devices booked for it, the CPU
-        and memory it reserves on its host and the models its request accepted (not known for
-        a holding adopted from the cluster)."""
+    async def _ledger_open(self, name: str, held: Held, alloc: Allocation, started_at: datetime | None = None) -> None:
+        """Record the holding as open from ``started_at`` (None: now): its server (``held``),
+        the devices booked for it, the CPU and memory it reserves on its host and the models
+        its request accepted (not known for a holding adopted from the cluster)."""
         await self._ledger_write(
             lambda db: db.open(
                 name,
@@ -587,6 +690,7 @@ class Holdings:
                 held.model,
                 alloc.uuids,
                 alloc.milli,
+                started_at,
                 cpu_milli=alloc.cpu_milli,
                 memory_mib=alloc.memory_mib,
                 accepts=alloc.accepts,
