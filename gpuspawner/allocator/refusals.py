@@ -332,7 +332,10 @@ def _link_refusal(index: DeviceIndex, links: Links, request: Request, relevant: 
     host's GPUs have one (that could take it: the one asked for, when pinned); for now,
     naming the host with the most free and how its best set is linked. None when a
     relevant model takes the request without a class required (another reason holds)."""
-    hosts = lambda mi: [request.host] if request.host is not None else list(mi.total)  # noqa: E731
+
+    def hosts(mi: ModelIndex) -> list[str]:
+        return [request.host] if request.host is not None else list(mi.total)
+
     needs = []  # (model, count, class): each relevant model's, for the count it would get
     for model in relevant:
         mi = index.models[model]

@@ -31,6 +31,7 @@ from ..cluster.swarm import Swarm, SwarmError
 from ..core.enforcement import missing
 from ..core.inventory import InventoryError
 from ..core.inventory_files import load_inventory
+from ..core.link_classes import parse_link_required
 from ..core.quotas import QuotaError, parse_classes, parse_quotas
 from ..core.reports import NodeReport
 from ..holdings.holdings import Holding, Holdings
@@ -207,6 +208,7 @@ class GPUHub:
         cluster.allocator.set_sharing(s.gpu_sharing)
         try:
             cluster.allocator.set_mix(placement_mix(s.allocation_policy, s.gpu_placement_mix, s.gpu_model_aliases))
+            cluster.allocator.set_link_required(parse_link_required(s.gpu_link_required, s.gpu_model_aliases))
         except ValueError as exc:
             raise HubConfigError(str(exc)) from exc
         holdings = Holdings(

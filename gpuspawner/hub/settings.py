@@ -33,6 +33,7 @@ from ..core.fairshare import FairShare
 from ..core.inventory import MODEL_RE, InventoryError
 from ..core.inventory_files import load_inventory
 from ..core.labels import Held
+from ..core.link_classes import parse_link_required
 from ..core.quotas import QuotaError, parse_quotas, unmet
 from ..core.reports import MAX_TEMPERATURE_C
 from ..core.sharing import UNIT, SharingPolicy, shown
@@ -310,6 +311,32 @@ class GPUSettings(LoggingConfigurable):
                 Mix.parse(proposal.value)
             except ValueError as exc:
                 raise TraitError(str(exc)) from None
+        return proposal.value
+
+    gpu_link_required = Dict(
+        help="""Multi-GPU servers only on GPUs linked at least so well (docs/topology.md),
+        by model (its name or alias; ``"*"``: every model) and count (2 or more; ``"*"``:
+        every count of 2 or more): ``"nvlink"`` (every pair joined by NVLink),
+        ``"switch"`` (every pair behind one PCIe switch, or NVLink), ``"cpu"`` (every pair
+        on one CPU socket, or NVLink). A host whose links are not known gives no such set.
+        For a request, the model's own entry goes first (its count, then its ``"*"``),
+        then ``"*"``'s. Empty (the default): any set, the best linked free.
+
+        Example::
+
+            c.GPUSwarmSpawner.gpu_link_required = {
+                "NVIDIA A100 80GB PCIe": {4: "nvlink", 8: "nvlink"},
+                "*": {2: "cpu"},
+            }
+        """,
+    ).tag(config=True)
+
+    @validate("gpu_link_required")
+    def _valid_link_required(self, proposal):
+        try:
+            parse_link_required(proposal.value)
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None
         return proposal.value
 
     @validate("allocation_policy")
@@ -593,6 +620,7 @@ def validate_config(config) -> None:
         _check_aliases(spawner_config.get("gpu_model_aliases", {}))
         placement_mix(policy, spawner_config.get("gpu_placement_mix") or [], spawner_config.get("gpu_model_aliases"))
         SharingPolicy.parse(spawner_config.get("gpu_sharing") or None)
+        parse_link_required(spawner_config.get("gpu_link_required"), spawner_config.get("gpu_model_aliases"))
         enforcement_mode(spawner_config.get("gpu_share_enforcement", "none"), "*")
         _check_numbers(spawner_config)
         check_reclaim(spawner_config)  # docs/idle.md
