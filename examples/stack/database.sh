@@ -30,7 +30,7 @@ case "$what" in
   restore)
     [ -s "$file" ] || { echo "$0: $file is missing or empty" >&2; exit 1; }
     psql -d postgres -c 'DROP DATABASE IF EXISTS jupyterhub WITH (FORCE)' -c 'CREATE DATABASE jupyterhub'
-    psql -d jupyterhub < "$file"
+    psql -d jupyterhub < "$file" > /dev/null   # the dump's own queries' results; errors stay on stderr
     echo "restored from $file"
     ;;
   *)

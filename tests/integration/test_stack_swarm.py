@@ -397,29 +397,104 @@ def database_sh(swarm, node: str, *args: str) -> subprocess.CompletedProcess:
     return run
 
 
+ASK_THE_HUB = """
+import os, urllib.error, urllib.request
+request = urllib.request.Request(
+    os.environ["JUPYTERHUB_API_URL"] + "/user",
+    headers={"Authorization": "token " + os.environ["JUPYTERHUB_API_TOKEN"]},
+)
+try:
+    print(urllib.request.urlopen(request, timeout=30).status)
+except urllib.error.HTTPError as e:
+    print(e.code)
+"""
+
+
+def hub_answers_server(swarm, service) -> str:
+    """What the hub answers a server that asks who it is, with the API token its container was
+    given (as the server does to check a user's login): its HTTP status."""
+    node, task = task_of(swarm, service)
+    [container] = swarm.client(node).containers.list(filters={"label": f"com.docker.swarm.task.id={task['ID']}"})
+    run = container.exec_run(["python3", "-c", ASK_THE_HUB])
+    return run.output.decode().strip()
+
+
+def allocation_rows(swarm, user: str) -> list[tuple[str, str, float, float | None]]:
+    """(end reason, devices, start, end) of each of ``user``'s rows in the ledger, as POSIX
+    times, read with psql in the stack's database container."""
+    db = swarm.client().services.get(DB_SERVICE)
+    node, task = task_of(swarm, db)
+    [container] = swarm.client(node).containers.list(filters={"label": f"com.docker.swarm.task.id={task['ID']}"})
+    query = (
+        "SELECT a.end_reason, string_agg(d.uuid, ',' ORDER BY d.position), extract(epoch FROM a.started_at), "
+        "extract(epoch FROM a.ended_at) FROM gpuspawner_allocations a LEFT JOIN gpuspawner_allocation_devices d "
+        f"ON d.allocation_id = a.id WHERE a.username = '{user}' GROUP BY a.id ORDER BY a.id"
+    )
+    run = container.exec_run(["psql", "-U", "jupyterhub", "-d", "jupyterhub", "-At", "-F", "|", "-c", query])
+    assert run.exit_code == 0, run.output
+    rows = []
+    for line in run.output.decode().splitlines():
+        reason, devices, started, ended = line.split("|")
+        rows.append((reason, devices, float(started), float(ended) if ended else None))
+    return rows
+
+
 def test_a_backup_restored_into_a_new_database_gives_the_hub_its_state_back(stack, swarm):
     """Guards docs/backup.md: "The restarted hub finds its servers, and who holds which GPU"
     (dump, stop the hub, drop the database, load the dump, start the hub; it serves the same
-    holders and open allocations)."""
+    holders and open allocations); "Servers started after the backup": "JupyterHub removes its
+    route from the proxy as it starts", "so the server's own requests to the hub are refused",
+    "The restarted hub stops it" and "with one WARNING in the hub's log naming its user and
+    server" (erin's, started after the dump: stopped within two reconcile rounds, its ledger row
+    from its service's creation to its container's exit, with its end reason)."""
     hub, state = stack
     assert hub.spawn("alice", {"gpu_model": A100, "gpu_count": 1}).status_code in (201, 202)
     hub.wait_ready("alice", timeout=200)
     before, ledger = holders(hub), open_allocations(swarm)
     assert [user for user, _, _ in ledger] == ["alice"]
-    db_node, _ = task_of(swarm, swarm.client().services.get(f"{stack_harness.STACK_NAME}_postgres"))
+    db_node, _ = task_of(swarm, swarm.client().services.get(DB_SERVICE))
     dump = state / "backup.sql"
     database_sh(swarm, db_node, "backup", str(dump))
     assert dump.stat().st_mode & 0o777 == 0o600 and "gpuspawner_allocations" in dump.read_text()
+    # erin starts a server after the backup: the restored database will not have it.
+    assert hub.spawn("erin", {"gpu_model": A100, "gpu_count": 1}).status_code in (201, 202)
+    hub.wait_ready("erin", timeout=200)
+    (erin,) = services_of(swarm, "erin")
+    erin_created = docker_time(erin.attrs["CreatedAt"])
+    assert hub_answers_server(swarm, erin) == "200"
 
     stack_harness.docker(swarm, "service", "scale", f"{HUB_SERVICE}=0", timeout=180)
-    database_sh(swarm, db_node, "restore", str(dump))
+    restored = database_sh(swarm, db_node, "restore", str(dump))
+    assert restored.stdout.strip() == f"restored from {dump}", restored.stdout  # nothing else
     stack_harness.docker(swarm, "service", "scale", f"{HUB_SERVICE}=1", "--detach")
     stack_harness.wait_serving(hub.url, 240)
-    t0 = time.monotonic()
+    started = time.monotonic()
     while set(hub.api("GET", "/gpuspawner/alloc-map").json()) != set(stack_harness.WORKERS):
-        assert time.monotonic() - t0 < 120, "the agents did not report to the hub"
+        assert time.monotonic() - started < 120, "the agents did not report to the hub"
         time.sleep(0.5)
     assert (hub.server_model("alice") or {}).get("ready")
+    assert hub.api("GET", "/users/erin").status_code == 404  # JupyterHub does not know her, nor her server
+    assert "Deleting stale route /user/erin/" in stack_harness.hub_log(swarm, 5000)
+    assert hub_answers_server(swarm, erin) == "403"  # its API token is not in the restored database
+
+    # Stopped within two reconcile rounds (60 s apart), with one WARNING naming her server.
+    while services_of(swarm, "erin"):
+        assert time.monotonic() - started < 240, "erin's server, unknown to the restored database, still runs"
+        time.sleep(1)
+    TIMES["restore: the restarted hub serving to erin's unknown server stopped"] = time.monotonic() - started
+    while "erin" in {u for users in holders(hub).values() for u in users}:  # once her container has exited
+        assert time.monotonic() - started < 300, "erin's GPU did not come back"
+        time.sleep(1)
+    warnings = [
+        line
+        for line in stack_harness.hub_log(swarm, 5000).splitlines()
+        if "erin's default server" in line and "does not have" in line
+    ]
+    assert len(warnings) == 1 and warnings[0].startswith("[W "), warnings
+    [(reason, devices, row_start, row_end)] = allocation_rows(swarm, "erin")
+    assert reason == "not in the hub's database" and devices in UUIDS["gpu-b"]
+    assert abs(row_start - erin_created) < 1 and row_end is not None and row_end > row_start
+
     assert holders(hub) == before and open_allocations(swarm) == ledger
     hub.stop_server("alice", timeout=120)
     assert open_allocations(swarm) == []
