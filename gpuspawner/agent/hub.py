@@ -166,7 +166,8 @@ class HubClient:
     def post(self, body: bytes) -> None:
         """POST a report. A changed token file is read first; a 403 reads it again and,
         if it holds a new token, tries once more at once."""
-        self.token.refresh()
+        if self.token.refresh():
+            log.info("the token file %s holds a new token: using it", self.token.file)
         try:
             self._post(body)
         except _Forbidden:

@@ -9,6 +9,7 @@ scripts it.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -429,6 +430,27 @@ def test_a_rotated_token_file_is_used_at_once_without_a_restart(hub, fake_lib_di
     assert any(
         "report failed: the hub answered 403: Missing or invalid credentials." in line for line in log_lines(err)
     )
+    assert f"the token file {token_file} holds a new token: using it" in log_lines(err)
+
+
+def test_a_new_token_file_found_before_a_post_is_logged_as_it_is_used(hub, token_file, caplog):
+    """Guards docs/agent.md, "Running, failing, stopping": "the token file
+    /run/gpuspawner/agent-token holds a new token: using it" (the line for a file found
+    changed before a post, as for one read again after a 403)."""
+    caplog.set_level("INFO", logger="gpuspawner-agent")
+    client = HubClient(report_url(hub.url()), Token(str(token_file)), timeout=5)
+    client.post(b"{}")
+    assert caplog.records == []  # the same file: nothing to say
+    new = token_file.with_name("token.new")
+    new.write_text("the-new-token\n")
+    new.replace(token_file)
+    client.post(b"{}")
+    assert [h["Authorization"] for _, h, _ in hub.requests] == [f"token {TOKEN}", "token the-new-token"]
+    assert [r.getMessage() for r in caplog.records] == [f"the token file {token_file} holds a new token: using it"]
+    caplog.clear()
+    os.utime(token_file)  # touched, the same token: read again, nothing to say
+    client.post(b"{}")
+    assert caplog.records == []
 
 
 def test_a_refused_post_reads_the_token_file_again_and_retries_once_with_a_new_one(hub, token_file):
