@@ -2,6 +2,10 @@
 
     python -m devtools.stack up      # images, secrets, labels, deploy; waits for the hub
     python -m devtools.stack down    # the stack, its servers, secrets and database removed
+    python -m devtools.stack down --keep-data    # the same, but the database's volume kept
+
+``down`` says what it removed, one line each (the database's volume included), and leaves
+the test swarm as it is: one that is not up has nothing of the stack to remove.
 
 What this machine lacks is swapped in, and only that:
 
@@ -132,19 +136,23 @@ def local_stack(cluster, state_dir: Path, images: dict[str, str], lib_dir: Path,
     return stack
 
 
-def _label_nodes(cluster, set_them: bool = True) -> None:
+def _label_nodes(cluster, set_them: bool = True) -> bool:
     """The stack's node labels: gpu=true on the workers, gpuspawner.db=true on DB_NODE
-    (or none of them)."""
+    (or none of them). True when a node's labels changed."""
+    changed = False
     for node in cluster.client().nodes.list():
         hostname = node.attrs["Description"]["Hostname"]
         spec = node.attrs["Spec"]
-        labels = dict(spec.get("Labels") or {})
-        labels.pop("gpu", None), labels.pop("gpuspawner.db", None)
+        before = dict(spec.get("Labels") or {})
+        labels = {k: v for k, v in before.items() if k not in ("gpu", "gpuspawner.db")}
         if set_them and hostname in WORKERS:
             labels["gpu"] = "true"
         if set_them and hostname == DB_NODE:
             labels["gpuspawner.db"] = "true"
-        node.update(dict(spec, Labels=labels))
+        if labels != before:
+            node.update(dict(spec, Labels=labels))
+            changed = True
+    return changed
 
 
 def _create_secrets(cluster, values: dict[str, str]) -> None:
@@ -162,16 +170,26 @@ def network(cluster):
     return next((n for n in cluster.client().networks.list(names=[NETWORK]) if n.name == NETWORK), None)
 
 
-def down(cluster, state_dir: Path = DEFAULT_STATE, keep_data: bool = False) -> None:
+def down(cluster, state_dir: Path = DEFAULT_STATE, keep_data: bool = False) -> list[str]:
     """Remove the stack, the servers its hub started (those on its network), its secrets
     and node labels (and its database's volume unless ``keep_data``), waiting until the
-    network is gone too."""
+    network is gone too. Returns what was removed, one line each (empty: nothing was there)."""
     client = cluster.client()
     net = network(cluster)
+    removed = []
+    stacked = client.services.list(filters={"label": f"com.docker.stack.namespace={STACK_NAME}"})
+    if stacked:
+        removed.append(f"the {STACK_NAME} stack's services: {', '.join(sorted(s.name for s in stacked))}")
     docker(cluster, "stack", "rm", STACK_NAME, check=False)
+    servers = []
     for service in client.services.list(filters={"label": "gpuspawner.user"}) if net else []:
         if any(n.get("Target") == net.id for n in service.attrs["Spec"]["TaskTemplate"].get("Networks", [])):
             service.remove()
+            servers.append(service.name)
+    if servers:
+        removed.append(f"the servers its hub started: {', '.join(sorted(servers))}")
+    if net is not None:
+        removed.append(f"the overlay network {NETWORK}")
     deadline = time.monotonic() + 90
     while network(cluster) or client.services.list(filters={"label": f"com.docker.stack.namespace={STACK_NAME}"}):
         if time.monotonic() > deadline:
@@ -181,14 +199,26 @@ def down(cluster, state_dir: Path = DEFAULT_STATE, keep_data: bool = False) -> N
             with contextlib.suppress(docker_errors.APIError):  # still in use: its containers are exiting
                 left.remove()
         time.sleep(1)
+    secret_names = []
     for s in client.secrets.list():
         if s.name in {f"gpuspawner-{n}" for n in SECRETS}:
             s.remove()
-    _label_nodes(cluster, set_them=False)
-    if not keep_data:
-        for node in WORKERS:
-            for volume in cluster.client(node).volumes.list(filters={"name": f"{STACK_NAME}_pgdata"}):
-                _remove_when_free(volume)
+            secret_names.append(s.name)
+    if secret_names:
+        removed.append(f"the swarm secrets {', '.join(sorted(secret_names))}")
+    if _label_nodes(cluster, set_them=False):
+        removed.append("the node labels gpu=true and gpuspawner.db=true")
+    volume = f"{STACK_NAME}_pgdata"
+    for node in WORKERS:
+        for found in cluster.client(node).volumes.list(filters={"name": volume}):
+            if found.name != volume:  # the filter also matches longer names
+                continue
+            if keep_data:
+                removed.append(f"(kept: the database's volume {volume} on {node})")
+                continue
+            _remove_when_free(found)
+            removed.append(f"the database's volume {volume} on {node}: the hub's database and the GPU ledger")
+    return removed
 
 
 def _remove_when_free(volume, timeout: float = 60) -> None:
@@ -235,7 +265,8 @@ def up(cluster, state_dir: Path = DEFAULT_STATE, timeout: float = 300) -> tuple[
     return (the hub's REST client, seconds from ``docker stack deploy`` to a ready hub)."""
     state_dir = Path(state_dir).resolve()
     images = {"server": jupyter_image.ensure_on(cluster), **stack_images.ensure_on(cluster)}
-    down(cluster, state_dir)
+    for line in down(cluster, state_dir):  # an earlier stack's, its database too: a fresh start
+        print(f"removed first: {line}", file=sys.stderr)
     lib_dir, gpus = demo._agent_files(state_dir)
     _create_secrets(cluster, secret_values(state_dir))
     _label_nodes(cluster)
@@ -289,16 +320,29 @@ def guide(cluster, state_dir: Path, url: str) -> str:
     )
 
 
+def stack_down(state_dir: Path, keep_data: bool = False) -> int:
+    """``down`` from the command line: on the test swarm as it is (never started for this),
+    saying what was removed."""
+    cluster, problems = swarm_harness.status()
+    if cluster is None or problems:
+        why = "; ".join(problems) or "no cluster"
+        print(f"the test swarm is not up ({why}): nothing of the {STACK_NAME} stack was removed")
+        return 0
+    removed = down(cluster, state_dir, keep_data=keep_data)
+    print("\n".join(f"removed {line}" if not line.startswith("(") else line for line in removed) or "nothing to remove")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.stack", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["up", "down"])
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE)
+    parser.add_argument("--keep-data", action="store_true", help="down: keep the database's volume")
     args = parser.parse_args(argv)
     try:
-        cluster = swarm_harness.up()
         if args.command == "down":
-            down(cluster, args.state_dir)
-            return 0
+            return stack_down(args.state_dir, args.keep_data)
+        cluster = swarm_harness.up()
         hub, seconds = up(cluster, args.state_dir)
         print(f"hub ready in {seconds:.0f} s\n" + guide(cluster, args.state_dir.resolve(), hub.url))
     except (swarm_harness.HarnessError, HubError) as e:

@@ -227,3 +227,98 @@ def test_readme_gives_the_stacks_address_on_the_local_swarm():
     cluster = SimpleNamespace(nodes={stack.HUB_NODE: SimpleNamespace(addr=netns.worker_addr(hub_node))})
     text = " ".join((stack.REPO / "docs" / "tutorial.md").read_text().split())
     assert f"Its hub is at the proxy's node, {stack.hub_url(cluster)}," in text
+
+
+class FakeSwarm:
+    """The docker SDK objects devtools.stack.down reads and removes, as a deployed stack has
+    them: its four services, a user's server on its network, its secrets, labels and volume."""
+
+    def __init__(self):
+        self.net = SimpleNamespace(name="gpuspawner", id="net1", remove=lambda: None)
+        stack_label = {"label": f"com.docker.stack.namespace={stack.STACK_NAME}"}
+        self.services = {
+            stack_label["label"]: [
+                SimpleNamespace(name=f"gpuspawner_{n}") for n in ("hub", "proxy", "postgres", "agent")
+            ],
+            "gpuspawner.user": [self.service("jupyter-alice", "net1"), self.service("elsewhere-bob", "other")],
+        }
+        self.secrets = [self.named(f"gpuspawner-{n}", self.secrets_left) for n in stack.SECRETS]
+        self.secrets.append(self.named("someone-elses", self.secrets_left))
+        self.nodes = [self.node("gpu-a", {"gpu": "true"}), self.node("gpu-b", {"gpu": "true", "gpuspawner.db": "true"})]
+        self.volumes = {"gpu-b": [self.named("gpuspawner_pgdata", lambda v: self.gone.append(v))]}
+        self.gone: list[str] = []
+        self.stack_removed = False
+
+    def secrets_left(self, name):
+        self.gone.append(name)
+
+    @staticmethod
+    def named(name, on_remove):
+        return SimpleNamespace(name=name, remove=lambda: on_remove(name))
+
+    def service(self, name, network):
+        spec = {"Spec": {"TaskTemplate": {"Networks": [{"Target": network}]}}}
+        return SimpleNamespace(name=name, attrs=spec, remove=lambda: self.gone.append(name))
+
+    def node(self, hostname, labels):
+        node = SimpleNamespace(attrs={"Description": {"Hostname": hostname}, "Spec": {"Labels": dict(labels)}})
+        node.update = lambda spec: node.attrs.update(Spec=spec)
+        return node
+
+    def client(self, node=None):
+        services = SimpleNamespace(
+            list=lambda filters: (
+                [] if self.stack_removed and "namespace" in filters["label"] else self.services[filters["label"]]
+            )
+        )
+        nets = SimpleNamespace(list=lambda names: [] if self.stack_removed else [self.net])
+        return SimpleNamespace(
+            services=services,
+            networks=nets,
+            secrets=SimpleNamespace(list=lambda: [s for s in self.secrets if s.name not in self.gone]),
+            nodes=SimpleNamespace(list=lambda: self.nodes),
+            volumes=SimpleNamespace(
+                list=lambda filters: [v for v in self.volumes.get(node, []) if v.name not in self.gone]
+            ),
+        )
+
+    def docker(self, cluster, *args, check=True, timeout=120):
+        assert args == ("stack", "rm", stack.STACK_NAME)
+        self.stack_removed = True
+
+
+def test_stack_down_says_what_it_removes_the_database_volume_included(monkeypatch, tmp_path, capsys):
+    world = FakeSwarm()
+    monkeypatch.setattr(stack, "docker", world.docker)
+    monkeypatch.setattr(stack.swarm_harness, "status", lambda: (world, []))
+    monkeypatch.setattr(stack.swarm_harness, "up", lambda *a: pytest.fail("down never starts the test swarm"))
+    assert stack.main(["down", "--state-dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [
+        "removed the gpuspawner stack's services: gpuspawner_agent, gpuspawner_hub, gpuspawner_postgres, gpuspawner_proxy",
+        "removed the servers its hub started: jupyter-alice",
+        "removed the overlay network gpuspawner",
+        "removed the swarm secrets " + ", ".join(sorted(f"gpuspawner-{n}" for n in stack.SECRETS)),
+        "removed the node labels gpu=true and gpuspawner.db=true",
+        "removed the database's volume gpuspawner_pgdata on gpu-b: the hub's database and the GPU ledger",
+    ]
+    assert "gpuspawner_pgdata" in world.gone and "elsewhere-bob" not in world.gone and "someone-elses" not in world.gone
+    assert all(n.attrs["Spec"]["Labels"] == {} for n in world.nodes)
+    # Again: nothing is left to remove, and it says so.
+    assert stack.main(["down", "--state-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == "nothing to remove\n"
+
+
+def test_stack_down_can_keep_the_database_and_leaves_a_swarm_that_is_not_up_alone(monkeypatch, tmp_path, capsys):
+    world = FakeSwarm()
+    monkeypatch.setattr(stack, "docker", world.docker)
+    monkeypatch.setattr(stack.swarm_harness, "status", lambda: (world, []))
+    assert stack.main(["down", "--keep-data", "--state-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "(kept: the database's volume gpuspawner_pgdata on gpu-b)"
+    assert "gpuspawner_pgdata" not in world.gone
+    monkeypatch.setattr(stack.swarm_harness, "status", lambda: (None, ["no cluster recorded in /x/state.json"]))
+    monkeypatch.setattr(stack.swarm_harness, "up", lambda *a: pytest.fail("down never starts the test swarm"))
+    assert stack.main(["down"]) == 0
+    assert capsys.readouterr().out == (
+        "the test swarm is not up (no cluster recorded in /x/state.json): nothing of the gpuspawner stack was removed\n"
+    )
