@@ -17,7 +17,7 @@ import pytest
 
 from devtools.fakenvml import topologies
 from tests.integration import test_browser as browser_tests
-from tests.integration.support import hub_with_agents, login, service_gpus, services_of, spawn_ready
+from tests.integration.support import hub_with_agents, login, service_gpus, services_of, spawn_ready, wait_until
 from tests.integration.test_agents_on_nodes import alloc_map
 from tests.integration.test_browser import by, log_in, model_radio, open_form, wait
 
@@ -110,3 +110,50 @@ def test_the_form_says_a_pair_of_v100s_gets_nvlink_and_the_home_page_shows_the_p
     assert alloc_map(hub)["gpu-a"][a]["links"][b] == "2 NVLinks"  # what the form said it would get
     rows = re.findall(r'<div class="small gpu-links">(.*?)</div>', page(hub, "eve", "/hub/home"))
     assert rows == ["Links: 2 NVLinks (GPU 0–1)"]
+
+
+def agents_reported(hub) -> None:
+    both = lambda: set(alloc_map(hub)) == {"gpu-a", "gpu-b"}  # noqa: E731
+    wait_until(both, "the agents did not report to the restarted hub", timeout=30)
+
+
+def test_a_scattered_pair_is_refused_where_nvlink_is_required_and_placed_where_not(hub, swarm):
+    """Only GPUs 0 and 5 of the DGX-1 free (no NVLink between them, across the CPUs): with
+    gpu_link_required asking NVLink for 2 V100s, a request for 2 is refused, saying so, and the
+    form offers no pair; the same hub without it places the request there, and the home page
+    reads the pair's links.
+
+    Guards docs/topology.md, "What the admin can require": "Where no host has one free now, the
+    refusal names the class" and "it may wait in line (a refusal for now, 409)", on real services."""
+    hub.stop_all_servers()
+    singles = [f"one{i}" for i in range(len(DGX1))]
+    for user in singles:
+        spawn_ready(hub, user, {"gpu_model": topologies.V100, "gpu_count": 1})
+    holder = {service_gpus(services_of(swarm, user)[0])[0]: user for user in singles}
+    for i in (0, 5):
+        hub.stop_server(holder[DGX1[i]["uuid"]])
+    scattered = f"2 × {topologies.V100}: a pair free on gpu-a, across CPUs, without NVLink"
+    assert offers_in_form(hub, "fay", topologies.V100) == {"2": scattered}
+
+    extra = hub.extra_config
+    hub.stop()
+    hub.extra_config = extra + f'c.GPUSwarmSpawner.gpu_link_required = {{"{topologies.V100}": {{2: "nvlink"}}}}\n'
+    try:
+        hub.start()
+        agents_reported(hub)
+        assert offers_in_form(hub, "fay", topologies.V100) == {}  # no pair the hub would give
+        r = hub.spawn("fay", {"gpu_model": topologies.V100, "gpu_count": 2})
+        assert r.status_code == 409, r.text
+        assert "GPUs joined by NVLink" in r.json()["message"], r.text
+        assert services_of(swarm, "fay") == []
+    finally:
+        hub.stop()
+        hub.extra_config = extra
+        hub.start()
+        agents_reported(hub)
+
+    spawn_ready(hub, "fay", {"gpu_model": topologies.V100, "gpu_count": 2})
+    [service] = services_of(swarm, "fay")
+    assert service_gpus(service) == uuids(DGX1, 0, 5)
+    rows = re.findall(r'<div class="small gpu-links">(.*?)</div>', page(hub, "fay", "/hub/home"))
+    assert rows == ["Links: across CPUs (GPU 0–1)"]
