@@ -18,7 +18,7 @@ from ..core.budget import Budget
 from ..core.budget import summary as budget_summary
 from ..core.sharing import UNIT, fmt, to_milli
 from ..plan.reservations import Keep
-from ..web.gpu_links import offer_words
+from ..cluster.gpu_links import offer_words
 from .rules import groups_of
 
 __all__ = ["SHARE_NOTES", "render_form"]

@@ -55,7 +55,7 @@ from ..hub.app import KEY, GPUHub, HubConfigError
 from ..ledger.ledger import LedgerError
 from ..line.wait import WaitLine
 from ..spawn.errors import NOT_NOW, spawn_error
-from .gpu_links import holder_links
+from ..cluster.gpu_links import holder_links
 
 __all__ = ["ADMIN_SCOPE", "REPORT_SCOPE", "handlers"]
 

@@ -18,7 +18,7 @@ from math import inf
 from ..core.idle import BUDGET
 from ..core.line_order import fmt_duration
 from ..core.sharing import UNIT, entitled_mib, fmt
-from .gpu_links import links_of
+from ..cluster.gpu_links import links_of
 
 __all__ = ["server_rows", "servers_var", "waiting_var"]
 
