@@ -42,6 +42,7 @@ from ..reclaim.quotas import QuotaKeeper
 from ..reclaim.reclaimer import Reclaimer
 from ..reclaim.reservations import ReservationKeeper, milli_asked
 from ..reclaim.settings import ReclaimSettings
+from . import logs
 from .resume import resume_waiting
 from .settings import SPAWNER_SECTIONS, GPUSettings, placement_mix, spawner_values
 
@@ -117,6 +118,7 @@ class GPUHub:
         self._gauges: metrics.DeviceGauges | None = None
         self._holder_gauges: metrics.HolderMemoryGauges | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._log_undo: Callable[[], None] | None = None  # gpuspawner's loggers back as they were
 
     @classmethod
     def from_config(cls, config: Config, spawner_class: type, log=None, **clocks) -> GPUHub:
@@ -359,7 +361,11 @@ class GPUHub:
         )
 
     def start(self) -> None:
-        """Start the background loops (in the hub's event loop) and the gauges."""
+        """Start the background loops (in the hub's event loop) and the gauges; gpuspawner's
+        modules log through the hub's logger until :meth:`stop` (hub/logs.py)."""
+        if self._log_undo is None:
+            self._log_undo = logs.log_through_hub(self.log)
+            self._spawn_task(_until_cancelled(self._log_undo))  # also undone if the loop ends first
         self.show_metrics()
         for job in (self._keep_reconciling(), metrics.watch_event_loop(), self._keep_reclaiming()):
             self._spawn_task(job)
@@ -377,6 +383,9 @@ class GPUHub:
         if self._holder_gauges is not None:
             metrics.hide(self._holder_gauges)
             self._holder_gauges = None
+        if self._log_undo is not None:
+            self._log_undo()
+            self._log_undo = None
 
     async def _keep_reconciling(self) -> None:
         """At hub start, and then every ``reconcile_interval`` seconds, make the
@@ -463,6 +472,14 @@ class GPUHub:
             await resume_waiting(self.line, holdings)
         except Exception as exc:  # the hub runs on; say what happened in one line
             self.log.error("Resuming the spawns waiting in line failed: %s", getattr(exc, "message", exc))
+
+
+async def _until_cancelled(then: Callable[[], None]) -> None:
+    """Wait until cancelled (the hub stops, or its event loop ends), then call ``then``."""
+    try:
+        await asyncio.Event().wait()
+    finally:
+        then()
 
 
 def _groups_of(user: str) -> list[str] | None:

@@ -19,8 +19,18 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 
-__all__ = ["LOGGED_BY_SPAWNER", "ORDINARY", "OrdinaryRefusals", "quiet_ordinary_refusals"]
+__all__ = [
+    "LOGGED_BY_SPAWNER",
+    "ORDINARY",
+    "OrdinaryRefusals",
+    "ToHubLog",
+    "log_through_hub",
+    "quiet_ordinary_refusals",
+]
+
+PACKAGE_LOGGER = "gpuspawner"  # the parent of gpuspawner's modules' loggers (logging.getLogger(__name__))
 
 # SpawnException reasons (spawn/errors.py) that answer a request rather than report a fault.
 ORDINARY = frozenset(
@@ -63,3 +73,58 @@ def quiet_ordinary_refusals(*loggers: logging.Logger) -> None:
     for logger in loggers:
         if not any(isinstance(f, OrdinaryRefusals) for f in logger.filters):
             logger.addFilter(OrdinaryRefusals())
+
+
+class ToHubLog(logging.Handler):
+    """Hands gpuspawner's records to the hub's own logger's handlers: the hub's format (its
+    timestamp, level and logger name) and the levels the hub logs at. Without it, the
+    modules' loggers reach only the root logger, which in a running hub has no handler of
+    its own (Python's last resort prints a WARNING's bare message, and INFO is lost) or,
+    once JupyterHub has run its database migrations, one in alembic's format."""
+
+    def __init__(self, hub_log: logging.Logger):
+        super().__init__(logging.NOTSET)
+        self.hub_log = hub_log
+        self.hubs = 0  # the running hubs that log through it
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.hub_log.isEnabledFor(record.levelno):
+            self.hub_log.handle(record)  # its filters, then its handlers (each with its level)
+
+
+def log_through_hub(hub_log: logging.Logger | logging.LoggerAdapter) -> Callable[[], None]:
+    """From now on, gpuspawner's modules log through the hub's logger (:class:`ToHubLog`),
+    and only there: each line once, in the hub's format. Returns the undo, which the hub's
+    stop calls: once no running hub's logger is left, the modules log as Python's defaults
+    have them (a process that runs hubs for a while, such as a test, gets that back)."""
+    if isinstance(hub_log, logging.LoggerAdapter):
+        hub_log = hub_log.logger
+    if not isinstance(hub_log, logging.Logger):
+        return lambda: None
+    package = logging.getLogger(PACKAGE_LOGGER)
+    handler = next((h for h in package.handlers if isinstance(h, ToHubLog) and h.hub_log is hub_log), None)
+    if handler is None:
+        handler = ToHubLog(hub_log)
+        package.addHandler(handler)
+    handler.hubs += 1
+    _route(package)
+    done = False
+
+    def undo() -> None:
+        nonlocal done
+        if done:
+            return
+        done = True
+        handler.hubs -= 1
+        if handler.hubs <= 0:
+            package.removeHandler(handler)
+        _route(package)
+
+    return undo
+
+
+def _route(package: logging.Logger) -> None:
+    """Through the hubs' loggers alone while there are any; else as Python's defaults."""
+    routed = any(isinstance(h, ToHubLog) for h in package.handlers)
+    package.setLevel(logging.DEBUG if routed else logging.NOTSET)  # routed: each hub's logger decides
+    package.propagate = not routed
