@@ -70,6 +70,9 @@ class GPUCluster:
         self._owner: dict[str, str] = {}  # uuid -> host: listed for it, or named by its accepted report
         self._claims: dict[str, frozenset[str]] = {}  # host -> the UUIDs its accepted report named, less those moved
         self.conflicts: dict[str, dict[str, Conflict]] = {}  # refused host -> uuid -> who has it; replaced, not changed
+        # host -> when (monotonic) a report naming it was last refused for its token, since
+        # its last accepted one: its agent runs, and the hub refuses what it sends.
+        self.refused: dict[str, float] = {}
         # Holdings found in the swarm on devices not offered yet, by service name.
         self.pending: dict[str, tuple[Held, tuple[int, int]]] = {}  # adopted, devices not offered yet
         self._offered = False  # the allocator has had a first inventory
@@ -115,6 +118,7 @@ class GPUCluster:
             self._claim(host, before, mine)
         self._note_conflicts(host, refused)
         self.reports[host] = (report, now)
+        self.refused.pop(host, None)
         self.allocator.set_host_topology(host, report.topology)  # (None: its agent did not say)
         changed = self._set_host(host)
         back = host in self.stale and self._check_stale(now)
@@ -215,6 +219,27 @@ class GPUCluster:
         report = self.reports[host][0] if host in self.reports else None
         listed = host in self.static_hosts
         return host_states(host, self.settings, self.aliases, listed, report, self._owner, self._last_uuid, self.states)
+
+    def report_refused(self, host: str, now: float | None = None) -> None:
+        """A report naming ``host`` was refused for its token (none, not valid, or revoked or
+        replaced: a rotated token whose node's file is not written yet). Only what the form
+        and admins are told depends on it (:meth:`why_unavailable`): the report's hostname
+        is its sender's word, and the host's devices are offered or not by its reports alone."""
+        self.refused[host] = time.monotonic() if now is None else now
+
+    def why_unavailable(self, host: str) -> str:
+        """Why new servers may not go to ``host`` now: "swarm" (its node is down, drained or
+        paused), "refused" (its agent is late because the hub refuses its reports: their
+        token), "late" (its agent has not reported in time), or "" (it is available)."""
+        if self._schedulable is not None and host not in self._schedulable:
+            return "swarm"
+        if host not in self.stale:
+            return ""
+        refused = self.refused.get(host)
+        received = self.reports[host][1] if host in self.reports else None
+        if refused is not None and (received is None or refused >= received):
+            return "refused"
+        return "late"
 
     def is_available(self, host: str) -> bool:
         """The node may get new servers: schedulable in the swarm, and its agent (if any) not late."""

@@ -12,13 +12,13 @@ import jinja2
 
 from ..allocator.records import Request
 from ..allocator.summary import ModelSummary
+from ..cluster.gpu_links import offer_words
 from ..cluster.service_spec import enforcement_mode
 from ..core.access import Access
 from ..core.budget import Budget
 from ..core.budget import summary as budget_summary
 from ..core.sharing import UNIT, fmt, to_milli
 from ..plan.reservations import Keep
-from ..cluster.gpu_links import offer_words
 from .rules import groups_of
 
 __all__ = ["SHARE_NOTES", "render_form"]
@@ -166,6 +166,35 @@ def link_offers(allocator, summary: list[ModelSummary], max_count: int) -> dict[
     return out
 
 
+# Why a host's GPUs cannot be had now, as the form says it (GPUCluster.why_unavailable).
+UNAVAILABLE_WORDS = {
+    "swarm": "on hosts that are down, drained or paused",
+    "refused": "on hosts whose agents' reports are refused (a new agent token not installed yet)",
+    "late": "on hosts whose agents have not reported lately",
+}
+
+
+def unavailable_why(cluster, allocator, summary: list[ModelSummary]) -> dict[str, str]:
+    """Per model with devices it cannot offer now, what the form says of them: how many are
+    on hosts of each cause, e.g. "2 on hosts that are down, drained or paused; 1 on hosts
+    whose agents' reports are refused (...)". Devices whose cause is not known are said to
+    be on hosts that are down, drained or paused, as before."""
+    causes = {h: cluster.why_unavailable(h) for h in allocator.hosts()}
+    out = {}
+    for m in summary:
+        if not m.unavailable:
+            continue
+        counts: dict[str, int] = {}
+        for host, cause in causes.items():
+            if cause:
+                n = len(allocator.host_devices(host, (m.model,)))
+                if n:
+                    counts[cause] = counts.get(cause, 0) + n
+        counts["swarm"] = counts.get("swarm", 0) + max(0, m.unavailable - sum(counts.values()))
+        out[m.model] = "; ".join(f"{counts[c]} {UNAVAILABLE_WORDS[c]}" for c in UNAVAILABLE_WORDS if counts.get(c))
+    return out
+
+
 def _gpus(milli: int) -> int | float:
     """Thousandths as a number of GPUs that prints as people write it (2, 0.5, 1.25)."""
     return milli // UNIT if milli % UNIT == 0 else milli / UNIT
@@ -230,6 +259,7 @@ def render_form(
             flags=flags,
             offers=offers,
             offer=offer,
+            unavailable_why=unavailable_why(cluster, allocator, summary),
             **choice,
             wait_checked=options.get("gpu_wait") is True,
             error=error,

@@ -44,6 +44,7 @@ from tornado import web
 from .. import hub_port
 from ..cluster.cluster import GPUCluster
 from ..cluster.doctor import Finding, diagnose, enforcement_gaps
+from ..cluster.gpu_links import holder_links
 from ..cluster.host_views import batches
 from ..cluster.swarm import SwarmError
 from ..core import agent_tokens
@@ -55,7 +56,6 @@ from ..hub.app import KEY, GPUHub, HubConfigError
 from ..ledger.ledger import LedgerError
 from ..line.wait import WaitLine
 from ..spawn.errors import NOT_NOW, spawn_error
-from ..cluster.gpu_links import holder_links
 
 __all__ = ["ADMIN_SCOPE", "REPORT_SCOPE", "handlers"]
 
@@ -124,8 +124,25 @@ class ReportHandler(_GPUMixin, APIHandler):
                 return stored.host
         raise web.HTTPError(403, "Missing or invalid credentials.")
 
+    def note_refused(self) -> None:
+        """The node the refused report names, when it is one of the swarm's, is told to be
+        refused (the form says so of its GPUs once they are not offered: docs/agent.md)."""
+        body = self.request.body
+        try:
+            hostname = parse_report(body).hostname if len(body) <= MAX_REPORT_BYTES else None
+            cluster = self.current_holdings().cluster
+        except (ReportError, web.HTTPError):
+            return
+        if hostname in cluster.nodes:
+            cluster.report_refused(hostname)
+
     async def post(self):
-        token_host = await self.reporter()
+        try:
+            token_host = await self.reporter()
+        except web.HTTPError as exc:
+            if exc.status_code == 403:
+                self.note_refused()
+            raise
         body = self.request.body
         if len(body) > MAX_REPORT_BYTES:
             raise web.HTTPError(400, f"report is {len(body)} bytes; the limit is {MAX_REPORT_BYTES}")
@@ -385,9 +402,7 @@ class HostCard:
         return self.template.render(host=host, devices=devices, stale=stale, holder_links=linked).encode()
 
     def __eq__(self, other) -> bool:
-        return (
-            isinstance(other, HostCard) and other.template is self.template and other.topology_of == self.topology_of
-        )
+        return isinstance(other, HostCard) and other.template is self.template and other.topology_of == self.topology_of
 
     __hash__ = None
 
