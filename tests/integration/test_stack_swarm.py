@@ -288,7 +288,11 @@ def test_a_database_restart_stops_it_cleanly_never_runs_two_and_leaves_no_server
     runs or a refusal with its message, and a server that runs is one the hub knows, ready.
 
     Guards docs/deploy.md, "How a database restart behaves": "Two servers never run on the
-    volume at once" and "the next start needs no recovery"."""
+    volume at once" and "the next start needs no recovery"; docs/reliability.md, "The
+    production stack as a whole": "Every spawn meanwhile is answered with a server that runs
+    and that the hub knows, or a refusal with its message", "The new server starts without
+    recovery" and "Measured by the stack test, which prints the seconds from the command to the
+    old server's stop and to the new server answering"."""
     hub, state = stack
     users = [f"dbr{i}" for i in range(12)]
     for user in users:
