@@ -50,8 +50,6 @@ UNIFORM = [100 * k for k in range(1, 16)]  # thousandths: 0.1 .. 1.5 GPUs
 SMALL, LARGE = UNIFORM[:5], UNIFORM[5:]
 
 
-
-
 @dataclass(frozen=True)
 class Impl:
     """What the churn runs on: the allocator, or a stand-in with its interface

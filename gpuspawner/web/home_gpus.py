@@ -15,10 +15,10 @@ from __future__ import annotations
 import logging
 from math import inf
 
+from ..cluster.gpu_links import links_of
 from ..core.idle import BUDGET
 from ..core.line_order import fmt_duration
 from ..core.sharing import UNIT, entitled_mib, fmt
-from ..cluster.gpu_links import links_of
 
 __all__ = ["server_rows", "servers_var", "waiting_var"]
 

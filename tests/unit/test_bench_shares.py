@@ -25,4 +25,3 @@ def test_no_allocator_places_more_than_the_bound(mix):
     bounds = [most(mix, seed) for seed in range(30)]
     assert all(p <= b for p, b in zip(placed, bounds))
     assert sum(placed) < sum(bounds)  # those rules refuse some requests that the room in all would take
-

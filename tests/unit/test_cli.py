@@ -116,7 +116,7 @@ def test_idle_lists_who_is_idle_now_longest_first_and_the_stray_processes():
 
 
 def test_line_lists_each_models_waiters_in_order_and_remove_names_the_request(capsys):
-    from gpuspawner.cli import build_parser, _request, format_line
+    from gpuspawner.cli import _request, build_parser, format_line
 
     since = "2026-12-03T09:00:00Z"
     table = format_line(

@@ -285,7 +285,7 @@ def test_the_reserve_commands_the_docs_show_parse_as_they_are():
     import shlex
     from pathlib import Path
 
-    from gpuspawner.cli import build_parser, _reserve_request
+    from gpuspawner.cli import _reserve_request, build_parser
 
     root = Path(__file__).resolve().parents[2]
     shown = [

@@ -12,11 +12,11 @@ import jinja2
 
 from gpuspawner.allocator.allocator import Request
 from gpuspawner.cluster.cluster import GPUCluster, InventorySettings
+from gpuspawner.cluster.gpu_links import holder_links, links_of, offer_words
 from gpuspawner.core.reports import parse_report
 from gpuspawner.core.topology import Link, Path, Topology
 from gpuspawner.spawn.form import _templates
 from gpuspawner.web.api import HostCard, gpu_page
-from gpuspawner.cluster.gpu_links import holder_links, links_of, offer_words
 from gpuspawner.web.home_gpus import server_rows, servers_var
 from tests.unit.test_cluster_views import TEMPLATES, parse
 from tests.unit.test_holdings import A100, World
