@@ -281,10 +281,13 @@ class Allocator:
         assert group is not None  # (the host was chosen for having one)
         return group
 
-    def link_offers(self, model: str) -> dict[int, tuple[str, Link | None]]:
+    def link_offers(
+        self, model: str, cpu_milli: int = 0, memory_mib: int = 0, policy: str | None = None
+    ) -> dict[int, tuple[str, Link | None]]:
         """For each count from 2 to the most free GPUs of ``model`` on one available
         host: the host a request for that many would get now (from nobody in line,
-        asking for no CPU or memory, under the allocator's own policy) and the link of
+        asking for ``cpu_milli`` and ``memory_mib``, under ``policy`` as :meth:`allocate`
+        takes it: the spawner's own, so that the form names the host a spawn gets) and the link of
         the farthest pair of the set it would get there (None: that host's links are
         not known). A count no host can give now (a link class required) is left out.
         Nothing is taken: each count is decided as :meth:`allocate` decides it, by the
@@ -298,8 +301,10 @@ class Allocator:
                 return {}
             offers: dict[int, tuple[str, Link | None]] = {}
             links = self._links.decision()
+            pol = self.policy if policy is None else POLICIES[policy]
             for n in range(2, mi.largest_block() + 1):
-                found = self._place_whole(Request(model=model, count=n), self.policy, [model], None, None, links)
+                request = Request(model=model, count=n, cpu_milli=cpu_milli, memory_mib=memory_mib)
+                found = self._place_whole(request, pol, [model], None, self._fits(request), links)
                 if found is None:
                     continue
                 host = found[1]

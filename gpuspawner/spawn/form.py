@@ -145,12 +145,15 @@ def with_reservations(
     return out, notes
 
 
-def link_offers(allocator, summary: list[ModelSummary], max_count: int) -> dict[str, dict[int, str]]:
+def link_offers(
+    allocator, summary: list[ModelSummary], max_count: int, asked: Request, policy: str | None = None
+) -> dict[str, dict[int, str]]:
     """Per model, for each count from 2 to what the form offers of it: what a request
     for that many would get now (the host, and how the set it would get there is linked:
     ``Allocator.link_offers``, a dry run), as the form says it. Counts the form does not
     offer (beyond the user's limit, or the most free on one host as the user may have
-    them) are left out."""
+    them) are left out. ``asked`` carries the CPU and memory the user's server reserves
+    and ``policy`` is the spawner's, so that the host named is the one a spawn gets."""
     out = {}
     for m in summary:
         most = min(m.largest_block, max_count)
@@ -158,7 +161,7 @@ def link_offers(allocator, summary: list[ModelSummary], max_count: int) -> dict[
             continue
         offers = {
             n: offer_words(m.model, n, host, link)
-            for n, (host, link) in allocator.link_offers(m.model).items()
+            for n, (host, link) in allocator.link_offers(m.model, asked.cpu_milli, asked.memory_mib, policy).items()
             if n <= most
         }
         if offers:
@@ -239,7 +242,7 @@ def render_form(
     choice = last_choice(options, flags, max_count, shares)
     if any(c["name"] == choice["selected"] for c in classes):
         choice["wait_hint"] = False  # a class does not wait in line
-    offers = link_offers(allocator, summary, max_count)
+    offers = link_offers(allocator, summary, max_count, asked, spawner.allocation_policy)
     # The line for the choice shown (a model and a count of 2 or more, no share), so that
     # it is there without JavaScript; the script shows the line of each choice made.
     offer = "" if choice["last_share"] else offers.get(choice["selected"] or "", {}).get(choice["last_count"] or 0, "")

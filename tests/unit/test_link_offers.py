@@ -132,3 +132,33 @@ def test_every_busy_pattern_of_one_node(kind):
                 got = alloc.allocate("p", Request(model=gpus[0].model, count=n))
                 assert (got.host, worst) == (host, alloc.topology("h").worst(got.uuids))
                 alloc.release("p")
+
+
+@settings(max_examples=40, deadline=None, database=None, derandomize=True)
+@given(
+    st.sampled_from(["pack", "spread", "frag"]),
+    st.sets(st.integers(0, 2 * (8 + 4 + 8) - 1)),
+    st.sets(st.sampled_from([f"{k}-{n}" for k in NODES for n in range(2)]), max_size=3),
+)
+def test_offers_follow_the_spawners_policy_and_the_cpu_its_server_reserves(policy, busy, short):
+    """The allocator's own policy is pack; a spawn asks under its own policy and with the
+    CPU its server reserves, and the offers the form shows are asked the same way: the
+    host named is the one the spawn gets (hosts in ``short`` lack the CPU)."""
+    alloc = allocator("pack", busy)
+    if policy == "frag":
+        alloc.set_mix(Mix.learned([Placed(g.model, (1000, 1000)) for g in fake_cluster()[0][:3]]))
+    for host in {g.host for g in fake_cluster()[0]}:
+        alloc.set_host_resources(host, 1000 if host in short else 64000, 512000)
+    for model in models():
+        offers = alloc.link_offers(model, 4000, 1024, policy)
+        for n in range(2, alloc._index.models[model].largest_block() + 1):
+            try:
+                got = alloc.allocate(
+                    "probe", Request(model=model, count=n, cpu_milli=4000, memory_mib=1024), policy=policy
+                )
+            except AllocationRefused:
+                assert n not in offers
+                continue
+            assert got.host not in short
+            assert offers[n][0] == got.host
+            alloc.release("probe")
