@@ -209,7 +209,13 @@ class Ledger(LedgerQueue, LedgerReservations):
                     ", ".join(current.devices) or "no GPU",
                     current.host,
                 )
-                self._end(conn, current, max(wanted.started_at, current.started_at), SUPERSEDED)
+                at = max(wanted.started_at, current.started_at)
+                if wanted.started_at <= current.started_at:
+                    # A start from before the open row began (an adopted service's creation):
+                    # that row counts the time until now, and the new one from now on.
+                    at = max(utc_now(), current.started_at)
+                    wanted = replace(wanted, started_at=at)
+                self._end(conn, current, at, SUPERSEDED)
             values = {column: getattr(wanted, field) for field, column in COLUMNS.items()}
             values["tasks"] = ",".join(wanted.tasks)
             values["accepted_models"] = join_models(wanted.accepts)

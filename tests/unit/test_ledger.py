@@ -162,6 +162,17 @@ class LedgerContract:
         assert (new.id, new.devices, new.ended_at) == (second, ("GPU-2",), None)
         assert [r.id for r in ledger.open_allocations()] == [second]
 
+    def test_a_start_from_before_the_open_row_does_not_take_its_time(self, ledger):
+        """An adopted service's row starts at the service's creation; where the ledger
+        already has a row open for it (other devices: one was unhealthy at adoption), that
+        row counts its time until now and the new row starts now: no GPU time is lost."""
+        first = gpu(ledger, "svc", devices=["GPU-1", "GPU-2"])
+        before = datetime.now(UTC)
+        second = ledger.open("svc", "alice", "", "gpu-a", "A100", ["GPU-1"], [1000], at(-1))
+        old, new = ledger.history()
+        assert (old.id, old.end_reason, new.id) == (first, SUPERSEDED, second)
+        assert before <= old.ended_at == new.started_at <= datetime.now(UTC)
+
     def test_close_ends_the_allocation_and_is_idempotent(self, ledger):
         gpu(ledger, "svc")
         closed = ledger.close("svc", at(5), reason="stopped")
