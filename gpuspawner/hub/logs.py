@@ -123,8 +123,21 @@ def log_through_hub(hub_log: logging.Logger | logging.LoggerAdapter) -> Callable
     return undo
 
 
+_before: tuple[int, bool] | None = None  # the package logger's level and propagate before any hub routed it
+
+
 def _route(package: logging.Logger) -> None:
-    """Through the hubs' loggers alone while there are any; else as Python's defaults."""
+    """Through the hubs' loggers alone while there are any; else as it was before (an
+    admin's own level for ``gpuspawner`` is kept throughout)."""
+    global _before
     routed = any(isinstance(h, ToHubLog) for h in package.handlers)
-    package.setLevel(logging.DEBUG if routed else logging.NOTSET)  # routed: each hub's logger decides
-    package.propagate = not routed
+    if routed:
+        if _before is None:
+            _before = (package.level, package.propagate)
+        # Left unset by the admin: each hub's logger decides which levels it shows.
+        package.setLevel(logging.DEBUG if _before[0] == logging.NOTSET else _before[0])
+        package.propagate = False  # else the root logger's handler prints each line again
+    elif _before is not None:
+        package.setLevel(_before[0])
+        package.propagate = _before[1]
+        _before = None

@@ -133,3 +133,23 @@ def test_a_hub_whose_event_loop_ends_without_its_stop_gives_the_logging_back(hub
     package = logging.getLogger("gpuspawner")
     assert not any(isinstance(h, logs.ToHubLog) for h in package.handlers)
     assert package.propagate and package.level == logging.NOTSET
+
+
+def test_an_admins_level_for_gpuspawner_is_kept_while_a_hub_runs_and_after(hub_log):
+    """``logging.getLogger("gpuspawner").setLevel(WARNING)`` in jupyterhub_config.py
+    holds while a hub routes the modules' lines, and level and propagation are as the
+    admin left them once it stops."""
+    log, out = hub_log
+    package = logging.getLogger("gpuspawner")
+    package.setLevel(logging.WARNING)
+    try:
+        undo = logs.log_through_hub(log)
+        try:
+            ledger.log.info("an info line the admin does not want")
+            holdings.log.warning("a warning")
+        finally:
+            undo()
+        assert (package.level, package.propagate) == (logging.WARNING, True)
+    finally:
+        package.setLevel(logging.NOTSET)
+    assert [HUB_LINE.match(line)["msg"] for line in out.getvalue().splitlines()] == ["a warning"]  # type: ignore[index]
