@@ -375,9 +375,13 @@ def _most_free(index: DeviceIndex, links: Links, request: Request, model: str, n
 
 
 def _never(index: DeviceIndex, links: Links, model: str, hosts: list[str], n: int) -> bool:
-    """Whether none of ``hosts`` has ``n`` GPUs of ``model`` linked as required, all free or not."""
+    """Whether none of ``hosts`` has ``n`` GPUs of ``model`` linked as required, all free or
+    not. A host with enough of them whose links are not known yet (its agent has not said,
+    or does not say yet) may have such a set: not never."""
     for h in hosts:
         devices = [g for g in index.by_host.get(h, ()) if g.model == model]
+        if len(devices) >= n and h not in links.topologies:
+            return False
         if links.missing(model, h, devices, devices, n) is not None:
             return False
     return True

@@ -64,10 +64,14 @@ def test_good_requirements_pass():
 
 def test_the_hub_holds_placement_to_it(tmp_path):
     """TWO_GPUS: two A100s whose node said nothing of their links; a pair of them may be
-    required to be NVLinked, and then the hub gives none (named by its alias, too)."""
+    required to be NVLinked, and then the hub gives none (named by its alias, too): not
+    for good, as their node may yet say how they are linked."""
     w = World(tmp_path, inventory=TWO_GPUS, gpu_link_required={"big": {2: "nvlink"}}, gpu_model_aliases={A100: "big"})
     allocator = w.hub.holdings.allocator
     with pytest.raises(AllocationRefused) as refused:
         allocator.allocate("s", Request(model="big", count=2))
-    assert "2 × big are given only as GPUs joined by NVLink, and no host has 2 so linked" in refused.value.message
-    assert refused.value.status == 400
+    assert refused.value.message == (
+        "2 × big are given only as GPUs joined by NVLink, and no host has 2 such free now "
+        "(gpu-b has 2 free, links not known)"
+    )
+    assert refused.value.status == 409
