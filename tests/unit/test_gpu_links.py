@@ -1,5 +1,5 @@
 """How the GPUs of a multi-GPU server are linked, as users and admins read it
-(web/gpu_links.py): on the home page's "Your GPUs" (the real spawner, holdings and
+(cluster/gpu_links.py): on the home page's "Your GPUs" (the real spawner, holdings and
 allocator over the in-process Docker fake), in the servers API and on the admin's
 /hub/gpus page (the host cards over a cluster fed with agents' reports)."""
 
