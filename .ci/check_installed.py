@@ -54,7 +54,8 @@ def main(source: Path) -> None:
     allocator = Allocator(parse_inventory({"gpu-a": [{"uuid": UUID, "model": MODEL, "memory_mib": 8192}]}))
     # The real spawner class, made without a hub, as JupyterHub would before a spawn.
     spawner = GPUSwarmSpawner(user=SimpleNamespace(name="alice", id=1))
-    form = render_form(spawner, SimpleNamespace(allocator=allocator, cluster=SimpleNamespace(nodes={})))
+    cluster = SimpleNamespace(nodes={}, why_unavailable=lambda host: "")  # every host available
+    form = render_form(spawner, SimpleNamespace(allocator=allocator, cluster=cluster))
     assert f'value="{MODEL}"' in form and "1 of 1 free now" in form, form
 
     with tempfile.TemporaryDirectory() as tmp:
