@@ -73,9 +73,11 @@ class GPUSwarmSpawner(GPUSettings, ReclaimSettings, SwarmSpawner):
     def _default_options_form(self):
         return GPUSwarmSpawner._render_options_form
 
-    @default("options_from_form")
-    def _default_options_from_form(self):
-        return options_from_form
+    def options_from_form(self, formdata):
+        """The form's fields as user_options (core/options.py). A method, not the trait's
+        default: dockerspawner 12 defines a method of this name, which would shadow a
+        default and take only its own ``image`` field."""
+        return options_from_form(formdata)
 
     @default("apply_user_options")
     def _default_apply_user_options(self):
