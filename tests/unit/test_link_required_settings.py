@@ -15,17 +15,12 @@ from traitlets.config import Config
 from gpuspawner.allocator.allocator import AllocationRefused, Request
 from gpuspawner.hub.settings import GPUSettings, validate_config
 from tests.unit.test_holdings import A100, World
+from tests.unit.test_quota_settings import hub_config
 from tests.unit.test_reclaim import TWO_GPUS
 
 
 def config(required, **settings) -> Config:
-    c = Config()
-    c.JupyterHub.spawner_class = "gpuspawner.GPUSwarmSpawner"
-    c.GPUSwarmSpawner.gpu_inventory = TWO_GPUS
-    c.GPUSwarmSpawner.gpu_link_required = required
-    for key, value in settings.items():
-        setattr(c.GPUSwarmSpawner, key, value)
-    return c
+    return hub_config(gpu_link_required=required, **settings)
 
 
 @pytest.mark.parametrize(

@@ -22,14 +22,18 @@ from tests.unit.test_reclaim import TWO_GPUS
 GTX = "NVIDIA GeForce GTX 1070"
 
 
-def config(quotas, **settings) -> Config:
+def hub_config(**settings) -> Config:
+    """A hub's config with TWO_GPUS and ``settings`` of c.GPUSwarmSpawner."""
     c = Config()
     c.JupyterHub.spawner_class = "gpuspawner.GPUSwarmSpawner"
     c.GPUSwarmSpawner.gpu_inventory = TWO_GPUS
-    c.GPUSwarmSpawner.gpu_quotas = quotas
     for key, value in settings.items():
         setattr(c.GPUSwarmSpawner, key, value)
     return c
+
+
+def config(quotas, **settings) -> Config:
+    return hub_config(gpu_quotas=quotas, **settings)
 
 
 @pytest.mark.parametrize(
