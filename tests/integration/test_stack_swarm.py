@@ -13,12 +13,9 @@ the vfs storage driver, images cached; that test prints these figures)".
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import threading
 import time
-from datetime import datetime, timezone
 
 import pytest
 import requests
@@ -257,140 +254,6 @@ def test_a_rotated_agent_token_is_picked_up_without_a_restart(stack, swarm):
     assert sorted(t["ID"] for t in agent.tasks(filters={"desired-state": "running"})) == tasks
 
 
-DB_SERVICE = f"{stack_harness.STACK_NAME}_postgres"
-# What PostgreSQL writes at a start that must recover from a stop that was not clean.
-NOT_CLEAN = ("database system was not properly shut down", "automatic recovery in progress")
-
-
-def docker_time(text: str) -> float:
-    """A container's Docker timestamp (RFC 3339 in UTC, to the nanosecond) as a POSIX time."""
-    whole, _, fraction = text.rstrip("Z").partition(".")
-    return datetime.fromisoformat(whole).replace(tzinfo=timezone.utc).timestamp() + float("0." + (fraction or "0"))
-
-
-def db_containers(swarm) -> list:
-    """Every container of the database's service on its node, running or not, oldest first."""
-    found = swarm.client(stack_harness.DB_NODE).containers.list(
-        all=True, filters={"label": f"com.docker.swarm.service.name={DB_SERVICE}"}
-    )
-    return sorted(found, key=lambda c: c.attrs["Created"])
-
-
-def db_answers(container) -> bool:
-    run = container.exec_run(["pg_isready", "-q", "-U", "jupyterhub", "-d", "jupyterhub"])
-    return run.exit_code == 0
-
-
-def test_a_database_restart_stops_it_cleanly_never_runs_two_and_leaves_no_server_behind(stack, swarm):
-    """`docker service update --force` on the database while users spawn: the old server
-    stops at its stop signal (SIGINT), at once and cleanly, before the new one starts on the
-    volume; the new one starts without recovery; every spawn is answered with a server that
-    runs or a refusal with its message, and a server that runs is one the hub knows, ready.
-
-    Guards docs/deploy.md, "How a database restart behaves": "Two servers never run on the
-    volume at once" and "the next start needs no recovery"; docs/reliability.md, "The
-    production stack as a whole": "Every spawn meanwhile is answered with a server that runs
-    and that the hub knows, or a refusal with its message", "The new server starts without
-    recovery" and "Measured by the stack test, which prints the seconds from the command to the
-    old server's stop and to the new server answering"."""
-    hub, state = stack
-    users = [f"dbr{i}" for i in range(12)]
-    for user in users:
-        hub.ensure_user(user)
-    [old] = [c for c in db_containers(swarm) if c.status == "running"]
-    answers: dict[str, tuple[int | str, str]] = {}
-    running_at_once: list[int] = []
-    done = threading.Event()
-
-    def spawn_all() -> None:
-        for i, user in enumerate(users):
-            if done.is_set():
-                break
-            options = {"gpu_model": A100, "gpu_count": 1} if i % 3 == 0 else {}
-            try:
-                r = hub.api("POST", f"/users/{user}/server", json=options)
-                answers[user] = (r.status_code, r.text)
-            except requests.RequestException as e:
-                answers[user] = (repr(e), "")
-            time.sleep(0.5)
-
-    def sample() -> None:  # the database's containers that run, every 0.2 s
-        while not done.is_set():
-            running_at_once.append(sum(c.status == "running" for c in db_containers(swarm)))
-            time.sleep(0.2)
-
-    threads = [threading.Thread(target=spawn_all), threading.Thread(target=sample)]
-    for thread in threads:
-        thread.start()
-    t0, wall0 = time.monotonic(), time.time()
-    try:
-        stack_harness.docker(swarm, "service", "update", "--force", "--detach", DB_SERVICE)
-        while True:
-            new = [c for c in db_containers(swarm) if c.id != old.id and c.status == "running"]
-            if new and db_answers(new[0]):
-                break
-            assert time.monotonic() - t0 < 120, f"the database is not back: {stack_harness.service_errors(swarm)}"
-            time.sleep(0.2)
-        back = time.monotonic() - t0
-        time.sleep(3)  # a spawn or two after it is back
-    finally:
-        done.set()
-        for thread in threads:
-            thread.join()
-    old.reload()
-    [new] = new
-    new.reload()
-    stopped, started = docker_time(old.attrs["State"]["FinishedAt"]), docker_time(new.attrs["State"]["StartedAt"])
-    TIMES["database restart: the old server stopped after the command"] = stopped - wall0
-    TIMES["database restart: the command to the new server answering"] = back
-    print(f"\ndatabase restart: spawns answered {sorted(answers.items())}")
-    # SIGINT: a fast shutdown, exit 0, long before the grace (30 s) ends in a SIGKILL.
-    assert old.attrs["State"]["ExitCode"] == 0, old.attrs["State"]
-    assert stopped - wall0 < 15, f"the old server took {stopped - wall0:.1f} s to stop"
-    assert "received fast shutdown request" in old.logs().decode()
-    # One server on the volume at a time: the new one started after the old one had stopped.
-    assert started >= stopped, f"the new server started {stopped - started:.1f} s before the old one stopped"
-    assert max(running_at_once) == 1, running_at_once
-    log = new.logs().decode()
-    assert not [line for line in NOT_CLEAN if line in log], log
-
-    # Each spawn: a server that runs, ready and known to the hub; or a refusal with its
-    # message and nothing left running for it (a 500 only where no server then runs).
-    deadline = time.monotonic() + 300
-    for user in users:
-        if user not in answers:
-            continue
-        status, body = answers[user]
-        if status in (201, 202):
-            while (model := hub.server_model(user)) is not None and not model.get("ready"):
-                assert time.monotonic() < deadline, f"{user}'s spawn never ended: {model}"
-                time.sleep(0.5)
-        else:
-            assert isinstance(status, int) and status >= 400, (user, status, body)
-            assert status == 500 or json_message(body), (user, status, body)
-    running = {}
-    for user in users:
-        model, services = hub.server_model(user), services_of(swarm, user)
-        assert bool(services) == bool(model and model.get("ready")), (user, answers.get(user), model, services)
-        if services:
-            assert answers[user][0] in (201, 202), (user, answers[user])
-            running[user] = [s.id for s in services]
-    # Two reconcile rounds (60 s apart): a service the hub did not know would be stopped by now.
-    time.sleep(2 * 60 + 5)
-    assert {u: [s.id for s in services_of(swarm, u)] for u in users if services_of(swarm, u)} == running
-    hub.stop_all_servers()
-    assert all(services_of(swarm, user) == [] for user in users)
-    assert open_allocations(swarm) == []
-
-
-def json_message(body: str) -> str:
-    """The "message" of a JSON error body, or "" (JupyterHub and gpuspawner answer with one)."""
-    try:
-        return str(json.loads(body).get("message") or "")
-    except (ValueError, AttributeError):
-        return ""
-
-
 def database_sh(swarm, node: str, *args: str) -> subprocess.CompletedProcess:
     """examples/stack/database.sh on ``node``, as an admin runs it there."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "DOCKER_HOST": swarm.nodes[node].docker_url}
@@ -401,104 +264,29 @@ def database_sh(swarm, node: str, *args: str) -> subprocess.CompletedProcess:
     return run
 
 
-ASK_THE_HUB = """
-import os, urllib.error, urllib.request
-request = urllib.request.Request(
-    os.environ["JUPYTERHUB_API_URL"] + "/user",
-    headers={"Authorization": "token " + os.environ["JUPYTERHUB_API_TOKEN"]},
-)
-try:
-    print(urllib.request.urlopen(request, timeout=30).status)
-except urllib.error.HTTPError as e:
-    print(e.code)
-"""
-
-
-def hub_answers_server(swarm, service) -> str:
-    """What the hub answers a server that asks who it is, with the API token its container was
-    given (as the server does to check a user's login): its HTTP status."""
-    node, task = task_of(swarm, service)
-    [container] = swarm.client(node).containers.list(filters={"label": f"com.docker.swarm.task.id={task['ID']}"})
-    run = container.exec_run(["python3", "-c", ASK_THE_HUB])
-    return run.output.decode().strip()
-
-
-def allocation_rows(swarm, user: str) -> list[tuple[str, str, float, float | None]]:
-    """(end reason, devices, start, end) of each of ``user``'s rows in the ledger, as POSIX
-    times, read with psql in the stack's database container."""
-    db = swarm.client().services.get(DB_SERVICE)
-    node, task = task_of(swarm, db)
-    [container] = swarm.client(node).containers.list(filters={"label": f"com.docker.swarm.task.id={task['ID']}"})
-    query = (
-        "SELECT a.end_reason, string_agg(d.uuid, ',' ORDER BY d.position), extract(epoch FROM a.started_at), "
-        "extract(epoch FROM a.ended_at) FROM gpuspawner_allocations a LEFT JOIN gpuspawner_allocation_devices d "
-        f"ON d.allocation_id = a.id WHERE a.username = '{user}' GROUP BY a.id ORDER BY a.id"
-    )
-    run = container.exec_run(["psql", "-U", "jupyterhub", "-d", "jupyterhub", "-At", "-F", "|", "-c", query])
-    assert run.exit_code == 0, run.output
-    rows = []
-    for line in run.output.decode().splitlines():
-        reason, devices, started, ended = line.split("|")
-        rows.append((reason, devices, float(started), float(ended) if ended else None))
-    return rows
-
-
 def test_a_backup_restored_into_a_new_database_gives_the_hub_its_state_back(stack, swarm):
     """Guards docs/backup.md: "The restarted hub finds its servers, and who holds which GPU"
     (dump, stop the hub, drop the database, load the dump, start the hub; it serves the same
-    holders and open allocations); "Servers started after the backup": "JupyterHub removes its
-    route from the proxy as it starts", "so the server's own requests to the hub are refused",
-    "The restarted hub stops it" and "with one WARNING in the hub's log naming its user and
-    server" (erin's, started after the dump: stopped within two reconcile rounds, its ledger row
-    from its service's creation to its container's exit, with its end reason)."""
+    holders and open allocations)."""
     hub, state = stack
     assert hub.spawn("alice", {"gpu_model": A100, "gpu_count": 1}).status_code in (201, 202)
     hub.wait_ready("alice", timeout=200)
     before, ledger = holders(hub), open_allocations(swarm)
     assert [user for user, _, _ in ledger] == ["alice"]
-    db_node, _ = task_of(swarm, swarm.client().services.get(DB_SERVICE))
+    db_node, _ = task_of(swarm, swarm.client().services.get(f"{stack_harness.STACK_NAME}_postgres"))
     dump = state / "backup.sql"
     database_sh(swarm, db_node, "backup", str(dump))
     assert dump.stat().st_mode & 0o777 == 0o600 and "gpuspawner_allocations" in dump.read_text()
-    # erin starts a server after the backup: the restored database will not have it.
-    assert hub.spawn("erin", {"gpu_model": A100, "gpu_count": 1}).status_code in (201, 202)
-    hub.wait_ready("erin", timeout=200)
-    (erin,) = services_of(swarm, "erin")
-    erin_created = docker_time(erin.attrs["CreatedAt"])
-    assert hub_answers_server(swarm, erin) == "200"
 
     stack_harness.docker(swarm, "service", "scale", f"{HUB_SERVICE}=0", timeout=180)
-    restored = database_sh(swarm, db_node, "restore", str(dump))
-    assert restored.stdout.strip() == f"restored from {dump}", restored.stdout  # nothing else
+    database_sh(swarm, db_node, "restore", str(dump))
     stack_harness.docker(swarm, "service", "scale", f"{HUB_SERVICE}=1", "--detach")
     stack_harness.wait_serving(hub.url, 240)
-    started = time.monotonic()
+    t0 = time.monotonic()
     while set(hub.api("GET", "/gpuspawner/alloc-map").json()) != set(stack_harness.WORKERS):
-        assert time.monotonic() - started < 120, "the agents did not report to the hub"
+        assert time.monotonic() - t0 < 120, "the agents did not report to the hub"
         time.sleep(0.5)
     assert (hub.server_model("alice") or {}).get("ready")
-    assert hub.api("GET", "/users/erin").status_code == 404  # JupyterHub does not know her, nor her server
-    assert "Deleting stale route /user/erin/" in stack_harness.hub_log(swarm, 5000)
-    assert hub_answers_server(swarm, erin) == "403"  # its API token is not in the restored database
-
-    # Stopped within two reconcile rounds (60 s apart), with one WARNING naming her server.
-    while services_of(swarm, "erin"):
-        assert time.monotonic() - started < 240, "erin's server, unknown to the restored database, still runs"
-        time.sleep(1)
-    TIMES["restore: the restarted hub serving to erin's unknown server stopped"] = time.monotonic() - started
-    while "erin" in {u for users in holders(hub).values() for u in users}:  # once her container has exited
-        assert time.monotonic() - started < 300, "erin's GPU did not come back"
-        time.sleep(1)
-    warnings = [
-        line
-        for line in stack_harness.hub_log(swarm, 5000).splitlines()
-        if "erin's default server" in line and "does not have" in line
-    ]
-    assert len(warnings) == 1 and warnings[0].startswith("[W "), warnings
-    [(reason, devices, row_start, row_end)] = allocation_rows(swarm, "erin")
-    assert reason == "not in the hub's database" and devices in UUIDS["gpu-b"]
-    assert abs(row_start - erin_created) < 1 and row_end is not None and row_end > row_start
-
     assert holders(hub) == before and open_allocations(swarm) == ledger
     hub.stop_server("alice", timeout=120)
     assert open_allocations(swarm) == []
