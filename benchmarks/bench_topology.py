@@ -53,11 +53,12 @@ def topology_of(devices: list[dict]) -> Topology:
     return Topology(links, {d["uuid"]: d["numa"] for d in devices})
 
 
-def cluster(nodes: int) -> tuple[list[GPU], dict[str, Topology]]:
+def cluster(nodes: int, name: str = "{kind}-{n:03d}") -> tuple[list[GPU], dict[str, Topology]]:
+    """``nodes`` nodes of each kind, named by ``name``, and how each one's GPUs are linked."""
     gpus, tops = [], {}
     for kind, make in NODES.items():
         for n in range(nodes):
-            host = f"{kind}-{n:03d}"
+            host = name.format(kind=kind, n=n)
             devices = make(f"{n:04d}{list(NODES).index(kind):04d}")
             gpus += [GPU(host, d["index"], d["uuid"], d["name"], d["memory_total_mib"]) for d in devices]
             tops[host] = topology_of(devices)

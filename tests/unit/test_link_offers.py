@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.bench_topology import NODES, topology_of
+from benchmarks.bench_topology import NODES, cluster, topology_of
 from gpuspawner.allocator import links as links_module
 from gpuspawner.allocator.allocator import AllocationRefused, Allocator, Request
 from gpuspawner.allocator.fragment import Mix, Placed
@@ -22,15 +22,8 @@ from gpuspawner.core.topology import Topology
 
 def fake_cluster(per_kind: int = 2, known: bool = True) -> tuple[list[GPU], dict[str, Topology]]:
     """``per_kind`` nodes of each of the fake NVML's kinds; hosts of kind k are k-0, k-1..."""
-    gpus, tops = [], {}
-    for kind, make in NODES.items():
-        for n in range(per_kind):
-            host = f"{kind}-{n}"
-            devices = make(f"{n:04d}{list(NODES).index(kind):04d}")
-            gpus += [GPU(host, d["index"], d["uuid"], d["name"], d["memory_total_mib"]) for d in devices]
-            if known:
-                tops[host] = topology_of(devices)
-    return gpus, tops
+    gpus, tops = cluster(per_kind, "{kind}-{n}")
+    return gpus, tops if known else {}
 
 
 def allocator(policy: str, busy: set[int], unknown: set[str] = frozenset()) -> Allocator:
