@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -19,12 +20,16 @@ from pathlib import Path
 
 import pytest
 import requests
+from jupyterhub.httpclient import JupyterHubHTTPClient, fetch
 from tornado import web
 from tornado.httpserver import HTTPServer
+from tornado.ioloop import IOLoop
+from tornado.netutil import bind_sockets
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "labextension"))
 from gpuspawner_lab.handlers import hub_status_url  # noqa: E402
+from gpuspawner_lab.hub_lookups import look_hub_up_afresh  # noqa: E402
 
 GPUS = {
     "server": "",
@@ -123,6 +128,8 @@ async def test_the_status_is_the_hubs_answer_for_this_server_asked_with_its_toke
     finally:
         proc.terminate()
         proc.wait(10)
+    # Under a hub, JupyterHub's own client in the server was made by the extension (see below).
+    assert "the hub's address is looked up for each new connection" in proc.stdout.read()
 
 
 async def test_a_hub_that_refuses_or_is_not_there_is_said_and_nothing_fails(tmp_path, hub):
@@ -192,3 +199,53 @@ async def test_an_announced_stop_writes_the_notice_file_and_a_withdrawn_one_remo
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+class ClosingHub(web.RequestHandler):
+    def get(self):
+        self.set_header("Connection", "close")  # each request a new connection, so a new lookup
+        self.write({})
+
+
+def hub_lookups(afresh: bool) -> list[str]:
+    """The names JupyterHub's HTTP client asks the event loop's getaddrinfo for, in two
+    requests to a stand-in hub at ``localhost`` (each on a new connection), with the
+    extension's client or JupyterHub's own."""
+    JupyterHubHTTPClient.clear_instance()  # one a hub of another test made, with its own lookups
+    io_loop, asked = IOLoop(), []
+    loop = io_loop.asyncio_loop
+    plain = loop.getaddrinfo
+
+    async def getaddrinfo(host, *args, **kwargs):
+        asked.append(host)
+        return await plain(host, *args, **kwargs)
+
+    loop.getaddrinfo = getaddrinfo
+    server = HTTPServer(web.Application([(r"/hub/api", ClosingHub)]))
+    [sock] = bind_sockets(0, "127.0.0.1")
+    port = sock.getsockname()[1]
+
+    async def serve_and_ask() -> None:
+        server.add_sockets([sock])
+        for _ in range(2):
+            (await fetch(f"http://localhost:{port}/hub/api")).release()
+        await JupyterHubHTTPClient.instance().close()
+
+    try:
+        if afresh:
+            assert look_hub_up_afresh(io_loop, logging.getLogger("test")) is True
+        io_loop.run_sync(serve_and_ask)
+    finally:
+        server.stop()
+        JupyterHubHTTPClient.clear_instance()
+        io_loop.close(all_fds=True)
+    return [h for h in asked if h == "localhost"]
+
+
+def test_the_servers_hub_client_looks_the_hubs_name_up_for_each_new_connection():
+    """Guards docs/deploy.md, "How a proxy restart behaves": "makes JupyterHub's own client in the server
+    look the name up for each new connection"."""
+    # JupyterHub's own client resolves through c-ares (aiodns), which keeps each answer for
+    # its DNS lifetime, and never asks the loop: what left servers on a dead proxy's address.
+    assert hub_lookups(afresh=False) == []
+    assert hub_lookups(afresh=True) == ["localhost", "localhost"]
