@@ -27,6 +27,7 @@ __all__ = [
     "admin_settings",
     "docker_connection",
     "hold_spawn_slot",
+    "hub_session",
     "running_hub",
     "service_names",
     "spawn_in_background",
@@ -63,6 +64,12 @@ def running_hub():
     from jupyterhub.app import JupyterHub
 
     return JupyterHub.instance() if JupyterHub.initialized() else None
+
+
+def hub_session():
+    """The running hub's shared database session (``JupyterHub.db``), or None."""
+    app = running_hub()
+    return None if app is None else getattr(app, "db", None)
 
 
 def user_spawner(app, user: str, server: str):

@@ -43,6 +43,7 @@ from ..reclaim.reclaimer import Reclaimer
 from ..reclaim.reservations import ReservationKeeper, milli_asked
 from ..reclaim.settings import ReclaimSettings
 from . import logs
+from .database_wait import keep_idle_transaction_ended
 from .resume import resume_waiting
 from .settings import SPAWNER_SECTIONS, GPUSettings, placement_mix, spawner_values
 
@@ -367,7 +368,8 @@ class GPUHub:
             self._log_undo = logs.log_through_hub(self.log)
             self._spawn_task(_until_cancelled(self._log_undo))  # also undone if the loop ends first
         self.show_metrics()
-        for job in (self._keep_reconciling(), metrics.watch_event_loop(), self._keep_reclaiming()):
+        loops = (self._keep_reconciling(), metrics.watch_event_loop(), self._keep_reclaiming())
+        for job in (*loops, keep_idle_transaction_ended(hub_port.hub_session)):
             self._spawn_task(job)
 
     async def stop(self) -> None:

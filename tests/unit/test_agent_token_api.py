@@ -32,8 +32,10 @@ INVALID = "Missing or invalid credentials."
 
 
 async def served(config: Config) -> tuple[JupyterHub, HTTPServer, int]:
-    """A JupyterHub made from ``config`` and served over HTTP on a free loopback port."""
-    app = JupyterHub()
+    """A JupyterHub made from ``config`` and served over HTTP on a free loopback port: the
+    process's hub, as `jupyterhub` makes it (the one gpuspawner's hub_port finds)."""
+    JupyterHub.clear_instance()
+    app = JupyterHub.instance()
     app.update_config(config)
     await app.initialize([])
     sockets = bind_sockets(0, "127.0.0.1")
@@ -107,6 +109,7 @@ async def hub(monkeypatch, tmp_path):
         server.stop()
     for gpu_hub in hubs:  # configure(c) started its loops in this test's loop
         await gpu_hub.stop()
+    JupyterHub.clear_instance()
 
 
 def b0():

@@ -10,12 +10,16 @@ logged in is sent to the login page", "Every request with an API token is refuse
 Missing or invalid credentials)", "A spawn request is refused before it reaches the
 spawner", "An agent's report is refused (503, the ledger's database is unreachable)" and
 "The same hub answers as before, without a restart: the browser's session is still logged
-in, tokens work, logins and spawns work, and the agents' next reports are taken"."""
+in, tokens work, logins and spawns work, and the agents' next reports are taken" and "The
+first request that needs the database waits 10 s for it, then fails; the next ones fail at
+once until a connection succeeds"."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 
 import pytest
 import requests
@@ -23,6 +27,7 @@ from tornado.httpclient import AsyncHTTPClient
 
 from devtools import postgres
 from gpuspawner.hub.app import KEY
+from gpuspawner.hub.database_wait import WAIT_SECONDS, waiting_connections
 from tests.ci import skip_or_fail
 from tests.unit.test_agent_token_api import ADMIN, READER, hub, hub_config  # noqa: F401 - hub: the fixture
 from tests.unit.test_reports import device
@@ -87,7 +92,9 @@ class Browser:
         return await self._run(home)
 
 
-async def test_the_shared_database_down_and_back_under_a_running_hub(hub, database, tmp_path):  # noqa: F811
+async def stack_like_hub(hub, database, tmp_path):  # noqa: F811
+    """A hub whose own database and GPU ledger are one PostgreSQL database, connecting as
+    examples/stack/jupyterhub_config.py has it connect: (its API, its URL, its config)."""
     url = database.create_database("jupyterhub")
     config = hub_config(
         tmp_path,
@@ -95,20 +102,31 @@ async def test_the_shared_database_down_and_back_under_a_running_hub(hub, databa
         gpu_inventory={"gpu-b": [{"uuid": "GPU-b0", "model": A100, "memory_mib": 81920}]},
     )
     config.JupyterHub.db_url = config.GPUSwarmSpawner.gpu_db_url = url  # one database, as the stack's
+    config.JupyterHub.db_kwargs = waiting_connections(url)  # as the stack's
     config.JupyterHub.authenticator_class = "dummy"
     config.Authenticator.allow_all = True
     config.JupyterHub.tornado_settings.update({"slow_spawn_timeout": 1})
     api = await hub(config)
-    base = api.base.split("/hub/")[0]
+    return api, api.base.split("/hub/")[0], config
+
+
+async def test_the_shared_database_down_and_back_under_a_running_hub(hub, database, tmp_path):  # noqa: F811
+    api, base, config = await stack_like_hub(hub, database, tmp_path)
     alice = Browser(base)
     assert await alice.login("alice") == (302, "/hub/spawn")
     assert await alice.home() == (200, None)
     node = await api.issue("gpu-b")
     assert (await api.report(node, "gpu-b", device(0, "GPU-b0")))[0] == 200
 
+    await asyncio.sleep(1.5)  # the session's idle transaction ended (database_wait)
     database.stop()  # "fast": every connection ends, as the stack's database service stops
     assert (await fetch(base + "/hub/health"))[0] == 200
+    # The first request that needs the database waits WAIT_SECONDS for it, then fails; the
+    # next ones fail at once until it is back.
+    asked = time.monotonic()
     assert (await Browser(base).login("bob"))[0] == 500
+    assert WAIT_SECONDS <= time.monotonic() - asked < WAIT_SECONDS + 5
+    asked = time.monotonic()
     assert await alice.home() == (302, "/hub/login?next=%2Fhub%2Fhome")
     assert (await fetch(base + "/hub/api/users/alice", token=READER))[:2] == (403, INVALID)
     for options in ({}, {"gpu_model": A100}):
@@ -117,6 +135,7 @@ async def test_the_shared_database_down_and_back_under_a_running_hub(hub, databa
     assert code == 503 and "GPU ledger database" in answer["message"] and "Connection refused" in answer["message"]
     holdings = config.JupyterHub.tornado_settings.get_value({})[KEY].holdings
     assert holdings.all() == {}  # no server was started, no GPU booked
+    assert time.monotonic() - asked < 5  # no more waits
 
     database.start()  # the same hub, not restarted
     assert await alice.home() == (200, None)
@@ -125,4 +144,32 @@ async def test_the_shared_database_down_and_back_under_a_running_hub(hub, databa
     assert (await Browser(base).login("bob"))[0] == 302
     assert (await api.report(node, "gpu-b", device(0, "GPU-b0")))[0] == 200
     assert (await fetch(base + "/hub/api/users/alice/server", "POST", ADMIN, {"gpu_model": A100}))[0] in (201, 202)
+    assert [h.held.uuids for h in holdings.all().values()] == [("GPU-b0",)]
+
+
+async def test_a_short_restart_of_the_shared_database_is_a_pause_for_users(hub, database, tmp_path):  # noqa: F811
+    """Guards docs/reliability.md, "The production stack as a whole": "a restart shorter than
+    that is a pause: each request waits for the database and is answered as usual"."""
+    api, base, config = await stack_like_hub(hub, database, tmp_path)
+    alice = Browser(base)
+    assert await alice.login("alice") == (302, "/hub/spawn")
+    node = await api.issue("gpu-b")
+    assert (await api.report(node, "gpu-b", device(0, "GPU-b0")))[0] == 200
+
+    await asyncio.sleep(1.5)  # the session's idle transaction ended (database_wait)
+    database.stop()
+    back = threading.Timer(2, database.start)  # its restart: back 2 s later
+    back.start()
+    asked = time.monotonic()
+    try:
+        code, answer, _ = await fetch(base + "/hub/api/users/alice", token=READER)
+        assert code == 200 and answer["name"] == "alice"
+        assert time.monotonic() - asked >= 2  # it waited for the database
+        assert await alice.home() == (200, None)
+        assert (await Browser(base).login("bob"))[0] == 302
+        assert (await fetch(base + "/hub/api/users/alice/server", "POST", ADMIN, {"gpu_model": A100}))[0] in (201, 202)
+        assert (await api.report(node, "gpu-b", device(0, "GPU-b0")))[0] == 200
+    finally:
+        back.join()
+    holdings = config.JupyterHub.tornado_settings.get_value({})[KEY].holdings
     assert [h.held.uuids for h in holdings.all().values()] == [("GPU-b0",)]

@@ -1,0 +1,99 @@
+"""JupyterHub's own database connections wait out a short restart of the database.
+
+JupyterHub asks its database synchronously, through one session that every request
+shares. While the stack's PostgreSQL service restarts (seconds: its name does not even
+resolve until the new task runs), each new connection failed at once, and users met
+JupyterHub's own failures: logins 500, tokens 403, and a spawn in flight answered 500
+although its server then started (JupyterHub's handler reread the server's row after
+another request's failure had rolled the shared session back).
+
+:func:`waiting_connections` gives JupyterHub's engine (``c.JupyterHub.db_kwargs``) a
+connection factory that tries again every half second for up to ``wait`` seconds, and
+pings a pooled connection before using it (a restart ends them all), so a restart is a
+pause, not a failure. The wait blocks the hub's event loop, as every query of JupyterHub's
+does; so a database that stays down costs it once: after a wait that ends in failure, each
+connection is tried once, failing as fast as before, until one succeeds.
+
+A connection JupyterHub's session already holds is not pinged: after a read, the session
+keeps its transaction (and the connection) open until its next commit, and a restart ends
+that connection under it, so the next request that asked would fail.
+:func:`keep_idle_transaction_ended` ends such a transaction every second when it holds no
+change (JupyterHub commits its changes as it makes them), so the next query checks a
+connection out of the pool, pinged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.engine import make_url
+
+__all__ = ["WAIT_SECONDS", "WaitingConnect", "keep_idle_transaction_ended", "waiting_connections"]
+
+WAIT_SECONDS = 10.0  # a restart measured 4 s on the test swarm; the health check allows 6 s, 3 times
+RETRY_EVERY = 0.5
+
+
+class WaitingConnect:
+    """A ``creator`` for :func:`sqlalchemy.create_engine`: the URL's own DB-API connection,
+    tried again while the database is not there, for up to ``wait`` seconds."""
+
+    def __init__(
+        self,
+        url: str,
+        wait: float = WAIT_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        parsed = make_url(url)
+        dialect_class = parsed.get_dialect()
+        self._dialect = dialect_class(dbapi=dialect_class.import_dbapi())
+        self._args = self._dialect.create_connect_args(parsed)
+        self._wait, self._clock, self._sleep = wait, clock, sleep
+        self._failing = False  # a wait ended in failure, and nothing has connected since
+        self._lock = threading.Lock()
+
+    def __deepcopy__(self, memo: dict) -> WaitingConnect:
+        return self  # one factory, whoever copies the config that holds it (traitlets does)
+
+    def __call__(self) -> Any:
+        cargs, cparams = self._args
+        deadline = self._clock() + (0 if self._failing else self._wait)
+        while True:
+            try:
+                connection = self._dialect.connect(*cargs, **cparams)
+            except self._dialect.loaded_dbapi.OperationalError:
+                if self._clock() >= deadline:
+                    with self._lock:
+                        self._failing = True
+                    raise
+                self._sleep(RETRY_EVERY)
+            else:
+                with self._lock:
+                    self._failing = False
+                return connection
+
+
+def waiting_connections(url: str, wait: float = WAIT_SECONDS) -> dict[str, Any]:
+    """``c.JupyterHub.db_kwargs`` for ``url`` (``c.JupyterHub.db_url``): connections that
+    wait up to ``wait`` seconds for the database, pooled ones pinged before use."""
+    return {"creator": WaitingConnect(url, wait), "pool_pre_ping": True}
+
+
+async def keep_idle_transaction_ended(session: Callable[[], Any], every: float = 1.0) -> None:
+    """Every ``every`` seconds, end the transaction of ``session()`` (JupyterHub's shared
+    session, or None) when it holds no change. A commit that fails (the database went away
+    under it) is rolled back, as JupyterHub does after a database error."""
+    while True:
+        await asyncio.sleep(every)
+        db = session()
+        if db is None or not db.in_transaction() or db.new or db.dirty or db.deleted:
+            continue
+        try:
+            db.commit()
+        except Exception:  # noqa: BLE001 - the session must not stay in a failed transaction
+            db.rollback()

@@ -1,0 +1,64 @@
+"""gpuspawner.hub.database_wait on a real DB-API (sqlite3, whose connect fails with
+OperationalError while the database's folder is not there, as psycopg's does while
+PostgreSQL restarts), with the clock and the sleep taken over: the waits are counted, not
+slept. The stack's PostgreSQL restarted under a running hub is in
+tests/unit/test_stack_database_down.py."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from gpuspawner.hub.database_wait import RETRY_EVERY, WaitingConnect, waiting_connections
+
+
+class Clock:
+    def __init__(self, on_sleep=None):
+        self.now, self.slept, self.on_sleep = 0.0, 0, on_sleep
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.slept += 1
+        if self.on_sleep:
+            self.on_sleep(self.now)
+
+
+def test_a_database_that_comes_back_within_the_wait_is_a_pause_not_a_failure(tmp_path):
+    folder = tmp_path / "db"
+    clock = Clock(on_sleep=lambda now: now >= 3 and folder.mkdir(exist_ok=True))
+    connect = WaitingConnect(f"sqlite:///{folder}/hub.sqlite", wait=10, clock=clock, sleep=clock.sleep)
+    connection = connect()
+    assert isinstance(connection, sqlite3.Connection)
+    connection.close()
+    assert clock.now == 3 and clock.slept == 3 / RETRY_EVERY
+
+
+def test_a_database_that_stays_down_costs_one_wait_then_fails_fast_until_it_is_back(tmp_path):
+    folder = tmp_path / "db"
+    clock = Clock()
+    connect = WaitingConnect(f"sqlite:///{folder}/hub.sqlite", wait=10, clock=clock, sleep=clock.sleep)
+    with pytest.raises(sqlite3.OperationalError):
+        connect()
+    assert clock.now == 10  # the whole wait, once
+    for _ in range(3):
+        with pytest.raises(sqlite3.OperationalError):
+            connect()
+    assert clock.now == 10  # then each try once: no more waiting
+    folder.mkdir()
+    connect().close()  # back: the next outage is waited out again
+    folder.rename(tmp_path / "gone")
+    with pytest.raises(sqlite3.OperationalError):
+        connect()
+    assert clock.now == 20
+
+
+def test_the_settings_for_jupyterhub_ping_pooled_connections(tmp_path):
+    """Guards docs/deploy.md, "How a database restart behaves": "waits up to 10 s for the
+    database" and "pings a pooled connection before it uses it"."""
+    kwargs = waiting_connections(f"sqlite:///{tmp_path}/hub.sqlite")
+    assert kwargs["pool_pre_ping"] is True and isinstance(kwargs["creator"], WaitingConnect)
+    assert kwargs["creator"]._wait == 10
