@@ -21,22 +21,26 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m pip install -q -e '.[test,lint,lab,docs]'
 	touch $@
 
-# Every test: unit tests and integration tests on a real three-node swarm, then the long
-# explorations of interleavings (`make explore`, one worker per CPU), even when a test before
-# failed; it fails when either does.
+# Every test: the unit tests (one worker per CPU), the integration tests on a real
+# three-node swarm (one at a time: they share the swarm; the slowest are listed), then the
+# long explorations of interleavings (`make explore`), each even when one before failed; it
+# fails when any does.
 test: deps
-	$(PYTHON) -m pytest -ra -m "not explore" tests; failed=$$?; $(MAKE) --no-print-directory explore && exit $$failed
+	$(PYTHON) -m pytest -ra -n auto -m "not explore" tests/unit; unit=$$?; \
+	$(PYTHON) -m pytest -ra --durations=15 tests/integration; integration=$$?; \
+	$(MAKE) --no-print-directory explore && exit $$((unit || integration))
 
-# The tests that need no docker, less the long explorations of interleavings (a minute and
-# a half here); `make explore` runs those alone, and `make test` runs everything.
+# The tests that need no docker, less the long explorations of interleavings, one worker
+# per CPU (two and a half minutes on two cores); `make explore` runs those alone, and
+# `make test` runs everything.
 unit: $(VENV)/.installed
-	$(PYTHON) -m pytest -ra -m "not explore" tests/unit
+	$(PYTHON) -m pytest -ra -n auto -m "not explore" tests/unit
 
 # EXPLORE_SCALE=N samples N times as many schedules (the first ones unchanged): CI runs
 # the bounded number, a long exploration by hand as many more as it likes. Each
 # exploration is deterministic and needs no docker, so they run side by side (pytest-xdist).
 explore: $(VENV)/.installed
-	GPUSPAWNER_EXPLORE_SCALE=$(or $(EXPLORE_SCALE),1) $(PYTHON) -m pytest -ra -n auto -m explore tests/unit
+	GPUSPAWNER_EXPLORE_SCALE=$(or $(EXPLORE_SCALE),1) $(PYTHON) -m pytest -ra --durations=8 -n auto -m explore tests/unit
 
 # ruff check, ruff format --check and mypy: the hooks of .pre-commit-config.yaml, on every tracked file.
 lint: $(VENV)/.installed

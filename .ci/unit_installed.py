@@ -44,7 +44,8 @@ def main(source: Path) -> int:
         # documentation site is built from the tree with the docs extra: `make test` runs both.
         leave_out = ["--ignore", "tests/unit/test_labextension.py", "-m", "not explore and not docs_site"]
         return subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/unit", *leave_out], cwd=copy
+            [sys.executable, "-m", "pytest", "-q", "-n", "auto", "-p", "no:cacheprovider", "tests/unit", *leave_out],
+            cwd=copy,
         ).returncode
 
 

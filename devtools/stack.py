@@ -53,6 +53,7 @@ STACK_NAME = "gpuspawner"
 NETWORK = "gpuspawner"
 HUB_NODE = "gpu-a"
 DB_NODE = "gpu-b"
+RECONCILE_INTERVAL = 10  # s; the stack's default is 60
 WORKERS = ("gpu-a", "gpu-b")
 PORT = 8000
 AGENT_INTERVAL = 2  # s between the agents' reports here (15 in stack.yml)
@@ -115,6 +116,7 @@ def local_stack(cluster, state_dir: Path, images: dict[str, str], lib_dir: Path,
         GPUSPAWNER_TASK_START_TIMEOUT="90",
         GPUSPAWNER_START_TIMEOUT="150",
         GPUSPAWNER_HTTP_TIMEOUT="90",
+        GPUSPAWNER_RECONCILE_INTERVAL=str(RECONCILE_INTERVAL),  # the fault tests wait for two rounds
     )
     docker_etc = state_dir / "docker-etc"
     docker_etc.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
+from gpuspawner.hub.database_wait import waiting_connections
 from gpuspawner.hubconfig import configure
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
@@ -37,6 +38,11 @@ c.ConfigurableHTTPProxy.should_start = False
 c.ConfigurableHTTPProxy.api_url = env("GPUSPAWNER_PROXY_API_URL", "http://proxy:8001")
 c.Spawner.hub_connect_url = env("GPUSPAWNER_SERVERS_HUB_URL", "http://proxy:8000")
 c.ConfigurableHTTPProxy.auth_token = secret("proxy_auth_token")
+# A proxy task started again (a crash, a node's reboot) has no routes: the hub puts them
+# back at its next check of the proxy's routes, which comes every last_activity_interval
+# (JupyterHub's default, 300 s, left users' pages looping for minutes). Each check also
+# reads the routes' activity; 10 s is a cheap request to the proxy.
+c.JupyterHub.last_activity_interval = 10
 c.JupyterHub.cookie_secret = bytes.fromhex(secret("cookie_secret"))
 
 # The hub's database and gpuspawner's ledger: PostgreSQL (the stack's postgres service),
@@ -45,6 +51,9 @@ c.JupyterHub.cookie_secret = bytes.fromhex(secret("cookie_secret"))
 db = make_url(env("GPUSPAWNER_DB_URL", "postgresql+psycopg://jupyterhub@postgres:5432/jupyterhub"))
 db = db.set(password=secret("postgres_password"))
 c.JupyterHub.db_url = db.render_as_string(hide_password=False)
+# JupyterHub's connections wait out a restart of the database (up to 20 s) instead of
+# failing users' requests (docs/deploy.md, "How a database restart behaves").
+c.JupyterHub.db_kwargs = waiting_connections(c.JupyterHub.db_url)
 ledger = env("GPUSPAWNER_LEDGER_URL")
 c.GPUSwarmSpawner.gpu_db_url = (
     make_url(ledger).set(password=db.password).render_as_string(hide_password=False) if ledger else c.JupyterHub.db_url
@@ -98,6 +107,8 @@ if "static" in c.GPUSwarmSpawner.gpu_inventory_source:
 c.GPUSwarmSpawner.task_start_timeout = int(env("GPUSPAWNER_TASK_START_TIMEOUT", "100"))
 c.Spawner.start_timeout = int(env("GPUSPAWNER_START_TIMEOUT", "120"))
 c.Spawner.http_timeout = int(env("GPUSPAWNER_HTTP_TIMEOUT", "60"))
+# How often the hub compares who holds which GPU with the services the swarm runs.
+c.GPUSwarmSpawner.reconcile_interval = int(env("GPUSPAWNER_RECONCILE_INTERVAL", "60"))
 
 # gpuspawner's endpoints, admin page and metrics; stops the hub at start, with one
 # line, if a setting is wrong.

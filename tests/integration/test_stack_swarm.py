@@ -17,91 +17,25 @@ import subprocess
 import sys
 import time
 
-import pytest
 import requests
-import yaml
 
 from devtools import agent_stack
 from devtools import stack as stack_harness
-from devtools.hub import REPO
+from tests.integration.stack_support import (
+    A100,
+    HUB_SERVICE,
+    RESTART_BOUND,
+    TIMES,
+    UUIDS,
+    container_env,
+    holders,
+    login,
+    open_allocations,
+    opened,
+    stack_fixture,  # noqa: F401 - the module's stack
+    task_of,
+)
 from tests.integration.support import services_of
-
-A100 = "NVIDIA A100 80GB PCIe"
-INVENTORY = yaml.safe_load((REPO / "examples/local/gpus.yaml").read_text())
-UUIDS = {host: [d["uuid"] for d in devices] for host, devices in INVENTORY.items()}
-HUB_SERVICE = f"{stack_harness.STACK_NAME}_hub"
-TIMES: dict[str, float] = {}
-
-
-@pytest.fixture(scope="module")
-def stack(swarm, jupyter_image, tmp_path_factory):
-    state = tmp_path_factory.mktemp("stack")
-    try:
-        hub, seconds = stack_harness.up(swarm, state)
-    except stack_harness.StackError as e:
-        pytest.fail(f"the stack did not come up:\n{e}\n{stack_harness.service_errors(swarm)}", pytrace=False)
-    TIMES["deploy to a ready hub"] = seconds
-    print(f"\nstack deployed: hub ready {seconds:.1f} s after `docker stack deploy`")
-    yield hub, state
-    stack_harness.down(swarm, state)
-    assert stack_harness.network(swarm) is None
-    print("\n" + "\n".join(f"{what}: {s:.1f} s" for what, s in TIMES.items()))
-
-
-def login(hub, user: str, password: str) -> requests.Session:
-    s = requests.Session()
-    s.get(hub.url + "/hub/login", timeout=10)
-    r = s.post(
-        hub.url + "/hub/login",
-        data={"username": user, "password": password, "_xsrf": s.cookies.get("_xsrf")},
-        timeout=10,
-    )
-    r.raise_for_status()
-    return s
-
-
-RESTART_BOUND = 60  # s from the restarted hub serving to each server answering (docs/deploy.md)
-
-
-def opened(hub, user: str, password: str) -> int | str:
-    """A fresh login, then the user's server API: its status code, or what failed."""
-    try:
-        return login(hub, user, password).get(hub.url + f"/user/{user}/api/status", timeout=30).status_code
-    except requests.RequestException as e:
-        return repr(e)
-
-
-def task_of(swarm, service) -> tuple[str, dict]:
-    [task] = [t for t in service.tasks() if t["Status"]["State"] == "running"]
-    return swarm.hostname_of(task["NodeID"]), task
-
-
-def container_env(swarm, node: str, service) -> dict[str, str]:
-    [container] = swarm.client(node).containers.list(filters={"label": f"com.docker.swarm.service.id={service.id}"})
-    out = container.exec_run(["env"]).output.decode()
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-
-
-def holders(hub) -> dict[str, list[str]]:
-    """{device uuid: [user, ...]} from the hub's allocation map."""
-    alloc_map = hub.api("GET", "/gpuspawner/alloc-map").json()
-    return {uuid: sorted(h["user"] for h in d["holders"]) for host in alloc_map.values() for uuid, d in host.items()}
-
-
-def open_allocations(swarm) -> list[tuple[str, str, str]]:
-    """(user, host, devices) of each allocation the ledger has open, read with psql in
-    the stack's database container."""
-    db = swarm.client().services.get(f"{stack_harness.STACK_NAME}_postgres")
-    node, task = task_of(swarm, db)
-    [container] = swarm.client(node).containers.list(filters={"label": f"com.docker.swarm.task.id={task['ID']}"})
-    query = (
-        "SELECT a.username, a.host, string_agg(d.uuid, ',' ORDER BY d.position) FROM gpuspawner_allocations a "
-        "LEFT JOIN gpuspawner_allocation_devices d ON d.allocation_id = a.id WHERE a.ended_at IS NULL "
-        "GROUP BY a.id, a.username, a.host ORDER BY a.username"
-    )
-    run = container.exec_run(["psql", "-U", "jupyterhub", "-d", "jupyterhub", "-At", "-F", " ", "-c", query])
-    assert run.exit_code == 0, run.output
-    return [tuple(line.split(" ")) for line in run.output.decode().splitlines()]  # type: ignore[misc]
 
 
 def test_the_stack_runs_as_deployed(stack, swarm):
@@ -252,41 +186,3 @@ def test_a_rotated_agent_token_is_picked_up_without_a_restart(stack, swarm):
     TIMES["new token file written to the node's GPUs offered again"] = seconds = time.monotonic() - t0
     assert seconds < 2 * stack_harness.AGENT_INTERVAL, f"{seconds:.1f} s"
     assert sorted(t["ID"] for t in agent.tasks(filters={"desired-state": "running"})) == tasks
-
-
-def database_sh(swarm, node: str, *args: str) -> subprocess.CompletedProcess:
-    """examples/stack/database.sh on ``node``, as an admin runs it there."""
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "DOCKER_HOST": swarm.nodes[node].docker_url}
-    run = subprocess.run(
-        ["sh", str(REPO / "examples/stack/database.sh"), *args], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 0, run.stderr
-    return run
-
-
-def test_a_backup_restored_into_a_new_database_gives_the_hub_its_state_back(stack, swarm):
-    """Guards docs/backup.md: "The restarted hub finds its servers, and who holds which GPU"
-    (dump, stop the hub, drop the database, load the dump, start the hub; it serves the same
-    holders and open allocations)."""
-    hub, state = stack
-    assert hub.spawn("alice", {"gpu_model": A100, "gpu_count": 1}).status_code in (201, 202)
-    hub.wait_ready("alice", timeout=200)
-    before, ledger = holders(hub), open_allocations(swarm)
-    assert [user for user, _, _ in ledger] == ["alice"]
-    db_node, _ = task_of(swarm, swarm.client().services.get(f"{stack_harness.STACK_NAME}_postgres"))
-    dump = state / "backup.sql"
-    database_sh(swarm, db_node, "backup", str(dump))
-    assert dump.stat().st_mode & 0o777 == 0o600 and "gpuspawner_allocations" in dump.read_text()
-
-    stack_harness.docker(swarm, "service", "scale", f"{HUB_SERVICE}=0", timeout=180)
-    database_sh(swarm, db_node, "restore", str(dump))
-    stack_harness.docker(swarm, "service", "scale", f"{HUB_SERVICE}=1", "--detach")
-    stack_harness.wait_serving(hub.url, 240)
-    t0 = time.monotonic()
-    while set(hub.api("GET", "/gpuspawner/alloc-map").json()) != set(stack_harness.WORKERS):
-        assert time.monotonic() - t0 < 120, "the agents did not report to the hub"
-        time.sleep(0.5)
-    assert (hub.server_model("alice") or {}).get("ready")
-    assert holders(hub) == before and open_allocations(swarm) == ledger
-    hub.stop_server("alice", timeout=120)
-    assert open_allocations(swarm) == []

@@ -42,8 +42,8 @@ def test_the_contributing_tree_lists_every_module_of_the_package():
 
 def test_make_unit_leaves_out_the_explorations_that_make_explore_and_make_test_run():
     """Guards CONTRIBUTING.md: `make unit` runs the unit tests less those marked explore; `make explore`
-    runs those alone; `make test` runs everything: all tests less the explorations, then
-    `make explore`."""
+    runs those alone; `make test` runs everything: the unit tests less the explorations, the
+    integration tests, then `make explore`."""
     makefile = (REPO / "Makefile").read_text()
 
     def recipe(target: str) -> str:
@@ -52,7 +52,12 @@ def test_make_unit_leaves_out_the_explorations_that_make_explore_and_make_test_r
     assert '-m "not explore" tests/unit' in recipe("unit")
     assert "-m explore tests/unit" in recipe("explore")
     test = recipe("test")
-    assert '-m "not explore" tests;' in test and "$(MAKE) --no-print-directory explore && exit $$failed" in test
+    assert '-m "not explore" tests/unit;' in test and " tests/integration;" in test  # every test directory
+    assert {p.name for p in (REPO / "tests").iterdir() if p.is_dir() and p.name.startswith(("unit", "integ"))} == {
+        "unit",
+        "integration",
+    }
+    assert "$(MAKE) --no-print-directory explore && exit $$((unit || integration))" in test
     marked = [p.name for p in (REPO / "tests" / "unit").glob("test_*.py") if "@pytest.mark.explore" in p.read_text()]
     assert len(marked) >= 4, marked
     assert "explore:" in (REPO / "setup.cfg").read_text()  # the marker is registered

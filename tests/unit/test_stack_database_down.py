@@ -11,7 +11,7 @@ Missing or invalid credentials)", "A spawn request is refused before it reaches 
 spawner", "An agent's report is refused (503, the ledger's database is unreachable)" and
 "The same hub answers as before, without a restart: the browser's session is still logged
 in, tokens work, logins and spawns work, and the agents' next reports are taken" and "The
-first request that needs the database waits 10 s for it, then fails; the next ones fail at
+first request that needs the database waits 20 s for it, then fails; the next ones fail at
 once until a connection succeeds"."""
 
 from __future__ import annotations
