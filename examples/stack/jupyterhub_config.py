@@ -51,7 +51,7 @@ c.JupyterHub.cookie_secret = bytes.fromhex(secret("cookie_secret"))
 db = make_url(env("GPUSPAWNER_DB_URL", "postgresql+psycopg://jupyterhub@postgres:5432/jupyterhub"))
 db = db.set(password=secret("postgres_password"))
 c.JupyterHub.db_url = db.render_as_string(hide_password=False)
-# JupyterHub's connections wait out a restart of the database (up to 20 s) instead of
+# JupyterHub's connections wait out a restart of the database (up to 30 s) instead of
 # failing users' requests (docs/deploy.md, "How a database restart behaves").
 c.JupyterHub.db_kwargs = waiting_connections(c.JupyterHub.db_url)
 ledger = env("GPUSPAWNER_LEDGER_URL")

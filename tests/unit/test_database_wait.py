@@ -57,8 +57,8 @@ def test_a_database_that_stays_down_costs_one_wait_then_fails_fast_until_it_is_b
 
 
 def test_the_settings_for_jupyterhub_ping_pooled_connections(tmp_path):
-    """Guards docs/deploy.md, "How a database restart behaves": "waits up to 20 s for the
+    """Guards docs/deploy.md, "How a database restart behaves": "waits up to 30 s for the
     database" and "pings a pooled connection before it uses it"."""
     kwargs = waiting_connections(f"sqlite:///{tmp_path}/hub.sqlite")
     assert kwargs["pool_pre_ping"] is True and isinstance(kwargs["creator"], WaitingConnect)
-    assert kwargs["creator"]._wait == 20 == WAIT_SECONDS
+    assert kwargs["creator"]._wait == 30 == WAIT_SECONDS

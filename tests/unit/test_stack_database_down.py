@@ -11,7 +11,7 @@ Missing or invalid credentials)", "A spawn request is refused before it reaches 
 spawner", "An agent's report is refused (503, the ledger's database is unreachable)" and
 "The same hub answers as before, without a restart: the browser's session is still logged
 in, tokens work, logins and spawns work, and the agents' next reports are taken" and "The
-first request that needs the database waits 20 s for it, then fails; the next ones fail at
+first request that needs the database waits 30 s for it, then fails; the next ones fail at
 once until a connection succeeds"."""
 
 from __future__ import annotations
@@ -77,16 +77,16 @@ class Browser:
 
     async def login(self, user: str) -> tuple[int, str | None]:
         def login():
-            self.session.get(self.url + "/hub/login", timeout=30)
+            self.session.get(self.url + "/hub/login", timeout=90)
             data = {"username": user, "password": "x", "_xsrf": self.session.cookies.get("_xsrf")}
-            r = self.session.post(self.url + "/hub/login", data=data, timeout=30, allow_redirects=False)
+            r = self.session.post(self.url + "/hub/login", data=data, timeout=90, allow_redirects=False)
             return r.status_code, r.headers.get("Location")
 
         return await self._run(login)
 
     async def home(self) -> tuple[int, str | None]:
         def home():
-            r = self.session.get(self.url + "/hub/home", timeout=30, allow_redirects=False)
+            r = self.session.get(self.url + "/hub/home", timeout=90, allow_redirects=False)
             return r.status_code, r.headers.get("Location")
 
         return await self._run(home)
