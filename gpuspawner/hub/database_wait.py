@@ -17,19 +17,21 @@ connection is tried once, failing as fast as before, until one succeeds.
 A connection JupyterHub's session already holds is not pinged: after a read, the session
 keeps its transaction (and the connection) open until its next commit, and a restart ends
 that connection under it, so the next request that asked would fail.
-:func:`keep_idle_transaction_ended` ends such a transaction four times a second when it holds no
-change (JupyterHub commits its changes as it makes them), so the next query checks a
-connection out of the pool, pinged.
+:func:`keep_idle_transaction_ended` ends such a transaction four times a second when it has
+only read (a transaction with a change, pending or flushed, is JupyterHub's to commit or
+roll back), so the next query checks a connection out of the pool, pinged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from sqlalchemy import event
 from sqlalchemy.engine import make_url
 
 __all__ = ["WAIT_SECONDS", "WaitingConnect", "keep_idle_transaction_ended", "waiting_connections"]
@@ -88,16 +90,41 @@ def waiting_connections(url: str, wait: float = WAIT_SECONDS) -> dict[str, Any]:
     return {"creator": WaitingConnect(url, wait), "pool_pre_ping": True}
 
 
+WROTE = "gpuspawner_transaction_wrote"  # in Session.info: the transaction has flushed a change
+
+
+def _track_writes(db: Any) -> None:
+    """Mark in ``db.info`` whether its transaction has written (a flush), until it ends."""
+    if WROTE in db.info:
+        return
+    db.info[WROTE] = False
+
+    def wrote(session: Any, _context: Any) -> None:
+        session.info[WROTE] = True
+
+    def ended(session: Any, transaction: Any) -> None:
+        if transaction.parent is None:
+            session.info[WROTE] = False
+
+    event.listen(db, "after_flush", wrote)
+    event.listen(db, "after_transaction_end", ended)
+
+
 async def keep_idle_transaction_ended(session: Callable[[], Any], every: float = 0.25) -> None:
     """Every ``every`` seconds, end the transaction of ``session()`` (JupyterHub's shared
-    session, or None) when it holds no change. A commit that fails (the database went away
-    under it) is rolled back, as JupyterHub does after a database error."""
+    session, or None) when it has only read: no pending change, nothing flushed. A commit
+    that fails (the database went away under it) is rolled back, as JupyterHub does after a
+    database error."""
     while True:
         await asyncio.sleep(every)
         db = session()
-        if db is None or not db.in_transaction() or db.new or db.dirty or db.deleted:
+        if db is None:
+            continue
+        _track_writes(db)
+        if not db.in_transaction() or db.info[WROTE] or db.new or db.dirty or db.deleted:
             continue
         try:
             db.commit()
         except Exception:  # noqa: BLE001 - the session must not stay in a failed transaction
-            db.rollback()
+            with contextlib.suppress(Exception):  # nor this loop end: JupyterHub's next use says why
+                db.rollback()

@@ -6,11 +6,20 @@ tests/unit/test_stack_database_down.py."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 
 import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
-from gpuspawner.hub.database_wait import RETRY_EVERY, WAIT_SECONDS, WaitingConnect, waiting_connections
+from gpuspawner.hub.database_wait import (
+    RETRY_EVERY,
+    WAIT_SECONDS,
+    WaitingConnect,
+    keep_idle_transaction_ended,
+    waiting_connections,
+)
 
 
 class Clock:
@@ -62,3 +71,42 @@ def test_the_settings_for_jupyterhub_ping_pooled_connections(tmp_path):
     kwargs = waiting_connections(f"sqlite:///{tmp_path}/hub.sqlite")
     assert kwargs["pool_pre_ping"] is True and isinstance(kwargs["creator"], WaitingConnect)
     assert kwargs["creator"]._wait == 30 == WAIT_SECONDS
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class User(Base):
+    __tablename__ = "users"
+    name: Mapped[str] = mapped_column(primary_key=True)
+
+
+async def ended_within(db, seconds: float) -> bool:
+    for _ in range(int(seconds / 0.01)):
+        if not db.in_transaction():
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+async def test_an_idle_read_transaction_is_ended_and_one_with_a_change_is_left_alone(tmp_path):
+    """JupyterHub's shared session (a real SQLAlchemy session on sqlite here): after a read it
+    keeps its transaction, which the loop ends; a session holding a change is not touched."""
+    engine = create_engine(f"sqlite:///{tmp_path}/hub.sqlite")
+    Base.metadata.create_all(engine)
+    db = sessionmaker(bind=engine)()
+    loop = asyncio.create_task(keep_idle_transaction_ended(lambda: db, every=0.01))
+    try:
+        db.query(User).all()
+        assert db.in_transaction() and await ended_within(db, 1)
+        db.add(User(name="alice"))  # a change JupyterHub has not committed yet
+        assert not await ended_within(db, 0.2) and db.new
+        db.query(User).filter_by(name="bob").all()  # the change is flushed: no longer pending
+        assert not db.new and not await ended_within(db, 0.2)
+        db.rollback()
+        assert db.query(User).count() == 0  # nothing of it was committed
+        assert await ended_within(db, 1)  # and a read after it is ended again
+    finally:
+        loop.cancel()
+        db.close()
