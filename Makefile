@@ -31,7 +31,7 @@ test: deps
 	$(MAKE) --no-print-directory explore && exit $$((unit || integration))
 
 # The tests that need no docker, less the long explorations of interleavings, one worker
-# per CPU (two and a half minutes on two cores); `make explore` runs those alone, and
+# per CPU (2 to 3 minutes on two cores); `make explore` runs those alone, and
 # `make test` runs everything.
 unit: $(VENV)/.installed
 	$(PYTHON) -m pytest -ra -n auto -m "not explore" tests/unit
