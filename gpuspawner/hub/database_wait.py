@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -61,7 +60,6 @@ class WaitingConnect:
         self._args = self._dialect.create_connect_args(parsed)
         self._wait, self._clock, self._sleep = wait, clock, sleep
         self._failing = False  # a wait ended in failure, and nothing has connected since
-        self._lock = threading.Lock()
 
     def __deepcopy__(self, memo: dict) -> WaitingConnect:
         return self  # one factory, whoever copies the config that holds it (traitlets does)
@@ -74,13 +72,11 @@ class WaitingConnect:
                 connection = self._dialect.connect(*cargs, **cparams)
             except self._dialect.loaded_dbapi.OperationalError:
                 if self._clock() >= deadline:
-                    with self._lock:
-                        self._failing = True
+                    self._failing = True
                     raise
                 self._sleep(RETRY_EVERY)
             else:
-                with self._lock:
-                    self._failing = False
+                self._failing = False
                 return connection
 
 

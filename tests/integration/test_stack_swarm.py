@@ -28,6 +28,7 @@ from tests.integration.stack_support import (
     TIMES,
     UUIDS,
     container_env,
+    container_of,
     holders,
     login,
     open_allocations,
@@ -48,9 +49,9 @@ def test_the_stack_runs_as_deployed(stack, swarm):
         for s in client.services.list(filters={"label": "com.docker.stack.namespace=gpuspawner"})
     }
     assert set(services) == {"hub", "proxy", "postgres", "agent"}
-    node, task = task_of(swarm, services["hub"])
+    node, _ = task_of(swarm, services["hub"])
     assert node == task_of(swarm, services["proxy"])[0] == stack_harness.HUB_NODE
-    [container] = swarm.client(node).containers.list(filters={"label": f"com.docker.swarm.task.id={task['ID']}"})
+    container = container_of(swarm, services["hub"])
     assert container.attrs["State"]["Health"]["Status"] == "healthy"  # the stack's health check
     env = container_env(swarm, node, services["hub"])
     assert not any(v in env for v in ("POSTGRES_PASSWORD", "CONFIGPROXY_AUTH_TOKEN"))  # secrets stay files
