@@ -604,8 +604,18 @@ def live(
         devices = alloc.host_devices(host, accepted(request) or None)
         return planned_start(request, devices, lambda h: end_at[h] - clock, alloc.host_room(host))
 
+    # Each waiter's host in the line's last plan, which it keeps unless another starts it
+    # sooner (as the hub keeps its line's last plan: it serves the line as soon as one joins).
+    last_plan: dict[int, str | None] = {}
+
     def new_round() -> Round:
-        return Round(alloc.planner(), starts=start_here if ends == "known" else None)
+        return Round(
+            alloc.planner(), starts=start_here if ends == "known" else None, before=last_plan, could=alloc.could_take
+        )
+
+    def planned(p: Round) -> Round:
+        last_plan.update(p.planned)
+        return p
 
     def lasts(ask: Ask) -> float | None:
         return ask.duration if ends == "known" else None
@@ -617,7 +627,7 @@ def live(
             return
         p = new_round()
         p.wait(head.id, head.task.request())
-        s = p.start_of(head.id)
+        s = planned(p).start_of(head.id)
         life.head_plans[head.id] = None if s is None else now + s[0]
 
     def place(ask: Ask, now: float, avoid: frozenset[str]) -> AllocationRefused | None:
@@ -655,7 +665,7 @@ def live(
         p = new_round()
         for ask in line.values():
             p.wait(ask.id, ask.task.request())
-        return p.avoid(lasts(new))
+        return planned(p).avoid(lasts(new))
 
     def arrive(ask: Ask, now: float) -> None:
         if ask.task.num_gpu == 0:  # a CPU-only task never waits, nor goes where a waiter is planned
@@ -696,6 +706,7 @@ def live(
                 blocked |= models
                 if blocked >= every:
                     return
+        planned(p)
 
     def fitting() -> int:
         """GPU thousandths free that the waiters, tried in order, could take now."""

@@ -324,6 +324,11 @@ class Allocator:
             models = wanted or self._index.models
             return nearest_host(self._index, self.resources, request, models, exclude, self._links.decision())
 
+    def could_take(self, request: Request, host: str) -> bool:
+        """Whether ``host`` could ever take ``request``, as :meth:`nearest_host` counts it
+        (available, enough devices of a model it takes, CPU and memory, links)."""
+        return self.nearest_host(request, frozenset(self.hosts()) - {host}) == host
+
     def planner(self) -> Callable[[Request, Set[str]], str | None]:
         """:meth:`nearest_host` for one plan of a line, asked waiter after waiter with the
         hosts excluded only growing: the walks are kept between calls while nothing

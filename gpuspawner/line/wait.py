@@ -342,11 +342,14 @@ class WaitLine:
         now = time.monotonic()
         self._unowned = {w.service: now for w in self.rows if w.service not in self._live}
 
-    def _round(self) -> tuple[float, Round]:
-        """(when it is made (monotonic), a new plan of a serving of a line): its planned
-        starts are in seconds from when it was made, as the bookings are when asked."""
-        at = time.monotonic()
-        return at, Round(self.holdings.allocator.planner(), self.backfill, self._starts.starts(at))
+    def _round(self, model: str) -> tuple[float, Round]:
+        """(when it is made (monotonic), a new plan of a serving of ``model``'s line): its
+        planned starts are in seconds from when it was made, as the bookings are when
+        asked; a waiter keeps the host of the line's last plan unless another starts it sooner."""
+        at, allocator = time.monotonic(), self.holdings.allocator
+        last = self._plans.get(model)
+        before = None if last is None else last[1].planned
+        return at, Round(allocator.planner(), self.backfill, self._starts.starts(at), before, allocator.could_take)
 
     def _start_here(self, request: Request, host: str) -> Start | None:
         """When ``request`` would start on ``host`` as its holders reach their limits (seconds from now)."""
@@ -357,7 +360,8 @@ class WaitLine:
     async def _serve(self, line: list[Waiter]) -> None:
         """Reserve for each in ``line``, in order, on the hosts not kept for those ahead
         (worked out again when a reservation books, if a holding changed meanwhile)."""
-        at, plan = self._round()
+        model = line[0].model
+        at, plan = self._round(model)
         ahead: list[tuple[str, Request | None]] = []  # those not served, in order
         members_only = False  # strict: a reservation keeps the GPUs the head waits for; its members may be behind
         for w in line:
@@ -379,7 +383,7 @@ class WaitLine:
                 if members_only:
                     return None
                 if self.holdings.version != version:  # a holding changed while it got ready to book
-                    at, plan = self._replan(ahead)
+                    at, plan = self._replan(model, ahead)
                 return plan.avoid(lasts)
 
             try:
@@ -408,13 +412,12 @@ class WaitLine:
             self._drop(w.service)
             result.set_result(holding)
             self.passed_by(plan.planned, holding)
-        model = line[0].model
         if any(w.model == model for w in self.rows):  # (not a line that emptied meanwhile)
             self._plans[model] = (at, plan)
 
-    def _replan(self, ahead: Iterable[tuple[str, Request | None]]) -> tuple[float, Round]:
-        """A new plan of the waiters ``ahead`` (in order), from the bookings as they are now."""
-        at, plan = self._round()
+    def _replan(self, model: str, ahead: Iterable[tuple[str, Request | None]]) -> tuple[float, Round]:
+        """A new plan of the waiters ``ahead`` (in order) in ``model``'s line, from the bookings as they are now."""
+        at, plan = self._round(model)
         for service, request in ahead:
             if plan.blocked:
                 break
@@ -430,7 +433,7 @@ class WaitLine:
             (w.service, live.request if (live := self._live_wait(w.service)) else None)
             for w in self.lines().get(model, [])
         ]
-        _, plan = self._replan(ahead)
+        _, plan = self._replan(model, ahead)
         return plan.avoid(lasts)
 
     def kept_by_any(self, lasts: float | None = None) -> frozenset[str]:

@@ -21,7 +21,11 @@ serving: nobody behind it is tried, and a new request waits behind the line.
 
 Each round is planned afresh from the bookings as they are then, so a plan
 follows the cluster: a host that frees up sooner than the one kept becomes the
-plan the next time the line is served.
+plan the next time the line is served. Where the planned starts are known, a
+waiter keeps the host of the last round's plan unless another host starts it
+sooner: "lacks least" alone could move it to a host that starts it later (a
+server ending elsewhere changes which host lacks least), and its planned start
+would then move later.
 """
 
 from __future__ import annotations
@@ -44,10 +48,19 @@ class Round:
     for, with when that waiter is planned to start there where the holders' ends are
     bounded (``starts``, worked out when first asked: :meth:`start_of`)."""
 
-    def __init__(self, nearest: Nearest, backfill: bool = True, starts: Starts | None = None):
+    def __init__(
+        self,
+        nearest: Nearest,
+        backfill: bool = True,
+        starts: Starts | None = None,
+        before: Mapping[Hashable, str | None] | None = None,
+        could: Callable[[Request, str], bool] | None = None,
+    ):
         self.nearest = nearest
         self.backfill = backfill
         self.starts = starts
+        self.before = before or {}  # waiter -> its planned host in the last round (see wait)
+        self.could = could  # (request, host) -> whether the host could ever take it
         self.kept: dict[str, Hashable] = {}  # host -> the waiter it is kept for
         self.planned: dict[Hashable, str | None] = {}  # waiter -> its planned host (None: behind others)
         self._asked: dict[Hashable, Request] = {}  # waiter with a planned host -> its request
@@ -84,6 +97,8 @@ class Round:
             self.planned[who] = None
             return None
         host = self.nearest(request, self.kept.keys())  # (only grows: Allocator.planner walks on)
+        if host is not None:
+            host = self._kept_sooner(who, request, host)
         self.planned[who] = host
         if host is not None:
             self.kept[host] = who
@@ -91,6 +106,25 @@ class Round:
         else:
             self.kept_out.add(who)
         return host
+
+    def _kept_sooner(self, who: Hashable, request: Request, host: str) -> str:
+        """``host`` (the one that lacks least), or the host ``who`` was planned on in the
+        last round where its start there is known and no later: nothing else could have
+        been placed there to delay it (it was kept), so its planned start never moves later."""
+        last = self.before.get(who)
+        if self.starts is None or self.could is None or last is None or last == host or last in self.kept:
+            return host
+        if not self.could(request, last):
+            return host  # (drained, gone, or no longer enough for it)
+        then = self.starts(request, last)
+        if then is None:
+            return host  # (it no longer fits there, or its start is not known)
+        now = self.starts(request, host)
+        if now is not None and now[0] < then[0]:
+            self._start[who] = now
+            return host
+        self._start[who] = then
+        return last
 
     def request_of(self, who: Hashable) -> Request | None:
         """What ``who`` asked for, where it has a planned host."""

@@ -383,3 +383,36 @@ def test_a_plans_walks_kept_between_waiters_give_what_nearest_host_gives_afresh(
         assert planner(request, kept.keys()) == want
         if want is not None:
             kept[want] = i
+
+
+def test_where_starts_are_known_a_waiter_keeps_its_last_plans_host_unless_another_starts_it_sooner():
+    """ "Lacks least" alone would move the plan to a host that starts it later (a server
+    ending elsewhere changes which host lacks least), and its planned start with it.
+
+    Guards docs/line.md, "Backfill": "A waiter with a planned start keeps its host from one
+    serving to the next unless another host would start it sooner"."""
+    alloc = cluster({"gpu-a": 4, "gpu-b": 4})
+    hold(alloc, "gpu-a", 1)
+    hold(alloc, "gpu-b", 2)
+    big = Request(model=A100, count=4)
+
+    def plan(ends: dict[str, float], before: dict[str, str]) -> Round:
+        starts = lambda request, host: planned_start(request, alloc.host_devices(host), ends.get)  # noqa: E731
+        return Round(alloc.planner(), starts=starts, before=before, could=alloc.could_take)
+
+    b_sooner = {"gpu-a-0": 100.0, "gpu-b-0": 5.0, "gpu-b-1": 10.0}
+    assert plan(b_sooner, {}).wait("big", big) == "gpu-a"  # lacks least: 1 GPU, not 2
+    kept = plan(b_sooner, {"big": "gpu-b"})
+    assert kept.wait("big", big) == "gpu-b" and kept.start_of("big") == (10.0, "gpu-b-1")
+    a_sooner = {"gpu-a-0": 10.0, "gpu-b-0": 5.0, "gpu-b-1": 100.0}
+    moved = plan(a_sooner, {"big": "gpu-b"})
+    assert moved.wait("big", big) == "gpu-a" and moved.start_of("big") == (10.0, "gpu-a-0")
+    tied = {"gpu-a-0": 10.0, "gpu-b-0": 10.0, "gpu-b-1": 10.0}
+    assert plan(tied, {"big": "gpu-b"}).wait("big", big) == "gpu-b"  # no sooner elsewhere: it stays
+    # Not a host now kept for a waiter ahead, nor one that could no longer take it.
+    ahead = plan(b_sooner, {"first": "gpu-b", "big": "gpu-b"})
+    assert ahead.wait("first", big) == "gpu-b" and ahead.wait("big", big) == "gpu-a"
+    alloc.set_available_hosts(["gpu-a"])  # gpu-b drained
+    assert plan(b_sooner, {"big": "gpu-b"}).wait("big", big) == "gpu-a"
+    # Without known starts (servers without a time limit) the plan follows "lacks least".
+    assert Round(alloc.planner(), before={"big": "gpu-b"}, could=alloc.could_take).wait("big", big) == "gpu-a"

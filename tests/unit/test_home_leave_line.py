@@ -77,8 +77,9 @@ async def test_a_named_server_in_line_has_leave_line_and_the_default_servers_but
     start = asyncio.ensure_future(second.start())
     # In line, and its wait begun (joining reads the user's use after the row is in line).
     await until(
-        lambda: world.hub.line.place(second.service_name) == (A100, 1)
-        and not world.hub.line.unowned(second.service_name)
+        lambda: (
+            world.hub.line.place(second.service_name) == (A100, 1) and not world.hub.line.unowned(second.service_name)
+        )
     )
     html = await home(hub, world, active=False)
     assert "Server “second”" in html and leave_button("second") in html

@@ -82,6 +82,25 @@ def test_the_schedules_do_plan_starts_and_serve_ahead_of_a_waiter():
     assert life.late == []
 
 
+def test_a_server_ending_elsewhere_does_not_move_the_heads_plan_to_a_host_that_starts_it_later():
+    """Ask 3 (5 GiB) heads the line planned on gpu-a at 43, when the CPU-only server
+    there ends. At 42 ask 1 ends on gpu-a, and gpu-b, with fewer untouched GPUs, lacks
+    least; planned there (at 44), ask 3 would let ask 4 (3 GiB, until 44) onto gpu-a and
+    start at 44. It keeps gpu-a, as planned, and ask 4 waits."""
+    nodes = [Node("gpu-a", 2000, 7168, 4, MODEL), Node("gpu-b", 2000, 5120, 4, MODEL)]
+    running = [Ask(0, Task(500, 4096, 0, 0, ()), 0.0, 43.0, 0.0)]
+    asks = [
+        Ask(1, Task(0, 1024, 1, 250, ()), 0.0, 42.0, 5.0),
+        Ask(2, Task(0, 3072, 1, 250, ()), 14.0, 30.0, 5.0),
+        Ask(3, Task(0, 5120, 1, 250, ()), 14.0, 1.0, 30.0),
+        Ask(4, Task(0, 3072, 1, 250, ()), 14.0, 2.0, 30.0),
+    ]
+    life = live(nodes, Draws(running, asks, 1000.0), "default", [], "none", ends="known")
+    assert life.head_plans[3] == 43.0 and life.late == []
+    started = {ask.id: (at, got.host) for ask, at, got in life.served}
+    assert started[3] == (43.0, "gpu-a") and started[4] == (44.0, "gpu-b")
+
+
 def test_a_server_without_gpus_goes_on_a_host_no_waiter_is_planned_on_or_is_told_why_not():
     from gpuspawner.allocator.allocator import AllocationRefused, Allocator
     from gpuspawner.allocator.refusals import Refusal
