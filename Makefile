@@ -21,14 +21,17 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m pip install -q -e '.[test,lint,lab,docs]'
 	touch $@
 
-# Every test: the unit tests (one worker per CPU), the integration tests on a real
-# three-node swarm (one at a time: they share the swarm; the slowest are listed), then the
-# long explorations of interleavings (`make explore`), each even when one before failed; it
-# fails when any does.
+# Every test: the unit tests (one worker per CPU), then the integration tests on a real
+# three-node swarm (one at a time: they share the swarm; the slowest are listed) with the
+# long explorations of interleavings (`make explore`) beside them at the lowest CPU
+# priority (the integration tests mostly wait on the swarm); the explorations' output
+# follows. Each runs even when one before failed; it fails when any does.
 test: deps
 	$(PYTHON) -m pytest -ra -n auto -m "not explore" tests/unit; unit=$$?; \
+	log=$$(mktemp); nice -n 19 $(MAKE) --no-print-directory explore > "$$log" 2>&1 & beside=$$!; \
 	$(PYTHON) -m pytest -ra --durations=15 tests/integration; integration=$$?; \
-	$(MAKE) --no-print-directory explore && exit $$((unit || integration))
+	wait $$beside; explore=$$?; cat "$$log"; rm -f "$$log"; \
+	exit $$((unit || integration || explore))
 
 # The tests that need no docker, less the long explorations of interleavings, one worker
 # per CPU (2 to 3 minutes on two cores); `make explore` runs those alone, and

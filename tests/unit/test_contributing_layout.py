@@ -42,8 +42,8 @@ def test_the_contributing_tree_lists_every_module_of_the_package():
 
 def test_make_unit_leaves_out_the_explorations_that_make_explore_and_make_test_run():
     """Guards CONTRIBUTING.md: `make unit` runs the unit tests less those marked explore; `make explore`
-    runs those alone; `make test` runs everything: the unit tests less the explorations, the
-    integration tests, then `make explore`."""
+    runs those alone; `make test` runs everything: the unit tests less the explorations, then the
+    integration tests with `make explore` beside them at the lowest CPU priority."""
     makefile = (REPO / "Makefile").read_text()
 
     def recipe(target: str) -> str:
@@ -57,7 +57,9 @@ def test_make_unit_leaves_out_the_explorations_that_make_explore_and_make_test_r
         "unit",
         "integration",
     }
-    assert "$(MAKE) --no-print-directory explore && exit $$((unit || integration))" in test
+    assert 'nice -n 19 $(MAKE) --no-print-directory explore > "$$log" 2>&1 & beside=$$!' in test
+    assert test.index("& beside=") < test.index(" tests/integration;") < test.index("wait $$beside")
+    assert "exit $$((unit || integration || explore))" in test  # any failing fails it
     marked = [p.name for p in (REPO / "tests" / "unit").glob("test_*.py") if "@pytest.mark.explore" in p.read_text()]
     assert len(marked) >= 4, marked
     assert "explore:" in (REPO / "setup.cfg").read_text()  # the marker is registered
