@@ -224,3 +224,32 @@ def test_what_a_waiter_is_told_of_a_share_and_of_one_gpu():
         "planned start about 14:20 UTC, when a server there reaches its time limit"
     )
     assert kept_text(None, 0, 0, "", False) == ""  # strict order: the place in line says it
+
+
+async def test_a_server_ending_elsewhere_leaves_the_head_on_the_host_that_starts_it_soonest(tmp_path):
+    """Alice's server on gpu-b began first, so it reaches its limit first: bob (four GPUs)
+    is planned there. Dan's server on gpu-a ends; gpu-a then lacks as little as gpu-b and
+    comes first by name, but carol's server there ends later: bob stays planned on gpu-b.
+
+    Guards docs/line.md, "Backfill": "A waiter with a planned start keeps its host from one
+    serving to the next unless another host would start it sooner"."""
+    four = [{"uuid": f"GPU-{{}}{i}", "model": A100, "memory_mib": 81920} for i in range(4)]
+    inventory = {h: [{**g, "uuid": g["uuid"].format(h[-1])} for g in four] for h in ("gpu-a", "gpu-b")}
+    world = World(tmp_path, inventory=inventory, allow_host_choice=True, max_gpus_per_user=4, gpu_max_hours=2)
+    servers = {}
+    for user, host in (("alice", "gpu-b"), ("carol", "gpu-a"), ("dan", "gpu-a")):
+        servers[user] = world.spawner(user, {"gpu_model": A100, "gpu_count": 1, "gpu_host": host})
+        await world.started(servers[user])
+    bob = world.spawner("bob", {**WAIT, "gpu_count": 4})
+    bob_start = asyncio.ensure_future(world.started(bob))
+    line = world.hub.line
+    await until(lambda: line.planned_at(bob.service_name) is not None)
+    assert line.planned_host(bob.service_name) == "gpu-b"  # lacks 1 GPU, gpu-a 2
+    planned = line.planned_at(bob.service_name)
+    served = line._plans[A100][0]
+    await stopped(world, servers["dan"])
+    await until(lambda: line._plans[A100][0] > served)  # the line served again since
+    assert line.planned_host(bob.service_name) == "gpu-b"
+    assert line.planned_at(bob.service_name) <= planned + timedelta(seconds=1)
+    bob_start.cancel()
+    await asyncio.gather(bob_start, return_exceptions=True)
