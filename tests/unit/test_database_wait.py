@@ -110,3 +110,41 @@ async def test_an_idle_read_transaction_is_ended_and_one_with_a_change_is_left_a
     finally:
         loop.cancel()
         db.close()
+
+
+async def test_a_commit_that_fails_is_rolled_back_and_the_loop_goes_on(tmp_path, monkeypatch):
+    """The database went away under the idle transaction: its commit fails, so it is rolled
+    back (as JupyterHub does after a database error); a rollback that fails too ends nothing,
+    and the next idle transaction is ended as before."""
+    engine = create_engine(f"sqlite:///{tmp_path}/hub.sqlite")
+    Base.metadata.create_all(engine)
+    db = sessionmaker(bind=engine)()
+    failures = {"commit": 0, "rollback": 0}
+    real = {"commit": db.commit, "rollback": db.rollback}
+    calls: list[str] = []
+
+    def failing(name: str):
+        def call():
+            calls.append(name)
+            if failures[name]:
+                failures[name] -= 1
+                raise sqlite3.OperationalError("server closed the connection unexpectedly")
+            real[name]()
+
+        return call
+
+    monkeypatch.setattr(db, "commit", failing("commit"))
+    monkeypatch.setattr(db, "rollback", failing("rollback"))
+    loop = asyncio.create_task(keep_idle_transaction_ended(lambda: db, every=0.01))
+    try:
+        failures["commit"] = 1
+        db.query(User).all()
+        assert await ended_within(db, 1) and calls == ["commit", "rollback"]  # rolled back
+        failures["commit"], failures["rollback"] = 1, 1
+        calls.clear()
+        db.query(User).all()
+        assert await ended_within(db, 1) and not loop.done()  # ended at a later round
+        assert calls == ["commit", "rollback", "commit"]
+    finally:
+        loop.cancel()
+        db.close()

@@ -249,3 +249,31 @@ def test_the_servers_hub_client_looks_the_hubs_name_up_for_each_new_connection()
     # its DNS lifetime, and never asks the loop: what left servers on a dead proxy's address.
     assert hub_lookups(afresh=False) == []
     assert hub_lookups(afresh=True) == ["localhost", "localhost"]
+
+
+def test_a_hub_client_made_before_the_extension_is_left_as_it_is_with_a_warning(caplog, monkeypatch):
+    """Something in the server asked the hub first: its client keeps DNS answers, and
+    replacing it under whoever holds it would break them. Without JupyterHub's client
+    (JupyterHub before 6 asks with tornado, which keeps no answers) there is nothing to do."""
+    JupyterHubHTTPClient.clear_instance()
+    io_loop = IOLoop()
+    log = logging.getLogger("test")
+
+    async def made() -> object:
+        return JupyterHubHTTPClient.instance()
+
+    try:
+        first = io_loop.run_sync(made)
+        with caplog.at_level(logging.INFO, logger="test"):
+            assert look_hub_up_afresh(io_loop, log) is False
+        assert io_loop.run_sync(made) is first
+        assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+            ("WARNING", "gpuspawner-lab: JupyterHub's HTTP client was made first; it keeps DNS answers")
+        ]
+        io_loop.run_sync(first.close)
+    finally:
+        JupyterHubHTTPClient.clear_instance()
+    monkeypatch.setitem(sys.modules, "jupyterhub.httpclient", None)  # an import of it fails
+    caplog.clear()
+    assert look_hub_up_afresh(io_loop, log) is False and caplog.records == []
+    io_loop.close(all_fds=True)
