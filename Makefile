@@ -25,10 +25,15 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 # three-node swarm (one at a time: they share the swarm; the slowest are listed) with the
 # long explorations of interleavings (`make explore`) beside them at the lowest CPU
 # priority (the integration tests mostly wait on the swarm); the explorations' output
-# follows. Each runs even when one before failed; it fails when any does.
+# follows. Each runs even when one before failed; it fails when any does. The explorations
+# run in a session of their own whose scheduling group is niced too (Linux's autogroup):
+# nice alone ranks a process only within its session, and the swarm's daemons and
+# containers run in sessions of their own.
 test: deps
 	$(PYTHON) -m pytest -ra -n auto -m "not explore" tests/unit; unit=$$?; \
-	log=$$(mktemp); nice -n 19 $(MAKE) --no-print-directory explore > "$$log" 2>&1 & beside=$$!; \
+	log=$$(mktemp); setsid -w sh -c 'echo 19 2>/dev/null > /proc/self/autogroup; exec nice -n 19 "$$@"' \
+	  sh $(MAKE) --no-print-directory explore > "$$log" 2>&1 & beside=$$!; \
+	trap 'kill -- -$$beside 2>/dev/null' INT TERM; \
 	$(PYTHON) -m pytest -ra --durations=15 tests/integration; integration=$$?; \
 	wait $$beside; explore=$$?; cat "$$log"; rm -f "$$log"; \
 	exit $$((unit || integration || explore))
