@@ -117,6 +117,9 @@ class WaitLine:
         self._live: dict[str, Live] = {}  # the waiting spawns
         self.passed: dict[str, list[dict]] = {}  # waiting service -> servers granted ahead of it (backfill)
         self._plans: dict[str, tuple[float, Round]] = {}  # model -> (when (monotonic), its line's last plan)
+        # model -> each waiter's host in the latest plan of its line: a serving's, or one made
+        # for a new request (kept), which may have moved it sooner; a plan keeps it where it can.
+        self._hosts: dict[str, dict[str, str | None]] = {}
         self._starts = StartsCache(self._start_here, holdings.allocator.version, time.monotonic)
         self._ids = count(1)  # without a ledger
         self._serving: asyncio.Task | None = None
@@ -271,8 +274,11 @@ class WaitLine:
         before = len(self.rows)
         gone = {w.model for w in self.rows if w.service == service}
         self.rows = [w for w in self.rows if w.service != service]
+        for model in gone:
+            self._hosts.get(model, {}).pop(service, None)
         for model in gone - {w.model for w in self.rows}:
             self._plans.pop(model, None)  # an empty line has no plan
+            self._hosts.pop(model, None)
         if len(self.rows) != before:
             self._count()
             self.poke()  # the next one may be served now
@@ -347,9 +353,16 @@ class WaitLine:
         planned starts are in seconds from when it was made, as the bookings are when
         asked; a waiter keeps the host of the line's last plan unless another starts it sooner."""
         at, allocator = time.monotonic(), self.holdings.allocator
-        last = self._plans.get(model)
-        before = None if last is None else last[1].planned
+        before = dict(self._hosts.get(model, {}))  # (a copy: plans made meanwhile add to it)
         return at, Round(allocator.planner(), self.backfill, self._starts.starts(at), before, allocator.could_take)
+
+    def _remember(self, model: str, plan: Round) -> None:
+        """The hosts ``plan`` gives the waiters of ``model``'s line, for the next plan (a
+        serving cut short planned only some of them: the others keep theirs)."""
+        waiting = {w.service for w in self.rows if w.model == model}  # (not those who left meanwhile)
+        if waiting:
+            known = self._hosts.setdefault(model, {})
+            known.update((who, host) for who, host in plan.planned.items() if who in waiting)
 
     def _start_here(self, request: Request, host: str) -> Start | None:
         """When ``request`` would start on ``host`` as its holders reach their limits (seconds from now)."""
@@ -384,7 +397,8 @@ class WaitLine:
                     return None
                 if self.holdings.version != version:  # a holding changed while it got ready to book
                     at, plan = self._replan(model, ahead)
-                return plan.avoid(lasts)
+                # The plan's starts count from when it was made; this request's end from now.
+                return plan.avoid(None if lasts is None else lasts + time.monotonic() - at)
 
             try:
                 holding = await reserve(avoid)
@@ -414,6 +428,7 @@ class WaitLine:
             self.passed_by(plan.planned, holding)
         if any(w.model == model for w in self.rows):  # (not a line that emptied meanwhile)
             self._plans[model] = (at, plan)
+        self._remember(model, plan)
 
     def _replan(self, model: str, ahead: Iterable[tuple[str, Request | None]]) -> tuple[float, Round]:
         """A new plan of the waiters ``ahead`` (in order) in ``model``'s line, from the bookings as they are now."""
@@ -422,6 +437,7 @@ class WaitLine:
             if plan.blocked:
                 break
             plan.wait(service, request)
+        self._remember(model, plan)
         return at, plan
 
     def kept(self, model: str, lasts: float | None = None) -> frozenset[str] | None:

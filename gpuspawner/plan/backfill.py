@@ -31,6 +31,7 @@ would then move later.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Set
+from typing import Any
 
 from ..allocator.resources import Room
 from ..core.requests import ALL, Request
@@ -53,7 +54,7 @@ class Round:
         nearest: Nearest,
         backfill: bool = True,
         starts: Starts | None = None,
-        before: Mapping[Hashable, str | None] | None = None,
+        before: Mapping[Any, str | None] | None = None,
         could: Callable[[Request, str], bool] | None = None,
     ):
         self.nearest = nearest
@@ -246,7 +247,16 @@ class StartsCache:
 
         def start(request: Request, host: str) -> Start | None:
             now = self.clock()
-            key = (host, self.version(host), request.count, request.milli, request.model, request.models)
+            key = (
+                host,
+                self.version(host),
+                request.count,
+                request.milli,
+                request.cpu_milli,
+                request.memory_mib,
+                request.model,
+                request.models,
+            )
             found = self._kept.get(key)
             if found is None or now - found[0] > self.ttl:
                 if len(self._kept) >= self.size:

@@ -305,6 +305,8 @@ def test_a_kept_start_is_worked_out_again_once_its_host_changes_or_it_is_a_minut
     assert len(calls) == 3
     cache.starts(200.0)(Request(model=A100, count=1), "gpu-a")  # another shape: its own
     assert len(calls) == 4
+    cache.starts(200.0)(Request(model=A100, count=1, cpu_milli=4000, memory_mib=8192), "gpu-a")  # more room
+    assert len(calls) == 5
 
 
 def test_a_share_waiter_where_every_device_is_held_is_planned_on_a_host_all_the_same():
