@@ -33,7 +33,7 @@ test: deps
 	$(PYTHON) -m pytest -ra -n auto -m "not explore" tests/unit; unit=$$?; \
 	log=$$(mktemp); setsid -w sh -c 'echo 19 2>/dev/null > /proc/self/autogroup; exec nice -n 19 "$$@"' \
 	  sh $(MAKE) --no-print-directory explore > "$$log" 2>&1 & beside=$$!; \
-	trap 'kill -- -$$beside 2>/dev/null' INT TERM; \
+	trap 'kill -- -$$beside 2>/dev/null' INT TERM HUP; \
 	$(PYTHON) -m pytest -ra --durations=15 tests/integration; integration=$$?; \
 	wait $$beside; explore=$$?; cat "$$log"; rm -f "$$log"; \
 	exit $$((unit || integration || explore))
