@@ -604,8 +604,8 @@ def live(
         devices = alloc.host_devices(host, accepted(request) or None)
         return planned_start(request, devices, lambda h: end_at[h] - clock, alloc.host_room(host))
 
-    # Each waiter's host in the line's last plan, which it keeps unless another starts it
-    # sooner (as the hub keeps its line's last plan: it serves the line as soon as one joins).
+    # Each waiter's host in the latest plan of the line (a serving's, a new request's or
+    # the head's), which it keeps unless another starts it sooner, as the hub's line does.
     last_plan: dict[int, str | None] = {}
 
     def new_round() -> Round:

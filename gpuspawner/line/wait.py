@@ -351,7 +351,7 @@ class WaitLine:
     def _round(self, model: str) -> tuple[float, Round]:
         """(when it is made (monotonic), a new plan of a serving of ``model``'s line): its
         planned starts are in seconds from when it was made, as the bookings are when
-        asked; a waiter keeps the host of the line's last plan unless another starts it sooner."""
+        asked; a waiter keeps its host in the latest plan of the line unless another starts it sooner."""
         at, allocator = time.monotonic(), self.holdings.allocator
         before = dict(self._hosts.get(model, {}))  # (a copy: plans made meanwhile add to it)
         return at, Round(allocator.planner(), self.backfill, self._starts.starts(at), before, allocator.could_take)
